@@ -1,0 +1,43 @@
+# The two commands: `make run` and `make test`. Everything else is set-up they call.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: run test test-unit test-integration lint typecheck venv binaries test-kind clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip >/dev/null
+	$(PY) -m pip install -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+binaries:
+	scripts/build-test-binaries.sh
+
+run: $(STAMP)
+	$(VENV)/bin/diloco run $(RUN_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check . || true
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy core worker synchronizer operator diloco
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -m "not integration and not slow" -q $(PYTEST_ARGS)
+
+test: $(STAMP) binaries lint typecheck
+	DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh)" $(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-kind: $(STAMP)
+	scripts/test-kind.sh
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

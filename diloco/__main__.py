@@ -1,0 +1,3 @@
+from diloco.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler), kwok and helm from the Go module proxy, version-pinned, into a cache
+# outside the checkout. Each binary is skipped when it is already cached.
+#
+#   scripts/build-test-binaries.sh            # builds what is missing, prints the folder
+#   DILOCO_BIN_CACHE=/some/dir scripts/...    # choose the cache folder
+set -euo pipefail
+
+K8S_VERSION="${K8S_VERSION:-v1.34.3}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
+HELM_VERSION="${HELM_VERSION:-v3.19.5}"
+
+CACHE="${DILOCO_BIN_CACHE:-$HOME/.cache/diloco/bin/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-kwok-${KWOK_VERSION}-helm-${HELM_VERSION}}"
+mkdir -p "$CACHE"
+export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
+export GOMODCACHE="${GOMODCACHE:-$HOME/.cache/diloco/gomod}"
+export GOCACHE="${GOCACHE:-$HOME/.cache/diloco/gobuild}"
+
+command -v go >/dev/null || { echo "error: Go (>= 1.24) is needed to build the test control plane; install it from https://go.dev/dl or your package manager" >&2; exit 1; }
+
+log() { echo "[build-test-binaries] $*" >&2; }
+have() { [ -x "$CACHE/$1" ]; }
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+build_k8s() {
+  local missing=()
+  for b in kube-apiserver kube-controller-manager kube-scheduler; do have "$b" || missing+=("$b"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "building ${missing[*]} ${K8S_VERSION} (cold: 10-25 minutes)"
+  local mod="$work/k8s"
+  mkdir -p "$mod"
+  local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+  local staging="v0.${K8S_VERSION#v1.}"
+  (cd "$mod" && cat > go.mod <<GOMOD
+module diloco.local/k8sbins
+
+go 1.24
+
+godebug default=go1.24
+GOMOD
+  go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" > "$work/k8s.json"
+  local kdir; kdir="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["Dir"])' "$work/k8s.json")"
+  go mod edit -require="k8s.io/kubernetes@${K8S_VERSION}"
+  for s in $(grep -oE '^\s*k8s.io/[a-z0-9-]+ => ./staging/src/' "$kdir/go.mod" | awk '{print $1}'); do
+    go mod edit -replace="$s=$s@${staging}"
+  done
+  for b in kube-apiserver kube-controller-manager kube-scheduler; do
+    local fn
+    case "$b" in
+      kube-apiserver) fn="NewAPIServerCommand()" ;;
+      kube-controller-manager) fn="NewControllerManagerCommand()" ;;
+      kube-scheduler) fn="NewSchedulerCommand()" ;;
+    esac
+    mkdir -p "cmd/$b"
+    cat > "cmd/$b/main.go" <<GO
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/$b/app"
+)
+
+func main() { os.Exit(cli.Run(app.$fn)) }
+GO
+  done
+  go mod tidy >/dev/null 2>&1 || go mod tidy
+  local ld="-s -w -X k8s.io/component-base/version.gitVersion=${K8S_VERSION} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor} -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION} -X k8s.io/component-base/version.gitTreeState=clean"
+  for b in "${missing[@]}"; do
+    log "go build $b"
+    go build -p 2 -trimpath -ldflags "$ld" -o "$CACHE/$b.tmp" "./cmd/$b" && mv "$CACHE/$b.tmp" "$CACHE/$b"
+  done)
+}
+
+build_etcd() {
+  have etcd && return 0
+  log "building etcd ${ETCD_VERSION}"
+  local mod="$work/etcd"
+  mkdir -p "$mod"
+  (cd "$mod" && cat > go.mod <<GOMOD
+module diloco.local/etcdbin
+
+go 1.24
+GOMOD
+  cat > main.go <<GO
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+  go mod edit -require="go.etcd.io/etcd/server/v3@${ETCD_VERSION}"
+  go mod tidy >/dev/null 2>&1 || go mod tidy
+  go build -trimpath -ldflags "-s -w" -o "$CACHE/etcd.tmp" . && mv "$CACHE/etcd.tmp" "$CACHE/etcd")
+}
+
+build_kwok() {
+  have kwok && return 0
+  log "building kwok ${KWOK_VERSION}"
+  GOBIN="$work/kwokbin" go install -trimpath -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
+  mv "$work/kwokbin/kwok" "$CACHE/kwok"
+  # the stock stage files (pod/node defaults and chaos stages) live in the module
+  local kdir; kdir="$(go mod download -json "sigs.k8s.io/kwok@${KWOK_VERSION}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  rm -rf "$CACHE/kwok-stages"; cp -r "$kdir/kustomize/stage" "$CACHE/kwok-stages"; chmod -R u+w "$CACHE/kwok-stages"
+}
+
+build_helm() {
+  have helm && return 0
+  log "building helm ${HELM_VERSION}"
+  local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+  GOBIN="$work/helmbin" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${minor}" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
+  mv "$work/helmbin/helm" "$CACHE/helm"
+}
+
+build_etcd
+build_kwok
+build_helm
+build_k8s
+ln -sfn "$CACHE" "$HOME/.cache/diloco/bin/current"
+log "binaries ready in $CACHE"
+echo "$CACHE"
