@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-unit test-integration lint typecheck venv binaries test-kind clean
+.PHONY: run test test-unit lint typecheck venv binaries system test-kind clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed")'
@@ -20,12 +20,14 @@ venv: $(STAMP)
 binaries:
 	scripts/build-test-binaries.sh
 
+system:
+	scripts/setup-system.sh
+
 run: $(STAMP)
 	$(VENV)/bin/diloco run $(RUN_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check . || true
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy core worker synchronizer operator diloco
@@ -33,7 +35,7 @@ typecheck: $(STAMP)
 test-unit: $(STAMP)
 	$(PY) -m pytest -m "not integration and not slow" -q $(PYTEST_ARGS)
 
-test: $(STAMP) binaries lint typecheck
+test: $(STAMP) system binaries lint typecheck
 	DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh)" $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-kind: $(STAMP)

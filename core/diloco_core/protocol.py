@@ -1,0 +1,156 @@
+"""The learner ↔ synchronizer HTTP protocol: routes, headers and JSON bodies.
+
+Shared by the synchronizer (server) and the worker (client) so both sides agree by construction.
+Binary fragment payloads (codec format, ``application/octet-stream``) travel as request/response
+bodies; their metadata travels as query parameters (requests) or headers (responses).
+
+Routes (all under ``/v1``; every learner call carries ``Authorization: Bearer <token>`` and
+``X-DiLoCo-Learner: <learner id>``):
+
+- ``POST /v1/learners/register``  RegisterRequest → RegisterResponse
+  (409 ``plan_mismatch`` when the learner's plan hash differs from the job's).
+- ``POST /v1/learners/{learner_id}/heartbeat``  Heartbeat → HeartbeatResponse
+- ``POST /v1/learners/{learner_id}/leave``  → 204
+- ``PUT  /v1/fragments/{p}/init``  body: codec payload (kind "params", fp32) → 200 FragmentVersionInfo;
+  accepted only while the fragment has no version yet (409 ``already_initialised`` afterwards).
+- ``POST /v1/fragments/{p}/contributions?base_version=&steps=&tokens=&seq=``  body: codec payload
+  (kind "outer_grad") → 202 ContributionResult; errors → ErrorBody with a 4xx/5xx status:
+  400 ``corrupt``/``truncated``/``wrong_shape``/``non_finite``/``bad_request``, 404 ``unknown_fragment``,
+  409 ``stale`` (resynchronise the fragment), 413 ``oversized``, 503 ``storage_unavailable`` (retry).
+  Idempotent on (learner, fragment, base_version, seq): a repeat answers ``duplicate``.
+- ``GET  /v1/fragments/{p}?newer_than=v&wait=s``  → 200 codec payload (kind "params", fp32) with headers
+  ``X-DiLoCo-Version`` and ``X-DiLoCo-Fragment``; 304 when no newer version arrived within ``wait``.
+- ``GET  /v1/status`` → StatusResponse;  ``GET /metrics``, ``/healthz``, ``/readyz``, ``/`` (HTML page).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+API_PREFIX = "/v1"
+LEARNER_HEADER = "X-DiLoCo-Learner"
+VERSION_HEADER = "X-DiLoCo-Version"
+FRAGMENT_HEADER = "X-DiLoCo-Fragment"
+CONTENT_TYPE = "application/octet-stream"
+
+LearnerState = Literal["training", "rejoining", "leaving", "left", "dead"]
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RegisterRequest(_Msg):
+    learner_id: str = Field(..., min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    unit: str = Field("", max_length=128, description="learner unit (island) this learner belongs to")
+    plan: dict[str, Any] = Field(..., description="the learner's fragment plan (FragmentPlan.to_dict())")
+    plan_hash: str = Field(..., min_length=16, max_length=128)
+    tokens_per_step: int = Field(..., ge=1)
+    step: int = Field(0, ge=0, description="the learner's step counter (non-zero after a resume)")
+
+
+class ShardInfo(_Msg):
+    index: int
+    url: str
+    fragments: list[int]
+
+
+class RegisterResponse(_Msg):
+    job_id: str
+    learner_id: str
+    plan_hash: str
+    versions: dict[int, int] = Field(..., description="fragment → newest global version (-1: none yet)")
+    needs_init: list[int] = Field(default_factory=list, description="fragments this learner must upload with /init")
+    diloco: dict[str, Any] = Field(..., description="the job's DiLoCoSettings")
+    shards: list[ShardInfo] = Field(default_factory=list)
+    heartbeat_interval_s: float
+
+
+class Heartbeat(_Msg):
+    step: int = Field(..., ge=0)
+    tokens: int = Field(..., ge=0)
+    step_time_s: float = Field(..., ge=0.0)
+    state: LearnerState = "training"
+    fragment_steps: dict[int, int] = Field(default_factory=dict, description="steps since last sync, per fragment")
+    fragment_tokens: dict[int, int] = Field(default_factory=dict)
+    eval_loss: float | None = None
+    bytes_sent: int = Field(0, ge=0)
+    blocked_s: float = Field(0.0, ge=0.0, description="total time spent blocked on communication")
+
+
+class HeartbeatResponse(_Msg):
+    versions: dict[int, int]
+    alive_learners: int
+
+
+class ContributionResult(_Msg):
+    status: Literal["accepted", "duplicate"]
+    fragment: int
+    base_version: int
+    version: int = Field(..., description="the fragment's newest version when the contribution was taken")
+    pending: int = Field(..., description="contributions waiting for this fragment's next round")
+
+
+class ErrorBody(_Msg):
+    code: str
+    reason: str
+    retryable: bool = False
+    current_version: int | None = None
+
+
+class FragmentVersionInfo(_Msg):
+    fragment: int
+    version: int
+
+
+class LearnerStatus(_Msg):
+    learner_id: str
+    unit: str
+    state: LearnerState
+    alive: bool
+    step: int
+    tokens: int
+    step_time_s: float
+    staleness: int = Field(..., description="max over fragments of (global version − learner's base version)")
+    last_seen_s: float
+    eval_loss: float | None = None
+    contributions: int = 0
+    bytes_sent: int = 0
+    blocked_s: float = 0.0
+
+
+class RoundRecord(_Msg):
+    fragment: int
+    version: int
+    participants: list[str]
+    weights: list[float]
+    base_versions: list[int]
+    finished_at: float
+    quorum_wait_s: float
+    grace_s: float
+    merge_s: float
+
+
+class FragmentStatus(_Msg):
+    fragment: int
+    version: int
+    pending: int
+    rounds: int
+
+
+class StatusResponse(_Msg):
+    job_id: str
+    shard: int
+    num_shards: int
+    learners: list[LearnerStatus]
+    fragments: list[FragmentStatus]
+    rounds: int
+    recent_rounds: list[RoundRecord]
+    bytes_in: int
+    bytes_out: int
+    tokens: int
+    goodput: float | None = None
+    storage_ok: bool = True
+    eval_loss: float | None = None

@@ -1,0 +1,266 @@
+"""Object storage: a small interface on string keys, with a filesystem and an S3 implementation.
+
+Every failure of a backend is translated at this boundary into one of three exceptions:
+``ObjectNotFound`` (the key does not exist), ``StorageUnavailable`` (the backend cannot be reached
+or answered with a server error: retry later) and ``StorageError`` (anything else: a bug or a
+misconfiguration that retrying will not fix). Callers never see boto3 or OS exceptions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import unquote, urlparse
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9._\-][A-Za-z0-9._\-/]*$")
+
+
+class StorageError(Exception):
+    """A storage failure that retrying will not fix."""
+
+
+class StorageUnavailable(StorageError):  # noqa: N818 - the name says what the caller should do
+    """The backend cannot be reached right now; retry later."""
+
+
+class ObjectNotFound(StorageError, KeyError):  # noqa: N818
+    """The key does not exist."""
+
+
+def check_key(key: str) -> str:
+    """Keys are relative, '/'-separated, without '..' segments, empty segments or odd characters."""
+    if not _KEY_RE.match(key) or any(part in ("", ".", "..") for part in key.split("/")):
+        raise StorageError(f"invalid object key {key!r}")
+    return key
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """A flat key → bytes store. ``put`` is atomic: a reader sees the old object or the new one."""
+
+    def get(self, key: str) -> bytes: ...
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def list(self, prefix: str = "") -> list[str]: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def describe(self) -> str: ...
+
+
+class FilesystemStore:
+    """Objects as files under ``root``; writes go to a temporary file renamed into place (atomic)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create storage folder {self.root}: {exc}") from exc
+
+    def describe(self) -> str:
+        return f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise ObjectNotFound(key) from exc
+        except OSError as exc:
+            raise StorageUnavailable(f"reading {key}: {exc}") from exc
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise StorageUnavailable(f"writing {key}: {exc}") from exc
+
+    def list(self, prefix: str = "") -> list[str]:
+        keys: list[str] = []
+        try:
+            for dirpath, _dirs, files in os.walk(self.root):
+                for name in files:
+                    if name.startswith(".tmp-"):
+                        continue
+                    key = Path(dirpath, name).relative_to(self.root).as_posix()
+                    if key.startswith(prefix):
+                        keys.append(key)
+        except OSError as exc:
+            raise StorageUnavailable(f"listing {prefix!r}: {exc}") from exc
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageUnavailable(f"deleting {key}: {exc}") from exc
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+
+def _s3_error_code(exc: Exception) -> str:
+    response: Any = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def _s3_status(exc: Exception) -> int:
+    response: Any = getattr(exc, "response", None) or {}
+    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+class S3Store:
+    """Objects in an S3 bucket under ``prefix`` (boto3). A single PUT is atomic in S3."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        connect_timeout_s: float = 3.0,
+        read_timeout_s: float = 30.0,
+        max_attempts: int = 2,
+    ) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        config = Config(
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+            retries={"max_attempts": max_attempts, "mode": "standard"},
+            s3={"addressing_style": "path"},
+        )
+        self._client: Any = boto3.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            config=config,
+        )
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def _translate(self, exc: Exception, what: str) -> StorageError:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if isinstance(exc, ClientError):
+            code, status = _s3_error_code(exc), _s3_status(exc)
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return ObjectNotFound(what)
+            if status >= 500 or code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"):
+                return StorageUnavailable(f"{what}: {code or status}")
+            return StorageError(f"{what}: {code} (HTTP {status}) in bucket {self.bucket!r}")
+        if isinstance(exc, BotoCoreError):
+            return StorageUnavailable(f"{what}: {exc}")
+        return StorageError(f"{what}: {exc}")
+
+    def get(self, key: str) -> bytes:
+        try:
+            obj = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            data: bytes = obj["Body"].read()
+            return data
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc, key) from exc
+
+    def put(self, key: str, data: bytes) -> None:
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise self._translate(exc, key) from exc
+
+    def list(self, prefix: str = "") -> list[str]:
+        keys: list[str] = []
+        try:
+            paginator = self._client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+                for item in page.get("Contents", []):
+                    keys.append(str(item["Key"])[len(self.prefix) :])
+        except Exception as exc:
+            raise self._translate(exc, f"list {prefix!r}") from exc
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except Exception as exc:
+            err = self._translate(exc, key)
+            if not isinstance(err, ObjectNotFound):
+                raise err from exc
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except Exception as exc:
+            err = self._translate(exc, key)
+            if isinstance(err, ObjectNotFound):
+                return False
+            raise err from exc
+
+
+def open_store(
+    url: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+) -> ObjectStore:
+    """Open ``file:///path`` or ``s3://bucket/prefix``.
+
+    For S3, the endpoint and credentials come from the arguments or else from the standard AWS
+    variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``).
+    """
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        path = unquote(parsed.path)
+        if parsed.netloc not in ("", "localhost") or not path:
+            raise StorageError(f"storage URL {url!r}: use file:///absolute/path")
+        return FilesystemStore(path)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise StorageError(f"storage URL {url!r}: missing bucket (s3://bucket/prefix)")
+        return S3Store(
+            parsed.netloc,
+            parsed.path.strip("/"),
+            endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
+            region=region,
+            access_key=access_key,
+            secret_key=secret_key,
+        )
+    raise StorageError(f"storage URL {url!r}: expected file:///path or s3://bucket/prefix")
