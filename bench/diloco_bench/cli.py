@@ -1,0 +1,38 @@
+"""`diloco bench NAME [options]`: run one benchmark; each prints its figures.
+
+Every benchmark is a module of this package with ``main(argv) -> int``. The latest figures and the
+command that produced them are kept in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "codec": ("diloco_bench.codec", "bytes/param, throughput and error of each quantizer on real outer gradients"),
+    "sync-ingest": ("diloco_bench.sync_ingest", "synchronizer ingest throughput, latency, merge time vs raw baseline"),
+    "worker": ("diloco_bench.worker", "learner tokens/s with DiLoCo vs a plain training loop; blocked time"),
+    "simulate": ("diloco_bench.simulate", "the paper's Table 1 next to the simulator's"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: diloco bench NAME [options]", "", "benchmarks:"]
+    lines += [f"  {name:<14} {summary}" for name, (_, summary) in BENCHMARKS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    name = args[0]
+    if name not in BENCHMARKS:
+        print(f"diloco bench: unknown benchmark {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(BENCHMARKS[name][0])
+    result: int = module.main(args[1:])
+    return result

@@ -1,0 +1,1 @@
+"""Discrete-event goodput simulator (no ML) and WAN bandwidth estimates: `diloco simulate`."""
