@@ -35,7 +35,7 @@ class DiLoCoSettings(_Model):
     mixing_alpha: float = Field(0.0, ge=0.0, le=1.0, description="alpha: 0 overwrites local with global")
     merge_rule: MergeRule = "rda"
     token_weighting: bool = True
-    staleness_power: float = Field(0.0, ge=0.0, description="weight × (1+staleness)^-power; 0 disables")
+    staleness_power: float = Field(0.0, ge=0.0, description="weight x (1+staleness)^-power; 0 disables")
     max_staleness: int = Field(4, ge=0, description="versions behind the newest a contribution may be")
     heartbeat_timeout_s: float = Field(30.0, gt=0.0)
     fragment_strategy: FragmentStrategy = "balanced"

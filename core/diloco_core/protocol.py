@@ -113,7 +113,7 @@ class LearnerStatus(_Msg):
     step: int
     tokens: int
     step_time_s: float
-    staleness: int = Field(..., description="max over fragments of (global version − learner's base version)")
+    staleness: int = Field(..., description="max over fragments of (global version - learner's base version)")
     last_seen_s: float
     eval_loss: float | None = None
     contributions: int = 0

@@ -1,0 +1,282 @@
+"""The wire format of fragment payloads (outer gradients and parameters). No pickle anywhere.
+
+Layout of a blob (all integers little-endian)::
+
+    b"DLCF"  u16 format version  u64 length of the zstd frame  | zstd frame
+    zstd frame (content size declared, content checksum on) decompresses to:
+    u32 header length | header (canonical JSON) | data
+
+The header carries the fragment id, base version, kind, quantizer, block size and, per tensor, its
+name, shape, source dtype and where its values and block scales lie in the data. The data is the
+concatenation of each tensor's values then scales, in header order, with no gaps.
+
+Decoding treats the bytes as untrusted: the frame length must match the blob exactly (shorter:
+``TruncatedPayload``), the declared decompressed size must be at most ``max_bytes`` and, when the
+expected fragment is given, at most what that fragment can take in any format — all checked before
+anything is allocated or decompressed. Then the checksum (``CorruptPayload``), the header, and the
+names and shapes (``ShapeMismatch``) are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from math import prod
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import zstandard
+
+from diloco_core import quantize as q
+from diloco_core.fragments import Fragment
+
+MAGIC = b"DLCF"
+FORMAT_VERSION = 1
+DEFAULT_MAX_BYTES = 1 << 30
+MAX_HEADER_BYTES = 4 << 20
+_PREFIX = struct.Struct("<4sHQ")
+_HLEN = struct.Struct("<I")
+_KINDS = ("outer_grad", "params")
+_SOURCE_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+PayloadKind = Literal["outer_grad", "params"]
+
+
+class CodecError(ValueError):
+    """A payload that cannot be encoded or decoded; ``code`` names the reason for the API."""
+
+    code = "codec_error"
+
+
+class TruncatedPayload(CodecError):
+    code = "truncated"
+
+
+class CorruptPayload(CodecError):
+    code = "corrupt"
+
+
+class OversizedPayload(CodecError):
+    code = "oversized"
+
+
+class ShapeMismatch(CodecError):
+    code = "wrong_shape"
+
+
+class UnsupportedFormat(CodecError):
+    code = "unsupported"
+
+
+@dataclass(frozen=True)
+class Payload:
+    fragment: int
+    base_version: int
+    kind: str
+    quantizer: str
+    tensors: dict[str, npt.NDArray[np.float32]]
+
+
+def encode(
+    tensors: Mapping[str, npt.NDArray[Any]],
+    *,
+    fragment: int,
+    base_version: int,
+    kind: PayloadKind,
+    quantizer: str,
+    block_size: int = 256,
+    level: int = 3,
+) -> bytes:
+    """Serialize named float arrays; deterministic (same input, same bytes)."""
+    _check_encode_args(fragment, base_version, kind, quantizer, block_size)
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    pos = 0
+    for name in sorted(tensors):
+        arr = np.asarray(tensors[name])
+        if arr.dtype.kind != "f":
+            raise UnsupportedFormat(f"tensor {name!r} has dtype {arr.dtype}; only floating point is encoded")
+        values, scales = q.quantize(arr.astype(np.float32, copy=False), quantizer, block_size)
+        entries.append(
+            {
+                "name": name,
+                "shape": list(arr.shape),
+                "dtype": str(arr.dtype),
+                "values": [pos, len(values)],
+                "scales": [pos + len(values), len(scales)],
+            }
+        )
+        chunks += [values, scales]
+        pos += len(values) + len(scales)
+    header = {
+        "fragment": fragment,
+        "base_version": base_version,
+        "kind": kind,
+        "quantizer": quantizer,
+        "block_size": block_size,
+        "tensors": entries,
+    }
+    hbytes = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    if len(hbytes) > MAX_HEADER_BYTES:
+        raise OversizedPayload(f"header of {len(hbytes)} bytes exceeds {MAX_HEADER_BYTES}")
+    inner = b"".join([_HLEN.pack(len(hbytes)), hbytes, *chunks])
+    cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
+    frame = cctx.compress(inner)
+    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(frame)) + frame
+
+
+def _check_encode_args(fragment: int, base_version: int, kind: str, quantizer: str, block_size: int) -> None:
+    if quantizer not in q.QUANTIZERS:
+        raise UnsupportedFormat(f"unknown quantizer {quantizer!r}; expected one of {q.QUANTIZERS}")
+    if kind not in _KINDS:
+        raise UnsupportedFormat(f"unknown payload kind {kind!r}; expected one of {_KINDS}")
+    if not q.MIN_BLOCK_SIZE <= block_size <= q.MAX_BLOCK_SIZE:
+        raise UnsupportedFormat(f"block_size must be in [{q.MIN_BLOCK_SIZE}, {q.MAX_BLOCK_SIZE}]")
+    if fragment < 0 or base_version < -1:
+        raise UnsupportedFormat(f"bad fragment {fragment} or base version {base_version}")
+
+
+def max_header_size(fragment: Fragment) -> int:
+    """The largest header a payload of this fragment can have (ASCII-escaped names, 20-digit numbers)."""
+    per_tensor = sum(12 * len(t.name) + 24 * len(t.shape) + 256 for t in fragment.tensors)
+    return min(512 + per_tensor, MAX_HEADER_BYTES)
+
+
+def max_decoded_size(fragment: Fragment) -> int:
+    """The largest decompressed size a payload of this fragment can have in any format."""
+    per_tensor = 4  # a partial block's scale can exceed the 4 bytes per value of fp32 by one scale
+    return _HLEN.size + max_header_size(fragment) + 4 * fragment.numel + per_tensor * len(fragment.tensors)
+
+
+def decode(blob: bytes, *, fragment: Fragment | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> Payload:
+    """Parse untrusted bytes into a ``Payload`` of float32 arrays, or raise a ``CodecError``."""
+    inner = _decompress(blob, fragment, max_bytes)
+    if len(inner) < _HLEN.size:
+        raise CorruptPayload("payload too short for its header length")
+    (hlen,) = _HLEN.unpack_from(inner)
+    hmax = MAX_HEADER_BYTES if fragment is None else max_header_size(fragment)
+    if hlen > hmax or _HLEN.size + hlen > len(inner):
+        raise CorruptPayload(f"header length {hlen} is out of bounds")
+    header = _parse_header(bytes(inner[_HLEN.size : _HLEN.size + hlen]))
+    data = memoryview(inner)[_HLEN.size + hlen :]
+    specs = _check_layout(header, len(data))
+    if fragment is not None:
+        _check_fragment(header, specs, fragment)
+    tensors = {}
+    for name, shape, (vo, vn), (so, sn) in specs:
+        n = prod(shape)
+        flat = q.dequantize(
+            bytes(data[vo : vo + vn]), bytes(data[so : so + sn]), header["quantizer"], n, header["block_size"]
+        )
+        tensors[name] = flat.reshape(shape)
+    return Payload(header["fragment"], header["base_version"], header["kind"], header["quantizer"], tensors)
+
+
+def _decompress(blob: bytes, fragment: Fragment | None, max_bytes: int) -> bytes:
+    if len(blob) > max_bytes:
+        raise OversizedPayload(f"payload of {len(blob)} bytes exceeds the limit of {max_bytes}")
+    if len(blob) < _PREFIX.size:
+        raise TruncatedPayload(f"payload of {len(blob)} bytes is shorter than the {_PREFIX.size}-byte prefix")
+    magic, version, frame_len = _PREFIX.unpack_from(blob)
+    if magic != MAGIC:
+        raise CorruptPayload("not a DiLoCo payload (bad magic bytes)")
+    if version != FORMAT_VERSION:
+        raise UnsupportedFormat(f"payload format version {version}; this build reads {FORMAT_VERSION}")
+    frame = memoryview(blob)[_PREFIX.size :]
+    if len(frame) < frame_len:
+        raise TruncatedPayload(f"payload truncated: {len(frame)} of {frame_len} compressed bytes")
+    if len(frame) > frame_len:
+        raise CorruptPayload(f"{len(frame) - frame_len} unexpected bytes after the payload")
+    try:
+        size = zstandard.get_frame_parameters(frame).content_size
+    except zstandard.ZstdError as exc:
+        raise CorruptPayload(f"bad compressed frame header: {exc}") from exc
+    if size == zstandard.CONTENTSIZE_UNKNOWN or size == zstandard.CONTENTSIZE_ERROR:
+        raise CorruptPayload("compressed frame does not declare its size")
+    limit = max_bytes if fragment is None else min(max_bytes, max_decoded_size(fragment))
+    if size > limit:
+        raise OversizedPayload(f"declared size {size} exceeds the limit of {limit} bytes")
+    try:
+        return zstandard.ZstdDecompressor().decompress(frame, max_output_size=limit)
+    except zstandard.ZstdError as exc:
+        raise CorruptPayload(f"payload failed to decompress: {exc}") from exc
+
+
+def _parse_header(raw: bytes) -> dict[str, Any]:
+    try:
+        h = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptPayload(f"header is not valid JSON: {exc}") from exc
+    if not isinstance(h, dict) or set(h) != {
+        "fragment",
+        "base_version",
+        "kind",
+        "quantizer",
+        "block_size",
+        "tensors",
+    }:
+        raise CorruptPayload("header has missing or unexpected fields")
+    if h["quantizer"] not in q.QUANTIZERS:
+        raise UnsupportedFormat(f"unknown quantizer {h['quantizer']!r}")
+    if h["kind"] not in _KINDS:
+        raise UnsupportedFormat(f"unknown payload kind {h['kind']!r}")
+    ok = (
+        _is_int(h["fragment"], 0)
+        and _is_int(h["base_version"], -1)
+        and _is_int(h["block_size"], q.MIN_BLOCK_SIZE)
+        and h["block_size"] <= q.MAX_BLOCK_SIZE
+        and isinstance(h["tensors"], list)
+    )
+    if not ok:
+        raise CorruptPayload("header has a field of the wrong type or range")
+    return h
+
+
+def _is_int(v: Any, minimum: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+
+Spec = tuple[str, tuple[int, ...], tuple[int, int], tuple[int, int]]
+
+
+def _check_layout(header: dict[str, Any], data_len: int) -> list[Spec]:
+    """Each tensor's byte ranges must have exactly the size its shape implies and tile the data."""
+    specs: list[Spec] = []
+    pos = 0
+    quant, block = header["quantizer"], header["block_size"]
+    for t in header["tensors"]:
+        if not isinstance(t, dict) or set(t) != {"name", "shape", "dtype", "values", "scales"}:
+            raise CorruptPayload("tensor entry has missing or unexpected fields")
+        name, shape, ranges = t["name"], t["shape"], (t["values"], t["scales"])
+        if not isinstance(name, str) or not isinstance(shape, list) or not all(_is_int(d, 0) for d in shape):
+            raise CorruptPayload(f"tensor entry {name!r} has a bad name or shape")
+        if t["dtype"] not in _SOURCE_DTYPES:
+            raise UnsupportedFormat(f"tensor {name!r} has unsupported dtype {t['dtype']!r}")
+        n = prod(shape)
+        want = (q.data_nbytes(quant, n), q.scales_nbytes(quant, n, block))
+        for r, size in zip(ranges, want, strict=True):
+            if not (isinstance(r, list) and len(r) == 2 and r[0] == pos and r[1] == size):
+                raise CorruptPayload(f"tensor {name!r}: byte range {r!r} does not match its shape {shape}")
+            pos += size
+        specs.append((name, tuple(shape), (t["values"][0], t["values"][1]), (t["scales"][0], t["scales"][1])))
+    if pos != data_len:
+        raise CorruptPayload(f"data has {data_len} bytes; the header describes {pos}")
+    if len({s[0] for s in specs}) != len(specs):
+        raise CorruptPayload("a tensor name appears twice")
+    return specs
+
+
+def _check_fragment(header: dict[str, Any], specs: list[Spec], fragment: Fragment) -> None:
+    if header["fragment"] != fragment.index:
+        raise ShapeMismatch(f"payload is for fragment {header['fragment']}, expected {fragment.index}")
+    got = {name: shape for name, shape, _, _ in specs}
+    want = {t.name: t.shape for t in fragment.tensors}
+    if set(got) != set(want):
+        missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        raise ShapeMismatch(f"fragment {fragment.index}: missing tensors {missing}, unexpected {extra}")
+    for name, shape in want.items():
+        if got[name] != shape:
+            raise ShapeMismatch(f"tensor {name!r} has shape {list(got[name])}, expected {list(shape)}")

@@ -1,0 +1,119 @@
+"""Merging outer gradients of one fragment from several learners (ALGORITHM.md §1.4, §5.4).
+
+Weights are token-weighted (``tokens * tokens / steps``: quantity x quality) with an optional
+staleness discount. Non-embedding tensors are merged with Radial-Directional Averaging (norms and
+directions averaged separately, so the merged norm does not shrink as ``1/sqrt(M)`` with M nearly
+orthogonal contributions); embedding fragments with the weighted mean. Sums are float32, in the
+order the contributions are given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+F32 = npt.NDArray[np.float32]
+MergeRule = Literal["rda", "mean"]
+
+# The mean direction counts as vanished below this norm (unit directions averaged; 1 is the maximum).
+_MIN_DIRECTION_NORM = 1e-6
+
+
+def contribution_weight(
+    tokens: int,
+    steps: int,
+    *,
+    token_weighting: bool = True,
+    staleness: int = 0,
+    staleness_power: float = 0.0,
+) -> float:
+    """``tokens * tokens / steps`` (1.0 without token weighting) x ``(1 + staleness) ** -staleness_power``."""
+    if steps < 1:
+        raise ValueError(f"a contribution needs at least one inner step, got steps={steps}")
+    if tokens < 0 or staleness < 0 or staleness_power < 0:
+        raise ValueError(
+            f"tokens, staleness and staleness_power must be >= 0 ({tokens}, {staleness}, {staleness_power})"
+        )
+    base = tokens * tokens / steps if token_weighting else 1.0
+    return float(base * (1.0 + staleness) ** -staleness_power)
+
+
+def check_finite(tensors: Mapping[str, npt.NDArray[np.floating]]) -> str | None:
+    """The reason to reject a contribution with NaN or infinite values, or None when all are finite."""
+    for name in sorted(tensors):
+        if not np.isfinite(tensors[name]).all():
+            return f"non-finite values in {name!r}"
+    return None
+
+
+def _normalised(weights: Sequence[float], count: int) -> list[float]:
+    if count == 0:
+        raise ValueError("nothing to merge: no contributions")
+    if len(weights) != count:
+        raise ValueError(f"{count} contributions but {len(weights)} weights")
+    if any(not np.isfinite(w) or w < 0 for w in weights):
+        raise ValueError(f"weights must be finite and >= 0, got {list(weights)}")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError("the weights sum to zero")
+    return [float(w) / total for w in weights]
+
+
+def _check_shapes(vectors: Sequence[npt.NDArray[np.floating]]) -> None:
+    shapes = {v.shape for v in vectors}
+    if len(shapes) > 1:
+        raise ValueError(f"contributions have different shapes: {sorted(shapes)}")
+
+
+def weighted_mean(vectors: Sequence[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:
+    """``sum w_m v_m / sum w_m`` in float32."""
+    _normalised(weights, len(vectors))
+    _check_shapes(vectors)
+    if len(vectors) == 1:
+        return np.asarray(vectors[0], dtype=np.float32).copy()
+    total = float(sum(weights))
+    acc = np.zeros(vectors[0].shape, dtype=np.float32)
+    for v, w in zip(vectors, weights, strict=True):
+        acc += np.float32(w) * np.asarray(v, dtype=np.float32)
+    return acc / np.float32(total)
+
+
+def rda(vectors: Sequence[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:
+    """Radial-directional average: mean norm x direction of the mean of unit directions.
+
+    Falls back to the weighted mean when the mean direction vanishes (opposite contributions).
+    """
+    ws = _normalised(weights, len(vectors))
+    _check_shapes(vectors)
+    norms = [float(np.linalg.norm(np.asarray(v, dtype=np.float64))) for v in vectors]
+    radius = sum(w * n for w, n in zip(ws, norms, strict=True))
+    direction = np.zeros(vectors[0].shape, dtype=np.float64)
+    for v, w, n in zip(vectors, ws, norms, strict=True):
+        if n > 0:
+            direction += (w / n) * np.asarray(v, dtype=np.float64)
+    dnorm = float(np.linalg.norm(direction))
+    if dnorm < _MIN_DIRECTION_NORM:
+        return weighted_mean(vectors, weights)
+    return (direction * (radius / dnorm)).astype(np.float32)
+
+
+def merge_fragment(
+    deltas: Sequence[Mapping[str, npt.NDArray[np.floating]]],
+    weights: Sequence[float],
+    *,
+    rule: MergeRule,
+    kind: str,
+) -> dict[str, F32]:
+    """Merge each tensor of the fragment; embedding fragments always use the weighted mean."""
+    _normalised(weights, len(deltas))
+    if rule not in ("rda", "mean"):
+        raise ValueError(f"unknown merge rule {rule!r} (expected 'rda' or 'mean')")
+    names = set(deltas[0])
+    for i, d in enumerate(deltas[1:], start=1):
+        if set(d) != names:
+            raise ValueError(f"contribution {i} has tensors {sorted(d)}, contribution 0 has {sorted(names)}")
+    combine = weighted_mean if rule == "mean" or kind == "embedding" else rda
+    return {name: combine([d[name] for d in deltas], weights) for name in sorted(names)}

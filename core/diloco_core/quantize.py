@@ -1,0 +1,149 @@
+"""Quantizers of the wire format, on flat float32 arrays (ALGORITHM.md §5.6).
+
+- ``fp32``: the values as they are.
+- ``bf16``: the top 16 bits of each float32, rounded to nearest even (NaN stays NaN).
+- ``fp16``: IEEE half precision (values beyond ±65504 become ±inf).
+- ``int8`` / ``int4``: per block of ``block_size`` values a float32 scale ``s`` = the block's largest
+  magnitude; each value is ``round(x / s * Q)`` with Q = 127 or 7, so the error is at most ``s / (2Q)``.
+- ``e3m0`` (Streaming DiLoCo's 4-bit float): a sign bit and a 3-bit level ``L``; ``L = 0`` is 0 and
+  ``L`` in 1..7 is ``sign * 2**(L - 7) * s``. A value takes the level nearest in log2 space; values
+  below ``2**-6.5 * s`` (nearer to "below the smallest level" than to it) become 0. The error is at
+  most ``max((sqrt(2) - 1) * |x|, 2**-6.5 * s)``.
+
+4-bit codes are packed two per byte, the first value in the low nibble. All byte orders are
+little-endian. Dequantized values are float32; arithmetic is float32 (scales) and exact integer codes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+QuantizerName = Literal["fp32", "bf16", "fp16", "int8", "int4", "e3m0"]
+QUANTIZERS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8", "int4", "e3m0")
+BLOCKED: frozenset[str] = frozenset({"int8", "int4", "e3m0"})
+MIN_BLOCK_SIZE = 8
+MAX_BLOCK_SIZE = 1 << 20
+
+F32 = npt.NDArray[np.float32]
+U8 = npt.NDArray[np.uint8]
+
+# value of each 4-bit code for a block scale of 1
+_INT4_LEVELS: F32 = ((np.arange(16, dtype=np.float32) - 8) / np.float32(7)).astype(np.float32)
+_E3M0_LEVELS: F32 = np.array(
+    [(-1.0 if c & 8 else 1.0) * (2.0 ** ((c & 7) - 7) if c & 7 else 0.0) for c in range(16)], dtype=np.float32
+)
+
+
+def data_nbytes(quantizer: str, n: int) -> int:
+    """Bytes of the quantized values of ``n`` numbers (without scales)."""
+    per = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0}
+    if quantizer in per:
+        return int(per[quantizer] * n)
+    return (n + 1) // 2
+
+
+def scales_nbytes(quantizer: str, n: int, block_size: int) -> int:
+    """Bytes of the float32 block scales of ``n`` numbers (0 for unblocked formats)."""
+    return 4 * (-(-n // block_size)) if quantizer in BLOCKED else 0
+
+
+def quantize(x: F32, quantizer: str, block_size: int) -> tuple[bytes, bytes]:
+    """Encode a flat float32 array; returns (values, scales) as little-endian bytes."""
+    x = np.ascontiguousarray(x, dtype=np.float32).ravel()
+    if quantizer == "fp32":
+        return x.astype("<f4", copy=False).tobytes(), b""
+    if quantizer == "fp16":
+        with np.errstate(over="ignore"):
+            return x.astype("<f2").tobytes(), b""
+    if quantizer == "bf16":
+        return _to_bf16(x).astype("<u2", copy=False).tobytes(), b""
+    with np.errstate(invalid="ignore"):  # non-finite input decodes to NaN; the merge rejects it
+        return _quantize_blocked(x, quantizer, block_size)
+
+
+def _quantize_blocked(x: F32, quantizer: str, block_size: int) -> tuple[bytes, bytes]:
+    scales, blocks = _block_scales(x, block_size)
+    safe = np.where(scales > 0, scales, np.float32(1))[:, None]
+    if quantizer == "int8":
+        q8 = np.clip(np.rint(blocks / safe * np.float32(127)), -127, 127).astype(np.int8)
+        codes = q8.ravel()[: x.size].tobytes()
+    elif quantizer == "int4":
+        q4 = np.clip(np.rint(blocks / safe * np.float32(7)), -7, 7).astype(np.int16) + 8
+        codes = _pack4(q4.ravel()[: x.size].astype(np.uint8))
+    elif quantizer == "e3m0":
+        codes = _pack4(_e3m0_codes(blocks, safe).ravel()[: x.size])
+    else:
+        raise ValueError(f"unknown quantizer {quantizer!r}")
+    return codes, scales.astype("<f4").tobytes()
+
+
+def dequantize(values: bytes, scales: bytes, quantizer: str, n: int, block_size: int) -> F32:
+    """Inverse of ``quantize``; the byte lengths must already have been checked."""
+    if quantizer == "fp32":
+        return np.frombuffer(values, dtype="<f4", count=n).astype(np.float32)
+    if quantizer == "fp16":
+        return np.frombuffer(values, dtype="<f2", count=n).astype(np.float32)
+    if quantizer == "bf16":
+        bits = np.frombuffer(values, dtype="<u2", count=n).astype(np.uint32) << 16
+        return bits.view(np.float32)
+    s = np.frombuffer(scales, dtype="<f4").astype(np.float32)
+    per_value = np.repeat(s, block_size)[:n]
+    if quantizer == "int8":
+        q = np.frombuffer(values, dtype=np.int8, count=n).astype(np.float32)
+        return q * (per_value / np.float32(127))
+    codes = _unpack4(values, n)
+    if quantizer == "int4":
+        return _INT4_LEVELS[codes] * per_value
+    if quantizer == "e3m0":
+        return _E3M0_LEVELS[codes] * per_value
+    raise ValueError(f"unknown quantizer {quantizer!r}")
+
+
+def _to_bf16(x: F32) -> npt.NDArray[np.uint16]:
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    out = rounded.astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        out[nan] = ((bits[nan] >> 16).astype(np.uint16)) | np.uint16(0x0040)
+    return out
+
+
+def _block_scales(x: F32, block_size: int) -> tuple[F32, F32]:
+    if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {block_size}")
+    nblocks = -(-x.size // block_size)
+    padded = np.zeros(nblocks * block_size, dtype=np.float32)
+    padded[: x.size] = x
+    blocks = padded.reshape(nblocks, block_size)
+    scales = np.abs(blocks).max(axis=1) if nblocks else np.zeros(0, dtype=np.float32)
+    return scales.astype(np.float32), blocks
+
+
+def _e3m0_codes(blocks: F32, safe: F32) -> U8:
+    mag = np.abs(blocks) / safe
+    with np.errstate(divide="ignore", invalid="ignore"):
+        level = np.rint(np.log2(mag) + 7)
+    level = np.nan_to_num(level, nan=0.0, neginf=0.0)
+    level = np.clip(level, 0, 7).astype(np.uint8)
+    sign: U8 = (np.signbit(blocks) & (level > 0)).astype(np.uint8) << np.uint8(3)
+    codes: U8 = np.bitwise_or(sign, level).astype(np.uint8)
+    return codes
+
+
+def _pack4(codes: U8) -> bytes:
+    if codes.size % 2:
+        codes = np.concatenate([codes, np.zeros(1, dtype=np.uint8)])
+    pairs = codes.reshape(-1, 2)
+    return (pairs[:, 0] | (pairs[:, 1] << 4)).astype(np.uint8).tobytes()
+
+
+def _unpack4(data: bytes, n: int) -> U8:
+    packed = np.frombuffer(data, dtype=np.uint8)
+    out = np.empty(packed.size * 2, dtype=np.uint8)
+    out[0::2] = packed & 0x0F
+    out[1::2] = packed >> 4
+    return out[:n]

@@ -1,0 +1,324 @@
+"""The wire format: round trips, error bounds, golden blobs and every way untrusted bytes can be bad."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+from diloco_core import codec
+from diloco_core.codec import (
+    CorruptPayload,
+    OversizedPayload,
+    ShapeMismatch,
+    TruncatedPayload,
+    UnsupportedFormat,
+    decode,
+    encode,
+)
+from diloco_core.fragments import build_plan
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+GOLDEN = Path(__file__).parent / "golden"
+QUANTIZERS = ["fp32", "bf16", "fp16", "int8", "int4", "e3m0"]
+
+
+def golden_tensors() -> dict[str, np.ndarray]:
+    """A fixed input whose bytes do not depend on any random generator."""
+    i = np.arange(300, dtype=np.float32)
+    return {
+        "h.0.attn.weight": (np.sin(i * 0.37) * np.exp(-i / 150)).reshape(20, 15).astype(np.float32),
+        "h.0.ln.bias": (np.cos(i[:17]) * 1e-3).astype(np.float32),
+        "wte.weight": np.linspace(-2.0, 2.0, 40, dtype=np.float32).reshape(5, 8),
+    }
+
+
+def _encode_golden(quantizer: str) -> bytes:
+    return encode(
+        golden_tensors(), fragment=2, base_version=7, kind="outer_grad", quantizer=quantizer, block_size=32
+    )
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_golden_blob_is_reproduced_byte_for_byte(quantizer: str) -> None:
+    path = GOLDEN / f"outer_grad_{quantizer}.bin"
+    blob = _encode_golden(quantizer)
+    if os.environ.get("DILOCO_REGEN_GOLDEN") == "1":
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_bytes(blob)
+    stored = path.read_bytes()
+    assert (
+        blob == stored
+    ), f"the wire format changed; if on purpose, bump FORMAT_VERSION and regenerate {path}"
+    payload = decode(stored)
+    assert (payload.fragment, payload.base_version, payload.kind, payload.quantizer) == (
+        2,
+        7,
+        "outer_grad",
+        quantizer,
+    )
+    for name, x in golden_tensors().items():
+        assert payload.tensors[name].dtype == np.float32
+        assert payload.tensors[name].shape == x.shape
+    if quantizer == "fp32":
+        for name, x in golden_tensors().items():
+            np.testing.assert_array_equal(payload.tensors[name], x)
+
+
+def test_header_describes_tensors_and_scales() -> None:
+    blob = _encode_golden("int4")
+    inner = zstandard.ZstdDecompressor().decompress(blob[codec._PREFIX.size :])
+    (hlen,) = struct.unpack_from("<I", inner)
+    header = json.loads(inner[4 : 4 + hlen])
+    assert header["quantizer"] == "int4"
+    assert header["block_size"] == 32
+    assert header["fragment"] == 2
+    first = header["tensors"][0]
+    assert first["name"] == "h.0.attn.weight"
+    assert first["shape"] == [20, 15]
+    assert first["dtype"] == "float32"
+    assert first["values"] == [0, 150]  # 300 values, two per byte
+    assert first["scales"] == [150, 4 * 10]  # ceil(300 / 32) float32 scales
+
+
+def error_bound(x: np.ndarray, quantizer: str, block: int) -> np.ndarray:
+    flat = x.astype(np.float32).ravel()
+    pad = np.zeros(-(-flat.size // block) * block, dtype=np.float32)
+    pad[: flat.size] = flat
+    s = np.repeat(np.abs(pad.reshape(-1, block)).max(axis=1), block)[: flat.size]
+    a = np.abs(flat)
+    bounds = {
+        "fp32": np.zeros_like(a),
+        "bf16": a * 2.0**-8,
+        "fp16": np.maximum(a * 2.0**-11, 2.0**-25),
+        "int8": s / 254 * 1.0001,
+        "int4": s / 14 * 1.0001,
+        "e3m0": np.maximum((np.sqrt(2) - 1) * a, s * 2.0**-6.5) * 1.0001,
+    }
+    return bounds[quantizer].reshape(x.shape) + 1e-30
+
+
+finite = st.floats(-1e4, 1e4, allow_nan=False, width=32)
+arrays = hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, max_side=20), elements=finite)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(QUANTIZERS), arrays, st.sampled_from([8, 16, 256]))
+def test_round_trip_stays_within_the_quantizer_error_bound(quantizer: str, x: np.ndarray, block: int) -> None:
+    blob = encode(
+        {"t": x}, fragment=0, base_version=3, kind="outer_grad", quantizer=quantizer, block_size=block
+    )
+    y = decode(blob).tensors["t"]
+    assert y.shape == x.shape
+    assert y.dtype == np.float32
+    assert np.all(np.abs(y - x) <= error_bound(x, quantizer, block))
+    # quantization is idempotent on dequantized values for the exact and float formats
+    if quantizer in ("fp32", "bf16", "fp16"):
+        again = decode(encode({"t": y}, fragment=0, base_version=3, kind="outer_grad", quantizer=quantizer))
+        np.testing.assert_array_equal(again.tensors["t"], y)
+
+
+def test_e3m0_levels_are_powers_of_two_of_the_block_scale() -> None:
+    x = np.array([8.0, -4.0, 1.0, 0.125, 0.0, -8.0 * 2**-6, 8.0 * 2**-7, 3.0], dtype=np.float32)
+    y = decode(
+        encode({"t": x}, fragment=0, base_version=0, kind="outer_grad", quantizer="e3m0", block_size=8)
+    )
+    # 3.0 is 2**1.58: nearer to 4 than to 2 in log2 space; 8 * 2**-7 is below the smallest level 8 * 2**-6
+    np.testing.assert_array_equal(y.tensors["t"], [8.0, -4.0, 1.0, 0.125, 0.0, -0.125, 0.0, 4.0])
+
+
+def test_bf16_rounds_to_nearest_even() -> None:
+    # 1 + 2**-8 lies exactly between two bf16 values: ties go to the even one (1.0)
+    x = np.array([1 + 2**-8, 1 + 3 * 2**-8, np.inf, -np.inf], dtype=np.float32)
+    y = decode(encode({"t": x}, fragment=0, base_version=0, kind="params", quantizer="bf16")).tensors["t"]
+    np.testing.assert_array_equal(y, [1.0, 1 + 4 * 2**-8, np.inf, -np.inf])
+    nan = decode(
+        encode(
+            {"t": np.array([np.nan], np.float32)}, fragment=0, base_version=0, kind="params", quantizer="bf16"
+        )
+    )
+    assert np.isnan(nan.tensors["t"][0])
+
+
+def test_zeros_and_empty_tensors_survive_every_quantizer() -> None:
+    for quantizer in QUANTIZERS:
+        blob = encode(
+            {"z": np.zeros((3, 9), np.float32), "e": np.zeros((0,), np.float32)},
+            fragment=1,
+            base_version=-1,
+            kind="params",
+            quantizer=quantizer,
+            block_size=8,
+        )
+        out = decode(blob).tensors
+        np.testing.assert_array_equal(out["z"], np.zeros((3, 9)))
+        assert out["e"].shape == (0,)
+
+
+def test_encoding_is_deterministic_and_independent_of_mapping_order() -> None:
+    t = golden_tensors()
+    reversed_t = dict(reversed(list(t.items())))
+    a = encode(t, fragment=0, base_version=1, kind="outer_grad", quantizer="int8")
+    b = encode(reversed_t, fragment=0, base_version=1, kind="outer_grad", quantizer="int8")
+    assert a == b
+
+
+# ---- untrusted bytes ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def blob() -> bytes:
+    return _encode_golden("fp32")
+
+
+def test_truncated_payloads_raise_truncated(blob: bytes) -> None:
+    for cut in (0, 5, codec._PREFIX.size, len(blob) // 2, len(blob) - 1):
+        with pytest.raises(TruncatedPayload) as info:
+            decode(blob[:cut])
+        assert info.value.code == "truncated"
+
+
+def test_flipped_bytes_raise_corrupt(blob: bytes) -> None:
+    for pos in (len(blob) // 2, len(blob) - 2):
+        bad = bytearray(blob)
+        bad[pos] ^= 0x5A
+        with pytest.raises(CorruptPayload) as info:
+            decode(bytes(bad))
+        assert info.value.code == "corrupt"
+    with pytest.raises(CorruptPayload, match="magic"):
+        decode(b"XXXX" + blob[4:])
+    with pytest.raises(CorruptPayload, match="unexpected bytes"):
+        decode(blob + b"\0")
+
+
+def _frame(inner: bytes, *, content_size: bool = True) -> bytes:
+    frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=content_size).compress(inner)
+    return struct.pack("<4sHQ", b"DLCF", 1, len(frame)) + frame
+
+
+def test_bad_headers_inside_a_valid_frame_raise_corrupt_or_unsupported() -> None:
+    def with_header(h: object, data: bytes = b"") -> bytes:
+        raw = json.dumps(h).encode()
+        return _frame(struct.pack("<I", len(raw)) + raw + data)
+
+    good = {"fragment": 0, "base_version": 0, "kind": "params", "quantizer": "fp32", "block_size": 256}
+    ok_tensor = {"name": "a", "shape": [2], "dtype": "float32", "values": [0, 8], "scales": [8, 0]}
+    assert decode(with_header({**good, "tensors": [ok_tensor]}, b"\0" * 8)).tensors["a"].shape == (2,)
+    with pytest.raises(CorruptPayload, match="does not match its shape"):
+        decode(with_header({**good, "tensors": [{**ok_tensor, "shape": [1000000]}]}, b"\0" * 8))
+    with pytest.raises(CorruptPayload, match="data has"):
+        decode(with_header({**good, "tensors": [ok_tensor]}, b"\0" * 9))
+    with pytest.raises(CorruptPayload, match="missing or unexpected"):
+        decode(with_header({**good, "extra": 1, "tensors": []}))
+    with pytest.raises(CorruptPayload, match="not valid JSON"):
+        decode(_frame(struct.pack("<I", 3) + b"{{{"))
+    with pytest.raises(CorruptPayload, match="header length"):
+        decode(_frame(struct.pack("<I", 1 << 30)))
+    with pytest.raises(UnsupportedFormat, match="quantizer"):
+        decode(with_header({**good, "quantizer": "fp8", "tensors": []}))
+    with pytest.raises(CorruptPayload, match="declare its size"):
+        decode(_frame(b"\0" * 8, content_size=False))
+    with pytest.raises(UnsupportedFormat, match="format version 9"):
+        decode(struct.pack("<4sHQ", b"DLCF", 9, 0))
+
+
+def test_declared_size_is_checked_before_decompressing() -> None:
+    bomb = _frame(b"\0" * (8 << 20))  # 8 MiB of zeros compress to a few hundred bytes
+    assert len(bomb) < 2000
+    with pytest.raises(OversizedPayload, match="declared size") as info:
+        decode(bomb, max_bytes=1 << 20)
+    assert info.value.code == "oversized"
+    plan = build_plan([("a", (4,))], num_fragments=1, inner_steps=2, overlap=0)
+    with pytest.raises(OversizedPayload, match="declared size"):
+        decode(_frame(b"\0" * (8 << 20)), fragment=plan.fragments[0])
+    with pytest.raises(OversizedPayload, match="exceeds the limit"):
+        decode(b"\0" * 100, max_bytes=99)
+
+
+def test_names_and_shapes_must_match_the_expected_fragment() -> None:
+    plan = build_plan([("a", (2, 3)), ("b", (4,))], num_fragments=1, inner_steps=2, overlap=0)
+    frag = plan.fragments[0]
+    good = {"a": np.ones((2, 3), np.float32), "b": np.ones(4, np.float32)}
+    assert set(
+        decode(
+            encode(good, fragment=0, base_version=0, kind="params", quantizer="fp32"), fragment=frag
+        ).tensors
+    ) == {"a", "b"}
+    cases = [
+        ({"a": np.ones((3, 2), np.float32), "b": np.ones(4, np.float32)}, 0, "shape"),
+        ({"a": np.ones((2, 3), np.float32)}, 0, "missing"),
+        ({**good, "c": np.ones(1, np.float32)}, 0, "unexpected"),
+        (good, 1, "fragment 1"),
+    ]
+    for tensors, index, match in cases:
+        blob = encode(tensors, fragment=index, base_version=0, kind="params", quantizer="fp32")
+        with pytest.raises(ShapeMismatch, match=match) as info:
+            decode(blob, fragment=frag)
+        assert info.value.code == "wrong_shape"
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.text(min_size=1, max_size=30), min_size=1, max_size=5, unique=True),
+    st.sampled_from(QUANTIZERS),
+    st.integers(0, 40),
+)
+def test_any_real_payload_fits_its_fragment_bounds(names: list[str], quantizer: str, n: int) -> None:
+    plan = build_plan([(name, (n, 1)) for name in names], num_fragments=1, inner_steps=2, overlap=0)
+    frag = plan.fragments[0]
+    tensors = {name: np.full((n, 1), 1e30, np.float32) for name in names}
+    blob = encode(tensors, fragment=0, base_version=2**40, kind="params", quantizer=quantizer, block_size=8)
+    inner = zstandard.ZstdDecompressor().decompress(blob[codec._PREFIX.size :])
+    assert struct.unpack_from("<I", inner)[0] <= codec.max_header_size(frag)
+    assert len(inner) <= codec.max_decoded_size(frag)
+    assert set(decode(blob, fragment=frag).tensors) == set(names)
+
+
+def test_a_header_larger_than_the_fragment_allows_is_refused() -> None:
+    plan = build_plan([("a", (1000,))], num_fragments=1, inner_steps=2, overlap=0)
+    padding = " " * 2000  # JSON allows whitespace: a valid header, but far larger than needed
+    raw = json.dumps(
+        {
+            "fragment": 0,
+            "base_version": 0,
+            "kind": "params",
+            "quantizer": "fp32",
+            "block_size": 256,
+            "tensors": [],
+        }
+    ).encode()
+    blob = _frame(struct.pack("<I", len(raw) + len(padding)) + raw + padding.encode())
+    assert decode(blob).tensors == {}
+    with pytest.raises(CorruptPayload, match="header length"):
+        decode(blob, fragment=plan.fragments[0])
+
+
+def test_encode_refuses_what_it_cannot_represent() -> None:
+    with pytest.raises(UnsupportedFormat, match="quantizer"):
+        encode({"a": np.ones(2, np.float32)}, fragment=0, base_version=0, kind="params", quantizer="int2")
+    with pytest.raises(UnsupportedFormat, match="dtype"):
+        encode({"a": np.ones(2, np.int64)}, fragment=0, base_version=0, kind="params", quantizer="fp32")
+    with pytest.raises(UnsupportedFormat, match="block_size"):
+        encode(
+            {"a": np.ones(2, np.float32)},
+            fragment=0,
+            base_version=0,
+            kind="params",
+            quantizer="int8",
+            block_size=4,
+        )
+
+
+def test_nan_passes_the_codec_and_is_left_to_the_merge() -> None:
+    x = np.array([1.0, np.nan, 2.0], np.float32)
+    for quantizer in QUANTIZERS:
+        out = decode(
+            encode({"a": x}, fragment=0, base_version=0, kind="outer_grad", quantizer=quantizer, block_size=8)
+        )
+        assert not np.isfinite(out.tensors["a"]).all(), quantizer
