@@ -1,0 +1,91 @@
+"""Held-out loss of the GLOBAL model, computed by the runner itself.
+
+The runner fetches every fragment's newest global parameters from the synchronizer
+(``GET /v1/fragments/{p}``, as a read-only client with a token derived from the job secret), loads
+them into the built-in model and evaluates it on the same held-out windows the learners use. This
+measures the model the job actually produces, independent of any one learner's local state.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from diloco_core.auth import learner_token
+from diloco_core.codec import CodecError, decode
+from diloco_core.config import ModelSettings
+
+log = logging.getLogger(__name__)
+
+EVALUATOR_ID = "runner-eval"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    loss: float
+    versions: dict[int, int]
+
+
+class GlobalEvaluator:
+    """Evaluates the synchronizer's global parameters (needs PyTorch and ``diloco_worker``)."""
+
+    def __init__(
+        self, *, sync_url: str, job_secret: str, model: ModelSettings, corpus: str, eval_fraction: float,
+        batch_size: int, fragments: int,
+    ) -> None:
+        import torch
+        from diloco_worker.data import eval_batches, load_corpus, split_corpus
+        from diloco_worker.model import build_gpt
+        from diloco_worker.sync_client import SyncClient
+
+        torch.set_num_threads(1)
+        self._torch = torch
+        self._model = build_gpt(model).eval()
+        _, held_out = split_corpus(load_corpus(corpus), eval_fraction)
+        self._batches = eval_batches(held_out, batch_size=batch_size, block_size=model.block_size)
+        self._client = SyncClient(sync_url, EVALUATOR_ID, learner_token(job_secret, EVALUATOR_ID), timeout_s=10.0)
+        self._fragments = fragments
+        self.num_params = sum(p.numel() for p in self._model.parameters())
+
+    def close(self) -> None:
+        self._client.close()
+
+    def fetch_params(self) -> tuple[dict[str, object], dict[int, int]] | None:
+        """Every fragment's newest tensors and versions, or None while some fragment has none yet."""
+        from diloco_worker.sync_client import SyncError
+
+        tensors: dict[str, object] = {}
+        versions: dict[int, int] = {}
+        for p in range(self._fragments):
+            try:
+                got = self._client.fetch(p, newer_than=-1, wait_s=0.0)
+            except SyncError as exc:
+                log.debug("fragment %d not available for evaluation: %s", p, exc)
+                return None
+            if got is None:
+                return None
+            try:
+                payload = decode(got.payload)
+            except CodecError as exc:
+                log.warning("fragment %d version %d does not decode: %s", p, got.version, exc)
+                return None
+            tensors.update(payload.tensors)
+            versions[p] = got.version
+        return tensors, versions
+
+    def evaluate(self) -> Evaluation | None:
+        fetched = self.fetch_params()
+        if fetched is None:
+            return None
+        tensors, versions = fetched
+        torch = self._torch
+        with torch.no_grad():
+            for name, param in self._model.named_parameters():
+                if name not in tensors:
+                    log.warning("global parameters lack %r; skipping evaluation", name)
+                    return None
+                param.copy_(torch.as_tensor(tensors[name]).view_as(param))
+            from diloco_worker.model import lm_loss
+
+            losses = [float(lm_loss(self._model, batch)) for batch in self._batches]
+        return Evaluation(sum(losses) / len(losses), versions)

@@ -1,0 +1,128 @@
+"""The end-of-run report built from a ``RunRecord`` (pure): goodput, bytes, loss, chaos outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from diloco.runner.record import RunRecord
+from diloco.runner.timeline import Goodput, goodput_of
+from diloco.runner.traffic import Traffic, human_bytes
+
+
+@dataclass(frozen=True)
+class Report:
+    record: RunRecord
+    goodput: Goodput
+    traffic: Traffic
+
+    @property
+    def first_loss(self) -> float | None:
+        return self.record.losses[0].loss if self.record.losses else None
+
+    @property
+    def final_loss(self) -> float | None:
+        return self.record.losses[-1].loss if self.record.losses else None
+
+    @property
+    def loss_went_down(self) -> bool | None:
+        if self.first_loss is None or self.final_loss is None or len(self.record.losses) < 2:
+            return None
+        return self.final_loss < self.first_loss
+
+    @property
+    def unrejoined(self) -> list[int]:
+        """Learners killed at least once whose last kill was never followed by a rejoin."""
+        last: dict[int, bool] = {}
+        for kill in self.record.kills:
+            last[kill.learner] = kill.rejoined_at_s is not None
+        return sorted(learner for learner, ok in last.items() if not ok)
+
+    @property
+    def killed_learners(self) -> list[int]:
+        return sorted({kill.learner for kill in self.record.kills})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "goodput": self.goodput.to_dict(),
+            "traffic": self.traffic.to_dict(),
+            "first_loss": self.first_loss,
+            "final_loss": self.final_loss,
+            "loss_went_down": self.loss_went_down,
+            "killed_learners": self.killed_learners,
+            "unrejoined": self.unrejoined,
+            "kills": len(self.record.kills),
+            "total_tokens": self.record.total_tokens,
+            "total_learner_steps": self.record.total_learner_steps,
+        }
+
+
+def build_report(record: RunRecord) -> Report:
+    traffic = Traffic(
+        num_params=record.num_params,
+        total_learner_steps=record.total_learner_steps,
+        sent_bytes=record.sent_bytes,
+        received_bytes=record.received_bytes,
+    )
+    return Report(record=record, goodput=goodput_of(record.timeline), traffic=traffic)
+
+
+def _fmt(value: float | None, spec: str = ".4f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def render_markdown(report: Report) -> str:
+    r, g, t = report.record, report.goodput, report.traffic
+    lines = [
+        f"# DiLoCo run: {r.mode}",
+        "",
+        f"- run folder: `{r.run_dir}`",
+        f"- stopped: {r.stop_reason}, after {r.duration_s:.1f} s",
+        f"- learners: {len(r.learners)}, model parameters: {r.num_params:,}",
+        f"- tokens: {r.total_tokens:,} in {r.total_learner_steps:,} learner steps; global rounds: {r.rounds}",
+        "",
+        "## Held-out loss of the global model",
+        "",
+        f"- first: {_fmt(report.first_loss)}, final: {_fmt(report.final_loss)} ({len(r.losses)} evaluations)",
+        "",
+        "## Goodput",
+        "",
+        f"**{_fmt(g.goodput, '.1%')}** = useful {g.useful_s:.1f} s / allocated {g.total_s:.1f} s of learner time",
+        "",
+        "| training | blocked on sync | rolled back | starting/rejoining | down |",
+        "|---:|---:|---:|---:|---:|",
+        f"| {g.training_s:.1f} s | {g.blocked_s:.1f} s | {g.lost_s:.1f} s | {g.starting_s:.1f} s | {g.down_s:.1f} s |",
+        "",
+        "## Bytes on the wire",
+        "",
+        f"- sent by learners: {human_bytes(t.sent_bytes)}; received by learners: {human_bytes(t.received_bytes)}",
+        f"- data-parallel would have sent: {human_bytes(t.data_parallel_bytes)} "
+        f"(= {t.num_params:,} params x 4 B x 2 x {t.total_learner_steps:,} steps)",
+        f"- reduction: {_fmt(t.reduction, '.1f')}x",
+        "",
+        "## Chaos",
+        "",
+    ]
+    lines += _chaos_lines(report)
+    lines += ["", "## Learners", "", "| learner | speed | steps | tokens | launches | finished |", "|---|---:|---:|---:|---:|---|"]
+    lines += [
+        f"| {x.learner_id} | {x.speed_factor:g} | {x.steps} | {x.tokens:,} | {x.launches} | {'yes' if x.finished else 'no'} |"
+        for x in r.learners
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _chaos_lines(report: Report) -> list[str]:
+    kills = report.record.kills
+    if not kills:
+        return ["No learner was killed."]
+    lines = [f"{len(kills)} kills of learners {report.killed_learners}.", "", "| learner | killed at | step | restarted | rejoined |", "|---|---:|---:|---:|---:|"]
+    for k in kills:
+        lines.append(
+            f"| {k.learner} | {k.at_s:.1f} s | {k.step} | {_fmt(k.restarted_at_s, '.1f')} | {_fmt(k.rejoined_at_s, '.1f')} |"
+        )
+    if report.unrejoined:
+        lines += ["", f"Not rejoined by the end: learners {report.unrejoined}."]
+    else:
+        lines += ["", "Every killed learner rejoined."]
+    return lines

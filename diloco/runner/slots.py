@@ -1,0 +1,45 @@
+"""Per-learner bookkeeping of the orchestrator, and the pure rules that read the synchronizer's status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diloco_core.protocol import LearnerStatus
+
+from diloco.runner.processes import Child
+from diloco.runner.record import KillRecord
+
+# what the view shows: training / starting / rejoining / down / finished / failed
+SlotState = str
+
+
+@dataclass
+class LearnerSlot:
+    index: int
+    learner_id: str
+    speed_factor: float
+    bandwidth_limit: float | None
+    child: Child | None = None
+    incarnation: int = -1
+    state: SlotState = "starting"
+    launched_at_s: float = 0.0
+    step: int = 0
+    tokens: int = 0
+    tokens_per_s: float = 0.0
+    staleness: int = 0
+    step_time_s: float = 0.0
+    crashes: int = 0
+    down_until_s: float | None = None  # restart due (after a crash; chaos restarts come from the schedule)
+    pending_kill: KillRecord | None = None
+
+    @property
+    def up(self) -> bool:
+        return self.state in ("starting", "rejoining", "training")
+
+
+def has_rejoined(slot: LearnerSlot, status: LearnerStatus, now_s: float) -> bool:
+    """The current process of ``slot`` is training: the synchronizer heard from it since it was
+    launched (``last_seen_s`` younger than the process) and it reports the training state."""
+    heard_since_launch = status.last_seen_s < max(0.0, now_s - slot.launched_at_s)
+    trained = status.state in ("training", "leaving", "left") and status.step > 0
+    return bool(trained and heard_since_launch)

@@ -1,0 +1,74 @@
+"""`diloco run` end to end: a real synchronizer and real learner processes, with learners killed
+(SIGKILL) and restarted by the chaos schedule."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diloco.runner.chaos import build_chaos_schedule
+from diloco.runner.timeline import Interval, Rollback, compute_goodput
+
+SEED, MTBF_S, REPAIR_S = 3, 20.0, 3.0
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_local_job_with_chaos_heals_and_reports(tmp_path: Path) -> None:
+    # the schedule is pure: with this seed learners 1 and 0 are killed within the first 8 seconds
+    early = {e.learner for e in build_chaos_schedule(seed=SEED, mtbf_s=MTBF_S, repair_s=REPAIR_S,
+                                                     learners=range(3), horizon_s=8.0) if e.action == "kill"}
+    assert len(early) >= 2
+    argv = [
+        sys.executable, "-m", "diloco", "run", "--learners", "3", "--max-steps", "200",
+        "--inner-steps", "8", "--fragments", "2", "--overlap", "1",
+        "--mtbf", str(MTBF_S), "--repair", str(REPAIR_S), "--seed", str(SEED),
+        "--time-limit", "420", "--plain", "--runs-dir", str(tmp_path),
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=560)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert (run_dir / "report.md").read_text() in proc.stdout
+    assert (run_dir / "loss.png").stat().st_size > 0
+    report = json.loads((run_dir / "report.json").read_text())
+    summary, record = report["summary"], report["record"]
+
+    assert record["stop_reason"] == "every learner reached --max-steps"
+    assert all(learner["finished"] for learner in record["learners"])
+    # every killed learner came back and trained again
+    assert len(summary["killed_learners"]) >= 2
+    assert summary["unrejoined"] == []
+    for kill in record["kills"]:
+        assert kill["restarted_at_s"] is not None
+        assert kill["rejoined_at_s"] is not None
+        assert kill["rejoined_at_s"] >= kill["restarted_at_s"] >= kill["at_s"] + REPAIR_S - 1.0
+    assert sum(learner["launches"] for learner in record["learners"]) == 3 + len(record["kills"])
+
+    # the global model learned
+    assert summary["loss_went_down"] is True
+    assert summary["final_loss"] < summary["first_loss"] - 0.3
+
+    # goodput comes from what happened: below 1 with kills, and equal to the timeline's numbers
+    intervals = [Interval(i["learner"], i["phase"], i["start_s"], i["end_s"]) for i in record["timeline"]["intervals"]]
+    down = sum(i.duration_s for i in intervals if i.phase == "down")
+    assert down >= REPAIR_S * len(record["kills"]) * 0.9
+    blocked = {(b["learner"], b["incarnation"]): b["blocked_s"] for b in record["timeline"]["blocked_s"]}
+    rollbacks = [Rollback(r["learner"], r["at_s"], r["from_step"], r["to_step"], r["step_time_s"])
+                 for r in record["timeline"]["rollbacks"]]
+    recomputed = compute_goodput(intervals, blocked, rollbacks)
+    assert summary["goodput"]["goodput"] == pytest.approx(recomputed.goodput)
+    assert 0.0 < summary["goodput"]["goodput"] < 1.0
+    training = sum(i.duration_s for i in intervals if i.phase == "training")
+    total = sum(i.duration_s for i in intervals)
+    assert summary["goodput"]["goodput"] == pytest.approx(
+        (training - min(sum(blocked.values()), training) - sum(r.lost_s for r in rollbacks)) / total
+    )
+
+    # bytes: measured uploads against the data-parallel formula
+    traffic = summary["traffic"]
+    assert traffic["sent_bytes"] > 0
+    assert traffic["data_parallel_bytes"] == record["num_params"] * 4 * 2 * summary["total_learner_steps"]
+    assert traffic["reduction"] > 1.0

@@ -1,0 +1,92 @@
+from pathlib import Path
+
+import pytest
+
+from diloco.runner.capabilities import check_mode_supported
+from diloco.runner.cli import parse_settings
+from diloco.runner.commands import RunPaths, build_synchronizer_argv, build_worker_argv, build_worker_env
+from diloco.runner.settings import SettingsError, parse_bandwidth, parse_rate, parse_slow, parse_speed_factors
+
+
+def test_defaults_are_the_decoupled_mode_with_four_learners() -> None:
+    s = parse_settings([])
+    assert s.mode == "decoupled"
+    assert s.learners == 4
+    algo = s.algorithm()
+    assert (algo.quorum, algo.strict_quorum, algo.blocking_sync) == (1, False, False)
+    assert algo.overlap == s.overlap > 0
+
+
+def test_synchronous_modes_wait_for_every_learner() -> None:
+    sync = parse_settings(["--mode", "diloco-sync", "--learners", "3"]).algorithm()
+    assert (sync.quorum, sync.overlap, sync.blocking_sync) == (3, 0, True)
+    ddp = parse_settings(["--mode", "ddp", "--learners", "3"]).algorithm()
+    assert (ddp.inner_steps, ddp.quorum, ddp.codec) == (1, 3, "fp32")
+
+
+def test_speed_factors_and_slow_learners() -> None:
+    assert parse_speed_factors("1,1,1.18,1.18", 4) == (1.0, 1.0, 1.18, 1.18)
+    assert parse_slow("0.5:1.18", 4) == (1.0, 1.0, 1.18, 1.18)
+    assert parse_slow("0.25:2", 4) == (1.0, 1.0, 1.0, 2.0)
+    with pytest.raises(SettingsError, match="3 factors for 4 learners"):
+        parse_speed_factors("1,1,2", 4)
+    with pytest.raises(SettingsError, match="FRACTION:FACTOR"):
+        parse_slow("half", 4)
+    with pytest.raises(SettingsError, match=">= 1"):
+        parse_settings(["--speed-factors", "1,0.5,1,1"])
+    with pytest.raises(SettingsError, match="not both"):
+        parse_settings(["--speed-factors", "1,1,1,1", "--slow", "0.5:2"])
+
+
+def test_bandwidth_rates() -> None:
+    assert parse_rate("500k") == 500_000
+    assert parse_rate("1MiB") == 1024**2
+    assert parse_rate("64kB/s") == 64_000
+    assert parse_bandwidth("2M", 2) == (2e6, 2e6)
+    assert parse_bandwidth("1M,-,200k", 3) == (1e6, None, 2e5)
+    with pytest.raises(SettingsError, match="bytes per second"):
+        parse_rate("fast")
+    with pytest.raises(SettingsError, match="2 rates for 3 learners"):
+        parse_bandwidth("1M,2M", 3)
+
+
+def test_cross_field_checks_name_the_flag() -> None:
+    with pytest.raises(SettingsError, match="--overlap"):
+        parse_settings(["--overlap", "16", "--inner-steps", "16"])
+    with pytest.raises(SettingsError, match="--n-embd"):
+        parse_settings(["--n-embd", "66", "--n-head", "4"])
+
+
+def test_worker_command_passes_speed_bandwidth_and_checkpointing(tmp_path: Path) -> None:
+    s = parse_settings(["--learners", "2", "--speed-factors", "1,1.5", "--bandwidth-limit=-,300k"])
+    paths = RunPaths(tmp_path)
+    argv0 = build_worker_argv(s, paths, 0, sync_url="http://h:1")
+    argv1 = build_worker_argv(s, paths, 1, sync_url="http://h:1")
+    assert argv1[argv1.index("--speed-factor") + 1] == "1.5"
+    assert argv1[argv1.index("--bandwidth-limit") + 1] == "300000.0"
+    assert "--bandwidth-limit" not in argv0
+    assert argv1[argv1.index("--learner-id") + 1] == "learner-1"
+    assert "--checkpoint-every" in argv1
+    assert not any("secret" in a for a in argv1)
+    env = build_worker_env(s, 1, {}, job_secret="s3cret", master_port=1)
+    assert env["DILOCO_JOB_SECRET"] == "s3cret"
+    assert "WORLD_SIZE" not in env
+
+
+def test_ddp_learners_are_ranks_of_one_unit(tmp_path: Path) -> None:
+    s = parse_settings(["--mode", "ddp", "--learners", "3"])
+    argv = build_worker_argv(s, RunPaths(tmp_path), 2, sync_url="http://h:1")
+    assert argv[argv.index("--learner-id") + 1] == "learner-0"
+    env = build_worker_env(s, 2, {}, job_secret="x", master_port=2999)
+    assert (env["WORLD_SIZE"], env["RANK"], env["MASTER_PORT"]) == ("3", "2", "2999")
+    sync = build_synchronizer_argv(s, RunPaths(tmp_path), port=1)
+    assert sync[sync.index("--quorum") + 1] == "1"
+    assert sync[sync.index("--outer-lr") + 1] == "1.0"
+
+
+def test_diloco_sync_mode_needs_blocking_learners() -> None:
+    s = parse_settings(["--mode", "diloco-sync"])
+    with pytest.raises(SettingsError, match="--blocking-sync"):
+        check_mode_supported(s, help_text="usage: diloco worker [--sync-url URL]")
+    check_mode_supported(s, help_text="usage: diloco worker [--blocking-sync]")
+    check_mode_supported(parse_settings([]), help_text="")
