@@ -22,11 +22,11 @@ class StorageError(Exception):
     """A storage failure that retrying will not fix."""
 
 
-class StorageUnavailable(StorageError):  # noqa: N818 - the name says what the caller should do
+class StorageUnavailable(StorageError):
     """The backend cannot be reached right now; retry later."""
 
 
-class ObjectNotFound(StorageError, KeyError):  # noqa: N818
+class ObjectNotFound(StorageError, KeyError):
     """The key does not exist."""
 
 
@@ -159,7 +159,10 @@ class S3Store:
         self._client: Any = boto3.client(
             "s3",
             endpoint_url=endpoint_url,
-            region_name=region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            region_name=region
+            or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION")
+            or "us-east-1",
             aws_access_key_id=access_key,
             aws_secret_access_key=secret_key,
             config=config,
@@ -258,7 +261,9 @@ def open_store(
         return S3Store(
             parsed.netloc,
             parsed.path.strip("/"),
-            endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
+            endpoint_url=endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL"),
             region=region,
             access_key=access_key,
             secret_key=secret_key,

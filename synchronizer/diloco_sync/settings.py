@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
-
 from diloco_core.config import JobConfig
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 
 class SyncSettings(BaseModel):
@@ -26,7 +25,9 @@ class SyncSettings(BaseModel):
     tls_cert: str | None = None
     tls_key: str | None = None
     max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024)
-    memory_budget_bytes: int = Field(1024 * 1024 * 1024, ge=0, description="contributions held while storage is down")
+    memory_budget_bytes: int = Field(
+        1024 * 1024 * 1024, ge=0, description="contributions held while storage is down"
+    )
     keep_versions: int = Field(4, ge=1)
     heartbeat_interval_s: float = Field(5.0, gt=0.0)
     max_wait_s: float = Field(60.0, gt=0.0, description="longest long-poll a learner may ask for")
@@ -37,7 +38,9 @@ class SyncSettings(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> SyncSettings:
         if self.shard_index >= self.num_shards:
-            raise ValueError(f"shard_index ({self.shard_index}) must be smaller than num_shards ({self.num_shards})")
+            raise ValueError(
+                f"shard_index ({self.shard_index}) must be smaller than num_shards ({self.num_shards})"
+            )
         if self.shard_urls and len(self.shard_urls) != self.num_shards:
             raise ValueError(f"{len(self.shard_urls)} shard URLs given for {self.num_shards} shards")
         if bool(self.tls_cert) != bool(self.tls_key):

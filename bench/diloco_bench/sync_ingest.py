@@ -1,0 +1,365 @@
+"""`diloco bench sync-ingest`: how fast the synchronizer takes contributions, next to a raw baseline.
+
+For each client count N (default 1, 8, 32), a fresh synchronizer process (filesystem store, quorum N)
+serves N concurrent asynchronous learners, each with pre-encoded int4 outer gradients:
+
+- ``--mode stream`` (default): every learner contributes back to back, cycling over the fragments,
+  while a long-poll per learner listens for new versions; this is the ingest throughput.
+- ``--mode lockstep``: every learner contributes, then long-polls until the round that merges it is
+  published and fetches the new fp32 version; this is the learner's round-trip latency.
+
+Reported per N:
+
+- ingest throughput in MB/s of contribution payloads and parameters/s taken,
+- latency percentiles of a contribution (POST → 202) and, in lockstep, of a round trip (POST → new version),
+- merge + outer-step time per round and fragment (from the service's /metrics),
+- a raw baseline measured in the same run: the same N clients send the same bytes over plain TCP
+  to a server that only reads and decompresses them; the ratio service/raw shows the overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+import zstandard
+from diloco_core import codec
+from diloco_core.auth import learner_token
+from diloco_core.fragments import FragmentPlan, build_plan
+from diloco_core.protocol import LEARNER_HEADER, VERSION_HEADER
+
+SECRET = "bench-secret"
+_LEN = struct.Struct("<Q")
+
+
+@dataclass
+class Result:
+    mode: str
+    clients: int
+    seconds: float
+    contributions: int
+    payload_bytes: int
+    params_taken: int
+    rounds: int
+    contribute_ms: list[float] = field(default_factory=list, repr=False)
+    round_trip_ms: list[float] = field(default_factory=list, repr=False)
+    merge_s_per_round: float = 0.0
+    raw_mb_s: float = 0.0
+    versions_heard: int = 0
+
+    @property
+    def mb_s(self) -> float:
+        return self.payload_bytes / self.seconds / 1e6
+
+    @property
+    def params_s(self) -> float:
+        return self.params_taken / self.seconds
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def make_plan(params: int, fragments: int) -> FragmentPlan:
+    side = max(8, int((params / (2 * fragments)) ** 0.5))
+    shapes = [(f"h.{i}.w{j}", [side, side]) for i in range(fragments) for j in range(2)]
+    return build_plan(shapes, fragments, inner_steps=max(fragments, 4), overlap=1)
+
+
+def grad_blob(plan: FragmentPlan, p: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    tensors = {
+        t.name: (0.01 * rng.standard_normal(t.shape)).astype(np.float32) for t in plan.fragments[p].tensors
+    }
+    return codec.encode(tensors, fragment=p, base_version=0, kind="outer_grad", quantizer="int4")
+
+
+# -- the service run ---------------------------------------------------------------------------------
+
+
+def start_sync(port: int, store: str, plan: FragmentPlan, clients: int) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable, "-m", "diloco_sync", "--port", str(port), "--storage", f"file://{store}",
+        "--fragments", str(len(plan.fragments)), "--inner-steps", str(plan.inner_steps), "--overlap", "1",
+        "--quorum", str(clients), "--max-staleness", "1000000", "--log-level", "WARNING",
+    ]  # fmt: skip
+    env = {**os.environ, "DILOCO_JOB_SECRET": SECRET}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the synchronizer did not start")
+
+
+def headers(learner: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {learner_token(SECRET, learner)}", LEARNER_HEADER: learner}
+
+
+async def setup_learners(url: str, plan: FragmentPlan, clients: int) -> list[httpx.AsyncClient]:
+    out = []
+    for i in range(clients):
+        c = httpx.AsyncClient(base_url=url, headers=headers(f"l{i}"), timeout=120)
+        body = {"learner_id": f"l{i}", "plan": plan.to_dict(), "plan_hash": plan.hash(), "tokens_per_step": 8}
+        (await c.post("/v1/learners/register", json=body)).raise_for_status()
+        out.append(c)
+    rng = np.random.default_rng(0)
+    for f in plan.fragments:
+        params = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in f.tensors}
+        blob = codec.encode(params, fragment=f.index, base_version=0, kind="params", quantizer="fp32")
+        (await out[0].put(f"/v1/fragments/{f.index}/init", content=blob)).raise_for_status()
+    return out
+
+
+async def learner_loop(
+    client: httpx.AsyncClient, blobs: list[bytes], plan: FragmentPlan, stop_at: float, res: Result
+) -> None:
+    known = {f.index: 0 for f in plan.fragments}
+    seq = 0
+    while time.perf_counter() < stop_at:
+        p = seq % len(plan.fragments)
+        seq += 1
+        t0 = time.perf_counter()
+        params = {"base_version": 0, "steps": 4, "tokens": 32, "seq": seq}
+        r = await client.post(f"/v1/fragments/{p}/contributions", params=params, content=blobs[p])
+        r.raise_for_status()
+        t1 = time.perf_counter()
+        res.contribute_ms.append(1000 * (t1 - t0))
+        res.contributions += 1
+        res.payload_bytes += len(blobs[p])
+        g = await client.get(f"/v1/fragments/{p}", params={"newer_than": known[p], "wait": 60})
+        if g.status_code == 200:
+            known[p] = int(g.headers[VERSION_HEADER])
+            res.round_trip_ms.append(1000 * (time.perf_counter() - t0))
+
+
+async def streaming_loop(
+    client: httpx.AsyncClient, blobs: list[bytes], plan: FragmentPlan, stop_at: float, res: Result
+) -> None:
+    """Contribute back to back (a newer contribution supersedes a pending one); never wait for rounds."""
+    seq = 0
+    while time.perf_counter() < stop_at:
+        p = seq % len(plan.fragments)
+        seq += 1
+        t0 = time.perf_counter()
+        params = {"base_version": 0, "steps": 4, "tokens": 32, "seq": seq}
+        r = await client.post(f"/v1/fragments/{p}/contributions", params=params, content=blobs[p])
+        r.raise_for_status()
+        res.contribute_ms.append(1000 * (time.perf_counter() - t0))
+        res.contributions += 1
+        res.payload_bytes += len(blobs[p])
+
+
+async def long_poll_loop(client: httpx.AsyncClient, p: int, stop_at: float, res: Result) -> None:
+    """A learner's background long-poll: hear about every new version of fragment p."""
+    known = 0
+    while (remaining := stop_at - time.perf_counter()) > 0:
+        g = await client.get(f"/v1/fragments/{p}", params={"newer_than": known, "wait": min(remaining, 5.0)})
+        if g.status_code == 200:
+            known = int(g.headers[VERSION_HEADER])
+            res.versions_heard += 1
+
+
+def merge_seconds(url: str) -> tuple[float, int]:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    total = re.search(r"^diloco_sync_merge_seconds_sum ([0-9.e+-]+)$", text, re.M)
+    count = re.search(r"^diloco_sync_merge_seconds_count ([0-9.e+-]+)$", text, re.M)
+    return (float(total.group(1)) if total else 0.0, int(float(count.group(1))) if count else 0)
+
+
+async def run_service(plan: FragmentPlan, clients: int, seconds: float, port: int, mode: str) -> Result:
+    with tempfile.TemporaryDirectory(prefix="bench-sync-") as store:
+        proc = start_sync(port, store, plan, clients)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            learners = await setup_learners(url, plan, clients)
+            blobs = [
+                [grad_blob(plan, f.index, 100 * i + f.index) for f in plan.fragments] for i in range(clients)
+            ]
+            res = Result(mode, clients, 0.0, 0, 0, 0, 0)
+            start = time.perf_counter()
+            stop_at = start + seconds
+            if mode == "lockstep":
+                jobs = [learner_loop(c, b, plan, stop_at, res) for c, b in zip(learners, blobs, strict=True)]
+            else:
+                jobs = [
+                    streaming_loop(c, b, plan, stop_at, res) for c, b in zip(learners, blobs, strict=True)
+                ]
+                jobs += [
+                    long_poll_loop(c, i % len(plan.fragments), stop_at, res) for i, c in enumerate(learners)
+                ]
+            await asyncio.gather(*jobs)
+            res.seconds = time.perf_counter() - start
+            total, count = merge_seconds(url)
+            res.rounds, res.merge_s_per_round = count, (total / count if count else 0.0)
+            per_fragment = plan.num_params // len(plan.fragments)
+            res.params_taken = res.contributions * per_fragment
+            for c in learners:
+                await c.aclose()
+            return res
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+# -- the raw baseline ----------------------------------------------------------------------------------
+
+
+async def raw_server(port: int) -> None:
+    """Read length-prefixed codec blobs, decompress each, answer one byte: nothing else."""
+    dctx = zstandard.ZstdDecompressor()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                (size,) = _LEN.unpack(await reader.readexactly(_LEN.size))
+                blob = await reader.readexactly(size)
+                dctx.decompress(blob[14:])  # the codec's prefix is 14 bytes, then one zstd frame
+                writer.write(b"\x01")
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
+async def raw_client(port: int, blobs: list[bytes], stop_at: float, totals: list[int]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    i = 0
+    while time.perf_counter() < stop_at:
+        blob = blobs[i % len(blobs)]
+        i += 1
+        writer.write(_LEN.pack(len(blob)) + blob)
+        await writer.drain()
+        await reader.readexactly(1)
+        totals[0] += len(blob)
+    writer.close()
+
+
+async def run_raw(plan: FragmentPlan, clients: int, seconds: float, port: int) -> float:
+    proc = subprocess.Popen([sys.executable, "-m", "diloco_bench.sync_ingest", "--raw-server", str(port)])
+    try:
+        for _ in range(600):
+            try:
+                _r, w = await asyncio.open_connection("127.0.0.1", port)
+                w.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        blobs = [
+            [grad_blob(plan, f.index, 100 * i + f.index) for f in plan.fragments] for i in range(clients)
+        ]
+        totals = [0]
+        start = time.perf_counter()
+        await asyncio.gather(*(raw_client(port, b, start + seconds, totals) for b in blobs))
+        return totals[0] / (time.perf_counter() - start) / 1e6
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# -- entry point -----------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def report(results: list[Result], plan: FragmentPlan) -> str:
+    lines = [
+        f"mode: {results[0].mode if results else '-'}; "
+        f"model: {plan.num_params:,} parameters in {len(plan.fragments)} fragments; payload int4 "
+        f"({len(grad_blob(plan, 0, 0)):,} bytes per fragment contribution)",
+        f"{'clients':>7} {'MB/s':>8} {'Mparams/s':>10} {'raw MB/s':>9} {'svc/raw':>8} {'post p50':>9} {'p90':>7} "
+        f"{'p99':>7} {'round p50':>10} {'p99':>7} {'rounds':>7} {'merge ms/round':>15}",
+    ]
+    for r in results:
+        ratio = r.mb_s / r.raw_mb_s if r.raw_mb_s else float("nan")
+        lines.append(
+            f"{r.clients:>7} {r.mb_s:>8.2f} {r.params_s / 1e6:>10.2f} {r.raw_mb_s:>9.2f} {ratio:>8.3f} "
+            f"{percentile(r.contribute_ms, 50):>8.1f}ms {percentile(r.contribute_ms, 90):>6.1f} "
+            f"{percentile(r.contribute_ms, 99):>7.1f} {percentile(r.round_trip_ms, 50):>9.1f}ms "
+            f"{percentile(r.round_trip_ms, 99):>7.1f} {r.rounds:>7} {1000 * r.merge_s_per_round:>15.2f}"
+        )
+    return "\n".join(lines)
+
+
+async def run_all(args: argparse.Namespace) -> list[Result]:
+    plan = make_plan(args.params, args.fragments)
+    results = []
+    for n in args.clients:
+        res = await run_service(plan, n, args.seconds, free_port(), args.mode)
+        res.raw_mb_s = await run_raw(plan, n, args.seconds, free_port())
+        results.append(res)
+        print(
+            f"  {n} clients: {res.contributions} contributions, {res.rounds} rounds, "
+            f"{res.versions_heard + len(res.round_trip_ms)} new versions heard by long-polls",
+            file=sys.stderr,
+        )
+    print(report(results, plan))
+    return results
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="diloco bench sync-ingest", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrent learners per run")
+    ap.add_argument("--seconds", type=float, default=10.0, help="duration of each run")
+    ap.add_argument("--params", type=int, default=2_000_000, help="model size in parameters")
+    ap.add_argument("--fragments", type=int, default=4)
+    ap.add_argument(
+        "--mode",
+        choices=["stream", "lockstep"],
+        default="stream",
+        help="stream: contribute back to back while long-polling (ingest throughput); "
+        "lockstep: contribute, then wait for the round's new version (round-trip latency)",
+    )
+    ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--raw-server", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.raw_server:
+        asyncio.run(raw_server(args.raw_server))
+        return 0
+    results = asyncio.run(run_all(args))
+    if args.json:
+        summary: list[dict[str, Any]] = []
+        for r in results:
+            d = asdict(r)
+            d.update(
+                mb_s=r.mb_s, params_s=r.params_s, contribute_p50_ms=percentile(r.contribute_ms, 50),
+                contribute_p99_ms=percentile(r.contribute_ms, 99), round_p50_ms=percentile(r.round_trip_ms, 50),
+                round_p99_ms=percentile(r.round_trip_ms, 99),
+                median_contribute_ms=statistics.median(r.contribute_ms) if r.contribute_ms else None,
+            )  # fmt: skip
+            del d["contribute_ms"], d["round_trip_ms"]
+            summary.append(d)
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,202 @@
+"""HTTP routes under /v1 (thin: parse, authenticate, call the service, shape the answer).
+
+The protocol (routes, headers, bodies) is fixed in ``diloco_core.protocol``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from diloco_core.protocol import (
+    API_PREFIX,
+    CONTENT_TYPE,
+    FRAGMENT_HEADER,
+    LEARNER_HEADER,
+    VERSION_HEADER,
+    ContributionResult,
+    FragmentVersionInfo,
+    Heartbeat,
+    HeartbeatResponse,
+    RegisterRequest,
+    RegisterResponse,
+    StatusResponse,
+)
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi.responses import Response as RawResponse
+
+from .auth import authenticate
+from .body import read_limited_body
+from .contributions import ContributionDesk
+from .errors import error_responses
+from .service import SyncService
+
+router = APIRouter(prefix=API_PREFIX)
+
+_BINARY_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+        "description": "a codec payload (diloco_core.codec)",
+    }
+}
+
+
+def get_service(request: Request) -> SyncService:
+    service: SyncService = request.app.state.service
+    return service
+
+
+def get_desk(request: Request) -> ContributionDesk:
+    desk: ContributionDesk = request.app.state.desk
+    return desk
+
+
+Service = Annotated[SyncService, Depends(get_service)]
+Desk = Annotated[ContributionDesk, Depends(get_desk)]
+AuthHeader = Annotated[str | None, Header(alias="Authorization", include_in_schema=False)]
+LearnerHeader = Annotated[str | None, Header(alias=LEARNER_HEADER, description="the calling learner's id")]
+
+
+def _learner(
+    service: SyncService, authorization: str | None, claimed: str | None, subject: str | None = None
+) -> str:
+    return authenticate(
+        service.settings.job_secret.get_secret_value(),
+        authorization,
+        claimed,
+        subject=subject,
+        known_learners=service.registry.learners.keys(),
+    )
+
+
+@router.post(
+    "/learners/register", response_model=RegisterResponse, responses=error_responses(400, 401, 403, 409, 503)
+)
+async def register(
+    body: RegisterRequest, service: Service, authorization: AuthHeader = None, learner: LearnerHeader = None
+) -> RegisterResponse:
+    """Register (or re-register) a learner: returns the plan hash, versions and job settings."""
+    _learner(service, authorization, learner, body.learner_id)
+    return await service.register(body)
+
+
+@router.post(
+    "/learners/{learner_id}/heartbeat",
+    response_model=HeartbeatResponse,
+    responses=error_responses(401, 403, 409),
+)
+async def heartbeat(
+    learner_id: str,
+    body: Heartbeat,
+    service: Service,
+    authorization: AuthHeader = None,
+    learner: LearnerHeader = None,
+) -> HeartbeatResponse:
+    """Report progress (step, tokens, step time, optional held-out loss); answers the versions."""
+    _learner(service, authorization, learner, learner_id)
+    if service.registry.get(learner_id) is None:
+        from .errors import ApiError
+
+        raise ApiError(409, "not_registered", f"learner {learner_id} is not registered: register first")
+    return service.heartbeat(learner_id, body)
+
+
+@router.post("/learners/{learner_id}/leave", status_code=204, responses=error_responses(401, 403))
+async def leave(
+    learner_id: str, service: Service, authorization: AuthHeader = None, learner: LearnerHeader = None
+) -> Response:
+    """Leave the quorum cleanly (a learner shutting down)."""
+    _learner(service, authorization, learner, learner_id)
+    if service.registry.get(learner_id) is not None:
+        service.leave(learner_id)
+    return Response(status_code=204)
+
+
+@router.put(
+    "/fragments/{p}/init",
+    response_model=FragmentVersionInfo,
+    responses=error_responses(400, 401, 403, 404, 409, 413, 421, 503),
+    openapi_extra=_BINARY_BODY,
+)
+async def init_fragment(
+    request: Request,
+    service: Service,
+    desk: Desk,
+    p: Annotated[int, Path(ge=0)],
+    authorization: AuthHeader = None,
+    learner: LearnerHeader = None,
+) -> FragmentVersionInfo:
+    """Upload a fragment's initial parameters (kind "params", fp32); only while it has no version."""
+    _learner(service, authorization, learner)
+    limit = desk.body_limit(p)
+    blob = await read_limited_body(request, limit)
+    return await service.init_fragment(p, blob)
+
+
+@router.post(
+    "/fragments/{p}/contributions",
+    status_code=202,
+    response_model=ContributionResult,
+    responses=error_responses(400, 401, 403, 404, 409, 413, 421, 503),
+    openapi_extra=_BINARY_BODY,
+)
+async def contribute(
+    request: Request,
+    service: Service,
+    desk: Desk,
+    p: Annotated[int, Path(ge=0)],
+    base_version: Annotated[int, Query(ge=0, description="the version the outer gradient is relative to")],
+    steps: Annotated[int, Query(ge=1, description="inner steps since that version")],
+    tokens: Annotated[int, Query(ge=0, description="tokens trained on since that version")],
+    seq: Annotated[int, Query(ge=0, description="the learner's sequence number (idempotency)")] = 0,
+    authorization: AuthHeader = None,
+    learner: LearnerHeader = None,
+) -> ContributionResult:
+    """Contribute an outer gradient (codec payload, kind "outer_grad") to a fragment's next round."""
+    learner_id = _learner(service, authorization, learner)
+    desk.precheck(learner_id, p, base_version, seq)
+    blob = await read_limited_body(request, desk.body_limit(p))
+    started = service.clock()
+    result = await desk.contribute(
+        learner_id, p, base_version=base_version, steps=steps, tokens=tokens, seq=seq, blob=blob
+    )
+    service.metrics.ingest_seconds.observe(service.clock() - started)
+    return result
+
+
+@router.get(
+    "/fragments/{p}",
+    responses={
+        200: {
+            "content": {CONTENT_TYPE: {}},
+            "description": "the newest version (codec payload, kind params)",
+        },
+        304: {"description": "no version newer than newer_than arrived within wait"},
+        **error_responses(401, 403, 404, 409, 421),
+    },
+    response_class=RawResponse,
+)
+async def fetch_fragment(
+    service: Service,
+    p: Annotated[int, Path(ge=0)],
+    newer_than: Annotated[int, Query(ge=-1, description="answer only a version newer than this")] = -1,
+    wait: Annotated[
+        float, Query(ge=0.0, description="seconds to wait for a newer version (long-poll)")
+    ] = 0.0,
+    authorization: AuthHeader = None,
+    learner: LearnerHeader = None,
+) -> Response:
+    """The newest version of a fragment, with ``X-DiLoCo-Version``; 304 if none newer arrives in time."""
+    learner_id = _learner(service, authorization, learner)
+    found = await service.fetch(learner_id, p, newer_than, wait)
+    if found is None:
+        return Response(status_code=304, headers={FRAGMENT_HEADER: str(p)})
+    version, payload = found
+    headers = {VERSION_HEADER: str(version), FRAGMENT_HEADER: str(p)}
+    return Response(content=payload, media_type=CONTENT_TYPE, headers=headers)
+
+
+@router.get("/status", response_model=StatusResponse)
+async def status(service: Service) -> StatusResponse:
+    """Learners, fragment versions, recent rounds, traffic and storage health (no secrets)."""
+    return service.status()

@@ -1,0 +1,121 @@
+"""The FastAPI application: lifespan (load state, start the round loop and the storage watcher)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from diloco_core.storage import open_store
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+
+from .api import router
+from .contributions import ContributionDesk
+from .errors import ApiError, api_error_handler, validation_error_handler
+from .persistence import StateStore
+from .round_loop import RoundRunner
+from .service import SyncService
+from .settings import SyncSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_service(settings: SyncSettings) -> SyncService:
+    store = open_store(
+        settings.storage_url, endpoint_url=settings.storage_endpoint_url, region=settings.storage_region
+    )
+    return SyncService(settings, StateStore(store, settings.shard_index, settings.job.job_id))
+
+
+def create_app(settings: SyncSettings, service: SyncService | None = None) -> FastAPI:
+    service = service or build_service(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        desk = ContributionDesk(service)
+        runner = RoundRunner(service, desk)
+        desk.wake = runner.wake
+        app.state.service, app.state.desk = service, desk
+        desk.replay(await service.load())
+        tasks = [
+            asyncio.create_task(runner.run(), name="rounds"),
+            asyncio.create_task(service.guard.watch(service.store.probe, desk.flush), name="storage-watch"),
+        ]
+        log.info("synchronizer ready: storage %s", service.store.store.describe())
+        try:
+            yield
+        finally:
+            runner.stop()
+            service.guard.stop()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    app = FastAPI(
+        title="DiLoCo synchronizer",
+        version="1",
+        description="Merges learners' outer gradients per fragment and serves the global parameters.",
+        lifespan=lifespan,
+    )
+    app.add_exception_handler(ApiError, api_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.include_router(router)
+    page = resources.files("diloco_sync").joinpath("static/index.html").read_text(encoding="utf-8")
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    @app.get("/healthz", response_class=PlainTextResponse)
+    async def healthz() -> PlainTextResponse:
+        """Liveness: the process serves requests."""
+        return PlainTextResponse("ok")
+
+    @app.get("/readyz", responses={503: {"description": "state not loaded or storage unavailable"}})
+    async def readyz(request: Request) -> JSONResponse:
+        """Readiness: state loaded and object storage reachable."""
+        svc: SyncService = request.app.state.service
+        ready = svc.loaded and svc.guard.ok
+        body = {
+            "ready": ready,
+            "loaded": svc.loaded,
+            "storage_ok": svc.guard.ok,
+            "storage_error": svc.guard.last_error,
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics(request: Request) -> Response:
+        """Prometheus metrics."""
+        svc: SyncService = request.app.state.service
+        svc.refresh_gauges()
+        return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, with validation failures documented as the 400 ErrorBody they really are."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                responses = operation.get("responses", {})
+                if responses.pop("422", None) is not None and "400" not in responses:
+                    responses["400"] = {
+                        "description": "Bad request",
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}
+                        },
+                    }
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -1,0 +1,191 @@
+"""Taking contributions: checks in the order a learner can act on, durability before the answer.
+
+Durability rule: a contribution is answered 202 only after it is written under ``pending/`` in the
+object store, so a crash after the answer never loses it (it is replayed at start-up). While storage
+is down, contributions are held in memory up to the byte budget and answered 202 as well: those are
+written as soon as storage is back, and are lost only if the process dies during the outage.
+Beyond the budget the answer is 503 ``storage_unavailable`` (``retryable``): nothing is dropped
+silently. A learner's newer contribution to the same fragment supersedes its pending one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
+import anyio.to_thread
+from diloco_core import codec, rounds
+from diloco_core.protocol import ContributionResult
+from diloco_core.storage import StorageError
+
+from .errors import ApiError
+from .fragment_state import Contribution, FragmentState
+from .ingest import validate_outer_gradient
+from .layout import PendingMeta, contribution_key
+
+if TYPE_CHECKING:
+    from .service import SyncService
+
+log = logging.getLogger(__name__)
+
+
+class ContributionDesk:
+    def __init__(self, service: SyncService, wake: Callable[[], None] = lambda: None) -> None:
+        self.service = service
+        self.wake = wake
+
+    def body_limit(self, p: int) -> int:
+        """Largest body accepted for fragment ``p``: the configured limit, or less for a small fragment."""
+        fs = self.service.fragment(p)
+        bound = codec.max_decoded_size(fs.spec) * 101 // 100 + 4096
+        return min(self.service.settings.max_body_bytes, bound)
+
+    def precheck(self, learner_id: str, p: int, base_version: int, seq: int) -> FragmentState:
+        """The checks that need no body: registration, fragment, initialisation, staleness.
+
+        A repeat of a contribution taken already is not refused as stale: it answers ``duplicate``,
+        so a learner whose answer was lost learns that its contribution counted.
+        """
+        svc = self.service
+        if svc.registry.get(learner_id) is None:
+            raise ApiError(409, "not_registered", f"learner {learner_id} is not registered: register first")
+        fs = svc.fragment(p)
+        if fs.version < 0:
+            raise ApiError(
+                409, "not_initialised", f"fragment {p} has no parameters yet: upload them with /init"
+            )
+        if not fs.is_known(contribution_key(learner_id, p, base_version, seq)):
+            self._check_fresh(fs, base_version)
+        return fs
+
+    def _check_fresh(self, fs: FragmentState, base_version: int) -> None:
+        max_staleness = self.service.diloco.max_staleness
+        if base_version > fs.version:
+            raise ApiError(
+                409, "stale", f"base version {base_version} is newer than fragment {fs.index}'s {fs.version}: resynchronise",
+                current_version=fs.version,
+            )  # fmt: skip
+        if rounds.is_stale(base_version, fs.version, max_staleness):
+            lag = rounds.staleness(base_version, fs.version)
+            raise ApiError(
+                409, "stale",
+                f"base version {base_version} is {lag} versions behind fragment {fs.index}'s {fs.version} "
+                f"(at most {max_staleness} allowed): fetch the fragment and continue from it",
+                current_version=fs.version,
+            )  # fmt: skip
+
+    async def contribute(
+        self, learner_id: str, p: int, *, base_version: int, steps: int, tokens: int, seq: int, blob: bytes
+    ) -> ContributionResult:
+        svc = self.service
+        fs = self.precheck(learner_id, p, base_version, seq)
+        key = contribution_key(learner_id, p, base_version, seq)
+        if fs.is_known(key):
+            svc.metrics.contributions.labels("duplicate").inc()
+            return self._result("duplicate", fs, base_version)
+        fs.reserved.add(key)
+        try:
+            tensors = await anyio.to_thread.run_sync(
+                validate_outer_gradient, blob, fs.spec, base_version, svc.settings.max_body_bytes
+            )
+            self._check_fresh(fs, base_version)
+            c = Contribution(
+                learner_id=learner_id, fragment=p, base_version=base_version, seq=seq, steps=steps,
+                tokens=tokens, tensors=tensors, nbytes=len(blob), received_at=svc.clock(),
+            )  # fmt: skip
+            await self._persist(c, blob)
+            self._enqueue(fs, c)
+        finally:
+            fs.reserved.discard(key)
+        learner = svc.registry.get(learner_id)
+        if learner is not None:
+            learner.contributions += 1
+            learner.base_versions[p] = base_version
+        svc.bytes_in += len(blob)
+        svc.metrics.bytes_in.inc(len(blob))
+        svc.metrics.contributions.labels("accepted").inc()
+        self.wake()
+        return self._result("accepted", fs, base_version)
+
+    def _result(
+        self, status: Literal["accepted", "duplicate"], fs: FragmentState, base_version: int
+    ) -> ContributionResult:
+        return ContributionResult(
+            status=status,
+            fragment=fs.index,
+            base_version=base_version,
+            version=fs.version,
+            pending=len(fs.pending),
+        )
+
+    async def _persist(self, c: Contribution, blob: bytes) -> None:
+        svc = self.service
+        meta = PendingMeta(
+            learner_id=c.learner_id, fragment=c.fragment, base_version=c.base_version, seq=c.seq,
+            steps=c.steps, tokens=c.tokens, received_at=c.received_at,
+        )  # fmt: skip
+        if svc.guard.ok:
+            try:
+                c.storage_key = await svc.guard.call(svc.store.put_pending, meta, blob)
+                return
+            except StorageError as exc:
+                log.warning("contribution %s kept in memory: %s", c.key, exc)
+        if not svc.guard.reserve(len(blob)):
+            raise ApiError(
+                503, "storage_unavailable",
+                f"storage is unavailable and {svc.guard.buffered_bytes} bytes are already held in memory: retry later",
+                retryable=True,
+            )  # fmt: skip
+        c.blob = blob
+
+    def _enqueue(self, fs: FragmentState, c: Contribution) -> None:
+        previous = fs.add_pending(c, self.service.diloco.quorum)
+        if previous is not None:
+            log.info("learner %s: contribution %s supersedes %s", c.learner_id, c.key, previous.key)
+            fs.applied.append(previous.key)
+            self.discard(previous)
+
+    def forget(self, c: Contribution) -> None:
+        """Drop a contribution from memory only (its stored copy, if any, stays for a restart)."""
+        if c.blob is not None:
+            self.service.guard.release(len(c.blob))
+            c.blob = None
+
+    def discard(self, c: Contribution) -> None:
+        """Forget a contribution that will never be merged (or was merged): free memory and storage."""
+        if c.blob is not None:
+            self.service.guard.release(len(c.blob))
+            c.blob = None
+        if c.storage_key is not None:
+            key, c.storage_key = c.storage_key, None
+            self.service.background_delete([key])
+
+    def replay(self, pending: list[Contribution]) -> None:
+        """Queue contributions found in storage at start-up (in arrival order)."""
+        for c in pending:
+            fs = self.service.fragments.get(c.fragment)
+            if fs is not None and not fs.is_known(c.key):
+                self._enqueue(fs, c)
+
+    async def flush(self) -> None:
+        """Storage is back: write what was held in memory (raises while storage still fails)."""
+        svc = self.service
+        for fs in svc.fragments.values():
+            for c in list(fs.pending.values()):
+                blob = c.blob
+                if blob is not None and c.storage_key is None:
+                    meta = PendingMeta(
+                        learner_id=c.learner_id, fragment=c.fragment, base_version=c.base_version, seq=c.seq,
+                        steps=c.steps, tokens=c.tokens, received_at=c.received_at,
+                    )  # fmt: skip
+                    key = await anyio.to_thread.run_sync(svc.store.put_pending, meta, blob)
+                    if fs.pending.get(c.learner_id) is c and c.blob is not None:
+                        c.storage_key = key
+                        svc.guard.release(len(blob))
+                        c.blob = None
+                    else:  # merged or superseded meanwhile
+                        svc.background_delete([key])
+        if svc.registry_dirty:
+            await anyio.to_thread.run_sync(svc.store.save_learners, svc.registry.to_record())
+            svc.registry_dirty = False

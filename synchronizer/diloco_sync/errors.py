@@ -1,0 +1,51 @@
+"""The one exception type the services raise for a request that cannot be served, and its response."""
+
+from __future__ import annotations
+
+from diloco_core.protocol import ErrorBody
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+
+class ApiError(Exception):
+    """A request refused with an HTTP status, a stable ``code`` a client can act on and a reason."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        reason: str,
+        *,
+        retryable: bool = False,
+        current_version: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(f"{status} {code}: {reason}")
+        self.status = status
+        self.body = ErrorBody(code=code, reason=reason, retryable=retryable, current_version=current_version)
+        self.headers = headers
+
+    @property
+    def code(self) -> str:
+        return self.body.code
+
+
+async def api_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body.model_dump(), status_code=exc.status, headers=exc.headers)
+
+
+async def validation_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+    """Malformed parameters or JSON bodies: 400 ``bad_request`` with what was wrong (not FastAPI's 422)."""
+    assert isinstance(exc, RequestValidationError)
+    problems = "; ".join(
+        f"{'.'.join(str(x) for x in err.get('loc', ()))}: {err.get('msg', 'invalid')}" for err in exc.errors()
+    )
+    body = ErrorBody(code="bad_request", reason=problems or "invalid request")
+    return JSONResponse(body.model_dump(), status_code=400)
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, object]]:
+    """OpenAPI ``responses=`` entries documenting ErrorBody for the given statuses."""
+    return {status: {"model": ErrorBody} for status in statuses}

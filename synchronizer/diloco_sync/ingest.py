@@ -1,0 +1,68 @@
+"""Validation of uploaded payloads (blocking: decompression and checks run in a worker thread).
+
+Every refusal is an ``ApiError`` with the codec's reason code, so a learner knows what went wrong;
+nothing here touches the service's state.
+"""
+
+from __future__ import annotations
+
+from diloco_core import codec
+from diloco_core.fragments import Fragment
+from diloco_core.merge import check_finite
+
+from .errors import ApiError
+from .fragment_state import Arrays
+
+
+def _decode(blob: bytes, spec: Fragment, max_bytes: int) -> codec.Payload:
+    try:
+        return codec.decode(blob, fragment=spec, max_bytes=max_bytes)
+    except codec.OversizedPayload as exc:
+        raise ApiError(413, exc.code, str(exc)) from exc
+    except codec.CodecError as exc:
+        raise ApiError(400, exc.code, str(exc)) from exc
+
+
+def validate_outer_gradient(blob: bytes, spec: Fragment, base_version: int, max_bytes: int) -> Arrays:
+    """Decode a contribution for fragment ``spec``; its header must agree with the query parameters."""
+    payload = _decode(blob, spec, max_bytes)
+    if payload.kind != "outer_grad":
+        raise ApiError(400, "bad_request", f"payload kind is {payload.kind!r}, expected 'outer_grad'")
+    if payload.fragment != spec.index:
+        raise ApiError(
+            400, "bad_request", f"payload is for fragment {payload.fragment}, sent to fragment {spec.index}"
+        )
+    if payload.base_version != base_version:
+        raise ApiError(
+            400,
+            "bad_request",
+            f"payload base version {payload.base_version} differs from base_version={base_version} of the request",
+        )
+    reason = check_finite(payload.tensors)
+    if reason is not None:
+        raise ApiError(400, "non_finite", reason)
+    return payload.tensors
+
+
+def validate_initial_params(blob: bytes, spec: Fragment, max_bytes: int) -> Arrays:
+    """Decode the initial parameters of a fragment (kind "params", lossless fp32)."""
+    payload = _decode(blob, spec, max_bytes)
+    if payload.kind != "params":
+        raise ApiError(400, "bad_request", f"payload kind is {payload.kind!r}, expected 'params'")
+    if payload.quantizer != "fp32":
+        raise ApiError(400, "bad_request", f"initial parameters must be fp32, got {payload.quantizer!r}")
+    if payload.fragment != spec.index:
+        raise ApiError(
+            400, "bad_request", f"payload is for fragment {payload.fragment}, sent to fragment {spec.index}"
+        )
+    reason = check_finite(payload.tensors)
+    if reason is not None:
+        raise ApiError(400, "non_finite", reason)
+    return payload.tensors
+
+
+def encode_params(params: Arrays, fragment: int, version: int) -> bytes:
+    """The served form of a global fragment version: lossless fp32 (never quantize the broadcast)."""
+    return codec.encode(
+        params, fragment=fragment, base_version=version, kind="params", quantizer="fp32", level=1
+    )

@@ -1,0 +1,120 @@
+"""The learner registry: who is registered, what they last reported, and who counts as alive."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from diloco_core.protocol import Heartbeat, LearnerState, LearnerStatus
+
+from .layout import LearnerRecord, LearnerRegistryRecord
+
+_COUNTED_STATES: frozenset[LearnerState] = frozenset({"training", "rejoining"})
+
+
+@dataclass
+class Learner:
+    record: LearnerRecord
+    last_seen: float
+    state: LearnerState = "training"
+    step: int = 0
+    tokens: int = 0
+    step_time_s: float = 0.0
+    eval_loss: float | None = None
+    bytes_sent: int = 0
+    blocked_s: float = 0.0
+    contributions: int = 0
+    base_versions: dict[int, int] = field(default_factory=dict)
+
+    def is_alive(self, now: float, timeout_s: float) -> bool:
+        """Alive: heard from within the heartbeat timeout and not leaving."""
+        return self.state in _COUNTED_STATES and now - self.last_seen <= timeout_s
+
+
+class LearnerRegistry:
+    """In-memory view of the learners; the durable part is ``to_record()`` (ids, units, batch sizes)."""
+
+    def __init__(self, heartbeat_timeout_s: float) -> None:
+        self.timeout_s = heartbeat_timeout_s
+        self.learners: dict[str, Learner] = {}
+
+    def restore(self, record: LearnerRegistryRecord, now: float) -> None:
+        """Reload registered learners after a restart; each gets one heartbeat timeout to show up."""
+        for learner_id, rec in record.learners.items():
+            self.learners[learner_id] = Learner(record=rec, last_seen=now)
+
+    def to_record(self) -> LearnerRegistryRecord:
+        return LearnerRegistryRecord(learners={lid: lr.record for lid, lr in self.learners.items()})
+
+    def register(self, record: LearnerRecord, step: int, now: float) -> bool:
+        """Add or refresh a learner; True when the durable record changed."""
+        existing = self.learners.get(record.learner_id)
+        if existing is None:
+            self.learners[record.learner_id] = Learner(record=record, last_seen=now, step=step)
+            return True
+        changed = (existing.record.unit, existing.record.tokens_per_step) != (
+            record.unit,
+            record.tokens_per_step,
+        )
+        if changed:
+            existing.record = record.model_copy(update={"registered_at": existing.record.registered_at})
+        existing.last_seen, existing.state, existing.step = now, "training", max(existing.step, step)
+        return changed
+
+    def get(self, learner_id: str) -> Learner | None:
+        return self.learners.get(learner_id)
+
+    def heartbeat(self, learner_id: str, hb: Heartbeat, now: float) -> None:
+        learner = self.learners[learner_id]
+        learner.last_seen = now
+        learner.state = hb.state
+        learner.step, learner.tokens, learner.step_time_s = hb.step, hb.tokens, hb.step_time_s
+        learner.bytes_sent, learner.blocked_s = hb.bytes_sent, hb.blocked_s
+        if hb.eval_loss is not None:
+            learner.eval_loss = hb.eval_loss
+
+    def leave(self, learner_id: str, now: float) -> None:
+        learner = self.learners[learner_id]
+        learner.state, learner.last_seen = "left", now
+
+    def alive_count(self, now: float) -> int:
+        return sum(1 for lr in self.learners.values() if lr.is_alive(now, self.timeout_s))
+
+    def step_time(self, now: float) -> float:
+        """The median step time of the alive learners that reported one (0.0 when none did)."""
+        times = sorted(
+            lr.step_time_s
+            for lr in self.learners.values()
+            if lr.is_alive(now, self.timeout_s) and lr.step_time_s > 0
+        )
+        return times[len(times) // 2] if times else 0.0
+
+    def status(self, now: float, versions: dict[int, int]) -> list[LearnerStatus]:
+        out = []
+        for lid, lr in sorted(self.learners.items()):
+            alive = lr.is_alive(now, self.timeout_s)
+            stale = [versions[p] - v for p, v in lr.base_versions.items() if versions.get(p, -1) >= 0]
+            state: LearnerState = lr.state if alive or lr.state in ("left", "leaving") else "dead"
+            out.append(
+                LearnerStatus(
+                    learner_id=lid,
+                    unit=lr.record.unit,
+                    state=state,
+                    alive=alive,
+                    step=lr.step,
+                    tokens=lr.tokens,
+                    step_time_s=lr.step_time_s,
+                    staleness=max(stale, default=0),
+                    last_seen_s=max(0.0, now - lr.last_seen),
+                    eval_loss=lr.eval_loss,
+                    contributions=lr.contributions,
+                    bytes_sent=lr.bytes_sent,
+                    blocked_s=lr.blocked_s,
+                )
+            )
+        return out
+
+    def goodput(self) -> float | None:
+        """Share of learner time spent computing rather than blocked on communication."""
+        compute = sum(lr.step * lr.step_time_s for lr in self.learners.values())
+        blocked = sum(lr.blocked_s for lr in self.learners.values())
+        return compute / (compute + blocked) if compute + blocked > 0 else None

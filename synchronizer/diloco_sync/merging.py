@@ -1,0 +1,113 @@
+"""One round's mathematics, run in a worker thread: weights → merge → outer step → encoded blobs.
+
+All mathematics comes from ``diloco_core`` (merge, outer); this module only wires it together and
+prepares what the commit writes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from diloco_core import codec
+from diloco_core.config import DiLoCoSettings
+from diloco_core.fragments import Fragment
+from diloco_core.merge import contribution_weight, merge_fragment
+from diloco_core.outer import OuterOptimizer
+
+from .fragment_state import Arrays, Contribution
+from .ingest import encode_params
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    version: int
+    params: Arrays
+    payload: bytes
+    outer_blob: bytes | None
+    weights: tuple[float, ...]
+    merge_s: float
+
+
+def new_optimizer(diloco: DiLoCoSettings) -> OuterOptimizer:
+    return OuterOptimizer(
+        lr=diloco.outer_lr,
+        momentum=diloco.outer_momentum,
+        nesterov=True,
+        delayed_every=diloco.delayed_nesterov,
+    )
+
+
+def encode_outer_state(optimizer: OuterOptimizer, fragment: int, version: int) -> bytes | None:
+    state = optimizer.state_arrays()
+    if not state:
+        return None
+    return codec.encode(
+        state, fragment=fragment, base_version=version, kind="params", quantizer="fp32", level=1
+    )
+
+
+def compute_weights(
+    contributions: Sequence[Contribution], version: int, diloco: DiLoCoSettings
+) -> list[float]:
+    return [
+        contribution_weight(
+            c.tokens,
+            c.steps,
+            token_weighting=diloco.token_weighting,
+            staleness=max(0, version - c.base_version),
+            staleness_power=diloco.staleness_power,
+        )
+        for c in contributions
+    ]
+
+
+def run_round(
+    spec: Fragment,
+    params: Arrays,
+    optimizer: OuterOptimizer,
+    version: int,
+    contributions: Sequence[Contribution],
+    diloco: DiLoCoSettings,
+) -> RoundOutcome:
+    """Merge the contributions into a new version of the fragment. Mutates ``optimizer``'s momentum."""
+    started = time.perf_counter()
+    weights = compute_weights(contributions, version, diloco)
+    if sum(weights) <= 0:
+        weights = [1.0] * len(contributions)
+    delta = merge_fragment(
+        [c.tensors for c in contributions], weights, rule=diloco.merge_rule, kind=spec.kind
+    )
+    new_params = optimizer.step(params, delta)
+    new_version = version + 1
+    payload = encode_params(new_params, spec.index, new_version)
+    outer_blob = encode_outer_state(optimizer, spec.index, new_version)
+    return RoundOutcome(
+        version=new_version,
+        params=new_params,
+        payload=payload,
+        outer_blob=outer_blob,
+        weights=tuple(weights),
+        merge_s=time.perf_counter() - started,
+    )
+
+
+def round_log(
+    fragment: int, outcome: RoundOutcome, contributions: Sequence[Contribution], timing: dict[str, float]
+) -> dict[str, Any]:
+    """The durable round record (the event tape): who was merged, with which weights and base versions."""
+    return {
+        "fragment": fragment,
+        "version": outcome.version,
+        "participants": [c.learner_id for c in contributions],
+        "weights": list(outcome.weights),
+        "base_versions": [c.base_version for c in contributions],
+        "keys": [c.key for c in contributions],
+        "steps": [c.steps for c in contributions],
+        "tokens": [c.tokens for c in contributions],
+        "finished_at": time.time(),
+        "merge_s": outcome.merge_s,
+        **timing,
+    }

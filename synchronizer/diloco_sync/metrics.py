@@ -1,0 +1,53 @@
+"""Prometheus metrics of one synchronizer (its own registry, so several apps can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.contributions = Counter(
+            "diloco_sync_contributions", "Contributions by result (accepted, duplicate or an error code)",
+            ["result"], registry=r,
+        )  # fmt: skip
+        self.bytes_in = Counter("diloco_sync_bytes_in", "Payload bytes received", registry=r)
+        self.bytes_out = Counter("diloco_sync_bytes_out", "Payload bytes served", registry=r)
+        self.rounds = Counter("diloco_sync_rounds", "Completed rounds", ["fragment"], registry=r)
+        self.round_participants = Histogram(
+            "diloco_sync_round_participants", "Learners merged per round",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), registry=r,
+        )  # fmt: skip
+        self.merge_seconds = Histogram(
+            "diloco_sync_merge_seconds",
+            "Merge + outer step time per round",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.commit_seconds = Histogram(
+            "diloco_sync_commit_seconds", "Time to make a round durable", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.ingest_seconds = Histogram(
+            "diloco_sync_ingest_seconds", "Contribution handling time", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.fragment_version = Gauge(
+            "diloco_sync_fragment_version", "Newest version", ["fragment"], registry=r
+        )
+        self.pending = Gauge(
+            "diloco_sync_pending_contributions", "Contributions waiting", ["fragment"], registry=r
+        )
+        self.learners_alive = Gauge("diloco_sync_learners_alive", "Learners alive", registry=r)
+        self.learners_registered = Gauge("diloco_sync_learners_registered", "Learners registered", registry=r)
+        self.storage_ok = Gauge("diloco_sync_storage_ok", "1 while the object store answers", registry=r)
+        self.buffered_bytes = Gauge(
+            "diloco_sync_buffered_bytes", "Contribution bytes held in memory only (storage down)", registry=r
+        )
+        self.storage_errors = Counter("diloco_sync_storage_errors", "Failed storage operations", registry=r)
+        self.storage_ok.set(1)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,177 @@
+"""Blocking reads and writes of the synchronizer's state (call from a worker thread, never the loop).
+
+Commit protocol of a round (fragment p, new version v): parameters, outer state and the round log are
+written first under new keys, then the manifest naming them. A crash before the manifest leaves the
+old version in force; the orphans are collected by ``collect_garbage``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+from diloco_core.storage import ObjectNotFound, ObjectStore, StorageError
+
+from .layout import (
+    FragmentRecord,
+    Layout,
+    LayoutError,
+    LearnerRegistryRecord,
+    Manifest,
+    PendingMeta,
+    pack_pending,
+    unpack_pending,
+    version_of_key,
+)
+
+log = logging.getLogger(__name__)
+
+
+class StateMismatch(RuntimeError):
+    """The stored state belongs to another job: starting would corrupt it, so refuse to start."""
+
+
+class StateStore:
+    """One shard's durable state on an ``ObjectStore``."""
+
+    def __init__(self, store: ObjectStore, shard: int, job_id: str) -> None:
+        self.store = store
+        self.layout = Layout(shard)
+        self.shard = shard
+        self.job_id = job_id
+        self._manifest_lock = threading.Lock()
+        self._committed: dict[int, FragmentRecord] = {}
+        self._plan_hash = ""
+        self._rounds = 0
+
+    # -- reading at start-up -------------------------------------------------------------------
+
+    def load_manifest(self) -> Manifest | None:
+        try:
+            raw = self.store.get(self.layout.manifest)
+        except ObjectNotFound:
+            return None
+        manifest = Manifest.model_validate_json(raw)
+        if manifest.job_id != self.job_id:
+            raise StateMismatch(
+                f"storage holds job {manifest.job_id!r}, this synchronizer serves {self.job_id!r}: "
+                "use another storage prefix"
+            )
+        with self._manifest_lock:
+            self._committed = dict(manifest.fragments)
+            self._plan_hash = manifest.plan_hash
+            self._rounds = manifest.rounds
+        return manifest
+
+    def load_plan(self) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self.store.get(self.layout.plan))
+        except ObjectNotFound:
+            return None
+        return data
+
+    def save_plan(self, plan: dict[str, Any], plan_hash: str) -> None:
+        self.store.put(self.layout.plan, json.dumps(plan, sort_keys=True).encode())
+        with self._manifest_lock:
+            self._plan_hash = plan_hash
+            self._write_manifest_locked()
+
+    def load_learners(self) -> LearnerRegistryRecord:
+        try:
+            return LearnerRegistryRecord.model_validate_json(self.store.get(self.layout.learners))
+        except ObjectNotFound:
+            return LearnerRegistryRecord()
+
+    def save_learners(self, registry: LearnerRegistryRecord) -> None:
+        self.store.put(self.layout.learners, registry.model_dump_json().encode())
+
+    def read(self, key: str) -> bytes:
+        return self.store.get(key)
+
+    # -- pending contributions -----------------------------------------------------------------
+
+    def put_pending(self, meta: PendingMeta, payload: bytes) -> str:
+        key = self.layout.pending(meta.fragment, meta.learner_id, meta.base_version, meta.seq)
+        self.store.put(key, pack_pending(meta, payload))
+        return key
+
+    def list_pending(self) -> list[str]:
+        return self.store.list(self.layout.pending_prefix)
+
+    def get_pending(self, key: str) -> tuple[PendingMeta, bytes] | None:
+        try:
+            return unpack_pending(self.store.get(key))
+        except ObjectNotFound:
+            return None
+        except LayoutError as exc:
+            log.warning("dropping unreadable pending object %s: %s", key, exc)
+            return None
+
+    def delete(self, key: str) -> None:
+        self.store.delete(key)
+
+    # -- commits -------------------------------------------------------------------------------
+
+    def commit_version(
+        self,
+        fragment: int,
+        record: FragmentRecord,
+        *,
+        params_blob: bytes,
+        outer_blob: bytes | None,
+        round_log: dict[str, Any] | None,
+        count_round: bool,
+    ) -> None:
+        """Write the objects of a new fragment version, then the manifest that makes it current."""
+        self.store.put(record.params_key, params_blob)
+        if outer_blob is not None and record.outer_key is not None:
+            self.store.put(record.outer_key, outer_blob)
+        if round_log is not None:
+            self.store.put(self.layout.round_log(fragment, record.version), json.dumps(round_log).encode())
+        with self._manifest_lock:
+            previous = self._committed.get(fragment)
+            self._committed[fragment] = record
+            if count_round:
+                self._rounds += 1
+            try:
+                self._write_manifest_locked()
+            except StorageError:
+                # not committed: restore, so a retry writes the same manifest
+                if previous is None:
+                    self._committed.pop(fragment, None)
+                else:
+                    self._committed[fragment] = previous
+                if count_round:
+                    self._rounds -= 1
+                raise
+
+    def _write_manifest_locked(self) -> None:
+        manifest = Manifest(
+            job_id=self.job_id,
+            shard=self.shard,
+            plan_hash=self._plan_hash,
+            fragments=dict(self._committed),
+            rounds=self._rounds,
+        )
+        self.store.put(self.layout.manifest, manifest.model_dump_json().encode())
+
+    def collect_garbage(self, fragment: int, keep_versions: int) -> int:
+        """Delete parameter/outer objects older than the newest ``keep_versions`` committed ones."""
+        with self._manifest_lock:
+            record = self._committed.get(fragment)
+        if record is None:
+            return 0
+        oldest_kept = record.version - keep_versions + 1
+        deleted = 0
+        for key in self.store.list(self.layout.fragment_prefix(fragment)):
+            version = version_of_key(key)
+            if version is not None and (version < oldest_kept or version > record.version):
+                self.store.delete(key)
+                deleted += 1
+        return deleted
+
+    def probe(self) -> None:
+        """Raise ``StorageUnavailable`` when the backend cannot be reached."""
+        self.store.exists(self.layout.manifest)

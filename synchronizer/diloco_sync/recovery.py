@@ -1,0 +1,95 @@
+"""Start-up: read the last committed state back from storage (blocking; run in a thread).
+
+What survives a crash: every version named by the manifest (parameters and outer state), the
+learner registry, and every contribution that was answered 202 while storage was up (it was
+written under ``pending/`` before the answer). Pending contributions whose idempotency key the
+manifest lists as applied were merged already: they are deleted, never replayed. The rest are
+replayed into the next round of their fragment.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from diloco_core import codec
+from diloco_core.fragments import FragmentPlan
+
+from .fragment_state import Arrays, Contribution
+from .layout import FragmentRecord, LearnerRegistryRecord, contribution_key
+from .persistence import StateStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedFragment:
+    record: FragmentRecord
+    params: Arrays
+    payload: bytes
+    outer: Arrays | None
+
+
+@dataclass
+class LoadedState:
+    plan: dict[str, Any] | None = None
+    learners: LearnerRegistryRecord = field(default_factory=LearnerRegistryRecord)
+    fragments: dict[int, LoadedFragment] = field(default_factory=dict)
+    pending: list[Contribution] = field(default_factory=list)
+
+
+def load_state(store: StateStore, owned: list[int]) -> LoadedState:
+    state = LoadedState(plan=store.load_plan(), learners=store.load_learners())
+    manifest = store.load_manifest()
+    if manifest is None or state.plan is None:
+        return state
+    plan = FragmentPlan.from_dict(state.plan)
+    for p, record in manifest.fragments.items():
+        if p not in owned:
+            continue
+        payload = store.read(record.params_key)
+        params = codec.decode(payload, fragment=plan.fragments[p]).tensors
+        outer = codec.decode(store.read(record.outer_key)).tensors if record.outer_key else None
+        state.fragments[p] = LoadedFragment(record, params, payload, outer)
+    state.pending = _load_pending(store, plan, state.fragments, owned)
+    return state
+
+
+def _load_pending(
+    store: StateStore, plan: FragmentPlan, fragments: dict[int, LoadedFragment], owned: list[int]
+) -> list[Contribution]:
+    out: list[Contribution] = []
+    for key in store.list_pending():
+        loaded = store.get_pending(key)
+        if loaded is None:
+            store.delete(key)
+            continue
+        meta, blob = loaded
+        frag = fragments.get(meta.fragment)
+        ckey = contribution_key(meta.learner_id, meta.fragment, meta.base_version, meta.seq)
+        if meta.fragment not in owned or frag is None or ckey in frag.record.applied:
+            store.delete(key)  # merged before the crash (or not ours): never apply twice
+            continue
+        try:
+            tensors = codec.decode(blob, fragment=plan.fragments[meta.fragment]).tensors
+        except codec.CodecError as exc:
+            log.warning("dropping unreadable pending contribution %s: %s", key, exc)
+            store.delete(key)
+            continue
+        out.append(
+            Contribution(
+                learner_id=meta.learner_id,
+                fragment=meta.fragment,
+                base_version=meta.base_version,
+                seq=meta.seq,
+                steps=meta.steps,
+                tokens=meta.tokens,
+                tensors=tensors,
+                nbytes=len(blob),
+                received_at=meta.received_at,
+                storage_key=key,
+            )
+        )
+    out.sort(key=lambda c: (c.received_at, c.key))
+    return out

@@ -1,0 +1,135 @@
+"""One contract, every object store: the filesystem store and S3 (a real SeaweedFS server)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from diloco_core.storage import (
+    FilesystemStore,
+    ObjectNotFound,
+    ObjectStore,
+    S3Store,
+    StorageError,
+    StorageUnavailable,
+    open_store,
+)
+
+from tests.support.s3 import S3Server
+
+
+@pytest.fixture(params=["filesystem", pytest.param("s3", marks=pytest.mark.integration)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
+    if request.param == "filesystem":
+        yield FilesystemStore(tmp_path / "objects")
+        return
+    server: S3Server = request.getfixturevalue("s3")
+    bucket = server.new_bucket()
+    yield S3Store(
+        bucket,
+        "job/a",
+        endpoint_url=server.endpoint_url,
+        region=server.region,
+        access_key=server.access_key,
+        secret_key=server.secret_key,
+    )
+
+
+def test_put_get_round_trip_and_overwrite(store: ObjectStore) -> None:
+    store.put("a/b/c.bin", b"\x00\x01payload")
+    assert store.get("a/b/c.bin") == b"\x00\x01payload"
+    store.put("a/b/c.bin", b"second")
+    assert store.get("a/b/c.bin") == b"second"
+    store.put("empty", b"")
+    assert store.get("empty") == b""
+
+
+def test_missing_key_raises_object_not_found(store: ObjectStore) -> None:
+    with pytest.raises(ObjectNotFound):
+        store.get("nothing/here")
+    assert store.exists("nothing/here") is False
+
+
+def test_list_is_sorted_and_filtered_by_prefix(store: ObjectStore) -> None:
+    for key in ["x/2", "x/1", "x/sub/3", "y/1", "xy"]:
+        store.put(key, key.encode())
+    assert store.list("x/") == ["x/1", "x/2", "x/sub/3"]
+    assert store.list("x") == ["x/1", "x/2", "x/sub/3", "xy"]
+    assert store.list() == ["x/1", "x/2", "x/sub/3", "xy", "y/1"]
+    assert store.list("zzz/") == []
+
+
+def test_delete_is_idempotent(store: ObjectStore) -> None:
+    store.put("k", b"v")
+    assert store.exists("k")
+    store.delete("k")
+    assert not store.exists("k")
+    store.delete("k")  # deleting again is not an error
+    with pytest.raises(ObjectNotFound):
+        store.get("k")
+
+
+def test_large_object(store: ObjectStore) -> None:
+    data = bytes(range(256)) * (4 * 1024 * 8)  # 8 MiB
+    store.put("big", data)
+    assert store.get("big") == data
+
+
+@pytest.mark.parametrize("key", ["../escape", "/abs", "a//b", "a/./b", "", "a/../b", "sp ace"])
+def test_invalid_keys_are_rejected(store: ObjectStore, key: str) -> None:
+    with pytest.raises(StorageError, match="invalid object key"):
+        store.put(key, b"x")
+
+
+def test_filesystem_put_leaves_no_temporary_files(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    for i in range(5):
+        store.put("dir/obj", str(i).encode())
+    assert sorted(p.name for p in (tmp_path / "dir").iterdir()) == ["obj"]
+    assert store.get("dir/obj") == b"4"
+
+
+def test_open_store_parses_urls(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/state")
+    assert isinstance(store, FilesystemStore)
+    assert store.root == tmp_path / "state"
+    s3 = open_store("s3://bucket-name/some/prefix", endpoint_url="http://127.0.0.1:1")
+    assert isinstance(s3, S3Store)
+    assert (s3.bucket, s3.prefix) == ("bucket-name", "some/prefix/")
+    with pytest.raises(StorageError, match="expected file:///path or s3://bucket/prefix"):
+        open_store("ftp://host/x")
+    with pytest.raises(StorageError, match="missing bucket"):
+        open_store("s3:///prefix")
+
+
+def test_unreachable_s3_is_storage_unavailable() -> None:
+    """Nothing listens on port 1, a real refused connection: reported as retryable."""
+    store = S3Store(
+        "bucket", endpoint_url="http://127.0.0.1:1", access_key="a", secret_key="b", max_attempts=1
+    )
+    with pytest.raises(StorageUnavailable):
+        store.put("k", b"v")
+    with pytest.raises(StorageUnavailable):
+        store.get("k")
+
+
+@pytest.mark.integration
+def test_s3_wrong_secret_is_a_permanent_error(s3: S3Server) -> None:
+    bucket = s3.new_bucket()
+    store = S3Store(bucket, endpoint_url=s3.endpoint_url, access_key=s3.access_key, secret_key="wrong-secret")
+    with pytest.raises(StorageError) as info:
+        store.put("k", b"v")
+    assert not isinstance(info.value, StorageUnavailable)
+    assert "SignatureDoesNotMatch" in str(info.value)
+
+
+@pytest.mark.integration
+def test_s3_prefixes_isolate_jobs(s3: S3Server) -> None:
+    bucket = s3.new_bucket()
+    kw = {"endpoint_url": s3.endpoint_url, "access_key": s3.access_key, "secret_key": s3.secret_key}
+    a, b = S3Store(bucket, "job-a", **kw), S3Store(bucket, "job-b", **kw)
+    a.put("k", b"a")
+    b.put("k", b"b")
+    assert (a.get("k"), b.get("k")) == (b"a", b"b")
+    assert a.list() == ["k"]

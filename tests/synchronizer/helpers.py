@@ -1,0 +1,184 @@
+"""A synchronizer started as a real process, and a small learner-side client for the tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import ssl
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+import numpy as np
+from diloco_core import codec
+from diloco_core.auth import learner_token
+from diloco_core.fragments import FragmentPlan, build_plan
+from diloco_core.protocol import LEARNER_HEADER, VERSION_HEADER
+
+from tests.support.ports import free_port
+from tests.support.process import ManagedProcess
+from tests.support.waiting import wait_for
+
+SECRET = "test-job-secret"
+SHAPES: list[tuple[str, list[int]]] = [
+    ("wte.weight", [16, 8]),
+    ("h.0.attn.weight", [8, 8]),
+    ("h.0.mlp.weight", [8, 16]),
+    ("h.1.attn.weight", [8, 8]),
+    ("h.1.mlp.weight", [8, 16]),
+]
+
+
+def tiny_plan(fragments: int = 2, inner_steps: int = 4, overlap: int = 1) -> FragmentPlan:
+    return build_plan(SHAPES, fragments, inner_steps, overlap, embedding_names=("wte.weight",))
+
+
+def initial_params(plan: FragmentPlan, p: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed + 1000 * p)
+    return {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in plan.fragments[p].tensors}
+
+
+def outer_grad(plan: FragmentPlan, p: int, seed: int, scale: float = 0.01) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        t.name: (scale * rng.standard_normal(t.shape)).astype(np.float32) for t in plan.fragments[p].tensors
+    }
+
+
+def encode_grad(tensors: Mapping[str, np.ndarray], p: int, base: int, quantizer: str = "fp32") -> bytes:
+    return codec.encode(tensors, fragment=p, base_version=base, kind="outer_grad", quantizer=quantizer)
+
+
+def encode_params(tensors: Mapping[str, np.ndarray], p: int) -> bytes:
+    return codec.encode(tensors, fragment=p, base_version=0, kind="params", quantizer="fp32")
+
+
+def auth_headers(learner_id: str, token_of: str | None = None) -> dict[str, str]:
+    token = learner_token(SECRET, token_of or learner_id)
+    return {"Authorization": f"Bearer {token}", LEARNER_HEADER: learner_id}
+
+
+class SyncProcess:
+    """``python -m diloco_sync`` on a fixed free port; restartable with the same storage."""
+
+    def __init__(
+        self,
+        log_dir: Path,
+        storage_url: str,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+        tls_ca: Path | None = None,
+    ):
+        self.port = port or free_port()
+        self.verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=str(tls_ca)) if tls_ca else True
+        )
+        self.url = f"{'https' if tls_ca else 'http'}://127.0.0.1:{self.port}"
+        argv = [
+            sys.executable,
+            "-m",
+            "diloco_sync",
+            "--port",
+            str(self.port),
+            "--storage",
+            storage_url,
+            *args,
+        ]
+        full_env = {**os.environ, "DILOCO_JOB_SECRET": SECRET, **(env or {})}
+        self.process = ManagedProcess("synchronizer", argv, log_dir / f"sync-{self.port}.log", env=full_env)
+
+    def start(self) -> None:
+        self.process.start()
+        wait_for(self._healthy, timeout=60, what=f"synchronizer at {self.url}", interval=0.1)
+
+    def _healthy(self) -> bool:
+        if not self.process.running():
+            raise RuntimeError(self.process.failure_report())
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=1, verify=self.verify).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill9(self) -> None:
+        """SIGKILL, by this process's own PID: no shutdown code runs."""
+        pid = self.process.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not self.process.running(), timeout=10, what="synchronizer to die")
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+class Learner:
+    """The learner side of the protocol, just enough to drive the synchronizer."""
+
+    def __init__(self, base_url: str, learner_id: str, plan: FragmentPlan, tokens_per_step: int = 8):
+        self.id = learner_id
+        self.plan = plan
+        self.tokens_per_step = tokens_per_step
+        self.client = httpx.Client(base_url=base_url, headers=auth_headers(learner_id), timeout=30)
+        self.seq = 0
+
+    def register(self) -> httpx.Response:
+        body = {
+            "learner_id": self.id,
+            "unit": f"unit-{self.id}",
+            "plan": self.plan.to_dict(),
+            "plan_hash": self.plan.hash(),
+            "tokens_per_step": self.tokens_per_step,
+        }
+        return self.client.post("/v1/learners/register", json=body)
+
+    def init(self, p: int, params: Mapping[str, np.ndarray]) -> httpx.Response:
+        return self.client.put(f"/v1/fragments/{p}/init", content=encode_params(params, p))
+
+    def contribute(
+        self,
+        p: int,
+        base: int,
+        blob: bytes,
+        *,
+        steps: int = 4,
+        tokens: int | None = None,
+        seq: int | None = None,
+    ) -> httpx.Response:
+        if seq is None:
+            self.seq += 1
+            seq = self.seq
+        params = {
+            "base_version": base,
+            "steps": steps,
+            "tokens": tokens if tokens is not None else steps * 8,
+            "seq": seq,
+        }
+        return self.client.post(f"/v1/fragments/{p}/contributions", params=params, content=blob)
+
+    def heartbeat(self, step: int, **extra: object) -> httpx.Response:
+        body = {"step": step, "tokens": step * self.tokens_per_step, "step_time_s": 0.05, **extra}
+        return self.client.post(f"/v1/learners/{self.id}/heartbeat", json=body)
+
+    def fetch(
+        self, p: int, newer_than: int = -1, wait: float = 0.0
+    ) -> tuple[int, dict[str, np.ndarray]] | None:
+        r = self.client.get(
+            f"/v1/fragments/{p}", params={"newer_than": newer_than, "wait": wait}, timeout=wait + 30
+        )
+        if r.status_code == 304:
+            return None
+        r.raise_for_status()
+        payload = codec.decode(r.content, fragment=self.plan.fragments[p])
+        assert payload.kind == "params"
+        return int(r.headers[VERSION_HEADER]), payload.tensors
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def status(base_url: str) -> dict[str, object]:
+    r = httpx.get(f"{base_url}/v1/status", timeout=10)
+    r.raise_for_status()
+    data: dict[str, object] = r.json()
+    return data

@@ -1,0 +1,120 @@
+"""The HTTP API against a real synchronizer process: registration, init, rounds, long-poll, status."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.synchronizer.conftest import SyncFactory
+from tests.synchronizer.helpers import Learner, encode_grad, initial_params, outer_grad, status, tiny_plan
+
+pytestmark = pytest.mark.integration
+ARGS = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--quorum", "3", "--outer-lr", "0.7"]
+
+
+def expected_after_round(theta: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]], lr: float = 0.7):
+    """Embedding fragment, equal weights, first round: plain mean, then Nesterov with u = Δ."""
+    out = {}
+    for name, value in theta.items():
+        delta = np.mean([g[name] for g in grads], axis=0)
+        out[name] = value - lr * (delta + 0.9 * delta)
+    return out
+
+
+def test_three_learners_round_trip(sync_factory: SyncFactory) -> None:
+    sync = sync_factory(args=ARGS)
+    plan = tiny_plan()
+    learners = [Learner(sync.url, f"l{i}", plan) for i in range(3)]
+    first = learners[0].register()
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["plan_hash"] == plan.hash()
+    assert body["needs_init"] == [0, 1]
+    assert body["versions"] == {"0": -1, "1": -1}
+    assert body["diloco"]["quorum"] == 3
+    for learner in learners[1:]:
+        assert learner.register().status_code == 200
+
+    theta = {p: initial_params(plan, p) for p in (0, 1)}
+    for p in (0, 1):
+        r = learners[0].init(p, theta[p])
+        assert r.status_code == 200, r.text
+        assert r.json() == {"fragment": p, "version": 0}
+    again = learners[1].init(0, theta[0])
+    assert again.status_code == 409
+    assert again.json()["code"] == "already_initialised"
+
+    fetched = learners[2].fetch(0)
+    assert fetched is not None
+    assert fetched[0] == 0
+    np.testing.assert_array_equal(fetched[1]["wte.weight"], theta[0]["wte.weight"])
+
+    # a long-poll for a version newer than 0 waits, and returns as soon as the round completes
+    result: dict[str, object] = {}
+    poller = threading.Thread(target=lambda: result.update(got=learners[2].fetch(0, newer_than=0, wait=30)))
+    poller.start()
+    grads = [outer_grad(plan, 0, seed=i) for i in range(3)]
+    for i, learner in enumerate(learners):
+        r = learner.contribute(0, 0, encode_grad(grads[i], 0, 0), steps=4, tokens=32)
+        assert r.status_code == 202, r.text
+        assert r.json()["status"] == "accepted"
+    poller.join(timeout=30)
+    got = result["got"]
+    assert got is not None
+    version, params = got  # type: ignore[misc]
+    assert version == 1
+    want = expected_after_round(theta[0], grads)
+    for name in want:
+        np.testing.assert_allclose(params[name], want[name], rtol=1e-5, atol=1e-6)
+
+    # fragment 1 did not move; nothing newer arrives there within the wait
+    assert learners[0].fetch(1, newer_than=0, wait=0.2) is None
+    s = status(sync.url)
+    assert s["rounds"] == 1
+    assert [f["version"] for f in s["fragments"]] == [1, 0]  # type: ignore[index]
+    assert s["recent_rounds"][0]["participants"] == ["l0", "l1", "l2"]  # type: ignore[index]
+    assert {lr["learner_id"] for lr in s["learners"]} == {"l0", "l1", "l2"}  # type: ignore[union-attr]
+    assert s["bytes_in"] > 0
+    assert s["bytes_out"] > 0
+    metrics = httpx.get(f"{sync.url}/metrics").text
+    assert 'diloco_sync_rounds_total{fragment="0"} 1.0' in metrics
+    assert 'diloco_sync_contributions_total{result="accepted"} 3.0' in metrics
+    assert httpx.get(f"{sync.url}/readyz").json()["ready"] is True
+
+
+def test_plan_mismatch_and_heartbeat(sync_factory: SyncFactory) -> None:
+    sync = sync_factory(args=ARGS)
+    plan = tiny_plan()
+    a = Learner(sync.url, "a", plan)
+    assert a.register().status_code == 200
+    other = Learner(sync.url, "b", tiny_plan(inner_steps=4, overlap=2))
+    r = other.register()
+    assert r.status_code == 409
+    assert r.json()["code"] == "plan_mismatch"
+    hb = a.heartbeat(12, eval_loss=3.5)
+    assert hb.status_code == 200
+    assert hb.json() == {"versions": {"0": -1, "1": -1}, "alive_learners": 1}
+    learners = status(sync.url)["learners"]
+    assert learners == [
+        {**learners[0], "learner_id": "a", "step": 12, "eval_loss": 3.5, "alive": True, "state": "training"}  # type: ignore[index]
+    ]
+    assert a.client.post("/v1/learners/a/leave").status_code == 204
+    assert status(sync.url)["learners"][0]["state"] == "left"  # type: ignore[index]
+
+
+def test_openapi_lists_the_protocol_routes(sync_factory: SyncFactory) -> None:
+    sync = sync_factory(args=ARGS)
+    doc = httpx.get(f"{sync.url}/openapi.json").json()
+    paths = doc["paths"]
+    assert set(paths) >= {
+        "/v1/learners/register", "/v1/learners/{learner_id}/heartbeat", "/v1/learners/{learner_id}/leave",
+        "/v1/fragments/{p}/init", "/v1/fragments/{p}/contributions", "/v1/fragments/{p}", "/v1/status",
+    }  # fmt: skip
+    contrib = paths["/v1/fragments/{p}/contributions"]["post"]
+    assert {p["name"] for p in contrib["parameters"]} >= {"p", "base_version", "steps", "tokens", "seq"}
+    assert "application/octet-stream" in contrib["requestBody"]["content"]
+    assert {"202", "400", "409", "413"} <= set(contrib["responses"])
+    assert "X-DiLoCo-Learner" in {p["name"] for p in contrib["parameters"]}

@@ -1,0 +1,175 @@
+"""The synchronizer's pure pieces: auth decisions, storage layout, settings, backoff, learner liveness."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+from diloco_core.auth import learner_token
+from diloco_core.protocol import Heartbeat
+from diloco_sync.auth import authenticate
+from diloco_sync.cli import UsageError, parse_settings
+from diloco_sync.errors import ApiError
+from diloco_sync.fragment_state import FragmentState
+from diloco_sync.layout import (
+    Layout,
+    LayoutError,
+    LearnerRecord,
+    PendingMeta,
+    contribution_key,
+    pack_pending,
+    unpack_pending,
+    version_of_key,
+)
+from diloco_sync.learners import LearnerRegistry
+from diloco_sync.merging import new_optimizer
+from diloco_sync.round_loop import applied_to_keep
+from diloco_sync.settings import SyncSettings
+from diloco_sync.storage_guard import backoff_delays
+from pydantic import ValidationError
+
+from tests.synchronizer.helpers import tiny_plan
+
+SECRET = "s3cret"
+
+
+def bearer(learner: str) -> str:
+    return f"Bearer {learner_token(SECRET, learner)}"
+
+
+@pytest.mark.parametrize(
+    ("authorization", "claimed", "subject", "status", "code"),
+    [
+        (None, "a", None, 401, "unauthenticated"),
+        ("Basic abc", "a", None, 401, "unauthenticated"),
+        (bearer("a"), None, None, 401, "unauthenticated"),
+        ("Bearer deadbeef", "a", None, 401, "unauthenticated"),
+        (bearer("b"), "a", None, 403, "forbidden"),  # b's token, claiming to be a
+        (bearer("a"), "a", "b", 403, "forbidden"),  # a acting for b
+        (bearer("zz"), "a", None, 401, "unauthenticated"),  # a token of nobody registered
+    ],
+)
+def test_authenticate_refusals(
+    authorization: str | None, claimed: str | None, subject: str | None, status: int, code: str
+) -> None:
+    with pytest.raises(ApiError) as info:
+        authenticate(SECRET, authorization, claimed, subject=subject, known_learners=["a", "b"])
+    assert (info.value.status, info.value.code) == (status, code)
+
+
+def test_authenticate_accepts_own_token() -> None:
+    assert authenticate(SECRET, bearer("a"), "a", subject="a", known_learners=["a"]) == "a"
+
+
+def test_pending_objects_round_trip_and_reject_garbage() -> None:
+    meta = PendingMeta(
+        learner_id="l-1", fragment=2, base_version=7, seq=3, steps=4, tokens=99, received_at=1.5
+    )
+    assert unpack_pending(pack_pending(meta, b"payload")) == (meta, b"payload")
+    with pytest.raises(LayoutError, match="not a pending"):
+        unpack_pending(b"XXXX\x00\x00\x00\x00")
+    with pytest.raises(LayoutError, match="truncated"):
+        unpack_pending(pack_pending(meta, b"")[:12])
+
+
+def test_layout_keys_and_versions() -> None:
+    layout = Layout(1)
+    assert layout.params(3, 12) == "shard-001/fragments/3/params-0000000012.bin"
+    assert version_of_key(layout.params(3, 12)) == 12
+    assert version_of_key(layout.outer(0, 5)) == 5
+    assert version_of_key("shard-001/fragments/3/.tmp-x") is None
+    assert layout.pending(1, "a", 2, 3) == "shard-001/pending/1/a/2-3.bin"
+    assert contribution_key("a", 1, 2, 3) == "a/1/2/3"
+
+
+def test_applied_keys_forget_what_would_be_stale_anyway() -> None:
+    keys = ["a/0/1/0", "a/0/5/1", "b/0/6/0", "c/0/3/9"]
+    assert applied_to_keep(keys, version=7, max_staleness=2) == ["a/0/5/1", "b/0/6/0"]
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    assert backoff_delays(0.1, 1.0) == [0.1, 0.2, 0.4, 0.8, 1.0]
+
+
+def test_liveness_is_a_function_of_time() -> None:
+    reg = LearnerRegistry(heartbeat_timeout_s=10)
+    reg.register(LearnerRecord(learner_id="a"), step=0, now=100.0)
+    reg.register(LearnerRecord(learner_id="b"), step=0, now=100.0)
+    reg.heartbeat("b", Heartbeat(step=5, tokens=40, step_time_s=0.2), now=108.0)
+    assert reg.alive_count(105.0) == 2
+    assert reg.alive_count(111.0) == 1  # a timed out, b heard at 108
+    status = {s.learner_id: s for s in reg.status(111.0, versions={})}
+    assert status["a"].state == "dead"
+    assert not status["a"].alive
+    assert status["b"].state == "training"
+    assert status["b"].step == 5
+    assert reg.step_time(111.0) == 0.2  # only alive learners count
+    reg.leave("b", 112.0)
+    assert reg.alive_count(112.0) == 0
+    assert reg.step_time(112.0) == 0.0
+
+
+def test_long_poll_wakes_on_publish() -> None:
+    plan = tiny_plan()
+
+    async def scenario() -> tuple[bool, bool]:
+        fs = FragmentState(
+            spec=plan.fragments[0],
+            optimizer=new_optimizer(SyncSettings(job_secret="x", storage_url="file:///tmp/x").job.diloco),
+        )
+        waiter = asyncio.create_task(fs.wait_newer(-1, 10.0))
+        await asyncio.sleep(0.01)
+        fs.publish(0, {"wte.weight": np.zeros((16, 8), np.float32)}, b"blob")
+        woke = await waiter
+        timed_out = await fs.wait_newer(0, 0.05)
+        return woke, timed_out
+
+    assert asyncio.run(scenario()) == (True, False)
+
+
+def test_settings_refuse_inconsistent_shards_and_tls() -> None:
+    with pytest.raises(ValidationError, match="shard_index"):
+        SyncSettings(job_secret="x", storage_url="file:///x", shard_index=2, num_shards=2)
+    with pytest.raises(ValidationError, match="shard URLs"):
+        SyncSettings(job_secret="x", storage_url="file:///x", num_shards=2, shard_urls=("http://a",))
+    with pytest.raises(ValidationError, match="TLS needs both"):
+        SyncSettings(job_secret="x", storage_url="file:///x", tls_cert="/c.pem")
+    s = SyncSettings(job_secret="x", storage_url="file:///x", shard_index=1, num_shards=2)
+    assert s.owned_fragments == [1, 3]
+    assert s.owns(3)
+    assert not s.owns(2)
+    assert not s.owns(9)
+
+
+def test_cli_needs_a_job_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DILOCO_JOB_SECRET", raising=False)
+    with pytest.raises(UsageError, match="DILOCO_JOB_SECRET"):
+        parse_settings([])
+
+
+def test_cli_reads_flags_environment_and_job_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "job.yaml"
+    config.write_text("job_id: demo\ndiloco:\n  inner_steps: 16\n  fragments: 8\n  quorum: 2\n")
+    monkeypatch.setenv("DILOCO_JOB_SECRET", "from-env")
+    monkeypatch.setenv("DILOCO_PORT", "9999")
+    s = parse_settings(["--job-config", str(config), "--quorum", "3", "--data-dir", str(tmp_path / "d")])
+    assert s.job_secret.get_secret_value() == "from-env"
+    assert s.port == 9999
+    assert s.storage_url == f"file://{tmp_path / 'd'}"
+    assert (s.job.job_id, s.job.diloco.inner_steps, s.job.diloco.fragments, s.job.diloco.quorum) == (
+        "demo",
+        16,
+        8,
+        3,
+    )
+
+
+def test_cli_reports_invalid_settings_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DILOCO_JOB_SECRET", "x")
+    with pytest.raises(UsageError, match="overlap"):
+        parse_settings(["--inner-steps", "4", "--overlap", "4"])
+    monkeypatch.setenv("DILOCO_PORT", "not-a-port")
+    with pytest.raises(UsageError, match="DILOCO_PORT"):
+        parse_settings([])
