@@ -6,10 +6,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
-from torch.nn import functional as F  # noqa: N812
-
 from diloco_core.config import ModelSettings
+from torch import Tensor, nn
+from torch.nn import functional as F
 
 VOCAB_SIZE = 256
 EMBEDDING_NAMES = ("wte.weight", "wpe.weight")
@@ -51,7 +50,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
         drop = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
-        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        out: Tensor = self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return out
 
 
 class Block(nn.Module):
@@ -69,7 +69,8 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        out: Tensor = x + self.mlp(self.ln_2(x))
+        return out
 
 
 class GPT(nn.Module):

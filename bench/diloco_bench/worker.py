@@ -1,0 +1,224 @@
+"""`diloco bench worker`: learner throughput with DiLoCo next to a plain training loop, same run.
+
+Both runs train the same built-in model on the same data with the worker's own loop
+(``diloco_worker.learner.run_learner``); the DiLoCo run talks to a real synchronizer process (quorum 1,
+filesystem storage) started for the benchmark. Runs alternate (plain, DiLoCo, plain, DiLoCo, ...) so
+drifting machine load affects both alike. Reported per run, over the steps after a warm-up:
+
+- tokens/s (wall clock between the first and the last measured step, including step-boundary work);
+- tokens per CPU-second of this process over the whole run (all its threads: training, sender,
+  pollers, heartbeats) — on a machine shared with other work this is steadier than wall-clock
+  tokens/s, which other processes' load moves by tens of percent from one run to the next;
+- for DiLoCo: the fraction of that time the training thread spent on synchronisation at step
+  boundaries (applying global fragments, handing outer gradients to the sender) — it never waits on
+  the network, so this should be close to zero — and the bytes it sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from diloco_core.auth import learner_token
+from diloco_core.config import ModelSettings, TrainSettings
+from diloco_worker.learner import run_learner
+from diloco_worker.metrics import read_metrics
+from diloco_worker.settings import PlanSettings, WorkerSettings
+
+SECRET = "bench-secret"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_synchronizer(args: argparse.Namespace, store: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "diloco_sync",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--storage",
+        f"file://{store}",
+        "--job-secret",
+        SECRET,
+        "--inner-steps",
+        str(args.inner_steps),
+        "--fragments",
+        str(args.fragments),
+        "--overlap",
+        str(args.overlap),
+        "--quorum",
+        "1",
+        "--codec",
+        args.codec,
+        "--log-level",
+        "WARNING",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the synchronizer exited with code {proc.returncode}")
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.terminate()
+    raise RuntimeError("the synchronizer did not become ready in 60 s")
+
+
+def _settings(args: argparse.Namespace, metrics: Path, sync_url: str | None, learner: str) -> WorkerSettings:
+    return WorkerSettings(
+        standalone=sync_url is None,
+        sync_url=sync_url,
+        learner_id=learner,
+        token=learner_token(SECRET, learner) if sync_url else None,
+        plan=PlanSettings(inner_steps=args.inner_steps, fragments=args.fragments, overlap=args.overlap),
+        model=ModelSettings(
+            n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size
+        ),
+        train=TrainSettings(batch_size=args.batch_size, max_steps=args.steps, warmup_steps=10),
+        corpus_max_bytes=1_000_000,
+        metrics_file=str(metrics),
+        log_every=1,
+        device=args.device,
+        threads=args.threads,
+        poll_wait_s=5.0,
+    )
+
+
+def measure(metrics: Path, warmup: int) -> dict[str, float]:
+    recs = [r for r in read_metrics(metrics) if r["step"] >= warmup]
+    first, last = recs[0], recs[-1]
+    elapsed = last["time"] - first["time"]
+    return {
+        "tokens_per_s": (last["tokens"] - first["tokens"]) / elapsed,
+        "blocked_fraction": (last["blocked_s"] - first["blocked_s"]) / elapsed,
+        "bytes_sent": float(last.get("bytes_sent", 0)),
+        "steps": float(last["step"] - first["step"]),
+    }
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(args: argparse.Namespace, tmp: Path, sync_url: str | None, tag: str) -> dict[str, float]:
+    metrics = tmp / f"{tag}.jsonl"
+    settings = _settings(args, metrics, sync_url, tag)
+    cpu0 = _cpu_seconds()
+    rc = run_learner(settings, {}, threading.Event())
+    cpu = _cpu_seconds() - cpu0
+    if rc != 0:
+        raise RuntimeError(f"run {tag} exited with {rc}")
+    figures = measure(metrics, args.warmup)
+    figures["tokens_per_cpu_s"] = read_metrics(metrics)[-1]["tokens"] / cpu
+    return figures
+
+
+def table(rows: list[tuple[str, dict[str, float]]]) -> str:
+    head = f"{'run':<12} {'tokens/s':>10} {'tokens/CPU-s':>13} {'blocked %':>10} {'bytes sent':>12}"
+    lines = [head, "-" * len(head)]
+    for name, r in rows:
+        blocked = f"{100 * r['blocked_fraction']:.3f}" if name.startswith("diloco") else "-"
+        lines.append(
+            f"{name:<12} {r['tokens_per_s']:>10.0f} {r['tokens_per_cpu_s']:>13.0f} {blocked:>10} "
+            f"{int(r['bytes_sent']):>12}"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="diloco bench worker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    ap.add_argument("--steps", type=int, default=50, help="inner steps per run")
+    ap.add_argument("--warmup", type=int, default=10, help="steps left out of the measurement")
+    ap.add_argument("--repeats", type=int, default=2, help="plain/DiLoCo pairs")
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--inner-steps", type=int, default=16)
+    ap.add_argument("--fragments", type=int, default=4)
+    ap.add_argument("--overlap", type=int, default=2)
+    ap.add_argument("--codec", default="int4")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: PyTorch's default)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = ap.parse_args(argv)
+    if args.steps <= args.warmup + 5:
+        ap.error("--steps must exceed --warmup by more than 5")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(list(argv))
+    logging.basicConfig(level=logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="diloco-bench-worker-") as d:
+        tmp = Path(d)
+        sync, url = start_synchronizer(args, tmp / "store")
+        rows: list[tuple[str, dict[str, float]]] = []
+        try:
+            for i in range(args.repeats):
+                rows.append((f"plain-{i}", run_once(args, tmp, None, f"plain-{i}")))
+                rows.append((f"diloco-{i}", run_once(args, tmp, url, f"diloco-{i}")))
+        finally:
+            sync.terminate()
+            sync.wait(timeout=30)
+
+    def med(kind: str, key: str) -> float:
+        return statistics.median(r[key] for n, r in rows if n.startswith(kind))
+
+    plain, dl = med("plain", "tokens_per_s"), med("diloco", "tokens_per_s")
+    cpu_ratio = med("diloco", "tokens_per_cpu_s") / med("plain", "tokens_per_cpu_s")
+    blocked = med("diloco", "blocked_fraction")
+    print(table(rows))
+    print(
+        f"\nDiLoCo / plain tokens/s: {dl / plain:.3f}   (median plain {plain:.0f}, DiLoCo {dl:.0f} tokens/s)"
+    )
+    print(f"DiLoCo / plain tokens per CPU-second: {cpu_ratio:.3f}")
+    print(f"time blocked on synchronisation: {100 * blocked:.3f}% of step time (median)")
+    summary: dict[str, Any] = {
+        "device": args.device,
+        "ratio": dl / plain,
+        "cpu_ratio": cpu_ratio,
+        "plain_tokens_per_s": plain,
+        "diloco_tokens_per_s": dl,
+        "blocked_fraction": blocked,
+        "runs": dict(rows),
+        "settings": {k: str(v) for k, v in vars(args).items()},
+    }
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

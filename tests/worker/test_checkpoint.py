@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+from diloco_core.storage import FilesystemStore
+from diloco_worker.checkpoint import list_checkpoints, load_latest, restore, save_checkpoint
+from diloco_worker.learner import run_learner
+from diloco_worker.model import build_gpt
+from diloco_worker.settings import WorkerSettings
+from diloco_worker.train import make_optimizer
+
+from tests.worker.helpers import CORPUS_BYTES, TINY, tiny_train
+
+
+def _settings(ckpt: Path, **kw: object) -> WorkerSettings:
+    return WorkerSettings(
+        standalone=True,
+        model=TINY,
+        train=tiny_train(max_steps=12),
+        checkpoint_dir=str(ckpt),
+        corpus_max_bytes=CORPUS_BYTES,
+        threads=1,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _final_params(ckpt: Path) -> dict[str, torch.Tensor]:
+    loaded = load_latest(FilesystemStore(ckpt))
+    assert loaded is not None
+    return {k: v for k, v in loaded.tensors.items() if k.startswith(("param/", "optim/"))}
+
+
+def test_k_steps_restart_and_the_rest_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run_learner(_settings(straight), {}, threading.Event()) == 0
+    assert run_learner(_settings(split, stop_at_step=5), {}, threading.Event()) == 0
+    assert list_checkpoints(FilesystemStore(split)) == [5]
+    assert run_learner(_settings(split), {}, threading.Event()) == 0  # a new learner resumes at step 5
+    assert list_checkpoints(FilesystemStore(split))[-1] == 12
+    a, b = _final_params(straight), _final_params(split)
+    assert a.keys() == b.keys()
+    assert any(k.startswith("optim/") for k in a)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    meta_a, meta_b = load_latest(FilesystemStore(straight)), load_latest(FilesystemStore(split))
+    assert meta_a is not None
+    assert meta_b is not None
+    assert meta_a.meta["loop"]["cursor"] == meta_b.meta["loop"]["cursor"] == 12
+    assert meta_a.meta["fragments"] == meta_b.meta["fragments"]
+
+
+def test_round_trip_restores_params_optimizer_anchors_and_rng(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    model = build_gpt(TINY)
+    opt = make_optimizer(model, tiny_train())
+    model(torch.randint(0, 256, (2, 8))).sum().backward()
+    opt.step()
+    anchors = {0: {"wte.weight": np.full((256, 32), 0.5, dtype=np.float32)}}
+    torch.manual_seed(7)
+    save_checkpoint(store, model=model, optimizer=opt, anchors=anchors, meta={"step": 3, "note": "x"})
+    expected_rand = torch.rand(2)
+
+    other = build_gpt(TINY.model_copy(update={"seed": 9}))
+    other_opt = make_optimizer(other, tiny_train())
+    ckpt = load_latest(store)
+    assert ckpt is not None
+    assert ckpt.step == 3
+    assert ckpt.meta["note"] == "x"
+    restore(ckpt, other, other_opt)
+    for (n, p), (_, q) in zip(model.named_parameters(), other.named_parameters(), strict=True):
+        assert torch.equal(p, q), n
+    assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], other_opt.state_dict()["state"][0]["exp_avg"])
+    assert np.array_equal(ckpt.anchors()[0]["wte.weight"], anchors[0]["wte.weight"])
+    assert torch.equal(torch.rand(2), expected_rand)
+
+
+def test_only_the_newest_are_kept_and_incomplete_ones_are_ignored(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    model = build_gpt(TINY)
+    opt = make_optimizer(model, tiny_train())
+    for step in (1, 2, 3):
+        save_checkpoint(store, model=model, optimizer=opt, anchors={}, meta={"step": step}, keep=2)
+    assert list_checkpoints(store) == [2, 3]
+    store.put("ckpt-0000000009/tensors.safetensors", b"partial write, no meta.json")
+    ckpt = load_latest(store)
+    assert ckpt is not None
+    assert ckpt.step == 3
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    model = build_gpt(TINY)
+    opt = make_optimizer(model, tiny_train())
+    for step in (1, 2):
+        save_checkpoint(store, model=model, optimizer=opt, anchors={}, meta={"step": step})
+    store.put("ckpt-0000000002/tensors.safetensors", b"\x00garbage")
+    ckpt = load_latest(store)
+    assert ckpt is not None
+    assert ckpt.step == 1

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from diloco_core.fragments import build_plan
+from diloco_worker.comms import CommSettings, Communicator, TokenBucket, backoff_delay
+from diloco_worker.fragment_state import Contribution
+from diloco_worker.sync_client import SyncClient
+
+
+def test_backoff_grows_exponentially_with_jitter_and_a_cap() -> None:
+    rng = random.Random(0)
+    for attempt in range(12):
+        d = backoff_delay(attempt, rng, base=0.1, cap=5.0)
+        full = min(5.0, 0.1 * 2**attempt)
+        assert full / 2 <= d <= full
+    delays = {round(backoff_delay(3, rng), 6) for _ in range(20)}
+    assert len(delays) > 10  # jittered, so learners do not retry in lock-step
+
+
+def test_token_bucket_spaces_sends_by_size() -> None:
+    now = [100.0]
+    bucket = TokenBucket(1000.0, clock=lambda: now[0])
+    assert bucket.delay_for(500) == 0.5
+    assert bucket.delay_for(500) == 1.0  # queued behind the first
+    now[0] += 5.0
+    assert bucket.delay_for(100) == 0.1
+    assert TokenBucket(0).delay_for(10**9) == 0.0
+
+
+def _contribution(p: int, seq: int) -> Contribution:
+    return Contribution(p, 0, 4 * seq, 100 * seq, seq, {"w": np.zeros(2, dtype=np.float32)})
+
+
+def test_a_fresher_outer_gradient_supersedes_the_unsent_one() -> None:
+    plan = build_plan([("w", (2,)), ("v", (2,))], 2, 4, 1)
+    # the threads are not started: this checks the bounded slot on its own, no network involved
+    comm = Communicator(
+        SyncClient("http://127.0.0.1:9", "a", "t"), plan, CommSettings(), versions={0: 0, 1: 0}
+    )
+    comm.submit(_contribution(0, 1))
+    comm.submit(_contribution(1, 1))
+    comm.submit(_contribution(0, 2))
+    assert comm.dropped == 1
+    assert sorted(comm._slots) == [0, 1]
+    assert comm._slots[0].seq == 2
+    assert not comm.flush(0.05)  # nothing can be sent while nobody is listening

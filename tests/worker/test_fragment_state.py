@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from diloco_core.fragments import build_plan
+from diloco_worker.fragment_state import FragmentState
+from diloco_worker.model import EMBEDDING_NAMES, build_gpt
+
+from tests.worker.helpers import TINY
+
+
+def _state(h: int = 4, p: int = 2) -> tuple[FragmentState, torch.nn.Module]:
+    model = build_gpt(TINY)
+    named = [(n, tuple(t.shape)) for n, t in model.named_parameters()]
+    plan = build_plan(named, p, h, 1, embedding_names=EMBEDDING_NAMES)
+    return FragmentState.for_model(plan, model), model
+
+
+def test_fragments_fall_due_at_staggered_steps_and_again_after_h_more() -> None:
+    fs, _ = _state(h=4, p=2)  # offsets 0 and 2
+    due_at: dict[int, list[int]] = {0: [], 1: []}
+    for step in range(1, 13):
+        fs.advance(10)
+        for p in fs.due():
+            due_at[p].append(step)
+            fs.mark_sent(p)  # no global comes back: due again H steps later
+    assert due_at == {0: [4, 8, 12], 1: [6, 10]}
+
+
+def test_tokens_count_only_once_the_counter_is_positive() -> None:
+    fs, _ = _state(h=4, p=2)
+    for _ in range(3):
+        fs.advance(10)
+    assert [c.tokens for c in fs.counters] == [30, 10]
+
+
+def test_outer_gradient_is_anchor_minus_params() -> None:
+    fs, model = _state()
+    with torch.no_grad():
+        model.wte.weight.add_(0.25)
+    for _ in range(4):
+        fs.advance(5)
+    c = fs.take_contribution(0)
+    assert c.steps == 4
+    assert c.tokens == 20
+    assert c.seq == 1
+    assert np.allclose(c.tensors["wte.weight"], -0.25)
+    assert np.allclose(c.tensors["wpe.weight"], 0.0)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5])
+def test_applying_a_global_mixes_resets_counters_and_moves_the_anchor(alpha: float) -> None:
+    fs, model = _state()
+    for _ in range(5):
+        fs.advance(5)
+    before = model.wte.weight.detach().clone()
+    glob = {
+        n: np.full(s.shape, 1.0, dtype=np.float32) for s in fs.plan.fragments[0].tensors for n in [s.name]
+    }
+    fs.apply(0, 7, glob, alpha)
+    expected = alpha * before + (1 - alpha) * 1.0
+    assert torch.allclose(model.wte.weight, expected)
+    assert fs.counters[0].base_version == 7
+    assert (fs.counters[0].steps, fs.counters[0].tokens) == (0, 0)
+    assert fs.counters[1].steps == 5 - fs.plan.fragments[1].offset  # other fragments untouched
+    assert np.array_equal(fs.anchors[0]["wte.weight"], glob["wte.weight"])
+
+
+def test_first_contact_keeps_the_staggered_counters() -> None:
+    fs, model = _state(h=4, p=2)
+    glob = {n: np.zeros(s.shape, dtype=np.float32) for s in fs.plan.fragments[1].tensors for n in [s.name]}
+    fs.set_base(1, 3, glob)
+    assert fs.counters[1].steps == -fs.plan.fragments[1].offset
+    assert fs.counters[1].base_version == 3
+    name = fs.plan.fragments[1].names[0]
+    assert float(dict(model.named_parameters())[name].detach().abs().sum()) == 0.0
+
+
+def test_checkpoint_meta_round_trip() -> None:
+    fs, _ = _state()
+    for _ in range(6):
+        fs.advance(3)
+    fs.take_contribution(0)
+    other, _ = _state()
+    other.load_meta(fs.meta(), fs.anchors)
+    assert other.meta() == fs.meta()
+    with pytest.raises(ValueError, match="checkpoint has 1 fragments"):
+        other.load_meta(fs.meta()[:1], {})

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import pytest
+from diloco_core.auth import learner_token
+from diloco_worker.settings import SettingsError, parse_settings
+
+
+def test_missing_sync_url_is_named_with_how_to_set_it() -> None:
+    with pytest.raises(SettingsError, match="DILOCO_SYNC_URL"):
+        parse_settings(["--token", "t"], env={})
+
+
+def test_missing_token_is_named_with_how_to_set_it() -> None:
+    with pytest.raises(SettingsError, match="DILOCO_JOB_SECRET"):
+        parse_settings(["--sync-url", "http://x"], env={})
+
+
+def test_token_is_derived_from_the_job_secret() -> None:
+    s = parse_settings(["--sync-url", "http://x", "--learner-id", "a-1"], env={"DILOCO_JOB_SECRET": "sec"})
+    assert s.token == learner_token("sec", "a-1")
+
+
+def test_flags_win_over_environment_which_wins_over_job_config() -> None:
+    env = {
+        "DILOCO_SYNC_URL": "http://env",
+        "DILOCO_TOKEN": "t",
+        "DILOCO_N_LAYER": "3",
+        "DILOCO_LR": "0.01",
+        "DILOCO_JOB_CONFIG": '{"model": {"n_layer": 6, "n_embd": 96}, "diloco": {"inner_steps": 7, "overlap": 1}}',
+    }
+    s = parse_settings(["--lr", "0.02"], env=env)
+    assert s.sync_url == "http://env"
+    assert s.model.n_layer == 3
+    assert s.model.n_embd == 96
+    assert s.train.lr == 0.02
+    assert s.plan.inner_steps == 7
+
+
+def test_invalid_values_name_the_field() -> None:
+    with pytest.raises(SettingsError, match="model.n_layer"):
+        parse_settings(["--standalone", "--n-layer", "0"], env={})
+    with pytest.raises(SettingsError, match="overlap"):
+        parse_settings(["--standalone", "--inner-steps", "2", "--overlap", "2"], env={})
+    with pytest.raises(SettingsError, match="learner index 3"):
+        parse_settings(["--standalone", "--learner-index", "3", "--num-learners", "2"], env={})
+
+
+def test_standalone_needs_no_synchronizer() -> None:
+    s = parse_settings(["--standalone", "--non-iid"], env={})
+    assert s.standalone
+    assert s.data.non_iid
+    assert s.sync_url is None

@@ -1,0 +1,150 @@
+"""Learner checkpoints: tensors in safetensors, everything else in JSON (no pickle anywhere).
+
+Layout under the checkpoint location (a local folder, ``file:///path`` or ``s3://bucket/prefix``):
+``ckpt-<step>/tensors.safetensors`` (parameters, AdamW state, anchors, RNG) and
+``ckpt-<step>/meta.json`` (step, tokens, data cursor, fragment counters, optimizer hyper-parameters,
+config). ``meta.json`` is written last, so a checkpoint without it is incomplete and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from diloco_core.storage import FilesystemStore, ObjectStore, StorageError, open_store
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import nn
+
+log = logging.getLogger("diloco_worker.checkpoint")
+FORMAT = 1
+_DIR_RE = re.compile(r"^ckpt-(\d{10})/meta\.json$")
+
+
+def open_checkpoint_store(location: str) -> ObjectStore:
+    """A local folder path, ``file:///path`` or ``s3://bucket/prefix``."""
+    return open_store(location) if "://" in location else FilesystemStore(location)
+
+
+@dataclass
+class Checkpoint:
+    meta: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+    def anchors(self) -> dict[int, dict[str, np.ndarray]]:
+        out: dict[int, dict[str, np.ndarray]] = {}
+        for key, t in self.tensors.items():
+            if key.startswith("anchor/"):
+                _, p, name = key.split("/", 2)
+                out.setdefault(int(p), {})[name] = t.numpy()
+        return out
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    sd = opt.state_dict()
+    tensors = {
+        f"optim/{idx}/{k}": v.detach().cpu().clone().contiguous()
+        for idx, st in sd["state"].items()
+        for k, v in st.items()
+        if isinstance(v, torch.Tensor)
+    }
+    return tensors, sd["param_groups"]
+
+
+def build_tensors(
+    model: nn.Module, opt: torch.optim.Optimizer, anchors: Mapping[int, Mapping[str, np.ndarray]]
+) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    """Everything tensor-shaped, as independent contiguous CPU tensors keyed by role."""
+    tensors = {f"param/{n}": p.detach().cpu().clone().contiguous() for n, p in model.named_parameters()}
+    tensors.update({f"buffer/{n}": b.detach().cpu().clone().contiguous() for n, b in model.named_buffers()})
+    opt_tensors, groups = _optimizer_tensors(opt)
+    tensors.update(opt_tensors)
+    for p, frag in anchors.items():
+        tensors.update(
+            {f"anchor/{p}/{n}": torch.from_numpy(np.ascontiguousarray(a)) for n, a in frag.items()}
+        )
+    tensors["rng/torch"] = torch.get_rng_state()
+    return tensors, groups
+
+
+def save_checkpoint(
+    store: ObjectStore,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    anchors: Mapping[int, Mapping[str, np.ndarray]],
+    meta: Mapping[str, Any],
+    keep: int = 2,
+) -> str:
+    """Write a checkpoint for ``meta['step']``, then delete all but the newest ``keep``."""
+    step = int(meta["step"])
+    tensors, groups = build_tensors(model, optimizer, anchors)
+    prefix = f"ckpt-{step:010d}/"
+    store.put(prefix + "tensors.safetensors", st_save(tensors))
+    full_meta = {"format": FORMAT, **meta, "optimizer_groups": groups}
+    store.put(prefix + "meta.json", json.dumps(full_meta, sort_keys=True).encode())
+    for old in list_checkpoints(store)[:-keep]:
+        for key in store.list(f"ckpt-{old:010d}/"):
+            store.delete(key)
+    return prefix
+
+
+def list_checkpoints(store: ObjectStore) -> list[int]:
+    """Steps of the complete checkpoints, oldest first."""
+    steps = [int(m.group(1)) for k in store.list("ckpt-") if (m := _DIR_RE.match(k))]
+    return sorted(steps)
+
+
+def load_latest(store: ObjectStore) -> Checkpoint | None:
+    """The newest complete checkpoint that can be read, or None."""
+    for step in reversed(list_checkpoints(store)):
+        prefix = f"ckpt-{step:010d}/"
+        try:
+            meta = json.loads(store.get(prefix + "meta.json"))
+            tensors = st_load(store.get(prefix + "tensors.safetensors"))
+        except (StorageError, ValueError, OSError, SafetensorError) as exc:
+            log.warning("skipping unreadable checkpoint %s: %s", prefix, exc)
+            continue
+        if meta.get("format") != FORMAT:
+            log.warning("skipping checkpoint %s of unknown format %r", prefix, meta.get("format"))
+            continue
+        return Checkpoint(meta, tensors)
+    return None
+
+
+@torch.no_grad()
+def restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load parameters, buffers, AdamW state and the RNG into live objects (same model shape)."""
+    for kind, named in (("param", model.named_parameters()), ("buffer", model.named_buffers())):
+        for name, t in named:
+            key = f"{kind}/{name}"
+            if key not in ckpt.tensors:
+                raise ValueError(f"checkpoint step {ckpt.step} has no tensor {key!r}; was the model changed?")
+            src = ckpt.tensors[key]
+            if src.shape != t.shape:
+                raise ValueError(
+                    f"checkpoint tensor {key!r} has shape {tuple(src.shape)}, model {tuple(t.shape)}"
+                )
+            t.copy_(src)
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, v in ckpt.tensors.items():
+        if key.startswith("optim/"):
+            _, idx, k = key.split("/", 2)
+            state.setdefault(int(idx), {})[k] = v
+    groups = ckpt.meta["optimizer_groups"]
+    for g in groups:
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    torch.set_rng_state(ckpt.tensors["rng/torch"])

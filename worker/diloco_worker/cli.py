@@ -1,0 +1,60 @@
+"""``diloco worker``: start a learner from flags and environment variables."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+
+from .settings import SettingsError, parse_settings
+
+log = logging.getLogger("diloco_worker")
+
+
+def _install_sigterm(stop: threading.Event, grace_s: float) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            return
+        log.info("signal %d: finishing the step, checkpointing and leaving", signum)
+        stop.set()
+        # a safety net: the orderly shutdown is bounded, but a stuck network call must not hold the pod
+        watchdog = threading.Timer(grace_s, lambda: os._exit(1))
+        watchdog.daemon = True
+        watchdog.start()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        settings = parse_settings(argv)
+    except SettingsError as exc:
+        print(f"diloco worker: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=os.environ.get("DILOCO_LOG_LEVEL", "INFO").upper(),
+        format=f"%(asctime)s %(levelname)s [learner={settings.learner_id}] %(name)s: %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from .learner import run_learner  # torch loads only once the settings are known to be valid
+    from .session import FatalSyncError
+
+    stop = threading.Event()
+    _install_sigterm(stop, settings.shutdown_timeout_s + 30.0)
+    log.info("settings: %s", settings.model_dump_json(exclude={"token"}))
+    try:
+        return run_learner(settings, os.environ, stop)
+    except FatalSyncError as exc:
+        log.error("%s", exc)
+        return 3
+    except ValueError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,269 @@
+"""Background communication of one learner: the training thread never waits on the network.
+
+- a sender thread with one slot per fragment: a newer outer gradient of a fragment replaces an
+  unsent older one (bounded memory), failures are retried with exponential backoff and jitter;
+- one long-poll thread per fragment that fetches new global versions into an arrivals slot, which
+  the training loop drains at a step boundary;
+- a heartbeat thread reporting progress (step, tokens, step time, blocked time, bytes sent).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from diloco_core import protocol as proto
+from diloco_core.codec import CodecError, decode, encode
+from diloco_core.fragments import FragmentPlan
+
+from .fragment_state import Contribution
+from .sync_client import SyncClient, SyncRejected, SyncUnavailable
+
+log = logging.getLogger("diloco_worker.comms")
+
+
+def backoff_delay(attempt: int, rng: random.Random, *, base: float = 0.2, cap: float = 10.0) -> float:
+    """Exponential backoff with jitter: uniform in [1/2, 1] times min(cap, base * 2**attempt)."""
+    return min(cap, base * 2.0 ** min(attempt, 30)) * (0.5 + 0.5 * rng.random())
+
+
+class TokenBucket:
+    """Limits sent bytes per second (``rate`` ≤ 0: unlimited)."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self._clock, self._free_at = rate, clock, clock()
+
+    def delay_for(self, nbytes: int) -> float:
+        """Seconds to wait before sending ``nbytes``; books the bandwidth."""
+        if self.rate <= 0:
+            return 0.0
+        now = self._clock()
+        start = max(now, self._free_at)
+        self._free_at = start + nbytes / self.rate
+        return start - now + nbytes / self.rate
+
+
+@dataclass
+class Progress:
+    """What heartbeats report; written by the training loop, read by the heartbeat thread."""
+
+    step: int = 0
+    tokens: int = 0
+    step_time_s: float = 0.0
+    fragment_steps: dict[int, int] = field(default_factory=dict)
+    fragment_tokens: dict[int, int] = field(default_factory=dict)
+    eval_loss: float | None = None
+    blocked_s: float = 0.0
+    state: proto.LearnerState = "training"
+
+
+@dataclass(frozen=True)
+class CommSettings:
+    quantizer: str = "int4"
+    heartbeat_interval_s: float = 2.0
+    poll_wait_s: float = 10.0
+    bandwidth_limit: float = 0.0
+
+
+class Communicator:
+    def __init__(
+        self,
+        client: SyncClient,
+        plan: FragmentPlan,
+        settings: CommSettings,
+        *,
+        versions: dict[int, int],
+        on_unknown_learner: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.client, self.plan, self.settings = client, plan, settings
+        self.progress = Progress()
+        self.bytes_sent = 0
+        self.sent = self.dropped = self.rejected = 0
+        self._on_unknown = on_unknown_learner
+        self._slots: dict[int, Contribution] = {}
+        self._arrivals: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+        self._known = dict(versions)  # newest version each poller has delivered
+        self._resync: set[int] = set()
+        self._cv = threading.Condition()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._inflight = False
+        self._bucket = TokenBucket(settings.bandwidth_limit)
+        self._rng = random.Random()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        targets: list[tuple[str, Callable[[], None]]] = [
+            ("sender", self._send_loop),
+            ("heartbeat", self._hb_loop),
+        ]
+        targets += [
+            (f"poll-{f.index}", functools.partial(self._poll_loop, f.index)) for f in self.plan.fragments
+        ]
+        for name, fn in targets:
+            t = threading.Thread(target=fn, name=f"diloco-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    # ---- called by the training thread (never blocks on the network) ----
+    def submit(self, c: Contribution) -> None:
+        with self._cv:
+            if c.fragment in self._slots:
+                self.dropped += 1  # superseded: the fresher outer gradient replaces it
+            self._slots[c.fragment] = c
+            self._cv.notify_all()
+
+    def take_arrivals(self) -> dict[int, tuple[int, dict[str, np.ndarray]]]:
+        with self._lock:
+            out, self._arrivals = self._arrivals, {}
+        return out
+
+    def resync(self, p: int) -> None:
+        """Fetch fragment ``p``'s current global version even if it is not newer than the last seen."""
+        with self._lock:
+            self._resync.add(p)
+            self._known[p] = -1
+
+    # ---- shutdown ----
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the pending contributions are sent (or given up); True when nothing is left."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while (self._slots or self._inflight) and time.monotonic() < deadline:
+                self._cv.wait(timeout=0.05)
+            return not self._slots and not self._inflight
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
+
+    # ---- threads ----
+    def _send_loop(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            with self._cv:
+                while not self._slots and not self._stop.is_set():
+                    self._cv.wait(timeout=0.5)
+                if self._stop.is_set() and not self._slots:
+                    return
+                p = min(self._slots, key=lambda k: self._slots[k].seq)
+                c = self._slots.pop(p)
+                self._inflight = True
+            ok = self._send_one(c)
+            with self._cv:
+                self._inflight = False
+                if not ok and c.fragment not in self._slots:
+                    self._slots[c.fragment] = c  # retry unless a fresher one arrived meanwhile
+                self._cv.notify_all()
+            attempt = 0 if ok else attempt + 1
+            if not ok:
+                self._stop.wait(backoff_delay(attempt, self._rng))
+
+    def _send_one(self, c: Contribution) -> bool:
+        """True when the contribution is done with (accepted or refused for good)."""
+        payload = encode(
+            c.tensors,
+            fragment=c.fragment,
+            base_version=c.base_version,
+            kind="outer_grad",
+            quantizer=self.settings.quantizer,
+        )
+        self._stop.wait(self._bucket.delay_for(len(payload)))
+        try:
+            res = self.client.contribute(
+                c.fragment, payload, base_version=c.base_version, steps=c.steps, tokens=c.tokens, seq=c.seq
+            )
+        except SyncUnavailable as exc:
+            log.warning("fragment=%d version=%d send failed, will retry: %s", c.fragment, c.base_version, exc)
+            return False
+        except SyncRejected as exc:
+            self.rejected += 1
+            log.warning(
+                "fragment=%d version=%d contribution refused (%s); resynchronising",
+                c.fragment,
+                c.base_version,
+                exc,
+            )
+            self.resync(c.fragment)
+            return True
+        self.bytes_sent += len(payload)
+        self.sent += 1
+        log.info(
+            "fragment=%d version=%d sent %d bytes: %s (pending %d)",
+            c.fragment,
+            c.base_version,
+            len(payload),
+            res.status,
+            res.pending,
+        )
+        return True
+
+    def _poll_loop(self, p: int) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            with self._lock:
+                known = self._known.get(p, -1)
+            try:
+                got = self.client.fetch(p, newer_than=known, wait_s=self.settings.poll_wait_s)
+                attempt = 0
+            except (SyncUnavailable, SyncRejected) as exc:
+                if not self._stop.is_set():
+                    log.debug("fragment=%d fetch failed: %s", p, exc)
+                attempt += 1
+                self._stop.wait(backoff_delay(attempt, self._rng))
+                continue
+            if got is None:
+                continue
+            try:
+                tensors = decode(got.payload, fragment=self.plan.fragments[p]).tensors
+            except CodecError as exc:
+                log.error("fragment=%d version=%d undecodable global payload: %s", p, got.version, exc)
+                self._stop.wait(backoff_delay(attempt + 3, self._rng))
+                continue
+            with self._lock:
+                forced = p in self._resync
+                if got.version > self._known.get(p, -1) or forced:
+                    self._known[p] = got.version
+                    self._resync.discard(p)
+                    self._arrivals[p] = (got.version, tensors)
+
+    def _hb_loop(self) -> None:
+        attempt = 0
+        while not self._stop.wait(
+            self.settings.heartbeat_interval_s if attempt == 0 else backoff_delay(attempt, self._rng)
+        ):
+            try:
+                self.client.heartbeat(self.heartbeat())
+                attempt = 0
+            except SyncUnavailable as exc:
+                attempt += 1
+                log.debug("heartbeat failed: %s", exc)
+            except SyncRejected as exc:
+                attempt += 1
+                if exc.status in (401, 404):
+                    log.warning("synchronizer does not know this learner (%s); registering again", exc)
+                    try:
+                        self._on_unknown()
+                    except Exception as reg_exc:  # a failed re-registration is retried on the next beat
+                        log.warning("re-registration failed: %s", reg_exc)
+
+    def heartbeat(self) -> proto.Heartbeat:
+        p = self.progress
+        return proto.Heartbeat(
+            step=max(0, p.step),
+            tokens=max(0, p.tokens),
+            step_time_s=max(0.0, p.step_time_s),
+            state=p.state,
+            fragment_steps={k: max(0, v) for k, v in p.fragment_steps.items()},
+            fragment_tokens=dict(p.fragment_tokens),
+            eval_loss=p.eval_loss,
+            bytes_sent=self.bytes_sent,
+            blocked_s=p.blocked_s,
+        )

@@ -1,0 +1,183 @@
+"""The byte-level text pipeline: a corpus from local files or S3, deterministic shards, a resumable cursor.
+
+Batches are drawn by index: batch ``i`` of a shard depends only on (seed, shard, i), so the cursor is a
+plain integer and resuming at cursor ``k`` yields exactly the batches a run without a restart would see.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+Batch = tuple[Tensor, Tensor]
+
+
+class CorpusError(ValueError):
+    """The corpus cannot be read or is too small."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Which part of the training data a process reads: shard ``index`` of ``count``; ``key`` seeds it."""
+
+    index: int
+    count: int
+    key: str
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"shard index {self.index} is outside 0..{self.count - 1}")
+
+    def seed(self, base_seed: int) -> int:
+        return zlib.crc32(f"{base_seed}/{self.index}/{self.count}/{self.key}".encode())
+
+
+_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+
+
+def _local_files(root: Path) -> Iterator[Path]:
+    """Files under ``root`` in a deterministic (sorted, depth-first) order, lazily."""
+    if root.is_file():
+        yield root
+        return
+    if not root.is_dir():
+        raise CorpusError(f"corpus path {str(root)!r} does not exist")
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        for name in sorted(filenames):
+            yield Path(dirpath, name)
+
+
+def _read_local(paths: Iterator[Path], suffix: str, max_bytes: int) -> bytes:
+    parts: list[bytes] = []
+    total = 0
+    for path in paths:
+        if suffix and path.suffix != suffix:
+            continue
+        try:
+            blob = path.read_bytes()
+        except OSError:
+            continue
+        parts.append(blob)
+        total += len(blob)
+        if total >= max_bytes:
+            break
+    return b"".join(parts)[:max_bytes]
+
+
+def _read_s3(url: str, max_bytes: int) -> bytes:
+    import boto3  # the worker image has it; imported late so local runs need no AWS set-up
+
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise CorpusError(f"corpus URL {url!r} names no bucket")
+    client = boto3.client("s3")
+    keys: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys.extend(obj["Key"] for obj in page.get("Contents", []))
+    parts: list[bytes] = []
+    total = 0
+    for key in sorted(keys):
+        blob: bytes = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        parts.append(blob)
+        total += len(blob)
+        if total >= max_bytes:
+            break
+    return b"".join(parts)[:max_bytes]
+
+
+def load_corpus(source: str, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
+    """The corpus as uint8 bytes: ``stdlib`` (this Python's standard library ``.py`` files), a file or
+    folder, or ``s3://bucket/prefix``; files are concatenated in sorted order, capped at ``max_bytes``."""
+    if max_bytes < 1024:
+        raise CorpusError(f"max_bytes must be at least 1024, got {max_bytes}")
+    if source == "stdlib":
+        blob = _read_local(_local_files(Path(sysconfig.get_paths()["stdlib"])), ".py", max_bytes)
+    elif source.startswith("s3://"):
+        blob = _read_s3(source, max_bytes)
+    else:
+        blob = _read_local(_local_files(Path(source)), "", max_bytes)
+    if len(blob) < 1024:
+        raise CorpusError(f"corpus {source!r} holds only {len(blob)} bytes; at least 1024 are needed")
+    return np.frombuffer(blob, dtype=np.uint8).copy()
+
+
+def split_corpus(data: np.ndarray, eval_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out): the held-out split is the last ``eval_fraction`` of the bytes."""
+    cut = int(len(data) * (1.0 - eval_fraction))
+    return data[:cut], data[cut:]
+
+
+def _windows(data: np.ndarray, starts: np.ndarray, block_size: int, device: torch.device) -> Batch:
+    rows = np.stack([data[s : s + block_size + 1] for s in starts]).astype(np.int64)
+    t = torch.from_numpy(rows)
+    return t[:, :-1].to(device), t[:, 1:].to(device)
+
+
+class BatchStream(Iterator[Batch]):
+    """Training batches of one shard. iid: window ``j`` of the corpus belongs to shard ``j % count``;
+    non-iid: each shard is a contiguous slice. ``cursor`` is the index of the next batch."""
+
+    def __init__(
+        self,
+        data: np.ndarray,
+        shard: Shard,
+        *,
+        batch_size: int,
+        block_size: int,
+        seed: int,
+        non_iid: bool = False,
+        start: int = 0,
+        device: torch.device | None = None,
+    ) -> None:
+        self.data, self.shard, self.batch_size, self.block_size = data, shard, batch_size, block_size
+        self.non_iid, self.cursor, self.device = non_iid, start, device or torch.device("cpu")
+        self._seed = shard.seed(seed)
+        self._stride = max(1, block_size // 2)
+        n_windows = (len(data) - block_size - 1) // self._stride
+        per_shard = n_windows // shard.count
+        if per_shard < 1:
+            raise CorpusError(
+                f"corpus of {len(data)} bytes is too small for {shard.count} shards of {block_size}"
+            )
+        self._per_shard = per_shard
+
+    def _starts(self, i: int) -> np.ndarray:
+        rng = np.random.default_rng([self._seed, i])
+        j = rng.integers(0, self._per_shard, size=self.batch_size)
+        if self.non_iid:
+            return (self.shard.index * self._per_shard + j) * self._stride
+        return (j * self.shard.count + self.shard.index) * self._stride
+
+    def __next__(self) -> Batch:
+        batch = _windows(self.data, self._starts(self.cursor), self.block_size, self.device)
+        self.cursor += 1
+        return batch
+
+
+def eval_batches(
+    data: np.ndarray,
+    *,
+    batch_size: int,
+    block_size: int,
+    max_batches: int = 4,
+    device: torch.device | None = None,
+) -> list[Batch]:
+    """Fixed, evenly spaced windows of the held-out split (the same for every learner)."""
+    last = len(data) - block_size - 1
+    if last < 1:
+        raise CorpusError(f"held-out split of {len(data)} bytes is shorter than one window of {block_size}")
+    starts = np.linspace(0, last, num=batch_size * max_batches).astype(np.int64)
+    dev = device or torch.device("cpu")
+    return [
+        _windows(data, starts[i : i + batch_size], block_size, dev) for i in range(0, len(starts), batch_size)
+    ]

@@ -1,0 +1,177 @@
+"""Assembles one learner process: device, unit, task, plan, checkpoint, DiLoCo session, training loop."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from diloco_core.fragments import FragmentPlan, build_plan
+from diloco_core.storage import ObjectStore
+
+from .checkpoint import Checkpoint, load_latest, open_checkpoint_store, restore, save_checkpoint
+from .data import Shard
+from .distributed import Unit, join_unit
+from .entry import TaskContext, TrainingTask, load_task
+from .fragment_state import FragmentState
+from .metrics import MetricsLog
+from .session import DiLoCoSession
+from .settings import WorkerSettings
+from .train import LoopState, make_optimizer, train
+
+log = logging.getLogger("diloco_worker.learner")
+
+
+def pick_device(name: str, env: Mapping[str, str]) -> torch.device:
+    """``auto``: the GPU of this process (LOCAL_RANK) when CUDA is available, else the CPU."""
+    if name == "auto":
+        name = f"cuda:{env.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+def plan_for(task: TrainingTask, settings: WorkerSettings) -> FragmentPlan:
+    named = [(n, tuple(p.shape)) for n, p in task.model.named_parameters()]
+    names = {n for n, _ in named}
+    return build_plan(
+        named,
+        settings.plan.fragments,
+        settings.plan.inner_steps,
+        settings.plan.overlap,
+        settings.plan.strategy,
+        embedding_names=[n for n in task.embedding_names if n in names],
+    )
+
+
+def _resume(
+    ckpt: Checkpoint, task: TrainingTask, opt: torch.optim.Optimizer, fs: FragmentState, plan_hash: str
+) -> LoopState:
+    if ckpt.meta.get("plan_hash") != plan_hash:
+        raise ValueError(
+            f"checkpoint at step {ckpt.step} was written for another fragment plan; "
+            "use a fresh --checkpoint-dir or the job's original settings"
+        )
+    restore(ckpt, task.model, opt)
+    fs.load_meta(ckpt.meta["fragments"], ckpt.anchors())
+    loop: dict[str, Any] = ckpt.meta["loop"]
+    return LoopState(**loop)
+
+
+def _resume_if_any(
+    settings: WorkerSettings,
+    unit: Unit,
+    task: TrainingTask,
+    opt: torch.optim.Optimizer,
+    fs: FragmentState,
+    plan: FragmentPlan,
+) -> tuple[ObjectStore | None, LoopState]:
+    """The checkpoint store (one folder per rank in a multi-process unit) and the state to start from."""
+    if not settings.checkpoint_dir:
+        return None, LoopState()
+    location = settings.checkpoint_dir.rstrip("/") + (f"/rank-{unit.rank}" if unit.distributed else "")
+    store = open_checkpoint_store(location)
+    ckpt = load_latest(store)
+    if ckpt is None:
+        return store, LoopState()
+    state = _resume(ckpt, task, opt, fs, plan.hash())
+    log.info("learner=%s step=%d resumed from checkpoint", settings.learner_id, state.step)
+    return store, state
+
+
+def run_learner(settings: WorkerSettings, env: Mapping[str, str], stop: threading.Event) -> int:
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    device = pick_device(settings.device, env)
+    unit: Unit = join_unit(env, device)
+    try:
+        return _run(settings, unit, stop)
+    finally:
+        unit.close()
+
+
+def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event) -> int:
+    shard = Shard(
+        settings.learner_index * unit.world_size + unit.rank,
+        settings.num_learners * unit.world_size,
+        f"{settings.learner_id}/{unit.rank}",
+    )
+    ctx = TaskContext(
+        settings.model, settings.data, settings.train, shard, unit.device, settings.corpus_max_bytes
+    )
+    task = load_task(ctx)
+    task.model.to(unit.device)
+    plan = plan_for(task, settings)
+    optimizer = make_optimizer(task.model, settings.train)
+    fs = FragmentState.for_model(plan, task.model)
+    store, state = _resume_if_any(settings, unit, task, optimizer, fs, plan)
+    resumed = state.step > 0
+    metrics = None
+    if settings.metrics_file and unit.is_leader:
+        metrics = MetricsLog(settings.metrics_file, learner=settings.learner_id)
+    tokens_per_step = (
+        settings.train.batch_size * settings.train.grad_accum * settings.model.block_size * unit.world_size
+    )
+    session = None
+    if not settings.standalone:
+        session = DiLoCoSession(
+            settings, plan, fs, unit, tokens_per_step=tokens_per_step, stop=stop, metrics=metrics
+        )
+        session.connect(state, resumed=resumed)
+    log.info(
+        "learner=%s rank=%d/%d device=%s params=%d fragments=%d",
+        settings.learner_id,
+        unit.rank,
+        unit.world_size,
+        unit.device,
+        plan.num_params,
+        len(plan.fragments),
+    )
+    try:
+        train(
+            task,
+            optimizer,
+            settings.train,
+            state,
+            unit=unit,
+            stop=stop,
+            hook=session,
+            save=_saver(store, task, optimizer, fs, plan, settings) if store else None,
+            checkpoint_every=settings.checkpoint_every,
+            eval_every=settings.eval_every,
+            log_every=settings.log_every,
+            speed_factor=settings.speed_factor,
+            metrics=metrics,
+            stop_at_step=settings.stop_at_step,
+        )
+    finally:
+        if session:
+            session.close()
+    return 0
+
+
+def _saver(
+    store: ObjectStore,
+    task: TrainingTask,
+    opt: torch.optim.Optimizer,
+    fs: FragmentState,
+    plan: FragmentPlan,
+    settings: WorkerSettings,
+) -> Any:
+    config = settings.model_dump(mode="json", exclude={"token"})
+
+    def save(state: LoopState) -> None:
+        meta = {
+            "step": state.step,
+            "loop": state.to_dict(),
+            "fragments": fs.meta(),
+            "plan_hash": plan.hash(),
+            "config": config,
+        }
+        save_checkpoint(store, model=task.model, optimizer=opt, anchors=fs.anchors, meta=meta)
+        log.info("learner=%s step=%d checkpoint written", settings.learner_id, state.step)
+
+    return save

@@ -1,0 +1,233 @@
+"""The DiLoCo side of a learner: register, first contact, the step-boundary hook, leaving.
+
+Only the unit's rank 0 talks to the synchronizer; the other ranks follow its decisions through
+:meth:`Unit.boundary`, so every rank applies the same global fragments at the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from diloco_core import protocol as proto
+from diloco_core.codec import decode, encode
+from diloco_core.config import DiLoCoSettings
+from diloco_core.fragments import FragmentPlan
+
+from .comms import CommSettings, Communicator, backoff_delay
+from .distributed import Arrivals, Unit
+from .fragment_state import FragmentState
+from .metrics import MetricsLog
+from .settings import WorkerSettings
+from .sync_client import GlobalFragment, SyncClient, SyncRejected, SyncUnavailable
+from .train import LoopState
+
+log = logging.getLogger("diloco_worker.session")
+T = TypeVar("T")
+
+
+class FatalSyncError(RuntimeError):
+    """The synchronizer refused this learner for good (wrong plan, wrong token)."""
+
+
+class DiLoCoSession:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        plan: FragmentPlan,
+        fragments: FragmentState,
+        unit: Unit,
+        *,
+        tokens_per_step: int,
+        stop: threading.Event,
+        metrics: MetricsLog | None = None,
+    ) -> None:
+        self.settings, self.plan, self.fs, self.unit = settings, plan, fragments, unit
+        self.tokens_per_step, self.stop, self.metrics = tokens_per_step, stop, metrics
+        self.alpha, self.quantizer, self.heartbeat_interval_s = 0.0, "int4", 2.0
+        self.client: SyncClient | None = None
+        self.comm: Communicator | None = None
+        self._step = 0
+        if unit.is_leader:
+            assert settings.sync_url
+            assert settings.token
+            self.client = SyncClient(settings.sync_url, settings.learner_id, settings.token)
+
+    # ---- start-up ----
+    def _register_once(self) -> proto.RegisterResponse:
+        assert self.client is not None
+        req = proto.RegisterRequest(
+            learner_id=self.settings.learner_id,
+            unit=self.settings.unit,
+            plan=self.plan.to_dict(),
+            plan_hash=self.plan.hash(),
+            tokens_per_step=self.tokens_per_step,
+            step=self._step,
+        )
+        try:
+            resp = self.client.register(req)
+        except SyncRejected as exc:
+            if exc.code == "plan_mismatch":
+                raise FatalSyncError(
+                    f"the synchronizer's job uses a different model or fragment plan ({exc.reason}); check "
+                    "--inner-steps/--fragments/--overlap and the model settings against the job"
+                ) from exc
+            if exc.status in (401, 403):
+                raise FatalSyncError(f"the synchronizer refused the learner token: {exc.reason}") from exc
+            raise
+        known = {k: v for k, v in resp.diloco.items() if k in DiLoCoSettings.model_fields}
+        job = DiLoCoSettings.model_validate(known)
+        self.alpha, self.quantizer = job.mixing_alpha, job.codec
+        self.heartbeat_interval_s = resp.heartbeat_interval_s
+        for p in resp.needs_init:
+            self._upload_init(p)
+        return resp
+
+    def _upload_init(self, p: int) -> None:
+        assert self.client is not None
+        blob = encode(self.fs.anchors[p], fragment=p, base_version=-1, kind="params", quantizer="fp32")
+        try:
+            info = self.client.init_fragment(p, blob)
+            log.info("fragment=%d version=%d uploaded the initial parameters", p, info.version)
+        except SyncRejected as exc:
+            if exc.code != "already_initialised":
+                raise
+            log.info("fragment=%d already initialised by another learner", p)
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T | None:
+        rng, attempt = random.Random(), 0
+        while not self.stop.is_set():
+            try:
+                return fn()
+            except SyncUnavailable as exc:
+                attempt += 1
+                log.warning("%s: synchronizer unavailable (%s); retrying", what, exc)
+                self.stop.wait(backoff_delay(attempt, rng))
+        return None
+
+    def _first_globals(self, resp: proto.RegisterResponse) -> Arrivals:
+        """Every fragment's global version newer than what this learner has (waits for missing ones)."""
+        assert self.client is not None
+        client = self.client
+        out: Arrivals = {}
+        wait = self.settings.poll_wait_s
+        for f in self.plan.fragments:
+            mine, theirs = self.fs.counters[f.index].base_version, resp.versions.get(f.index, -1)
+            if theirs != -1 and theirs <= mine:
+                continue
+            while not self.stop.is_set():
+
+                def fetch(p: int = f.index, v: int = mine) -> GlobalFragment | None:
+                    return client.fetch(p, newer_than=v, wait_s=wait)
+
+                got = self._retry(f"fragment={f.index} first fetch", fetch)
+                if got is not None:
+                    out[f.index] = (got.version, decode(got.payload, fragment=f).tensors)
+                    break
+        return out
+
+    def connect(self, state: LoopState, resumed: bool) -> None:
+        """Register (rank 0), take the current global state, start the background threads."""
+        self._step = state.step
+        arrivals: Arrivals = {}
+        if self.unit.is_leader:
+            resp = self._retry("register", self._register_once)
+            if resp is not None:
+                arrivals = self._first_globals(resp)
+        _, arrivals = self.unit.boundary(False, arrivals, self.plan)
+        for p, (version, tensors) in sorted(arrivals.items()):
+            if resumed:
+                self.fs.apply(p, version, tensors, self.alpha)
+            else:
+                self.fs.set_base(p, version, tensors)
+            log.info("learner=%s fragment=%d version=%d taken at start", self.settings.learner_id, p, version)
+        if self.unit.is_leader and self.client is not None:
+            settings = CommSettings(
+                quantizer=self.quantizer,
+                heartbeat_interval_s=self.heartbeat_interval_s,
+                poll_wait_s=self.settings.poll_wait_s,
+                bandwidth_limit=self.settings.bandwidth_limit,
+            )
+            self.comm = Communicator(
+                self.client,
+                self.plan,
+                settings,
+                versions=self.fs.versions(),
+                on_unknown_learner=self._reregister,
+            )
+            self.comm.start()
+
+    def _reregister(self) -> None:
+        self._register_once()
+
+    # ---- every step ----
+    def at_boundary(self, state: LoopState, step_tokens: int, stop: bool, step_time: float) -> bool:
+        t0 = time.perf_counter()
+        self._step = state.step
+        self.fs.advance(step_tokens)
+        arrivals = self.comm.take_arrivals() if self.comm else {}
+        stop, arrivals = self.unit.boundary(stop, arrivals, self.plan)
+        for p, (version, tensors) in sorted(arrivals.items()):
+            self.fs.apply(p, version, tensors, self.alpha)
+            log.info(
+                "learner=%s step=%d fragment=%d version=%d applied",
+                self.settings.learner_id,
+                state.step,
+                p,
+                version,
+            )
+        for p in self.fs.due():
+            if self.comm:
+                c = self.fs.take_contribution(p)
+                self.comm.submit(c)
+                log.info(
+                    "learner=%s step=%d fragment=%d version=%d outer gradient queued (%d steps)",
+                    self.settings.learner_id,
+                    state.step,
+                    p,
+                    c.base_version,
+                    c.steps,
+                )
+            else:
+                self.fs.mark_sent(p)
+        state.blocked_s += time.perf_counter() - t0
+        if self.comm:
+            pr = self.comm.progress
+            pr.step, pr.tokens, pr.step_time_s, pr.blocked_s = (
+                state.step,
+                state.tokens,
+                step_time,
+                state.blocked_s,
+            )
+            pr.fragment_steps = {i: c.steps for i, c in enumerate(self.fs.counters)}
+            pr.fragment_tokens = {i: c.tokens for i, c in enumerate(self.fs.counters)}
+            pr.eval_loss = state.eval_loss
+            if stop:
+                pr.state = "leaving"
+            if self.metrics:
+                self.metrics.set(bytes_sent=self.comm.bytes_sent, versions=self.fs.versions())
+        return stop
+
+    # ---- leaving ----
+    def close(self) -> None:
+        """Send what is pending (bounded), say goodbye, stop the threads."""
+        if self.comm is None or self.client is None:
+            return
+        flushed = self.comm.flush(self.settings.shutdown_timeout_s / 2)
+        self.comm.stop()
+        try:
+            budget = self.settings.shutdown_timeout_s / 4  # the whole goodbye stays within the timeout
+            self.client.heartbeat(self.comm.heartbeat(), timeout_s=budget)  # the final step and tokens
+            self.client.leave(timeout_s=budget)
+            log.info(
+                "learner=%s left the job (pending contributions flushed: %s)",
+                self.settings.learner_id,
+                flushed,
+            )
+        except (SyncUnavailable, SyncRejected) as exc:
+            log.warning("learner=%s could not announce leaving: %s", self.settings.learner_id, exc)
+        self.client.close()

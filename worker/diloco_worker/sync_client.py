@@ -1,0 +1,129 @@
+"""The HTTP client of the synchronizer API (routes and bodies: ``diloco_core.protocol``).
+
+Thin I/O only: every call either returns a parsed body or raises :class:`SyncUnavailable`
+(retry later: network failure, 5xx, 503) or :class:`SyncRejected` (the request itself was refused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from diloco_core import protocol as proto
+
+
+class SyncError(Exception):
+    """A call to the synchronizer failed."""
+
+
+class SyncUnavailable(SyncError):
+    """The synchronizer could not be reached or asked to retry."""
+
+
+class SyncRejected(SyncError):
+    """The synchronizer refused the request (``code`` from its ErrorBody)."""
+
+    def __init__(self, status: int, code: str, reason: str, current_version: int | None = None) -> None:
+        super().__init__(f"HTTP {status} {code}: {reason}")
+        self.status, self.code, self.reason, self.current_version = status, code, reason, current_version
+
+
+@dataclass(frozen=True)
+class GlobalFragment:
+    fragment: int
+    version: int
+    payload: bytes
+
+
+def _raise_for(resp: httpx.Response) -> None:
+    if resp.status_code < 400:
+        return
+    try:
+        body = proto.ErrorBody.model_validate(resp.json())
+        code, reason, retryable, current = body.code, body.reason, body.retryable, body.current_version
+    except (ValueError, TypeError):
+        code, reason, retryable, current = f"http_{resp.status_code}", resp.text[:200], False, None
+    if resp.status_code >= 500 or resp.status_code == 429 or retryable:
+        raise SyncUnavailable(f"HTTP {resp.status_code} {code}: {reason}")
+    raise SyncRejected(resp.status_code, code, reason, current)
+
+
+class SyncClient:
+    """One learner's connection to the synchronizer; safe to share between threads."""
+
+    def __init__(self, base_url: str, learner_id: str, token: str, *, timeout_s: float = 30.0) -> None:
+        self.learner_id = learner_id
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}", proto.LEARNER_HEADER: learner_id},
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            resp = self._http.request(method, proto.API_PREFIX + path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise SyncUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        _raise_for(resp)
+        return resp
+
+    def register(self, req: proto.RegisterRequest) -> proto.RegisterResponse:
+        resp = self._request("POST", "/learners/register", json=req.model_dump(mode="json"))
+        return proto.RegisterResponse.model_validate(resp.json())
+
+    def heartbeat(self, hb: proto.Heartbeat, *, timeout_s: float | None = None) -> proto.HeartbeatResponse:
+        extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
+        resp = self._request(
+            "POST", f"/learners/{self.learner_id}/heartbeat", json=hb.model_dump(mode="json"), **extra
+        )
+        return proto.HeartbeatResponse.model_validate(resp.json())
+
+    def leave(self, *, timeout_s: float | None = None) -> None:
+        extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
+        self._request("POST", f"/learners/{self.learner_id}/leave", **extra)
+
+    def init_fragment(self, fragment: int, payload: bytes) -> proto.FragmentVersionInfo:
+        resp = self._request(
+            "PUT",
+            f"/fragments/{fragment}/init",
+            content=payload,
+            headers={"Content-Type": proto.CONTENT_TYPE},
+        )
+        return proto.FragmentVersionInfo.model_validate(resp.json())
+
+    def contribute(
+        self, fragment: int, payload: bytes, *, base_version: int, steps: int, tokens: int, seq: int
+    ) -> proto.ContributionResult:
+        resp = self._request(
+            "POST",
+            f"/fragments/{fragment}/contributions",
+            params={"base_version": base_version, "steps": steps, "tokens": tokens, "seq": seq},
+            content=payload,
+            headers={"Content-Type": proto.CONTENT_TYPE},
+        )
+        return proto.ContributionResult.model_validate(resp.json())
+
+    def fetch(self, fragment: int, *, newer_than: int, wait_s: float) -> GlobalFragment | None:
+        """The newest global version of ``fragment`` if newer than ``newer_than`` (long-poll ``wait_s``)."""
+        resp = self._request(
+            "GET",
+            f"/fragments/{fragment}",
+            params={"newer_than": newer_than, "wait": wait_s},
+            timeout=httpx.Timeout(wait_s + 30.0, connect=5.0),
+        )
+        if resp.status_code == 304:
+            return None
+        try:
+            version = int(resp.headers[proto.VERSION_HEADER])
+        except (KeyError, ValueError) as exc:
+            raise SyncRejected(
+                resp.status_code, "bad_response", f"missing {proto.VERSION_HEADER} header"
+            ) from exc
+        return GlobalFragment(fragment, version, resp.content)
+
+    def status(self) -> proto.StatusResponse:
+        return proto.StatusResponse.model_validate(self._request("GET", "/status").json())
