@@ -15,6 +15,13 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "sync-ingest": ("diloco_bench.sync_ingest", "synchronizer ingest throughput, latency, merge time vs raw baseline"),
     "worker": ("diloco_bench.worker", "learner tokens/s with DiLoCo vs a plain training loop; blocked time"),
     "simulate": ("diloco_bench.simulate", "the paper's Table 1 next to the simulator's"),
+    "quality": ("diloco_bench.quality", "E1: held-out loss of data-parallel vs synchronous DiLoCo vs decoupled"),
+    "bandwidth": ("diloco_bench.bandwidth", "E2: bytes on the wire per token, mean and peak, vs data-parallel"),
+    "codecs": ("diloco_bench.codecs", "E3: loss vs bytes for fp32/bf16/int8/int4/e3m0 outer gradients"),
+    "hetero": ("diloco_bench.hetero", "E4: mixed hardware, K=all vs K=1 vs K=1 + grace: goodput and loss"),
+    "chaos": ("diloco_bench.chaos", "E5: goodput under learner failures with real processes, decoupled vs ddp"),
+    "merge-rule": ("diloco_bench.merge_rule", "E7: mean vs RDA at M = 4, 8, 16: merged norm and loss"),
+    "gpu": ("diloco_bench.gpu", "tokens/s and a short run of a larger model on CUDA (skips without a GPU)"),
 }
 
 

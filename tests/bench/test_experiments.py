@@ -1,0 +1,128 @@
+"""Each experiment runs end to end from its ``main`` at a tiny size and prints its table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from diloco_bench import bandwidth, chaos, codecs, gpu, hetero, merge_rule, quality
+
+TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch-size", "2"]
+
+
+@pytest.mark.slow
+def test_quality_prints_one_row_per_method(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "q.json"
+    assert quality.main([*TINY, "--steps", "8", "--inner-steps", "4", "--seeds", "0,1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for name in ("data-parallel (fp32)", "DiLoCo sync (fp32)", "decoupled (int4)"):
+        assert f"| {name} |" in text
+    data = json.loads(out.read_text())
+    assert [len(v) for v in data.values()] == [2, 2, 2]
+    assert all(r["eval_loss"] > 0 for v in data.values() for r in v)
+
+
+@pytest.mark.slow
+def test_bandwidth_ranks_data_parallel_as_the_heaviest(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "b.json"
+    assert bandwidth.main([*TINY, "--steps", "4", "--inner-steps", "4", "--learners", "2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    per_token = {r["method"]: sum(r["bytes_up"]) / r["tokens"] for r in rows}
+    assert max(per_token, key=per_token.__getitem__) == "data-parallel (fp32)"
+    assert per_token["decoupled (int4)"] < per_token["decoupled (bf16)"] < per_token["decoupled (fp32)"]
+    assert "vs DP fp32" in capsys.readouterr().out
+
+
+def test_bandwidth_refuses_a_run_too_short_to_sync() -> None:
+    with pytest.raises(SystemExit):
+        bandwidth.main(["--steps", "4", "--inner-steps", "16"])
+
+
+@pytest.mark.slow
+def test_codecs_table_lists_the_unmeasured_low_bit_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    assert codecs.main([*TINY, "--steps", "4", "--learners", "2", "--codecs", "fp32,int4"]) == 0
+    text = capsys.readouterr().out
+    assert "| int4 |" in text
+    assert "| 2-bit | not measured |" in text
+
+
+def test_experiments_refuse_fewer_inner_steps_than_fragments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        quality.main(["--inner-steps", "2"])
+    assert "--inner-steps must be at least 4" in capsys.readouterr().err
+
+
+def test_codecs_rejects_an_unknown_codec() -> None:
+    with pytest.raises(SystemExit):
+        codecs.main(["--codecs", "int3"])
+
+
+@pytest.mark.slow
+def test_hetero_lock_step_loses_goodput(tmp_path: Path) -> None:
+    out = tmp_path / "h.json"
+    assert hetero.main([*TINY, "--steps", "8", "--inner-steps", "4", "--learners", "4", "--seeds", "0", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["K=all"][0]["goodput"] < 0.99
+    assert data["K=1 + grace"][0]["goodput"] == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_merge_rule_reports_norm_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    assert merge_rule.main([*TINY, "--steps", "8", "--inner-steps", "4", "--learners", "2,4"]) == 0
+    text = capsys.readouterr().out
+    assert "| rda | 4 | 1.000 |" in text
+    assert "| mean | 4 |" in text
+
+
+def test_chaos_loss_at_takes_the_last_sample_before_the_instant() -> None:
+    losses = [(1.0, 5.0), (2.0, 4.0), (3.0, 3.5)]
+    assert chaos.loss_at(losses, 2.5) == 4.0
+    assert chaos.loss_at(losses, 0.5) is None
+
+
+def test_chaos_compares_modes_at_the_shortest_run() -> None:
+    fast = {"mode": "decoupled", "goodput": 0.97, "final_loss": 3.0, "kills": 2, "tokens": 1000,
+            "duration_s": 10.0, "losses": [(5.0, 4.0), (10.0, 3.0)]}  # fmt: skip
+    slow = {"mode": "ddp", "goodput": 0.6, "final_loss": 3.2, "kills": 2, "tokens": 1000,
+            "duration_s": 20.0, "losses": [(9.0, 4.5), (20.0, 3.2)]}  # fmt: skip
+    broken = {"mode": "diloco-sync", "error": "exit 2: not supported", "wall_s": 1.0}
+    text = chaos.report([fast, slow, broken])
+    assert "loss at 10 s" in text
+    assert "| ddp | 60.0% | 3.2000 | 4.5000 |" in text
+    assert "| diloco-sync | did not run |" in text
+
+
+def test_chaos_rejects_an_unknown_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    assert chaos.main(["--modes", "allreduce"]) == 2
+    assert "unknown mode" in capsys.readouterr().err
+
+
+def test_chaos_passes_the_same_failure_schedule_to_every_mode(tmp_path: Path) -> None:
+    a = chaos.build_parser().parse_args(["--seed", "7", "--mtbf", "12", "--repair", "3"])
+    cmds = [chaos.run_command(mode, a, tmp_path) for mode in ("decoupled", "ddp")]
+    for flag, value in (("--seed", "7"), ("--mtbf", "12.0"), ("--repair", "3.0")):
+        assert all(c[c.index(flag) + 1] == value for c in cmds)
+    assert [c[c.index("--mode") + 1] for c in cmds] == ["decoupled", "ddp"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_chaos_runs_the_local_runner_and_reads_its_report(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    argv = ["--modes", "decoupled", "--learners", "2", "--max-steps", "12", "--mtbf", "0", "--time-limit", "120",
+            "--runs-dir", str(tmp_path / "runs"), "--json", str(out), "--", "--inner-steps", "4", "--eval-every", "4"]
+    assert chaos.main(argv) == 0
+    (summary,) = json.loads(out.read_text())
+    assert summary["mode"] == "decoupled"
+    assert summary["kills"] == 0
+    assert 0.0 < summary["goodput"] <= 1.0
+    assert summary["tokens"] > 0
+    assert (tmp_path / "runs" / "decoupled").is_dir()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message printed without a GPU")
+def test_gpu_skips_with_a_clear_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpu.main([]) == 0
+    assert "no CUDA device" in capsys.readouterr().out
