@@ -1,0 +1,223 @@
+"""Pure builders of a DiLoCoJob's children: plain dicts, ready to be applied.
+
+Children of job ``J`` in namespace ``N``:
+
+- Secret ``J-secret`` (key ``job-secret``): the job secret, generated once by the operator.
+- ConfigMap ``J-config``: ``job.json`` (a ``diloco_core.config.JobConfig``) and ``storage.json``
+  (a ``diloco_core.config.StorageSettings``), mounted at ``/etc/diloco``.
+- Per synchronizer shard ``i``: Deployment + Service ``J-sync`` (shard 0) or ``J-sync-i``.
+- Per learner unit ``U``: StatefulSet + headless Service + PodDisruptionBudget ``J-U``.
+
+A learner's identity is its pod name (``J-U-0`` …), given to the container as
+``DILOCO_LEARNER_ID``. Learners receive the job secret (``DILOCO_JOB_SECRET``, from the Secret)
+and derive their own token with ``diloco_core.auth.learner_token(secret, learner_id)``, so one
+Secret serves every pod of a StatefulSet. See ``env.py`` for the full container environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from diloco_core.config import (
+    DataSettings,
+    DiLoCoSettings,
+    JobConfig,
+    ModelSettings,
+    StorageSettings,
+    TrainSettings,
+)
+
+from diloco_operator import env
+from diloco_operator.models import DiLoCoJobSpec, LearnerUnit
+
+GROUP = "diloco.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DiLoCoJob"
+PLURAL = "dilocojobs"
+
+JOB_LABEL = "diloco.dev/job"
+UNIT_LABEL = "diloco.dev/unit"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+SHARD_LABEL = "diloco.dev/shard"
+CONFIG_HASH_ANNOTATION = "diloco.dev/config-hash"
+MANAGED_BY = "diloco-operator"
+
+RUN_AS_USER = 10001
+UNLIMITED_STEPS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The identity of the custom resource that owns the children."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+def secret_name(job: str) -> str:
+    return f"{job}-secret"
+
+
+def config_name(job: str) -> str:
+    return f"{job}-config"
+
+
+def sync_name(job: str, shard: int = 0) -> str:
+    return f"{job}-sync" if shard == 0 else f"{job}-sync-{shard}"
+
+
+def unit_name(job: str, unit: str) -> str:
+    return f"{job}-{unit}"
+
+
+def sync_url(job: JobRef, spec: DiLoCoJobSpec, shard: int = 0) -> str:
+    """The URL learners use to reach synchronizer ``shard`` (or the external synchronizer)."""
+    if spec.synchronizer.external is not None:
+        return spec.synchronizer.external.url.rstrip("/")
+    return f"http://{sync_name(job.name, shard)}.{job.namespace}.svc:{env.SYNC_PORT}"
+
+
+def labels(job: str, component: str, **extra: str) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "diloco",
+        "app.kubernetes.io/instance": job,
+        COMPONENT_LABEL: component,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        JOB_LABEL: job,
+    }
+    out.update(extra)
+    return out
+
+
+def owner_reference(job: JobRef) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(job: JobRef, name: str, component: str, **extra: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": labels(job.name, component, **extra),
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def build_job_config(job: JobRef, spec: DiLoCoJobSpec) -> JobConfig:
+    """The ``JobConfig`` every synchronizer and learner of the job reads from the ConfigMap."""
+    d = spec.diloco
+    return JobConfig(
+        job_id=job.name,
+        diloco=DiLoCoSettings(
+            inner_steps=d.inner_steps,
+            fragments=d.fragments,
+            overlap=d.overlap,
+            quorum=d.quorum,
+            grace_gamma=d.grace_gamma,
+            outer_lr=d.outer_lr,
+            outer_momentum=d.outer_momentum,
+            codec=d.codec,
+            mixing_alpha=d.mixing_alpha,
+            merge_rule=d.merge_rule,
+            token_weighting=d.token_weighting,
+            max_staleness=d.max_staleness,
+            heartbeat_timeout_s=d.heartbeat_timeout_seconds,
+        ),
+        model=ModelSettings(**spec.model.model_dump()),
+        train=TrainSettings(**spec.train.model_dump(), max_steps=spec.budget.steps or UNLIMITED_STEPS),
+        data=DataSettings(**spec.data.model_dump()),
+    )
+
+
+def build_storage_settings(spec: DiLoCoJobSpec) -> StorageSettings:
+    s = spec.storage
+    return StorageSettings(url=s.url, endpoint_url=s.endpoint, region=s.region)
+
+
+def build_secret(job: JobRef, job_secret: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(job, secret_name(job.name), "secret"),
+        "type": "Opaque",
+        "stringData": {env.JOB_SECRET_KEY: job_secret},
+    }
+
+
+def build_config_map(job: JobRef, spec: DiLoCoJobSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(job, config_name(job.name), "config"),
+        "data": {
+            env.CONFIG_KEY: build_job_config(job, spec).model_dump_json(indent=2),
+            env.STORAGE_KEY: build_storage_settings(spec).model_dump_json(indent=2),
+        },
+    }
+
+
+def config_hash(config_map: dict[str, Any]) -> str:
+    """A short digest of the ConfigMap's data; a change rolls the pods that read it."""
+    blob = json.dumps(config_map["data"], sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def config_volumes(job: str) -> list[dict[str, Any]]:
+    return [
+        {"name": "config", "configMap": {"name": config_name(job)}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+
+
+def config_mounts() -> list[dict[str, Any]]:
+    return [
+        {"name": "config", "mountPath": env.CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+
+
+def http_probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def unit_resources(unit: LearnerUnit) -> dict[str, Any]:
+    """The unit's resources, with ``gpus`` added as ``nvidia.com/gpu`` requests and limits."""
+    resources: dict[str, Any] = {k: dict(v) for k, v in unit.resources.items()}
+    if unit.gpus:
+        for part in ("requests", "limits"):
+            resources.setdefault(part, {})["nvidia.com/gpu"] = unit.gpus
+    return resources

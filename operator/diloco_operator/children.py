@@ -1,0 +1,35 @@
+"""The full desired state of a job: every child except the Secret, in apply order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diloco_operator.build import JobRef, build_config_map, config_hash
+from diloco_operator.learners import build_unit
+from diloco_operator.models import DiLoCoJobSpec
+from diloco_operator.synchronizer import build_sync_deployment, build_sync_service
+
+
+def build_children(
+    job: JobRef,
+    spec: DiLoCoJobSpec,
+    *,
+    learners_stopped: bool = False,
+    down_units: frozenset[str] = frozenset(),
+) -> list[dict[str, Any]]:
+    """Every child the job should have except the Secret (which holds a generated value).
+
+    ``learners_stopped`` (job finished) scales all learner units to zero; ``suspend`` in the
+    spec scales the synchronizer too; ``down_units`` (chaos repair) scales those units to zero.
+    """
+    config_map = build_config_map(job, spec)
+    digest = config_hash(config_map)
+    children: list[dict[str, Any]] = [config_map]
+    if spec.synchronizer.external is None:
+        for shard in range(spec.synchronizer.shards):
+            children.append(build_sync_deployment(job, spec, shard, digest))
+            children.append(build_sync_service(job, shard))
+    for unit in spec.learner_units:
+        stopped = spec.suspend or learners_stopped or unit.name in down_units
+        children.extend(build_unit(job, spec, unit, digest, stopped=stopped))
+    return children

@@ -1,0 +1,51 @@
+"""``diloco operator``: run the DiLoCoJob operator (kopf) against the cluster in the kubeconfig.
+
+Two replicas never fight: kopf peering (``ClusterKopfPeering``, or ``KopfPeering`` with
+``--namespace``, CRDs in crds/kopfpeerings.kopf.dev.yaml, the object in operator/peering.yaml)
+lets only the replica with the highest priority handle jobs; the others pause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+import kopf
+
+from diloco_operator.settings import settings_from_env
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="diloco operator", description=__doc__.splitlines()[0])
+    p.add_argument("--namespace", "-n", action="append", default=[],
+                   help="watch only this namespace (repeatable); default: all namespaces")
+    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+                   help="liveness endpoint URL ('' disables)")
+    p.add_argument("--peering", default="diloco-operator", help="name of the kopf peering object")
+    p.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    p.add_argument("--standalone", action="store_true", help="no peering: for a single replica or tests")
+    p.add_argument("--verbose", "-v", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    try:
+        settings_from_env()  # fail now, with the variable's name, rather than inside kopf
+    except ValueError as exc:
+        print(f"diloco operator: {exc}")
+        return 2
+    import diloco_operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=args.verbose)
+    logging.getLogger("diloco_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    asyncio.run(kopf.operator(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness or None,
+        peering_name=None if args.standalone else args.peering,
+        standalone=args.standalone,
+        priority=args.priority,
+    ))
+    return 0

@@ -1,0 +1,146 @@
+"""kopf handlers: thin glue around ``reconcile``.
+
+One level-based reconcile serves create, update and resume; a timer runs the same reconcile
+every ``DILOCO_OPERATOR_RESYNC_SECONDS`` to repair drift, refresh the status and drive chaos.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+
+from diloco_operator.build import API_VERSION, GROUP, JOB_LABEL, KIND, PLURAL, UNIT_LABEL, VERSION, JobRef
+from diloco_operator.kube import Kube
+from diloco_operator.metrics import OperatorMetrics
+from diloco_operator.reconcile import Outcome, StatusFetcher, reconcile
+from diloco_operator.settings import OperatorSettings, settings_from_env
+from diloco_operator.status import PodWatch
+from diloco_operator.syncstatus import http_fetcher
+
+log = logging.getLogger(__name__)
+
+# kopf needs the timer interval when the module is imported.
+RESYNC_SECONDS = settings_from_env().resync_seconds
+# Retry delay of a reconcile that failed on an API error (kopf's default is a minute).
+BACKOFF_SECONDS = 5.0
+
+
+@dataclass
+class Context:
+    """Everything the handlers share, built once at start-up and kept in kopf's memo."""
+
+    settings: OperatorSettings
+    kube: Kube
+    fetch: StatusFetcher
+    metrics: OperatorMetrics
+    rng: random.Random
+    pods: PodWatch
+
+
+def new_api_client() -> client.ApiClient:
+    """In a pod: its service account; elsewhere: $KUBECONFIG (read now, not at import)."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In-cluster service account, else $KUBECONFIG as it is set when the operator starts."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    ours = settings_from_env()
+    settings.persistence.finalizer = f"{GROUP}/operator"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.posting.level = logging.WARNING  # our own events, not every log line
+    metrics = OperatorMetrics()
+    if ours.metrics_port:
+        metrics.serve(ours.metrics_port)
+    memo.ctx = Context(ours, Kube(new_api_client()), http_fetcher(ours.status_timeout_seconds), metrics,
+                       random.Random(ours.chaos_seed), PodWatch())
+    log.info("operator started: resync every %ss, metrics port %s", ours.resync_seconds, ours.metrics_port)
+
+
+@kopf.on.probe(id="api")
+def probe(memo: kopf.Memo, **_: Any) -> str:
+    """Liveness: kopf serves the endpoint once its watches run; this adds a live API round trip."""
+    memo.ctx.kube.ping()
+    return "ok"
+
+
+def run(ctx: Context, trigger: str, body: kopf.Body, patch: kopf.Patch, *, chaos: bool) -> Outcome:
+    meta = body["metadata"]
+    job = JobRef(meta["name"], meta["namespace"], meta["uid"])
+    outcome = reconcile(
+        ctx.kube, job, body.get("spec") or {}, dict(body.get("status") or {}),
+        now=datetime.now(UTC), fetch=ctx.fetch, generation=meta.get("generation"),
+        sync_url_override=ctx.settings.sync_url, rng=ctx.rng if chaos else None,
+    )
+    patch.status.update(outcome.status)
+    for ev in outcome.events:
+        kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
+        if ev.reason == "ChaosKill":
+            ctx.metrics.chaos_kills.inc()
+    for action, n in (("created", outcome.created), ("restored", outcome.repaired), ("deleted", outcome.deleted)):
+        if n:
+            ctx.metrics.children.labels(action).inc(n)
+    ctx.metrics.set_phase(job.namespace, job.name, str(outcome.status.get("phase")))
+    ctx.metrics.reconciles.labels(trigger, "invalid" if outcome.invalid else "ok").inc()
+    return outcome
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, backoff=BACKOFF_SECONDS)
+@kopf.on.create(GROUP, VERSION, PLURAL, backoff=BACKOFF_SECONDS)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", backoff=BACKOFF_SECONDS)
+def on_change(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, reason: str, **_: Any) -> None:
+    outcome = run(memo.ctx, str(reason), body, patch, chaos=False)
+    if outcome.invalid:
+        # The status and the event say what to change; retrying cannot help until the spec changes.
+        raise kopf.PermanentError(outcome.invalid)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS,
+            backoff=BACKOFF_SECONDS)
+def resync(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    if body["metadata"].get("deletionTimestamp"):
+        return  # the garbage collector is removing the children; do not recreate them
+    run(memo.ctx, "timer", body, patch, chaos=True)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def on_delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Children go with the garbage collector (owner references); only our metrics need forgetting."""
+    memo.ctx.metrics.forget(body["metadata"]["namespace"], body["metadata"]["name"])
+
+
+@kopf.on.event("", "v1", "pods",
+               labels={"app.kubernetes.io/managed-by": "diloco-operator", "app.kubernetes.io/component": "learner"})
+def on_learner_pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """Report a learner unit losing a pod and getting it back, as it happens."""
+    obj: dict[str, Any] = dict(event["object"])
+    meta: dict[str, Any] = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = obj.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    deleted = event["type"] == "DELETED" or bool(meta.get("deletionTimestamp"))
+    ev = memo.ctx.pods.observe(f"{meta.get('namespace')}/{meta.get('name')}", labels.get(UNIT_LABEL, ""),
+                               phase=str(status.get("phase")), ready=ready, deleted=deleted)
+    job_name = labels.get(JOB_LABEL)
+    if ev is None or not job_name:
+        return
+    job = memo.ctx.kube.get(API_VERSION, KIND, meta["namespace"], job_name)
+    if job is not None:
+        kopf.event(kopf.Body(job), type=ev.type, reason=ev.reason, message=ev.message)

@@ -1,0 +1,134 @@
+"""Thin I/O: read, apply (server-side apply), list and delete plain-dict objects.
+
+Every object is a dict with ``apiVersion``, ``kind`` and ``metadata``; the only knowledge of the
+API here is the table of resource paths of the kinds the operator manages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+FIELD_MANAGER = "diloco-operator"
+
+_PLURALS: dict[tuple[str, str], str] = {
+    ("v1", "Secret"): "secrets",
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Service"): "services",
+    ("v1", "Pod"): "pods",
+    ("apps/v1", "Deployment"): "deployments",
+    ("apps/v1", "StatefulSet"): "statefulsets",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("diloco.dev/v1alpha1", "DiLoCoJob"): "dilocojobs",
+}
+
+
+def collection_path(api_version: str, kind: str, namespace: str) -> str:
+    plural = _PLURALS[(api_version, kind)]
+    root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{root}/namespaces/{namespace}/{plural}"
+
+
+def object_path(obj: Mapping[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{collection_path(obj['apiVersion'], obj['kind'], meta['namespace'])}/{meta['name']}"
+
+
+class Kube:
+    """The handful of calls the operator makes, on plain dicts."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api = api_client
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        resp = self.api.call_api(
+            path, method, query_params=query or [], header_params=headers, body=body,
+            auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+            _request_timeout=30,
+        )
+        data = resp.data
+        return json.loads(data) if data else {}
+
+    def ping(self) -> None:
+        """One cheap request that needs the same permission as the operator's watch."""
+        self._call("GET", "/apis/diloco.dev/v1alpha1/dilocojobs", query=[("limit", "1")])
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        path = f"{collection_path(api_version, kind, namespace)}/{name}"
+        try:
+            return self._call("GET", path)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        query = [("labelSelector", ",".join(f"{k}={v}" for k, v in sorted(selector.items())))]
+        items = self._call("GET", collection_path(api_version, kind, namespace), query=query).get("items", [])
+        for item in items:  # list items carry no apiVersion/kind
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return list(items)
+
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply, forcing our fields back (a hand edit of them is undone)."""
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        return self._call("PATCH", object_path(obj), query=query, body=dict(obj),
+                          content_type="application/apply-patch+yaml")
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create; None when it already exists."""
+        meta = obj["metadata"]
+        try:
+            return self._call("POST", collection_path(obj["apiVersion"], obj["kind"], meta["namespace"]),
+                              query=[("fieldManager", FIELD_MANAGER)], body=dict(obj))
+        except ApiException as exc:
+            if exc.status == 409:
+                return None
+            raise
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str, *, grace: int | None = None) -> bool:
+        """Delete (children in the background); False when it was already gone."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if grace is not None:
+            body["gracePeriodSeconds"] = grace
+        path = f"{collection_path(api_version, kind, namespace)}/{name}"
+        try:
+            self._call("DELETE", path, body=body)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+
+def is_subset(desired: Any, actual: Any) -> bool:
+    """Whether every field we set is present in ``actual`` with the same value.
+
+    Fields the apiserver adds (defaults, status, managed fields) are ignored; lists must match in
+    length so that a removed item (an env variable, a toleration) counts as drift.
+    """
+    if isinstance(desired, Mapping):
+        return isinstance(actual, Mapping) and all(is_subset(v, actual.get(k)) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list)
+            and len(desired) == len(actual)
+            and all(is_subset(d, a) for d, a in zip(desired, actual, strict=True))
+        )
+    if isinstance(desired, int | float) and isinstance(actual, str):
+        return str(desired) == actual  # quantities such as nvidia.com/gpu: 1 come back as "1"
+    return bool(desired == actual)

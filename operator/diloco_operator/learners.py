@@ -1,0 +1,163 @@
+"""Pure builders of a learner unit: StatefulSet, headless Service and PodDisruptionBudget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diloco_operator import env
+from diloco_operator.build import (
+    CONFIG_HASH_ANNOTATION,
+    JOB_LABEL,
+    UNIT_LABEL,
+    JobRef,
+    config_mounts,
+    config_volumes,
+    container_security_context,
+    http_probe,
+    labels,
+    metadata,
+    pod_security_context,
+    secret_name,
+    sync_url,
+    unit_name,
+    unit_resources,
+)
+from diloco_operator.models import DiLoCoJobSpec, LearnerUnit
+
+COMPONENT = "learner"
+REGION_LABEL = "topology.kubernetes.io/region"
+# SIGTERM: finish the step, send what is due, checkpoint and leave the quorum.
+TERMINATION_GRACE_SECONDS = 120
+
+
+def selector(job: str, unit: str) -> dict[str, str]:
+    return {JOB_LABEL: job, "app.kubernetes.io/component": COMPONENT, UNIT_LABEL: unit}
+
+
+def learner_env(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit) -> list[dict[str, Any]]:
+    name = unit_name(job.name, unit.name)
+    out = [
+        env.value("DILOCO_JOB_ID", job.name),
+        env.value("DILOCO_UNIT", unit.name),
+        env.field_ref("DILOCO_LEARNER_ID", "metadata.name"),
+        env.field_ref("DILOCO_NAMESPACE", "metadata.namespace"),
+        env.value("DILOCO_SYNC_URL", sync_url(job, spec)),
+        env.job_secret_env(spec, secret_name(job.name)),
+        *env.config_env(),
+        env.value("DILOCO_CHECKPOINT_DIR", "/tmp/checkpoints"),
+        env.value("DILOCO_CHECKPOINT_URL", f"{spec.storage.url}/checkpoints"),
+        env.value("DILOCO_BATCH_SIZE", unit.batch_size),
+        env.value("WORLD_SIZE", unit.replicas),
+        env.value("MASTER_ADDR", f"{name}-0.{name}.{job.namespace}.svc"),
+        env.value("MASTER_PORT", env.DIST_PORT),
+        env.value("DILOCO_HEALTH_HOST", "0.0.0.0"),
+        env.value("DILOCO_HEALTH_PORT", env.HEALTH_PORT),
+        *env.storage_env(spec),
+    ]
+    if unit.region:
+        out.append(env.value("DILOCO_REGION", unit.region))
+    return out
+
+
+def pod_placement(unit: LearnerUnit) -> dict[str, Any]:
+    """nodeSelector (with the unit's region), affinity and tolerations of the unit's pods."""
+    node_selector = dict(unit.node_selector)
+    if unit.region:
+        node_selector[REGION_LABEL] = unit.region
+    placement: dict[str, Any] = {}
+    if node_selector:
+        placement["nodeSelector"] = node_selector
+    if unit.affinity:
+        placement["affinity"] = unit.affinity
+    if unit.tolerations:
+        placement["tolerations"] = unit.tolerations
+    return placement
+
+
+def build_pod_template(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, digest: str) -> dict[str, Any]:
+    container = {
+        "name": "learner",
+        "image": spec.images.worker,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": ["diloco", "worker"],
+        "ports": [
+            {"name": "health", "containerPort": env.HEALTH_PORT},
+            {"name": "dist", "containerPort": env.DIST_PORT},
+        ],
+        "env": learner_env(job, spec, unit),
+        "resources": unit_resources(unit),
+        "livenessProbe": http_probe("/healthz", "health", 15, 8),
+        "readinessProbe": http_probe("/readyz", "health", 10, 3),
+        "securityContext": container_security_context(),
+        "volumeMounts": config_mounts(),
+    }
+    return {
+        "metadata": {
+            "labels": labels(job.name, COMPONENT, **{UNIT_LABEL: unit.name}),
+            "annotations": {CONFIG_HASH_ANNOTATION: digest},
+        },
+        "spec": {
+            "automountServiceAccountToken": False,
+            "securityContext": pod_security_context(),
+            "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+            "containers": [container],
+            "volumes": config_volumes(job.name),
+            **pod_placement(unit),
+        },
+    }
+
+
+def build_statefulset(
+    job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, digest: str, *, stopped: bool
+) -> dict[str, Any]:
+    name = unit_name(job.name, unit.name)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata(job, name, COMPONENT, **{UNIT_LABEL: unit.name}),
+        "spec": {
+            "replicas": 0 if stopped else unit.replicas,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate"},
+            "selector": {"matchLabels": selector(job.name, unit.name)},
+            "template": build_pod_template(job, spec, unit, digest),
+        },
+    }
+
+
+def build_headless_service(job: JobRef, unit: LearnerUnit) -> dict[str, Any]:
+    """Stable DNS names for the unit's pods (the torch.distributed rendezvous)."""
+    name = unit_name(job.name, unit.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(job, name, COMPONENT, **{UNIT_LABEL: unit.name}),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector(job.name, unit.name),
+            "ports": [{"name": "dist", "port": env.DIST_PORT, "targetPort": "dist", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_pdb(job: JobRef, unit: LearnerUnit) -> dict[str, Any]:
+    """Voluntary disruptions (drains) take a unit's pods one at a time."""
+    name = unit_name(job.name, unit.name)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(job, name, COMPONENT, **{UNIT_LABEL: unit.name}),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(job.name, unit.name)}},
+    }
+
+
+def build_unit(
+    job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, digest: str, *, stopped: bool
+) -> list[dict[str, Any]]:
+    return [
+        build_headless_service(job, unit),
+        build_statefulset(job, spec, unit, digest, stopped=stopped),
+        build_pdb(job, unit),
+    ]

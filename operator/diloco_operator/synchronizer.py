@@ -1,0 +1,99 @@
+"""Pure builders of the synchronizer's Deployment and Service (one pair per shard)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diloco_operator import env
+from diloco_operator.build import (
+    CONFIG_HASH_ANNOTATION,
+    JOB_LABEL,
+    SHARD_LABEL,
+    JobRef,
+    config_mounts,
+    config_volumes,
+    container_security_context,
+    http_probe,
+    labels,
+    metadata,
+    pod_security_context,
+    secret_name,
+    sync_name,
+    sync_url,
+)
+from diloco_operator.models import DiLoCoJobSpec
+
+COMPONENT = "synchronizer"
+
+
+def selector(job: str, shard: int) -> dict[str, str]:
+    return {JOB_LABEL: job, "app.kubernetes.io/component": COMPONENT, SHARD_LABEL: str(shard)}
+
+
+def sync_env(job: JobRef, spec: DiLoCoJobSpec, shard: int) -> list[dict[str, Any]]:
+    shards = spec.synchronizer.shards
+    urls = ",".join(sync_url(job, spec, i) for i in range(shards))
+    return [
+        env.value("DILOCO_JOB_ID", job.name),
+        env.job_secret_env(spec, secret_name(job.name)),
+        *env.config_env(),
+        env.value("DILOCO_STORAGE", spec.storage.url),
+        env.value("DILOCO_HOST", "0.0.0.0"),
+        env.value("DILOCO_PORT", env.SYNC_PORT),
+        env.value("DILOCO_SHARD_INDEX", shard),
+        env.value("DILOCO_NUM_SHARDS", shards),
+        env.value("DILOCO_SHARD_URLS", urls),
+        *env.storage_env(spec),
+    ]
+
+
+def build_sync_deployment(job: JobRef, spec: DiLoCoJobSpec, shard: int, digest: str) -> dict[str, Any]:
+    """One synchronizer shard. ``Recreate``: a shard must never have two writers to storage."""
+    replicas = 0 if spec.suspend else 1
+    pod_labels = labels(job.name, COMPONENT, **{SHARD_LABEL: str(shard)})
+    container = {
+        "name": "synchronizer",
+        "image": spec.images.synchronizer,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": ["diloco", "synchronizer"],
+        "ports": [{"name": "http", "containerPort": env.SYNC_PORT}],
+        "env": sync_env(job, spec, shard),
+        "resources": spec.synchronizer.resources,
+        "livenessProbe": http_probe("/healthz", "http", 10, 6),
+        "readinessProbe": http_probe("/readyz", "http", 5, 3),
+        "securityContext": container_security_context(),
+        "volumeMounts": config_mounts(),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(job, sync_name(job.name, shard), COMPONENT, **{SHARD_LABEL: str(shard)}),
+        "spec": {
+            "replicas": replicas,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector(job.name, shard)},
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": {CONFIG_HASH_ANNOTATION: digest}},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "securityContext": pod_security_context(),
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [container],
+                    "volumes": config_volumes(job.name),
+                },
+            },
+        },
+    }
+
+
+def build_sync_service(job: JobRef, shard: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(job, sync_name(job.name, shard), COMPONENT, **{SHARD_LABEL: str(shard)}),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(job.name, shard),
+            "ports": [{"name": "http", "port": env.SYNC_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }

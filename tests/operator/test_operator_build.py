@@ -1,0 +1,150 @@
+"""Pure builders of the job's children, checked against golden YAML and for key properties."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from diloco_core.config import JobConfig
+from diloco_operator.build import JobRef, build_secret
+from diloco_operator.children import build_children
+from diloco_operator.models import DiLoCoJobSpec, parse_spec
+
+from tests.operator.golden import check_golden
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+JOB = JobRef("gpt-small", "research", "0c6f3c3e-1111-2222-3333-444455556666")
+
+
+def example(name: str, index: int = 0) -> tuple[str, DiLoCoJobSpec]:
+    doc = [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d][index]
+    return doc["metadata"]["name"], parse_spec(doc["spec"])
+
+
+def by_kind(children: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [c for c in children if c["kind"] == kind]
+
+
+def env_of(obj: dict[str, Any]) -> dict[str, Any]:
+    container = obj["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_single_region_golden() -> None:
+    name, spec = example("single-region.yaml")
+    job = JobRef(name, "research", JOB.uid)
+    check_golden("single-region", [build_secret(job, "not-a-real-secret"), *build_children(job, spec)])
+
+
+def test_external_synchronizer_golden() -> None:
+    name, spec = example("multi-region.yaml", 1)
+    check_golden("multi-region-b", build_children(JobRef(name, "research", JOB.uid), spec))
+
+
+def test_suspended_and_down_units_golden() -> None:
+    _, spec = example("single-region.yaml")
+    suspended = spec.model_copy(update={"suspend": True})
+    check_golden("suspended", by_kind(build_children(JOB, suspended), "StatefulSet")
+                 + by_kind(build_children(JOB, suspended), "Deployment"))
+
+
+def test_children_per_unit_and_owner_references() -> None:
+    _, spec = example("single-region.yaml")
+    children = build_children(JOB, spec)
+    names = sorted((c["kind"], c["metadata"]["name"]) for c in children)
+    units = [u.name for u in spec.learner_units]
+    expected = [("ConfigMap", "gpt-small-config"), ("Deployment", "gpt-small-sync"), ("Service", "gpt-small-sync")]
+    for unit in units:
+        expected += [(k, f"gpt-small-{unit}") for k in ("PodDisruptionBudget", "Service", "StatefulSet")]
+    assert names == sorted(expected)
+    for child in children:
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner == {"apiVersion": "diloco.dev/v1alpha1", "kind": "DiLoCoJob", "name": "gpt-small",
+                         "uid": JOB.uid, "controller": True, "blockOwnerDeletion": True}
+        assert child["metadata"]["namespace"] == "research"
+
+
+def test_config_map_holds_a_valid_job_config() -> None:
+    _, spec = example("single-region.yaml")
+    (cm,) = by_kind(build_children(JOB, spec), "ConfigMap")
+    config = JobConfig.model_validate_json(cm["data"]["job.json"])
+    assert config.job_id == "gpt-small"
+    assert config.diloco.quorum == 2
+    assert config.diloco.inner_steps == 64
+    assert config.model.n_embd == 384
+
+
+def test_learner_pods_identity_token_and_placement() -> None:
+    _, spec = example("single-region.yaml")
+    sts = {s["metadata"]["name"]: s for s in by_kind(build_children(JOB, spec), "StatefulSet")}
+    a100 = sts["gpt-small-a100"]
+    env = env_of(a100)
+    assert env["DILOCO_LEARNER_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["DILOCO_SYNC_URL"] == "http://gpt-small-sync.research.svc:8080"
+    assert env["DILOCO_JOB_SECRET"] == {"secretKeyRef": {"name": "gpt-small-secret", "key": "job-secret"}}
+    assert env["AWS_SECRET_ACCESS_KEY"] == {"secretKeyRef": {"name": "diloco-s3", "key": "AWS_SECRET_ACCESS_KEY"}}
+    pod = a100["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["resources"]["requests"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": 1}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert {"livenessProbe", "readinessProbe"} <= set(container)
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert a100["spec"]["replicas"] == 2
+    assert sts["gpt-small-cpu"]["spec"]["template"]["spec"]["tolerations"][0]["key"] == "spot"
+
+
+def test_region_becomes_a_node_selector() -> None:
+    _, spec = example("multi-region.yaml", 0)
+    (sts, *_) = by_kind(build_children(JobRef("llm-a", "ns", "u"), spec), "StatefulSet")
+    assert sts["spec"]["template"]["spec"]["nodeSelector"] == {"topology.kubernetes.io/region": "region-a"}
+    assert env_of(sts)["DILOCO_REGION"] == "region-a"
+
+
+def test_external_synchronizer_starts_no_synchronizer() -> None:
+    name, spec = example("multi-region.yaml", 1)
+    children = build_children(JobRef(name, "ns", "u"), spec)
+    assert not by_kind(children, "Deployment")
+    env = env_of(by_kind(children, "StatefulSet")[0])
+    assert env["DILOCO_SYNC_URL"] == "https://diloco-sync.region-a.example.com"
+    assert env["DILOCO_JOB_SECRET"] == {"secretKeyRef": {"name": "llm-a-job-secret", "key": "job-secret"}}
+
+
+@pytest.mark.parametrize(("suspend", "stopped", "down", "expected"), [
+    (False, False, frozenset(), {"a100": 2, "h100": 1, "cpu": 1, "sync": 1}),
+    (True, False, frozenset(), {"a100": 0, "h100": 0, "cpu": 0, "sync": 0}),
+    (False, True, frozenset(), {"a100": 0, "h100": 0, "cpu": 0, "sync": 1}),
+    (False, False, frozenset({"h100"}), {"a100": 2, "h100": 0, "cpu": 1, "sync": 1}),
+])
+def test_replicas_follow_suspend_finish_and_repair(
+    suspend: bool, stopped: bool, down: frozenset[str], expected: dict[str, int]
+) -> None:
+    _, spec = example("single-region.yaml")
+    spec = spec.model_copy(update={"suspend": suspend})
+    children = build_children(JOB, spec, learners_stopped=stopped, down_units=down)
+    got = {c["metadata"]["name"].removeprefix("gpt-small-"): c["spec"]["replicas"]
+           for c in children if c["kind"] in ("StatefulSet", "Deployment")}
+    assert got == expected
+
+
+def test_config_change_rolls_pods() -> None:
+    _, spec = example("single-region.yaml")
+    before = by_kind(build_children(JOB, spec), "StatefulSet")[0]
+    changed = spec.model_copy(update={"diloco": spec.diloco.model_copy(update={"outer_lr": 0.5})})
+    after = by_kind(build_children(JOB, changed), "StatefulSet")[0]
+    key = "diloco.dev/config-hash"
+    assert before["spec"]["template"]["metadata"]["annotations"][key] != \
+        after["spec"]["template"]["metadata"]["annotations"][key]
+
+
+def test_shards_get_their_own_deployment_and_service() -> None:
+    _, spec = example("single-region.yaml")
+    spec = spec.model_copy(update={"synchronizer": spec.synchronizer.model_copy(update={"shards": 3})})
+    deployments = by_kind(build_children(JOB, spec), "Deployment")
+    assert [d["metadata"]["name"] for d in deployments] == ["gpt-small-sync", "gpt-small-sync-1", "gpt-small-sync-2"]
+    env = env_of(deployments[2])
+    assert env["DILOCO_SHARD_INDEX"] == "2"
+    assert env["DILOCO_SHARD_URLS"].count(",") == 2

@@ -1,0 +1,128 @@
+"""The CRD (crds/, the source of truth): structure, documentation, examples and the typed model."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from diloco_operator.models import DiLoCoJobSpec, parse_spec, validate_job
+from pydantic import BaseModel
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / "dilocojobs.diloco.dev.yaml"
+
+
+def crd() -> dict[str, Any]:
+    return dict(yaml.safe_load(CRD_PATH.read_text()))
+
+
+def version() -> dict[str, Any]:
+    (v,) = crd()["spec"]["versions"]
+    return dict(v)
+
+
+def schema() -> dict[str, Any]:
+    return dict(version()["schema"]["openAPIV3Schema"])
+
+
+def example_docs() -> list[tuple[str, dict[str, Any]]]:
+    docs = []
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        docs += [(f"{path.name}:{d['metadata']['name']}", d) for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = [(path, node)]
+    for name, child in (node.get("properties") or {}).items():
+        out += walk(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        out += walk(node["items"], f"{path}[]")
+    return out
+
+
+def test_identity_short_name_and_subresources() -> None:
+    c = crd()
+    assert c["metadata"]["name"] == "dilocojobs.diloco.dev"
+    assert c["spec"]["group"] == "diloco.dev"
+    assert c["spec"]["names"]["kind"] == "DiLoCoJob"
+    assert "dj" in c["spec"]["names"]["shortNames"]
+    v = version()
+    assert v["name"] == "v1alpha1"
+    assert v["subresources"] == {"status": {}}
+    columns = {col["name"]: col["jsonPath"] for col in v["additionalPrinterColumns"]}
+    assert columns["Phase"] == ".status.phase"
+    assert columns["Units"] == ".status.unitsReady"
+    assert {"Version", "Rounds", "Tokens", "Age"} <= set(columns)
+
+
+def test_every_field_is_described() -> None:
+    missing = [p for p, node in walk(schema()) if p and p != ".metadata" and not node.get("description")]
+    assert missing == []
+
+
+def test_schema_is_structural() -> None:
+    """Every node has a type (or preserves unknown fields / is int-or-string)."""
+    untyped = [p for p, node in walk(schema()) if "type" not in node
+               and not node.get("x-kubernetes-int-or-string") and not node.get("x-kubernetes-preserve-unknown-fields")]
+    assert untyped == []
+
+
+@pytest.mark.parametrize(("name", "doc"), example_docs(), ids=[n for n, _ in example_docs()])
+def test_examples_validate_against_the_schema(name: str, doc: dict[str, Any]) -> None:
+    jsonschema.Draft4Validator(schema()).validate(doc)
+    spec = parse_spec(doc["spec"])
+    validate_job(doc["metadata"]["name"], spec)
+
+
+def test_schema_rejects_bad_enum_and_range() -> None:
+    _, doc = example_docs()[0]
+    bad = yaml.safe_load(yaml.safe_dump(doc))
+    bad["spec"]["diloco"]["codec"] = "int3"
+    with pytest.raises(jsonschema.ValidationError, match="int3"):
+        jsonschema.Draft4Validator(schema()).validate(bad)
+    bad["spec"]["diloco"]["codec"] = "int8"
+    bad["spec"]["learnerUnits"][0]["replicas"] = -1
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(schema()).validate(bad)
+
+
+def test_cel_rules_cover_overlap_quorum_and_budget() -> None:
+    rules = {r["rule"] for r in schema()["properties"]["spec"]["x-kubernetes-validations"]}
+    assert "self.diloco.overlap < self.diloco.innerSteps" in rules
+    assert "self.diloco.quorum <= size(self.learnerUnits)" in rules
+    units = schema()["properties"]["spec"]["properties"]["learnerUnits"]
+    assert units["x-kubernetes-list-type"] == "map"  # the apiserver rejects duplicate unit names
+
+
+def compare_model(model: type[BaseModel], node: dict[str, Any], path: str, problems: list[str]) -> None:
+    """Field names (camelCase), defaults and enums of the model match the CRD's."""
+    props = node.get("properties") or {}
+    aliases = {f.alias or n: (n, f) for n, f in model.model_fields.items()}
+    if set(aliases) != set(props):
+        problems.append(f"{path}: model {sorted(aliases)} vs CRD {sorted(props)}")
+    for alias, (_, field) in aliases.items():
+        sub = props.get(alias)
+        if sub is None:
+            continue
+        ann = field.annotation
+        inner = typing.get_args(ann)[0] if typing.get_origin(ann) is list else None
+        optional = [a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if optional and typing.get_origin(ann) is not list:
+            ann = optional[0]
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            compare_model(ann, sub, f"{path}.{alias}", problems)
+        elif isinstance(inner, type) and issubclass(inner, BaseModel):
+            compare_model(inner, sub["items"], f"{path}.{alias}[]", problems)
+        elif "default" in sub and field.default != sub["default"]:
+            problems.append(f"{path}.{alias}: default {field.default!r} vs CRD {sub['default']!r}")
+
+
+def test_model_matches_the_crd() -> None:
+    problems: list[str] = []
+    compare_model(DiLoCoJobSpec, schema()["properties"]["spec"], "spec", problems)
+    assert problems == []

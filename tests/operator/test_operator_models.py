@@ -1,0 +1,87 @@
+"""Spec parsing and the checks the schema cannot express; operator settings; is_subset (drift)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from diloco_operator.cli import parse_args
+from diloco_operator.kube import is_subset
+from diloco_operator.models import SpecError, parse_spec, secret_references, validate_job
+from diloco_operator.settings import settings_from_env
+
+
+def raw(**extra: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "images": {"worker": "w", "synchronizer": "s"},
+        "storage": {"bucket": "bkt", "credentialsSecretRef": {"name": "creds"}},
+        "learnerUnits": [{"name": "a"}, {"name": "b"}],
+    }
+    base.update(extra)
+    return base
+
+
+def test_parse_uses_camel_case_and_defaults() -> None:
+    spec = parse_spec(raw(diloco={"innerSteps": 100, "mergeRule": "mean"}))
+    assert spec.diloco.inner_steps == 100
+    assert spec.diloco.merge_rule == "mean"
+    assert spec.diloco.codec == "int4"
+    assert spec.storage.url == "s3://bkt"
+    assert spec.learner_units[0].replicas == 1
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"diloco": {"codec": "int3"}}, "spec.diloco.codec"),
+    ({"learnerUnits": []}, "spec.learnerUnits"),
+    ({"learnerUnits": [{"name": "Bad_Name"}]}, "spec.learnerUnits.0.name"),
+    ({"surprise": 1}, "spec.surprise"),
+])
+def test_parse_errors_name_the_field(extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message.replace(".", r"\.")):
+        parse_spec(raw(**extra))
+
+
+@pytest.mark.parametrize(("name", "extra", "message"), [
+    ("j", {"diloco": {"innerSteps": 4, "overlap": 4}}, "overlap"),
+    ("j", {"diloco": {"quorum": 3}}, "quorum"),
+    ("j", {"learnerUnits": [{"name": "a"}, {"name": "a"}]}, "unique"),
+    ("j" * 40, {"learnerUnits": [{"name": "u" * 20}]}, "at most 52"),
+    ("j", {"chaos": {"enabled": True, "units": ["zz"]}}, "zz"),
+])
+def test_validate_job(name: str, extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        validate_job(name, parse_spec(raw(**extra)))
+
+
+def test_valid_job_passes_and_lists_secret_references() -> None:
+    spec = parse_spec(raw(synchronizer={"external": {"url": "https://s", "tokenSecretRef": {"name": "t", "key": "k"}}}))
+    validate_job("j", spec)
+    assert secret_references(spec) == [("creds", "AWS_ACCESS_KEY_ID"), ("creds", "AWS_SECRET_ACCESS_KEY"), ("t", "k")]
+
+
+def test_settings_from_env() -> None:
+    s = settings_from_env({"DILOCO_OPERATOR_RESYNC_SECONDS": "2", "DILOCO_OPERATOR_METRICS_PORT": "0", "HOME": "/"})
+    assert (s.resync_seconds, s.metrics_port, s.sync_url) == (2.0, 0, None)
+    with pytest.raises(ValueError, match="DILOCO_OPERATOR_RESYNC_SECONDS"):
+        settings_from_env({"DILOCO_OPERATOR_RESYNC_SECONDS": "-1"})
+    with pytest.raises(ValueError, match="DILOCO_OPERATOR_NOPE"):
+        settings_from_env({"DILOCO_OPERATOR_NOPE": "1"})
+
+
+def test_cli_arguments() -> None:
+    args = parse_args(["-n", "a", "-n", "b", "--standalone"])
+    assert (args.namespace, args.standalone, args.peering) == (["a", "b"], True, "diloco-operator")
+    assert parse_args([]).namespace == []
+
+
+@pytest.mark.parametrize(("desired", "actual", "same"), [
+    ({"a": 1}, {"a": 1, "b": 2}, True),
+    ({"a": {"b": [1, 2]}}, {"a": {"b": [1, 2], "c": 0}}, True),
+    ({"a": {"b": [1, 2]}}, {"a": {"b": [1]}}, False),
+    ({"a": [{"name": "x"}]}, {"a": [{"name": "x", "protocol": "TCP"}]}, True),
+    ({"gpu": 1}, {"gpu": "1"}, True),
+    ({"replicas": 2}, {"replicas": 3}, False),
+    ({"a": 1}, {}, False),
+])
+def test_is_subset(desired: Any, actual: Any, same: bool) -> None:
+    assert is_subset(desired, actual) is same

@@ -1,0 +1,161 @@
+"""Pure status computation: phases, conditions, per-unit progress and events."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from diloco_core.protocol import FragmentStatus, LearnerStatus, StatusResponse
+from diloco_operator.models import DiLoCoJobSpec, parse_spec
+from diloco_operator.status import (
+    Observed,
+    PodWatch,
+    UnitObserved,
+    compute_status,
+    diff_events,
+    invalid_status,
+)
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def spec(quorum: int = 2, units: int = 3, **extra: Any) -> DiLoCoJobSpec:
+    return parse_spec({
+        "images": {"worker": "w", "synchronizer": "s"},
+        "storage": {"bucket": "bkt"},
+        "diloco": {"quorum": quorum},
+        "learnerUnits": [{"name": f"u{i}", "replicas": 2} for i in range(units)],
+        **extra,
+    })
+
+
+def observed(ready: list[int], sync_ready: bool = True, sync: StatusResponse | None = None) -> Observed:
+    return Observed([UnitObserved(f"u{i}", 2, r) for i, r in enumerate(ready)], sync_ready, sync)
+
+
+def learner(lid: str, unit: str, step: int, tokens: int, staleness: int) -> LearnerStatus:
+    return LearnerStatus(learner_id=lid, unit=unit, state="training", alive=True, step=step, tokens=tokens,
+                         step_time_s=0.1, staleness=staleness, last_seen_s=0.5)
+
+
+def sync_status(tokens: int = 1000, steps: int = 10) -> StatusResponse:
+    return StatusResponse(
+        job_id="j", shard=0, num_shards=1,
+        learners=[learner("j-u0-0", "u0", steps, tokens // 2, 1), learner("j-u1-0", "u1", steps + 2, tokens // 2, 0)],
+        fragments=[FragmentStatus(fragment=0, version=7, pending=0, rounds=7),
+                   FragmentStatus(fragment=1, version=6, pending=1, rounds=6)],
+        rounds=13, recent_rounds=[], bytes_in=0, bytes_out=0, tokens=tokens, goodput=0.97,
+    )
+
+
+@pytest.mark.parametrize(("ready", "sync_ready", "old_phase", "suspend", "phase"), [
+    ([0, 0, 0], False, None, False, "Pending"),
+    ([2, 2, 0], False, None, False, "Pending"),
+    ([2, 2, 0], True, None, False, "Running"),
+    ([2, 1, 0], True, None, False, "Pending"),
+    ([2, 1, 0], True, "Running", False, "Degraded"),
+    ([2, 2, 2], False, "Running", False, "Degraded"),
+    ([2, 2, 2], True, "Degraded", False, "Running"),
+    ([2, 2, 2], True, "Running", True, "Suspended"),
+    ([0, 0, 0], True, "Succeeded", False, "Succeeded"),
+])
+def test_phase(ready: list[int], sync_ready: bool, old_phase: str | None, suspend: bool, phase: str) -> None:
+    old = {"phase": old_phase} if old_phase else {}
+    s = compute_status(spec(suspend=suspend), observed(ready, sync_ready), old, NOW)
+    assert s["phase"] == phase
+    assert s["unitsReady"] == f"{sum(1 for r in ready if r == 2)}/3"
+    ready_cond = next(c for c in s["conditions"] if c["type"] == "Ready")
+    assert ready_cond["status"] == ("True" if phase == "Running" else "False")
+
+
+def test_budget_in_tokens_means_succeeded() -> None:
+    s = compute_status(spec(budget={"tokens": 1000}), observed([2, 2, 2], sync=sync_status(tokens=1000)), {}, NOW)
+    assert s["phase"] == "Succeeded"
+    s = compute_status(spec(budget={"tokens": 1001}), observed([2, 2, 2], sync=sync_status(tokens=1000)), {}, NOW)
+    assert s["phase"] == "Running"
+
+
+def test_budget_in_steps_needs_every_learner() -> None:
+    s = compute_status(spec(budget={"steps": 12}), observed([2, 2, 2], sync=sync_status(steps=10)), {}, NOW)
+    assert s["phase"] == "Running"
+    s = compute_status(spec(budget={"steps": 10}), observed([2, 2, 2], sync=sync_status(steps=10)), {}, NOW)
+    assert s["phase"] == "Succeeded"
+
+
+def test_progress_from_the_synchronizer() -> None:
+    s = compute_status(spec(), observed([2, 2, 2], sync=sync_status()), {}, NOW, generation=3)
+    assert (s["rounds"], s["tokens"], s["version"], s["goodput"]) == (13, 1000, 7, 0.97)
+    assert s["observedGeneration"] == 3
+    u0, u1, u2 = s["units"]
+    assert (u0["step"], u0["tokens"], u0["staleness"], u0["aliveLearners"]) == (10, 500, 1, 1)
+    assert u1["step"] == 12
+    assert "step" not in u2
+
+
+def test_condition_transition_time_moves_only_on_change() -> None:
+    first = compute_status(spec(), observed([2, 2, 2]), {}, NOW)
+    later = NOW + timedelta(minutes=5)
+    same = compute_status(spec(), observed([2, 2, 2]), first, later)
+    assert same["conditions"] == first["conditions"]
+    changed = compute_status(spec(), observed([0, 0, 2]), first, later)
+    quorum = next(c for c in changed["conditions"] if c["type"] == "QuorumMet")
+    assert quorum["status"] == "False"
+    assert quorum["lastTransitionTime"] == "2026-01-01T12:05:00Z"
+
+
+def test_events_quorum_lost_then_regained() -> None:
+    running = compute_status(spec(), observed([2, 2, 2]), {}, NOW)
+    degraded = compute_status(spec(), observed([2, 1, 0]), running, NOW)
+    events = diff_events(running, degraded)
+    assert [e.reason for e in events] == ["QuorumLost"]
+    assert "1 of 3 units ready, quorum 2" in events[0].message
+    assert degraded["phase"] == "Degraded"
+    back = compute_status(spec(), observed([2, 2, 0]), degraded, NOW)
+    assert [e.reason for e in diff_events(degraded, back)] == ["QuorumRegained", "Running"]
+
+
+def test_pod_watch_reports_lost_and_rejoined() -> None:
+    watch = PodWatch()
+
+    def see(phase: str, ready: bool, deleted: bool = False, key: str = "ns/j-a-0") -> str | None:
+        ev = watch.observe(key, "a", phase=phase, ready=ready, deleted=deleted)
+        return ev.reason if ev else None
+
+    assert [see("Pending", False), see("Running", True), see("Running", True)] == [None, None, None]
+    assert see("Failed", False) == "UnitLost"
+    assert see("Failed", False, deleted=True) is None  # the StatefulSet removes the failed pod
+    assert [see("Pending", False), see("Running", True)] == [None, "UnitRejoined"]
+    assert see("Running", False) == "UnitLost"  # crashed: ready no more, not being deleted
+    assert see("Running", True) == "UnitRejoined"
+    # Scaling down or suspending deletes healthy pods: no loss.
+    assert [see("Running", True, deleted=True, key="ns/j-a-1"), see("Running", False, deleted=True)] == [None, None]
+
+
+def test_unit_gone_for_too_long_is_reported_once() -> None:
+    s = spec(unitLostAfterSeconds=60)
+    running = compute_status(s, observed([2, 2, 2]), {}, NOW)
+    lost = compute_status(s, observed([2, 2, 0]), running, NOW + timedelta(seconds=10))
+    assert lost["units"][2]["notReadySince"] == "2026-01-01T12:00:10Z"
+    gone = compute_status(s, observed([2, 2, 0]), lost, NOW + timedelta(seconds=80))
+    assert [e.reason for e in diff_events(lost, gone)] == ["UnitGone"]
+    healthy = next(c for c in gone["conditions"] if c["type"] == "UnitsHealthy")
+    assert healthy["status"] == "False"
+    assert "u2" in healthy["message"]
+    still = compute_status(s, observed([2, 2, 0]), gone, NOW + timedelta(seconds=90))
+    assert diff_events(gone, still) == []
+
+
+def test_never_ready_unit_is_not_reported_gone() -> None:
+    s = spec(unitLostAfterSeconds=60)
+    first = compute_status(s, observed([2, 2, 0]), {}, NOW)
+    later = compute_status(s, observed([2, 2, 0]), first, NOW + timedelta(hours=1))
+    assert next(c for c in later["conditions"] if c["type"] == "UnitsHealthy")["status"] == "True"
+
+
+def test_invalid_status() -> None:
+    s = invalid_status("spec.diloco.quorum (5) exceeds ...", {}, NOW, 2)
+    assert s["phase"] == "Failed"
+    valid = next(c for c in s["conditions"] if c["type"] == "SpecValid")
+    assert (valid["status"], valid["reason"]) == ("False", "InvalidSpec")
+    assert "quorum" in valid["message"]
