@@ -75,6 +75,14 @@ def unit_name(job: str, unit: str) -> str:
     return f"{job}-{unit}"
 
 
+def job_id(job: JobRef, spec: DiLoCoJobSpec) -> str:
+    """The id of the training job the learners belong to: the external synchronizer's job, if named."""
+    external = spec.synchronizer.external
+    if external is not None and external.job_id:
+        return external.job_id
+    return job.name
+
+
 def sync_url(job: JobRef, spec: DiLoCoJobSpec, shard: int = 0) -> str:
     """The URL learners use to reach synchronizer ``shard`` (or the external synchronizer)."""
     if spec.synchronizer.external is not None:
@@ -118,7 +126,7 @@ def build_job_config(job: JobRef, spec: DiLoCoJobSpec) -> JobConfig:
     """The ``JobConfig`` every synchronizer and learner of the job reads from the ConfigMap."""
     d = spec.diloco
     return JobConfig(
-        job_id=job.name,
+        job_id=job_id(job, spec),
         diloco=DiLoCoSettings(
             inner_steps=d.inner_steps,
             fragments=d.fragments,

@@ -2,7 +2,7 @@
 
 Learner (``diloco worker``) containers get:
 
-- ``DILOCO_JOB_ID`` job name; ``DILOCO_UNIT`` learner unit; ``DILOCO_LEARNER_ID`` the pod name;
+- ``DILOCO_JOB_ID`` the job's id (its name, or ``synchronizer.external.jobId``); ``DILOCO_UNIT`` learner unit; ``DILOCO_LEARNER_ID`` the pod name;
   ``DILOCO_NAMESPACE``; ``DILOCO_REGION`` (when the unit names one).
 - ``DILOCO_SYNC_URL`` the synchronizer (shard 0; the others are announced at registration).
 - ``DILOCO_JOB_SECRET`` from the job's Secret (or the external synchronizer's token Secret); the

@@ -21,7 +21,7 @@ from diloco_operator.kube import Kube
 from diloco_operator.metrics import OperatorMetrics
 from diloco_operator.reconcile import Outcome, StatusFetcher, reconcile
 from diloco_operator.settings import OperatorSettings, settings_from_env
-from diloco_operator.status import PodWatch
+from diloco_operator.status import PodWatch, unit_state_counts
 from diloco_operator.syncstatus import http_fetcher
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ def run(ctx: Context, trigger: str, body: kopf.Body, patch: kopf.Patch, *, chaos
         if n:
             ctx.metrics.children.labels(action).inc(n)
     ctx.metrics.set_phase(job.namespace, job.name, str(outcome.status.get("phase")))
+    ctx.metrics.set_units(job.namespace, job.name, unit_state_counts(outcome.status))
     ctx.metrics.reconciles.labels(trigger, "invalid" if outcome.invalid else "ok").inc()
     return outcome
 

@@ -14,6 +14,7 @@ from diloco_operator.build import (
     config_volumes,
     container_security_context,
     http_probe,
+    job_id,
     labels,
     metadata,
     pod_security_context,
@@ -37,7 +38,7 @@ def selector(job: str, unit: str) -> dict[str, str]:
 def learner_env(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit) -> list[dict[str, Any]]:
     name = unit_name(job.name, unit.name)
     out = [
-        env.value("DILOCO_JOB_ID", job.name),
+        env.value("DILOCO_JOB_ID", job_id(job, spec)),
         env.value("DILOCO_UNIT", unit.name),
         env.field_ref("DILOCO_LEARNER_ID", "metadata.name"),
         env.field_ref("DILOCO_NAMESPACE", "metadata.namespace"),

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from diloco_operator.status import UNIT_STATES
 
 
 class OperatorMetrics:
@@ -18,6 +21,9 @@ class OperatorMetrics:
                                    registry=self.registry)
         self.jobs = Gauge("diloco_operator_job_phase", "1 for the phase each job is in",
                           ["namespace", "job", "phase"], registry=self.registry)
+        self.units = Gauge("diloco_operator_learner_units",
+                           "Learner units of each job by state (ready, not_ready, lost)",
+                           ["namespace", "job", "state"], registry=self.registry)
 
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)
@@ -26,7 +32,16 @@ class OperatorMetrics:
         for p in ("Pending", "Running", "Degraded", "Suspended", "Succeeded", "Failed"):
             self.jobs.labels(namespace, job, p).set(1.0 if p == phase else 0.0)
 
+    def set_units(self, namespace: str, job: str, counts: Mapping[str, int]) -> None:
+        """``counts`` by state, as ``status.unit_state_counts`` gives them (every state, zeros too)."""
+        for state, n in counts.items():
+            self.units.labels(namespace, job, state).set(float(n))
+
     def forget(self, namespace: str, job: str) -> None:
         for p in ("Pending", "Running", "Degraded", "Suspended", "Succeeded", "Failed"):
             with contextlib.suppress(KeyError):
                 self.jobs.remove(namespace, job, p)
+        for state in UNIT_STATES.values():
+            with contextlib.suppress(KeyError):
+                self.units.remove(namespace, job, state)
+

@@ -108,6 +108,9 @@ class LearnerUnit(_Spec):
 class ExternalSynchronizer(_Spec):
     url: str = Field(..., min_length=1)
     token_secret_ref: SecretKeyRef
+    # The external synchronizer's job (its DiLoCoJob's name in the other cluster): the learners'
+    # job config carries it, and the operator reads status only from a synchronizer serving it.
+    job_id: str | None = Field(None, min_length=1, max_length=63)
 
 
 class SynchronizerSpec(_Spec):

@@ -17,7 +17,7 @@ from diloco_core.auth import new_job_secret
 from diloco_core.protocol import StatusResponse
 
 from diloco_operator import chaos, status
-from diloco_operator.build import JOB_LABEL, JobRef, build_secret, secret_name, sync_name, sync_url
+from diloco_operator.build import JOB_LABEL, JobRef, build_secret, job_id, secret_name, sync_name, sync_url
 from diloco_operator.children import build_children
 from diloco_operator.kube import Kube, is_subset
 from diloco_operator.models import DiLoCoJobSpec, SpecError, parse_spec, secret_references, validate_job
@@ -133,6 +133,20 @@ def run_chaos(
     return victims, down
 
 
+def wrong_job(sync: StatusResponse | None, job: JobRef, spec: DiLoCoJobSpec, url: str) -> str | None:
+    """Why the synchronizer's status must not be used: it serves another job (None: it may be used).
+
+    An external synchronizer without ``jobId`` is not checked (its job id is then unknown here).
+    """
+    external = spec.synchronizer.external
+    if sync is None or (external is not None and not external.job_id):
+        return None
+    expected = job_id(job, spec)
+    if sync.job_id == expected:
+        return None
+    return f"the synchronizer at {url} serves job '{sync.job_id}', not '{expected}'"
+
+
 def reconcile(
     kube: Kube,
     job: JobRef,
@@ -171,9 +185,12 @@ def reconcile(
     units, sync_ready = observe(spec, job, actual)
     url = sync_url_override.format(name=job.name, namespace=job.namespace) if sync_url_override else sync_url(job, spec)
     sync = fetch(url) if (sync_ready or spec.synchronizer.external is not None or sync_url_override) else None
-    if spec.synchronizer.external is not None:
+    problem = wrong_job(sync, job, spec, url)
+    if problem:
+        sync = None
+    if spec.synchronizer.external is not None or problem:
         sync_ready = sync is not None
-    obs = status.Observed(units, sync_ready, sync, kills + len(victims), down)
+    obs = status.Observed(units, sync_ready, sync, kills + len(victims), down, job=job.name, sync_problem=problem)
     new = status.compute_status(spec, obs, old, now, generation)
     new["message"] = None
     new["chaos"]["lastTick"] = epoch if spec.chaos.enabled else None

@@ -6,6 +6,11 @@ Inputs are what the handler observed (StatefulSets, synchronizer Deployments, th
 Phases: ``Pending`` (not yet enough units ready), ``Running`` (synchronizer ready and at least
 ``quorum`` units fully ready), ``Degraded`` (was running, now below quorum or without its
 synchronizer), ``Suspended``, ``Succeeded`` (budget reached), ``Failed`` (the spec can never work).
+
+A unit is ready when all its pods are ready and the synchronizer does not report its learners dead
+(pods can be ready while their learner cannot reach the synchronizer, across regions say). Each
+unit's ``state`` is ``Ready``, ``NotReady`` or ``Lost`` (it was ready once and has been down for
+longer than ``unitLostAfterSeconds``).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class Observed:
     sync: StatusResponse | None = None
     chaos_kills: int = 0
     down_until: Mapping[str, float] = field(default_factory=dict)
+    job: str = ""  # the job's name: its learners are its pods, ``<job>-<unit>-<ordinal>``
+    sync_problem: str | None = None  # why the synchronizer's answer was not used (a wrong job, say)
 
 
 @dataclass(frozen=True)
@@ -57,10 +64,10 @@ def parse_iso(s: str) -> datetime:
 
 
 def condition(
-    previous: Sequence[Mapping[str, Any]], ctype: str, ok: bool, reason: str, message: str, now: datetime
+    previous: Sequence[Mapping[str, Any]], ctype: str, ok: bool | None, reason: str, message: str, now: datetime
 ) -> dict[str, Any]:
-    """A condition; its lastTransitionTime moves only when its status changes."""
-    status = "True" if ok else "False"
+    """A condition (``ok`` None: Unknown); its lastTransitionTime moves only when its status changes."""
+    status = "Unknown" if ok is None else "True" if ok else "False"
     since = iso(now)
     for old in previous:
         if old.get("type") == ctype and old.get("status") == status and old.get("lastTransitionTime"):
@@ -68,11 +75,16 @@ def condition(
     return {"type": ctype, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}
 
 
-def unit_progress(sync: StatusResponse | None, unit: str) -> dict[str, Any]:
-    """Step, tokens and staleness of the unit's learners, as the synchronizer reports them."""
+def unit_progress(sync: StatusResponse | None, unit: str, job: str = "") -> dict[str, Any]:
+    """Step, tokens and staleness of the unit's learners, as the synchronizer reports them.
+
+    With ``job``, only learners named ``<job>-<unit>-<ordinal>`` count: an external synchronizer
+    also serves the units of other regions, which may use the same unit names.
+    """
     if sync is None:
         return {}
-    mine = [s for s in sync.learners if s.unit == unit]
+    prefix = f"{job}-{unit}-" if job else ""
+    mine = [s for s in sync.learners if s.unit == unit and s.learner_id.startswith(prefix)]
     if not mine:
         return {}
     return {
@@ -80,24 +92,49 @@ def unit_progress(sync: StatusResponse | None, unit: str) -> dict[str, Any]:
         "tokens": sum(s.tokens for s in mine),
         "staleness": max(s.staleness for s in mine),
         "aliveLearners": sum(1 for s in mine if s.alive),
+        "deadLearners": sum(1 for s in mine if s.state == "dead"),
     }
 
 
+def learners_dead(progress: Mapping[str, Any]) -> bool:
+    """The synchronizer knows the unit's learners, none is alive and at least one is dead."""
+    return bool(progress) and progress["aliveLearners"] == 0 and progress["deadLearners"] > 0
+
+
 def unit_status(
-    spec_unit_replicas: int, seen: UnitObserved, old: Mapping[str, Any], sync: StatusResponse | None, now: datetime
+    spec_unit_replicas: int, seen: UnitObserved, old: Mapping[str, Any], sync: StatusResponse | None, now: datetime,
+    job: str = "",
 ) -> dict[str, Any]:
-    ready = seen.exists and spec_unit_replicas > 0 and seen.ready_replicas >= spec_unit_replicas
+    pods_ready = seen.exists and spec_unit_replicas > 0 and seen.ready_replicas >= spec_unit_replicas
+    progress = unit_progress(sync, seen.name, job)
+    dead = learners_dead(progress)
+    ready = pods_ready and not dead
     out: dict[str, Any] = {
         "name": seen.name,
         "replicas": spec_unit_replicas,
         "readyReplicas": seen.ready_replicas if seen.exists else 0,
         "ready": ready,
+        "state": "Ready" if ready else "NotReady",
+        "reason": "Ready" if ready else "LearnersDead" if dead else "PodsNotReady",
         "everReady": bool(ready or old.get("everReady", False)),
     }
     if not ready:
         out["notReadySince"] = old.get("notReadySince") or iso(now)
-    out.update(unit_progress(sync, seen.name))
+    out.update(progress)
     return out
+
+
+UNIT_STATES = {"Ready": "ready", "NotReady": "not_ready", "Lost": "lost"}
+
+
+def unit_state_counts(status: Mapping[str, Any]) -> dict[str, int]:
+    """How many of the job's units are in each state, keyed as the metric labels them."""
+    counts = dict.fromkeys(UNIT_STATES.values(), 0)
+    for u in status.get("units") or []:
+        label = UNIT_STATES.get(str(u.get("state")))
+        if label is not None:
+            counts[label] += 1
+    return counts
 
 
 def budget_reached(spec: DiLoCoJobSpec, sync: StatusResponse | None) -> bool:
@@ -140,21 +177,24 @@ def compute_status(
     units = []
     for unit in spec.learner_units:
         observed = seen.get(unit.name, UnitObserved(unit.name, 0, 0, exists=False))
-        units.append(unit_status(unit.replicas, observed, old_units.get(unit.name, {}), obs.sync, now))
+        units.append(unit_status(unit.replicas, observed, old_units.get(unit.name, {}), obs.sync, now, obs.job))
     ready = sum(1 for u in units if u["ready"])
     phase = choose_phase(spec, obs, ready, old.get("phase"))
     prev = old.get("conditions") or []
     gone = gone_units(units, now, spec.unit_lost_after_seconds)
+    for u in units:
+        if u["name"] in gone:
+            u["state"] = "Lost"
     quorum = spec.diloco.quorum
     conditions = [
         condition(prev, "SpecValid", True, "Valid", "the spec is valid", now),
-        condition(prev, "SynchronizerReady", obs.sync_ready, "Available" if obs.sync_ready else "NotAvailable",
-                  "synchronizer available" if obs.sync_ready else "synchronizer not available", now),
+        sync_condition(prev, obs, now),
         condition(prev, "QuorumMet", ready >= quorum, "Quorum" if ready >= quorum else "BelowQuorum",
                   f"{ready} of {len(units)} units ready, quorum {quorum}", now),
         condition(prev, "UnitsHealthy", not gone, "UnitGone" if gone else "AllUnitsPresent",
                   f"units down for more than {spec.unit_lost_after_seconds:g}s: {', '.join(gone)}" if gone
                   else "no unit is gone", now),
+        learners_condition(prev, obs.sync, units, now),
         condition(prev, "Ready", phase == "Running", phase, f"job is {phase}", now),
     ]
     status: dict[str, Any] = {
@@ -170,6 +210,27 @@ def compute_status(
         status["observedGeneration"] = generation
     status.update(sync_summary(obs.sync))
     return status
+
+
+def sync_condition(prev: Sequence[Mapping[str, Any]], obs: Observed, now: datetime) -> dict[str, Any]:
+    if obs.sync_problem:
+        return condition(prev, "SynchronizerReady", False, "WrongJob", obs.sync_problem, now)
+    return condition(prev, "SynchronizerReady", obs.sync_ready, "Available" if obs.sync_ready else "NotAvailable",
+                     "synchronizer available" if obs.sync_ready else "synchronizer not available", now)
+
+
+def learners_condition(
+    prev: Sequence[Mapping[str, Any]], sync: StatusResponse | None, units: Sequence[Mapping[str, Any]], now: datetime
+) -> dict[str, Any]:
+    """Whether the synchronizer hears from every unit it knows (Unknown without its status)."""
+    if sync is None:
+        return condition(prev, "LearnersAlive", None, "NoSynchronizerStatus",
+                         "the synchronizer's status is not available", now)
+    dead = [str(u["name"]) for u in units if u.get("reason") == "LearnersDead"]
+    if dead:
+        return condition(prev, "LearnersAlive", False, "LearnersDead",
+                         f"the synchronizer reports the learners of units {', '.join(dead)} dead", now)
+    return condition(prev, "LearnersAlive", True, "Alive", "no unit's learners are dead", now)
 
 
 def sync_summary(sync: StatusResponse | None) -> dict[str, Any]:
@@ -214,9 +275,17 @@ def diff_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
         events.append(Event("Normal", "QuorumRegained", _msg(new, "QuorumMet")))
     if _cond(old, "UnitsHealthy") != "False" and _cond(new, "UnitsHealthy") == "False":
         events.append(Event("Warning", "UnitGone", _msg(new, "UnitsHealthy")))
+    newly_dead = [u for u in _dead_units(new) if u not in _dead_units(old)]
+    if newly_dead:
+        events.append(Event("Warning", "LearnersDead",
+                            f"the synchronizer reports the learners of units {', '.join(newly_dead)} dead"))
     if old.get("phase") != new.get("phase") and new.get("phase") in ("Succeeded", "Suspended", "Running"):
         events.append(Event("Normal", str(new["phase"]), f"job is {new['phase']}"))
     return events
+
+
+def _dead_units(status: Mapping[str, Any]) -> list[str]:
+    return [str(u.get("name")) for u in status.get("units") or [] if u.get("reason") == "LearnersDead"]
 
 
 def _cond(status: Mapping[str, Any], ctype: str) -> str | None:

@@ -2,160 +2,40 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import kopf
 import pytest
 import yaml
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from tests.operator.kubejobs import (
+    GROUP,
+    PLURAL,
+    ROOT,
+    VERSION,
+    children,
+    create_job,
+    events,
+    expected_children,
+    free_port,
+    get_job,
+    job_manifest,
+    learner_pods,
+    patch_spec,
+    phase_is,
+    running_on_kwok,
+    start_operator,
+    unit,
+)
 from tests.support.kwok import FAIL_LABEL
 from tests.support.waiting import wait_for
 
-# Read when diloco_operator.handlers is imported (kopf needs the timer interval then).
-os.environ["DILOCO_OPERATOR_RESYNC_SECONDS"] = "2"
-os.environ.setdefault("DILOCO_OPERATOR_METRICS_PORT", "0")
-# No synchronizer runs (kwok pods have no containers): a closed local port fails at once.
-os.environ.setdefault("DILOCO_OPERATOR_SYNC_URL", "http://127.0.0.1:9")
-
-import diloco_operator.handlers  # noqa: F401  (registers the handlers)
-
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[2]
-GROUP, VERSION, PLURAL = "diloco.dev", "v1alpha1", "dilocojobs"
-JOB_LABEL = "diloco.dev/job"
-
-
-@pytest.fixture(scope="module")
-def api(kube: Any) -> Iterator[k8s.ApiClient]:
-    with kube.api_client() as api_client:
-        install_crds(api_client)
-        yield api_client
-
-
-def install_crds(api_client: k8s.ApiClient) -> None:
-    ext = k8s.ApiextensionsV1Api(api_client)
-    for path in (ROOT / "crds").glob("*.yaml"):
-        for doc in yaml.safe_load_all(path.read_text()):
-            try:
-                ext.create_custom_resource_definition(doc)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-                current = ext.read_custom_resource_definition(doc["metadata"]["name"])
-                doc["metadata"]["resourceVersion"] = current.metadata.resource_version
-                ext.replace_custom_resource_definition(doc["metadata"]["name"], doc)
-            name = doc["metadata"]["name"]
-            wait_for(lambda name=name: established(ext, name), timeout=30, what=f"CRD {name}")
-
-
-def established(ext: k8s.ApiextensionsV1Api, name: str) -> bool:
-    crd = ext.read_custom_resource_definition(name)
-    return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
-
-
-def operator_settings() -> kopf.OperatorSettings:
-    settings = kopf.OperatorSettings()
-    settings.watching.server_timeout = 10
-    settings.watching.client_timeout = 15
-    settings.networking.request_timeout = 20
-    return settings
-
-
-def start_operator(*extra: str) -> KopfRunner:
-    args = ["run", "--standalone", "--all-namespaces", "--verbose", *extra]
-    return KopfRunner(args, timeout=60, settings=operator_settings())
-
-
-@pytest.fixture
-def operator(api: k8s.ApiClient) -> Iterator[KopfRunner]:
-    with start_operator() as runner:
-        yield runner
-    assert runner.exception is None, runner.output
-
-
-def job_manifest(name: str, units: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "images": {"worker": "example.invalid/worker:test", "synchronizer": "example.invalid/sync:test"},
-        "storage": {"bucket": "diloco-test"},
-        "diloco": {"quorum": 1},
-        "learnerUnits": units,
-        "synchronizer": {"resources": {"requests": {"cpu": "10m"}}},
-    }
-    body.update(spec)
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "DiLoCoJob", "metadata": {"name": name}, "spec": body}
-
-
-def unit(name: str, replicas: int = 1, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "replicas": replicas, "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}, **extra}
-
-
-def create_job(api: k8s.ApiClient, ns: str, manifest: dict[str, Any]) -> None:
-    k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, manifest)
-
-
-def get_job(api: k8s.ApiClient, ns: str, name: str) -> dict[str, Any]:
-    return dict(k8s.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name))
-
-
-def patch_spec(api: k8s.ApiClient, ns: str, name: str, spec: dict[str, Any]) -> None:
-    k8s.CustomObjectsApi(api).patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, {"spec": spec})
-
-
-def phase_is(api: k8s.ApiClient, ns: str, name: str, phase: str, units: str | None = None) -> bool:
-    status = get_job(api, ns, name).get("status") or {}
-    return status.get("phase") == phase and (units is None or status.get("unitsReady") == units)
-
-
-def children(api: k8s.ApiClient, ns: str, job: str) -> dict[str, list[str]]:
-    sel = f"{JOB_LABEL}={job}"
-    core, apps, policy = k8s.CoreV1Api(api), k8s.AppsV1Api(api), k8s.PolicyV1Api(api)
-    return {
-        "Secret": sorted(o.metadata.name for o in core.list_namespaced_secret(ns, label_selector=sel).items),
-        "ConfigMap": sorted(o.metadata.name for o in core.list_namespaced_config_map(ns, label_selector=sel).items),
-        "Service": sorted(o.metadata.name for o in core.list_namespaced_service(ns, label_selector=sel).items),
-        "Deployment": sorted(o.metadata.name for o in apps.list_namespaced_deployment(ns, label_selector=sel).items),
-        "StatefulSet": sorted(o.metadata.name for o in apps.list_namespaced_stateful_set(ns, label_selector=sel).items),
-        "PodDisruptionBudget": sorted(
-            o.metadata.name for o in policy.list_namespaced_pod_disruption_budget(ns, label_selector=sel).items),
-    }
-
-
-def expected_children(job: str, units: list[str]) -> dict[str, list[str]]:
-    names = sorted(f"{job}-{u}" for u in units)
-    return {
-        "Secret": [f"{job}-secret"], "ConfigMap": [f"{job}-config"],
-        "Service": sorted([*names, f"{job}-sync"]), "Deployment": [f"{job}-sync"],
-        "StatefulSet": names, "PodDisruptionBudget": names,
-    }
-
-
-def learner_pods(api: k8s.ApiClient, ns: str, job: str, unit_name: str | None = None) -> list[k8s.V1Pod]:
-    sel = f"{JOB_LABEL}={job},app.kubernetes.io/component=learner"
-    if unit_name:
-        sel += f",diloco.dev/unit={unit_name}"
-    return list(k8s.CoreV1Api(api).list_namespaced_pod(ns, label_selector=sel).items)
-
-
-def running_on_kwok(pods: list[k8s.V1Pod], count: int) -> bool:
-    live = [p for p in pods if p.metadata.deletion_timestamp is None]
-    return len(live) == count and all(
-        p.status.phase == "Running" and (p.spec.node_name or "").startswith("kwok-") for p in live)
-
-
-def events(api: k8s.ApiClient, ns: str, job: str) -> list[str]:
-    items = k8s.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={job}").items
-    return [e.reason for e in items]
 
 
 def test_job_creates_children_pods_run_and_status_fills(api: k8s.ApiClient, namespace: str, operator: KopfRunner) -> None:
@@ -310,12 +190,6 @@ def test_restarting_the_operator_makes_no_duplicates(api: k8s.ApiClient, namespa
         assert {p.metadata.uid for p in learner_pods(api, namespace, "twice")} == uids
         assert phase_is(api, namespace, "twice", "Running", "2/2")
     assert second.exception is None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_liveness_and_metrics(api: k8s.ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
