@@ -144,7 +144,9 @@ async def learner_loop(
         res.contribute_ms.append(1000 * (t1 - t0))
         res.contributions += 1
         res.payload_bytes += len(blobs[p])
-        g = await client.get(f"/v1/fragments/{p}", params={"newer_than": known[p], "wait": 60})
+        # wait for the round that merges it, but not past the end of the run (the others have stopped)
+        wait = min(60.0, max(stop_at - time.perf_counter(), 0.0))
+        g = await client.get(f"/v1/fragments/{p}", params={"newer_than": known[p], "wait": wait})
         if g.status_code == 200:
             known[p] = int(g.headers[VERSION_HEADER])
             res.round_trip_ms.append(1000 * (time.perf_counter() - t0))

@@ -9,6 +9,7 @@ order the contributions are given.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -68,6 +69,27 @@ def _check_shapes(vectors: Sequence[npt.NDArray[np.floating]]) -> None:
         raise ValueError(f"contributions have different shapes: {sorted(shapes)}")
 
 
+def _flat32(v: npt.NDArray[np.floating]) -> F32:
+    """A contiguous float32 1-D view of ``v`` (a copy only when ``v`` is not float32 and contiguous)."""
+    return np.ascontiguousarray(v, dtype=np.float32).reshape(-1)
+
+
+def _norm(flat: F32) -> float:
+    """The Euclidean norm of a contiguous float32 vector (one BLAS dot product)."""
+    return math.sqrt(float(np.dot(flat, flat)))
+
+
+def _accumulate(flats: Sequence[F32], scales: Sequence[float]) -> F32:
+    """``sum scale_m * flat_m`` in float32, in the order given, with one scratch buffer."""
+    acc = np.zeros(flats[0].shape, dtype=np.float32)
+    scratch = np.empty_like(acc)
+    for flat, scale in zip(flats, scales, strict=True):
+        if scale != 0.0:
+            np.multiply(flat, np.float32(scale), out=scratch)
+            acc += scratch
+    return acc
+
+
 def weighted_mean(vectors: Sequence[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:
     """``sum w_m v_m / sum w_m`` in float32."""
     _normalised(weights, len(vectors))
@@ -75,29 +97,28 @@ def weighted_mean(vectors: Sequence[npt.NDArray[np.floating]], weights: Sequence
     if len(vectors) == 1:
         return np.asarray(vectors[0], dtype=np.float32).copy()
     total = float(sum(weights))
-    acc = np.zeros(vectors[0].shape, dtype=np.float32)
-    for v, w in zip(vectors, weights, strict=True):
-        acc += np.float32(w) * np.asarray(v, dtype=np.float32)
-    return acc / np.float32(total)
+    acc = _accumulate([_flat32(v) for v in vectors], weights)
+    acc /= np.float32(total)
+    return acc.reshape(vectors[0].shape)
 
 
 def rda(vectors: Sequence[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:
     """Radial-directional average: mean norm x direction of the mean of unit directions.
 
     Falls back to the weighted mean when the mean direction vanishes (opposite contributions).
+    Norms are float32 dot products accumulated into a Python float; directions are summed in float32.
     """
     ws = _normalised(weights, len(vectors))
     _check_shapes(vectors)
-    norms = [float(np.linalg.norm(np.asarray(v, dtype=np.float64))) for v in vectors]
+    flats = [_flat32(v) for v in vectors]
+    norms = [_norm(f) for f in flats]
     radius = sum(w * n for w, n in zip(ws, norms, strict=True))
-    direction = np.zeros(vectors[0].shape, dtype=np.float64)
-    for v, w, n in zip(vectors, ws, norms, strict=True):
-        if n > 0:
-            direction += (w / n) * np.asarray(v, dtype=np.float64)
-    dnorm = float(np.linalg.norm(direction))
+    direction = _accumulate(flats, [w / n if n > 0 else 0.0 for w, n in zip(ws, norms, strict=True)])
+    dnorm = _norm(direction)
     if dnorm < _MIN_DIRECTION_NORM:
         return weighted_mean(vectors, weights)
-    return (direction * (radius / dnorm)).astype(np.float32)
+    direction *= np.float32(radius / dnorm)
+    return direction.reshape(vectors[0].shape)
 
 
 def merge_fragment(

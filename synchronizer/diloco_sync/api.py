@@ -83,7 +83,7 @@ async def register(
 @router.post(
     "/learners/{learner_id}/heartbeat",
     response_model=HeartbeatResponse,
-    responses=error_responses(401, 403, 409),
+    responses=error_responses(401, 403, 404),
 )
 async def heartbeat(
     learner_id: str,
@@ -92,12 +92,11 @@ async def heartbeat(
     authorization: AuthHeader = None,
     learner: LearnerHeader = None,
 ) -> HeartbeatResponse:
-    """Report progress (step, tokens, step time, optional held-out loss); answers the versions."""
-    _learner(service, authorization, learner, learner_id)
-    if service.registry.get(learner_id) is None:
-        from .errors import ApiError
+    """Report progress (step, tokens, step time, optional held-out loss); answers the versions.
 
-        raise ApiError(409, "not_registered", f"learner {learner_id} is not registered: register first")
+    404 ``not_registered`` when the synchronizer does not know the learner: register again.
+    """
+    _learner(service, authorization, learner, learner_id)
     return service.heartbeat(learner_id, body)
 
 
@@ -107,8 +106,7 @@ async def leave(
 ) -> Response:
     """Leave the quorum cleanly (a learner shutting down)."""
     _learner(service, authorization, learner, learner_id)
-    if service.registry.get(learner_id) is not None:
-        service.leave(learner_id)
+    service.leave(learner_id)
     return Response(status_code=204)
 
 

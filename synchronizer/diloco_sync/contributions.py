@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import anyio.to_thread
@@ -19,8 +20,8 @@ from diloco_core import codec, rounds
 from diloco_core.protocol import ContributionResult
 from diloco_core.storage import StorageError
 
-from .errors import ApiError
-from .fragment_state import Contribution, FragmentState
+from .errors import ApiError, not_registered
+from .fragment_state import Arrays, Contribution, FragmentState
 from .ingest import validate_outer_gradient
 from .layout import PendingMeta, contribution_key
 
@@ -28,6 +29,13 @@ if TYPE_CHECKING:
     from .service import SyncService
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Taken:
+    tensors: Arrays
+    storage_key: str | None  # None: not written (storage down)
+    failure: StorageError | None
 
 
 class ContributionDesk:
@@ -49,7 +57,7 @@ class ContributionDesk:
         """
         svc = self.service
         if svc.registry.get(learner_id) is None:
-            raise ApiError(409, "not_registered", f"learner {learner_id} is not registered: register first")
+            raise not_registered(learner_id)
         fs = svc.fragment(p)
         if fs.version < 0:
             raise ApiError(
@@ -86,15 +94,26 @@ class ContributionDesk:
             return self._result("duplicate", fs, base_version)
         fs.reserved.add(key)
         try:
-            tensors = await anyio.to_thread.run_sync(
-                validate_outer_gradient, blob, fs.spec, base_version, svc.settings.max_body_bytes
-            )
-            self._check_fresh(fs, base_version)
+            meta = PendingMeta(
+                learner_id=learner_id, fragment=p, base_version=base_version, seq=seq, steps=steps,
+                tokens=tokens, received_at=svc.clock(),
+            )  # fmt: skip
+            taken = await anyio.to_thread.run_sync(self._take, fs, meta, blob, svc.guard.ok)
+            if taken.failure is not None:
+                svc.guard.mark_down(taken.failure)
+                log.warning("contribution %s kept in memory: %s", key, taken.failure)
+            try:
+                self._check_fresh(fs, base_version)  # a round may have moved on meanwhile
+            except ApiError:
+                svc.background_delete([taken.storage_key] if taken.storage_key else [])
+                raise
             c = Contribution(
                 learner_id=learner_id, fragment=p, base_version=base_version, seq=seq, steps=steps,
-                tokens=tokens, tensors=tensors, nbytes=len(blob), received_at=svc.clock(),
+                tokens=tokens, tensors=taken.tensors, nbytes=len(blob), received_at=meta.received_at,
+                storage_key=taken.storage_key,
             )  # fmt: skip
-            await self._persist(c, blob)
+            if c.storage_key is None:
+                self._hold_in_memory(c, blob)
             self._enqueue(fs, c)
         finally:
             fs.reserved.discard(key)
@@ -119,18 +138,24 @@ class ContributionDesk:
             pending=len(fs.pending),
         )
 
-    async def _persist(self, c: Contribution, blob: bytes) -> None:
+    def _take(self, fs: FragmentState, meta: PendingMeta, blob: bytes, store_it: bool) -> _Taken:
+        """Blocking, in one worker thread: decode and check the payload, then write it under pending/.
+
+        A refused payload raises ``ApiError`` and is never written. A storage failure is returned
+        (not raised), so the caller can keep the contribution in memory instead.
+        """
         svc = self.service
-        meta = PendingMeta(
-            learner_id=c.learner_id, fragment=c.fragment, base_version=c.base_version, seq=c.seq,
-            steps=c.steps, tokens=c.tokens, received_at=c.received_at,
-        )  # fmt: skip
-        if svc.guard.ok:
-            try:
-                c.storage_key = await svc.guard.call(svc.store.put_pending, meta, blob)
-                return
-            except StorageError as exc:
-                log.warning("contribution %s kept in memory: %s", c.key, exc)
+        tensors = validate_outer_gradient(blob, fs.spec, meta.base_version, svc.settings.max_body_bytes)
+        if not store_it:
+            return _Taken(tensors, None, None)
+        try:
+            return _Taken(tensors, svc.store.put_pending(meta, blob), None)
+        except StorageError as exc:
+            return _Taken(tensors, None, exc)
+
+    def _hold_in_memory(self, c: Contribution, blob: bytes) -> None:
+        """Storage is down: keep the payload in memory within the budget, or answer 503 (retryable)."""
+        svc = self.service
         if not svc.guard.reserve(len(blob)):
             raise ApiError(
                 503, "storage_unavailable",

@@ -31,6 +31,12 @@ class ApiError(Exception):
         return self.body.code
 
 
+def not_registered(learner_id: str) -> ApiError:
+    """404 ``not_registered``: the synchronizer does not know the learner (never registered, or its
+    registry was lost); a learner answers it by registering again."""
+    return ApiError(404, "not_registered", f"learner {learner_id} is not registered: register again")
+
+
 async def api_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     return JSONResponse(exc.body.model_dump(), status_code=exc.status, headers=exc.headers)

@@ -11,6 +11,23 @@ from .layout import LearnerRecord, LearnerRegistryRecord
 _COUNTED_STATES: frozenset[LearnerState] = frozenset({"training", "rejoining"})
 
 
+class UnknownLearner(KeyError):
+    """A call about a learner that is not in the registry (never registered, or forgotten)."""
+
+
+def token_increment(counted: int | None, reported: int) -> int:
+    """Tokens to add to a learner's token counter for a heartbeat reporting ``reported`` in total.
+
+    ``counted`` is the total already counted, or None when unknown (a learner restored after a restart
+    or registering after its own resume): its first report then only sets the baseline, so a restart
+    does not count a learner's whole history again. A total that went backwards (a learner resumed
+    from an older checkpoint) also only resets the baseline.
+    """
+    if counted is None or reported < counted:
+        return 0
+    return reported - counted
+
+
 @dataclass
 class Learner:
     record: LearnerRecord
@@ -18,6 +35,7 @@ class Learner:
     state: LearnerState = "training"
     step: int = 0
     tokens: int = 0
+    tokens_counted: int | None = None
     step_time_s: float = 0.0
     eval_loss: float | None = None
     bytes_sent: int = 0
@@ -49,7 +67,10 @@ class LearnerRegistry:
         """Add or refresh a learner; True when the durable record changed."""
         existing = self.learners.get(record.learner_id)
         if existing is None:
-            self.learners[record.learner_id] = Learner(record=record, last_seen=now, step=step)
+            counted = 0 if step == 0 else None
+            self.learners[record.learner_id] = Learner(
+                record=record, last_seen=now, step=step, tokens_counted=counted
+            )
             return True
         changed = (existing.record.unit, existing.record.tokens_per_step) != (
             record.unit,
@@ -63,17 +84,28 @@ class LearnerRegistry:
     def get(self, learner_id: str) -> Learner | None:
         return self.learners.get(learner_id)
 
-    def heartbeat(self, learner_id: str, hb: Heartbeat, now: float) -> None:
-        learner = self.learners[learner_id]
+    def heartbeat(self, learner_id: str, hb: Heartbeat, now: float) -> int:
+        """Record a heartbeat; returns the tokens trained since the last one counted.
+
+        Raises ``UnknownLearner`` for a learner that is not registered.
+        """
+        learner = self.learners.get(learner_id)
+        if learner is None:
+            raise UnknownLearner(learner_id)
+        increment = token_increment(learner.tokens_counted, hb.tokens)
+        learner.tokens_counted = hb.tokens
         learner.last_seen = now
         learner.state = hb.state
         learner.step, learner.tokens, learner.step_time_s = hb.step, hb.tokens, hb.step_time_s
         learner.bytes_sent, learner.blocked_s = hb.bytes_sent, hb.blocked_s
         if hb.eval_loss is not None:
             learner.eval_loss = hb.eval_loss
+        return increment
 
     def leave(self, learner_id: str, now: float) -> None:
-        learner = self.learners[learner_id]
+        learner = self.learners.get(learner_id)
+        if learner is None:
+            raise UnknownLearner(learner_id)
         learner.state, learner.last_seen = "left", now
 
     def alive_count(self, now: float) -> int:

@@ -20,6 +20,8 @@ from diloco_core.outer import OuterOptimizer
 from .fragment_state import Arrays, Contribution
 from .ingest import encode_params
 
+_OUTER_STATE_LEVEL = -1  # zstd's fast mode: about 5x faster than level 1 on fp32, ~8% larger
+
 
 @dataclass(frozen=True)
 class RoundOutcome:
@@ -41,12 +43,15 @@ def new_optimizer(diloco: DiLoCoSettings) -> OuterOptimizer:
 
 
 def encode_outer_state(optimizer: OuterOptimizer, fragment: int, version: int) -> bytes | None:
+    """The outer optimizer's state for storage only: fp32 (lossless) with zstd's fastest level, as
+    fp32 momentum barely compresses and this object is written every round but read only at start-up."""
     state = optimizer.state_arrays()
     if not state:
         return None
     return codec.encode(
-        state, fragment=fragment, base_version=version, kind="params", quantizer="fp32", level=1
-    )
+        state, fragment=fragment, base_version=version, kind="params", quantizer="fp32",
+        level=_OUTER_STATE_LEVEL,
+    )  # fmt: skip
 
 
 def compute_weights(

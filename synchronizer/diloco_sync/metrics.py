@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
 
 class Metrics:
@@ -47,7 +50,23 @@ class Metrics:
             "diloco_sync_buffered_bytes", "Contribution bytes held in memory only (storage down)", registry=r
         )
         self.storage_errors = Counter("diloco_sync_storage_errors", "Failed storage operations", registry=r)
+        self.contribution_staleness = Histogram(
+            "diloco_sync_contribution_staleness",
+            "Versions between a merged contribution's base version and the version it was merged into",
+            ["fragment"], buckets=_STALENESS_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.learner_loss = Gauge(
+            "diloco_sync_learner_loss", "Last held-out loss a learner reported", ["learner"], registry=r
+        )
+        self.learner_tokens = Counter(
+            "diloco_sync_learner_tokens", "Tokens learners reported training on", ["learner"], registry=r
+        )
         self.storage_ok.set(1)
+
+    def forget_learner(self, learner_id: str) -> None:
+        """A learner left: stop exporting its last loss (its token counter stays, as counters do)."""
+        with contextlib.suppress(KeyError):  # it never reported a loss
+            self.learner_loss.remove(learner_id)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from diloco_core.storage import ObjectNotFound, ObjectStore, StorageError
@@ -27,6 +28,7 @@ from .layout import (
 )
 
 log = logging.getLogger(__name__)
+_WRITERS = 3  # parameters, outer-optimizer state and round log of one commit
 
 
 class StateMismatch(RuntimeError):
@@ -45,6 +47,10 @@ class StateStore:
         self._committed: dict[int, FragmentRecord] = {}
         self._plan_hash = ""
         self._rounds = 0
+        self._written_lock = threading.Lock()
+        self._written: dict[int, set[str]] = {}  # per fragment: parameter/outer objects written here
+        self._listed: set[int] = set()  # fragments whose stored objects were listed once
+        self._writers = ThreadPoolExecutor(max_workers=_WRITERS, thread_name_prefix="state-writer")
 
     # -- reading at start-up -------------------------------------------------------------------
 
@@ -124,12 +130,18 @@ class StateStore:
         round_log: dict[str, Any] | None,
         count_round: bool,
     ) -> None:
-        """Write the objects of a new fragment version, then the manifest that makes it current."""
-        self.store.put(record.params_key, params_blob)
+        """Write the objects of a new fragment version, then the manifest that makes it current.
+
+        The objects are independent of each other, so they are written concurrently; the manifest is
+        written only after all of them are durable.
+        """
+        objects = {record.params_key: params_blob}
         if outer_blob is not None and record.outer_key is not None:
-            self.store.put(record.outer_key, outer_blob)
+            objects[record.outer_key] = outer_blob
         if round_log is not None:
-            self.store.put(self.layout.round_log(fragment, record.version), json.dumps(round_log).encode())
+            objects[self.layout.round_log(fragment, record.version)] = json.dumps(round_log).encode()
+        self._remember(fragment, [key for key in objects if version_of_key(key) is not None])
+        self._put_all(objects)
         with self._manifest_lock:
             previous = self._committed.get(fragment)
             self._committed[fragment] = record
@@ -147,6 +159,13 @@ class StateStore:
                     self._rounds -= 1
                 raise
 
+    def _put_all(self, objects: dict[str, bytes]) -> None:
+        """Write every object, concurrently; raises the first failure after all writes ended."""
+        futures = [self._writers.submit(self.store.put, key, data) for key, data in objects.items()]
+        wait(futures)
+        for future in futures:
+            future.result()
+
     def _write_manifest_locked(self) -> None:
         manifest = Manifest(
             job_id=self.job_id,
@@ -158,19 +177,38 @@ class StateStore:
         self.store.put(self.layout.manifest, manifest.model_dump_json().encode())
 
     def collect_garbage(self, fragment: int, keep_versions: int) -> int:
-        """Delete parameter/outer objects older than the newest ``keep_versions`` committed ones."""
+        """Delete parameter/outer objects older than the newest ``keep_versions`` committed ones.
+
+        The first call for a fragment lists its objects (orphans of an earlier process included);
+        later calls only look at the objects this process wrote, so a round never lists the store.
+        """
         with self._manifest_lock:
             record = self._committed.get(fragment)
         if record is None:
             return 0
         oldest_kept = record.version - keep_versions + 1
+        with self._written_lock:
+            listed = fragment in self._listed
+            keys = sorted(self._written.get(fragment, ()))
+        if not listed:
+            keys = self.store.list(self.layout.fragment_prefix(fragment))
+            self._remember(fragment, [key for key in keys if version_of_key(key) is not None])
+            with self._written_lock:
+                self._listed.add(fragment)
         deleted = 0
-        for key in self.store.list(self.layout.fragment_prefix(fragment)):
+        for key in keys:
             version = version_of_key(key)
             if version is not None and (version < oldest_kept or version > record.version):
                 self.store.delete(key)
                 deleted += 1
+                with self._written_lock:
+                    self._written.get(fragment, set()).discard(key)
         return deleted
+
+    def _remember(self, fragment: int, keys: list[str]) -> None:
+        """Objects of a fragment known to exist (remembered before writing: a failed write may leave one)."""
+        with self._written_lock:
+            self._written.setdefault(fragment, set()).update(keys)
 
     def probe(self) -> None:
         """Raise ``StorageUnavailable`` when the backend cannot be reached."""

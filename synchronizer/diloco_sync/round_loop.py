@@ -185,6 +185,9 @@ class RoundRunner:
         svc.metrics.rounds.labels(str(p)).inc()
         svc.metrics.merge_seconds.observe(outcome.merge_s)
         svc.metrics.round_participants.observe(len(contributions))
+        staleness = svc.metrics.contribution_staleness.labels(str(p))
+        for c in contributions:  # merged into the version the round started from
+            staleness.observe(rounds.staleness(c.base_version, outcome.version - 1))
         svc.metrics.fragment_version.labels(str(p)).set(outcome.version)
         log.info(
             "fragment %d: version %d from %s (weights %s, merge %.3fs)",

@@ -30,11 +30,11 @@ from diloco_core.protocol import (
 )
 from diloco_core.storage import StorageError
 
-from .errors import ApiError
+from .errors import ApiError, not_registered
 from .fragment_state import Contribution, FragmentState
 from .ingest import encode_params, validate_initial_params
 from .layout import FragmentRecord, LearnerRecord
-from .learners import LearnerRegistry
+from .learners import LearnerRegistry, UnknownLearner
 from .merging import encode_outer_state, new_optimizer
 from .metrics import Metrics
 from .persistence import StateStore
@@ -198,12 +198,25 @@ class SyncService:
             self.registry_dirty = True  # written by the storage watcher once storage is back
 
     def heartbeat(self, learner_id: str, hb: Heartbeat) -> HeartbeatResponse:
+        """Record a learner's progress; 404 ``not_registered`` (register again) for an unknown learner."""
         now = self.clock()
-        self.registry.heartbeat(learner_id, hb, now)
+        try:
+            tokens = self.registry.heartbeat(learner_id, hb, now)
+        except UnknownLearner:
+            raise not_registered(learner_id) from None
+        if tokens:
+            self.metrics.learner_tokens.labels(learner_id).inc(tokens)
+        if hb.eval_loss is not None:
+            self.metrics.learner_loss.labels(learner_id).set(hb.eval_loss)
         return HeartbeatResponse(versions=self.versions(), alive_learners=self.registry.alive_count(now))
 
     def leave(self, learner_id: str) -> None:
-        self.registry.leave(learner_id, self.clock())
+        """A learner leaves the quorum; leaving twice, or without registering, is not an error."""
+        try:
+            self.registry.leave(learner_id, self.clock())
+        except UnknownLearner:
+            return
+        self.metrics.forget_learner(learner_id)
         log.info("learner %s left", learner_id)
 
     # -- fragments -------------------------------------------------------------------------------

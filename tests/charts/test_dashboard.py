@@ -64,7 +64,10 @@ def _metric_names(expression: str) -> set[str]:
 def test_dashboard_has_the_panels_operators_need() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     titles = {p["title"] for p in dashboard["panels"]}
-    wanted = ("Participation", "Goodput", "Rounds/s", "Bytes on the wire", "Contributions", "Jobs by phase")
+    wanted = (
+        "Participation", "Goodput", "Rounds/s", "Bytes on the wire", "Contributions", "Jobs by phase",
+        "Contribution staleness", "Held-out loss per learner", "Tokens/s per learner",
+    )  # fmt: skip
     assert set(wanted) <= titles
     assert dashboard["uid"] == "diloco-overview"
     ids = [p["id"] for p in dashboard["panels"]]

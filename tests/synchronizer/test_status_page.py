@@ -35,11 +35,15 @@ def browser() -> Iterator[object]:
         driver.quit()
 
 
-def cell_texts(driver: object, table: str) -> list[list[str]]:
-    from selenium.webdriver.common.by import By
+_CELLS = """return Array.from(document.querySelectorAll(arguments[0])).map(
+    (tr) => Array.from(tr.querySelectorAll("td")).map((td) => td.innerText.trim()));"""
 
-    rows = driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")  # type: ignore[attr-defined]
-    return [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in rows]
+
+def cell_texts(driver: object, table: str) -> list[list[str]]:
+    """The cell texts of a table's body, read in one script call: the page re-renders its tables
+    while it refreshes, so elements found in one call may be gone (stale) by the next."""
+    rows: list[list[str]] = driver.execute_script(_CELLS, f"#{table} tbody tr")  # type: ignore[attr-defined]
+    return rows
 
 
 def test_status_page_shows_learners_and_rounds(sync_factory: SyncFactory, browser: object) -> None:

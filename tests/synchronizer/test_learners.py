@@ -1,0 +1,45 @@
+"""The learner registry's bookkeeping: unknown learners and the token counter's baseline."""
+
+from __future__ import annotations
+
+import pytest
+from diloco_core.protocol import Heartbeat
+from diloco_sync.layout import LearnerRecord, LearnerRegistryRecord
+from diloco_sync.learners import LearnerRegistry, UnknownLearner, token_increment
+
+
+def _hb(tokens: int, **extra: object) -> Heartbeat:
+    return Heartbeat.model_validate({"step": tokens // 8, "tokens": tokens, "step_time_s": 0.1, **extra})
+
+
+def test_token_increment_counts_growth_and_only_rebases_otherwise() -> None:
+    assert token_increment(0, 80) == 80
+    assert token_increment(80, 80) == 0
+    assert token_increment(80, 200) == 120
+    assert token_increment(None, 5000) == 0  # unknown baseline: the first report only sets it
+    assert token_increment(200, 40) == 0  # resumed from an older checkpoint
+
+
+def test_heartbeat_of_an_unknown_learner_raises_unknown_learner() -> None:
+    reg = LearnerRegistry(heartbeat_timeout_s=10)
+    with pytest.raises(UnknownLearner):
+        reg.heartbeat("ghost", _hb(8), now=1.0)
+    with pytest.raises(UnknownLearner):
+        reg.leave("ghost", now=1.0)
+    assert reg.learners == {}
+
+
+def test_new_learner_counts_from_zero_and_resumed_or_restored_ones_from_their_first_report() -> None:
+    reg = LearnerRegistry(heartbeat_timeout_s=10)
+    reg.register(LearnerRecord(learner_id="fresh"), step=0, now=0.0)
+    reg.register(LearnerRecord(learner_id="resumed"), step=500, now=0.0)
+    assert reg.heartbeat("fresh", _hb(64), now=1.0) == 64
+    assert reg.heartbeat("fresh", _hb(96), now=2.0) == 32
+    assert reg.heartbeat("resumed", _hb(4000), now=1.0) == 0
+    assert reg.heartbeat("resumed", _hb(4040), now=2.0) == 40
+
+    restarted = LearnerRegistry(heartbeat_timeout_s=10)
+    restarted.restore(LearnerRegistryRecord(learners={"fresh": LearnerRecord(learner_id="fresh")}), now=5.0)
+    assert restarted.heartbeat("fresh", _hb(96), now=6.0) == 0  # not counted twice after a restart
+    assert restarted.heartbeat("fresh", _hb(104, eval_loss=2.5), now=7.0) == 8
+    assert restarted.learners["fresh"].eval_loss == 2.5
