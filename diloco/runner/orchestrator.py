@@ -28,10 +28,11 @@ from diloco.runner.commands import (
     learner_id,
 )
 from diloco.runner.evaluation import GlobalEvaluator
+from diloco.runner.learner_metrics import read_counts
 from diloco.runner.processes import Child, free_port, launch, stop_all
 from diloco.runner.record import KillRecord, LearnerTotals, LossSample, RunRecord
 from diloco.runner.settings import RunSettings
-from diloco.runner.slots import LearnerSlot, has_rejoined
+from diloco.runner.slots import LearnerSlot, has_rejoined, learner_label, resumed_step
 from diloco.runner.timeline import Rollback
 from diloco.runner.view import LearnerRow, ProgressView, Snapshot
 
@@ -138,14 +139,25 @@ class Orchestrator:
         if self.evaluator is not None:
             self.evaluator.close()
         self.record.duration_s = now
-        self.record.learners = [
-            LearnerTotals(
-                learner=slot.index, learner_id=slot.learner_id, speed_factor=slot.speed_factor,
-                bandwidth_limit=slot.bandwidth_limit, steps=slot.step, tokens=slot.tokens,
-                launches=slot.incarnation + 1, finished=slot.state == "finished",
-            )
-            for slot in self.slots
-        ]
+        self.record.learners = [self._totals(slot) for slot in self.slots]
+
+    def _totals(self, slot: LearnerSlot) -> LearnerTotals:
+        """A learner's final counts from its metrics file (exact), else from the last status poll.
+
+        In ddp mode rank 0 writes the unit's file: every rank took the unit's steps, and the unit's
+        tokens and bytes are shared out so that the totals add up to the unit's."""
+        steps, tokens, sent = slot.step, slot.tokens, 0
+        ddp = self.s.mode == "ddp"
+        counts = read_counts(self.paths.metrics_file(0 if ddp else slot.index))
+        if counts is not None:
+            steps = counts.step
+            tokens = counts.tokens // self.s.learners if ddp else counts.tokens
+            sent = counts.bytes_sent if not ddp or slot.index == 0 else 0
+        return LearnerTotals(
+            learner=slot.index, learner_id=slot.learner_id, speed_factor=slot.speed_factor,
+            bandwidth_limit=slot.bandwidth_limit, steps=steps, tokens=tokens,
+            launches=slot.incarnation + 1, finished=slot.state == "finished", bytes_sent=sent,
+        )
 
     # ---- the loop ---------------------------------------------------------------------------------
 
@@ -189,18 +201,34 @@ class Orchestrator:
                 if member.up and member.child is not None:
                     member.child.kill()
                     self._mark_down(member, now, by_chaos=member is slot)
-            self._note(f"[{now:6.1f}s] chaos: killed {slot.learner_id} (learner {slot.index}) at step {slot.step}")
+            self._note(f"[{now:6.1f}s] chaos: killed {self._who(slot)} at step {slot.step}{self._unit_note()}")
         elif event.action == "restart" and slot.state == "down" and slot.pending_kill is not None:
             for member in self._group_of(slot):
                 if member.state == "down":
                     self._launch(member)
             slot.pending_kill.restarted_at_s = now
-            self._note(f"[{now:6.1f}s] chaos: restarted learner {slot.index}")
+            self._note(f"[{now:6.1f}s] chaos: restarted {self._who(slot)}{self._unit_note()}")
+
+    def _logged_step(self, slot: LearnerSlot) -> int:
+        """The newest step the learner's current process wrote to its metrics file (every 5 steps):
+        fresher than the last heartbeat. In ddp mode rank 0's process writes the unit's file."""
+        writer = self.slots[0] if self.s.mode == "ddp" else slot
+        if writer.child is None:
+            return 0
+        counts = read_counts(self.paths.metrics_file(writer.index), pid=writer.child.pid)
+        return counts.step if counts is not None else 0
+
+    def _who(self, slot: LearnerSlot) -> str:
+        return learner_label(self.s.mode, slot.index, slot.learner_id)
+
+    def _unit_note(self) -> str:
+        return f" (the unit's {self.s.learners} ranks fail and restart together)" if self.s.mode == "ddp" else ""
 
     def _mark_down(self, slot: LearnerSlot, now: float, *, by_chaos: bool) -> None:
         slot.state = "down"
         self.record.timeline.enter(slot.index, "down", now)
         if by_chaos:
+            slot.step = max(slot.step, self._logged_step(slot))
             slot.pending_kill = KillRecord(slot.index, now, slot.step)
             self.record.kills.append(slot.pending_kill)
 
@@ -216,6 +244,10 @@ class Orchestrator:
             if code is None:
                 continue
             if code == 0:
+                if slot.pending_kill is not None and slot.pending_kill.restarted_at_s is not None:
+                    # restarted after its last step was already checkpointed: back, and done at once
+                    slot.pending_kill.rejoined_at_s = now
+                    slot.pending_kill = None
                 slot.state = "finished"
                 self.record.timeline.leave(slot.index, now)
             elif slot.crashes < MAX_CRASH_RESTARTS:
@@ -277,8 +309,12 @@ class Orchestrator:
         if kill is not None:
             kill.rejoined_at_s = now
             slot.pending_kill = None
-            self.record.timeline.rollbacks.append(Rollback(slot.index, now, kill.step, step, slot.step_time_s))
-            self._note(f"[{now:6.1f}s] learner {slot.index} rejoined at step {step} (killed at step {kill.step})")
+            # the step it resumed from (its log says), not the one it already reached again by now
+            start = resumed_step(slot.child.log_tail(200_000)) if slot.child is not None else None
+            resumed = min(step, start) if start is not None else step
+            self.record.timeline.rollbacks.append(Rollback(slot.index, now, kill.step, resumed, slot.step_time_s))
+            self._note(f"[{now:6.1f}s] {self._who(slot)} rejoined at step {step} (killed at step {kill.step}, "
+                       f"resumed from step {resumed})")
         slot.step = step
 
     # ---- global model evaluation ------------------------------------------------------------------

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diloco.runner.record import RunRecord
+from diloco.runner.slots import learner_label
 from diloco.runner.timeline import Goodput, goodput_of
 from diloco.runner.traffic import Traffic, human_bytes
 
@@ -104,9 +105,13 @@ def render_markdown(report: Report) -> str:
         "",
     ]
     lines += _chaos_lines(report)
-    lines += ["", "## Learners", "", "| learner | speed | steps | tokens | launches | finished |", "|---|---:|---:|---:|---:|---|"]
     lines += [
-        f"| {x.learner_id} | {x.speed_factor:g} | {x.steps} | {x.tokens:,} | {x.launches} | {'yes' if x.finished else 'no'} |"
+        "", "## Learners", "",
+        "| learner | speed | steps | tokens | bytes sent | launches | finished |", "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    lines += [
+        f"| {x.learner_id if r.mode != 'ddp' else learner_label(r.mode, x.learner, x.learner_id)} | {x.speed_factor:g} | {x.steps} | {x.tokens:,} | "
+        f"{human_bytes(x.bytes_sent)} | {x.launches} | {'yes' if x.finished else 'no'} |"
         for x in r.learners
     ]
     return "\n".join(lines) + "\n"

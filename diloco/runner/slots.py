@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from diloco_core.protocol import LearnerStatus
@@ -43,3 +44,23 @@ def has_rejoined(slot: LearnerSlot, status: LearnerStatus, now_s: float) -> bool
     heard_since_launch = status.last_seen_s < max(0.0, now_s - slot.launched_at_s)
     trained = status.state in ("training", "leaving", "left") and status.step > 0
     return bool(trained and heard_since_launch)
+
+
+def learner_label(mode: str, index: int, learner_id: str) -> str:
+    """How notes and the report name a learner process: in ddp mode the learners are the ranks of
+    one unit (which rank 0's id names), elsewhere each has its own id."""
+    return f"rank {index} of {learner_id}" if mode == "ddp" else f"{learner_id} (learner {index})"
+
+
+_LAUNCH = "\n=== "  # what processes.launch writes before each start of a process into its log
+_RESUMED = re.compile(r"step=(\d+) resumed from checkpoint")
+
+
+def resumed_step(log_text: str) -> int | None:
+    """The step the newest process in a learner's log started from: its checkpoint's step, 0 when it
+    started without one, None when the log shows no launch yet."""
+    start = log_text.rfind(_LAUNCH)
+    if start < 0:
+        return None
+    found = _RESUMED.findall(log_text[start:])
+    return int(found[0]) if found else 0

@@ -90,3 +90,7 @@ def test_diloco_sync_mode_needs_blocking_learners() -> None:
         check_mode_supported(s, help_text="usage: diloco worker [--sync-url URL]")
     check_mode_supported(s, help_text="usage: diloco worker [--blocking-sync]")
     check_mode_supported(parse_settings([]), help_text="")
+
+
+def test_the_installed_worker_supports_the_synchronous_baseline() -> None:
+    check_mode_supported(parse_settings(["--mode", "diloco-sync"]))  # reads the worker's real --help

@@ -50,3 +50,25 @@ def test_standalone_needs_no_synchronizer() -> None:
     assert s.standalone
     assert s.data.non_iid
     assert s.sync_url is None
+
+
+def test_blocking_sync_from_the_flag_or_the_environment() -> None:
+    base = ["--sync-url", "http://x", "--token", "t"]
+    assert not parse_settings(base, env={}).blocking_sync
+    assert parse_settings([*base, "--blocking-sync"], env={}).blocking_sync
+    assert parse_settings(base, env={"DILOCO_BLOCKING_SYNC": "true"}).blocking_sync
+    assert not parse_settings(base, env={"DILOCO_BLOCKING_SYNC": "0"}).blocking_sync
+    with pytest.raises(SettingsError, match="DILOCO_BLOCKING_SYNC='maybe'"):
+        parse_settings(base, env={"DILOCO_BLOCKING_SYNC": "maybe"})
+
+
+def test_blocking_sync_needs_a_synchronizer() -> None:
+    with pytest.raises(SettingsError, match="--blocking-sync.*--standalone"):
+        parse_settings(["--standalone", "--blocking-sync"], env={})
+
+
+def test_health_port_is_off_unless_set_and_checked() -> None:
+    assert parse_settings(["--standalone"], env={}).health_port is None
+    assert parse_settings(["--standalone"], env={"DILOCO_HEALTH_PORT": "8081"}).health_port == 8081
+    with pytest.raises(SettingsError, match="health_port"):
+        parse_settings(["--standalone", "--health-port", "70000"], env={})

@@ -9,6 +9,7 @@ import sys
 import threading
 from types import FrameType
 
+from .health import Health, HealthServer
 from .settings import SettingsError, parse_settings
 
 log = logging.getLogger("diloco_worker")
@@ -40,6 +41,19 @@ def main(argv: list[str]) -> int:
         format=f"%(asctime)s %(levelname)s [learner={settings.learner_id}] %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    health = Health(settings.health_stale_s)
+    server = None
+    if settings.health_port is not None:
+        try:
+            server = HealthServer(health, settings.health_host, settings.health_port).start()
+        except OSError as exc:
+            print(
+                f"diloco worker: cannot serve the health endpoint on "
+                f"{settings.health_host}:{settings.health_port} (--health-port / DILOCO_HEALTH_PORT): {exc}",
+                file=sys.stderr,
+            )
+            return 2
+        log.info("health endpoint on %s:%d (/healthz, /readyz)", settings.health_host, server.port)
     from .learner import run_learner  # torch loads only once the settings are known to be valid
     from .session import FatalSyncError
 
@@ -47,13 +61,16 @@ def main(argv: list[str]) -> int:
     _install_sigterm(stop, settings.shutdown_timeout_s + 30.0)
     log.info("settings: %s", settings.model_dump_json(exclude={"token"}))
     try:
-        return run_learner(settings, os.environ, stop)
+        return run_learner(settings, os.environ, stop, health)
     except FatalSyncError as exc:
         log.error("%s", exc)
         return 3
     except ValueError as exc:
         log.error("cannot start: %s", exc)
         return 2
+    finally:
+        if server is not None:
+            server.close()
 
 
 if __name__ == "__main__":

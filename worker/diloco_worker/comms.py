@@ -14,7 +14,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,6 +92,7 @@ class Communicator:
         self._resync: set[int] = set()
         self._cv = threading.Condition()
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._inflight = False
         self._bucket = TokenBucket(settings.bandwidth_limit)
@@ -123,6 +124,12 @@ class Communicator:
         with self._lock:
             out, self._arrivals = self._arrivals, {}
         return out
+
+    def wait_for_arrival(self, fragments: Collection[int], timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until a global version of one of ``fragments`` is waiting to be
+        taken (blocking sync only); True when one is."""
+        with self._arrived:
+            return self._arrived.wait_for(lambda: any(p in self._arrivals for p in fragments), timeout_s)
 
     def resync(self, p: int) -> None:
         """Fetch fragment ``p``'s current global version even if it is not newer than the last seen."""
@@ -233,6 +240,7 @@ class Communicator:
                     self._known[p] = got.version
                     self._resync.discard(p)
                     self._arrivals[p] = (got.version, tensors)
+                    self._arrived.notify_all()
 
     def _hb_loop(self) -> None:
         attempt = 0

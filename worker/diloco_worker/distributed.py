@@ -119,6 +119,14 @@ class Unit:
             out[p] = (int(values[1 + p]), tensors)
         return bool(values[0]), out
 
+    def share_flag(self, flag: bool) -> bool:
+        """Rank 0's ``flag`` on every rank."""
+        if not self.distributed:
+            return flag
+        t = torch.tensor([int(flag)], dtype=torch.int64, device=self._comm_device())
+        dist.broadcast(t, src=0)
+        return bool(t.item())
+
     def close(self) -> None:
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()

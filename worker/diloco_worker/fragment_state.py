@@ -120,6 +120,13 @@ class FragmentState:
         c = self.counters[p]
         c.sent_at, c.seq = c.steps, c.seq + 1
 
+    def set_counters(self, steps: Mapping[int, int]) -> None:
+        """Put fragments at the given steps since their last sync, nothing sent yet (a learner that
+        joins a synchronous job takes its place in the round cycle: :mod:`.lockstep`)."""
+        for p, n in steps.items():
+            c = self.counters[p]
+            c.steps, c.tokens, c.sent_at = n, 0, 0
+
     def versions(self) -> dict[int, int]:
         return {i: c.base_version for i, c in enumerate(self.counters)}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -16,6 +17,7 @@ from .data import Shard
 from .distributed import Unit, join_unit
 from .entry import TaskContext, TrainingTask, load_task
 from .fragment_state import FragmentState
+from .health import Health
 from .metrics import MetricsLog
 from .session import DiLoCoSession
 from .settings import WorkerSettings
@@ -82,18 +84,21 @@ def _resume_if_any(
     return store, state
 
 
-def run_learner(settings: WorkerSettings, env: Mapping[str, str], stop: threading.Event) -> int:
+def run_learner(
+    settings: WorkerSettings, env: Mapping[str, str], stop: threading.Event, health: Health | None = None
+) -> int:
+    """Train until done or stopped; ``health`` receives the loop's beats (for the probe endpoint)."""
     if settings.threads:
         torch.set_num_threads(settings.threads)
     device = pick_device(settings.device, env)
     unit: Unit = join_unit(env, device)
     try:
-        return _run(settings, unit, stop)
+        return _run(settings, unit, stop, health or Health(settings.health_stale_s))
     finally:
         unit.close()
 
 
-def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event) -> int:
+def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: Health) -> int:
     shard = Shard(
         settings.learner_index * unit.world_size + unit.rank,
         settings.num_learners * unit.world_size,
@@ -111,14 +116,22 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event) -> int:
     resumed = state.step > 0
     metrics = None
     if settings.metrics_file and unit.is_leader:
-        metrics = MetricsLog(settings.metrics_file, learner=settings.learner_id)
+        # the process id tells a reader where a restarted learner's records begin
+        metrics = MetricsLog(settings.metrics_file, learner=settings.learner_id, pid=os.getpid())
     tokens_per_step = (
         settings.train.batch_size * settings.train.grad_accum * settings.model.block_size * unit.world_size
     )
     session = None
     if not settings.standalone:
         session = DiLoCoSession(
-            settings, plan, fs, unit, tokens_per_step=tokens_per_step, stop=stop, metrics=metrics
+            settings,
+            plan,
+            fs,
+            unit,
+            tokens_per_step=tokens_per_step,
+            stop=stop,
+            metrics=metrics,
+            health=health,
         )
         session.connect(state, resumed=resumed)
     log.info(
@@ -146,8 +159,10 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event) -> int:
             speed_factor=settings.speed_factor,
             metrics=metrics,
             stop_at_step=settings.stop_at_step,
+            health=health,
         )
     finally:
+        health.beat("leaving")
         if session:
             session.close()
     return 0

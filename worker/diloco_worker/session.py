@@ -21,6 +21,8 @@ from diloco_core.fragments import FragmentPlan
 from .comms import CommSettings, Communicator, backoff_delay
 from .distributed import Arrivals, Unit
 from .fragment_state import FragmentState
+from .health import Health
+from .lockstep import lockstep_counters, round_can_close
 from .metrics import MetricsLog
 from .settings import WorkerSettings
 from .sync_client import GlobalFragment, SyncClient, SyncRejected, SyncUnavailable
@@ -28,6 +30,8 @@ from .train import LoopState
 
 log = logging.getLogger("diloco_worker.session")
 T = TypeVar("T")
+BLOCK_TICK_S = 1.0  # a blocked learner looks at arrivals, stop requests and its unit this often
+MEMBERS_CHECK_S = 3.0  # and asks this often whether the learners still in the job can close the round
 
 
 class FatalSyncError(RuntimeError):
@@ -45,10 +49,13 @@ class DiLoCoSession:
         tokens_per_step: int,
         stop: threading.Event,
         metrics: MetricsLog | None = None,
+        health: Health | None = None,
     ) -> None:
         self.settings, self.plan, self.fs, self.unit = settings, plan, fragments, unit
-        self.tokens_per_step, self.stop, self.metrics = tokens_per_step, stop, metrics
+        self.tokens_per_step, self.stop, self.metrics, self.health = tokens_per_step, stop, metrics, health
         self.alpha, self.quantizer, self.heartbeat_interval_s = 0.0, "int4", 2.0
+        self.quorum = 1
+        self._short_of_learners = False
         self.client: SyncClient | None = None
         self.comm: Communicator | None = None
         self._step = 0
@@ -81,7 +88,7 @@ class DiLoCoSession:
             raise
         known = {k: v for k, v in resp.diloco.items() if k in DiLoCoSettings.model_fields}
         job = DiLoCoSettings.model_validate(known)
-        self.alpha, self.quantizer = job.mixing_alpha, job.codec
+        self.alpha, self.quantizer, self.quorum = job.mixing_alpha, job.codec, job.quorum
         self.heartbeat_interval_s = resp.heartbeat_interval_s
         for p in resp.needs_init:
             self._upload_init(p)
@@ -101,6 +108,7 @@ class DiLoCoSession:
     def _retry(self, what: str, fn: Callable[[], T]) -> T | None:
         rng, attempt = random.Random(), 0
         while not self.stop.is_set():
+            self._beat("starting")
             try:
                 return fn()
             except SyncUnavailable as exc:
@@ -145,6 +153,14 @@ class DiLoCoSession:
             else:
                 self.fs.set_base(p, version, tensors)
             log.info("learner=%s fragment=%d version=%d taken at start", self.settings.learner_id, p, version)
+        if self.settings.blocking_sync:
+            counters = lockstep_counters(self.plan, self.fs.versions())
+            self.fs.set_counters(counters)
+            log.info(
+                "learner=%s blocking sync: steps since sync per fragment %s",
+                self.settings.learner_id,
+                counters,
+            )
         if self.unit.is_leader and self.client is not None:
             settings = CommSettings(
                 quantizer=self.quantizer,
@@ -171,46 +187,102 @@ class DiLoCoSession:
         self.fs.advance(step_tokens)
         arrivals = self.comm.take_arrivals() if self.comm else {}
         stop, arrivals = self.unit.boundary(stop, arrivals, self.plan)
+        self._apply(arrivals, state.step)
+        sent = self._send_due(state.step)
+        if self.settings.blocking_sync and sent and not stop:
+            self._report(state, step_time, stop, blocked_s=state.blocked_s)
+            stop = self._await_globals(set(sent), state, t0)
+        state.blocked_s += time.perf_counter() - t0
+        self._report(state, step_time, stop, blocked_s=state.blocked_s)
+        return stop
+
+    def _apply(self, arrivals: Arrivals, step: int) -> None:
         for p, (version, tensors) in sorted(arrivals.items()):
             self.fs.apply(p, version, tensors, self.alpha)
             log.info(
                 "learner=%s step=%d fragment=%d version=%d applied",
                 self.settings.learner_id,
-                state.step,
+                step,
                 p,
                 version,
             )
-        for p in self.fs.due():
+
+    def _send_due(self, step: int) -> list[int]:
+        """Queue the outer gradients of the due fragments (rank 0; the other ranks only count)."""
+        due = self.fs.due()
+        for p in due:
             if self.comm:
                 c = self.fs.take_contribution(p)
                 self.comm.submit(c)
                 log.info(
                     "learner=%s step=%d fragment=%d version=%d outer gradient queued (%d steps)",
                     self.settings.learner_id,
-                    state.step,
+                    step,
                     p,
                     c.base_version,
                     c.steps,
                 )
             else:
                 self.fs.mark_sent(p)
-        state.blocked_s += time.perf_counter() - t0
-        if self.comm:
-            pr = self.comm.progress
-            pr.step, pr.tokens, pr.step_time_s, pr.blocked_s = (
-                state.step,
-                state.tokens,
-                step_time,
-                state.blocked_s,
-            )
-            pr.fragment_steps = {i: c.steps for i, c in enumerate(self.fs.counters)}
-            pr.fragment_tokens = {i: c.tokens for i, c in enumerate(self.fs.counters)}
-            pr.eval_loss = state.eval_loss
-            if stop:
-                pr.state = "leaving"
-            if self.metrics:
-                self.metrics.set(bytes_sent=self.comm.bytes_sent, versions=self.fs.versions())
+        return due
+
+    def _await_globals(self, waiting: set[int], state: LoopState, t0: float) -> bool:
+        """Blocking sync: take arriving global versions until every fragment of ``waiting`` has a new
+        one; returns the unit-wide stop decision. A stop request ends the wait, and so does a job
+        whose remaining learners can no longer fill a round (the others finished and left).
+
+        Rank 0 waits at most ``BLOCK_TICK_S`` at a time and then tells its peers, so that the other
+        ranks of a unit (waiting in the broadcast) never reach their collective timeout."""
+        stop, released = False, False
+        # once the job could not fill a round, ask again on the first tick of every later wait
+        last_check = float("-inf") if self._short_of_learners else time.monotonic()
+        while waiting and not stop and not released:
+            arrivals: Arrivals = {}
+            if self.comm is not None:
+                self.comm.wait_for_arrival(waiting, BLOCK_TICK_S)
+                arrivals = self.comm.take_arrivals()
+                stop = self.stop.is_set()
+                self.comm.progress.blocked_s = state.blocked_s + time.perf_counter() - t0
+                if time.monotonic() - last_check >= MEMBERS_CHECK_S:
+                    last_check, released = time.monotonic(), not self._round_can_close()
+                    self._short_of_learners = released
+            stop, arrivals = self.unit.boundary(stop, arrivals, self.plan)
+            released = self.unit.share_flag(released)
+            self._apply(arrivals, state.step)
+            waiting -= arrivals.keys()
+            self._beat("blocked")
+        if waiting:
+            why = "stop requested" if stop else "too few learners left to close the round"
+            log.info("learner=%s step=%d %s; no longer waiting for fragments %s",
+                     self.settings.learner_id, state.step, why, sorted(waiting))  # fmt: skip
         return stop
+
+    def _round_can_close(self) -> bool:
+        """Asks the synchronizer which learners are still in the job (unreachable: assume they are)."""
+        assert self.client is not None
+        try:
+            learners = self.client.status().learners
+        except (SyncUnavailable, SyncRejected):
+            return True
+        return round_can_close((lr.state for lr in learners), self.quorum)
+
+    def _report(self, state: LoopState, step_time: float, stop: bool, *, blocked_s: float) -> None:
+        """What the next heartbeat and metrics record say."""
+        if not self.comm:
+            return
+        pr = self.comm.progress
+        pr.step, pr.tokens, pr.step_time_s, pr.blocked_s = state.step, state.tokens, step_time, blocked_s
+        pr.fragment_steps = {i: c.steps for i, c in enumerate(self.fs.counters)}
+        pr.fragment_tokens = {i: c.tokens for i, c in enumerate(self.fs.counters)}
+        pr.eval_loss = state.eval_loss
+        if stop:
+            pr.state = "leaving"
+        if self.metrics:
+            self.metrics.set(bytes_sent=self.comm.bytes_sent, versions=self.fs.versions())
+
+    def _beat(self, phase: str) -> None:
+        if self.health is not None:
+            self.health.beat(phase)
 
     # ---- leaving ----
     def close(self) -> None:

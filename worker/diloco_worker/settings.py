@@ -60,6 +60,12 @@ class WorkerSettings(BaseModel):
     shutdown_timeout_s: float = Field(20.0, gt=0.0)
     stop_at_step: int = Field(0, ge=0, description="leave (checkpoint, goodbye) at this step; 0: never")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0: PyTorch's default")
+    blocking_sync: bool = Field(
+        False, description="wait at every sync until the fragment's next global version is applied"
+    )
+    health_port: int | None = Field(None, ge=0, le=65535, description="serve /healthz and /readyz here")
+    health_host: str = "0.0.0.0"  # the pod's probes come from outside the container
+    health_stale_s: float = Field(120.0, gt=0.0, description="/healthz fails once the loop is this quiet")
 
     @model_validator(mode="after")
     def _check(self) -> WorkerSettings:
@@ -68,6 +74,10 @@ class WorkerSettings(BaseModel):
         if not self.standalone and not self.token:
             raise ValueError(
                 "no learner token: set --token / DILOCO_TOKEN, or --job-secret / DILOCO_JOB_SECRET to derive it"
+            )
+        if self.standalone and self.blocking_sync:
+            raise ValueError(
+                "--blocking-sync waits for the synchronizer; it cannot be used with --standalone"
             )
         if self.learner_index >= self.num_learners:
             raise ValueError(
@@ -101,6 +111,9 @@ _FLAGS: dict[str, tuple[str | None, str, type]] = {
     "shutdown-timeout": (None, "shutdown_timeout_s", float),
     "threads": (None, "threads", int),
     "stop-at-step": (None, "stop_at_step", int),
+    "health-port": (None, "health_port", int),
+    "health-host": (None, "health_host", str),
+    "health-stale-after": (None, "health_stale_s", float),
     "inner-steps": ("plan", "inner_steps", int),
     "fragments": ("plan", "fragments", int),
     "overlap": ("plan", "overlap", int),
@@ -137,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--standalone", action="store_true", default=None, help="train without a synchronizer"
     )
     parser.add_argument("--non-iid", action="store_true", default=None)
+    parser.add_argument(
+        "--blocking-sync",
+        action="store_true",
+        default=None,
+        help="synchronous DiLoCo: after sending a fragment, wait until its next global version is "
+        "applied before the next inner step (the wait counts as blocked time)",
+    )
     return parser
 
 
@@ -163,6 +183,17 @@ def _job_config(raw: str | None) -> dict[str, Any]:
     return out
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _env_bool(flag: str, text: str) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    env = "DILOCO_" + flag.replace("-", "_").upper()
+    raise SettingsError(f"{env}={text!r}: expected one of {', '.join(_TRUE + _FALSE[:-1])}")
+
+
 def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> WorkerSettings:
     """Flags win over environment variables, which win over --job-config, which wins over defaults."""
     env = os.environ if env is None else env
@@ -177,10 +208,15 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         v = value(flag)
         if v is not None:
             (raw.setdefault(section, {}) if section else raw)[name] = v
-    for flag, section, name in (("standalone", None, "standalone"), ("non-iid", "data", "non_iid")):
+    booleans = (
+        ("standalone", None, "standalone"),
+        ("non-iid", "data", "non_iid"),
+        ("blocking-sync", None, "blocking_sync"),
+    )
+    for flag, section, name in booleans:
         v = value(flag)
         if v is not None:
-            flag_on = v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes")
+            flag_on = v if isinstance(v, bool) else _env_bool(flag, str(v))
             (raw.setdefault(section, {}) if section else raw)[name] = flag_on
     secret = value("job-secret")
     if not raw.get("token") and secret:

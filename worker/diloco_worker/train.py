@@ -17,6 +17,7 @@ from torch import nn
 
 from .distributed import Unit
 from .entry import TrainingTask
+from .health import Health
 from .metrics import MetricsLog
 
 log = logging.getLogger("diloco_worker.train")
@@ -115,6 +116,7 @@ def train(
     speed_factor: float = 1.0,
     metrics: MetricsLog | None = None,
     stop_at_step: int = 0,
+    health: Health | None = None,
 ) -> LoopState:
     """Train until ``cfg.max_steps``, a stop request or ``stop_at_step``; a stop finishes the current step
     first. The learning-rate schedule always spans ``cfg.max_steps``."""
@@ -123,6 +125,8 @@ def train(
     batches: Iterator[Any] = task.make_batches(state.cursor)
     params: Sequence[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
     while state.step < cfg.max_steps:
+        if health:
+            health.beat("training")
         t0 = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(state.step, cfg)
@@ -148,7 +152,7 @@ def train(
         stopping = hook.at_boundary(state, step_tokens, asked, step_time) if hook else asked
         if eval_every and state.step % eval_every == 0:
             state.eval_loss = evaluate(task.model, task, unit.device)
-        if state.step % log_every == 0 or stopping:
+        if state.step % log_every == 0 or stopping or state.step >= cfg.max_steps:
             _emit(state, loss_sum, step_time, step_tokens, metrics)
         at_end = stopping or state.step >= cfg.max_steps
         if save and ((checkpoint_every and state.step % checkpoint_every == 0) or at_end):

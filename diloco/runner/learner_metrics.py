@@ -1,0 +1,68 @@
+"""A learner's final counts from its metrics file (JSONL, one record per logged step).
+
+Every process of a learner appends to the same file and tags its records with its ``pid``; a
+restarted learner continues from its checkpoint, so the final step and tokens are those of the last
+record, while bytes sent add up over the processes (each counts from zero).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LearnerCounts:
+    step: int
+    tokens: int
+    bytes_sent: int
+    processes: int
+
+
+def parse_records(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The JSON objects of ``lines``; a line cut short by a killed process is skipped."""
+    out: list[dict[str, Any]] = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            out.append(record)
+    return out
+
+
+def counts_from_records(records: Iterable[Mapping[str, Any]]) -> LearnerCounts | None:
+    """Final step and tokens (the last record) and bytes sent summed over the processes."""
+    last: Mapping[str, Any] | None = None
+    bytes_by_process: dict[Any, int] = {}
+    for record in records:
+        last = record
+        key = record.get("pid")
+        bytes_by_process[key] = max(bytes_by_process.get(key, 0), int(record.get("bytes_sent", 0) or 0))
+    if last is None:
+        return None
+    return LearnerCounts(
+        step=int(last["step"]),
+        tokens=int(last.get("tokens", 0) or 0),
+        bytes_sent=sum(bytes_by_process.values()),
+        processes=len(bytes_by_process),
+    )
+
+
+def read_counts(path: Path, pid: int | None = None) -> LearnerCounts | None:
+    """The counts of a metrics file (only the records of process ``pid`` when given); None when it
+    is missing or has no such record yet."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    records = parse_records(text.splitlines())
+    if pid is not None:
+        records = [r for r in records if r.get("pid") == pid]
+    return counts_from_records(records)
