@@ -10,13 +10,12 @@ and the round policy (``rounds.add_contribution`` / ``rounds.decide`` with the g
 The learners follow the worker's protocol (``diloco_worker.fragment_state``): a fragment is pushed
 when it falls due (H steps since its last global version, offsets staggered), training goes on,
 and any newer global version is applied (overwritten, alpha = 0) at the next step boundary.
-Blocking modes (synchronous DiLoCo, K = all) make a learner wait after a push until the merged
-version comes back; that waiting is the idle time that goodput counts as lost.
-
-One deliberate difference from the synchronizer service: a round's ``opened_at`` is the arrival
-of its first contribution (the instant the fragment falls due, as in the paper's schedule), not the
-previous commit. With the commit time, ``quorum_time`` is about H steps and the grace window of
-Eq. 3 is always zero when H > tau.
+As in the service, a round opens at its first contribution; with ``Method.partial`` it then pulls
+the other learners (``diloco_worker.pull``): every learner whose base version is the round's, with
+at least one step on it and nothing sent since, sends its partial outer gradient at its next step
+boundary; the boundaries before the grace deadline come first in virtual time, so those join the
+round. Blocking modes (synchronous DiLoCo, K = all) make a learner wait after a push until the
+merged version comes back; that waiting is the idle time that goodput counts as lost.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from diloco_core.merge import contribution_weight, merge_fragment
 from diloco_core.outer import OuterOptimizer
 from diloco_worker.data import BatchStream, Shard, eval_batches, load_corpus, split_corpus
 from diloco_worker.model import EMBEDDING_NAMES, build_gpt, lm_loss
+from diloco_worker.pull import should_send_partial
 from diloco_worker.train import lr_at, make_optimizer
 from torch import nn
 
@@ -86,6 +86,9 @@ class Method:
     outer_momentum: float = 0.5  # 0.9 in the papers' long runs; 0.5 does better over ~8 outer steps
     max_staleness: int = 4
     dp_wire: str = "fp32"
+    # an open round pulls the partial progress of the other learners (never in blocking modes); off by
+    # default so that the experiments measured without it keep their figures; ``hetero`` turns it on
+    partial: bool = False
 
 
 def data_parallel(learners: int = 4, wire: str = "fp32") -> Method:
@@ -133,6 +136,7 @@ class RunResult:
     participants: float = 0.0  # mean learners per merge
     norm_ratios: list[float] = field(default_factory=list)  # ||merged|| / mean ||delta_m|| (>= 2 merged)
     wall_s: float = 0.0
+    partials: int = 0  # partial outer gradients sent because a round asked for them
 
     @property
     def bytes_per_token(self) -> float:
@@ -419,6 +423,7 @@ class DiLoCoRun:
         self.learners = [SimLearner(m, method, w, timing, corpus, self.plan, seed) for m in range(method.learners)]
         self.heap: list[tuple[float, int]] = [(0.0, m) for m in range(method.learners)]
         self.step_times: list[float] = []
+        self.partials = 0
 
     def run(self) -> None:
         while True:
@@ -451,7 +456,9 @@ class DiLoCoRun:
         due = ln.due()
         if self.method.blocking and due:
             ln.waiting_since = now  # released (and rescheduled) by publish() once the merge comes back
-        ln.peak_up = max(ln.peak_up, sum(self.send(ln, p, now) for p in due))
+        asked = self.asked(ln) if self.method.partial and not self.method.blocking else []
+        self.partials += len(asked)
+        ln.peak_up = max(ln.peak_up, sum(self.send(ln, p, now) for p in [*due, *asked]))
         if self.method.blocking and due:
             return
         if ln.steps >= self.timing.steps or now >= self.timing.time_budget:
@@ -460,6 +467,18 @@ class DiLoCoRun:
         self.step_times.append(dt)
         self.syncer.step_time = statistics.fmean(self.step_times[-64:])
         heapq.heappush(self.heap, (ln.clock, ln.index))
+
+    def asked(self, ln: SimLearner) -> list[int]:
+        """The fragments whose open round pulls this learner's partial progress now (the worker's rule)."""
+        out = []
+        for p, state in enumerate(self.syncer.state):
+            c = ln.counters[p]
+            if state is not None and ln.index not in self.syncer.pending[p] and should_send_partial(
+                requested_version=state.version, base_version=c.base_version, steps=c.steps,
+                sent_at=c.sent_at, pending=False,
+            ):  # fmt: skip
+                out.append(p)
+        return out
 
     def send(self, ln: SimLearner, p: int, now: float, push_only: bool = False) -> int:
         contribution, nbytes = ln.contribution(p)
@@ -496,7 +515,7 @@ class DiLoCoRun:
             max(ln.clock for ln in lns), busy / max(busy + idle, 1e-9), s.merged_steps / max(sum(steps), 1),
             [ln.bytes_up for ln in lns], [ln.peak_up for ln in lns], sum(ln.bytes_down for ln in lns), steps,
             rounds=s.rounds, participants=s.participants / max(s.rounds, 1), norm_ratios=list(s.norm_ratios),
-            wall_s=time.perf_counter() - started,
+            wall_s=time.perf_counter() - started, partials=self.partials,
         )  # fmt: skip
 
 

@@ -18,8 +18,14 @@ Routes (all under ``/v1``; every learner call carries ``Authorization: Bearer <t
   400 ``corrupt``/``truncated``/``wrong_shape``/``non_finite``/``bad_request``, 404 ``unknown_fragment``,
   409 ``stale`` (resynchronise the fragment), 413 ``oversized``, 503 ``storage_unavailable`` (retry).
   Idempotent on (learner, fragment, base_version, seq): a repeat answers ``duplicate``.
-- ``GET  /v1/fragments/{p}?newer_than=v&wait=s``  → 200 codec payload (kind "params", fp32) with headers
-  ``X-DiLoCo-Version`` and ``X-DiLoCo-Fragment``; 304 when no newer version arrived within ``wait``.
+- ``GET  /v1/fragments/{p}?newer_than=v&wait=s[&announce_rounds=true]``  → 200 codec payload (kind "params",
+  fp32) with headers ``X-DiLoCo-Version`` and ``X-DiLoCo-Fragment``; 304 when no newer version arrived
+  within ``wait``. With ``announce_rounds=true`` (a learner asking to be pulled) it also answers early
+  with 204 No Content when a round on version ``v`` of fragment ``p`` is open (its first contribution
+  was accepted) and the calling learner has not contributed to it: headers ``X-DiLoCo-Round-Open: v``
+  and, once the round's quorum is reached, ``X-DiLoCo-Round-Deadline-S`` (seconds left of its grace
+  window). The learner then sends its partial outer gradient (steps/tokens so far) at its next step
+  boundary; contributions accepted before the deadline join the round.
 - ``GET  /v1/status`` → StatusResponse;  ``GET /metrics``, ``/healthz``, ``/readyz``, ``/`` (HTML page).
 """
 
@@ -33,6 +39,8 @@ API_PREFIX = "/v1"
 LEARNER_HEADER = "X-DiLoCo-Learner"
 VERSION_HEADER = "X-DiLoCo-Version"
 FRAGMENT_HEADER = "X-DiLoCo-Fragment"
+ROUND_OPEN_HEADER = "X-DiLoCo-Round-Open"
+ROUND_DEADLINE_HEADER = "X-DiLoCo-Round-Deadline-S"
 CONTENT_TYPE = "application/octet-stream"
 
 LearnerState = Literal["training", "rejoining", "leaving", "left", "dead"]

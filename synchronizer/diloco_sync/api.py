@@ -12,6 +12,8 @@ from diloco_core.protocol import (
     CONTENT_TYPE,
     FRAGMENT_HEADER,
     LEARNER_HEADER,
+    ROUND_DEADLINE_HEADER,
+    ROUND_OPEN_HEADER,
     VERSION_HEADER,
     ContributionResult,
     FragmentVersionInfo,
@@ -28,7 +30,7 @@ from .auth import authenticate
 from .body import read_limited_body
 from .contributions import ContributionDesk
 from .errors import error_responses
-from .service import SyncService
+from .service import RoundOpen, SyncService
 
 router = APIRouter(prefix=API_PREFIX)
 
@@ -169,6 +171,17 @@ async def contribute(
             "content": {CONTENT_TYPE: {}},
             "description": "the newest version (codec payload, kind params)",
         },
+        204: {
+            "description": "announce_rounds only: a round on version newer_than is open and this learner has "
+            "not contributed to it; send the partial outer gradient now",
+            "headers": {
+                ROUND_OPEN_HEADER: {"description": "the round's version", "schema": {"type": "integer"}},
+                ROUND_DEADLINE_HEADER: {
+                    "description": "seconds left until the grace deadline (absent before the quorum)",
+                    "schema": {"type": "number"},
+                },
+            },
+        },
         304: {"description": "no version newer than newer_than arrived within wait"},
         **error_responses(401, 403, 404, 409, 421),
     },
@@ -181,12 +194,22 @@ async def fetch_fragment(
     wait: Annotated[
         float, Query(ge=0.0, description="seconds to wait for a newer version (long-poll)")
     ] = 0.0,
+    announce_rounds: Annotated[
+        bool,
+        Query(description="answer 204 when a round on newer_than opens that this learner has not joined"),
+    ] = False,
     authorization: AuthHeader = None,
     learner: LearnerHeader = None,
 ) -> Response:
-    """The newest version of a fragment, with ``X-DiLoCo-Version``; 304 if none newer arrives in time."""
+    """The newest version of a fragment, with ``X-DiLoCo-Version``; 304 if none newer arrives in time;
+    204 with ``X-DiLoCo-Round-Open`` when asked to announce a round this learner should join."""
     learner_id = _learner(service, authorization, learner)
-    found = await service.fetch(learner_id, p, newer_than, wait)
+    found = await service.fetch(learner_id, p, newer_than, wait, announce_rounds=announce_rounds)
+    if isinstance(found, RoundOpen):
+        headers = {ROUND_OPEN_HEADER: str(found.version), FRAGMENT_HEADER: str(p)}
+        if found.deadline_s is not None:
+            headers[ROUND_DEADLINE_HEADER] = f"{found.deadline_s:.3f}"
+        return Response(status_code=204, headers=headers)
     if found is None:
         return Response(status_code=304, headers={FRAGMENT_HEADER: str(p)})
     version, payload = found

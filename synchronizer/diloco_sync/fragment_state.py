@@ -6,8 +6,10 @@ Mutated only on the event loop; merges run in a worker thread on values handed o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -16,6 +18,7 @@ from diloco_core.fragments import Fragment
 from diloco_core.outer import OuterOptimizer
 
 Arrays = dict[str, npt.NDArray[np.float32]]
+News = Literal["version", "round"] | None
 
 
 @dataclass
@@ -68,11 +71,24 @@ class FragmentState:
     def add_pending(self, c: Contribution, quorum: int) -> Contribution | None:
         """Queue a contribution for the next round; returns the one it supersedes (same learner)."""
         previous = self.pending.get(c.learner_id)
-        if not self.pending:  # a round opens when its first contribution arrives (the fragment fell due)
+        opens = not self.pending
+        if opens:  # a round opens when its first contribution arrives (the fragment fell due)
             self.round = policy.open_round(self.index, self.version, c.received_at)
         self.pending[c.learner_id] = c
         self.round = policy.add_contribution(self.round, self.round_entry(c), quorum=quorum)
+        if opens:
+            self._notify()  # learners waiting with announce_rounds hear of it at once
         return previous
+
+    def round_open_for(self, learner_id: str, version: int) -> bool:
+        """True when a round on ``version`` is collecting contributions and ``learner_id`` has none in it."""
+        return (
+            not self.merging
+            and bool(self.pending)
+            and self.version == version
+            and self.round.version == version
+            and learner_id not in self.pending
+        )
 
     def open_round(self, now: float, quorum: int) -> None:
         """Start the round of the current version with whatever is still pending."""
@@ -84,19 +100,28 @@ class FragmentState:
     def publish(self, version: int, params: Arrays, payload: bytes) -> None:
         """Make a new version current and wake every long-poll waiting for it."""
         self.version, self.params, self.payload = version, params, payload
+        self._notify()
+
+    def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def wait_newer(self, newer_than: int, timeout: float) -> bool:
-        """Wait until the version exceeds ``newer_than``; False on timeout."""
+    async def wait_newer(self, newer_than: int, timeout: float, round_for: str | None = None) -> News:
+        """Wait until the version exceeds ``newer_than`` ("version"), or, when ``round_for`` names a
+        learner, until a round on ``newer_than`` is open that it has not joined ("round"); None on timeout."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while self.version <= newer_than:
+        while True:
+            news = self._news(newer_than, round_for)
             remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            try:
+            if news is not None or remaining <= 0:
+                return news
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), remaining)
-            except TimeoutError:
-                return self.version > newer_than
-        return True
+
+    def _news(self, newer_than: int, round_for: str | None) -> News:
+        if self.version > newer_than:
+            return "version"
+        if round_for is not None and self.round_open_for(round_for, newer_than):
+            return "round"
+        return None

@@ -8,7 +8,16 @@ from diloco_core.protocol import Heartbeat, LearnerState, LearnerStatus
 
 from .layout import LearnerRecord, LearnerRegistryRecord
 
+STEP_TIME_EMA = 0.3  # weight of the newest reported step time
+
 _COUNTED_STATES: frozenset[LearnerState] = frozenset({"training", "rejoining"})
+
+
+def step_time_ema(previous: float, reported: float, weight: float = STEP_TIME_EMA) -> float:
+    """The step time the grace window uses: an EMA of the reported ones (0 reports are ignored)."""
+    if reported <= 0:
+        return previous
+    return reported if previous <= 0 else (1 - weight) * previous + weight * reported
 
 
 class UnknownLearner(KeyError):
@@ -96,7 +105,8 @@ class LearnerRegistry:
         learner.tokens_counted = hb.tokens
         learner.last_seen = now
         learner.state = hb.state
-        learner.step, learner.tokens, learner.step_time_s = hb.step, hb.tokens, hb.step_time_s
+        learner.step, learner.tokens = hb.step, hb.tokens
+        learner.step_time_s = step_time_ema(learner.step_time_s, hb.step_time_s)
         learner.bytes_sent, learner.blocked_s = hb.bytes_sent, hb.blocked_s
         if hb.eval_loss is not None:
             learner.eval_loss = hb.eval_loss

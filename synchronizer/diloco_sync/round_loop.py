@@ -35,6 +35,24 @@ def applied_to_keep(keys: list[str], version: int, max_staleness: int) -> list[s
     return [k for k in keys if int(k.split("/")[2]) >= oldest]
 
 
+def grace_left(svc: SyncService, fs: FragmentState, now: float) -> float | None:
+    """Seconds until the open round's grace deadline, as :meth:`RoundRunner._consider` computes it
+    (None while the round's quorum is not reached)."""
+    quorum_at = fs.round.first_quorum_at
+    if quorum_at is None:
+        return None
+    d, step_time = svc.diloco, svc.registry.step_time(now)
+    grace = rounds.grace_window(
+        step_time=step_time,
+        quorum_time=max(quorum_at - fs.round.opened_at, 0.0),
+        sync_time=svc.sync_time_s,
+        overlap=d.overlap,
+        gamma=d.grace_gamma,
+        cap=d.grace_cap_steps * step_time,
+    )
+    return max(quorum_at + grace - now, 0.0)
+
+
 class RoundRunner:
     def __init__(self, service: SyncService, desk: ContributionDesk) -> None:
         self.service = service

@@ -13,6 +13,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
@@ -39,10 +40,19 @@ from .merging import encode_outer_state, new_optimizer
 from .metrics import Metrics
 from .persistence import StateStore
 from .recovery import LoadedState, load_state
+from .round_loop import grace_left
 from .settings import SyncSettings
 from .storage_guard import StorageGuard
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RoundOpen:
+    """A round on ``version`` waits for the asking learner's contribution (deadline_s: grace left)."""
+
+    version: int
+    deadline_s: float | None
 
 
 class SyncService:
@@ -290,10 +300,21 @@ class SyncService:
         log.info("fragment %d initialised (%d parameters)", p, fs.spec.numel)
         return FragmentVersionInfo(fragment=p, version=0)
 
-    async def fetch(self, learner_id: str, p: int, newer_than: int, wait: float) -> tuple[int, bytes] | None:
-        """The newest version if newer than ``newer_than`` (waiting up to ``wait`` s), else None."""
+    async def fetch(
+        self, learner_id: str, p: int, newer_than: int, wait: float, *, announce_rounds: bool = False
+    ) -> tuple[int, bytes] | RoundOpen | None:
+        """The newest version if newer than ``newer_than`` (waiting up to ``wait`` s), else None.
+
+        With ``announce_rounds``, a round on version ``newer_than`` that this learner has not joined
+        answers early with :class:`RoundOpen`: the learner is asked for its partial progress.
+        """
         fs = self.fragment(p)
-        if not await fs.wait_newer(newer_than, min(wait, self.settings.max_wait_s)) or fs.payload is None:
+        news = await fs.wait_newer(
+            newer_than, min(wait, self.settings.max_wait_s), learner_id if announce_rounds else None
+        )
+        if news == "round":
+            return RoundOpen(newer_than, grace_left(self, fs, self.clock()))
+        if news is None or fs.payload is None:
             return None
         learner = self.registry.get(learner_id)
         if learner is not None:

@@ -101,3 +101,16 @@ def test_k_all_one_fragment_no_overlap_is_exactly_synchronous_diloco(corpus: h.C
     assert sim.syncer.rounds == 2
     for name, value in expected.items():
         np.testing.assert_allclose(sim.syncer.global_params[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_an_open_round_pulls_the_partial_progress_of_slower_learners(corpus: h.Corpus) -> None:
+    timing = h.Timing(steps=32, speed_factors=(1.0, 1.0, 1.3, 1.3), time_budget=32.0)
+    pulled = h.run(h.decoupled(4, inner_steps=8, partial=True), TINY, timing, corpus, 0)
+    alone = h.run(h.decoupled(4, inner_steps=8, partial=False), TINY, timing, corpus, 0)
+    assert pulled.partials > 0
+    assert alone.partials == 0
+    # the slow half's steps reach the global model instead of being overwritten before they are sent
+    assert pulled.merged_share > alone.merged_share
+    assert pulled.participants > alone.participants
+    no_grace = h.run(h.decoupled(4, inner_steps=8, partial=True, grace_gamma=0.0), TINY, timing, corpus, 0)
+    assert no_grace.partials == 0  # a round without a grace window merges before anyone can answer

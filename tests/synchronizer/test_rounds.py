@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from diloco_core.protocol import ROUND_DEADLINE_HEADER, ROUND_OPEN_HEADER
 
 from tests.support.waiting import wait_for
 from tests.synchronizer.conftest import SyncFactory
@@ -53,3 +55,38 @@ def test_plan_given_at_start_up(sync_factory: SyncFactory, tmp_path: Path) -> No
     other = Learner(sync.url, "b", tiny_plan(fragments=2, inner_steps=5)).register()
     assert other.status_code == 409
     assert other.json()["code"] == "plan_mismatch"
+
+
+def test_a_round_asks_the_learners_that_have_not_joined_it_and_takes_their_partial_progress(
+    sync_factory: SyncFactory,
+) -> None:
+    sync = sync_factory(args=["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--quorum", "1"])
+    a, b = (Learner(sync.url, name, PLAN) for name in "ab")
+    for learner in (a, b):
+        assert learner.register().status_code == 200
+    for p in (0, 1):
+        assert a.init(p, initial_params(PLAN, p)).status_code == 200
+    for learner in (a, b):  # long steps: a grace window of half a step (50 s) that b's answer falls into
+        assert learner.heartbeat(4, step_time_s=100.0).status_code == 200
+    announce = {"newer_than": 0, "wait": 0.2, "announce_rounds": "true"}
+    assert b.client.get("/v1/fragments/0", params=announce).status_code == 304  # no round open yet
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(b.client.get, "/v1/fragments/0", params={**announce, "wait": 20}, timeout=60)
+        assert a.contribute(0, 0, encode_grad(outer_grad(PLAN, 0, 1), 0, 0), steps=4).status_code == 202
+        answer = asked.result()
+    assert answer.status_code == 204
+    assert answer.headers[ROUND_OPEN_HEADER] == "0"
+    assert 0.0 < float(answer.headers[ROUND_DEADLINE_HEADER]) <= 50.0
+    assert a.client.get("/v1/fragments/0", params=announce).status_code == 304  # a is in the round
+    plain = b.client.get("/v1/fragments/0", params={"newer_than": 0, "wait": 0.2})
+    assert plain.status_code == 304  # a long-poll that does not ask to hear of rounds is unchanged
+    assert b.client.get("/v1/fragments/1", params=announce).status_code == 304  # only fragment 0's round
+    partial = b.contribute(0, 0, encode_grad(outer_grad(PLAN, 0, 2), 0, 0), steps=1)
+    assert partial.status_code == 202
+    got = a.fetch(0, newer_than=0, wait=30)
+    assert got is not None
+    assert got[0] == 1
+    merged = status(sync.url)["recent_rounds"][0]  # type: ignore[index]
+    assert merged["participants"] == ["a", "b"]
+    assert merged["weights"][1] < merged["weights"][0]  # one step of b against four of a
+    assert merged["quorum_wait_s"] == 0.0  # the round opened at its first contribution

@@ -12,7 +12,7 @@ from diloco_core.protocol import Heartbeat
 from diloco_sync.auth import authenticate
 from diloco_sync.cli import UsageError, parse_settings
 from diloco_sync.errors import ApiError
-from diloco_sync.fragment_state import FragmentState
+from diloco_sync.fragment_state import Contribution, FragmentState
 from diloco_sync.layout import (
     Layout,
     LayoutError,
@@ -23,7 +23,7 @@ from diloco_sync.layout import (
     unpack_pending,
     version_of_key,
 )
-from diloco_sync.learners import LearnerRegistry
+from diloco_sync.learners import LearnerRegistry, step_time_ema
 from diloco_sync.merging import new_optimizer
 from diloco_sync.round_loop import applied_to_keep
 from diloco_sync.settings import SyncSettings
@@ -114,7 +114,7 @@ def test_liveness_is_a_function_of_time() -> None:
 def test_long_poll_wakes_on_publish() -> None:
     plan = tiny_plan()
 
-    async def scenario() -> tuple[bool, bool]:
+    async def scenario() -> tuple[str | None, str | None]:
         fs = FragmentState(
             spec=plan.fragments[0],
             optimizer=new_optimizer(SyncSettings(job_secret="x", storage_url="file:///tmp/x").job.diloco),
@@ -126,7 +126,41 @@ def test_long_poll_wakes_on_publish() -> None:
         timed_out = await fs.wait_newer(0, 0.05)
         return woke, timed_out
 
-    assert asyncio.run(scenario()) == (True, False)
+    assert asyncio.run(scenario()) == ("version", None)
+
+
+def _contribution(learner: str, base: int, at: float) -> Contribution:
+    return Contribution(
+        learner_id=learner, fragment=0, base_version=base, seq=1, steps=2, tokens=16, tensors={},
+        nbytes=0, received_at=at,
+    )  # fmt: skip
+
+
+def test_an_opening_round_wakes_the_learners_that_have_not_joined_it() -> None:
+    plan = tiny_plan()
+
+    async def scenario() -> tuple[str | None, str | None, str | None, bool]:
+        fs = FragmentState(
+            spec=plan.fragments[0],
+            optimizer=new_optimizer(SyncSettings(job_secret="x", storage_url="file:///tmp/x").job.diloco),
+        )
+        fs.publish(0, {"wte.weight": np.zeros((16, 8), np.float32)}, b"blob")
+        waiter = asyncio.create_task(fs.wait_newer(0, 10.0, round_for="b"))
+        await asyncio.sleep(0.01)
+        fs.add_pending(_contribution("a", 0, 1.0), quorum=1)  # the round on version 0 opens
+        woke = await waiter
+        joined = await fs.wait_newer(0, 0.05, round_for="a")  # a is in the round: nothing to tell it
+        not_asked = await fs.wait_newer(0, 0.05)  # a plain long-poll never hears of rounds
+        fs.merging = True
+        return woke, joined, not_asked, fs.round_open_for("b", 0)
+
+    assert asyncio.run(scenario()) == ("round", None, None, False)
+
+
+def test_the_grace_window_uses_an_ema_of_the_reported_step_times() -> None:
+    assert step_time_ema(0.0, 2.0) == 2.0
+    assert step_time_ema(2.0, 0.0) == 2.0  # a heartbeat without a step time changes nothing
+    assert step_time_ema(2.0, 4.0, weight=0.25) == pytest.approx(2.5)
 
 
 def test_settings_refuse_inconsistent_shards_and_tls() -> None:

@@ -3,7 +3,8 @@
 - a sender thread with one slot per fragment: a newer outer gradient of a fragment replaces an
   unsent older one (bounded memory), failures are retried with exponential backoff and jitter;
 - one long-poll thread per fragment that fetches new global versions into an arrivals slot, which
-  the training loop drains at a step boundary;
+  the training loop drains at a step boundary; with ``announce_rounds`` it also hears when a round
+  on the learner's version opens, and leaves a request the training loop answers (:mod:`.pull`);
 - a heartbeat thread reporting progress (step, tokens, step time, blocked time, bytes sent).
 """
 
@@ -23,7 +24,7 @@ from diloco_core.codec import CodecError, decode, encode
 from diloco_core.fragments import FragmentPlan
 
 from .fragment_state import Contribution
-from .sync_client import SyncClient, SyncRejected, SyncUnavailable
+from .sync_client import RoundOpen, SyncClient, SyncRejected, SyncUnavailable
 
 log = logging.getLogger("diloco_worker.comms")
 
@@ -69,6 +70,7 @@ class CommSettings:
     heartbeat_interval_s: float = 2.0
     poll_wait_s: float = 10.0
     bandwidth_limit: float = 0.0
+    announce_rounds: bool = False  # ask to hear of rounds this learner should join (partial progress)
 
 
 class Communicator:
@@ -90,6 +92,9 @@ class Communicator:
         self._arrivals: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
         self._known = dict(versions)  # newest version each poller has delivered
         self._resync: set[int] = set()
+        self._requests: dict[int, int] = {}  # fragment → version of a round asking for this learner
+        self._announced: dict[int, int] = {}  # fragment → version of the last round heard of
+        self._inflight_fragment: int | None = None
         self._cv = threading.Condition()
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -124,6 +129,21 @@ class Communicator:
         with self._lock:
             out, self._arrivals = self._arrivals, {}
         return out
+
+    def requests(self) -> dict[int, int]:
+        """The open rounds that asked for this learner's partial progress (fragment → version); a
+        request lasts until it is answered (:meth:`answered`) or a newer version arrives."""
+        with self._lock:
+            return dict(self._requests)
+
+    def answered(self, p: int) -> None:
+        with self._lock:
+            self._requests.pop(p, None)
+
+    def pending(self, p: int) -> bool:
+        """True while an outer gradient of fragment ``p`` waits to be sent or is being sent."""
+        with self._cv:
+            return p in self._slots or self._inflight_fragment == p
 
     def wait_for_arrival(self, fragments: Collection[int], timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` until a global version of one of ``fragments`` is waiting to be
@@ -162,10 +182,10 @@ class Communicator:
                     return
                 p = min(self._slots, key=lambda k: self._slots[k].seq)
                 c = self._slots.pop(p)
-                self._inflight = True
+                self._inflight, self._inflight_fragment = True, p
             ok = self._send_one(c)
             with self._cv:
-                self._inflight = False
+                self._inflight, self._inflight_fragment = False, None
                 if not ok and c.fragment not in self._slots:
                     self._slots[c.fragment] = c  # retry unless a fresher one arrived meanwhile
                 self._cv.notify_all()
@@ -217,8 +237,11 @@ class Communicator:
         while not self._stop.is_set():
             with self._lock:
                 known = self._known.get(p, -1)
+                announce = self.settings.announce_rounds and known >= 0 and self._announced.get(p) != known
             try:
-                got = self.client.fetch(p, newer_than=known, wait_s=self.settings.poll_wait_s)
+                got = self.client.fetch(
+                    p, newer_than=known, wait_s=self.settings.poll_wait_s, announce_rounds=announce
+                )
                 attempt = 0
             except (SyncUnavailable, SyncRejected) as exc:
                 if not self._stop.is_set():
@@ -227,6 +250,9 @@ class Communicator:
                 self._stop.wait(backoff_delay(attempt, self._rng))
                 continue
             if got is None:
+                continue
+            if isinstance(got, RoundOpen):
+                self._round_opened(p, got)
                 continue
             try:
                 tensors = decode(got.payload, fragment=self.plan.fragments[p]).tensors
@@ -239,8 +265,18 @@ class Communicator:
                 if got.version > self._known.get(p, -1) or forced:
                     self._known[p] = got.version
                     self._resync.discard(p)
+                    if self._requests.get(p, got.version) < got.version:
+                        del self._requests[p]  # that round is over
                     self._arrivals[p] = (got.version, tensors)
                     self._arrived.notify_all()
+
+    def _round_opened(self, p: int, r: RoundOpen) -> None:
+        """Leave a request for the training loop; the next polls wait for the version only."""
+        with self._lock:
+            self._announced[p] = r.version
+            if r.version == self._known.get(p, -1):
+                self._requests[p] = r.version
+        log.debug("fragment=%d round on version %d open (grace left %s s)", p, r.version, r.deadline_s)
 
     def _hb_loop(self) -> None:
         attempt = 0

@@ -121,11 +121,15 @@ class Unit:
 
     def share_flag(self, flag: bool) -> bool:
         """Rank 0's ``flag`` on every rank."""
+        return bool(self.share_int(int(flag)))
+
+    def share_int(self, value: int) -> int:
+        """Rank 0's ``value`` on every rank."""
         if not self.distributed:
-            return flag
-        t = torch.tensor([int(flag)], dtype=torch.int64, device=self._comm_device())
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self._comm_device())
         dist.broadcast(t, src=0)
-        return bool(t.item())
+        return int(t.item())
 
     def close(self) -> None:
         if self.distributed and dist.is_initialized():

@@ -24,6 +24,7 @@ from .fragment_state import FragmentState
 from .health import Health
 from .lockstep import lockstep_counters, round_can_close
 from .metrics import MetricsLog
+from .pull import should_send_partial
 from .settings import WorkerSettings
 from .sync_client import GlobalFragment, SyncClient, SyncRejected, SyncUnavailable
 from .train import LoopState
@@ -59,6 +60,8 @@ class DiLoCoSession:
         self.client: SyncClient | None = None
         self.comm: Communicator | None = None
         self._step = 0
+        # a synchronous job sends in lockstep: nothing to pull there
+        self.partial_contributions = settings.partial_contributions and not settings.blocking_sync
         if unit.is_leader:
             assert settings.sync_url
             assert settings.token
@@ -130,7 +133,8 @@ class DiLoCoSession:
             while not self.stop.is_set():
 
                 def fetch(p: int = f.index, v: int = mine) -> GlobalFragment | None:
-                    return client.fetch(p, newer_than=v, wait_s=wait)
+                    got = client.fetch(p, newer_than=v, wait_s=wait)
+                    return got if isinstance(got, GlobalFragment) else None
 
                 got = self._retry(f"fragment={f.index} first fetch", fetch)
                 if got is not None:
@@ -167,6 +171,7 @@ class DiLoCoSession:
                 heartbeat_interval_s=self.heartbeat_interval_s,
                 poll_wait_s=self.settings.poll_wait_s,
                 bandwidth_limit=self.settings.bandwidth_limit,
+                announce_rounds=self.partial_contributions,
             )
             self.comm = Communicator(
                 self.client,
@@ -189,6 +194,8 @@ class DiLoCoSession:
         stop, arrivals = self.unit.boundary(stop, arrivals, self.plan)
         self._apply(arrivals, state.step)
         sent = self._send_due(state.step)
+        if self.partial_contributions:
+            self._send_requested(state.step)
         if self.settings.blocking_sync and sent and not stop:
             self._report(state, step_time, stop, blocked_s=state.blocked_s)
             stop = self._await_globals(set(sent), state, t0)
@@ -225,6 +232,34 @@ class DiLoCoSession:
             else:
                 self.fs.mark_sent(p)
         return due
+
+    def _send_requested(self, step: int) -> None:
+        """Answer the rounds that asked for this learner's partial progress (ALGORITHM.md §5.4)."""
+        chosen = 0
+        if self.comm is not None:
+            for p, version in self.comm.requests().items():
+                c = self.fs.counters[p]
+                if version < c.base_version:
+                    self.comm.answered(p)  # a round this learner has moved past
+                elif should_send_partial(
+                    requested_version=version, base_version=c.base_version, steps=c.steps,
+                    sent_at=c.sent_at, pending=self.comm.pending(p),
+                ):  # fmt: skip
+                    chosen |= 1 << p
+        chosen = self.unit.share_int(chosen)  # every rank of the unit counts the same sends
+        for p in range(len(self.fs.counters)):
+            if not chosen >> p & 1:
+                continue
+            if self.comm is None:
+                self.fs.mark_sent(p)
+                continue
+            contribution = self.fs.take_contribution(p)
+            self.comm.submit(contribution)
+            self.comm.answered(p)
+            log.info(
+                "learner=%s step=%d fragment=%d version=%d partial outer gradient queued (%d steps)",
+                self.settings.learner_id, step, p, contribution.base_version, contribution.steps,
+            )  # fmt: skip
 
     def _await_globals(self, waiting: set[int], state: LoopState, t0: float) -> bool:
         """Blocking sync: take arriving global versions until every fragment of ``waiting`` has a new

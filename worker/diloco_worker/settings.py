@@ -63,6 +63,11 @@ class WorkerSettings(BaseModel):
     blocking_sync: bool = Field(
         False, description="wait at every sync until the fragment's next global version is applied"
     )
+    partial_contributions: bool = Field(
+        True,
+        description="answer a round opened by another learner with the partial outer gradient so far "
+        "(ignored with blocking_sync)",
+    )
     health_port: int | None = Field(None, ge=0, le=65535, description="serve /healthz and /readyz here")
     health_host: str = "0.0.0.0"  # the pod's probes come from outside the container
     health_stale_s: float = Field(120.0, gt=0.0, description="/healthz fails once the loop is this quiet")
@@ -157,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="synchronous DiLoCo: after sending a fragment, wait until its next global version is "
         "applied before the next inner step (the wait counts as blocked time)",
     )
+    parser.add_argument(
+        "--no-partial-contributions",
+        dest="partial_contributions",
+        action="store_false",
+        default=None,
+        help="send a fragment only after its own H steps, never when the synchronizer opens a round "
+        "(DILOCO_PARTIAL_CONTRIBUTIONS=0)",
+    )
     return parser
 
 
@@ -212,6 +225,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         ("standalone", None, "standalone"),
         ("non-iid", "data", "non_iid"),
         ("blocking-sync", None, "blocking_sync"),
+        ("partial-contributions", None, "partial_contributions"),
     )
     for flag, section, name in booleans:
         v = value(flag)

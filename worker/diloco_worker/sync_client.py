@@ -36,6 +36,27 @@ class GlobalFragment:
     payload: bytes
 
 
+@dataclass(frozen=True)
+class RoundOpen:
+    """A round of ``fragment`` on ``version`` asks for this learner's partial progress."""
+
+    fragment: int
+    version: int
+    deadline_s: float | None  # seconds left of its grace window, when the synchronizer knows it
+
+
+def _round_open(fragment: int, resp: httpx.Response) -> RoundOpen:
+    try:
+        version = int(resp.headers[proto.ROUND_OPEN_HEADER])
+        raw = resp.headers.get(proto.ROUND_DEADLINE_HEADER)
+        deadline = float(raw) if raw is not None else None
+    except (KeyError, ValueError) as exc:
+        raise SyncRejected(
+            resp.status_code, "bad_response", f"204 without a valid {proto.ROUND_OPEN_HEADER} header"
+        ) from exc
+    return RoundOpen(fragment, version, deadline)
+
+
 def _raise_for(resp: httpx.Response) -> None:
     if resp.status_code < 400:
         return
@@ -107,16 +128,21 @@ class SyncClient:
         )
         return proto.ContributionResult.model_validate(resp.json())
 
-    def fetch(self, fragment: int, *, newer_than: int, wait_s: float) -> GlobalFragment | None:
-        """The newest global version of ``fragment`` if newer than ``newer_than`` (long-poll ``wait_s``)."""
+    def fetch(
+        self, fragment: int, *, newer_than: int, wait_s: float, announce_rounds: bool = False
+    ) -> GlobalFragment | RoundOpen | None:
+        """The newest global version of ``fragment`` if newer than ``newer_than`` (long-poll ``wait_s``);
+        with ``announce_rounds``, a :class:`RoundOpen` when a round on ``newer_than`` asks for this learner."""
+        params: dict[str, str | int | float] = {"newer_than": newer_than, "wait": wait_s}
+        if announce_rounds:
+            params["announce_rounds"] = "true"
         resp = self._request(
-            "GET",
-            f"/fragments/{fragment}",
-            params={"newer_than": newer_than, "wait": wait_s},
-            timeout=httpx.Timeout(wait_s + 30.0, connect=5.0),
+            "GET", f"/fragments/{fragment}", params=params, timeout=httpx.Timeout(wait_s + 30.0, connect=5.0)
         )
         if resp.status_code == 304:
             return None
+        if resp.status_code == 204:
+            return _round_open(fragment, resp)
         try:
             version = int(resp.headers[proto.VERSION_HEADER])
         except (KeyError, ValueError) as exc:

@@ -1,0 +1,89 @@
+"""Partial contributions (the synchronizer pulls a round's ready learners, ALGORITHM.md §5.4) with real
+learner processes against a real synchronizer: a much slower learner is merged only thanks to the pull."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.process import ManagedProcess, stop_all
+from tests.support.waiting import wait_for
+from tests.worker.helpers import Synchronizer, learner_process
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+H, P, OVERLAP = 4, 1, 2
+PLAN = ["--inner-steps", str(H), "--fragments", str(P), "--overlap", str(OVERLAP), "--warmup-steps", "2"]
+
+
+def _round_logs(tmp: Path) -> list[dict[str, Any]]:
+    """Every committed round of the run, read from the synchronizer's storage (the round log)."""
+    files = sorted((tmp / "sync-store").rglob("rounds/0/*.json"))
+    return [json.loads(f.read_text()) for f in files]
+
+
+def _slow_reported_a_step_time(sync: Synchronizer, slow: ManagedProcess) -> bool:
+    if not slow.running():
+        raise AssertionError(slow.failure_report())
+    return any(lr["learner_id"] == "slow" and lr["step_time_s"] > 0 for lr in sync.status()["learners"])
+
+
+def _run(tmp: Path, *, pull: bool) -> list[dict[str, Any]]:
+    tmp.mkdir(parents=True)
+    sync = Synchronizer(tmp, inner_steps=H, fragments=P, overlap=OVERLAP, quorum=1)
+    sync.start()
+    env = None if pull else {"DILOCO_PARTIAL_CONTRIBUTIONS": "0"}
+    # the sleeps of --speed-factor make the steps long against the HTTP and merge latencies; 3x slower.
+    # The slow learner starts first and trains through all of the fast learner's run.
+    slow = learner_process(tmp, "slow", sync.url, [*PLAN, "--max-steps", "400", "--speed-factor", "12"], env)
+    fast = learner_process(tmp, "fast", sync.url, [*PLAN, "--max-steps", "60", "--speed-factor", "4"], env)
+    procs: list[ManagedProcess] = [slow, fast]
+    try:
+        slow.start()
+        wait_for(
+            lambda: _slow_reported_a_step_time(sync, slow), timeout=120, what="the slow learner training"
+        )
+        fast.start()
+        deadline = time.monotonic() + 300
+        while fast.running() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert fast.returncode() == 0, fast.failure_report()
+        assert slow.running(), slow.failure_report()
+        return _round_logs(tmp)
+    finally:
+        stop_all([sync.proc, *procs])
+
+
+def _while_both_train(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rounds from the fast learner's first to its last: the processes do not start at once."""
+    with_fast = [i for i, r in enumerate(rounds) if "fast" in r["participants"]]
+    return rounds[with_fast[0] : with_fast[-1] + 1] if with_fast else []
+
+
+def _share_with(rounds: list[dict[str, Any]], learner: str) -> float:
+    return sum(learner in r["participants"] for r in rounds) / max(len(rounds), 1)
+
+
+def test_a_slow_learner_is_merged_only_when_rounds_pull_its_partial_progress(tmp_path: Path) -> None:
+    pulled = _while_both_train(_run(tmp_path / "pull", pull=True))
+    alone = _while_both_train(_run(tmp_path / "no-pull", pull=False))
+    share_pulled, share_alone = _share_with(pulled, "slow"), _share_with(alone, "slow")
+    print(f"rounds with the slow learner: {share_pulled:.0%} of {len(pulled)} with the pull, "
+          f"{share_alone:.0%} of {len(alone)} without")  # fmt: skip
+    assert len(pulled) >= 6
+    assert len(alone) >= 6
+    # the slow learner (a third of the speed) never reaches H=4 steps on one version on its own
+    assert share_pulled >= 0.2
+    assert share_pulled > 2 * share_alone
+    # its pulled contributions are partial: fewer steps than H, and weighted by the tokens they carry
+    slow_steps = [
+        s for r in pulled for who, s in zip(r["participants"], r["steps"], strict=True) if who == "slow"
+    ]
+    assert slow_steps
+    assert min(slow_steps) < H
+    assert "partial outer gradient queued" in (tmp_path / "pull" / "slow.log").read_text()
+    no_pull_logs = (tmp_path / "no-pull" / "slow.log").read_text()
+    assert "partial outer gradient queued" not in no_pull_logs
