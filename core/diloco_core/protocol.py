@@ -10,6 +10,8 @@ Routes (all under ``/v1``; every learner call carries ``Authorization: Bearer <t
 - ``POST /v1/learners/register``  RegisterRequest → RegisterResponse
   (409 ``plan_mismatch`` when the learner's plan hash differs from the job's).
 - ``POST /v1/learners/{learner_id}/heartbeat``  Heartbeat → HeartbeatResponse
+  (404 ``not_registered`` for a learner the synchronizer does not know, e.g. after it lost its
+  registry: the learner registers again; contributions answer the same).
 - ``POST /v1/learners/{learner_id}/leave``  → 204
 - ``PUT  /v1/fragments/{p}/init``  body: codec payload (kind "params", fp32) → 200 FragmentVersionInfo;
   accepted only while the fragment has no version yet (409 ``already_initialised`` afterwards).
