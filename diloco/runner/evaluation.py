@@ -52,7 +52,7 @@ class GlobalEvaluator:
 
     def fetch_params(self) -> tuple[dict[str, object], dict[int, int]] | None:
         """Every fragment's newest tensors and versions, or None while some fragment has none yet."""
-        from diloco_worker.sync_client import SyncError
+        from diloco_worker.sync_client import GlobalFragment, SyncError
 
         tensors: dict[str, object] = {}
         versions: dict[int, int] = {}
@@ -62,7 +62,7 @@ class GlobalEvaluator:
             except SyncError as exc:
                 log.debug("fragment %d not available for evaluation: %s", p, exc)
                 return None
-            if got is None:
+            if not isinstance(got, GlobalFragment):  # None: no version yet (rounds are not announced)
                 return None
             try:
                 payload = decode(got.payload)
