@@ -128,6 +128,20 @@ async def setup_learners(url: str, plan: FragmentPlan, clients: int) -> list[htt
     return out
 
 
+async def post_contribution(
+    client: httpx.AsyncClient, blobs: list[bytes], p: int, seq: int, res: Result
+) -> float:
+    """Contribute fragment ``p``'s payload once, record its latency and size; returns the start time."""
+    t0 = time.perf_counter()
+    params = {"base_version": 0, "steps": 4, "tokens": 32, "seq": seq}
+    r = await client.post(f"/v1/fragments/{p}/contributions", params=params, content=blobs[p])
+    r.raise_for_status()
+    res.contribute_ms.append(1000 * (time.perf_counter() - t0))
+    res.contributions += 1
+    res.payload_bytes += len(blobs[p])
+    return t0
+
+
 async def learner_loop(
     client: httpx.AsyncClient, blobs: list[bytes], plan: FragmentPlan, stop_at: float, res: Result
 ) -> None:
@@ -136,14 +150,7 @@ async def learner_loop(
     while time.perf_counter() < stop_at:
         p = seq % len(plan.fragments)
         seq += 1
-        t0 = time.perf_counter()
-        params = {"base_version": 0, "steps": 4, "tokens": 32, "seq": seq}
-        r = await client.post(f"/v1/fragments/{p}/contributions", params=params, content=blobs[p])
-        r.raise_for_status()
-        t1 = time.perf_counter()
-        res.contribute_ms.append(1000 * (t1 - t0))
-        res.contributions += 1
-        res.payload_bytes += len(blobs[p])
+        t0 = await post_contribution(client, blobs, p, seq, res)
         # wait for the round that merges it, but not past the end of the run (the others have stopped)
         wait = min(60.0, max(stop_at - time.perf_counter(), 0.0))
         g = await client.get(f"/v1/fragments/{p}", params={"newer_than": known[p], "wait": wait})
@@ -160,13 +167,7 @@ async def streaming_loop(
     while time.perf_counter() < stop_at:
         p = seq % len(plan.fragments)
         seq += 1
-        t0 = time.perf_counter()
-        params = {"base_version": 0, "steps": 4, "tokens": 32, "seq": seq}
-        r = await client.post(f"/v1/fragments/{p}/contributions", params=params, content=blobs[p])
-        r.raise_for_status()
-        res.contribute_ms.append(1000 * (time.perf_counter() - t0))
-        res.contributions += 1
-        res.payload_bytes += len(blobs[p])
+        await post_contribution(client, blobs, p, seq, res)
 
 
 async def long_poll_loop(client: httpx.AsyncClient, p: int, stop_at: float, res: Result) -> None:
