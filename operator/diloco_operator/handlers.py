@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -17,11 +19,11 @@ import kopf
 from kubernetes import client, config
 
 from diloco_operator.build import API_VERSION, GROUP, JOB_LABEL, KIND, PLURAL, UNIT_LABEL, VERSION, JobRef
-from diloco_operator.kube import Kube
+from diloco_operator.kube import Kube, api_error
 from diloco_operator.metrics import OperatorMetrics
 from diloco_operator.reconcile import Outcome, StatusFetcher, reconcile
 from diloco_operator.settings import OperatorSettings, settings_from_env
-from diloco_operator.status import PodWatch, unit_state_counts
+from diloco_operator.status import Event, PodWatch, event_object, unit_state_counts
 from diloco_operator.syncstatus import http_fetcher
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 RESYNC_SECONDS = settings_from_env().resync_seconds
 # Retry delay of a reconcile that failed on an API error (kopf's default is a minute).
 BACKOFF_SECONDS = 5.0
+INSTANCE = socket.gethostname()  # in a pod: the pod name
 
 
 @dataclass
@@ -81,6 +84,21 @@ def probe(memo: kopf.Memo, **_: Any) -> str:
     return "ok"
 
 
+def post_events(kube: Kube, job: Mapping[str, Any], events: list[Event]) -> None:
+    """Post each event about ``job`` now, from this handler (an event that cannot be posted is logged).
+
+    Posted synchronously rather than through kopf's background poster, so an event is in the API
+    before the status change that goes with it, and a failure is never silent.
+    """
+    now = datetime.now(UTC)
+    for ev in events:
+        try:
+            kube.create(event_object(job, ev, now, INSTANCE))
+        except Exception as exc:  # events are auxiliary: never fail the reconcile for one
+            log.warning("could not post event %s %s on %s: %s", ev.type, ev.reason,
+                        job["metadata"].get("name"), api_error(exc))
+
+
 def run(ctx: Context, trigger: str, body: kopf.Body, patch: kopf.Patch, *, chaos: bool) -> Outcome:
     meta = body["metadata"]
     job = JobRef(meta["name"], meta["namespace"], meta["uid"])
@@ -90,10 +108,8 @@ def run(ctx: Context, trigger: str, body: kopf.Body, patch: kopf.Patch, *, chaos
         sync_url_override=ctx.settings.sync_url, rng=ctx.rng if chaos else None,
     )
     patch.status.update(outcome.status)
-    for ev in outcome.events:
-        kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
-        if ev.reason == "ChaosKill":
-            ctx.metrics.chaos_kills.inc()
+    post_events(ctx.kube, body, outcome.events)
+    ctx.metrics.chaos_kills.inc(sum(ev.reason == "ChaosKill" for ev in outcome.events))
     for action, n in (("created", outcome.created), ("restored", outcome.repaired), ("deleted", outcome.deleted)):
         if n:
             ctx.metrics.children.labels(action).inc(n)
@@ -144,4 +160,4 @@ def on_learner_pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> Non
         return
     job = memo.ctx.kube.get(API_VERSION, KIND, meta["namespace"], job_name)
     if job is not None:
-        kopf.event(kopf.Body(job), type=ev.type, reason=ev.reason, message=ev.message)
+        post_events(memo.ctx.kube, job, [ev])

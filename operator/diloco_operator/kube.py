@@ -24,6 +24,7 @@ _PLURALS: dict[tuple[str, str], str] = {
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("diloco.dev/v1alpha1", "DiLoCoJob"): "dilocojobs",
+    ("events.k8s.io/v1", "Event"): "events",
 }
 
 
@@ -113,6 +114,17 @@ class Kube:
                 return False
             raise
         return True
+
+
+def api_error(exc: Exception) -> str:
+    """One line for an API failure: the status code and the apiserver's message when it sent one."""
+    if not isinstance(exc, ApiException):
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        message = json.loads(exc.body or b"{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"HTTP {exc.status}: {message or exc.reason}"
 
 
 def is_subset(desired: Any, actual: Any) -> bool:

@@ -59,6 +59,33 @@ def iso(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+EVENT_NOTE_LIMIT = 1024  # the API rejects longer notes
+REPORTING_CONTROLLER = "diloco.dev/operator"
+
+
+def event_object(job: Mapping[str, Any], ev: Event, now: datetime, instance: str) -> dict[str, Any]:
+    """The ``events.k8s.io/v1`` Event that reports ``ev`` about ``job`` (a DiLoCoJob body).
+
+    ``kubectl describe`` and ``kubectl get events`` show it on the job (``regarding``).
+    """
+    meta = job["metadata"]
+    note = ev.message if len(ev.message) <= EVENT_NOTE_LIMIT else ev.message[: EVENT_NOTE_LIMIT - 3] + "..."
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}-", "namespace": meta["namespace"]},
+        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "type": ev.type,
+        "reason": ev.reason,
+        "note": note,
+        "action": "Reconcile",
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": instance[:128],
+        "regarding": {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": meta["name"],
+                      "namespace": meta["namespace"], "uid": meta.get("uid", "")},
+    }
+
+
 def parse_iso(s: str) -> datetime:
     return datetime.fromisoformat(s.replace("Z", "+00:00"))
 

@@ -9,6 +9,9 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from diloco_operator.handlers import post_events
+from diloco_operator.kube import Kube, api_error
+from diloco_operator.status import Event
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -239,3 +242,25 @@ def test_fifty_units_reconcile_completely(
     record_property("fifty_units_ready_s", round(elapsed, 1))
     assert children(api, namespace, "big") == expected_children("big", [f"u{i:02d}" for i in range(50)])
     assert running_on_kwok(learner_pods(api, namespace, "big"), 50)
+
+
+def test_events_posted_by_the_operator_client_show_on_the_job(api: k8s.ApiClient, namespace: str) -> None:
+    """``events.k8s.io/v1`` Events created through ``Kube`` are listed on the job by the core API."""
+    create_job(api, namespace, job_manifest("ev", [unit("a")]))
+    job = get_job(api, namespace, "ev")
+    post_events(Kube(api), job, [Event("Warning", "QuorumLost", "quorum lost"), Event("Normal", "Running", "ok")])
+    items = k8s.CoreV1Api(api).list_namespaced_event(namespace, field_selector="involvedObject.name=ev").items
+    assert sorted((e.reason, e.message, e.involved_object.uid) for e in items) == \
+        [("QuorumLost", "quorum lost", job["metadata"]["uid"]), ("Running", "ok", job["metadata"]["uid"])]
+    # Gone before the namespace is: operators of later tests watch every namespace.
+    k8s.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "ev")
+    wait_for(lambda: not k8s.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"],
+             timeout=30, what="the job deleted")
+
+
+def test_api_error_is_one_line_with_the_apiservers_message() -> None:
+    exc = ApiException(status=422, reason="Unprocessable Entity")
+    exc.body = b'{"kind":"Status","message":"Event \\"x\\" is invalid"}'
+    assert api_error(exc) == 'HTTP 422: Event "x" is invalid'
+    assert api_error(ApiException(status=503, reason="Service Unavailable")) == "HTTP 503: Service Unavailable"
+    assert api_error(TimeoutError("read timed out")) == "TimeoutError: read timed out"

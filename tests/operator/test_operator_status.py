@@ -9,11 +9,14 @@ import pytest
 from diloco_core.protocol import FragmentStatus, LearnerStatus, StatusResponse
 from diloco_operator.models import DiLoCoJobSpec, parse_spec
 from diloco_operator.status import (
+    EVENT_NOTE_LIMIT,
+    Event,
     Observed,
     PodWatch,
     UnitObserved,
     compute_status,
     diff_events,
+    event_object,
     invalid_status,
 )
 
@@ -159,3 +162,16 @@ def test_invalid_status() -> None:
     valid = next(c for c in s["conditions"] if c["type"] == "SpecValid")
     assert (valid["status"], valid["reason"]) == ("False", "InvalidSpec")
     assert "quorum" in valid["message"]
+
+
+def test_event_object_regards_the_job_and_bounds_the_note() -> None:
+    job = {"apiVersion": "diloco.dev/v1alpha1", "kind": "DiLoCoJob",
+           "metadata": {"name": "j", "namespace": "ns", "uid": "u-1"}}
+    obj = event_object(job, Event("Warning", "QuorumLost", "x" * 5000), NOW, "op-0")
+    assert obj["regarding"] == {"apiVersion": "diloco.dev/v1alpha1", "kind": "DiLoCoJob", "name": "j",
+                                "namespace": "ns", "uid": "u-1"}
+    assert obj["metadata"] == {"generateName": "j-", "namespace": "ns"}
+    assert (obj["type"], obj["reason"], obj["reportingInstance"]) == ("Warning", "QuorumLost", "op-0")
+    assert len(obj["note"]) == EVENT_NOTE_LIMIT
+    assert obj["note"].endswith("...")
+    assert obj["eventTime"] == "2026-01-01T12:00:00.000000Z"
