@@ -54,6 +54,7 @@ class FragmentState:
     reserved: set[str] = field(default_factory=set)  # keys being validated/persisted right now
     rounds: int = 0
     merging: bool = False
+    in_merge: set[str] = field(default_factory=set)  # keys of the round being merged and committed
     round: policy.RoundState = field(default_factory=lambda: policy.open_round(0, -1, 0.0))
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -63,7 +64,12 @@ class FragmentState:
 
     def is_known(self, key: str) -> bool:
         """True when a contribution with this idempotency key was taken already."""
-        return key in self.reserved or key in self.applied or any(c.key == key for c in self.pending.values())
+        return (
+            key in self.reserved
+            or key in self.in_merge
+            or key in self.applied
+            or any(c.key == key for c in self.pending.values())
+        )
 
     def round_entry(self, c: Contribution) -> policy.Contribution:
         return policy.Contribution(c.learner_id, c.base_version, c.steps, c.tokens, c.received_at)

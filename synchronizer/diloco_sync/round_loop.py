@@ -112,6 +112,8 @@ class RoundRunner:
         if decision.action == "merge" and decision.participants:
             contributions = [fs.pending.pop(name) for name in decision.participants]
             fs.merging = True
+            # still known while merged and committed: a resend in that window is a duplicate
+            fs.in_merge = {c.key for c in contributions}
             quorum_at = fs.round.first_quorum_at if fs.round.first_quorum_at is not None else now
             timing = {
                 "quorum_wait_s": max(quorum_at - fs.round.opened_at, 0.0),
@@ -147,6 +149,7 @@ class RoundRunner:
                 self.desk.forget(c)
         finally:
             fs.merging = False
+            fs.in_merge = set()  # applied by now, or given back to storage for a restart to replay
             self.wake()
         elapsed = svc.clock() - started
         svc.sync_time_s = elapsed if svc.sync_time_s == 0 else (1 - _EMA) * svc.sync_time_s + _EMA * elapsed

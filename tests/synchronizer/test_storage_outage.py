@@ -44,6 +44,11 @@ def test_s3_outage_then_recovery(
         r = learner.contribute(0, 1, grad)
         assert r.status_code == 202, r.text
         assert r.json()["status"] == "accepted"
+    # the round is merged and its commit waits for storage: a resend is a duplicate, not a new contribution
+    wait_for(lambda: status(sync.url)["fragments"][0]["pending"] == 0, timeout=30, what="the round merging")
+    resent = a.contribute(0, 1, grads[0], seq=a.seq)  # the same contribution again
+    assert resent.status_code == 202, resent.text
+    assert resent.json()["status"] == "duplicate"
     # beyond the memory budget: refused, retryable, nothing lost silently
     over = a.contribute(1, 0, encode_grad(outer_grad(PLAN, 1, seed=3), 1, 0))
     assert over.status_code == 503
