@@ -108,7 +108,7 @@ async def leave(
 ) -> Response:
     """Leave the quorum cleanly (a learner shutting down)."""
     _learner(service, authorization, learner, learner_id)
-    service.leave(learner_id)
+    await service.leave(learner_id)
     return Response(status_code=204)
 
 

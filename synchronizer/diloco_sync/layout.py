@@ -60,6 +60,7 @@ class LearnerRecord(BaseModel):
     unit: str = ""
     tokens_per_step: int = 1
     registered_at: float = 0.0
+    left: bool = False  # left cleanly: not counted alive after a restart of the synchronizer
 
 
 class LearnerRegistryRecord(BaseModel):

@@ -65,9 +65,10 @@ class LearnerRegistry:
         self.learners: dict[str, Learner] = {}
 
     def restore(self, record: LearnerRegistryRecord, now: float) -> None:
-        """Reload registered learners after a restart; each gets one heartbeat timeout to show up."""
+        """Reload registered learners after a restart; each that had not left gets one heartbeat
+        timeout to show up, and one that had left stays left."""
         for learner_id, rec in record.learners.items():
-            self.learners[learner_id] = Learner(record=rec, last_seen=now)
+            self.learners[learner_id] = Learner(record=rec, last_seen=now, state="left" if rec.left else "training")
 
     def to_record(self) -> LearnerRegistryRecord:
         return LearnerRegistryRecord(learners={lid: lr.record for lid, lr in self.learners.items()})
@@ -81,12 +82,15 @@ class LearnerRegistry:
                 record=record, last_seen=now, step=step, tokens_counted=counted
             )
             return True
-        changed = (existing.record.unit, existing.record.tokens_per_step) != (
+        changed = (existing.record.unit, existing.record.tokens_per_step, existing.record.left) != (
             record.unit,
             record.tokens_per_step,
+            False,
         )
         if changed:
-            existing.record = record.model_copy(update={"registered_at": existing.record.registered_at})
+            existing.record = record.model_copy(
+                update={"registered_at": existing.record.registered_at, "left": False}
+            )
         existing.last_seen, existing.state, existing.step = now, "training", max(existing.step, step)
         return changed
 
@@ -112,11 +116,16 @@ class LearnerRegistry:
             learner.eval_loss = hb.eval_loss
         return increment
 
-    def leave(self, learner_id: str, now: float) -> None:
+    def leave(self, learner_id: str, now: float) -> bool:
+        """Mark a learner left; True when the durable record changed (it had not left before)."""
         learner = self.learners.get(learner_id)
         if learner is None:
             raise UnknownLearner(learner_id)
         learner.state, learner.last_seen = "left", now
+        if learner.record.left:
+            return False
+        learner.record = learner.record.model_copy(update={"left": True})
+        return True
 
     def alive_count(self, now: float) -> int:
         return sum(1 for lr in self.learners.values() if lr.is_alive(now, self.timeout_s))

@@ -16,6 +16,7 @@ from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
 from diloco_core.merge import contribution_weight, merge_fragment
 from diloco_core.outer import OuterOptimizer
+from diloco_core.protocol import RoundRecord
 
 from .fragment_state import Arrays, Contribution
 from .ingest import encode_params
@@ -97,6 +98,24 @@ def run_round(
         weights=tuple(weights),
         merge_s=time.perf_counter() - started,
     )
+
+
+def recent_round_keys(versions: dict[int, int], n: int) -> list[tuple[int, int]]:
+    """The ``(fragment, version)`` round logs that hold the ``n`` newest rounds across fragments:
+    the newest ``n`` versions of each fragment (the newest rounds overall are among them)."""
+    return [(p, v) for p, newest in sorted(versions.items()) for v in range(newest, max(0, newest - n), -1)]
+
+
+def rounds_from_logs(entries: Sequence[dict[str, Any]], n: int) -> list[RoundRecord]:
+    """The ``n`` newest rounds of these round logs, oldest first (entries that do not parse are skipped)."""
+    rounds: list[RoundRecord] = []
+    for entry in entries:
+        try:
+            rounds.append(RoundRecord.model_validate({field: entry[field] for field in RoundRecord.model_fields}))
+        except (KeyError, ValueError):
+            continue
+    rounds.sort(key=lambda r: (r.finished_at, r.fragment, r.version))
+    return rounds[-n:]
 
 
 def round_log(

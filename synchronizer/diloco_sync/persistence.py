@@ -96,6 +96,25 @@ class StateStore:
     def read(self, key: str) -> bytes:
         return self.store.get(key)
 
+    def load_round_logs(self, wanted: list[tuple[int, int]]) -> list[dict[str, Any]]:
+        """The round logs of these ``(fragment, version)`` pairs, read concurrently.
+
+        A version without a log (the initial upload is not a round) or with an unreadable one is
+        left out: the logs only feed the status's recent rounds.
+        """
+        def one(fragment: int, version: int) -> dict[str, Any] | None:
+            try:
+                entry = json.loads(self.store.get(self.layout.round_log(fragment, version)))
+            except ObjectNotFound:
+                return None
+            except ValueError:
+                log.warning("round log of fragment %d version %d is not valid JSON; skipped", fragment, version)
+                return None
+            return entry if isinstance(entry, dict) else None
+
+        futures = [self._writers.submit(one, p, v) for p, v in wanted]
+        return [entry for future in futures if (entry := future.result()) is not None]
+
     # -- pending contributions -----------------------------------------------------------------
 
     def put_pending(self, meta: PendingMeta, payload: bytes) -> str:

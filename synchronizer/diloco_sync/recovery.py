@@ -4,7 +4,8 @@ What survives a crash: every version named by the manifest (parameters and outer
 learner registry, and every contribution that was answered 202 while storage was up (it was
 written under ``pending/`` before the answer). Pending contributions whose idempotency key the
 manifest lists as applied were merged already: they are deleted, never replayed. The rest are
-replayed into the next round of their fragment.
+replayed into the next round of their fragment. The status's recent rounds are read back from
+the round logs, and learners that had left cleanly stay left.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any
 
 from diloco_core import codec
 from diloco_core.fragments import FragmentPlan
+from diloco_core.protocol import RoundRecord
 
 from .fragment_state import Arrays, Contribution
 from .layout import FragmentRecord, LearnerRegistryRecord, contribution_key
+from .merging import recent_round_keys, rounds_from_logs
 from .persistence import StateStore
 
 log = logging.getLogger(__name__)
@@ -37,9 +40,10 @@ class LoadedState:
     learners: LearnerRegistryRecord = field(default_factory=LearnerRegistryRecord)
     fragments: dict[int, LoadedFragment] = field(default_factory=dict)
     pending: list[Contribution] = field(default_factory=list)
+    rounds: list[RoundRecord] = field(default_factory=list)  # the newest rounds, oldest first
 
 
-def load_state(store: StateStore, owned: list[int]) -> LoadedState:
+def load_state(store: StateStore, owned: list[int], recent_rounds: int = 0) -> LoadedState:
     state = LoadedState(plan=store.load_plan(), learners=store.load_learners())
     manifest = store.load_manifest()
     if manifest is None or state.plan is None:
@@ -53,6 +57,10 @@ def load_state(store: StateStore, owned: list[int]) -> LoadedState:
         outer = codec.decode(store.read(record.outer_key)).tensors if record.outer_key else None
         state.fragments[p] = LoadedFragment(record, params, payload, outer)
     state.pending = _load_pending(store, plan, state.fragments, owned)
+    if recent_rounds:
+        versions = {p: lf.record.version for p, lf in state.fragments.items()}
+        logs = store.load_round_logs(recent_round_keys(versions, recent_rounds))
+        state.rounds = rounds_from_logs(logs, recent_rounds)
     return state
 
 

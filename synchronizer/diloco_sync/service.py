@@ -83,10 +83,12 @@ class SyncService:
     async def load(self) -> list[Contribution]:
         """Read the committed state; returns the pending contributions to replay."""
         loaded: LoadedState = await self.guard.call_until_done(
-            load_state, self.store, self.settings.owned_fragments, what="loading the committed state"
+            load_state, self.store, self.settings.owned_fragments, self.settings.recent_rounds,
+            what="loading the committed state",
         )
         now = self.clock()
         self.registry.restore(loaded.learners, now)
+        self.recent_rounds.extend(loaded.rounds)
         if self.settings.plan_path:
             with open(self.settings.plan_path, encoding="utf-8") as fh:
                 plan_dict = json.load(fh)
@@ -220,12 +222,16 @@ class SyncService:
             self.metrics.learner_loss.labels(learner_id).set(hb.eval_loss)
         return HeartbeatResponse(versions=self.versions(), alive_learners=self.registry.alive_count(now))
 
-    def leave(self, learner_id: str) -> None:
-        """A learner leaves the quorum; leaving twice, or without registering, is not an error."""
+    async def leave(self, learner_id: str) -> None:
+        """A learner leaves the quorum; leaving twice, or without registering, is not an error.
+
+        The registry records it, so a synchronizer restarted afterwards does not count it alive."""
         try:
-            self.registry.leave(learner_id, self.clock())
+            changed = self.registry.leave(learner_id, self.clock())
         except UnknownLearner:
             return
+        if changed:
+            await self.save_registry()
         self.metrics.forget_learner(learner_id)
         log.info("learner %s left", learner_id)
 

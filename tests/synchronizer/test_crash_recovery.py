@@ -78,10 +78,20 @@ def test_kill_9_mid_round_loses_nothing_and_applies_nothing_twice(sync_factory: 
         sync.start()
         return True
 
-    crashed = run_scenario(sync_factory(args=ARGS), crash)
+    sync = sync_factory(args=ARGS)
+    crashed = run_scenario(sync, crash)
     for p in (0, 1):
         assert crashed[p].keys() == reference[p].keys()
         for name in reference[p]:
             np.testing.assert_array_equal(crashed[p][name], reference[p][name])
     # and the rounds really moved the parameters
     assert not np.array_equal(reference[0]["wte.weight"], initial_params(PLAN, 0, seed=3)["wte.weight"])
+
+    # A restarted synchronizer shows the rounds it merged before, read back from the round logs.
+    before = status(sync.url)["recent_rounds"]
+    sync.kill9()
+    sync.start()
+    after = status(sync.url)["recent_rounds"]
+    assert [(r["fragment"], r["version"]) for r in after] == [(1, 2), (0, 3), (1, 1), (0, 2), (0, 1)]
+    assert after == before
+    assert all(sorted(r["participants"]) == ["learner-0", "learner-1", "learner-2"] for r in after)

@@ -43,3 +43,21 @@ def test_new_learner_counts_from_zero_and_resumed_or_restored_ones_from_their_fi
     assert restarted.heartbeat("fresh", _hb(96), now=6.0) == 0  # not counted twice after a restart
     assert restarted.heartbeat("fresh", _hb(104, eval_loss=2.5), now=7.0) == 8
     assert restarted.learners["fresh"].eval_loss == 2.5
+
+
+def test_a_learner_that_left_stays_left_after_a_restart_until_it_registers_again() -> None:
+    reg = LearnerRegistry(heartbeat_timeout_s=10)
+    reg.register(LearnerRecord(learner_id="a"), step=0, now=0.0)
+    reg.register(LearnerRecord(learner_id="b"), step=0, now=0.0)
+    assert reg.leave("a", now=1.0) is True  # the durable record changed: save it
+    assert reg.leave("a", now=2.0) is False
+
+    restarted = LearnerRegistry(heartbeat_timeout_s=10)
+    restarted.restore(reg.to_record(), now=50.0)
+    states = {s.learner_id: (s.state, s.alive) for s in restarted.status(51.0, versions={})}
+    assert states == {"a": ("left", False), "b": ("training", True)}
+    assert restarted.alive_count(51.0) == 1
+
+    assert restarted.register(LearnerRecord(learner_id="a"), step=7, now=52.0) is True
+    assert restarted.alive_count(52.0) == 2
+    assert restarted.to_record().learners["a"].left is False

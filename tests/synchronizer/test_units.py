@@ -24,7 +24,7 @@ from diloco_sync.layout import (
     version_of_key,
 )
 from diloco_sync.learners import LearnerRegistry, step_time_ema
-from diloco_sync.merging import new_optimizer
+from diloco_sync.merging import new_optimizer, recent_round_keys, rounds_from_logs
 from diloco_sync.round_loop import applied_to_keep
 from diloco_sync.settings import SyncSettings
 from diloco_sync.storage_guard import backoff_delays
@@ -207,3 +207,16 @@ def test_cli_reports_invalid_settings_clearly(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("DILOCO_PORT", "not-a-port")
     with pytest.raises(UsageError, match="DILOCO_PORT"):
         parse_settings([])
+
+
+def test_recent_rounds_come_back_from_the_round_logs_newest_last() -> None:
+    assert recent_round_keys({0: 3, 1: 1}, 2) == [(0, 3), (0, 2), (1, 1)]
+    assert recent_round_keys({0: 0}, 5) == []
+
+    def entry(p: int, v: int, at: float) -> dict[str, object]:
+        return {"fragment": p, "version": v, "participants": ["a"], "weights": [1.0], "base_versions": [v - 1],
+                "finished_at": at, "quorum_wait_s": 0.1, "grace_s": 0.0, "merge_s": 0.01, "keys": ["k"]}
+
+    logs = [entry(0, 3, 30.0), entry(0, 2, 10.0), entry(1, 2, 20.0), {"fragment": 1}]  # the last: unreadable
+    rounds = rounds_from_logs(logs, 2)
+    assert [(r.fragment, r.version) for r in rounds] == [(1, 2), (0, 3)]
