@@ -229,6 +229,8 @@ class Orchestrator:
         self.record.timeline.enter(slot.index, "down", now)
         if by_chaos:
             slot.step = max(slot.step, self._logged_step(slot))
+            if slot.pending_kill is not None:  # killed again while it was still coming back
+                slot.pending_kill.killed_again_at_s = now
             slot.pending_kill = KillRecord(slot.index, now, slot.step)
             self.record.kills.append(slot.pending_kill)
 

@@ -12,13 +12,14 @@ from diloco.runner.timeline import Timeline
 @dataclass
 class KillRecord:
     """One chaos kill: when the learner died, when its process was started again, and when it was
-    seen training again (rejoined)."""
+    seen training again (rejoined), or killed again before it rejoined."""
 
     learner: int
     at_s: float
     step: int
     restarted_at_s: float | None = None
     rejoined_at_s: float | None = None
+    killed_again_at_s: float | None = None
 
 
 @dataclass(frozen=True)

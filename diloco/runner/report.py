@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from diloco.runner.record import RunRecord
+from diloco.runner.record import KillRecord, RunRecord
 from diloco.runner.slots import learner_label
 from diloco.runner.timeline import Goodput, goodput_of
 from diloco.runner.traffic import Traffic, human_bytes
@@ -117,6 +117,12 @@ def render_markdown(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rejoined(kill: KillRecord) -> str:
+    if kill.rejoined_at_s is None and kill.killed_again_at_s is not None:
+        return f"killed again at {kill.killed_again_at_s:.1f} s"
+    return _fmt(kill.rejoined_at_s, ".1f")
+
+
 def _chaos_lines(report: Report) -> list[str]:
     kills = report.record.kills
     if not kills:
@@ -124,7 +130,7 @@ def _chaos_lines(report: Report) -> list[str]:
     lines = [f"{len(kills)} kills of learners {report.killed_learners}.", "", "| learner | killed at | step | restarted | rejoined |", "|---|---:|---:|---:|---:|"]
     for k in kills:
         lines.append(
-            f"| {k.learner} | {k.at_s:.1f} s | {k.step} | {_fmt(k.restarted_at_s, '.1f')} | {_fmt(k.rejoined_at_s, '.1f')} |"
+            f"| {k.learner} | {k.at_s:.1f} s | {k.step} | {_fmt(k.restarted_at_s, '.1f')} | {_rejoined(k)} |"
         )
     if report.unrejoined:
         lines += ["", f"Not rejoined by the end: learners {report.unrejoined}."]

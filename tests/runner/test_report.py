@@ -62,6 +62,17 @@ def test_a_learner_whose_last_kill_never_rejoined_is_reported(tmp_path: Path) ->
     assert "Not rejoined by the end: learners [1]" in render_markdown(report)
 
 
+def test_a_kill_during_the_comeback_is_shown_as_killed_again(tmp_path: Path) -> None:
+    record = synthetic_record(tmp_path)
+    record.kills = [KillRecord(1, 40.0, 120, restarted_at_s=50.0, killed_again_at_s=52.0),
+                    KillRecord(1, 52.0, 120, restarted_at_s=62.0, rejoined_at_s=70.0)]
+    report = build_report(record)
+    assert report.unrejoined == []
+    text = render_markdown(report)
+    assert "| 1 | 40.0 s | 120 | 50.0 | killed again at 52.0 s |" in text
+    assert "| 1 | 52.0 s | 120 | 62.0 | 70.0 |" in text
+
+
 def test_markdown_summarises_goodput_bytes_loss_and_chaos(tmp_path: Path) -> None:
     text = render_markdown(build_report(synthetic_record(tmp_path)))
     assert "**84.5%**" in text

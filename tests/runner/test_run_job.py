@@ -42,6 +42,10 @@ def test_local_job_with_chaos_heals_and_reports(tmp_path: Path) -> None:
     assert len(summary["killed_learners"]) >= 2
     assert summary["unrejoined"] == []
     for kill in record["kills"]:
+        if kill["killed_again_at_s"] is not None:  # killed again while still coming back
+            assert kill["rejoined_at_s"] is None
+            assert kill["killed_again_at_s"] >= kill["at_s"]
+            continue
         assert kill["restarted_at_s"] is not None
         assert kill["rejoined_at_s"] is not None
         assert kill["rejoined_at_s"] >= kill["restarted_at_s"] >= kill["at_s"] + REPAIR_S - 1.0
