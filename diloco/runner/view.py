@@ -41,7 +41,10 @@ _STATE_STYLE = {"training": "green", "down": "red", "rejoining": "yellow", "star
 
 
 def render_line(s: Snapshot) -> str:
-    learners = " ".join(f"{r.learner_id}={r.state}@{r.step}" for r in s.learners)
+    """One plain line: the global progress, then per learner ``id=state@step tok/s=N stale=N``."""
+    learners = " ".join(
+        f"{r.learner_id}={r.state}@{r.step} tok/s={r.tokens_per_s:.0f} stale={r.staleness}" for r in s.learners
+    )
     loss = "n/a" if s.loss is None else f"{s.loss:.3f}"
     return (
         f"[{s.elapsed_s:6.1f}s] {s.mode} v{s.version} rounds={s.rounds} loss={loss} "

@@ -13,7 +13,8 @@ def snapshot(elapsed: float) -> Snapshot:
 def test_plain_line_shows_learner_states_and_global_progress() -> None:
     line = render_line(snapshot(12.0))
     assert "v7 rounds=12 loss=3.250" in line
-    assert "learner-0=training@42 learner-1=down@30" in line
+    assert "learner-0=training@42 tok/s=8000 stale=1 learner-1=down@30 tok/s=0 stale=0" in line
+    assert "tokens=36,864" in line
     assert "sent=2.0 KiB" in line
 
 
