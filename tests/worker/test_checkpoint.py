@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import json
+import random
 import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from diloco_core.storage import FilesystemStore
 from diloco_worker.checkpoint import list_checkpoints, load_latest, restore, save_checkpoint
@@ -100,3 +103,53 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path) ->
     ckpt = load_latest(store)
     assert ckpt is not None
     assert ckpt.step == 1
+
+
+def test_python_random_state_is_kept_as_json(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    model = build_gpt(TINY)
+    opt = make_optimizer(model, tiny_train())
+    random.seed(11)
+    save_checkpoint(store, model=model, optimizer=opt, anchors={}, meta={"step": 1})
+    expected = [random.random() for _ in range(3)]
+    random.seed(99)
+    ckpt = load_latest(store)
+    assert ckpt is not None
+    assert json.loads((tmp_path / "ckpt-0000000001" / "meta.json").read_text())["rng"]["python"][0] == 3
+    restore(ckpt, model, opt)
+    assert [random.random() for _ in range(3)] == expected
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_generators_are_saved_and_restored(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    model = build_gpt(TINY)
+    opt = make_optimizer(model, tiny_train())
+    torch.cuda.manual_seed_all(5)
+    save_checkpoint(store, model=model, optimizer=opt, anchors={}, meta={"step": 1})
+    expected = torch.rand(4, device="cuda").cpu()
+    torch.cuda.manual_seed_all(6)
+    ckpt = load_latest(store)
+    assert ckpt is not None
+    assert sum(1 for k in ckpt.tensors if k.startswith("rng/cuda/")) == torch.cuda.device_count()
+    restore(ckpt, model, opt)
+    assert torch.equal(torch.rand(4, device="cuda").cpu(), expected)
+
+
+def test_cuda_generators_of_another_gpu_count_are_skipped(tmp_path: Path) -> None:
+    """A checkpoint written where more GPUs were visible than here: the CPU generator and the model
+    are restored, the CUDA generators are left alone (their count does not match)."""
+    store = FilesystemStore(tmp_path)
+    model = build_gpt(TINY)
+    opt = make_optimizer(model, tiny_train())
+    torch.manual_seed(3)
+    save_checkpoint(store, model=model, optimizer=opt, anchors={}, meta={"step": 1})
+    expected = torch.rand(2)
+    ckpt = load_latest(store)
+    assert ckpt is not None
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    fake_state = torch.zeros(16, dtype=torch.uint8)
+    for i in range(seen + 1):
+        ckpt.tensors[f"rng/cuda/{i}"] = fake_state
+    restore(ckpt, model, opt)
+    assert torch.equal(torch.rand(2), expected)

@@ -1,15 +1,20 @@
 """Learner checkpoints: tensors in safetensors, everything else in JSON (no pickle anywhere).
 
 Layout under the checkpoint location (a local folder, ``file:///path`` or ``s3://bucket/prefix``):
-``ckpt-<step>/tensors.safetensors`` (parameters, AdamW state, anchors, RNG) and
-``ckpt-<step>/meta.json`` (step, tokens, data cursor, fragment counters, optimizer hyper-parameters,
-config). ``meta.json`` is written last, so a checkpoint without it is incomplete and ignored.
+``ckpt-<step>/tensors.safetensors`` (parameters, AdamW state, anchors, the torch CPU generator and,
+with CUDA, every visible GPU's generator) and ``ckpt-<step>/meta.json`` (step, tokens, data cursor,
+fragment counters, optimizer hyper-parameters, config, Python's ``random`` state).
+``meta.json`` is written last, so a checkpoint without it is incomplete and ignored.
+
+The worker itself draws no random numbers from Python's global ``random`` (its data order is a pure
+function of seed and batch number), but a user entry point may, so its state is kept too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -74,8 +79,47 @@ def build_tensors(
         tensors.update(
             {f"anchor/{p}/{n}": torch.from_numpy(np.ascontiguousarray(a)) for n, a in frag.items()}
         )
-    tensors["rng/torch"] = torch.get_rng_state()
+    tensors.update(build_rng_tensors())
     return tensors, groups
+
+
+def build_rng_tensors() -> dict[str, torch.Tensor]:
+    """The torch generators: the CPU one and, when CUDA is available, one per visible GPU."""
+    tensors = {"rng/torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng/cuda/{i}"] = state.cpu()
+    return tensors
+
+
+def python_rng_meta() -> dict[str, Any]:
+    """Python's global ``random`` state as JSON: ``[version, 625 ints, gauss_next]``."""
+    version, internal, gauss = random.getstate()
+    return {"python": [version, list(internal), gauss]}
+
+
+def restore_rng(ckpt: Checkpoint) -> None:
+    """Set the torch CPU generator, the CUDA generators (only when this process sees as many GPUs as
+    the one that saved them) and Python's ``random`` (when the checkpoint has them)."""
+    torch.set_rng_state(ckpt.tensors["rng/torch"])
+    count = sum(1 for key in ckpt.tensors if key.startswith("rng/cuda/"))
+    cuda = [ckpt.tensors[f"rng/cuda/{i}"] for i in range(count)]
+    if cuda:
+        if torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            log.warning(
+                "checkpoint step %d holds the generators of %d GPUs, this process sees %d: "
+                "CUDA generators not restored",
+                ckpt.step,
+                len(cuda),
+                seen,
+            )
+    saved = ckpt.meta.get("rng", {}).get("python")
+    if saved is not None:
+        version, internal, gauss = saved
+        random.setstate((version, tuple(internal), gauss))
 
 
 def save_checkpoint(
@@ -92,7 +136,7 @@ def save_checkpoint(
     tensors, groups = build_tensors(model, optimizer, anchors)
     prefix = f"ckpt-{step:010d}/"
     store.put(prefix + "tensors.safetensors", st_save(tensors))
-    full_meta = {"format": FORMAT, **meta, "optimizer_groups": groups}
+    full_meta = {"format": FORMAT, **meta, "optimizer_groups": groups, "rng": python_rng_meta()}
     store.put(prefix + "meta.json", json.dumps(full_meta, sort_keys=True).encode())
     for old in list_checkpoints(store)[:-keep]:
         for key in store.list(f"ckpt-{old:010d}/"):
@@ -125,7 +169,8 @@ def load_latest(store: ObjectStore) -> Checkpoint | None:
 
 @torch.no_grad()
 def restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Load parameters, buffers, AdamW state and the RNG into live objects (same model shape)."""
+    """Load parameters, buffers, AdamW state and the random generators into live objects (same model
+    shape)."""
     for kind, named in (("param", model.named_parameters()), ("buffer", model.named_buffers())):
         for name, t in named:
             key = f"{kind}/{name}"
@@ -147,4 +192,4 @@ def restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer
         if "betas" in g:
             g["betas"] = tuple(g["betas"])
     optimizer.load_state_dict({"state": state, "param_groups": groups})
-    torch.set_rng_state(ckpt.tensors["rng/torch"])
+    restore_rng(ckpt)
