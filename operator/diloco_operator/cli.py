@@ -47,5 +47,6 @@ def main(argv: list[str]) -> int:
         peering_name=None if args.standalone else args.peering,
         standalone=args.standalone,
         priority=args.priority,
+        memo=kopf.Memo(namespaces=list(args.namespace)),  # liveness lists the jobs of these only
     ))
     return 0

@@ -2,6 +2,7 @@
 
 One level-based reconcile serves create, update and resume; a timer runs the same reconcile
 every ``DILOCO_OPERATOR_RESYNC_SECONDS`` to repair drift, refresh the status and drive chaos.
+Liveness checks that the DiLoCoJob watch still delivers what the API holds (see ``liveness``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging
 import os
 import random
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,6 +22,7 @@ from kubernetes import client, config
 
 from diloco_operator.build import API_VERSION, GROUP, JOB_LABEL, KIND, PLURAL, UNIT_LABEL, VERSION, JobRef
 from diloco_operator.kube import Kube, api_error
+from diloco_operator.liveness import WatchState, lagging, paused_by_peers, watch_is_alive
 from diloco_operator.metrics import OperatorMetrics
 from diloco_operator.reconcile import Outcome, StatusFetcher, reconcile
 from diloco_operator.settings import OperatorSettings, settings_from_env
@@ -45,6 +48,8 @@ class Context:
     metrics: OperatorMetrics
     rng: random.Random
     pods: PodWatch
+    watch: WatchState
+    namespaces: list[str]  # the namespaces kopf watches; empty: all
 
 
 def new_api_client() -> client.ApiClient:
@@ -73,15 +78,49 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     if ours.metrics_port:
         metrics.serve(ours.metrics_port)
     memo.ctx = Context(ours, Kube(new_api_client()), http_fetcher(ours.status_timeout_seconds), metrics,
-                       random.Random(ours.chaos_seed), PodWatch())
+                       random.Random(ours.chaos_seed), PodWatch(), WatchState(),
+                       list(memo.get("namespaces") or []))
     log.info("operator started: resync every %ss, metrics port %s", ours.resync_seconds, ours.metrics_port)
 
 
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def on_job_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """Every event of the job watch (listing included): what liveness compares the API with."""
+    meta = event["object"].get("metadata") or {}
+    memo.ctx.watch.heard(str(meta.get("uid")), str(meta.get("resourceVersion")), deleted=event["type"] == "DELETED")
+
+
 @kopf.on.probe(id="api")
-def probe(memo: kopf.Memo, **_: Any) -> str:
-    """Liveness: kopf serves the endpoint once its watches run; this adds a live API round trip."""
-    memo.ctx.kube.ping()
+def probe(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> str:
+    """Liveness: a live API round trip, and the job watch delivering what the API holds.
+
+    A failure raises ``kopf.PermanentError`` so the endpoint answers 500 at once (kopf retries
+    other errors of an activity handler before it answers).
+    """
+    ctx: Context = memo.ctx
+    try:
+        listed = ctx.kube.job_versions(ctx.namespaces)
+        peering = None if settings.peering.standalone else ctx.kube.get_cluster(peering_path(settings, ctx.namespaces))
+    except Exception as exc:
+        raise kopf.PermanentError(f"API unreachable: {api_error(exc)}") from exc
+    if not settings.peering.standalone and paused_by_peers(peering, settings.peering.priority, datetime.now(UTC)):
+        ctx.watch.due.clear()  # the watch is closed on purpose; nothing is due from it
+        return "paused"
+    now = time.monotonic()
+    ctx.watch.due = lagging(listed, ctx.watch.seen, ctx.watch.due, now)
+    if not watch_is_alive(ctx.watch.due, now, ctx.settings.watch_stale_seconds):
+        raise kopf.PermanentError(
+            f"the DiLoCoJob watch has not delivered {len(ctx.watch.due)} job change(s) for over "
+            f"{ctx.settings.watch_stale_seconds:g}s")
     return "ok"
+
+
+def peering_path(settings: kopf.OperatorSettings, namespaces: list[str]) -> str:
+    """The peering object: cluster-wide, or (``--namespace``) the one in the first watched namespace."""
+    name = settings.peering.name
+    if settings.peering.clusterwide or not namespaces:
+        return f"/apis/kopf.dev/v1/clusterkopfpeerings/{name}"
+    return f"/apis/kopf.dev/v1/namespaces/{namespaces[0]}/kopfpeerings/{name}"
 
 
 def post_events(kube: Kube, job: Mapping[str, Any], events: list[Event]) -> None:

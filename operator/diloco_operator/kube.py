@@ -14,6 +14,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 FIELD_MANAGER = "diloco-operator"
+# A LIST that answers with the objects' metadata only.
+PARTIAL_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
 _PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Secret"): "secrets",
@@ -63,9 +65,32 @@ class Kube:
         data = resp.data
         return json.loads(data) if data else {}
 
-    def ping(self) -> None:
-        """One cheap request that needs the same permission as the operator's watch."""
-        self._call("GET", "/apis/diloco.dev/v1alpha1/dilocojobs", query=[("limit", "1")])
+    def job_versions(self, namespaces: list[str]) -> dict[str, str]:
+        """uid -> resourceVersion of every DiLoCoJob in ``namespaces`` (all when empty), metadata only.
+
+        The same ``list`` permission as the operator's watch; only the objects' metadata comes back.
+        """
+        paths = ([f"/apis/diloco.dev/v1alpha1/namespaces/{ns}/dilocojobs" for ns in namespaces]
+                 or ["/apis/diloco.dev/v1alpha1/dilocojobs"])
+        versions: dict[str, str] = {}
+        for path in paths:
+            resp = self.api.call_api(
+                path, "GET", header_params={"Accept": PARTIAL_METADATA}, auth_settings=["BearerToken"],
+                _preload_content=False, _return_http_data_only=True, _request_timeout=30,
+            )
+            for item in json.loads(resp.data or b"{}").get("items", []):
+                meta = item.get("metadata") or {}
+                versions[str(meta.get("uid"))] = str(meta.get("resourceVersion"))
+        return versions
+
+    def get_cluster(self, path: str) -> dict[str, Any] | None:
+        """GET a cluster-scoped or fully spelled path; None when it does not exist."""
+        try:
+            return self._call("GET", path)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         path = f"{collection_path(api_version, kind, namespace)}/{name}"

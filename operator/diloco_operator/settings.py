@@ -19,6 +19,9 @@ class OperatorSettings(BaseModel):
     sync_url: str | None = Field(
         None, description="override of the synchronizer URL the operator reads status from; "
         "'{name}' and '{namespace}' are replaced (for operators running outside the cluster)")
+    watch_stale_seconds: float = Field(
+        60.0, gt=0.0, description="liveness fails once the API has held a job version that the watch has not "
+        "delivered for this long")
     chaos_seed: int | None = Field(None, description="seed of the chaos random generator (reproducible game days)")
 
 
