@@ -236,3 +236,71 @@ def dockerignore_excludes(dockerignore: str, path: str) -> bool:
         if any(regex.match(p) for p in prefixes):
             excluded = not negate
     return excluded
+
+
+def shell_commands(instruction: Instruction) -> list[list[str]]:
+    """The simple commands of a shell-form RUN, split at `&&`, `||` and `;`, each as its words."""
+    if instruction.exec_form() is not None:
+        return [instruction.exec_form() or []]
+    lexer = shlex.shlex(instruction.arguments, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    commands: list[list[str]] = [[]]
+    for word in lexer:
+        if word in ("&&", "||", ";"):
+            commands.append([])
+        elif set(word) <= set(";&|"):
+            raise DockerfileError(f"line {instruction.line}: unsupported shell operator {word!r} in RUN")
+        else:
+            commands[-1].append(word)
+    return [c for c in commands if c]
+
+
+@dataclass(frozen=True)
+class PipInstall:
+    """One `pip install` of a RUN: its options (each with its value, if any) and its targets."""
+
+    line: int
+    options: list[tuple[str, str | None]]
+    targets: list[str]
+
+    def values(self, *names: str) -> list[str]:
+        return [value for option, value in self.options if option in names and value is not None]
+
+
+# pip install options that take a value (the ones a Dockerfile is likely to use)
+_PIP_VALUED = frozenset(
+    {"-c", "--constraint", "-r", "--requirement", "-i", "--index-url", "--extra-index-url", "-f",
+     "--find-links", "-t", "--target", "--prefix", "--root", "--build-constraint", "--only-binary",
+     "--no-binary", "--platform", "--python-version", "--report", "--cache-dir", "--progress-bar"}
+)  # fmt: skip
+
+
+def pip_installs(instruction: Instruction) -> list[PipInstall]:
+    """Every `pip install` (`pip`, `pip3` or `<python> -m pip`) among a RUN's commands."""
+    out: list[PipInstall] = []
+    for words in shell_commands(instruction):
+        for i in range(len(words) - 1):
+            if Path(words[i]).name in ("pip", "pip3") and words[i + 1] == "install":
+                out.append(_pip_install(instruction.line, words[i + 2 :]))
+                break
+    return out
+
+
+def _pip_install(line: int, words: list[str]) -> PipInstall:
+    options: list[tuple[str, str | None]] = []
+    targets: list[str] = []
+    it = iter(words)
+    for word in it:
+        if not word.startswith("-"):
+            targets.append(word)
+        elif word.startswith("--") and "=" in word:
+            name, _, value = word.partition("=")
+            options.append((name, value))
+        elif word in _PIP_VALUED:
+            value = next(it, None)
+            if value is None:
+                raise DockerfileError(f"line {line}: pip install {word} needs a value")
+            options.append((word, value))
+        else:
+            options.append((word, None))
+    return PipInstall(line, options, targets)

@@ -2,27 +2,36 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import platform
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
+from itertools import chain
+from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from diloco.cli import SUBCOMMANDS
 from tests.images.dockerfile import (
     Dockerfile,
     DockerfileError,
     Instruction,
+    PipInstall,
+    Stage,
     copy_flags,
     copy_paths,
     dockerignore_excludes,
     parse,
+    pip_installs,
     substitute,
 )
 
@@ -32,6 +41,8 @@ IMAGES = {
     "Dockerfile.sync": ("sync,operator", "synchronizer", {"worker", "bench"}),
     "Dockerfile.worker": ("worker", "worker", {"synchronizer", "operator", "bench"}),
 }
+# the constraints file each image's install step is held to
+CONSTRAINTS = {"Dockerfile.sync": "constraints/sync.txt", "Dockerfile.worker": "constraints/worker.txt"}
 OCI_LABELS = ("title", "description", "version", "revision", "created", "licenses", "source")
 
 
@@ -56,6 +67,64 @@ def _env_of(stage_instructions: list[Instruction]) -> dict[str, str]:
 @pytest.fixture(params=sorted(IMAGES))
 def image(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def _install_step(image: str) -> PipInstall:
+    """The build stage's one `pip install` of the project."""
+    installs = [
+        p for i in _read(image).stage("build").instructions if i.keyword == "RUN" for p in pip_installs(i)
+    ]
+    project = [p for p in installs if any(t.startswith(".[") for t in p.targets)]
+    assert len(project) == 1, installs
+    return project[0]
+
+
+def _pins(path: Path) -> dict[str, tuple[str, str]]:
+    """A constraints file as {canonical name: (name as written, version)}; every line an exact pin."""
+    pins: dict[str, tuple[str, str]] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)", line)
+        assert m, f"{path.name} line {number}: {raw!r} is not an exact name==version pin"
+        key = canonicalize_name(m.group(1))
+        assert key not in pins, f"{path.name} line {number}: {m.group(1)} is pinned twice"
+        pins[key] = (m.group(1), m.group(2))
+    return pins
+
+
+def _image_requirements(extras: str) -> list[Requirement]:
+    project = _pyproject()["project"]
+    optional = project["optional-dependencies"]
+    return [
+        Requirement(r) for r in project["dependencies"] + [r for e in extras.split(",") for r in optional[e]]
+    ]
+
+
+def _closure(roots: list[Requirement]) -> tuple[set[str], set[str]]:
+    """The distributions pip installs for `roots` here, read from the installed packages' metadata,
+    and the ones it would install only on another platform or Python (a marker false here)."""
+    needed: set[str] = set()
+    elsewhere: set[str] = set()
+    todo: list[tuple[Requirement, frozenset[str]]] = [(r, frozenset({""})) for r in roots]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        requirement, parent_extras = todo.pop()
+        name = canonicalize_name(requirement.name)
+        marker = requirement.marker
+        if marker is not None and not any(marker.evaluate({"extra": e}) for e in parent_extras):
+            if "extra" not in str(marker):
+                elsewhere.add(name)
+            continue
+        extras = frozenset({"", *requirement.extras})
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        needed.add(name)
+        requires = importlib.metadata.distribution(requirement.name).requires or []
+        todo.extend((Requirement(r), extras) for r in requires)
+    return needed, elsewhere - needed
 
 
 def test_parser_rejects_what_buildkit_rejects() -> None:
@@ -162,17 +231,160 @@ def test_sync_image_also_carries_the_operator() -> None:
     assert SUBCOMMANDS["operator"][0].startswith("diloco_operator.")
 
 
+def test_parser_finds_the_pip_installs_of_a_run_and_their_options() -> None:
+    run = (
+        parse(
+            "FROM python:3.11-slim\n"
+            "RUN python -m venv /v && /v/bin/python -m pip install pip==26.3 \\\n"
+            " && /v/bin/pip install --no-cache-dir -c c.txt --constraint=d.txt '.[a,b]'; echo done\n"
+        )
+        .stages[0]
+        .instructions[0]
+    )
+    first, second = pip_installs(run)
+    assert first.targets == ["pip==26.3"]
+    assert second.targets == [".[a,b]"]
+    assert second.values("-c", "--constraint") == ["c.txt", "d.txt"]
+    assert ("--no-cache-dir", None) in second.options
+    with pytest.raises(DockerfileError, match="unsupported shell operator"):
+        pip_installs(parse("FROM python:3.11-slim\nRUN pip install a | tee log\n").stages[0].instructions[0])
+
+
 def test_install_step_installs_the_image_extras_and_the_sync_image_gets_no_torch(image: str) -> None:
     extras, _, _ = IMAGES[image]
-    runs = [i.arguments for i in _read(image).stage("build").instructions if i.keyword == "RUN"]
-    installs = [r for r in runs if f'pip install --no-cache-dir ".[{extras}]"' in r]
-    assert len(installs) == 1, runs
+    install = _install_step(image)
+    assert install.targets == [f".[{extras}]"]
+    assert ("--no-cache-dir", None) in install.options
     optional = _pyproject()["project"]["optional-dependencies"]
     requirements = [r for extra in extras.split(",") for r in optional[extra]] + _pyproject()["project"][
         "dependencies"
     ]
     has_torch = any(re.match(r"torch\b", r) for r in requirements)
     assert has_torch == (image == "Dockerfile.worker")
+
+
+def _copied_files(stage: Stage, before_line: int) -> dict[PurePosixPath, Path]:
+    """Where each file of the build context lands in the image (absolute paths), for the COPY
+    instructions of `stage` above `before_line`, following the WORKDIR in force at each."""
+    workdir = PurePosixPath("/")
+    placed: dict[PurePosixPath, Path] = {}
+    for instruction in stage.instructions:
+        if instruction.line >= before_line:
+            break
+        if instruction.keyword == "WORKDIR":
+            workdir = workdir / instruction.arguments
+        if instruction.keyword != "COPY" or "from" in copy_flags(instruction):
+            continue
+        sources, destination = copy_paths(instruction)
+        target = workdir / destination
+        into_folder = destination.endswith("/") or len(sources) > 1
+        for source in sources:
+            src = ROOT / source
+            if src.is_dir():
+                for file in sorted(p for p in src.rglob("*") if p.is_file()):
+                    placed[target / file.relative_to(src).as_posix()] = file
+            else:
+                placed[target / src.name if into_folder else target] = src
+    return placed
+
+
+def _workdir(stage: Stage, before_line: int) -> PurePosixPath:
+    workdir = PurePosixPath("/")
+    for instruction in stage.instructions:
+        if instruction.keyword == "WORKDIR" and instruction.line < before_line:
+            workdir = workdir / instruction.arguments
+    return workdir
+
+
+def test_install_step_is_held_to_the_image_constraints_file_copied_before_it(image: str) -> None:
+    install = _install_step(image)
+    stage = _read(image).stage("build")
+    constraints = install.values("-c", "--constraint")
+    assert constraints == [CONSTRAINTS[image]], "one constraints file, the image's own"
+    in_image = _workdir(stage, install.line) / constraints[0]
+    copied = _copied_files(stage, install.line)
+    assert in_image in copied, f"{image}: {constraints[0]} is not copied before line {install.line}"
+    assert copied[in_image] == ROOT / CONSTRAINTS[image]
+    # pip itself, installed before the project, is pinned on its own line
+    pips = [p for i in stage.instructions if i.keyword == "RUN" for p in pip_installs(i) if p != install]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][A-Za-z0-9.]*", t) for p in pips for t in p.targets), pips
+
+
+def test_constraints_pin_every_distribution_the_image_installs_and_nothing_else(image: str) -> None:
+    """The closure is read from this environment's installed metadata (no index); a distribution
+    that a marker brings in only elsewhere (another platform or Python) may be pinned too."""
+    extras, _, _ = IMAGES[image]
+    pins = _pins(ROOT / CONSTRAINTS[image])
+    needed, elsewhere = _closure(_image_requirements(extras))
+    needed.discard(canonicalize_name(_pyproject()["project"]["name"]))
+    assert needed - pins.keys() == set(), f"{CONSTRAINTS[image]} leaves these unpinned"
+    assert pins.keys() - needed - elsewhere == set(), f"{CONSTRAINTS[image]} pins what {image} never installs"
+
+
+def test_constraint_pins_satisfy_pyproject_and_agree_with_its_exact_pins(image: str) -> None:
+    extras, _, _ = IMAGES[image]
+    pins = _pins(ROOT / CONSTRAINTS[image])
+    for requirement in _image_requirements(extras):
+        _, version = pins[canonicalize_name(requirement.name)]
+        assert requirement.specifier.contains(
+            version, prereleases=True
+        ), f"{CONSTRAINTS[image]} pins {requirement.name}=={version}, outside pyproject's {requirement}"
+
+
+def test_pyproject_exact_pins_are_the_constraint_pins_in_both_images() -> None:
+    """torch, kopf and zstandard are pinned in pyproject.toml too: the two must never drift apart."""
+    project = _pyproject()["project"]
+    exact = {
+        canonicalize_name(r.name): next(iter(r.specifier)).version
+        for r in map(
+            Requirement, [*project["dependencies"], *chain(*project["optional-dependencies"].values())]
+        )
+        if len(r.specifier) == 1 and next(iter(r.specifier)).operator == "=="
+    }
+    assert {"torch", "kopf", "zstandard"} <= exact.keys()
+    checked = 0
+    for path in CONSTRAINTS.values():
+        for key, (name, version) in _pins(ROOT / path).items():
+            if key in exact:
+                assert version == exact[key], f"{path} pins {name}=={version}, pyproject.toml {exact[key]}"
+                checked += 1
+    assert checked >= 4  # zstandard in both, torch in the worker's, kopf in the synchronizer's
+
+
+def test_image_names_agree_across_dockerfiles_examples_chart_and_docs() -> None:
+    """The OCI title of each Dockerfile is the repository name every example, the chart's default
+    and docs/images.md use."""
+
+    def title(image: str) -> str:
+        labels = " ".join(
+            i.arguments for i in _read(image).stage("runtime").instructions if i.keyword == "LABEL"
+        )
+        m = re.search(r'org\.opencontainers\.image\.title="([^"]+)"', labels)
+        assert m, image
+        return m.group(1)
+
+    names = {"worker": title("Dockerfile.worker"), "synchronizer": title("Dockerfile.sync")}
+    assert names == {"worker": "diloco-worker", "synchronizer": "diloco-sync"}
+    examples = sorted((ROOT / "examples").glob("*.yaml"))
+    seen = 0
+    for example in examples:
+        for document in yaml.safe_load_all(example.read_text()):
+            images = (document or {}).get("spec", {}).get("images") or {}
+            for role, reference in images.items():
+                if role in names:
+                    repository = (
+                        reference.rsplit(":", 1)[0] if "@" not in reference else reference.split("@")[0]
+                    )
+                    assert repository.rsplit("/", 1)[-1] == names[role], f"{example.name}: {role} {reference}"
+                    seen += 1
+    assert seen >= 2
+    values = yaml.safe_load((ROOT / "charts" / "diloco" / "values.yaml").read_text())
+    assert values["image"]["repository"].rsplit("/", 1)[-1] == names["synchronizer"]
+    docs = (ROOT / "docs" / "images.md").read_text()
+    for image, name in (("Dockerfile.worker", names["worker"]), ("Dockerfile.sync", names["synchronizer"])):
+        assert f"| `{name}` | `{image}` |" in docs
+        header = (ROOT / image).read_text().split("\nARG", 1)[0]
+        assert re.search(rf"-t \S+/{name}:", header), f"{image}'s header builds another name"
 
 
 def test_healthcheck_only_in_the_sync_image_kubernetes_probes_the_learner() -> None:
@@ -220,7 +432,8 @@ def test_worker_image_exposes_the_learner_health_port() -> None:
 
 def _replay_build_stage(image: str, tmp_path: Path, *, reuse_pip_cache: bool) -> Path:
     """Run the build stage's COPY and RUN steps here: the context is a copy of exactly what the
-    Dockerfile copies, /opt/diloco becomes a folder under tmp_path. Returns the virtual environment."""
+    Dockerfile copies, laid out as in the image under its WORKDIR, and /opt/diloco becomes a folder
+    under tmp_path. Returns the virtual environment."""
     stage = _read(image).stage("build")
     context = tmp_path / "src"
     venv = tmp_path / "opt-diloco"
@@ -231,20 +444,26 @@ def _replay_build_stage(image: str, tmp_path: Path, *, reuse_pip_cache: bool) ->
     env.pop("VIRTUAL_ENV", None)
     if reuse_pip_cache:
         env.pop("PIP_NO_CACHE_DIR", None)
-    ignored = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".mypy_cache")
+    skipped = {"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
     context.mkdir()
+    copied: set[PurePosixPath] = set()
     for instruction in stage.instructions:
         if instruction.keyword == "COPY":
-            sources, destination = copy_paths(instruction)
-            for source in sources:
-                target = (
-                    context / destination if destination.endswith("/") and destination != "./" else context
-                )
-                src = ROOT / source
-                if src.is_dir():
-                    shutil.copytree(src, target, ignore=ignored, dirs_exist_ok=True)
-                else:
-                    shutil.copy2(src, context / src.name)
+            workdir = _workdir(stage, instruction.line)
+            for in_image, src in _copied_files(stage, instruction.line + 1).items():
+                if in_image in copied:
+                    continue
+                copied.add(in_image)
+                if (
+                    skipped & set(src.parts)
+                    or src.suffix == ".pyc"
+                    or any(p.endswith(".egg-info") for p in src.parts)
+                ):
+                    continue
+                assert in_image.is_relative_to(workdir), f"{image}: the replay copies only under WORKDIR"
+                target = context / in_image.relative_to(workdir)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, target)
         elif instruction.keyword == "RUN":
             command = instruction.arguments.replace("/opt/diloco", str(venv))
             if reuse_pip_cache:
@@ -259,6 +478,24 @@ def _replay_build_stage(image: str, tmp_path: Path, *, reuse_pip_cache: bool) ->
             )
             assert result.returncode == 0, f"{image} line {instruction.line} failed:\n{result.stderr[-4000:]}"
     return venv
+
+
+def _assert_installed_as_pinned(image: str, venv: Path) -> None:
+    """Every distribution in the replayed environment is at its pinned version (the project itself,
+    and pip and setuptools, which `pip freeze` leaves out, apart); on Linux x86-64, the platform the files are resolved for, all of them."""
+    frozen = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "freeze"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    installed = {}
+    for line in frozen.stdout.splitlines():
+        name, _, version = line.partition("==")
+        installed[canonicalize_name(name)] = version
+    installed.pop(canonicalize_name(_pyproject()["project"]["name"]), None)
+    pins = {key: version for key, (_, version) in _pins(ROOT / CONSTRAINTS[image]).items()}
+    assert {k: v for k, v in installed.items() if pins.get(k) != v} == {}, "installed apart from the pins"
+    if sys.platform == "linux" and platform.machine() == "x86_64":
+        assert installed == pins
 
 
 def _venv_python(venv: Path, code: str) -> subprocess.CompletedProcess[str]:
@@ -277,6 +514,7 @@ def _venv_python(venv: Path, code: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_sync_image_install_step_works_in_a_clean_venv(tmp_path: Path) -> None:
     venv = _replay_build_stage("Dockerfile.sync", tmp_path, reuse_pip_cache=False)
+    _assert_installed_as_pinned("Dockerfile.sync", venv)
     found = _venv_python(
         venv,
         "import importlib.util as u; "
@@ -297,6 +535,7 @@ def test_sync_image_install_step_works_in_a_clean_venv(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_worker_image_install_step_works_in_a_clean_venv(tmp_path: Path) -> None:
     venv = _replay_build_stage("Dockerfile.worker", tmp_path, reuse_pip_cache=True)
+    _assert_installed_as_pinned("Dockerfile.worker", venv)
     found = _venv_python(
         venv,
         "import importlib.util as u, torch; "
