@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,9 +223,31 @@ def http_probe(path: str, port: str, period: int, failures: int) -> dict[str, An
     }
 
 
+# Requests of a pod whose spec names none, so that it is never BestEffort (the first evicted under
+# node pressure) and the scheduler counts it. A learner holds a model, its optimizer state and a
+# data pipeline: one core and 2Gi is the floor of a small model; the synchronizer holds one copy
+# of the parameters per fragment in memory and spends its CPU on the codec: half a core and 1Gi.
+LEARNER_DEFAULT_REQUESTS = {"cpu": "1", "memory": "2Gi"}
+SYNC_DEFAULT_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
+
+
+def with_default_requests(resources: Mapping[str, Any], defaults: Mapping[str, str]) -> dict[str, Any]:
+    """``resources`` with a default request for each resource it neither requests nor limits.
+
+    A resource with a limit only is left alone: Kubernetes requests the limit then, and a default
+    request above a smaller limit would be refused.
+    """
+    out: dict[str, Any] = {k: dict(v) for k, v in resources.items()}
+    named = set(out.get("requests") or {}) | set(out.get("limits") or {})
+    missing = {k: v for k, v in defaults.items() if k not in named}
+    if missing:
+        out["requests"] = {**missing, **(out.get("requests") or {})}
+    return out
+
+
 def unit_resources(unit: LearnerUnit) -> dict[str, Any]:
-    """The unit's resources, with ``gpus`` added as ``nvidia.com/gpu`` requests and limits."""
-    resources: dict[str, Any] = {k: dict(v) for k, v in unit.resources.items()}
+    """The unit's resources (default requests added, see above), ``gpus`` as ``nvidia.com/gpu``."""
+    resources = with_default_requests(unit.resources, LEARNER_DEFAULT_REQUESTS)
     if unit.gpus:
         for part in ("requests", "limits"):
             resources.setdefault(part, {})["nvidia.com/gpu"] = unit.gpus

@@ -9,6 +9,7 @@ from diloco_operator.build import (
     CONFIG_HASH_ANNOTATION,
     JOB_LABEL,
     SHARD_LABEL,
+    SYNC_DEFAULT_REQUESTS,
     JobRef,
     config_mounts,
     config_volumes,
@@ -20,6 +21,7 @@ from diloco_operator.build import (
     secret_name,
     sync_name,
     sync_url,
+    with_default_requests,
 )
 from diloco_operator.models import DiLoCoJobSpec
 
@@ -58,7 +60,7 @@ def build_sync_deployment(job: JobRef, spec: DiLoCoJobSpec, shard: int, digest: 
         "command": ["diloco", "synchronizer"],
         "ports": [{"name": "http", "containerPort": env.SYNC_PORT}],
         "env": sync_env(job, spec, shard),
-        "resources": spec.synchronizer.resources,
+        "resources": with_default_requests(spec.synchronizer.resources, SYNC_DEFAULT_REQUESTS),
         "livenessProbe": http_probe("/healthz", "http", 10, 6),
         "readinessProbe": http_probe("/readyz", "http", 5, 3),
         "securityContext": container_security_context(),

@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 import yaml
 from diloco_core.config import JobConfig
-from diloco_operator.build import JobRef, build_secret
+from diloco_operator.build import (
+    LEARNER_DEFAULT_REQUESTS,
+    SYNC_DEFAULT_REQUESTS,
+    JobRef,
+    build_secret,
+    with_default_requests,
+)
 from diloco_operator.children import build_children
 from diloco_operator.models import DiLoCoJobSpec, parse_spec
 
@@ -148,3 +154,25 @@ def test_shards_get_their_own_deployment_and_service() -> None:
     env = env_of(deployments[2])
     assert env["DILOCO_SHARD_INDEX"] == "2"
     assert env["DILOCO_SHARD_URLS"].count(",") == 2
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ({}, {"requests": {"cpu": "1", "memory": "2Gi"}}),  # never BestEffort
+    ({"requests": {"cpu": "4"}}, {"requests": {"cpu": "4", "memory": "2Gi"}}),
+    ({"limits": {"memory": "1Gi"}}, {"limits": {"memory": "1Gi"}, "requests": {"cpu": "1"}}),  # limit only: kept
+    ({"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}},
+     {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}),
+], ids=["none", "cpu-only", "memory-limit-only", "complete"])
+def test_default_requests_fill_what_the_spec_leaves_out(given: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert with_default_requests(given, LEARNER_DEFAULT_REQUESTS) == expected
+
+
+def test_learners_and_synchronizer_without_resources_get_default_requests() -> None:
+    spec = parse_spec({"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"},
+                       "learnerUnits": [{"name": "a", "gpus": 1}]})
+    children = build_children(JOB, spec)
+    (sts,), (deploy,) = by_kind(children, "StatefulSet"), by_kind(children, "Deployment")
+    learner = sts["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert learner == {"requests": {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}
+    sync = deploy["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert sync == {"requests": SYNC_DEFAULT_REQUESTS}
