@@ -95,6 +95,11 @@ def build_sync_service(job: JobRef, shard: int) -> dict[str, Any]:
         "metadata": metadata(job, sync_name(job.name, shard), COMPONENT, **{SHARD_LABEL: str(shard)}),
         "spec": {
             "type": "ClusterIP",
+            # Learners must reach the synchronizer while /readyz says 503 (a storage outage): it
+            # keeps accepting contributions in memory then, by design. Readiness stays /readyz, so
+            # the Deployment and the job's SynchronizerReady condition still tell the truth; the
+            # Service just does not drop the pod for it. (Recreate: never two pods to choose from.)
+            "publishNotReadyAddresses": True,
             "selector": selector(job.name, shard),
             "ports": [{"name": "http", "port": env.SYNC_PORT, "targetPort": "http", "protocol": "TCP"}],
         },

@@ -176,3 +176,13 @@ def test_learners_and_synchronizer_without_resources_get_default_requests() -> N
     assert learner == {"requests": {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}
     sync = deploy["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert sync == {"requests": SYNC_DEFAULT_REQUESTS}
+
+
+def test_synchronizer_stays_reachable_while_not_ready() -> None:
+    """During a storage outage /readyz answers 503 but the synchronizer keeps taking contributions."""
+    _, spec = example("single-region.yaml")
+    children = build_children(JOB, spec)
+    (service,) = [s for s in by_kind(children, "Service") if s["metadata"]["name"] == "gpt-small-sync"]
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    (deploy,) = by_kind(children, "Deployment")
+    assert deploy["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
