@@ -15,6 +15,23 @@ Decoding treats the bytes as untrusted: the frame length must match the blob exa
 expected fragment is given, at most what that fragment can take in any format — all checked before
 anything is allocated or decompressed. Then the checksum (``CorruptPayload``), the header, and the
 names and shapes (``ShapeMismatch``) are checked.
+
+Block scales are stored in the data, as little-endian float32, with only their byte range in the
+header, for three reasons. The header's size then depends only on the tensors' names and shapes,
+so ``max_header_size`` can bound it (and ``max_decoded_size`` the whole payload) before anything is
+decompressed; scales in the header would grow it with the number of values (one scale per block,
+millions for a large fragment). The scales stay exact bit patterns, which JSON numbers are not
+(nor can strict JSON hold a NaN or an infinite scale). And every range is checked against the size
+the shape implies and the ranges must tile the data, so values and scales are read as plain slices
+of the data once the header has been accepted.
+
+NaN and infinite values pass the codec on purpose: ``encode`` accepts them and ``decode`` returns
+them (fp32, bf16 and fp16 keep them as they are; int8, int4 and e3m0 turn a block holding one into
+NaN, its scale being non-finite). The codec is a format: it says whether bytes are a well-formed
+payload, not whether the numbers in it are acceptable. That judgement belongs to merging, where
+``merge.check_finite`` rejects a contribution or initial parameters with a reason that names the
+offending tensor (the synchronizer answers 400 ``non_finite``), once, on the decoded float32
+arrays, whatever the quantizer.
 """
 
 from __future__ import annotations

@@ -65,6 +65,17 @@ class FragmentCounters:
 
     Tokens are counted only for steps after the counter passed zero, so ``tokens / steps`` is the
     learner's tokens per step on the first round too.
+
+    This is the counting rule of ALGORITHM.md §5.3 in its plainest form, a reference for code that
+    simulates learners without PyTorch: the core's tests drive whole rounds with it (a learner that
+    sends when due and resets when the merge comes back). A fragment is due from its H-th step after
+    the last global version until :meth:`reset`, whether or not its outer gradient was sent.
+
+    The worker does not use it: ``diloco_worker.fragment_state.FragmentCounter`` is a mutable
+    counter per fragment with the same start (``-offset``), token rule and reset, plus what a
+    learner that overlaps communication with training needs: ``sent_at`` (a fragment sent and not
+    yet merged falls due again H steps after that send, not at every step) and ``seq`` (the
+    contribution's idempotency sequence), and its own checkpoint layout (one dict per fragment).
     """
 
     steps: tuple[int, ...]
