@@ -1,0 +1,135 @@
+"""Two replicas of ``diloco operator`` in kopf peering mode (not ``--standalone``), as processes.
+
+The one with the higher priority does all the work and the other pauses (its liveness says so and
+stays 200); once the active one stops, the other takes over and repairs drift on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from tests.operator.kubejobs import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    children,
+    create_job,
+    events,
+    expected_children,
+    free_port,
+    job_manifest,
+    phase_is,
+    unit,
+)
+from tests.support.kube import Cluster
+from tests.support.process import ManagedProcess
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+PEERINGS = ("kopf.dev", "v1", "clusterkopfpeerings")
+# The operator's own lines about a child it wrote.
+ACTED = re.compile(r"(?:created|restored|deleted) (?:Secret|ConfigMap|Service|Deployment|StatefulSet|PodDisruptionBudget) ")
+
+
+@pytest.fixture
+def peering(api: k8s.ApiClient) -> Iterator[str]:
+    """A ClusterKopfPeering of its own (operator/peering.yaml's kind), removed afterwards."""
+    name = f"diloco-operator-{secrets.token_hex(4)}"
+    custom = k8s.CustomObjectsApi(api)
+    custom.create_cluster_custom_object(*PEERINGS, {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
+                                                    "metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        try:
+            custom.delete_cluster_custom_object(*PEERINGS, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def replica(kube: Cluster, logs: Path, peering: str, priority: int) -> tuple[ManagedProcess, int]:
+    live_port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DILOCO_OPERATOR_", "KUBERNETES_SERVICE"))}
+    env.update({
+        "KUBECONFIG": str(kube.kubeconfig),
+        "DILOCO_OPERATOR_RESYNC_SECONDS": "2",
+        "DILOCO_OPERATOR_METRICS_PORT": "0",
+        "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9",  # no synchronizer runs on kwok
+    })
+    argv = [sys.executable, "-m", "diloco", "operator", "--verbose", f"--peering={peering}",
+            f"--priority={priority}", f"--liveness=http://127.0.0.1:{live_port}/healthz"]
+    proc = ManagedProcess(f"operator-{priority}", argv, logs / "operator-peering" / f"{peering}-{priority}.log", env=env)
+    proc.start()
+    return proc, live_port
+
+
+def peers(api: k8s.ApiClient, name: str) -> dict[str, Any]:
+    return dict(k8s.CustomObjectsApi(api).get_cluster_custom_object(*PEERINGS, name).get("status") or {})
+
+
+def liveness(port: int) -> tuple[int, Any]:
+    resp = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+    return resp.status_code, resp.json().get("api") if resp.status_code == 200 else resp.text
+
+
+def test_only_the_highest_priority_replica_acts_and_the_other_takes_over(
+    kube: Cluster, api: k8s.ApiClient, namespace: str, peering: str, test_logs_dir: Path,
+) -> None:
+    high, high_port = replica(kube, test_logs_dir, peering, 100)
+    low: ManagedProcess | None = None
+    try:
+        wait_for(lambda: any(p.get("priority") == 100 for p in peers(api, peering).values()), timeout=60,
+                 what="the first replica in the peering", describe=high.log_tail)
+        low, low_port = replica(kube, test_logs_dir, peering, 50)
+        wait_for(lambda: "Pausing operations in favour of" in low.log_path.read_text(errors="replace"),
+                 timeout=60, what="the low-priority replica paused", describe=low.log_tail)
+        create_job(api, namespace, job_manifest("peer", [unit("a", 2), unit("b")]))
+        wait_for(lambda: children(api, namespace, "peer") == expected_children("peer", ["a", "b"]), timeout=90,
+                 what="all children", describe=high.log_tail)
+        wait_for(lambda: phase_is(api, namespace, "peer", "Running", "2/2"), timeout=90, what="phase Running",
+                 describe=high.log_tail)
+        wait_for(lambda: "Running" in events(api, namespace, "peer"), timeout=30, what="the Running event")
+        # Both are live: the paused one says why, and a healthy idle watch is not taken for a dead one.
+        assert liveness(high_port) == (200, "ok")
+        assert wait_for(lambda: liveness(low_port), timeout=30, what="the paused replica's liveness") == \
+            (200, "paused")
+
+        high_log = high.log_path.read_text(errors="replace")
+        low_log = low.log_path.read_text(errors="replace")
+        assert "created StatefulSet peer-a" in high_log
+        assert ACTED.findall(low_log) == [], low.log_tail(60)
+        twice = [reason for reason, n in Counter(events(api, namespace, "peer")).items() if n > 1]
+        assert twice == [], events(api, namespace, "peer")
+
+        high.stop()  # a graceful exit takes it out of the peering: the other resumes
+        wait_for(lambda: "Resuming operations" in low.log_path.read_text(errors="replace"), timeout=90,
+                 what="the low-priority replica resumed", describe=low.log_tail)
+        k8s.CoreV1Api(api).delete_namespaced_service("peer-a", namespace)
+        wait_for(lambda: k8s.CoreV1Api(api).read_namespaced_service("peer-a", namespace), timeout=60,
+                 what="the deleted Service recreated by the remaining replica", describe=low.log_tail)
+        assert "Service peer-a" in low.log_path.read_text(errors="replace")
+        wait_for(lambda: liveness(low_port) == (200, "ok"), timeout=30, what="the remaining replica live, not paused")
+        assert low.running(), low.failure_report()
+        # Deleted while a replica runs to take its finalizer off: the namespace then goes cleanly.
+        custom = k8s.CustomObjectsApi(api)
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "peer")
+        wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"],
+                 timeout=60, what="the job deleted", describe=low.log_tail)
+    finally:
+        for proc in (low, high):
+            if proc is not None:
+                proc.stop()
