@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from diloco_core.config import JobConfig
+from diloco_core.sharding import shard_fragments, shard_of
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 
@@ -52,7 +53,10 @@ class SyncSettings(BaseModel):
     @property
     def owned_fragments(self) -> list[int]:
         """Fragments this shard owns: fragment p belongs to shard p % num_shards."""
-        return [p for p in range(self.job.diloco.fragments) if p % self.num_shards == self.shard_index]
+        return shard_fragments(self.shard_index, self.num_shards, self.job.diloco.fragments)
 
     def owns(self, fragment: int) -> bool:
-        return 0 <= fragment < self.job.diloco.fragments and fragment % self.num_shards == self.shard_index
+        return (
+            0 <= fragment < self.job.diloco.fragments
+            and shard_of(fragment, self.num_shards) == self.shard_index
+        )

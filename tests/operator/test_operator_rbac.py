@@ -2,11 +2,12 @@
 bound to a ClusterRole with exactly the rules of operator/rbac.yaml (the apiserver runs RBAC).
 
 The job must reconcile completely (children, pods Running, status, events, a unit removed live)
-and the operator's log must show no request refused for lack of permission.
+and the operator's log must show no request refused for lack of permission, nor the job Secret.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import secrets
@@ -154,3 +155,11 @@ def test_operator_reconciles_with_exactly_the_documented_rules(
     assert "created StatefulSet least-a" in log
     assert "deleted StatefulSet least-b" in log
     assert refused_lines(proc) == []
+    # The job Secret it generated never shows in its (verbose) log, neither plain nor as stored.
+    stored = core.read_namespaced_secret("least-secret", namespace).data
+    assert stored
+    for encoded in stored.values():
+        plain = base64.b64decode(encoded).decode()
+        assert len(plain) >= 16
+        assert plain not in log
+        assert encoded not in log
