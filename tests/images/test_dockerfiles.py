@@ -166,7 +166,7 @@ def test_base_images_are_official_python_3_11_slim_with_a_pinned_patch_version(i
     assert re.fullmatch(r"3\.11\.\d+", args["PYTHON_VERSION"]), args
     for stage in dockerfile.stages:
         base = substitute(stage.base, args)
-        assert re.fullmatch(r"python:3\.11\.\d+-slim-[a-z]+", base), base
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?", base), base
 
 
 def test_every_copied_source_exists_and_is_in_the_build_context(image: str) -> None:
