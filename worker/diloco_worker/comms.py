@@ -1,11 +1,15 @@
 """Background communication of one learner: the training thread never waits on the network.
 
-- a sender thread with one slot per fragment: a newer outer gradient of a fragment replaces an
-  unsent older one (bounded memory), failures are retried with exponential backoff and jitter;
-- one long-poll thread per fragment that fetches new global versions into an arrivals slot, which
-  the training loop drains at a step boundary; with ``announce_rounds`` it also hears when a round
-  on the learner's version opens, and leaves a request the training loop answers (:mod:`.pull`);
-- a heartbeat thread reporting progress (step, tokens, step time, blocked time, bytes sent).
+- one slot per fragment: a newer outer gradient of a fragment replaces an unsent older one (bounded
+  memory); a sender thread per synchronizer shard sends the slots of the fragments that shard owns,
+  and retries failures with exponential backoff and jitter;
+- one long-poll thread per fragment, asking the fragment's shard, that fetches new global versions
+  into an arrivals slot, which the training loop drains at a step boundary; with
+  ``announce_rounds`` it also hears when a round on the learner's version opens, and leaves a
+  request the training loop answers (:mod:`.pull`);
+- a heartbeat thread per shard reporting progress (step, tokens, step time, blocked time, bytes sent).
+
+So a shard that is down delays only its own fragments' sends and keeps only its own heartbeats failing.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from diloco_core.codec import CodecError, decode, encode
 from diloco_core.fragments import FragmentPlan
 
 from .fragment_state import Contribution
-from .sync_client import RoundOpen, SyncClient, SyncRejected, SyncUnavailable
+from .sync_client import RoundOpen, ShardClients, SyncClient, SyncRejected, SyncUnavailable
 
 log = logging.getLogger("diloco_worker.comms")
 
@@ -76,14 +80,19 @@ class CommSettings:
 class Communicator:
     def __init__(
         self,
-        client: SyncClient,
+        client: SyncClient | ShardClients,
         plan: FragmentPlan,
         settings: CommSettings,
         *,
         versions: dict[int, int],
-        on_unknown_learner: Callable[[], None] = lambda: None,
+        on_unknown_learner: Callable[[int], None] = lambda shard: None,
     ) -> None:
-        self.client, self.plan, self.settings = client, plan, settings
+        """``client``: one synchronizer, or the clients of every shard; ``on_unknown_learner(shard)``
+        is called when a shard no longer knows this learner (it registers again there)."""
+        self.shards = (
+            client if isinstance(client, ShardClients) else ShardClients.single(client, len(plan.fragments))
+        )
+        self.plan, self.settings = plan, settings
         self.progress = Progress()
         self.bytes_sent = 0
         self.sent = self.dropped = self.rejected = 0
@@ -94,21 +103,24 @@ class Communicator:
         self._resync: set[int] = set()
         self._requests: dict[int, int] = {}  # fragment → version of a round asking for this learner
         self._announced: dict[int, int] = {}  # fragment → version of the last round heard of
-        self._inflight_fragment: int | None = None
+        self._inflight: set[int] = set()  # fragments whose outer gradient is being sent
         self._cv = threading.Condition()
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._stop = threading.Event()
-        self._inflight = False
         self._bucket = TokenBucket(settings.bandwidth_limit)
+        self._bucket_lock = threading.Lock()  # the bandwidth limit is the learner's, shared by the senders
         self._rng = random.Random()
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        targets: list[tuple[str, Callable[[], None]]] = [
-            ("sender", self._send_loop),
-            ("heartbeat", self._hb_loop),
-        ]
+        targets: list[tuple[str, Callable[[], None]]] = []
+        for i in self.shards.indices:
+            suffix = f"-{i}" if self.shards.routes.num_shards > 1 else ""
+            targets += [
+                (f"sender{suffix}", functools.partial(self._send_loop, i)),
+                (f"heartbeat{suffix}", functools.partial(self._hb_loop, i)),
+            ]
         targets += [
             (f"poll-{f.index}", functools.partial(self._poll_loop, f.index)) for f in self.plan.fragments
         ]
@@ -143,7 +155,7 @@ class Communicator:
     def pending(self, p: int) -> bool:
         """True while an outer gradient of fragment ``p`` waits to be sent or is being sent."""
         with self._cv:
-            return p in self._slots or self._inflight_fragment == p
+            return p in self._slots or p in self._inflight
 
     def wait_for_arrival(self, fragments: Collection[int], timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` until a global version of one of ``fragments`` is waiting to be
@@ -172,20 +184,26 @@ class Communicator:
             self._cv.notify_all()
 
     # ---- threads ----
-    def _send_loop(self) -> None:
-        attempt = 0
+    def _mine(self, shard: int) -> list[int]:
+        """The filled slots of the fragments ``shard`` owns (call with ``_cv`` held)."""
+        return [p for p in self._slots if self.shards.routes.owner(p) == shard]
+
+    def _send_loop(self, shard: int) -> None:
+        """Send the outer gradients of ``shard``'s fragments, oldest first."""
+        client, attempt = self.shards.shard(shard), 0
         while not self._stop.is_set():
             with self._cv:
-                while not self._slots and not self._stop.is_set():
+                while not self._mine(shard) and not self._stop.is_set():
                     self._cv.wait(timeout=0.5)
-                if self._stop.is_set() and not self._slots:
+                mine = self._mine(shard)
+                if self._stop.is_set() and not mine:
                     return
-                p = min(self._slots, key=lambda k: self._slots[k].seq)
+                p = min(mine, key=lambda k: self._slots[k].seq)
                 c = self._slots.pop(p)
-                self._inflight, self._inflight_fragment = True, p
-            ok = self._send_one(c)
+                self._inflight.add(p)
+            ok = self._send_one(client, c)
             with self._cv:
-                self._inflight, self._inflight_fragment = False, None
+                self._inflight.discard(p)
                 if not ok and c.fragment not in self._slots:
                     self._slots[c.fragment] = c  # retry unless a fresher one arrived meanwhile
                 self._cv.notify_all()
@@ -193,7 +211,7 @@ class Communicator:
             if not ok:
                 self._stop.wait(backoff_delay(attempt, self._rng))
 
-    def _send_one(self, c: Contribution) -> bool:
+    def _send_one(self, client: SyncClient, c: Contribution) -> bool:
         """True when the contribution is done with (accepted or refused for good)."""
         payload = encode(
             c.tensors,
@@ -202,16 +220,19 @@ class Communicator:
             kind="outer_grad",
             quantizer=self.settings.quantizer,
         )
-        self._stop.wait(self._bucket.delay_for(len(payload)))
+        with self._bucket_lock:
+            delay = self._bucket.delay_for(len(payload))
+        self._stop.wait(delay)
         try:
-            res = self.client.contribute(
+            res = client.contribute(
                 c.fragment, payload, base_version=c.base_version, steps=c.steps, tokens=c.tokens, seq=c.seq
             )
         except SyncUnavailable as exc:
             log.warning("fragment=%d version=%d send failed, will retry: %s", c.fragment, c.base_version, exc)
             return False
         except SyncRejected as exc:
-            self.rejected += 1
+            with self._cv:
+                self.rejected += 1
             log.warning(
                 "fragment=%d version=%d contribution refused (%s); resynchronising",
                 c.fragment,
@@ -220,8 +241,9 @@ class Communicator:
             )
             self.resync(c.fragment)
             return True
-        self.bytes_sent += len(payload)
-        self.sent += 1
+        with self._cv:
+            self.bytes_sent += len(payload)
+            self.sent += 1
         log.info(
             "fragment=%d version=%d sent %d bytes: %s (pending %d)",
             c.fragment,
@@ -233,13 +255,13 @@ class Communicator:
         return True
 
     def _poll_loop(self, p: int) -> None:
-        attempt = 0
+        client, attempt = self.shards.owner(p), 0
         while not self._stop.is_set():
             with self._lock:
                 known = self._known.get(p, -1)
                 announce = self.settings.announce_rounds and known >= 0 and self._announced.get(p) != known
             try:
-                got = self.client.fetch(
+                got = client.fetch(
                     p, newer_than=known, wait_s=self.settings.poll_wait_s, announce_rounds=announce
                 )
                 attempt = 0
@@ -278,23 +300,24 @@ class Communicator:
                 self._requests[p] = r.version
         log.debug("fragment=%d round on version %d open (grace left %s s)", p, r.version, r.deadline_s)
 
-    def _hb_loop(self) -> None:
-        attempt = 0
+    def _hb_loop(self, shard: int) -> None:
+        """Keep this learner alive on ``shard`` (each shard has its own learner registry)."""
+        client, attempt = self.shards.shard(shard), 0
         while not self._stop.wait(
             self.settings.heartbeat_interval_s if attempt == 0 else backoff_delay(attempt, self._rng)
         ):
             try:
-                self.client.heartbeat(self.heartbeat())
+                client.heartbeat(self.heartbeat())
                 attempt = 0
             except SyncUnavailable as exc:
                 attempt += 1
-                log.debug("heartbeat failed: %s", exc)
+                log.debug("shard=%d heartbeat failed: %s", shard, exc)
             except SyncRejected as exc:
                 attempt += 1
                 if exc.status in (401, 404):
-                    log.warning("synchronizer does not know this learner (%s); registering again", exc)
+                    log.warning("shard=%d does not know this learner (%s); registering again", shard, exc)
                     try:
-                        self._on_unknown()
+                        self._on_unknown(shard)
                     except Exception as reg_exc:  # a failed re-registration is retried on the next beat
                         log.warning("re-registration failed: %s", reg_exc)
 

@@ -2,15 +2,21 @@
 
 Only the unit's rank 0 talks to the synchronizer; the other ranks follow its decisions through
 :meth:`Unit.boundary`, so every rank applies the same global fragments at the same step.
+
+A sharded synchronizer announces its shards when the learner registers with the one it was given;
+the learner then registers with every other shard too and sends each fragment's calls to its owner
+(:mod:`.routing`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from diloco_core import protocol as proto
@@ -25,8 +31,9 @@ from .health import Health
 from .lockstep import lockstep_counters, round_can_close
 from .metrics import MetricsLog
 from .pull import should_send_partial
+from .routing import RoutingError, build_routes
 from .settings import WorkerSettings
-from .sync_client import GlobalFragment, SyncClient, SyncRejected, SyncUnavailable
+from .sync_client import GlobalFragment, ShardClients, SyncClient, SyncRejected, SyncUnavailable
 from .train import LoopState
 
 log = logging.getLogger("diloco_worker.session")
@@ -57,7 +64,8 @@ class DiLoCoSession:
         self.alpha, self.quantizer, self.heartbeat_interval_s = 0.0, "int4", 2.0
         self.quorum = 1
         self._short_of_learners = False
-        self.client: SyncClient | None = None
+        self.client: SyncClient | None = None  # the synchronizer (shard) the learner was given
+        self.shards: ShardClients | None = None  # every shard, once the home one has answered
         self.comm: Communicator | None = None
         self._step = 0
         # a synchronous job sends in lockstep: nothing to pull there
@@ -68,8 +76,8 @@ class DiLoCoSession:
             self.client = SyncClient(settings.sync_url, settings.learner_id, settings.token)
 
     # ---- start-up ----
-    def _register_once(self) -> proto.RegisterResponse:
-        assert self.client is not None
+    def _register_once(self, client: SyncClient) -> proto.RegisterResponse:
+        """Register with one shard and upload the initial parameters of its fragments that need them."""
         req = proto.RegisterRequest(
             learner_id=self.settings.learner_id,
             unit=self.settings.unit,
@@ -79,7 +87,7 @@ class DiLoCoSession:
             step=self._step,
         )
         try:
-            resp = self.client.register(req)
+            resp = client.register(req)
         except SyncRejected as exc:
             if exc.code == "plan_mismatch":
                 raise FatalSyncError(
@@ -94,14 +102,13 @@ class DiLoCoSession:
         self.alpha, self.quantizer, self.quorum = job.mixing_alpha, job.codec, job.quorum
         self.heartbeat_interval_s = resp.heartbeat_interval_s
         for p in resp.needs_init:
-            self._upload_init(p)
+            self._upload_init(client, p)
         return resp
 
-    def _upload_init(self, p: int) -> None:
-        assert self.client is not None
+    def _upload_init(self, client: SyncClient, p: int) -> None:
         blob = encode(self.fs.anchors[p], fragment=p, base_version=-1, kind="params", quantizer="fp32")
         try:
-            info = self.client.init_fragment(p, blob)
+            info = client.init_fragment(p, blob)
             log.info("fragment=%d version=%d uploaded the initial parameters", p, info.version)
         except SyncRejected as exc:
             if exc.code != "already_initialised":
@@ -120,20 +127,51 @@ class DiLoCoSession:
                 self.stop.wait(backoff_delay(attempt, rng))
         return None
 
-    def _first_globals(self, resp: proto.RegisterResponse) -> Arrivals:
-        """Every fragment's global version newer than what this learner has (waits for missing ones)."""
+    def _join(self) -> dict[int, int] | None:
+        """Register with the shard the learner was given, then with every other shard it announces;
+        the newest global version of every fragment, or None when asked to stop first."""
         assert self.client is not None
-        client = self.client
+        home = self.client
+        resp = self._retry("register", lambda: self._register_once(home))
+        if resp is None:
+            return None
+        try:
+            routes = build_routes(
+                self.client.base_url, resp.shards, resp.versions.keys(), len(self.plan.fragments)
+            )
+        except RoutingError as exc:
+            raise FatalSyncError(str(exc)) from exc
+        assert self.settings.token
+        self.shards = ShardClients.connect(routes, self.client, self.settings.token)
+        versions = dict(resp.versions)
+        for shard in routes.others():
+            client = self.shards.shard(shard.index)
+            got = self._retry(f"shard={shard.index} register", functools.partial(self._register_once, client))
+            if got is None:
+                return None
+            versions.update(got.versions)
+        if routes.num_shards > 1:
+            log.info(
+                "learner=%s registered with %d synchronizer shards: %s",
+                self.settings.learner_id, routes.num_shards,
+                ", ".join(f"{s.index}={s.url} fragments {list(s.fragments)}" for s in routes.shards),
+            )  # fmt: skip
+        return versions
+
+    def _first_globals(self, versions: dict[int, int]) -> Arrivals:
+        """Every fragment's global version newer than what this learner has (waits for missing ones)."""
+        assert self.shards is not None
+        shards = self.shards
         out: Arrivals = {}
         wait = self.settings.poll_wait_s
         for f in self.plan.fragments:
-            mine, theirs = self.fs.counters[f.index].base_version, resp.versions.get(f.index, -1)
+            mine, theirs = self.fs.counters[f.index].base_version, versions.get(f.index, -1)
             if theirs != -1 and theirs <= mine:
                 continue
             while not self.stop.is_set():
 
                 def fetch(p: int = f.index, v: int = mine) -> GlobalFragment | None:
-                    got = client.fetch(p, newer_than=v, wait_s=wait)
+                    got = shards.owner(p).fetch(p, newer_than=v, wait_s=wait)
                     return got if isinstance(got, GlobalFragment) else None
 
                 got = self._retry(f"fragment={f.index} first fetch", fetch)
@@ -147,9 +185,9 @@ class DiLoCoSession:
         self._step = state.step
         arrivals: Arrivals = {}
         if self.unit.is_leader:
-            resp = self._retry("register", self._register_once)
-            if resp is not None:
-                arrivals = self._first_globals(resp)
+            versions = self._join()
+            if versions is not None:
+                arrivals = self._first_globals(versions)
         _, arrivals = self.unit.boundary(False, arrivals, self.plan)
         for p, (version, tensors) in sorted(arrivals.items()):
             if resumed:
@@ -165,7 +203,7 @@ class DiLoCoSession:
                 self.settings.learner_id,
                 counters,
             )
-        if self.unit.is_leader and self.client is not None:
+        if self.unit.is_leader and self.shards is not None:
             settings = CommSettings(
                 quantizer=self.quantizer,
                 heartbeat_interval_s=self.heartbeat_interval_s,
@@ -174,7 +212,7 @@ class DiLoCoSession:
                 announce_rounds=self.partial_contributions,
             )
             self.comm = Communicator(
-                self.client,
+                self.shards,
                 self.plan,
                 settings,
                 versions=self.fs.versions(),
@@ -182,8 +220,10 @@ class DiLoCoSession:
             )
             self.comm.start()
 
-    def _reregister(self) -> None:
-        self._register_once()
+    def _reregister(self, shard: int) -> None:
+        """A shard lost this learner (its registry was reset): register with that shard again."""
+        assert self.shards is not None
+        self._register_once(self.shards.shard(shard))
 
     # ---- every step ----
     def at_boundary(self, state: LoopState, step_tokens: int, stop: bool, step_time: float) -> bool:
@@ -294,9 +334,9 @@ class DiLoCoSession:
 
     def _round_can_close(self) -> bool:
         """Asks the synchronizer which learners are still in the job (unreachable: assume they are)."""
-        assert self.client is not None
+        assert self.shards is not None
         try:
-            learners = self.client.status().learners
+            learners = self.shards.home().status().learners
         except (SyncUnavailable, SyncRejected):
             return True
         return round_can_close((lr.state for lr in learners), self.quorum)
@@ -322,19 +362,37 @@ class DiLoCoSession:
     # ---- leaving ----
     def close(self) -> None:
         """Send what is pending (bounded), say goodbye, stop the threads."""
-        if self.comm is None or self.client is None:
+        if self.comm is None or self.shards is None:
+            if self.client is not None:
+                self.client.close()
             return
         flushed = self.comm.flush(self.settings.shutdown_timeout_s / 2)
         self.comm.stop()
-        try:
-            budget = self.settings.shutdown_timeout_s / 4  # the whole goodbye stays within the timeout
-            self.client.heartbeat(self.comm.heartbeat(), timeout_s=budget)  # the final step and tokens
-            self.client.leave(timeout_s=budget)
+        shards = self.shards.indices
+        with ThreadPoolExecutor(max_workers=len(shards)) as pool:  # the shards are told side by side
+            told = all(list(pool.map(self._say_goodbye, shards)))
+        if told:
             log.info(
                 "learner=%s left the job (pending contributions flushed: %s)",
                 self.settings.learner_id,
                 flushed,
             )
+        self.shards.close()
+        if self.client is not None:
+            self.client.close()  # a shard's client too, unless the answer did not tell which shard it is
+
+    def _say_goodbye(self, shard: int) -> bool:
+        """The final step and tokens, then leave; bounded so that the whole goodbye stays within the
+        timeout. True when the shard heard it."""
+        assert self.shards is not None
+        assert self.comm is not None
+        client, budget = self.shards.shard(shard), self.settings.shutdown_timeout_s / 4
+        try:
+            client.heartbeat(self.comm.heartbeat(), timeout_s=budget)
+            client.leave(timeout_s=budget)
         except (SyncUnavailable, SyncRejected) as exc:
-            log.warning("learner=%s could not announce leaving: %s", self.settings.learner_id, exc)
-        self.client.close()
+            log.warning(
+                "learner=%s shard=%d could not announce leaving: %s", self.settings.learner_id, shard, exc
+            )
+            return False
+        return True

@@ -6,11 +6,14 @@ Thin I/O only: every call either returns a parsed body or raises :class:`SyncUna
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from diloco_core import protocol as proto
+
+from .routing import Routes, single_route
 
 
 class SyncError(Exception):
@@ -74,7 +77,7 @@ class SyncClient:
     """One learner's connection to the synchronizer; safe to share between threads."""
 
     def __init__(self, base_url: str, learner_id: str, token: str, *, timeout_s: float = 30.0) -> None:
-        self.learner_id = learner_id
+        self.learner_id, self.base_url = learner_id, base_url
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}", proto.LEARNER_HEADER: learner_id},
@@ -153,3 +156,48 @@ class SyncClient:
 
     def status(self) -> proto.StatusResponse:
         return proto.StatusResponse.model_validate(self._request("GET", "/status").json())
+
+
+class ShardClients:
+    """One :class:`SyncClient` per synchronizer shard, and the routes that say which owns a fragment.
+
+    With one shard (an unsharded synchronizer) every call goes through the single client."""
+
+    def __init__(self, routes: Routes, clients: Mapping[int, SyncClient]) -> None:
+        missing = {s.index for s in routes.shards} - clients.keys()
+        if missing:
+            raise ValueError(f"no client for shards {sorted(missing)}")
+        self.routes = routes
+        self._clients = dict(clients)
+
+    @classmethod
+    def single(cls, client: SyncClient, fragments: int) -> ShardClients:
+        return cls(single_route(str(client.base_url), fragments), {0: client})
+
+    @classmethod
+    def connect(cls, routes: Routes, home: SyncClient, token: str) -> ShardClients:
+        """Clients for ``routes``: ``home`` serves the home shard, a new client each other shard."""
+        clients = {
+            s.index: home if s.index == routes.home else SyncClient(s.url, home.learner_id, token)
+            for s in routes.shards
+        }
+        return cls(routes, clients)
+
+    @property
+    def indices(self) -> list[int]:
+        return [s.index for s in self.routes.shards]
+
+    def shard(self, index: int) -> SyncClient:
+        return self._clients[index]
+
+    def owner(self, fragment: int) -> SyncClient:
+        """The client of the shard that owns ``fragment``."""
+        return self._clients[self.routes.owner(fragment)]
+
+    def home(self) -> SyncClient:
+        """The client of the shard the learner was given (shard 0 when the routes do not tell)."""
+        return self._clients[self.routes.home if self.routes.home is not None else 0]
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
