@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import kopf
 import yaml
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
+from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
 from tests.support.waiting import wait_for
@@ -131,3 +133,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class PodDeletions:
+    """Watches pods (a label selector) and records how each was asked to go: pod name -> the
+    ``deletionGracePeriodSeconds`` of the first event that shows its ``deletionTimestamp``."""
+
+    def __init__(self, api: k8s.ApiClient, ns: str, selector: str) -> None:
+        self.seen: dict[str, int | None] = {}
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._run, args=(api, ns, selector), daemon=True)
+        self._started = threading.Event()
+
+    def _run(self, api: k8s.ApiClient, ns: str, selector: str) -> None:
+        core = k8s.CoreV1Api(api)
+        rv = core.list_namespaced_pod(ns, label_selector=selector).metadata.resource_version
+        self._started.set()
+        for ev in self._watch.stream(core.list_namespaced_pod, ns, label_selector=selector, resource_version=rv,
+                                     timeout_seconds=300):
+            pod = ev["object"]
+            if pod.metadata.deletion_timestamp is not None:
+                self.seen.setdefault(pod.metadata.name, pod.metadata.deletion_grace_period_seconds)
+
+    def __enter__(self) -> PodDeletions:
+        self._thread.start()
+        self._started.wait(timeout=30)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._watch.stop()

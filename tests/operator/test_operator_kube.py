@@ -11,6 +11,7 @@ import pytest
 import yaml
 from diloco_operator.handlers import post_events
 from diloco_operator.kube import Kube, api_error
+from diloco_operator.learners import TERMINATION_GRACE_SECONDS
 from diloco_operator.status import Event
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
@@ -21,6 +22,7 @@ from tests.operator.kubejobs import (
     PLURAL,
     ROOT,
     VERSION,
+    PodDeletions,
     children,
     create_job,
     events,
@@ -104,11 +106,19 @@ def test_add_and_remove_a_unit_live(api: k8s.ApiClient, namespace: str, operator
     patch_spec(api, namespace, "live", {"learnerUnits": [unit("a"), unit("b", 2)]})
     wait_for(lambda: running_on_kwok(learner_pods(api, namespace, "live", "b"), 2), timeout=60, what="unit b running")
     wait_for(lambda: phase_is(api, namespace, "live", "Running", "2/2"), timeout=30, what="2/2 units ready")
-    patch_spec(api, namespace, "live", {"learnerUnits": [unit("b", 3)]})
-    wait_for(lambda: children(api, namespace, "live") == expected_children("live", ["b"]), timeout=60,
-             what="unit a removed", describe=lambda: str(children(api, namespace, "live")))
-    wait_for(lambda: running_on_kwok(learner_pods(api, namespace, "live", "b"), 3), timeout=60, what="b scaled to 3")
-    wait_for(lambda: not learner_pods(api, namespace, "live", "a"), timeout=60, what="unit a's pods gone")
+    (a_pod,) = (p.metadata.name for p in learner_pods(api, namespace, "live", "a"))
+    with PodDeletions(api, namespace, "diloco.dev/job=live,diloco.dev/unit=a") as deletions:
+        patch_spec(api, namespace, "live", {"learnerUnits": [unit("b", 3)]})
+        wait_for(lambda: children(api, namespace, "live") == expected_children("live", ["b"]), timeout=60,
+                 what="unit a removed", describe=lambda: str(children(api, namespace, "live")))
+        wait_for(lambda: running_on_kwok(learner_pods(api, namespace, "live", "b"), 3), timeout=60,
+                 what="b scaled to 3")
+        wait_for(lambda: not learner_pods(api, namespace, "live", "a"), timeout=60, what="unit a's pods gone")
+        # Drained, not killed: the removed unit's pod was deleted with its full grace period (the
+        # learner's SIGTERM handler leaves the job cleanly), never forced.
+        wait_for(lambda: a_pod in deletions.seen, timeout=30, what="the deletion of unit a's pod observed")
+    assert deletions.seen == {a_pod: TERMINATION_GRACE_SECONDS}
+    assert TERMINATION_GRACE_SECONDS > 0
 
 
 def test_suspend_and_resume(api: k8s.ApiClient, namespace: str, operator: KopfRunner) -> None:
