@@ -12,6 +12,7 @@ import statistics
 import sys
 
 from diloco_bench import harness as h
+from diloco_bench import plots
 
 
 def methods(learners: int, inner_steps: int) -> list[h.Method]:
@@ -41,6 +42,7 @@ def main(argv: list[str]) -> int:
         print(f"{m.name:<22} {r.bytes_per_token:10.2f} B/token  ({r.wall_s:.0f} s)", flush=True)
     print(report(results, a.step_time))
     h.write_json(a.json, results)
+    plots.emit(a, "bandwidth", lambda: plots.bandwidth({r.method: r.bytes_per_token for r in results}, results[0].method))
     return 0
 
 

@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from diloco_bench import harness as h
+from diloco_bench import plots
 
-MODES = ("decoupled", "ddp", "diloco-sync")
+MODES = ("decoupled", "diloco-sync", "ddp")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="diloco bench chaos", description=__doc__)
-    p.add_argument("--modes", default="decoupled,ddp", help=f"comma-separated, from {', '.join(MODES)}")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated (default %(default)s)")
     p.add_argument("--learners", type=int, default=4)
     p.add_argument("--max-steps", type=int, default=400, help="inner steps per learner")
     p.add_argument("--mtbf", type=float, default=60.0, help="mean seconds between failures of each learner")
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the failure schedule and the model")
     p.add_argument("--time-limit", type=float, default=300.0, help="seconds per run at most")
     p.add_argument("--runs-dir", type=Path, default=None, help="keep the run folders here (default: a temp dir)")
-    p.add_argument("--json", type=Path, default=None, help="also write the summaries as JSON here")
+    h.output_flags(p)
     p.add_argument("extra", nargs="*", help="more `diloco run` flags, after --")
     return p
 
@@ -74,6 +75,7 @@ def summarize(mode: str, report: dict[str, Any], wall: float) -> dict[str, Any]:
         "tokens": summary["total_tokens"],
         "duration_s": record.get("duration_s", wall),
         "losses": losses,
+        "kill_times": [float(k["at_s"]) for k in record.get("kills", [])],
         "wall_s": wall,
     }
 
@@ -82,6 +84,11 @@ def loss_at(losses: list[tuple[float, float]], t: float) -> float | None:
     """The last held-out loss measured at or before wall-clock ``t``."""
     seen = [loss for at, loss in losses if at <= t]
     return seen[-1] if seen else None
+
+
+def curves(summaries: list[dict[str, Any]]) -> list[tuple[str, list[tuple[float, float]], list[float]]]:
+    """Per mode that ran: (mode, [(wall seconds, held-out loss)], kill times in seconds)."""
+    return [(s["mode"], s["losses"], s.get("kill_times", [])) for s in summaries if "error" not in s]
 
 
 def report(summaries: list[dict[str, Any]]) -> str:
@@ -118,6 +125,7 @@ def main(argv: list[str]) -> int:
             print(f"{mode}: {outcome} ({s['wall_s']:.0f} s)", flush=True)
     print(report(summaries))
     h.write_json(a.json, summaries)
+    plots.emit(a, "chaos", lambda: plots.chaos(curves(summaries)))
     return 0 if all("error" not in s for s in summaries) else 1
 
 

@@ -1,7 +1,9 @@
 """`diloco bench NAME [options]`: run one benchmark; each prints its figures.
 
-Every benchmark is a module of this package with ``main(argv) -> int``. The latest figures and the
-command that produced them are kept in docs/benchmarks.md.
+Every benchmark is a module of this package with ``main(argv) -> int``. The experiments (quality,
+bandwidth, codecs, hetero, chaos, simulate, merge-rule) also write a PNG plot, ``NAME.png`` in
+``--plot-dir`` (default ``bench-results/``; ``--no-plot`` to skip), and all but gpu take ``--json PATH``.
+The latest figures and the command that produced them are kept in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "bandwidth": ("diloco_bench.bandwidth", "E2: bytes on the wire per token, mean and peak, vs data-parallel"),
     "codecs": ("diloco_bench.codecs", "E3: loss vs bytes for fp32/bf16/int8/int4/e3m0 outer gradients"),
     "hetero": ("diloco_bench.hetero", "E4: mixed hardware, K=all vs K=1 vs K=1 + grace: goodput and loss"),
-    "chaos": ("diloco_bench.chaos", "E5: goodput under learner failures with real processes, decoupled vs ddp"),
+    "chaos": ("diloco_bench.chaos", "E5: goodput and loss under learner failures, real processes: decoupled vs diloco-sync vs ddp"),
     "merge-rule": ("diloco_bench.merge_rule", "E7: mean vs RDA at M = 4, 8, 16: merged norm and loss"),
     "gpu": ("diloco_bench.gpu", "tokens/s and a short run of a larger model on CUDA (skips without a GPU)"),
 }

@@ -11,7 +11,6 @@ memory-bandwidth baseline. Timings keep the best of ``--repeats`` runs.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import sysconfig
 import time
@@ -24,6 +23,8 @@ import numpy as np
 import torch
 from diloco_core import codec
 from torch import nn
+
+from diloco_bench import harness as h
 
 QUANTIZERS = ("fp32", "bf16", "fp16", "int8", "int4", "e3m0")
 CTX = 16
@@ -134,16 +135,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5, help="timings keep the best of this many runs")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    h.output_flags(parser, plot=False)
     args = parser.parse_args(argv)
     grads = outer_gradients(args)
     torch.set_num_threads(1)  # the codec runs on one core: compare it with a one-core copy
     rows = measure(grads, args.repeats)
     numel = sum(g.size for g in grads.values())
-    if args.json:
-        print(json.dumps({"num_params": numel, "rows": rows}, indent=2))
-    else:
-        print_table(rows, numel)
+    print_table(rows, numel)
+    h.write_json(args.json, {"num_params": numel, "rows": rows})
     return 0
 
 

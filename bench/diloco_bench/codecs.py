@@ -11,6 +11,7 @@ import statistics
 import sys
 
 from diloco_bench import harness as h
+from diloco_bench import plots
 
 CODECS = ("fp32", "bf16", "int8", "int4", "e3m0")
 PAPER = {"bf16": "55.4", "int4": "55.3", "2-bit": "42.6", "1-bit": "37.3"}
@@ -38,7 +39,13 @@ def main(argv: list[str]) -> int:
                   flush=True)  # fmt: skip
     print(report(results))
     h.write_json(a.json, results)
+    plots.emit(a, "codecs", lambda: plots.codecs(points(results)))
     return 0
+
+
+def points(results: dict[str, list[h.RunResult]]) -> dict[str, tuple[float, list[float]]]:
+    """Per codec: (mean bytes per token, held-out loss per seed)."""
+    return {c: (statistics.fmean(r.bytes_per_token for r in rs), [r.eval_loss for r in rs]) for c, rs in results.items()}
 
 
 def report(results: dict[str, list[h.RunResult]]) -> str:

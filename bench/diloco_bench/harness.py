@@ -45,6 +45,8 @@ from diloco_worker.pull import should_send_partial
 from diloco_worker.train import lr_at, make_optimizer
 from torch import nn
 
+from diloco_bench import plots
+
 Arrays = dict[str, np.ndarray]
 WIRE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -548,8 +550,15 @@ def parser(prog: str, description: str | None, *, steps: int, seeds: str = "0") 
     p.add_argument("--corpus", default=d.corpus, help="'stdlib' or a local file/folder")
     p.add_argument("--outer-lr", type=float, default=Method.outer_lr, help="outer SGD learning rate")
     p.add_argument("--outer-momentum", type=float, default=Method.outer_momentum, help="outer Nesterov momentum")
-    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    output_flags(p)
     return p
+
+
+def output_flags(p: argparse.ArgumentParser, *, plot: bool = True) -> None:
+    """The outputs every benchmark shares: ``--json PATH`` and (``plot``) ``--plot-dir`` / ``--no-plot``."""
+    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this file")
+    if plot:
+        plots.add_flags(p)
 
 
 def workload_from(a: argparse.Namespace) -> Workload:

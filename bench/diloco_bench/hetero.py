@@ -15,6 +15,7 @@ import statistics
 import sys
 
 from diloco_bench import harness as h
+from diloco_bench import plots
 
 PAPER = {"K=all": ("84%", "54.4"), "K=1, no grace": ("100%", "51.4"), "K=1 + grace": ("100%", "55.3")}
 
@@ -53,6 +54,8 @@ def main(argv: list[str]) -> int:
                   flush=True)  # fmt: skip
     print(report(results))
     h.write_json(a.json, results)
+    goodput = {n: [r.goodput for r in rs] for n, rs in results.items()}
+    plots.emit(a, "hetero", lambda: plots.hetero(goodput, {n: [r.eval_loss for r in rs] for n, rs in results.items()}))
     return 0
 
 

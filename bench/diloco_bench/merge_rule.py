@@ -14,6 +14,7 @@ import statistics
 import sys
 
 from diloco_bench import harness as h
+from diloco_bench import plots
 
 PAPER = {("mean", 8): "54.1", ("mean", 16): "52.7", ("rda", 8): "55.4", ("rda", 16): "54.5"}
 
@@ -45,11 +46,23 @@ def main(argv: list[str]) -> int:
                       f"({r.wall_s:.0f} s)", flush=True)  # fmt: skip
     print(report(results))
     h.write_json(a.json, {f"{rule} M={m}": rs for (rule, m), rs in results.items()})
+    plots.emit(a, "merge-rule", lambda: plots.merge_rule(*curves(results)))
     return 0
 
 
 def _ratio(r: h.RunResult) -> float:
     return statistics.fmean(r.norm_ratios) if r.norm_ratios else float("nan")
+
+
+def curves(results: dict[tuple[str, int], list[h.RunResult]]
+           ) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, list[float]]]]:  # fmt: skip
+    """Per rule and M: the mean norm ratio, and the held-out loss per seed."""
+    ratios: dict[str, dict[int, float]] = {}
+    losses: dict[str, dict[int, list[float]]] = {}
+    for (rule, m), rs in results.items():
+        ratios.setdefault(rule, {})[m] = statistics.fmean(_ratio(r) for r in rs)
+        losses.setdefault(rule, {})[m] = [r.eval_loss for r in rs]
+    return ratios, losses
 
 
 def report(results: dict[tuple[str, int], list[h.RunResult]]) -> str:

@@ -12,6 +12,7 @@ import statistics
 import sys
 
 from diloco_bench import harness as h
+from diloco_bench import plots
 
 
 def main(argv: list[str]) -> int:
@@ -37,6 +38,7 @@ def main(argv: list[str]) -> int:
             print(f"seed {seed} {m.name:<22} loss {r.eval_loss:.4f}  ({r.wall_s:.0f} s)", flush=True)
     print(report(results))
     h.write_json(a.json, results)
+    plots.emit(a, "quality", lambda: plots.quality({n: [r.eval_loss for r in rs] for n, rs in results.items()}))
     return 0
 
 

@@ -1,18 +1,50 @@
 """Benchmark `simulate`: the paper's Table 1 (goodput vs chips) reproduced by the event simulator.
 
 A thin wrapper around `diloco simulate` with the paper's grid (150k..2.4M chips, M = 2, 4, 8, 16,
-MTBI 1 year per chip); any extra flags are passed through (e.g. ``--json``, ``--seeds 1,2,3,4,5``).
+MTBI 1 year per chip); every other flag is passed through (e.g. ``--seeds 1,2,3,4,5``). It prints
+the simulator's tables, writes ``--json PATH`` (the simulator's JSON document) and a plot of goodput
+vs chips, ours as lines and the paper's as markers.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
+import json
 import sys
+from typing import Any
 
 from diloco.simulate.cli import main as simulate_main
+from diloco_bench import harness as h
+from diloco_bench import plots
+
+GRID = ["--chips", "150000,300000,600000,1200000,2400000", "--learners", "2,4,8,16"]
+
+
+def curves(doc: dict[str, Any]) -> tuple[list[int], list[tuple[str, list[float], list[float | None]]]]:
+    """From the simulator's JSON document: the chip counts and, per row, (label, ours %, paper %)."""
+    table = doc["goodput"]
+    rows = [(r["label"], [c["goodput_percent"] for c in r["cells"]], [c["paper_percent"] for c in r["cells"]])
+            for r in table["rows"]]  # fmt: skip
+    return list(table["chips"]), rows
 
 
 def main(argv: list[str]) -> int:
-    return simulate_main(["--chips", "150000,300000,600000,1200000,2400000", "--learners", "2,4,8,16", *argv])
+    p = argparse.ArgumentParser(prog="diloco bench simulate", description=__doc__,
+                                epilog="Any other flag goes to `diloco simulate` (see `diloco simulate --help`).")  # fmt: skip
+    h.output_flags(p)
+    a, rest = p.parse_known_args(argv)
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        code = simulate_main([*GRID, *rest, "--json"])
+    if code != 0:
+        return code
+    doc = json.loads(captured.getvalue())
+    simulate_main([*GRID, *rest])  # the same seeds again: the same figures, printed as tables
+    h.write_json(a.json, doc)
+    plots.emit(a, "simulate", lambda: plots.simulate(*curves(doc)))
+    return 0
 
 
 if __name__ == "__main__":

@@ -84,7 +84,8 @@ def grad_blob(plan: FragmentPlan, p: int, seed: int) -> bytes:
     tensors = {
         t.name: (0.01 * rng.standard_normal(t.shape)).astype(np.float32) for t in plan.fragments[p].tensors
     }
-    return codec.encode(tensors, fragment=p, base_version=0, kind="outer_grad", quantizer="int4")
+    blob: bytes = codec.encode(tensors, fragment=p, base_version=0, kind="outer_grad", quantizer="int4")
+    return blob
 
 
 # -- the service run ---------------------------------------------------------------------------------

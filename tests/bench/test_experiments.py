@@ -7,16 +7,32 @@ from pathlib import Path
 
 import pytest
 import torch
-from diloco_bench import bandwidth, chaos, codecs, gpu, hetero, merge_rule, quality
+from diloco_bench import bandwidth, chaos, codec, codecs, gpu, hetero, merge_rule, plots, quality, simulate
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch-size", "2"]
+
+
+def assert_png(path: Path) -> None:
+    """A PNG file with its signature, an IHDR chunk of nonzero size, and more than a header."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    assert data[12:16] == b"IHDR"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width > 0
+    assert height > 0
+    assert len(data) > 1000
 
 
 @pytest.mark.slow
 def test_quality_prints_one_row_per_method(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "q.json"
-    assert quality.main([*TINY, "--steps", "8", "--inner-steps", "4", "--seeds", "0,1", "--json", str(out)]) == 0
+    argv = [*TINY, "--steps", "8", "--inner-steps", "4", "--seeds", "0,1", "--json", str(out), "--plot-dir", str(tmp_path)]
+    assert quality.main(argv) == 0
     text = capsys.readouterr().out
+    assert_png(tmp_path / "quality.png")
+    assert f"plot: {tmp_path / 'quality.png'}" in text
     for name in ("data-parallel (fp32)", "DiLoCo sync (fp32)", "decoupled (int4)"):
         assert f"| {name} |" in text
     data = json.loads(out.read_text())
@@ -27,7 +43,9 @@ def test_quality_prints_one_row_per_method(capsys: pytest.CaptureFixture[str], t
 @pytest.mark.slow
 def test_bandwidth_ranks_data_parallel_as_the_heaviest(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "b.json"
-    assert bandwidth.main([*TINY, "--steps", "4", "--inner-steps", "4", "--learners", "2", "--json", str(out)]) == 0
+    argv = [*TINY, "--steps", "4", "--inner-steps", "4", "--learners", "2", "--json", str(out), "--plot-dir", str(tmp_path)]
+    assert bandwidth.main(argv) == 0
+    assert_png(tmp_path / "bandwidth.png")
     rows = json.loads(out.read_text())
     per_token = {r["method"]: sum(r["bytes_up"]) / r["tokens"] for r in rows}
     assert max(per_token, key=per_token.__getitem__) == "data-parallel (fp32)"
@@ -41,8 +59,10 @@ def test_bandwidth_refuses_a_run_too_short_to_sync() -> None:
 
 
 @pytest.mark.slow
-def test_codecs_table_lists_the_unmeasured_low_bit_rows(capsys: pytest.CaptureFixture[str]) -> None:
-    assert codecs.main([*TINY, "--steps", "4", "--learners", "2", "--codecs", "fp32,int4"]) == 0
+def test_codecs_table_lists_the_unmeasured_low_bit_rows(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    argv = [*TINY, "--steps", "4", "--learners", "2", "--codecs", "fp32,int4", "--plot-dir", str(tmp_path)]
+    assert codecs.main(argv) == 0
+    assert_png(tmp_path / "codecs.png")
     text = capsys.readouterr().out
     assert "| int4 |" in text
     assert "| 2-bit | not measured |" in text
@@ -62,15 +82,19 @@ def test_codecs_rejects_an_unknown_codec() -> None:
 @pytest.mark.slow
 def test_hetero_lock_step_loses_goodput(tmp_path: Path) -> None:
     out = tmp_path / "h.json"
-    assert hetero.main([*TINY, "--steps", "8", "--inner-steps", "4", "--learners", "4", "--seeds", "0", "--json", str(out)]) == 0
+    argv = [*TINY, "--steps", "8", "--inner-steps", "4", "--learners", "4", "--seeds", "0", "--json", str(out),
+            "--plot-dir", str(tmp_path)]  # fmt: skip
+    assert hetero.main(argv) == 0
+    assert_png(tmp_path / "hetero.png")
     data = json.loads(out.read_text())
     assert data["K=all"][0]["goodput"] < 0.99
     assert data["K=1 + grace"][0]["goodput"] == pytest.approx(1.0)
 
 
 @pytest.mark.slow
-def test_merge_rule_reports_norm_ratios(capsys: pytest.CaptureFixture[str]) -> None:
-    assert merge_rule.main([*TINY, "--steps", "8", "--inner-steps", "4", "--learners", "2,4"]) == 0
+def test_merge_rule_reports_norm_ratios(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert merge_rule.main([*TINY, "--steps", "8", "--inner-steps", "4", "--learners", "2,4", "--plot-dir", str(tmp_path)]) == 0
+    assert_png(tmp_path / "merge-rule.png")
     text = capsys.readouterr().out
     assert "| rda | 4 | 1.000 |" in text
     assert "| mean | 4 |" in text
@@ -107,13 +131,61 @@ def test_chaos_passes_the_same_failure_schedule_to_every_mode(tmp_path: Path) ->
     assert [c[c.index("--mode") + 1] for c in cmds] == ["decoupled", "ddp"]
 
 
+def test_chaos_compares_all_three_modes_by_default() -> None:
+    assert chaos.build_parser().parse_args([]).modes == "decoupled,diloco-sync,ddp"
+
+
+def test_chaos_plots_each_mode_that_ran_with_its_kills(tmp_path: Path) -> None:
+    summaries = [
+        {"mode": "decoupled", "losses": [(5.0, 4.0), (10.0, 3.0)], "kill_times": [3.0, 7.5]},
+        {"mode": "ddp", "losses": [(9.0, 4.5), (20.0, 3.2)], "kill_times": [4.0]},
+        {"mode": "diloco-sync", "error": "exit 2: not supported", "wall_s": 1.0},
+    ]
+    curves = chaos.curves(summaries)
+    assert [mode for mode, _, _ in curves] == ["decoupled", "ddp"]
+    assert curves[0][2] == [3.0, 7.5]
+    a = chaos.build_parser().parse_args(["--plot-dir", str(tmp_path)])
+    assert plots.emit(a, "chaos", lambda: plots.chaos(curves)) == tmp_path / "chaos.png"
+    assert_png(tmp_path / "chaos.png")
+
+
+def test_no_plot_writes_nothing(tmp_path: Path) -> None:
+    a = chaos.build_parser().parse_args(["--plot-dir", str(tmp_path / "plots"), "--no-plot"])
+    assert plots.emit(a, "chaos", lambda: plots.chaos([])) is None
+    assert not (tmp_path / "plots").exists()
+
+
+def test_simulate_writes_its_json_file_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    argv = ["--seeds", "1", "--horizon-days", "1", "--json", str(out), "--plot-dir", str(tmp_path)]
+    assert simulate.main(argv) == 0
+    assert "Decoupled M=8" in capsys.readouterr().out  # the tables are printed as well
+    doc = json.loads(out.read_text())
+    assert doc["goodput"]["chips"][0] == 150_000
+    chips, rows = simulate.curves(doc)
+    assert len(rows) == 6
+    assert all(len(ours) == len(chips) for _, ours, _ in rows)
+    assert_png(tmp_path / "simulate.png")
+
+
+@pytest.mark.slow
+def test_codec_writes_its_json_file_and_prints_the_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "codec.json"
+    argv = ["--width", "16", "--warmup", "1", "--inner-steps", "1", "--batch", "2", "--repeats", "1", "--json", str(out)]
+    assert codec.main(argv) == 0
+    assert "int4" in capsys.readouterr().out
+    assert {r["format"] for r in json.loads(out.read_text())["rows"]} >= {"fp32", "int4"}
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_chaos_runs_the_local_runner_and_reads_its_report(tmp_path: Path) -> None:
     out = tmp_path / "c.json"
     argv = ["--modes", "decoupled", "--learners", "2", "--max-steps", "12", "--mtbf", "0", "--time-limit", "120",
-            "--runs-dir", str(tmp_path / "runs"), "--json", str(out), "--", "--inner-steps", "4", "--eval-every", "4"]
+            "--runs-dir", str(tmp_path / "runs"), "--json", str(out), "--plot-dir", str(tmp_path),
+            "--", "--inner-steps", "4", "--eval-every", "4"]  # fmt: skip
     assert chaos.main(argv) == 0
+    assert_png(tmp_path / "chaos.png")
     (summary,) = json.loads(out.read_text())
     assert summary["mode"] == "decoupled"
     assert summary["kills"] == 0

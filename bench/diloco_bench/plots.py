@@ -1,0 +1,170 @@
+"""One plot per experiment: pure functions from figures to a matplotlib ``Figure``, and ``save``.
+
+Figures are built with ``matplotlib.figure.Figure`` (no pyplot, no global state) and written as PNG
+through the Agg renderer, so nothing here needs a display. ``add_flags`` gives a command the shared
+``--plot-dir`` / ``--no-plot`` flags; ``emit`` writes a figure where they say.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+DEFAULT_DIR = Path("bench-results")
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plot-dir", type=Path, default=DEFAULT_DIR,
+                   help="write the experiment's PNG plot into this folder (default %(default)s)")  # fmt: skip
+    p.add_argument("--no-plot", action="store_true", help="do not write a plot")
+
+
+def emit(a: argparse.Namespace, name: str, build: Callable[[], Figure]) -> Path | None:
+    """Build and write ``<plot-dir>/<name>.png`` unless ``--no-plot``; prints and returns its path."""
+    if a.no_plot:
+        return None
+    path = save(build(), a.plot_dir, name)
+    print(f"plot: {path}", flush=True)
+    return path
+
+
+def save(fig: Figure, directory: Path, name: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.png"
+    fig.savefig(path, format="png", dpi=100, bbox_inches="tight")
+    return path
+
+
+def _figure(ncols: int = 1, width: float = 7.0) -> tuple[Figure, list[Axes]]:
+    fig = Figure(figsize=(width, 4.0), layout="constrained")
+    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+
+
+def _spread(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _bars(ax: Axes, groups: Mapping[str, Sequence[float]], ylabel: str) -> None:
+    """Mean ± std per group as bars with error bars, every value as a dot."""
+    names = list(groups)
+    stats = [_spread(groups[n]) for n in names]
+    ax.bar(range(len(names)), [m for m, _ in stats], yerr=[s for _, s in stats], capsize=4,
+           color=[COLORS[i % len(COLORS)] for i in range(len(names))], alpha=0.7)  # fmt: skip
+    for i, n in enumerate(names):
+        ax.plot([i] * len(groups[n]), groups[n], "k.", markersize=4)
+    lo = min(v for vs in groups.values() for v in vs)
+    hi = max(m + s for m, s in stats)
+    ax.set_ylim(lo - 0.1 * (hi - lo + 1e-9) - 0.01 * abs(lo), hi + 0.1 * (hi - lo + 1e-9) + 0.01 * abs(hi))
+    ax.set_xticks(range(len(names)), names, rotation=15, ha="right")
+    ax.set_ylabel(ylabel)
+
+
+def quality(losses: Mapping[str, Sequence[float]]) -> Figure:
+    """Held-out loss per method, mean ± std over seeds (dots: single seeds)."""
+    fig, (ax,) = _figure()
+    _bars(ax, losses, "held-out loss (global model)")
+    ax.set_title("Quality: held-out loss per method (same tokens)")
+    return fig
+
+
+def bandwidth(per_token: Mapping[str, float], baseline: str) -> Figure:
+    """Bytes uploaded per token per method/codec on a log axis, annotated with the ratio to ``baseline``."""
+    fig, (ax,) = _figure(width=8.0)
+    names = list(per_token)[::-1]
+    ax.barh(names, [per_token[n] for n in names], color=[_kind_color(n) for n in names])
+    for i, n in enumerate(names):
+        ax.text(per_token[n], i, f" {per_token[baseline] / per_token[n]:.0f}x", va="center", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"bytes up per token (log); label: ratio to {baseline}")
+    ax.set_title("Bandwidth: bytes on the wire per token")
+    return fig
+
+
+def _kind_color(name: str) -> str:
+    return COLORS[0] if name.startswith("data-parallel") else COLORS[1] if name.startswith("DiLoCo") else COLORS[2]
+
+
+def codecs(points: Mapping[str, tuple[float, Sequence[float]]]) -> Figure:
+    """Held-out loss (mean ± std over seeds) vs bytes per token, one point per codec."""
+    fig, (ax,) = _figure()
+    for i, (codec, (bpt, losses)) in enumerate(points.items()):
+        mean, std = _spread(losses)
+        ax.errorbar([bpt], [mean], yerr=[std], fmt="o", capsize=4, color=COLORS[i % len(COLORS)], label=codec)
+        ax.annotate(codec, (bpt, mean), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes up per token (log)")
+    ax.set_ylabel("held-out loss")
+    ax.set_title("Codecs: loss vs bytes on the wire (decoupled DiLoCo)")
+    return fig
+
+
+def hetero(goodput: Mapping[str, Sequence[float]], loss: Mapping[str, Sequence[float]]) -> Figure:
+    """Goodput (%) and held-out loss per round policy, mean ± std over seeds."""
+    fig, (left, right) = _figure(ncols=2, width=9.0)
+    _bars(left, {k: [100 * g for g in v] for k, v in goodput.items()}, "goodput (%)")
+    left.set_ylim(0, 105)
+    _bars(right, loss, "held-out loss")
+    fig.suptitle("Mixed hardware: goodput and loss per round policy")
+    return fig
+
+
+def chaos(runs: Sequence[tuple[str, Sequence[tuple[float, float]], Sequence[float]]]) -> Figure:
+    """Held-out loss over wall-clock time per (mode, [(seconds, loss)], kill times) on one axes;
+    dotted verticals in the mode's colour mark its kills."""
+    fig, (ax,) = _figure(width=8.0)
+    for i, (mode, samples, kills) in enumerate(runs):
+        color = COLORS[i % len(COLORS)]
+        ax.plot([t for t, _ in samples], [v for _, v in samples], "o-", markersize=3, color=color,
+                label=f"{mode} ({len(kills)} kills)")  # fmt: skip
+        for t in kills:
+            ax.axvline(t, color=color, linestyle=":", alpha=0.6)
+    ax.set_xlabel("wall-clock seconds since the run started")
+    ax.set_ylabel("held-out loss (global model)")
+    ax.set_title("Chaos: loss over wall time, same failure schedule (dotted: kills)")
+    ax.legend()
+    return fig
+
+
+def simulate(chips: Sequence[int], rows: Sequence[tuple[str, Sequence[float], Sequence[float | None]]]) -> Figure:
+    """Goodput vs chips per method: ours as lines, the paper's Table 1 as markers of the same colour."""
+    fig, (ax,) = _figure(width=8.0)
+    for i, (label, ours, paper) in enumerate(rows):
+        color = COLORS[i % len(COLORS)]
+        ax.plot(chips, ours, "-", color=color, label=label)
+        known = [(c, p) for c, p in zip(chips, paper, strict=True) if p is not None]
+        ax.plot([c for c, _ in known], [p for _, p in known], "x", color=color, markersize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("chips (log)")
+    ax.set_ylabel("goodput (%)")
+    ax.set_title("Simulator: goodput vs chips (lines: ours, x: paper Table 1)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def merge_rule(ratios: Mapping[str, Mapping[int, float]], losses: Mapping[str, Mapping[int, Sequence[float]]]) -> Figure:
+    """Left: merged norm / mean norm vs M per rule next to 1/sqrt(M); right: held-out loss vs M."""
+    fig, (left, right) = _figure(ncols=2, width=9.0)
+    sizes = sorted({m for by_m in ratios.values() for m in by_m})
+    for i, (rule, by_m) in enumerate(ratios.items()):
+        ms = sorted(by_m)
+        left.plot(ms, [by_m[m] for m in ms], "o-", color=COLORS[i], label=rule)
+        stats = [_spread(losses[rule][m]) for m in ms]
+        right.errorbar(ms, [s[0] for s in stats], yerr=[s[1] for s in stats], fmt="o-", capsize=4,
+                       color=COLORS[i], label=rule)  # fmt: skip
+    left.plot(sizes, [1 / math.sqrt(m) for m in sizes], "k--", label="1/sqrt(M)")
+    for ax, ylabel in ((left, "merged norm / mean norm"), (right, "held-out loss")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(m) for m in sizes])
+        ax.set_xlabel("M (learners per merge)")
+        ax.set_ylabel(ylabel)
+        ax.legend()
+    left.set_ylim(0, 1.1)
+    fig.suptitle("Merge rule: mean vs RDA")
+    return fig
