@@ -31,6 +31,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy core worker synchronizer operator diloco
+	$(VENV)/bin/mypy bench/diloco_bench/*.py  # named files: pyproject's exclude keeps bench/ out of the run above
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -m "not integration and not slow" -q $(PYTEST_ARGS)
