@@ -4,8 +4,12 @@ Failures of each unit arrive as a Poisson process with mean time between failure
 ``mtbfSeconds``: over an interval ``dt`` a unit fails with probability ``1 - exp(-dt / mtbf)``.
 A failed unit loses one pod at random (which breaks the unit's data-parallel group, as a chip
 failure does) and, with ``repairSeconds > 0``, stays down (scaled to zero) for that long before
-it comes back — the same experiment as the paper's goodput study. Off unless
-``spec.chaos.enabled`` is true.
+it comes back — the same experiment as the paper's goodput study.
+
+Chaos deletes pods for real, so it takes two keys: the operator must allow it
+(``--allow-chaos``, ``DILOCO_OPERATOR_ALLOW_CHAOS``, the chart's ``operator.allowChaos``) and
+the job must set ``spec.chaos.enabled: true``. A job that asks for chaos without both gets a
+``Chaos`` condition (status False) and a Warning event saying which key is missing.
 """
 
 from __future__ import annotations
@@ -19,6 +23,35 @@ from diloco_operator.models import ChaosSpec, DiLoCoJobSpec
 
 # A timer that was not called for a long time must not fire a burst of failures at once.
 MAX_INTERVAL_S = 300.0
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Whether chaos runs for a job, as the ``Chaos`` condition reports it."""
+
+    active: bool
+    reason: str  # Enabled, NotAllowed or NotEnabled
+    message: str
+
+
+def chaos_gate(chaos: ChaosSpec, allowed: bool) -> Gate | None:
+    """The decision of the two keys; None when the job does not ask for chaos at all.
+
+    Fields other than ``enabled`` that differ from their defaults ask for chaos too (the CRD
+    fills the defaults in, so "set" can only mean "not the default").
+    """
+    if chaos.enabled and allowed:
+        return Gate(True, "Enabled", f"chaos kills learner pods, mean time between failures {chaos.mtbf_seconds:g}s")
+    if chaos.enabled:
+        return Gate(False, "NotAllowed", "spec.chaos.enabled is true but this operator does not allow chaos "
+                    "(start it with --allow-chaos, or the chart with operator.allowChaos=true); no pod is killed")
+    if chaos.model_dump(exclude={"enabled"}) != ChaosSpec().model_dump(exclude={"enabled"}):
+        return Gate(False, "NotEnabled", "spec.chaos sets failure parameters but not enabled: true; "
+                    "chaos is off and no pod is killed")
+    return None
+
+
+GATE_EVENTS = {"NotAllowed": "ChaosRefused", "NotEnabled": "ChaosNotEnabled"}
 
 
 @dataclass(frozen=True)

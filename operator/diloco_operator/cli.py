@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 
 import kopf
 
@@ -25,12 +26,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--peering", default="diloco-operator", help="name of the kopf peering object")
     p.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
     p.add_argument("--standalone", action="store_true", help="no peering: for a single replica or tests")
+    p.add_argument("--allow-chaos", action="store_true",
+                   help="let jobs with spec.chaos.enabled kill their learner pods (also DILOCO_OPERATOR_ALLOW_CHAOS)")
     p.add_argument("--verbose", "-v", action="store_true")
     return p.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.allow_chaos:
+        os.environ["DILOCO_OPERATOR_ALLOW_CHAOS"] = "true"  # read with the other settings
     try:
         settings_from_env()  # fail now, with the variable's name, rather than inside kopf
     except ValueError as exc:

@@ -80,7 +80,8 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     memo.ctx = Context(ours, Kube(new_api_client()), http_fetcher(ours.status_timeout_seconds), metrics,
                        random.Random(ours.chaos_seed), PodWatch(), WatchState(),
                        list(memo.get("namespaces") or []))
-    log.info("operator started: resync every %ss, metrics port %s", ours.resync_seconds, ours.metrics_port)
+    log.info("operator started: resync every %ss, metrics port %s, chaos %s", ours.resync_seconds,
+             ours.metrics_port, "allowed" if ours.allow_chaos else "not allowed")
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -145,6 +146,7 @@ def run(ctx: Context, trigger: str, body: kopf.Body, patch: kopf.Patch, *, chaos
         ctx.kube, job, body.get("spec") or {}, dict(body.get("status") or {}),
         now=datetime.now(UTC), fetch=ctx.fetch, generation=meta.get("generation"),
         sync_url_override=ctx.settings.sync_url, rng=ctx.rng if chaos else None,
+        allow_chaos=ctx.settings.allow_chaos,
     )
     patch.status.update(outcome.status)
     post_events(ctx.kube, body, outcome.events)

@@ -158,11 +158,13 @@ def reconcile(
     generation: int | None = None,
     sync_url_override: str | None = None,
     rng: random.Random | None = None,
+    allow_chaos: bool = False,
 ) -> Outcome:
     """Bring the job's children to the spec and compute its status.
 
-    With ``rng`` (the timer), built-in chaos runs first when the spec enables it. An invalid spec
-    creates nothing and yields a ``Failed`` status with the reason in ``outcome.invalid``.
+    With ``rng`` (the timer), built-in chaos runs first when the operator allows it
+    (``allow_chaos``) and the spec enables it. An invalid spec creates nothing and yields a
+    ``Failed`` status with the reason in ``outcome.invalid``.
     """
     try:
         spec = check_spec(kube, job, raw_spec)
@@ -174,7 +176,9 @@ def reconcile(
     epoch = now.timestamp()
     kills, down = chaos_state(old, epoch)
     victims: list[chaos.Victim] = []
-    if rng is not None and spec.chaos.enabled and not spec.suspend:
+    gate = chaos.chaos_gate(spec.chaos, allow_chaos)
+    active = gate is not None and gate.active
+    if rng is not None and active and not spec.suspend:
         victims, down = run_chaos(kube, job, spec, old, epoch, rng)
     outcome = Outcome({})
     outcome.created += ensure_secret(kube, job, spec)
@@ -193,11 +197,23 @@ def reconcile(
     obs = status.Observed(units, sync_ready, sync, kills + len(victims), down, job=job.name, sync_problem=problem)
     new = status.compute_status(spec, obs, old, now, generation)
     new["message"] = None
-    new["chaos"]["lastTick"] = epoch if spec.chaos.enabled else None
+    new["chaos"]["lastTick"] = epoch if active else None
     old_down = (old.get("chaos") or {}).get("downUntil") or {}
     new["chaos"]["downUntil"] = {k: down.get(k) for k in {*old_down, *down}}  # None removes (merge patch)
     outcome.status = new
     outcome.events = [status.Event("Warning", "ChaosKill", f"chaos killed pod {v.pod} of unit {v.unit}")
                       for v in victims]
     outcome.events += status.diff_events(old, new)
+    if gate is not None:
+        new["conditions"].append(status.condition(old.get("conditions") or [], "Chaos", gate.active, gate.reason,
+                                                  gate.message, now))
+        outcome.events += gate_events(old, gate)
     return outcome
+
+
+def gate_events(old: Mapping[str, Any], gate: chaos.Gate) -> list[status.Event]:
+    """A Warning when chaos is newly refused (or refused for another reason than before)."""
+    before = next((c.get("reason") for c in old.get("conditions") or [] if c.get("type") == "Chaos"), None)
+    if gate.reason in chaos.GATE_EVENTS and gate.reason != before:
+        return [status.Event("Warning", chaos.GATE_EVENTS[gate.reason], gate.message)]
+    return []

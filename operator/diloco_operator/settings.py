@@ -22,6 +22,7 @@ class OperatorSettings(BaseModel):
     watch_stale_seconds: float = Field(
         60.0, gt=0.0, description="liveness fails once the API has held a job version that the watch has not "
         "delivered for this long")
+    allow_chaos: bool = Field(False, description="let jobs with spec.chaos.enabled kill their learner pods")
     chaos_seed: int | None = Field(None, description="seed of the chaos random generator (reproducible game days)")
 
 

@@ -37,6 +37,7 @@ def test_chart_defaults_are_the_operators_own_defaults() -> None:
     assert settings.metrics_port == DEFAULTS["operator"]["metricsPort"]
     assert settings.resync_seconds == DEFAULTS["operator"]["resyncSeconds"]
     assert settings.status_timeout_seconds == DEFAULTS["operator"]["statusTimeoutSeconds"]
+    assert settings.allow_chaos is DEFAULTS["operator"]["allowChaos"] is False
     assert bare.priority == DEFAULTS["peering"]["priority"]
 
 
@@ -60,6 +61,7 @@ def test_operator_parses_the_rendered_arguments_and_environment(
     settings = settings_from_env(variables)
     assert settings.metrics_port == _ports(container)["metrics"]
     assert settings.resync_seconds == ((values or DEFAULTS)["operator"]["resyncSeconds"])
+    assert settings.allow_chaos is (values or DEFAULTS)["operator"].get("allowChaos", False)
 
 
 def test_peering_can_be_turned_off_for_a_standalone_operator(tmp_path: Path) -> None:
@@ -85,3 +87,10 @@ def test_network_policy_and_service_monitor_select_what_the_operator_creates(tmp
     )
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
+
+
+def test_chaos_is_allowed_only_when_the_chart_says_so(tmp_path: Path) -> None:
+    container = _container(render(tmp_path, {"operator": {"allowChaos": True}}))
+    variables = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("DILOCO_OPERATOR_")}
+    assert variables["DILOCO_OPERATOR_ALLOW_CHAOS"] == "true"
+    assert settings_from_env(variables).allow_chaos is True

@@ -1,12 +1,24 @@
-"""Pure chaos decisions: Poisson failures per unit, repair windows, off unless enabled."""
+"""Pure chaos decisions: two keys (operator and job), Poisson failures per unit, repair windows."""
 
 from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
-from diloco_operator.chaos import ChaosUnit, PodRef, chaos_units, failure_probability, pick_victims, repaired
-from diloco_operator.models import parse_spec
+import pytest
+from diloco_operator.chaos import (
+    ChaosUnit,
+    Gate,
+    PodRef,
+    chaos_gate,
+    chaos_units,
+    failure_probability,
+    pick_victims,
+    repaired,
+)
+from diloco_operator.models import ChaosSpec, parse_spec
+from diloco_operator.reconcile import gate_events
 
 PODS = [PodRef(f"j-{u}-{i}", u, True) for u in ("a", "b") for i in range(2)]
 
@@ -58,3 +70,39 @@ def test_units_under_repair_or_without_pods_are_spared() -> None:
     units = [ChaosUnit("a", 0.001, down_until=20.0), ChaosUnit("c", 0.001)]
     assert pick_victims(units, PODS, 10.0, random.Random(1), last_tick=0.0) == []
     assert repaired({"a": 20.0, "b": 5.0}, 10.0) == {"a": 20.0}
+
+
+@pytest.mark.parametrize(("chaos", "allowed", "expected"), [
+    ({}, False, None),  # nothing asked
+    ({}, True, None),
+    ({"enabled": False, "mtbfSeconds": 600, "repairSeconds": 0}, True, None),  # the CRD's defaults, filled in
+    ({"enabled": True, "mtbfSeconds": 30}, True, (True, "Enabled")),  # both keys
+    ({"enabled": True}, False, (False, "NotAllowed")),  # the operator's key missing
+    ({"mtbfSeconds": 30}, True, (False, "NotEnabled")),  # the job's key missing
+    ({"units": ["a"]}, False, (False, "NotEnabled")),
+    ({"enabled": False, "repairSeconds": 60}, True, (False, "NotEnabled")),
+], ids=["none", "none-allowed", "crd-defaults", "both", "operator-refuses", "mtbf-not-enabled",
+        "units-not-enabled", "repair-not-enabled"])
+def test_chaos_runs_only_with_both_keys(chaos: dict[str, Any], allowed: bool,
+                                        expected: tuple[bool, str] | None) -> None:
+    gate = chaos_gate(ChaosSpec.model_validate(chaos), allowed)
+    assert (None if gate is None else (gate.active, gate.reason)) == expected
+
+
+def test_refusal_messages_say_what_to_change() -> None:
+    refused = chaos_gate(ChaosSpec.model_validate({"enabled": True}), False)
+    assert refused is not None
+    assert "--allow-chaos" in refused.message
+    assert "operator.allowChaos" in refused.message
+    not_enabled = chaos_gate(ChaosSpec.model_validate({"mtbfSeconds": 5}), True)
+    assert not_enabled is not None
+    assert "enabled: true" in not_enabled.message
+
+
+def test_a_refusal_is_reported_once_per_reason() -> None:
+    refused = Gate(False, "NotAllowed", "no")
+    assert [e.reason for e in gate_events({}, refused)] == ["ChaosRefused"]
+    before = {"conditions": [{"type": "Chaos", "status": "False", "reason": "NotAllowed"}]}
+    assert gate_events(before, refused) == []
+    assert [e.reason for e in gate_events(before, Gate(False, "NotEnabled", "no"))] == ["ChaosNotEnabled"]
+    assert gate_events(before, Gate(True, "Enabled", "yes")) == []

@@ -224,17 +224,53 @@ def test_liveness_and_metrics(api: k8s.ApiClient, namespace: str, monkeypatch: p
     assert runner.exception is None
 
 
-def test_chaos_kills_learner_pods_and_counts_them(api: k8s.ApiClient, namespace: str, operator: KopfRunner) -> None:
-    chaos = {"enabled": True, "mtbfSeconds": 1, "units": ["a"]}
-    create_job(api, namespace, job_manifest("game", [unit("a"), unit("b")], chaos=chaos))
-    wait_for(lambda: (get_job(api, namespace, "game").get("status") or {}).get("chaos", {}).get("kills", 0) >= 2,
-             timeout=60, what="two chaos kills")
-    wait_for(lambda: "ChaosKill" in events(api, namespace, "game"), timeout=30, what="ChaosKill event",
-             describe=lambda: str(events(api, namespace, "game")))
-    (b_pod,) = learner_pods(api, namespace, "game", "b")
-    patch_spec(api, namespace, "game", {"chaos": {"enabled": False}})
-    wait_for(lambda: running_on_kwok(learner_pods(api, namespace, "game"), 2), timeout=60, what="both units back")
-    assert learner_pods(api, namespace, "game", "b")[0].metadata.uid == b_pod.metadata.uid  # unit b untouched
+def test_chaos_kills_learner_pods_and_counts_them(
+    api: k8s.ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DILOCO_OPERATOR_ALLOW_CHAOS", "true")  # the operator's key (--allow-chaos)
+    with start_operator() as runner:
+        chaos = {"enabled": True, "mtbfSeconds": 1, "units": ["a"]}
+        create_job(api, namespace, job_manifest("game", [unit("a"), unit("b")], chaos=chaos))
+        wait_for(lambda: (get_job(api, namespace, "game").get("status") or {}).get("chaos", {}).get("kills", 0) >= 2,
+                 timeout=60, what="two chaos kills")
+        wait_for(lambda: "ChaosKill" in events(api, namespace, "game"), timeout=30, what="ChaosKill event",
+                 describe=lambda: str(events(api, namespace, "game")))
+        assert condition(get_job(api, namespace, "game"), "Chaos")[:2] == ("True", "Enabled")
+        (b_pod,) = learner_pods(api, namespace, "game", "b")
+        patch_spec(api, namespace, "game", {"chaos": {"enabled": False}})
+        wait_for(lambda: running_on_kwok(learner_pods(api, namespace, "game"), 2), timeout=60, what="both units back")
+        assert learner_pods(api, namespace, "game", "b")[0].metadata.uid == b_pod.metadata.uid  # unit b untouched
+    assert runner.exception is None
+
+
+def condition(job: dict[str, Any], ctype: str) -> tuple[str, str, str] | None:
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return c["status"], c["reason"], c["message"]
+    return None
+
+
+def test_chaos_is_refused_unless_the_operator_allows_it(api: k8s.ApiClient, namespace: str, operator: KopfRunner) -> None:
+    chaos = {"enabled": True, "mtbfSeconds": 0.001}  # would kill a pod on every resync
+    create_job(api, namespace, job_manifest("nogame", [unit("a")], chaos=chaos))
+    wait_for(lambda: phase_is(api, namespace, "nogame", "Running", "1/1"), timeout=90, what="phase Running")
+    wait_for(lambda: (condition(get_job(api, namespace, "nogame"), "Chaos") or ("",))[:2] == ("False", "NotAllowed"),
+             timeout=30, what="the Chaos condition NotAllowed")
+    wait_for(lambda: "ChaosRefused" in events(api, namespace, "nogame"), timeout=30, what="the ChaosRefused event",
+             describe=lambda: str(events(api, namespace, "nogame")))
+    (pod,) = learner_pods(api, namespace, "nogame")
+    time.sleep(5)  # two resync periods, each of which would have killed the pod
+    assert [p.metadata.uid for p in learner_pods(api, namespace, "nogame")] == [pod.metadata.uid]
+    status = get_job(api, namespace, "nogame")["status"]
+    assert status["chaos"]["kills"] == 0
+    assert "ChaosKill" not in events(api, namespace, "nogame")
+    assert events(api, namespace, "nogame").count("ChaosRefused") == 1
+    # Failure parameters without enabled: true: said so, and still nothing killed.
+    patch_spec(api, namespace, "nogame", {"chaos": {"enabled": False, "mtbfSeconds": 5}})
+    wait_for(lambda: (condition(get_job(api, namespace, "nogame"), "Chaos") or ("",))[:2] == ("False", "NotEnabled"),
+             timeout=30, what="the Chaos condition NotEnabled")
+    wait_for(lambda: "ChaosNotEnabled" in events(api, namespace, "nogame"), timeout=30, what="ChaosNotEnabled event")
+    assert [p.metadata.uid for p in learner_pods(api, namespace, "nogame")] == [pod.metadata.uid]
 
 
 @pytest.mark.slow
