@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from pathlib import Path
 
@@ -11,7 +13,11 @@ from diloco_worker.entry import EntryPointError, TaskContext, TrainingTask, load
 from diloco_worker.learner import run_learner
 from diloco_worker.settings import WorkerSettings
 
-from tests.worker.helpers import TINY, tiny_train
+from tests.support.process import ManagedProcess
+from tests.support.waiting import wait_for
+from tests.worker.helpers import SECRET, TINY, TINY_FLAGS, Synchronizer, clean_env, tiny_train
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 USER_MODULE = """
 import itertools
@@ -89,3 +95,48 @@ def test_a_user_entry_point_trains_through_the_same_loop(user_module: str, tmp_p
 def test_bad_entry_points_are_explained(user_module: str, entry: str, message: str) -> None:
     with pytest.raises(EntryPointError, match=message):
         load_task(_ctx(entry))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_example_user_model_trains_through_diloco_worker_against_a_synchronizer(tmp_path: Path) -> None:
+    """examples/user_model.py, named on the command line, trains with a real synchronizer: the loop
+    counts its tokens with its own ``tokens_of``, evaluates its held-out batches, and its outer
+    gradients are merged into new global versions."""
+    from diloco_worker.metrics import read_metrics
+
+    # outer lr 1 without momentum: with a single learner every merge is that learner's own
+    # parameters, so the held-out loss must fall (Nesterov on one learner's rounds overshoots on a
+    # run this short; the outer optimizer has its own tests)
+    sync = Synchronizer(
+        tmp_path, inner_steps=8, fragments=2, extra=["--outer-lr", "1", "--outer-momentum", "0"]
+    )
+    sync.start()
+    metrics = tmp_path / "user.jsonl"
+    path = os.pathsep.join(p for p in (str(EXAMPLES), os.environ.get("PYTHONPATH", "")) if p)
+    argv = [
+        sys.executable, "-m", "diloco", "worker", "--sync-url", sync.url, "--learner-id", "user",
+        "--job-secret", SECRET, "--metrics-file", str(metrics), *TINY_FLAGS,
+        "--entry-point", "user_model:build", "--block-size", "8", "--n-embd", "64",
+        "--inner-steps", "8", "--fragments", "2", "--overlap", "1",
+        "--max-steps", "120", "--lr", "3e-3", "--warmup-steps", "5", "--eval-every", "40",
+    ]  # fmt: skip
+    learner = ManagedProcess("user", argv, tmp_path / "user.log", env=clean_env({"PYTHONPATH": path}))
+    try:
+        learner.start()
+        wait_for(lambda: not learner.running() or None, timeout=400, what="the learner finishes")
+        assert learner.returncode() == 0, learner.failure_report()
+        records = read_metrics(metrics)
+        last = records[-1]
+        assert last["step"] == 120
+        assert last["tokens"] == 120 * 8  # one predicted byte per row: --batch-size 8 per step
+        evals = [r["eval_loss"] for r in records if r.get("eval_loss") is not None]
+        assert len(evals) >= 2
+        assert evals[-1] < evals[0]
+        assert min(sync.versions().values()) >= 2
+        (status,) = sync.status()["learners"]
+        assert (status["learner_id"], status["state"], status["step"]) == ("user", "left", 120)
+        assert status["bytes_sent"] > 0
+    finally:
+        learner.stop()
+        sync.stop()

@@ -141,6 +141,13 @@ _FLAGS: dict[str, tuple[str | None, str, type]] = {
 }
 
 
+_HELP: dict[str, str] = {
+    "entry-point": "what to train: 'builtin' (the byte-level GPT) or 'package.module:function', a "
+    "function that receives a TaskContext and returns a TrainingTask or (model, loss_fn, "
+    "make_batches); the module must be importable (installed or on PYTHONPATH). See docs/user-models.md",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="diloco worker",
@@ -148,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(upper case, '-' → '_'), e.g. DILOCO_SYNC_URL.",
     )
     for flag, (_, _, typ) in _FLAGS.items():
-        parser.add_argument(f"--{flag}", type=typ, default=None)
+        parser.add_argument(f"--{flag}", type=typ, default=None, help=_HELP.get(flag))
     parser.add_argument("--job-secret", default=None, help="derive the learner token from the job secret")
     parser.add_argument("--job-config", default=None, help="a JobConfig: JSON text, or a JSON/YAML file path")
     parser.add_argument(
