@@ -22,7 +22,7 @@ from kubernetes import client, config
 
 from diloco_operator.build import API_VERSION, GROUP, JOB_LABEL, KIND, PLURAL, UNIT_LABEL, VERSION, JobRef
 from diloco_operator.kube import Kube, api_error
-from diloco_operator.liveness import WatchState, lagging, paused_by_peers, watch_is_alive
+from diloco_operator.liveness import WatchState, paused_by_peers, watch_is_alive
 from diloco_operator.metrics import OperatorMetrics
 from diloco_operator.reconcile import Outcome, StatusFetcher, reconcile
 from diloco_operator.settings import OperatorSettings, settings_from_env
@@ -105,13 +105,13 @@ def probe(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> str:
     except Exception as exc:
         raise kopf.PermanentError(f"API unreachable: {api_error(exc)}") from exc
     if not settings.peering.standalone and paused_by_peers(peering, settings.peering.priority, datetime.now(UTC)):
-        ctx.watch.due.clear()  # the watch is closed on purpose; nothing is due from it
+        ctx.watch.pause()
         return "paused"
     now = time.monotonic()
-    ctx.watch.due = lagging(listed, ctx.watch.seen, ctx.watch.due, now)
-    if not watch_is_alive(ctx.watch.due, now, ctx.settings.watch_stale_seconds):
+    due = ctx.watch.compare(listed, now)
+    if not watch_is_alive(due, now, ctx.settings.watch_stale_seconds):
         raise kopf.PermanentError(
-            f"the DiLoCoJob watch has not delivered {len(ctx.watch.due)} job change(s) for over "
+            f"the DiLoCoJob watch has not delivered {len(due)} job change(s) for over "
             f"{ctx.settings.watch_stale_seconds:g}s")
     return "ok"
 

@@ -26,6 +26,7 @@ skipped while it holds.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,18 +35,35 @@ from typing import Any
 
 @dataclass
 class WatchState:
-    """What the watch delivered, and since when the API has been ahead of it, per job uid."""
+    """What the watch delivered, and since when the API has been ahead of it, per job uid.
+
+    Written by the event handler (kopf's event loop) and the probe (a worker thread): the lock
+    keeps an event that arrives during a probe from being forgotten.
+    """
 
     seen: dict[str, str] = field(default_factory=dict)  # uid -> resourceVersion last delivered
     due: dict[str, float] = field(default_factory=dict)  # uid -> when the probe first saw a newer one
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def heard(self, uid: str, resource_version: str, *, deleted: bool) -> None:
         """The watch delivered an event about ``uid``: it is not behind on that job any more."""
-        self.due.pop(uid, None)
-        if deleted:
-            self.seen.pop(uid, None)
-        else:
-            self.seen[uid] = resource_version
+        with self.lock:
+            self.due.pop(uid, None)
+            if deleted:
+                self.seen.pop(uid, None)
+            else:
+                self.seen[uid] = resource_version
+
+    def compare(self, listed: Mapping[str, str], now: float) -> dict[str, float]:
+        """Record what a LIST (uid -> resourceVersion) shows the watch is behind on; returns it."""
+        with self.lock:
+            self.due = lagging(listed, self.seen, self.due, now)
+            return dict(self.due)
+
+    def pause(self) -> None:
+        """The watch is closed on purpose (peering): nothing is due from it."""
+        with self.lock:
+            self.due = {}
 
 
 def lagging(listed: Mapping[str, str], seen: Mapping[str, str], due: Mapping[str, float],

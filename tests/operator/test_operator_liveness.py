@@ -52,6 +52,11 @@ def test_an_event_clears_what_was_due() -> None:
     assert (state.seen, state.due) == ({"a": "6"}, {})
     state.heard("a", "7", deleted=True)
     assert state.seen == {}
+    assert state.compare({"a": "8", "b": "1"}, NOW) == {"a": NOW, "b": NOW}
+    state.heard("b", "1", deleted=False)
+    assert state.compare({"a": "8", "b": "1"}, NOW + 5) == {"a": NOW}
+    state.pause()
+    assert state.due == {}
 
 
 T = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
