@@ -212,7 +212,10 @@ class Communicator:
                 self._stop.wait(backoff_delay(attempt, self._rng))
 
     def _send_one(self, client: SyncClient, c: Contribution) -> bool:
-        """True when the contribution is done with (accepted or refused for good)."""
+        """True when the contribution is done with (accepted or refused for good).
+
+        Its log lines name the learner's step when the send ended (``progress.step``, the newest the
+        training thread reported); the step the outer gradient was taken at is on the "queued" line."""
         payload = encode(
             c.tensors,
             fragment=c.fragment,
@@ -228,13 +231,20 @@ class Communicator:
                 c.fragment, payload, base_version=c.base_version, steps=c.steps, tokens=c.tokens, seq=c.seq
             )
         except SyncUnavailable as exc:
-            log.warning("fragment=%d version=%d send failed, will retry: %s", c.fragment, c.base_version, exc)
+            log.warning(
+                "step=%d fragment=%d version=%d send failed, will retry: %s",
+                self.progress.step,
+                c.fragment,
+                c.base_version,
+                exc,
+            )
             return False
         except SyncRejected as exc:
             with self._cv:
                 self.rejected += 1
             log.warning(
-                "fragment=%d version=%d contribution refused (%s); resynchronising",
+                "step=%d fragment=%d version=%d contribution refused (%s); resynchronising",
+                self.progress.step,
                 c.fragment,
                 c.base_version,
                 exc,
@@ -245,10 +255,12 @@ class Communicator:
             self.bytes_sent += len(payload)
             self.sent += 1
         log.info(
-            "fragment=%d version=%d sent %d bytes: %s (pending %d)",
+            "step=%d fragment=%d version=%d sent %d bytes (%d inner steps): %s (pending %d)",
+            self.progress.step,
             c.fragment,
             c.base_version,
             len(payload),
+            c.steps,
             res.status,
             res.pending,
         )

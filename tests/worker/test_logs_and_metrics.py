@@ -1,0 +1,95 @@
+"""What a real learner process writes: log lines that name the learner, step, fragment and version
+they concern, and a JSONL metrics file with the fields the runner and the report read."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+from diloco_worker.metrics import read_metrics
+
+from tests.support.process import stop_all
+from tests.support.waiting import wait_for
+from tests.worker.helpers import Synchronizer, iter_logs, learner_process
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+STEPS = 32
+FLAGS = [
+    "--inner-steps",
+    "4",
+    "--fragments",
+    "2",
+    "--overlap",
+    "1",
+    "--max-steps",
+    str(STEPS),
+    "--eval-every",
+    "8",
+]
+FIELDS = {
+    "time",
+    "learner",
+    "pid",
+    "step",
+    "loss",
+    "tokens",
+    "tokens_per_s",
+    "step_time_s",
+    "blocked_s",
+    "eval_loss",
+}
+# every line of the worker's log carries its learner in the prefix
+PREFIX = re.compile(r"^\S+ \S+ (DEBUG|INFO|WARNING|ERROR) \[learner=lg\] diloco_worker[.\w]*: ")
+ABOUT_A_FRAGMENT = {
+    "queued": re.compile(
+        r"learner=lg step=\d+ fragment=\d version=-?\d+ outer gradient queued \(\d+ steps\)"
+    ),
+    "sent": re.compile(r"step=\d+ fragment=\d version=-?\d+ sent \d+ bytes \(\d+ inner steps\): "),
+    "applied": re.compile(r"learner=lg step=\d+ fragment=\d version=\d+ applied"),
+}
+
+
+def test_log_lines_and_metrics_records_carry_what_they_are_about(tmp_path: Path) -> None:
+    sync = Synchronizer(tmp_path, inner_steps=4, fragments=2)
+    sync.start()
+    learner = learner_process(tmp_path, "lg", sync.url, FLAGS)
+    try:
+        learner.start()
+        wait_for(lambda: not learner.running() or None, timeout=300, what="the learner finishes")
+        assert learner.returncode() == 0, learner.failure_report()
+    finally:
+        stop_all([learner])
+        sync.stop()
+
+    lines = [ln for ln in iter_logs(learner) if not ln.startswith("===")]
+    worker_lines = [ln for ln in lines if " diloco_worker" in ln]
+    assert worker_lines
+    assert all(PREFIX.match(ln) for ln in worker_lines), [ln for ln in worker_lines if not PREFIX.match(ln)][
+        :3
+    ]
+    for what, pattern in ABOUT_A_FRAGMENT.items():
+        kind = {"queued": "outer gradient queued", "sent": " bytes (", "applied": " applied"}[what]
+        about = [ln for ln in worker_lines if kind in ln]
+        assert about, f"no {what} line"
+        assert all(pattern.search(ln) for ln in about), [ln for ln in about if not pattern.search(ln)][:3]
+    assert any(re.search(rf"step={STEPS} loss=\d+\.\d+ tokens/s=\d+", ln) for ln in worker_lines)
+
+    records = read_metrics(tmp_path / "lg.jsonl")
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))  # --log-every 1
+    for r in records:
+        assert r.keys() >= FIELDS, sorted(r.keys())
+        assert r["learner"] == "lg"
+        assert math.isfinite(r["loss"])
+        assert r["tokens"] == r["step"] * 8 * 32
+        assert r["tokens_per_s"] > 0
+        assert r["blocked_s"] >= 0
+    # bytes sent and the fragments' versions join the records once the first boundary reported them
+    last = records[-1]
+    assert last["bytes_sent"] > 0
+    assert set(last["versions"]) == {"0", "1"}
+    assert last["eval_loss"] is not None
+    blocked = [r["blocked_s"] for r in records]
+    assert blocked == sorted(blocked)  # cumulative
+    assert blocked[-1] > 0
