@@ -5,10 +5,10 @@ Binary fragment payloads (codec format, ``application/octet-stream``) travel as 
 bodies; their metadata travels as query parameters (requests) or headers (responses).
 
 Routes (all under ``/v1``; every learner call carries ``Authorization: Bearer <token>`` and
-``X-DiLoCo-Learner: <learner id>``):
+``X-DiLoCo-Learner: <learner id>``; the OpenAPI document declares the bearer scheme on each):
 
-- ``POST /v1/learners/register``  RegisterRequest → RegisterResponse
-  (409 ``plan_mismatch`` when the learner's plan hash differs from the job's).
+- ``POST /v1/learners/register``  RegisterRequest → RegisterResponse, which carries the job's fragment
+  plan and its hash (409 ``plan_mismatch`` when the learner's plan hash differs from the job's).
 - ``POST /v1/learners/{learner_id}/heartbeat``  Heartbeat → HeartbeatResponse
   (404 ``not_registered`` for a learner the synchronizer does not know, e.g. after it lost its
   registry: the learner registers again; contributions answer the same).
@@ -29,6 +29,9 @@ Routes (all under ``/v1``; every learner call carries ``Authorization: Bearer <t
   window). The learner then sends its partial outer gradient (steps/tokens so far) at its next step
   boundary; contributions accepted before the deadline join the round.
 - ``GET  /v1/status`` → StatusResponse;  ``GET /metrics``, ``/healthz``, ``/readyz``, ``/`` (HTML page).
+
+JSON bodies (register, heartbeat) larger than the synchronizer's JSON body limit (1 MiB by default)
+are refused with 413 ``oversized``, whether or not they announce a ``Content-Length``.
 """
 
 from __future__ import annotations
@@ -71,6 +74,11 @@ class RegisterResponse(_Msg):
     job_id: str
     learner_id: str
     plan_hash: str
+    plan: dict[str, Any] | None = Field(
+        None,
+        description="the job's fragment plan (FragmentPlan.to_dict(): tensor names, shapes, fragment "
+        "assignment, H, overlap); its hash is plan_hash. Absent from synchronizers older than this field",
+    )
     versions: dict[int, int] = Field(..., description="fragment → newest global version (-1: none yet)")
     needs_init: list[int] = Field(default_factory=list, description="fragments this learner must upload with /init")
     diloco: dict[str, Any] = Field(..., description="the job's DiLoCoSettings")

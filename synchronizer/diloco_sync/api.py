@@ -5,6 +5,7 @@ The protocol (routes, headers, bodies) is fixed in ``diloco_core.protocol``.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from diloco_core.protocol import (
@@ -23,8 +24,9 @@ from diloco_core.protocol import (
     RegisterResponse,
     StatusResponse,
 )
-from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, Security
 from fastapi.responses import Response as RawResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .auth import authenticate
 from .body import read_limited_body
@@ -33,14 +35,28 @@ from .errors import error_responses
 from .service import RoundOpen, SyncService
 
 router = APIRouter(prefix=API_PREFIX)
+_BINARY_ROUTE = re.compile(rf"{re.escape(API_PREFIX)}/fragments/[^/]+/(init|contributions)")
 
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
 _BINARY_BODY = {
     "requestBody": {
         "required": True,
-        "content": {CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+        "content": {CONTENT_TYPE: _BINARY},
         "description": "a codec payload (diloco_core.codec)",
     }
 }
+_FRAGMENT = {FRAGMENT_HEADER: {"description": "the fragment answered", "schema": {"type": "integer"}}}
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="LearnerToken",
+    description="learner_token(job secret, learner id) (diloco_core.auth), sent with the "
+    f"{LEARNER_HEADER} header naming that learner",
+)
+
+
+def is_binary_route(path: str) -> bool:
+    """The routes whose codec payload body ``read_limited_body`` limits (init, contributions)."""
+    return _BINARY_ROUTE.fullmatch(path) is not None
 
 
 def get_service(request: Request) -> SyncService:
@@ -55,7 +71,17 @@ def get_desk(request: Request) -> ContributionDesk:
 
 Service = Annotated[SyncService, Depends(get_service)]
 Desk = Annotated[ContributionDesk, Depends(get_desk)]
-AuthHeader = Annotated[str | None, Header(alias="Authorization", include_in_schema=False)]
+
+
+def authorization_header(
+    request: Request, _documented: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
+) -> str | None:
+    """The raw ``Authorization`` header. The bearer scheme is declared for the OpenAPI document only;
+    ``auth.authenticate`` alone decides (401/403 with the protocol's error bodies)."""
+    return request.headers.get("Authorization")
+
+
+AuthHeader = Annotated[str | None, Depends(authorization_header)]
 LearnerHeader = Annotated[str | None, Header(alias=LEARNER_HEADER, description="the calling learner's id")]
 
 
@@ -75,7 +101,7 @@ def _learner(
     "/learners/register", response_model=RegisterResponse, responses=error_responses(400, 401, 403, 409, 503)
 )
 async def register(
-    body: RegisterRequest, service: Service, authorization: AuthHeader = None, learner: LearnerHeader = None
+    body: RegisterRequest, service: Service, authorization: AuthHeader, learner: LearnerHeader = None
 ) -> RegisterResponse:
     """Register (or re-register) a learner: returns the plan hash, versions and job settings."""
     _learner(service, authorization, learner, body.learner_id)
@@ -91,7 +117,7 @@ async def heartbeat(
     learner_id: str,
     body: Heartbeat,
     service: Service,
-    authorization: AuthHeader = None,
+    authorization: AuthHeader,
     learner: LearnerHeader = None,
 ) -> HeartbeatResponse:
     """Report progress (step, tokens, step time, optional held-out loss); answers the versions.
@@ -104,7 +130,7 @@ async def heartbeat(
 
 @router.post("/learners/{learner_id}/leave", status_code=204, responses=error_responses(401, 403))
 async def leave(
-    learner_id: str, service: Service, authorization: AuthHeader = None, learner: LearnerHeader = None
+    learner_id: str, service: Service, authorization: AuthHeader, learner: LearnerHeader = None
 ) -> Response:
     """Leave the quorum cleanly (a learner shutting down)."""
     _learner(service, authorization, learner, learner_id)
@@ -123,7 +149,7 @@ async def init_fragment(
     service: Service,
     desk: Desk,
     p: Annotated[int, Path(ge=0)],
-    authorization: AuthHeader = None,
+    authorization: AuthHeader,
     learner: LearnerHeader = None,
 ) -> FragmentVersionInfo:
     """Upload a fragment's initial parameters (kind "params", fp32); only while it has no version."""
@@ -145,11 +171,11 @@ async def contribute(
     service: Service,
     desk: Desk,
     p: Annotated[int, Path(ge=0)],
+    authorization: AuthHeader,
     base_version: Annotated[int, Query(ge=0, description="the version the outer gradient is relative to")],
     steps: Annotated[int, Query(ge=1, description="inner steps since that version")],
     tokens: Annotated[int, Query(ge=0, description="tokens trained on since that version")],
     seq: Annotated[int, Query(ge=0, description="the learner's sequence number (idempotency)")] = 0,
-    authorization: AuthHeader = None,
     learner: LearnerHeader = None,
 ) -> ContributionResult:
     """Contribute an outer gradient (codec payload, kind "outer_grad") to a fragment's next round."""
@@ -168,21 +194,26 @@ async def contribute(
     "/fragments/{p}",
     responses={
         200: {
-            "content": {CONTENT_TYPE: {}},
+            "content": {CONTENT_TYPE: _BINARY},
             "description": "the newest version (codec payload, kind params)",
+            "headers": {
+                VERSION_HEADER: {"description": "the version sent", "schema": {"type": "integer"}},
+                **_FRAGMENT,
+            },
         },
         204: {
             "description": "announce_rounds only: a round on version newer_than is open and this learner has "
             "not contributed to it; send the partial outer gradient now",
             "headers": {
                 ROUND_OPEN_HEADER: {"description": "the round's version", "schema": {"type": "integer"}},
+                **_FRAGMENT,
                 ROUND_DEADLINE_HEADER: {
                     "description": "seconds left until the grace deadline (absent before the quorum)",
                     "schema": {"type": "number"},
                 },
             },
         },
-        304: {"description": "no version newer than newer_than arrived within wait"},
+        304: {"description": "no version newer than newer_than arrived within wait", "headers": _FRAGMENT},
         **error_responses(401, 403, 404, 409, 421),
     },
     response_class=RawResponse,
@@ -190,6 +221,7 @@ async def contribute(
 async def fetch_fragment(
     service: Service,
     p: Annotated[int, Path(ge=0)],
+    authorization: AuthHeader,
     newer_than: Annotated[int, Query(ge=-1, description="answer only a version newer than this")] = -1,
     wait: Annotated[
         float, Query(ge=0.0, description="seconds to wait for a newer version (long-poll)")
@@ -198,7 +230,6 @@ async def fetch_fragment(
         bool,
         Query(description="answer 204 when a round on newer_than opens that this learner has not joined"),
     ] = False,
-    authorization: AuthHeader = None,
     learner: LearnerHeader = None,
 ) -> Response:
     """The newest version of a fragment, with ``X-DiLoCo-Version``; 304 if none newer arrives in time;

@@ -15,7 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
-from .api import router
+from .api import is_binary_route, router
+from .body import JsonBodyLimit
 from .contributions import ContributionDesk
 from .errors import ApiError, api_error_handler, validation_error_handler
 from .persistence import StateStore
@@ -27,8 +28,13 @@ log = logging.getLogger(__name__)
 
 
 def build_service(settings: SyncSettings) -> SyncService:
+    secret = settings.storage_secret_key
     store = open_store(
-        settings.storage_url, endpoint_url=settings.storage_endpoint_url, region=settings.storage_region
+        settings.storage_url,
+        endpoint_url=settings.storage_endpoint_url,
+        region=settings.storage_region,
+        access_key=settings.storage_access_key,
+        secret_key=secret.get_secret_value() if secret is not None else None,
     )
     return SyncService(settings, StateStore(store, settings.shard_index, settings.job.job_id))
 
@@ -65,6 +71,7 @@ def create_app(settings: SyncSettings, service: SyncService | None = None) -> Fa
     )
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_middleware(JsonBodyLimit, limit=settings.max_json_body_bytes, exempt=is_binary_route)
     app.include_router(router)
     page = resources.files("diloco_sync").joinpath("static/index.html").read_text(encoding="utf-8")
 

@@ -1,8 +1,13 @@
-"""Reading a request body in chunks, refusing it as soon as it passes the size limit."""
+"""Request body size limits: the binary routes read their body in chunks (``read_limited_body``);
+every other route is guarded by ``JsonBodyLimit``, a thin ASGI middleware, before FastAPI reads it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from diloco_core.protocol import ErrorBody
 from fastapi import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import ApiError
 
@@ -27,3 +32,77 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
     if received == 0:
         raise ApiError(400, "bad_request", "empty body: a codec payload is expected")
     return b"".join(chunks)
+
+
+class JsonBodyLimit:
+    """413 ``oversized`` (an ``ErrorBody``) for a body over ``limit`` bytes on every route ``exempt``
+    does not name.
+
+    A declared ``Content-Length`` is judged before anything is read (the server holds the body to
+    it); a body without one (chunked) is read up to the limit before the route sees any of it.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int, exempt: Callable[[str], bool]) -> None:
+        self.app = app
+        self.limit = limit
+        self.exempt = exempt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.exempt(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                await _refuse(
+                    send, 400, "bad_request", f"invalid Content-Length {declared.decode(errors='replace')!r}"
+                )
+                return
+            if size > self.limit:
+                await _refuse(
+                    send, 413, "oversized", f"body of {size} bytes exceeds the limit of {self.limit} bytes"
+                )
+                return
+            await self.app(scope, receive, send)
+            return
+        received = await _read_up_to(receive, self.limit)
+        if received is None:
+            await _refuse(send, 413, "oversized", f"body exceeds the limit of {self.limit} bytes")
+            return
+        await self.app(scope, _replay(received, receive), send)
+
+
+async def _read_up_to(receive: Receive, limit: int) -> list[Message] | None:
+    """The messages of the whole body (ending early if the client leaves), or None as soon as more
+    than ``limit`` bytes arrived."""
+    messages: list[Message] = []
+    received = 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            return messages
+        received += len(message.get("body", b""))
+        if received > limit:
+            return None
+        if not message.get("more_body", False):
+            return messages
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """``receive`` that answers the messages already read, then the live ones."""
+    pending = list(messages)
+
+    async def replay() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replay
+
+
+async def _refuse(send: Send, status: int, code: str, reason: str) -> None:
+    content = ErrorBody(code=code, reason=reason).model_dump_json().encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": content})

@@ -1,7 +1,9 @@
 """``diloco synchronizer``: start the service from flags and ``DILOCO_*`` environment variables.
 
 Every flag ``--some-name`` can also be given as ``DILOCO_SOME_NAME``; a flag wins over the variable.
-The job secret should come from the environment (``DILOCO_JOB_SECRET``), not the command line.
+The job secret should come from the environment (``DILOCO_JOB_SECRET``), not the command line; so
+should the S3 secret key (``DILOCO_STORAGE_SECRET_KEY``). Without explicit S3 keys, boto3 finds
+credentials itself (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, a profile, a role).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--data-dir", help="folder of the embedded filesystem store (default ./diloco-sync-data)")
     add("--storage-endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
     add("--storage-region", help="S3 region (default: AWS_REGION)")
+    add("--storage-access-key", help="S3 access key id (default: AWS_ACCESS_KEY_ID)")
+    add("--storage-secret-key", help="S3 secret key (prefer DILOCO_STORAGE_SECRET_KEY)")
     add("--job-secret", help="the job secret (prefer DILOCO_JOB_SECRET)")
     add("--job-id", help="job id (default: from --job-config, else 'local')")
     add("--job-config", help="YAML or JSON file with a JobConfig (diloco_core.config)")
@@ -65,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--shard-urls", help="comma-separated base URLs of all shards, in shard order")
     add("--tls-cert", help="TLS certificate file (PEM)")
     add("--tls-key", help="TLS private key file (PEM)")
-    add("--max-body-bytes", type=int, help="largest accepted request body")
+    add("--max-body-bytes", type=int, help="largest accepted payload (init, contributions)")
+    add("--max-json-body-bytes", type=int, help="largest accepted JSON body (register, heartbeat)")
     add("--memory-budget-bytes", type=int, help="contribution bytes held in memory while storage is down")
     add("--keep-versions", type=int, help="fragment versions kept in storage")
     add("--heartbeat-interval-s", type=float, help="heartbeat interval told to learners")
@@ -120,9 +125,11 @@ def parse_settings(argv: list[str]) -> SyncSettings:
     fields = {
         "host": v["host"], "port": v["port"], "storage_url": storage,
         "storage_endpoint_url": v["storage_endpoint_url"], "storage_region": v["storage_region"],
+        "storage_access_key": v["storage_access_key"], "storage_secret_key": v["storage_secret_key"],
         "job_secret": v["job_secret"], "plan_path": v["plan_path"], "shard_index": v["shard_index"],
         "num_shards": v["num_shards"], "tls_cert": v["tls_cert"], "tls_key": v["tls_key"],
-        "max_body_bytes": v["max_body_bytes"], "memory_budget_bytes": v["memory_budget_bytes"],
+        "max_body_bytes": v["max_body_bytes"], "max_json_body_bytes": v["max_json_body_bytes"],
+        "memory_budget_bytes": v["memory_budget_bytes"],
         "keep_versions": v["keep_versions"], "heartbeat_interval_s": v["heartbeat_interval_s"],
     }  # fmt: skip
     settings = {k: val for k, val in fields.items() if val is not None}
@@ -151,7 +158,7 @@ def main(argv: list[str]) -> int:
 
     from .app import create_app
 
-    safe = settings.model_dump(exclude={"job_secret"})
+    safe = settings.model_dump(exclude={"job_secret", "storage_secret_key"})
     logging.getLogger("diloco_sync").info("settings: %s", json.dumps(safe, default=str))
     try:
         app = create_app(settings)

@@ -81,11 +81,20 @@ class SyncService:
     # -- start-up --------------------------------------------------------------------------------
 
     async def load(self) -> list[Contribution]:
-        """Read the committed state; returns the pending contributions to replay."""
-        loaded: LoadedState = await self.guard.call_until_done(
-            load_state, self.store, self.settings.owned_fragments, self.settings.recent_rounds,
-            what="loading the committed state",
-        )
+        """Read the committed state; returns the pending contributions to replay.
+
+        Waits out a storage outage; a refusal that waiting cannot cure (wrong credentials, no such
+        bucket) fails the start-up with what to check."""
+        try:
+            loaded: LoadedState = await self.guard.call_until_done(
+                load_state, self.store, self.settings.owned_fragments, self.settings.recent_rounds,
+                what="loading the committed state", outages_only=True,
+            )  # fmt: skip
+        except StorageError as exc:
+            raise RuntimeError(
+                f"cannot read the job's state from {self.store.store.describe()}: {exc}; check the "
+                "storage URL and its credentials (--storage-access-key/--storage-secret-key, else AWS_*)"
+            ) from exc
         now = self.clock()
         self.registry.restore(loaded.learners, now)
         self.recent_rounds.extend(loaded.rounds)
@@ -177,6 +186,7 @@ class SyncService:
             job_id=self.settings.job.job_id,
             learner_id=req.learner_id,
             plan_hash=self.plan_hash,
+            plan=self.plan_dict(),
             versions=versions,
             needs_init=[p for p, v in versions.items() if v < 0],
             diloco=self.diloco.model_dump(),

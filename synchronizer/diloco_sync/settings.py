@@ -17,6 +17,10 @@ class SyncSettings(BaseModel):
     storage_url: str = Field(..., description="file:///path or s3://bucket/prefix")
     storage_endpoint_url: str | None = None
     storage_region: str | None = None
+    storage_access_key: str | None = Field(None, description="S3 access key (default: AWS_ACCESS_KEY_ID)")
+    storage_secret_key: SecretStr | None = Field(
+        None, description="S3 secret key (default: AWS_SECRET_ACCESS_KEY)"
+    )
     host: str = "127.0.0.1"
     port: int = Field(8470, ge=0, le=65535)
     plan_path: str | None = Field(None, description="fragment plan JSON; default: adopt the first learner's")
@@ -26,6 +30,9 @@ class SyncSettings(BaseModel):
     tls_cert: str | None = None
     tls_key: str | None = None
     max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024)
+    max_json_body_bytes: int = Field(
+        1024 * 1024, ge=1024, description="largest JSON request body (register, heartbeat)"
+    )
     memory_budget_bytes: int = Field(
         1024 * 1024 * 1024, ge=0, description="contributions held while storage is down"
     )
@@ -48,6 +55,8 @@ class SyncSettings(BaseModel):
             raise ValueError("TLS needs both a certificate and a key")
         if not self.job_secret.get_secret_value():
             raise ValueError("the job secret is empty")
+        if (self.storage_access_key is None) != (self.storage_secret_key is None):
+            raise ValueError("S3 credentials need both the access key and the secret key")
         return self
 
     @property

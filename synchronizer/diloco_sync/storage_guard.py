@@ -52,8 +52,15 @@ class StorageGuard:
             raise
         return result
 
-    async def call_until_done(self, fn: Callable[..., T], *args: object, what: str = "") -> T:
-        """Retry a storage call with backoff until it succeeds (used for commits that must happen)."""
+    async def call_until_done(
+        self, fn: Callable[..., T], *args: object, what: str = "", outages_only: bool = False
+    ) -> T:
+        """Retry a storage call with backoff until it succeeds (used for commits that must happen).
+
+        With ``outages_only``, a refusal that waiting cannot cure (a ``StorageError`` that is neither
+        ``StorageUnavailable`` nor ``ObjectNotFound``: wrong credentials, no such bucket) is raised at
+        once instead of being retried.
+        """
         delays = backoff_delays(0.1, self.retry_max_s)
         attempt = 0
         while True:
@@ -62,7 +69,8 @@ class StorageGuard:
                 self.mark_up()
                 return result
             except StorageError as exc:
-                if self._stopping:
+                permanent = not isinstance(exc, StorageUnavailable | ObjectNotFound)
+                if self._stopping or (outages_only and permanent):
                     raise
                 delay = delays[min(attempt, len(delays) - 1)]
                 log.warning(

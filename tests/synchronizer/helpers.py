@@ -6,7 +6,7 @@ import os
 import signal
 import ssl
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -70,7 +70,9 @@ class SyncProcess:
         env: Mapping[str, str] | None = None,
         port: int | None = None,
         tls_ca: Path | None = None,
+        inherit: Callable[[str], bool] = lambda _name: True,
     ):
+        """``inherit(name)``: whether this test's environment variable ``name`` is passed on."""
         self.port = port or free_port()
         self.verify: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=str(tls_ca)) if tls_ca else True
@@ -86,8 +88,10 @@ class SyncProcess:
             storage_url,
             *args,
         ]
-        full_env = {**os.environ, "DILOCO_JOB_SECRET": SECRET, **(env or {})}
-        self.process = ManagedProcess("synchronizer", argv, log_dir / f"sync-{self.port}.log", env=full_env)
+        inherited = {k: v for k, v in os.environ.items() if inherit(k)}
+        full_env = {**inherited, "DILOCO_JOB_SECRET": SECRET, **(env or {})}
+        self.log_path = log_dir / f"sync-{self.port}.log"
+        self.process = ManagedProcess("synchronizer", argv, self.log_path, env=full_env)
 
     def start(self) -> None:
         self.process.start()

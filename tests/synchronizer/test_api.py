@@ -1,4 +1,6 @@
-"""The HTTP API against a real synchronizer process: registration, init, rounds, long-poll, status."""
+"""The HTTP API against a real synchronizer process: registration, init, rounds, long-poll, status.
+
+The round trip runs against both object stores (a file:// folder and a real S3 server)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ import threading
 import httpx
 import numpy as np
 import pytest
+from diloco_core.fragments import FragmentPlan
 
-from tests.synchronizer.conftest import SyncFactory
+from tests.synchronizer.conftest import StoreTarget, SyncFactory
 from tests.synchronizer.helpers import Learner, encode_grad, initial_params, outer_grad, status, tiny_plan
 
 pytestmark = pytest.mark.integration
@@ -24,19 +27,24 @@ def expected_after_round(theta: dict[str, np.ndarray], grads: list[dict[str, np.
     return out
 
 
-def test_three_learners_round_trip(sync_factory: SyncFactory) -> None:
-    sync = sync_factory(args=ARGS)
+def test_three_learners_round_trip(sync_factory: SyncFactory, store: StoreTarget) -> None:
+    sync = sync_factory(store.url("round-trip"), ARGS, store.env)
     plan = tiny_plan()
     learners = [Learner(sync.url, f"l{i}", plan) for i in range(3)]
     first = learners[0].register()
     assert first.status_code == 200, first.text
     body = first.json()
     assert body["plan_hash"] == plan.hash()
+    # the registration answers the job's plan itself, and plan_hash is its hash
+    assert FragmentPlan.from_dict(body["plan"]).hash() == body["plan_hash"]
+    assert body["plan"] == plan.to_dict()
     assert body["needs_init"] == [0, 1]
     assert body["versions"] == {"0": -1, "1": -1}
     assert body["diloco"]["quorum"] == 3
     for learner in learners[1:]:
-        assert learner.register().status_code == 200
+        again = learner.register()
+        assert again.status_code == 200
+        assert FragmentPlan.from_dict(again.json()["plan"]).hash() == plan.hash()
 
     theta = {p: initial_params(plan, p) for p in (0, 1)}
     for p in (0, 1):
@@ -118,3 +126,38 @@ def test_openapi_lists_the_protocol_routes(sync_factory: SyncFactory) -> None:
     assert "application/octet-stream" in contrib["requestBody"]["content"]
     assert {"202", "400", "409", "413"} <= set(contrib["responses"])
     assert "X-DiLoCo-Learner" in {p["name"] for p in contrib["parameters"]}
+
+    # every learner route declares the bearer token; the public routes declare none
+    schemes = doc["components"]["securitySchemes"]
+    assert len(schemes) == 1
+    ((name, scheme),) = schemes.items()
+    assert scheme["type"] == "http"
+    assert scheme["scheme"] == "bearer"
+    learner_routes = [
+        ("/v1/learners/register", "post"), ("/v1/learners/{learner_id}/heartbeat", "post"),
+        ("/v1/learners/{learner_id}/leave", "post"), ("/v1/fragments/{p}/init", "put"),
+        ("/v1/fragments/{p}/contributions", "post"), ("/v1/fragments/{p}", "get"),
+    ]  # fmt: skip
+    for path, method in learner_routes:
+        operation = paths[path][method]
+        assert operation["security"] == [{name: []}], path
+        assert "X-DiLoCo-Learner" in {p["name"] for p in operation["parameters"]}, path
+        assert "401" in operation["responses"], path
+    for path in ("/healthz", "/readyz", "/metrics", "/v1/status"):
+        assert "security" not in paths[path]["get"], path
+    assert "security" not in doc  # no global requirement that would cover the public routes
+
+    # binary bodies, both ways, and the headers of a fetched fragment
+    binary = {"type": "string", "format": "binary"}
+    init = paths["/v1/fragments/{p}/init"]["put"]
+    assert init["requestBody"]["content"]["application/octet-stream"]["schema"] == binary
+    assert contrib["requestBody"]["content"]["application/octet-stream"]["schema"] == binary
+    fetched = paths["/v1/fragments/{p}"]["get"]["responses"]
+    assert fetched["200"]["content"]["application/octet-stream"]["schema"] == binary
+    assert set(fetched["200"]["headers"]) == {"X-DiLoCo-Version", "X-DiLoCo-Fragment"}
+    assert fetched["200"]["headers"]["X-DiLoCo-Version"]["schema"] == {"type": "integer"}
+    assert "X-DiLoCo-Round-Open" in fetched["204"]["headers"]
+    assert "X-DiLoCo-Fragment" in fetched["304"]["headers"]
+    register = paths["/v1/learners/register"]["post"]["responses"]["200"]["content"]["application/json"]
+    ref = register["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert {"plan", "plan_hash"} <= set(doc["components"]["schemas"][ref]["properties"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from tests.synchronizer.helpers import (
 pytestmark = pytest.mark.integration
 PLAN = tiny_plan()
 MAX_BODY = 64 * 1024
+MAX_JSON_BODY = 16 * 1024
 
 
 @dataclass
@@ -42,7 +44,7 @@ def env(test_logs_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """Quorum 1 and max staleness 0: one contribution from `a` moved fragment 1 to version 1."""
     store = tmp_path_factory.mktemp("bad-input-store")
     args = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--quorum", "1", "--max-staleness", "0",
-            "--max-body-bytes", str(MAX_BODY)]  # fmt: skip
+            "--max-body-bytes", str(MAX_BODY), "--max-json-body-bytes", str(MAX_JSON_BODY)]  # fmt: skip
     sync = SyncProcess(test_logs_dir / "sync", f"file://{store}", args)
     sync.start()
     a, b = Learner(sync.url, "a", PLAN), Learner(sync.url, "b", PLAN)
@@ -191,3 +193,79 @@ def test_duplicate_of_a_merged_contribution_answers_duplicate(env: Env) -> None:
     assert r.status_code == 202, r.text
     assert r.json()["status"] == "duplicate"
     assert snapshot(env) == before
+
+
+def padded_json(body: dict[str, object], size: int) -> bytes:
+    """``body`` as JSON followed by whitespace up to ``size`` bytes: valid JSON, just big."""
+    text = json.dumps(body).encode()
+    return text + b" " * (size - len(text))
+
+
+def in_chunks(data: bytes, chunk: int = 4096) -> Iterator[bytes]:
+    """A body httpx sends chunked, without Content-Length."""
+    return (data[i : i + chunk] for i in range(0, len(data), chunk))
+
+
+def register_body(learner_id: str) -> dict[str, object]:
+    return {"learner_id": learner_id, "plan": PLAN.to_dict(), "plan_hash": PLAN.hash(), "tokens_per_step": 8}
+
+
+def heartbeat_body(step: int) -> dict[str, object]:
+    return {"step": step, "tokens": step * 8, "step_time_s": 0.1}
+
+
+def post_json(env: Env, path: str, learner_id: str, body: bytes | Iterator[bytes]) -> httpx.Response:
+    headers = {**auth_headers(learner_id), "Content-Type": "application/json"}
+    return httpx.post(f"{env.sync.url}{path}", content=body, headers=headers, timeout=30)
+
+
+OVERSIZED = MAX_JSON_BODY + 1
+JSON_CASES: dict[str, Callable[[Env], httpx.Response]] = {
+    "register": lambda e: post_json(
+        e, "/v1/learners/register", "c", padded_json(register_body("c"), OVERSIZED)
+    ),
+    "register_chunked": lambda e: post_json(
+        e, "/v1/learners/register", "c", in_chunks(padded_json(register_body("c"), OVERSIZED))
+    ),
+    "heartbeat": lambda e: post_json(
+        e, "/v1/learners/b/heartbeat", "b", padded_json(heartbeat_body(999), OVERSIZED)
+    ),
+    "heartbeat_chunked": lambda e: post_json(
+        e, "/v1/learners/b/heartbeat", "b", in_chunks(padded_json(heartbeat_body(999), 4 * MAX_JSON_BODY))
+    ),
+}
+
+
+def learners_state(env: Env) -> list[tuple[object, ...]]:
+    learners = status(env.sync.url)["learners"]
+    assert isinstance(learners, list)
+    return sorted((lr["learner_id"], lr["state"], lr["step"], lr["tokens"]) for lr in learners)
+
+
+@pytest.mark.parametrize("case", list(JSON_CASES))
+def test_oversized_json_body_is_refused_and_changes_nothing(env: Env, case: str) -> None:
+    """Register and heartbeat bodies past the JSON limit answer 413 ``oversized`` (the protocol's
+    error body), with or without Content-Length; no learner is added or moved."""
+    before, learners_before = snapshot(env), learners_state(env)
+    r = JSON_CASES[case](env)
+    assert r.status_code == 413, r.text
+    body = r.json()
+    assert body["code"] == "oversized"
+    assert str(MAX_JSON_BODY) in body["reason"]
+    assert body["retryable"] is False
+    assert learners_state(env) == learners_before
+    assert "c" not in [lr[0] for lr in learners_before]
+    assert snapshot(env) == before
+
+
+def test_json_body_within_the_limit_is_served_with_or_without_content_length(env: Env) -> None:
+    """The same requests just under the limit go through, chunked ones included."""
+    size = MAX_JSON_BODY - 10
+    r = post_json(env, "/v1/learners/register", "d", in_chunks(padded_json(register_body("d"), size)))
+    assert r.status_code == 200, r.text
+    assert r.json()["plan_hash"] == PLAN.hash()
+    r = post_json(env, "/v1/learners/d/heartbeat", "d", in_chunks(padded_json(heartbeat_body(41), size)))
+    assert r.status_code == 200, r.text
+    r = post_json(env, "/v1/learners/d/heartbeat", "d", padded_json(heartbeat_body(42), size))
+    assert r.status_code == 200, r.text
+    assert ("d", "training", 42, 42 * 8) in learners_state(env)

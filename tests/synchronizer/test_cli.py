@@ -1,4 +1,5 @@
-"""`diloco synchronizer` / `python -m diloco_sync` as a process: clear errors, TLS, the load script."""
+"""`diloco synchronizer` / `python -m diloco_sync` as a process: clear errors, TLS, explicit S3
+credentials, the load script."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from diloco_bench import sync_ingest
 
 from tests.support.pki import make_pki
-from tests.synchronizer.helpers import Learner, SyncProcess, tiny_plan
+from tests.support.s3 import S3Server
+from tests.synchronizer.helpers import Learner, SyncProcess, initial_params, tiny_plan
 
 pytestmark = pytest.mark.integration
 
@@ -89,3 +91,57 @@ def test_refuses_storage_of_another_job(tmp_path: Path, test_logs_dir: Path) -> 
     result = run_cli(["--storage", store, "--port", "0", *args, "--job-id", "job-b"], env)
     assert result.returncode != 0
     assert "storage holds job 'job-a', this synchronizer serves 'job-b'" in result.stderr
+
+
+def _not_aws(name: str) -> bool:
+    return not name.startswith("AWS_")
+
+
+def test_explicit_s3_credentials(s3: S3Server, tmp_path: Path, test_logs_dir: Path) -> None:
+    """The S3 endpoint and keys come from flags and DILOCO_* alone: no AWS_* variable is passed on."""
+    bucket = s3.new_bucket()
+    args = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--storage-endpoint-url",
+            s3.endpoint_url, "--storage-region", s3.region, "--storage-access-key", s3.access_key]  # fmt: skip
+    env = {"DILOCO_STORAGE_SECRET_KEY": s3.secret_key, "HOME": str(tmp_path)}  # no ~/.aws either
+    sync = SyncProcess(test_logs_dir / "sync", f"s3://{bucket}/explicit", args, env, inherit=_not_aws)
+    sync.start()
+    try:
+        assert httpx.get(f"{sync.url}/readyz").json()["ready"] is True
+        learner = Learner(sync.url, "a", tiny_plan())
+        assert learner.register().status_code == 200
+        assert learner.init(0, initial_params(learner.plan, 0)).status_code == 200
+        learner.close()
+    finally:
+        sync.stop()
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+    assert "explicit/shard-000/plan.json" in keys
+    assert "explicit/shard-000/manifest.json" in keys
+    log = sync.log_path.read_text(encoding="utf-8", errors="replace")
+    assert s3.access_key in log  # the settings are logged...
+    assert s3.secret_key not in log  # ...but never the secret key
+
+
+def test_wrong_s3_credentials_fail_the_start_clearly(s3: S3Server, tmp_path: Path) -> None:
+    """Wrong keys are refused by S3 (403): waiting cannot cure that, unlike an outage, so the
+    synchronizer does not start, and says what to check (without printing the secret)."""
+    bucket = s3.new_bucket()
+    wrong = "not-the-secret-" + s3.secret_key[:6]
+    env = {k: v for k, v in os.environ.items() if _not_aws(k)}
+    env.update(DILOCO_JOB_SECRET="x", DILOCO_STORAGE_SECRET_KEY=wrong, HOME=str(tmp_path))
+    args = ["--storage", f"s3://{bucket}/wrong", "--port", "0", "--storage-endpoint-url", s3.endpoint_url,
+            "--storage-access-key", s3.access_key, "--fragments", "2", "--inner-steps", "4", "--overlap", "1"]  # fmt: skip
+    result = run_cli(args, env)
+    assert result.returncode != 0
+    assert f"cannot read the job's state from s3://{bucket}/wrong/" in result.stderr
+    assert "SignatureDoesNotMatch (HTTP 403)" in result.stderr
+    assert "check the storage URL and its credentials" in result.stderr
+    assert wrong not in result.stderr + result.stdout
+    assert s3.client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+def test_s3_keys_come_in_pairs() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DILOCO_STORAGE_")}
+    env["DILOCO_JOB_SECRET"] = "x"
+    result = run_cli(["--storage", "s3://b/p", "--storage-access-key", "AK"], env)
+    assert result.returncode == 2
+    assert "S3 credentials need both the access key and the secret key" in result.stderr

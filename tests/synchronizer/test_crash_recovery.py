@@ -3,7 +3,8 @@
 A deterministic scenario (3 learners, quorum 3, fixed outer gradients) runs once without a crash and
 once with two crashes: (1) after two of three contributions of a round were answered, (2) right
 after the last contribution of a round was answered, when the merge may or may not have been
-committed. The final global parameters must be bit-for-bit the same.
+committed. The final global parameters must be bit-for-bit the same. Both object stores are
+exercised (a file:// folder and a real S3 server).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from tests.synchronizer.conftest import SyncFactory
+from tests.synchronizer.conftest import StoreTarget, SyncFactory
 from tests.synchronizer.helpers import (
     Learner,
     SyncProcess,
@@ -66,8 +67,10 @@ def run_scenario(sync: SyncProcess, crash: CrashHook) -> dict[int, dict[str, np.
     return final
 
 
-def test_kill_9_mid_round_loses_nothing_and_applies_nothing_twice(sync_factory: SyncFactory) -> None:
-    reference = run_scenario(sync_factory(args=ARGS), lambda *_: False)
+def test_kill_9_mid_round_loses_nothing_and_applies_nothing_twice(
+    sync_factory: SyncFactory, store: StoreTarget
+) -> None:
+    reference = run_scenario(sync_factory(store.url("reference"), ARGS, store.env), lambda *_: False)
 
     crashes = {(0, 1, 1), (1, 0, 2)}  # after 2 of 3 contributions; right after the last one
 
@@ -78,7 +81,7 @@ def test_kill_9_mid_round_loses_nothing_and_applies_nothing_twice(sync_factory: 
         sync.start()
         return True
 
-    sync = sync_factory(args=ARGS)
+    sync = sync_factory(store.url("crashed"), ARGS, store.env)
     crashed = run_scenario(sync, crash)
     for p in (0, 1):
         assert crashed[p].keys() == reference[p].keys()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from diloco_core.auth import learner_token
+from diloco_core.fragments import build_plan
 from diloco_core.protocol import Heartbeat
 from diloco_sync.auth import authenticate
 from diloco_sync.cli import UsageError, parse_settings
@@ -220,3 +222,37 @@ def test_recent_rounds_come_back_from_the_round_logs_newest_last() -> None:
     logs = [entry(0, 3, 30.0), entry(0, 2, 10.0), entry(1, 2, 20.0), {"fragment": 1}]  # the last: unreadable
     rounds = rounds_from_logs(logs, 2)
     assert [(r.fragment, r.version) for r in rounds] == [(1, 2), (0, 3)]
+
+
+def test_cli_reads_s3_keys_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DILOCO_JOB_SECRET", "x")
+    monkeypatch.setenv("DILOCO_STORAGE_SECRET_KEY", "s3-secret")
+    s = parse_settings(["--storage", "s3://b/p", "--storage-access-key", "AKID"])
+    assert s.storage_access_key == "AKID"
+    assert s.storage_secret_key is not None
+    assert s.storage_secret_key.get_secret_value() == "s3-secret"
+    assert "s3-secret" not in repr(s)
+    monkeypatch.delenv("DILOCO_STORAGE_SECRET_KEY")
+    assert parse_settings(["--storage", "s3://b/p"]).storage_secret_key is None
+
+
+def test_the_default_json_body_limit_fits_the_registration_of_a_big_model() -> None:
+    """A 128-layer transformer's plan (2,050 tensors, long names) in a register body, with room to spare."""
+    names: list[tuple[str, list[int]]] = [("model.embed_tokens.weight", [128256, 16384])]
+    for i in range(128):
+        for part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):  # fmt: skip
+            names += [
+                (f"model.layers.{i}.{part}.weight", [16384, 53248]),
+                (f"model.layers.{i}.{part}.bias", [16384]),
+            ]
+        names += [(f"model.layers.{i}.input_layernorm.weight", [16384]),
+                  (f"model.layers.{i}.post_attention_layernorm.weight", [16384])]  # fmt: skip
+    names.append(("model.norm.weight", [16384]))
+    plan = build_plan(names, 32, 64, 4, embedding_names=("model.embed_tokens.weight",))
+    body = {"learner_id": "learner-" + "x" * 100, "unit": "u" * 128, "plan": plan.to_dict(),
+            "plan_hash": plan.hash(), "tokens_per_step": 1 << 20, "step": 10**9}  # fmt: skip
+    size = len(json.dumps(body).encode())
+    limit = SyncSettings(job_secret="x", storage_url="file:///x").max_json_body_bytes
+    assert len(names) == 2050
+    assert size < limit // 4, (size, limit)
