@@ -604,6 +604,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 def write_json(path: Path | None, payload: object) -> None:
     if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n")
 
 
