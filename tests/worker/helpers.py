@@ -63,8 +63,9 @@ class Synchronizer:
         overlap: int = 1,
         quorum: int = 1,
         extra: Sequence[str] = (),
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [
             sys.executable,
