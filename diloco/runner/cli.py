@@ -109,14 +109,15 @@ def main(argv: list[str]) -> int:
     from diloco.runner.view import ProgressView
 
     paths = new_run_paths(settings.runs_dir, time.time())
-    print(f"diloco run: {settings.mode}, {settings.learners} learners; run folder {paths.root}", flush=True)
     with ProgressView(plain=settings.plain) as view:
         orchestrator = Orchestrator(settings, paths, view)
-        try:
-            record = orchestrator.run()
-        except RunError as exc:
-            print(f"diloco run: {exc}", file=sys.stderr)
-            return 1
+        with orchestrator.catching_signals():  # from the first line on, Ctrl-C ends in a report
+            print(f"diloco run: {settings.mode}, {settings.learners} learners; run folder {paths.root}", flush=True)
+            try:
+                record = orchestrator.run()
+            except RunError as exc:
+                print(f"diloco run: {exc}", file=sys.stderr)
+                return 1
     report, markdown = write_report(record, paths.root)
     print(markdown)
     print(f"report: {paths.root / 'report.md'} (and report.json, loss.png)")

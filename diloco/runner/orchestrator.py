@@ -6,12 +6,13 @@ does the process and HTTP I/O and feeds them facts with times measured from the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from types import FrameType
 
@@ -83,30 +84,62 @@ class Orchestrator:
     # ---- life cycle -------------------------------------------------------------------------------
 
     def run(self) -> RunRecord:
+        """Start the job, run it until a stop reason, shut it down; the record says what happened.
+
+        A Ctrl-C (or SIGTERM) is looked at after every start-up phase: one that arrives before the
+        learners are all launched skips the rest of the start-up and goes straight to the shutdown."""
+        with self.catching_signals():
+            try:
+                phase = self._start_up()
+                self.record.stop_reason = (
+                    self._loop() if phase is None else f"interrupted (Ctrl-C) during start-up, {phase}"
+                )
+            finally:
+                self._shutdown()
+        return self.record
+
+    @contextlib.contextmanager
+    def catching_signals(self) -> Iterator[None]:
+        """SIGINT and SIGTERM set ``stop_requested`` instead of raising (nests: the outermost restores
+        the previous handlers)."""
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         previous_term = signal.signal(signal.SIGTERM, self._on_sigint)
         try:
-            self._start_synchronizer()
-            self._evaluator()  # loads PyTorch and the held-out data before the clock starts
-            self.t0 = self.clock()
-            for slot in self.slots:
-                self._launch(slot)
-            self.record.stop_reason = self._loop()
+            yield
         finally:
             signal.signal(signal.SIGINT, previous)
             signal.signal(signal.SIGTERM, previous_term)
-            self._shutdown()
-        return self.record
+
+    def _start_up(self) -> str | None:
+        """Synchronizer, evaluator, learners; None when all started, else the phase a stop request
+        interrupted."""
+        if self.stop_requested:
+            return "before the synchronizer was started"
+        self._start_synchronizer()
+        if self.stop_requested:
+            return "while waiting for the synchronizer"
+        self._evaluator()  # loads PyTorch and the held-out data before the clock starts
+        if self.stop_requested:
+            return "while loading the evaluator"
+        self.t0 = self.clock()
+        for slot in self.slots:
+            if self.stop_requested:
+                return f"after launching {slot.index} of {len(self.slots)} learners"
+            self._launch(slot)
+        return None
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         self.stop_requested = True
 
     def _start_synchronizer(self) -> None:
+        """Launch the synchronizer and wait until it answers (or a stop request ends the wait)."""
         argv = build_synchronizer_argv(self.s, self.paths, port=self.port)
         env = build_synchronizer_env(_child_env(), job_secret=self.secret)
         self.sync = launch("synchronizer", argv, self.paths.log_file("synchronizer"), env)
         deadline = self.clock() + 60.0
-        while self.clock() < deadline and not self.stop_requested:
+        while self.clock() < deadline:
+            if self.stop_requested:
+                return
             if not self.sync.alive():
                 raise RunError(
                     f"the synchronizer exited with code {self.sync.exit_code()}; its log "
