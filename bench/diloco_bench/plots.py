@@ -52,18 +52,17 @@ def _spread(values: Sequence[float]) -> tuple[float, float]:
 
 
 def _bars(ax: Axes, groups: Mapping[str, Sequence[float]], ylabel: str) -> None:
-    """Mean ± std per group as bars with error bars, every value as a dot."""
-    names = list(groups)
-    stats = [_spread(groups[n]) for n in names]
-    ax.bar(range(len(names)), [m for m, _ in stats], yerr=[s for _, s in stats], capsize=4,
-           color=[COLORS[i % len(COLORS)] for i in range(len(names))], alpha=0.7)  # fmt: skip
-    for i, n in enumerate(names):
-        ax.plot([i] * len(groups[n]), groups[n], "k.", markersize=4)
-    lo = min(v for vs in groups.values() for v in vs)
-    hi = max(m + s for m, s in stats)
-    ax.set_ylim(lo - 0.1 * (hi - lo + 1e-9) - 0.01 * abs(lo), hi + 0.1 * (hi - lo + 1e-9) + 0.01 * abs(hi))
-    ax.set_xticks(range(len(names)), names, rotation=15, ha="right")
+    """Mean ± std per group as a marker with error bars (no bar: loss axes do not start at 0), every
+    single value as a small dot beside it."""
+    for i, (name, values) in enumerate(groups.items()):
+        mean, std = _spread(values)
+        color = COLORS[i % len(COLORS)]
+        ax.errorbar([i], [mean], yerr=[std], fmt="s", markersize=8, capsize=6, color=color, label=name)
+        ax.plot([i + 0.12] * len(values), values, ".", color="black", markersize=4)
+    ax.set_xlim(-0.5, len(groups) - 0.5)
+    ax.set_xticks(range(len(groups)), list(groups), rotation=15, ha="right")
     ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
 
 
 def quality(losses: Mapping[str, Sequence[float]]) -> Figure:
@@ -108,8 +107,14 @@ def codecs(points: Mapping[str, tuple[float, Sequence[float]]]) -> Figure:
 def hetero(goodput: Mapping[str, Sequence[float]], loss: Mapping[str, Sequence[float]]) -> Figure:
     """Goodput (%) and held-out loss per round policy, mean ± std over seeds."""
     fig, (left, right) = _figure(ncols=2, width=9.0)
-    _bars(left, {k: [100 * g for g in v] for k, v in goodput.items()}, "goodput (%)")
-    left.set_ylim(0, 105)
+    stats = [_spread([100 * g for g in v]) for v in goodput.values()]  # goodput starts at 0: bars
+    left.bar(range(len(stats)), [m for m, _ in stats], yerr=[e for _, e in stats], capsize=6,
+             color=COLORS[: len(stats)], alpha=0.8)  # fmt: skip
+    for i, (m, _) in enumerate(stats):
+        left.text(i, m, f"{m:.1f}%", ha="center", va="bottom")
+    left.set_xticks(range(len(stats)), list(goodput), rotation=15, ha="right")
+    left.set_ylabel("goodput (%)")
+    left.set_ylim(0, 110)
     _bars(right, loss, "held-out loss")
     fig.suptitle("Mixed hardware: goodput and loss per round policy")
     return fig
