@@ -29,6 +29,7 @@ from diloco_core.protocol import (
     ShardInfo,
     StatusResponse,
 )
+from diloco_core.sharding import shard_fragments, shard_of
 from diloco_core.storage import StorageError
 
 from .errors import ApiError, not_registered
@@ -254,7 +255,7 @@ class SyncService:
                 404, "unknown_fragment", f"fragment {p} does not exist (the job has {self.diloco.fragments})"
             )
         if not self.settings.owns(p):
-            owner = p % self.settings.num_shards
+            owner = shard_of(p, self.settings.num_shards)
             raise ApiError(
                 421,
                 "wrong_shard",
@@ -368,7 +369,7 @@ class SyncService:
             ShardInfo(
                 index=i,
                 url=urls[i],
-                fragments=[p for p in range(self.diloco.fragments) if p % s.num_shards == i],
+                fragments=shard_fragments(i, s.num_shards, self.diloco.fragments),
             )
             for i in range(s.num_shards)
         ]
