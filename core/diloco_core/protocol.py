@@ -30,6 +30,10 @@ Routes (all under ``/v1``; every learner call carries ``Authorization: Bearer <t
   boundary; contributions accepted before the deadline join the round.
 - ``GET  /v1/status`` → StatusResponse;  ``GET /metrics``, ``/healthz``, ``/readyz``, ``/`` (HTML page).
 
+Several shards: fragment p is served by shard p % N (``diloco_core.sharding``); another shard answers
+421 ``wrong_shard``. A learner registers with every shard listed in ``RegisterResponse.shards``,
+heartbeats each, and sends each fragment's calls to its owner.
+
 JSON bodies (register, heartbeat) larger than the synchronizer's JSON body limit (1 MiB by default)
 are refused with 413 ``oversized``, whether or not they announce a ``Content-Length``.
 """
