@@ -55,8 +55,9 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> dict[str, Any]:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        headers = {"Accept": accept, "Content-Type": content_type}
         resp = self.api.call_api(
             path, method, query_params=query or [], header_params=headers, body=body,
             auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
@@ -74,11 +75,7 @@ class Kube:
                  or ["/apis/diloco.dev/v1alpha1/dilocojobs"])
         versions: dict[str, str] = {}
         for path in paths:
-            resp = self.api.call_api(
-                path, "GET", header_params={"Accept": PARTIAL_METADATA}, auth_settings=["BearerToken"],
-                _preload_content=False, _return_http_data_only=True, _request_timeout=30,
-            )
-            for item in json.loads(resp.data or b"{}").get("items", []):
+            for item in self._call("GET", path, accept=PARTIAL_METADATA).get("items") or []:  # null when empty
                 meta = item.get("metadata") or {}
                 versions[str(meta.get("uid"))] = str(meta.get("resourceVersion"))
         return versions

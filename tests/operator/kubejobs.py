@@ -141,6 +141,7 @@ class PodDeletions:
 
     def __init__(self, api: k8s.ApiClient, ns: str, selector: str) -> None:
         self.seen: dict[str, int | None] = {}
+        self.error: Exception | None = None
         self._watch = watch.Watch()
         self._thread = threading.Thread(target=self._run, args=(api, ns, selector), daemon=True)
         self._started = threading.Event()
@@ -149,11 +150,14 @@ class PodDeletions:
         core = k8s.CoreV1Api(api)
         rv = core.list_namespaced_pod(ns, label_selector=selector).metadata.resource_version
         self._started.set()
-        for ev in self._watch.stream(core.list_namespaced_pod, ns, label_selector=selector, resource_version=rv,
-                                     timeout_seconds=300):
-            pod = ev["object"]
-            if pod.metadata.deletion_timestamp is not None:
-                self.seen.setdefault(pod.metadata.name, pod.metadata.deletion_grace_period_seconds)
+        try:
+            for ev in self._watch.stream(core.list_namespaced_pod, ns, label_selector=selector,
+                                         resource_version=rv, timeout_seconds=300):
+                pod = ev["object"]
+                if pod.metadata.deletion_timestamp is not None:
+                    self.seen.setdefault(pod.metadata.name, pod.metadata.deletion_grace_period_seconds)
+        except Exception as exc:  # the stream closed under it (stopped, namespace deleted): kept for the report
+            self.error = exc
 
     def __enter__(self) -> PodDeletions:
         self._thread.start()

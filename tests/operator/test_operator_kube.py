@@ -116,7 +116,8 @@ def test_add_and_remove_a_unit_live(api: k8s.ApiClient, namespace: str, operator
         wait_for(lambda: not learner_pods(api, namespace, "live", "a"), timeout=60, what="unit a's pods gone")
         # Drained, not killed: the removed unit's pod was deleted with its full grace period (the
         # learner's SIGTERM handler leaves the job cleanly), never forced.
-        wait_for(lambda: a_pod in deletions.seen, timeout=30, what="the deletion of unit a's pod observed")
+        wait_for(lambda: a_pod in deletions.seen, timeout=30, what="the deletion of unit a's pod observed",
+                 describe=lambda: f"{deletions.seen}, watch error {deletions.error!r}")
     assert deletions.seen == {a_pod: TERMINATION_GRACE_SECONDS}
     assert TERMINATION_GRACE_SECONDS > 0
 
