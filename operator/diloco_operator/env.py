@@ -8,8 +8,9 @@ Learner (``diloco worker``) containers get:
 - ``DILOCO_JOB_SECRET`` from the job's Secret (or the external synchronizer's token Secret); the
   learner's token is ``diloco_core.auth.learner_token(DILOCO_JOB_SECRET, DILOCO_LEARNER_ID)``.
 - ``DILOCO_JOB_CONFIG`` path of the ``JobConfig`` JSON; ``DILOCO_STORAGE_CONFIG`` path of the
-  ``StorageSettings`` JSON; ``DILOCO_CHECKPOINT_DIR`` a local folder for checkpoints and
-  ``DILOCO_CHECKPOINT_URL`` where durable checkpoints go (the learner appends its learner id).
+  ``StorageSettings`` JSON; ``DILOCO_CHECKPOINT_DIR`` where the learner's checkpoints go: the
+  job's storage, ``<storage>/checkpoints/<learner id>`` (the learner adds ``rank-N/`` in a unit of
+  several pods), so a replaced pod, which keeps its name, resumes from its own checkpoint.
 - ``DILOCO_BATCH_SIZE`` the unit's batch size (overrides ``train.batch_size`` of the config).
 - ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` for the unit's torch.distributed group; the
   rank is the ordinal suffix of the pod name (``HOSTNAME``).

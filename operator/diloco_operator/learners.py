@@ -45,8 +45,9 @@ def learner_env(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit) -> list[dic
         env.value("DILOCO_SYNC_URL", sync_url(job, spec)),
         env.job_secret_env(spec, secret_name(job.name)),
         *env.config_env(),
-        env.value("DILOCO_CHECKPOINT_DIR", "/tmp/checkpoints"),
-        env.value("DILOCO_CHECKPOINT_URL", f"{spec.storage.url}/checkpoints"),
+        # Durable: a replaced pod (same name, so same learner id) resumes from it. Kubernetes
+        # expands $(DILOCO_LEARNER_ID), defined above, to the pod's name.
+        env.value("DILOCO_CHECKPOINT_DIR", f"{spec.storage.url}/checkpoints/$(DILOCO_LEARNER_ID)"),
         env.value("DILOCO_BATCH_SIZE", unit.batch_size),
         env.value("WORLD_SIZE", unit.replicas),
         env.value("MASTER_ADDR", f"{name}-0.{name}.{job.namespace}.svc"),

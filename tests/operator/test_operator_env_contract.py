@@ -1,0 +1,130 @@
+"""The environment the operator gives its pods is what the worker and the synchronizer read.
+
+The operator and the two services never import each other; their contract is the pod
+environment (``diloco_operator.env``). Here the built children's environment is resolved the way
+the kubelet does it (values, the pod's own name and namespace, Secret keys, ``$(VAR)`` references
+to variables defined earlier, the ConfigMap mounted as files) and parsed by each service's own
+settings parser, so a variable one side writes and the other ignores is caught.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from diloco_core.auth import learner_token
+from diloco_operator.build import JobRef
+from diloco_operator.children import build_children
+from diloco_operator.env import CONFIG_DIR
+from diloco_operator.models import parse_spec
+from diloco_sync.cli import parse_settings as parse_sync_settings
+from diloco_worker.settings import _FLAGS as WORKER_FLAGS
+from diloco_worker.settings import build_parser as build_worker_parser
+from diloco_worker.settings import parse_settings as parse_worker_settings
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+NAMESPACE = "research"
+# Set for people and tools looking at the pod, not read by the learner.
+LEARNER_INFORMATIONAL = {"DILOCO_JOB_ID", "DILOCO_NAMESPACE", "DILOCO_REGION", "DILOCO_STORAGE_CONFIG"}
+_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def _secret_value(name: str, key: str) -> str:
+    return f"{name}.{key}.value"
+
+
+def resolve_env(container: dict[str, Any], pod_name: str, config_files: dict[str, Path]) -> dict[str, str]:
+    """The container's environment as the kubelet would give it to the process."""
+    out: dict[str, str] = {}
+    for item in container["env"]:
+        if "value" in item:
+            value = _REF.sub(lambda m: out.get(m.group(1), m.group(0)), str(item["value"]))
+        else:
+            ref = item["valueFrom"]
+            if "fieldRef" in ref:
+                value = {"metadata.name": pod_name, "metadata.namespace": NAMESPACE}[ref["fieldRef"]["fieldPath"]]
+            else:
+                secret = ref["secretKeyRef"]
+                value = _secret_value(secret["name"], secret["key"])
+        out[item["name"]] = str(config_files.get(value, value))
+    return out
+
+
+def children_of(example: str, index: int = 0) -> tuple[str, list[dict[str, Any]]]:
+    doc = [d for d in yaml.safe_load_all((EXAMPLES / example).read_text()) if d][index]
+    name = doc["metadata"]["name"]
+    return name, build_children(JobRef(name, NAMESPACE, "uid-1"), parse_spec(doc["spec"]))
+
+
+def mounted_config(children: list[dict[str, Any]], tmp_path: Path) -> dict[str, Path]:
+    """The job's ConfigMap written to files, keyed by the path the pods see it at."""
+    (cm,) = [c for c in children if c["kind"] == "ConfigMap"]
+    files = {}
+    for key, text in cm["data"].items():
+        path = tmp_path / key
+        path.write_text(text)
+        files[f"{CONFIG_DIR}/{key}"] = path
+    return files
+
+
+def container_of(obj: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = obj["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+@pytest.mark.parametrize(("example", "index"), [("single-region.yaml", 0), ("multi-region.yaml", 1)])
+def test_learner_environment_parses_into_the_workers_settings(example: str, index: int, tmp_path: Path) -> None:
+    _, children = children_of(example, index)
+    files = mounted_config(children, tmp_path)
+    doc = [d for d in yaml.safe_load_all((EXAMPLES / example).read_text()) if d][index]
+    storage = parse_spec(doc["spec"]).storage.url
+    for sts in (c for c in children if c["kind"] == "StatefulSet"):
+        pod = f"{sts['metadata']['name']}-0"
+        env = resolve_env(container_of(sts), pod, files)
+
+        settings = parse_worker_settings([], env)
+
+        assert settings.learner_id == pod
+        assert settings.sync_url == env["DILOCO_SYNC_URL"]
+        secret = env["DILOCO_JOB_SECRET"]
+        assert settings.token == learner_token(secret, pod)
+        # Durable, per pod: a replaced pod keeps its name and finds its own checkpoint.
+        assert settings.checkpoint_dir == f"{storage}/checkpoints/{pod}"
+        assert settings.train.batch_size == int(env["DILOCO_BATCH_SIZE"])
+        assert settings.unit == env["DILOCO_UNIT"]
+
+
+def test_every_learner_variable_is_read_by_the_worker_or_named_informational() -> None:
+    read = {"DILOCO_" + flag.replace("-", "_").upper() for flag in WORKER_FLAGS}
+    read |= {"DILOCO_" + a.dest.upper() for a in build_worker_parser()._actions if a.dest != "help"}
+    _, children = children_of("single-region.yaml")
+    for sts in (c for c in children if c["kind"] == "StatefulSet"):
+        names = {e["name"] for e in container_of(sts)["env"] if e["name"].startswith("DILOCO_")}
+        assert names - read - LEARNER_INFORMATIONAL == set(), "set by the operator, ignored by the worker"
+
+
+def test_synchronizer_environment_parses_into_its_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job, children = children_of("single-region.yaml")
+    files = mounted_config(children, tmp_path)
+    deployments = [c for c in children if c["kind"] == "Deployment"]
+    assert deployments
+    for deployment in deployments:
+        env = resolve_env(container_of(deployment), f"{deployment['metadata']['name']}-abc", files)
+        for key in [k for k in list(os.environ) if k.startswith(("DILOCO_", "AWS_"))]:
+            monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+
+        settings = parse_sync_settings([])
+
+        assert settings.job.job_id == job
+        assert settings.storage_url == env["DILOCO_STORAGE"]
+        assert settings.shard_index == int(env["DILOCO_SHARD_INDEX"])
+        assert settings.num_shards == int(env["DILOCO_NUM_SHARDS"])
+        assert settings.job.diloco.quorum == 2
+        assert (settings.host, settings.port) == ("0.0.0.0", int(env["DILOCO_PORT"]))
+        assert settings.job_secret.get_secret_value() == env["DILOCO_JOB_SECRET"]
