@@ -102,7 +102,7 @@ def start_sync(port: int, store: str, plan: FragmentPlan, clients: int) -> subpr
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
                 return proc
         except httpx.HTTPError:
             time.sleep(0.1)

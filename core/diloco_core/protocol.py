@@ -36,6 +36,10 @@ heartbeats each, and sends each fragment's calls to its owner.
 
 JSON bodies (register, heartbeat) larger than the synchronizer's JSON body limit (1 MiB by default)
 are refused with 413 ``oversized``, whether or not they announce a ``Content-Length``.
+
+While a synchronizer is still loading its state (at start-up, for as long as its storage is
+unreachable), every ``/v1`` route answers 503 ``starting`` (``retryable``, with a ``Retry-After``
+header): the learner retries. Meanwhile ``/healthz`` answers 200 and ``/readyz`` 503 with a ``reason``.
 """
 
 from __future__ import annotations

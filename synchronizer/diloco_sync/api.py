@@ -1,6 +1,7 @@
 """HTTP routes under /v1 (thin: parse, authenticate, call the service, shape the answer).
 
-The protocol (routes, headers, bodies) is fixed in ``diloco_core.protocol``.
+The protocol (routes, headers, bodies) is fixed in ``diloco_core.protocol``. Every route here
+answers 503 ``starting`` until the synchronizer has loaded its state (``startup``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .body import read_limited_body
 from .contributions import ContributionDesk
 from .errors import error_responses
 from .service import RoundOpen, SyncService
+from .startup import Startup
 
 router = APIRouter(prefix=API_PREFIX)
 _BINARY_ROUTE = re.compile(rf"{re.escape(API_PREFIX)}/fragments/[^/]+/(init|contributions)")
@@ -60,6 +62,9 @@ def is_binary_route(path: str) -> bool:
 
 
 def get_service(request: Request) -> SyncService:
+    """The service, once its state is loaded; 503 ``starting`` (retry later) until then."""
+    startup: Startup = request.app.state.startup
+    startup.check_ready()
     service: SyncService = request.app.state.service
     return service
 
@@ -111,7 +116,7 @@ async def register(
 @router.post(
     "/learners/{learner_id}/heartbeat",
     response_model=HeartbeatResponse,
-    responses=error_responses(401, 403, 404),
+    responses=error_responses(401, 403, 404, 503),
 )
 async def heartbeat(
     learner_id: str,
@@ -128,7 +133,7 @@ async def heartbeat(
     return service.heartbeat(learner_id, body)
 
 
-@router.post("/learners/{learner_id}/leave", status_code=204, responses=error_responses(401, 403))
+@router.post("/learners/{learner_id}/leave", status_code=204, responses=error_responses(401, 403, 503))
 async def leave(
     learner_id: str, service: Service, authorization: AuthHeader, learner: LearnerHeader = None
 ) -> Response:
@@ -214,7 +219,7 @@ async def contribute(
             },
         },
         304: {"description": "no version newer than newer_than arrived within wait", "headers": _FRAGMENT},
-        **error_responses(401, 403, 404, 409, 421),
+        **error_responses(401, 403, 404, 409, 421, 503),
     },
     response_class=RawResponse,
 )
@@ -248,7 +253,7 @@ async def fetch_fragment(
     return Response(content=payload, media_type=CONTENT_TYPE, headers=headers)
 
 
-@router.get("/status", response_model=StatusResponse)
+@router.get("/status", response_model=StatusResponse, responses=error_responses(503))
 async def status(service: Service) -> StatusResponse:
     """Learners, fragment versions, recent rounds, traffic and storage health (no secrets)."""
     return service.status()

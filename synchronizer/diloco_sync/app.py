@@ -1,10 +1,10 @@
-"""The FastAPI application: lifespan (load state, start the round loop and the storage watcher)."""
+"""The FastAPI application: lifespan (load the state in the background, then start the round loop
+and the storage watcher: see ``startup``)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
@@ -23,6 +23,7 @@ from .persistence import StateStore
 from .round_loop import RoundRunner
 from .service import SyncService
 from .settings import SyncSettings
+from .startup import Startup
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,13 @@ def build_service(settings: SyncSettings) -> SyncService:
     return SyncService(settings, StateStore(store, settings.shard_index, settings.job.job_id))
 
 
-def create_app(settings: SyncSettings, service: SyncService | None = None) -> FastAPI:
+def create_app(
+    settings: SyncSettings,
+    service: SyncService | None = None,
+    on_fatal: Callable[[str], None] | None = None,
+) -> FastAPI:
+    """The application; ``on_fatal(reason)`` is called when loading the state fails for good (wrong
+    credentials, storage of another job): the caller stops the server and exits non-zero."""
     service = service or build_service(settings)
 
     @asynccontextmanager
@@ -47,21 +54,13 @@ def create_app(settings: SyncSettings, service: SyncService | None = None) -> Fa
         desk = ContributionDesk(service)
         runner = RoundRunner(service, desk)
         desk.wake = runner.wake
-        app.state.service, app.state.desk = service, desk
-        desk.replay(await service.load())
-        tasks = [
-            asyncio.create_task(runner.run(), name="rounds"),
-            asyncio.create_task(service.guard.watch(service.store.probe, desk.flush), name="storage-watch"),
-        ]
-        log.info("synchronizer ready: storage %s", service.store.store.describe())
+        startup = Startup(service, desk, runner, on_fatal)
+        app.state.service, app.state.desk, app.state.startup = service, desk, startup
+        startup.begin()  # the server answers while the state loads (storage may be down)
         try:
             yield
         finally:
-            runner.stop()
-            service.guard.stop()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await startup.stop()
 
     app = FastAPI(
         title="DiLoCo synchronizer",
@@ -86,16 +85,18 @@ def create_app(settings: SyncSettings, service: SyncService | None = None) -> Fa
 
     @app.get("/readyz", responses={503: {"description": "state not loaded or storage unavailable"}})
     async def readyz(request: Request) -> JSONResponse:
-        """Readiness: state loaded and object storage reachable."""
+        """Readiness: state loaded and object storage reachable; ``reason`` says why not."""
         svc: SyncService = request.app.state.service
-        ready = svc.loaded and svc.guard.ok
+        startup: Startup = request.app.state.startup
+        reason = startup.not_ready_reason()
         body = {
-            "ready": ready,
-            "loaded": svc.loaded,
+            "ready": reason is None,
+            "loaded": startup.loaded,
             "storage_ok": svc.guard.ok,
             "storage_error": svc.guard.last_error,
+            "reason": reason,
         }
-        return JSONResponse(body, status_code=200 if ready else 503)
+        return JSONResponse(body, status_code=200 if reason is None else 503)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(request: Request) -> Response:

@@ -12,15 +12,20 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from diloco_core.config import DiLoCoSettings, JobConfig
 from pydantic import ValidationError
 
 from .settings import SyncSettings
+
+if TYPE_CHECKING:
+    import uvicorn
 
 ENV_PREFIX = "DILOCO_"
 # flag → DiLoCoSettings field (the algorithm's knobs, when no --job-config file is given)
@@ -160,12 +165,21 @@ def main(argv: list[str]) -> int:
 
     safe = settings.model_dump(exclude={"job_secret", "storage_secret_key"})
     logging.getLogger("diloco_sync").info("settings: %s", json.dumps(safe, default=str))
+    failures: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def fail(reason: str) -> None:
+        """Loading the state failed for good: stop serving, exit non-zero with the reason."""
+        failures.append(reason)
+        if server is not None:
+            server.should_exit = True
+
     try:
-        app = create_app(settings)
+        app = create_app(settings, on_fatal=fail)
     except Exception as exc:
         print(f"diloco synchronizer: cannot start: {exc}", file=sys.stderr)
         return 1
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -175,4 +189,28 @@ def main(argv: list[str]) -> int:
         access_log=level == "DEBUG",
         timeout_graceful_shutdown=5,
     )
+    server = uvicorn.Server(config)
+    _serve(server)
+    if failures:
+        print(f"diloco synchronizer: cannot start: {failures[0]}", file=sys.stderr)
+        return 1
+    if not server.started:
+        return 3  # uvicorn could not start (it logged why), as uvicorn.run exits
     return 0
+
+
+def _serve(server: uvicorn.Server) -> None:
+    """Run the server until SIGTERM/SIGINT; a stop by signal is a clean exit (code 0).
+
+    uvicorn handles the signals while it runs and afterwards re-raises the one it caught to the
+    handler that was there before it: that is this one, so the process is not killed by it."""
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        server.should_exit = True  # also before uvicorn installed its own handlers
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

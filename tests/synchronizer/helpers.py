@@ -93,9 +93,13 @@ class SyncProcess:
         self.log_path = log_dir / f"sync-{self.port}.log"
         self.process = ManagedProcess("synchronizer", argv, self.log_path, env=full_env)
 
-    def start(self) -> None:
+    def start(self, *, wait_loaded: bool = True) -> None:
+        """Start the process and wait until it answers ``/healthz`` and, with ``wait_loaded``, until
+        it has loaded its state (before that, every /v1 route answers 503 ``starting``)."""
         self.process.start()
         wait_for(self._healthy, timeout=60, what=f"synchronizer at {self.url}", interval=0.1)
+        if wait_loaded:
+            wait_for(self._loaded, timeout=60, what=f"synchronizer at {self.url} to load its state")
 
     def _healthy(self) -> bool:
         if not self.process.running():
@@ -103,6 +107,14 @@ class SyncProcess:
         try:
             return httpx.get(f"{self.url}/healthz", timeout=1, verify=self.verify).status_code == 200
         except httpx.HTTPError:
+            return False
+
+    def _loaded(self) -> bool:
+        if not self.process.running():
+            raise RuntimeError(self.process.failure_report())
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=1, verify=self.verify).json()["loaded"] is True
+        except (httpx.HTTPError, ValueError, KeyError):
             return False
 
     def kill9(self) -> None:

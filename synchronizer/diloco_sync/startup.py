@@ -1,0 +1,114 @@
+"""Start-up in the background: the server answers at once while the committed state loads.
+
+Loading waits out a storage outage (retrying), so it must not hold the server back: a synchronizer
+started before its storage is reachable still answers ``/healthz`` (a liveness probe does not kill
+it) and stops at once on SIGTERM (the load is cancelled). Until the state is loaded, ``/readyz``
+answers 503 with why, and every ``/v1`` route 503 ``starting`` (``retryable``, with ``Retry-After``).
+Once loaded, the pending contributions are replayed and the round loop and the storage watcher
+start. A failure that waiting cannot cure (wrong credentials, storage of another job) is handed
+to ``on_fatal``, which stops the server with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from .contributions import ContributionDesk
+from .errors import ApiError
+from .round_loop import RoundRunner
+from .service import SyncService
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_S = 5
+
+
+def storage_reason(storage_ok: bool, storage_error: str | None) -> str | None:
+    """Why storage keeps the synchronizer from being ready, or None when it is fine."""
+    if storage_ok:
+        return None
+    return f"storage unavailable ({storage_error or 'unknown error'})"
+
+
+def not_ready_reason(
+    loaded: bool, failure: str | None, storage_ok: bool, storage_error: str | None
+) -> str | None:
+    """Why ``/readyz`` answers 503 (None: ready)."""
+    storage = storage_reason(storage_ok, storage_error)
+    if failure is not None:
+        return f"start-up failed: {failure}"
+    if not loaded:
+        return f"loading state: {storage}" if storage else "loading state"
+    return storage
+
+
+def starting_error(failure: str | None, storage_ok: bool, storage_error: str | None) -> ApiError:
+    """The answer of a ``/v1`` route before the state is loaded: 503 ``starting``, retry later."""
+    reason = not_ready_reason(False, failure, storage_ok, storage_error) or "loading state"
+    return ApiError(
+        503, "starting", f"the synchronizer is starting ({reason}): retry later",
+        retryable=True, headers={"Retry-After": str(RETRY_AFTER_S)},
+    )  # fmt: skip
+
+
+class Startup:
+    """Loads the state in a background task, then starts the round loop and the storage watcher."""
+
+    def __init__(
+        self,
+        service: SyncService,
+        desk: ContributionDesk,
+        runner: RoundRunner,
+        on_fatal: Callable[[str], None] | None = None,
+    ) -> None:
+        self.service, self.desk, self.runner = service, desk, runner
+        self.on_fatal = on_fatal
+        self.loaded = False
+        self.failure: str | None = None
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def begin(self) -> None:
+        self._tasks.append(asyncio.create_task(self._load_then_run(), name="load-state"))
+
+    async def _load_then_run(self) -> None:
+        svc = self.service
+        try:
+            pending = await svc.load()
+        except Exception as exc:
+            if self._stopping:
+                return
+            self.failure = str(exc)
+            log.error("cannot start: %s", exc)
+            if self.on_fatal is not None:
+                self.on_fatal(self.failure)
+            return
+        if self._stopping:
+            return
+        self.desk.replay(pending)
+        self._tasks += [
+            asyncio.create_task(self.runner.run(), name="rounds"),
+            asyncio.create_task(svc.guard.watch(svc.store.probe, self.desk.flush), name="storage-watch"),
+        ]
+        self.loaded = True
+        log.info("synchronizer ready: storage %s", svc.store.store.describe())
+
+    def check_ready(self) -> None:
+        """Raise 503 ``starting`` until the state is loaded."""
+        if not self.loaded:
+            guard = self.service.guard
+            raise starting_error(self.failure, guard.ok, guard.last_error)
+
+    def not_ready_reason(self) -> str | None:
+        guard = self.service.guard
+        return not_ready_reason(self.loaded, self.failure, guard.ok, guard.last_error)
+
+    async def stop(self) -> None:
+        """Stop loading (if still loading), the round loop and the storage watcher."""
+        self._stopping = True
+        self.runner.stop()
+        self.service.guard.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
