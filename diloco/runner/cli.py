@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-embd", type=int, default=d.model.n_embd)
     p.add_argument("--block-size", type=int, default=d.model.block_size)
     p.add_argument("--batch-size", type=int, default=d.model.batch_size)
+    p.add_argument("--outer-lr", type=float, default=d.outer_lr, help="outer Nesterov learning rate (default %(default)s)")
+    p.add_argument("--outer-momentum", type=float, default=d.outer_momentum,
+                   help="outer Nesterov momentum (default %(default)s)")
+    p.add_argument("--delayed-nesterov", type=int, default=None,
+                   help="apply the outer momentum every N merges, 0 for plain Nesterov (default: the "
+                   "number of learners in decoupled mode, 0 otherwise)")
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="learners' local evaluation interval in steps")
     chaos = p.add_argument_group("chaos and heterogeneity")
     chaos.add_argument("--mtbf", type=float, default=d.mtbf_s,
@@ -74,7 +80,8 @@ def parse_settings(argv: list[str]) -> RunSettings:
         time_limit_s=a.time_limit, inner_steps=a.inner_steps, fragments=a.fragments, overlap=a.overlap,
         codec=a.codec,
         model=ModelShape(n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd, block_size=a.block_size, batch_size=a.batch_size),
-        eval_every=a.eval_every, mtbf_s=a.mtbf, repair_s=a.repair, seed=a.seed, speed_factors=speeds,
+        eval_every=a.eval_every, outer_lr=a.outer_lr, outer_momentum=a.outer_momentum,
+        delayed_nesterov=a.delayed_nesterov, mtbf_s=a.mtbf, repair_s=a.repair, seed=a.seed, speed_factors=speeds,
         bandwidth_limits=parse_bandwidth(a.bandwidth_limit, a.learners) if a.bandwidth_limit else (),
         runs_dir=a.runs_dir, storage_url=a.storage, port=a.port, plain=a.plain, python=sys.executable,
     )

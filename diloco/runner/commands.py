@@ -60,11 +60,11 @@ def build_synchronizer_argv(settings: RunSettings, paths: RunPaths, *, port: int
         "--codec", algo.codec,
         "--heartbeat-timeout-s", str(HEARTBEAT_TIMEOUT_S),
         "--heartbeat-interval-s", str(HEARTBEAT_INTERVAL_S),
+        "--outer-lr", str(algo.outer_lr),
+        "--outer-momentum", str(algo.outer_momentum),
+        "--delayed-nesterov", str(algo.delayed_nesterov),
+        "--merge-rule", algo.merge_rule,
     ]
-    if settings.mode == "ddp":
-        # one unit whose ranks average gradients every step; the synchronizer only keeps the
-        # global copy (and the checkpoint of record), so its outer step is a plain copy
-        argv += ["--outer-lr", "1.0", "--outer-momentum", "0.0", "--merge-rule", "mean"]
     return argv
 
 

@@ -24,6 +24,26 @@ def test_synchronous_modes_wait_for_every_learner() -> None:
     assert (ddp.inner_steps, ddp.quorum, ddp.codec) == (1, 3, "fp32")
 
 
+def test_outer_optimizer_per_mode_reaches_the_synchronizer(tmp_path: Path) -> None:
+    def sync_flags(argv: list[str]) -> dict[str, str]:
+        cmd = build_synchronizer_argv(parse_settings(argv), RunPaths(tmp_path), port=1)
+        return {k: cmd[i + 1] for i, k in enumerate(cmd) if k.startswith("--outer") or k in ("--delayed-nesterov", "--merge-rule")}
+
+    # decoupled: Delayed Nesterov over one merge per learner by default
+    assert sync_flags(["--learners", "3"]) == {
+        "--outer-lr": "0.7", "--outer-momentum": "0.9", "--delayed-nesterov": "3", "--merge-rule": "rda"}
+    assert sync_flags(["--delayed-nesterov", "0", "--outer-lr", "0.5"])["--delayed-nesterov"] == "0"
+    assert sync_flags(["--delayed-nesterov", "0", "--outer-lr", "0.5"])["--outer-lr"] == "0.5"
+    assert sync_flags(["--mode", "diloco-sync", "--learners", "3"])["--delayed-nesterov"] == "0"
+    # ddp: the synchronizer's copy is the unit's model itself
+    assert sync_flags(["--mode", "ddp"]) == {
+        "--outer-lr": "1.0", "--outer-momentum": "0.0", "--delayed-nesterov": "0", "--merge-rule": "mean"}
+    for bad, match in ((["--outer-lr", "0"], "--outer-lr"), (["--outer-momentum", "1"], "--outer-momentum"),
+                       (["--delayed-nesterov", "-1"], "--delayed-nesterov")):
+        with pytest.raises(SettingsError, match=match):
+            parse_settings(bad)
+
+
 def test_speed_factors_and_slow_learners() -> None:
     assert parse_speed_factors("1,1,1.18,1.18", 4) == (1.0, 1.0, 1.18, 1.18)
     assert parse_slow("0.5:1.18", 4) == (1.0, 1.0, 1.18, 1.18)
