@@ -136,6 +136,7 @@ def build_job_config(job: JobRef, spec: DiLoCoJobSpec) -> JobConfig:
             grace_gamma=d.grace_gamma,
             outer_lr=d.outer_lr,
             outer_momentum=d.outer_momentum,
+            delayed_nesterov=d.delayed_nesterov,
             codec=d.codec,
             mixing_alpha=d.mixing_alpha,
             merge_rule=d.merge_rule,

@@ -84,6 +84,7 @@ class DiLoCoSpec(_Spec):
     grace_gamma: float = Field(0.5, ge=0.0, le=1.0)
     outer_lr: float = Field(0.7, gt=0.0, le=10.0)
     outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    delayed_nesterov: int = Field(0, ge=0, le=1024)
     codec: Quantizer = "int4"
     mixing_alpha: float = Field(0.0, ge=0.0, le=1.0)
     merge_rule: MergeRule = "rda"
