@@ -90,13 +90,7 @@ class Kube:
             raise
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        path = f"{collection_path(api_version, kind, namespace)}/{name}"
-        try:
-            return self._call("GET", path)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self.get_cluster(f"{collection_path(api_version, kind, namespace)}/{name}")
 
     def list(self, api_version: str, kind: str, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
         query = [("labelSelector", ",".join(f"{k}={v}" for k, v in sorted(selector.items())))]
