@@ -5,6 +5,12 @@ Plain Nesterov follows ``torch.optim.SGD(nesterov=True)``: ``u ← μu + Δ; θ 
 Delayed Nesterov (Async Local-SGD, Alg. 3 with c = 0; ALGORITHM.md §4.1), for small quorums that
 produce many one-learner merges: outer gradients are summed in a buffer ``B``; every N-th step
 ``u ← μu + B/N`` and ``θ ← θ - η(μu + Δ/N)``; on the other steps ``θ ← θ - ηΔ/N`` and ``u`` is kept.
+
+Alg. 3 applies one worker's outer gradient per step. A merge of k learners (quorum or grace window)
+counts here as k steps whose outer gradient is the merged Δ: ``B += kΔ``, ``θ -= η·kΔ/N``, and the
+momentum is applied when the step counter crosses a multiple of N. So the cadence stays once per
+N contributions however they are grouped, and a merge of all N learners at once is exactly one
+plain Nesterov step on Δ (synchronous DiLoCo).
 """
 
 from __future__ import annotations
@@ -37,9 +43,15 @@ class OuterOptimizer:
         self._buf: dict[str, F32] = {}
 
     def step(
-        self, params: Mapping[str, npt.NDArray[np.floating]], delta: Mapping[str, npt.NDArray[np.floating]]
+        self,
+        params: Mapping[str, npt.NDArray[np.floating]],
+        delta: Mapping[str, npt.NDArray[np.floating]],
+        count: int = 1,
     ) -> dict[str, F32]:
-        """New parameters from the current ones and the merged outer gradient ``Δ = θ - θ_local``."""
+        """New parameters from the current ones and the merged outer gradient ``Δ = θ - θ_local``
+        of ``count`` contributions (used by Delayed Nesterov only; plain Nesterov takes one step)."""
+        if count < 1:
+            raise ValueError(f"count must be at least 1, not {count}")
         if set(params) != set(delta):
             raise ValueError(f"params and delta name different tensors: {sorted(set(params) ^ set(delta))}")
         for name in params:
@@ -48,13 +60,14 @@ class OuterOptimizer:
                     f"tensor {name!r}: params {np.shape(params[name])} vs delta {np.shape(delta[name])}"
                 )
         if self.delayed_every:
-            out = self._delayed(params, delta)
+            out = self._delayed(params, delta, count)
+            self.steps += count
         else:
             out = {
                 n: self._nesterov(n, np.asarray(params[n], np.float32), np.asarray(delta[n], np.float32))
                 for n in params
             }
-        self.steps += 1
+            self.steps += 1
         return out
 
     def _nesterov(self, name: str, p: F32, d: F32) -> F32:
@@ -66,15 +79,19 @@ class OuterOptimizer:
         return p - lr * g
 
     def _delayed(
-        self, params: Mapping[str, npt.NDArray[np.floating]], delta: Mapping[str, npt.NDArray[np.floating]]
+        self,
+        params: Mapping[str, npt.NDArray[np.floating]],
+        delta: Mapping[str, npt.NDArray[np.floating]],
+        count: int,
     ) -> dict[str, F32]:
         n = self.delayed_every
         mu, lr, inv_n = np.float32(self.momentum), np.float32(self.lr), np.float32(1.0 / n)
-        apply_momentum = (self.steps + 1) % n == 0
+        apply_momentum = (self.steps + count) // n > self.steps // n
         out: dict[str, F32] = {}
         for name in params:
-            p, d = np.asarray(params[name], np.float32), np.asarray(delta[name], np.float32)
-            buf = self._buf.get(name, np.zeros_like(p)) + d
+            p = np.asarray(params[name], np.float32)
+            d: F32 = np.asarray(delta[name], np.float32) * np.float32(count)
+            buf: F32 = self._buf.get(name, np.zeros_like(p)) + d
             if apply_momentum:
                 u = self._u.get(name, np.zeros_like(p)) * mu + buf * inv_n
                 self._u[name] = u

@@ -86,7 +86,7 @@ def run_round(
     delta = merge_fragment(
         [c.tensors for c in contributions], weights, rule=diloco.merge_rule, kind=spec.kind
     )
-    new_params = optimizer.step(params, delta)
+    new_params = optimizer.step(params, delta, count=len(contributions))
     new_version = version + 1
     payload = encode_params(new_params, spec.index, new_version)
     outer_blob = encode_outer_state(optimizer, spec.index, new_version)

@@ -130,6 +130,7 @@ class RoundRunner:
     ) -> None:
         svc = self.service
         started = svc.clock()
+        before = fs.optimizer.state_arrays()  # a failed round must not leave its momentum behind
         try:
             assert fs.params is not None
             outcome: RoundOutcome = await anyio.to_thread.run_sync(
@@ -140,6 +141,7 @@ class RoundRunner:
             raise
         except Exception:
             # their stored copies stay, so a restart replays them; only the memory is given back now
+            fs.optimizer.load_state_arrays(before)
             log.exception(
                 "fragment %d: round failed; its %d contributions wait for a restart",
                 fs.index,

@@ -76,6 +76,8 @@ class Startup:
         svc = self.service
         try:
             pending = await svc.load()
+            if not self._stopping:
+                self.desk.replay(pending)
         except Exception as exc:
             if self._stopping:
                 return
@@ -86,7 +88,6 @@ class Startup:
             return
         if self._stopping:
             return
-        self.desk.replay(pending)
         self._tasks += [
             asyncio.create_task(self.runner.run(), name="rounds"),
             asyncio.create_task(svc.guard.watch(svc.store.probe, self.desk.flush), name="storage-watch"),

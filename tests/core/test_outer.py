@@ -81,3 +81,30 @@ def test_delayed_nesterov_every_step_is_plain_nesterov() -> None:
         d = {"w": rng.standard_normal(6).astype(np.float32)}
         ta, tb = plain.step(ta, d), delayed.step(tb, d)
         np.testing.assert_allclose(ta["w"], tb["w"], rtol=1e-6, atol=1e-7)
+
+
+def test_delayed_nesterov_merging_all_n_at_once_is_plain_nesterov() -> None:
+    # a round that merges every one of the N learners is one synchronous DiLoCo outer step
+    rng = np.random.default_rng(3)
+    plain, delayed = OuterOptimizer(), OuterOptimizer(delayed_every=4)
+    ta = tb = {"w": rng.standard_normal(6).astype(np.float32)}
+    for _ in range(3):
+        d = {"w": rng.standard_normal(6).astype(np.float32)}
+        ta, tb = plain.step(ta, d), delayed.step(tb, d, count=4)
+        np.testing.assert_allclose(ta["w"], tb["w"], rtol=1e-6, atol=1e-6)
+    assert delayed.steps == 12
+
+
+def test_delayed_nesterov_counts_every_contribution_of_a_merge() -> None:
+    opt = OuterOptimizer(lr=1.0, momentum=0.5, delayed_every=4)
+    theta = {"w": np.zeros(1, np.float32)}
+    theta = opt.step(theta, {"w": np.array([4.0], np.float32)})  # 1 of 4: theta -= 4/4
+    np.testing.assert_allclose(theta["w"], [-1.0])
+    theta = opt.step(theta, {"w": np.array([2.0], np.float32)}, count=2)  # 3 of 4: theta -= 2*2/4
+    np.testing.assert_allclose(theta["w"], [-2.0])
+    # crosses 4: B = 4 + 4 + 8 = 16, u = 16/4 = 4; theta -= 0.5*4 + 2*4/4
+    theta = opt.step(theta, {"w": np.array([4.0], np.float32)}, count=2)
+    np.testing.assert_allclose(theta["w"], [-2.0 - 2.0 - 2.0])
+    assert opt.steps == 5
+    with pytest.raises(ValueError, match="count"):
+        opt.step(theta, {"w": np.zeros(1, np.float32)}, count=0)
