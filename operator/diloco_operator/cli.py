@@ -45,13 +45,18 @@ def main(argv: list[str]) -> int:
 
     kopf.configure(verbose=args.verbose)
     logging.getLogger("diloco_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    # kopf's own id for this replica, kept in the memo so liveness can tell itself from its peers
+    from kopf._core.engines.peering import detect_own_id
+
+    identity = detect_own_id(manual=False)
     asyncio.run(kopf.operator(
+        identity=identity,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=args.liveness or None,
         peering_name=None if args.standalone else args.peering,
         standalone=args.standalone,
         priority=args.priority,
-        memo=kopf.Memo(namespaces=list(args.namespace)),  # liveness lists the jobs of these only
+        memo=kopf.Memo(namespaces=list(args.namespace), identity=str(identity)),  # for liveness
     ))
     return 0

@@ -104,7 +104,8 @@ def probe(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> str:
         peering = None if settings.peering.standalone else ctx.kube.get_cluster(peering_path(settings, ctx.namespaces))
     except Exception as exc:
         raise kopf.PermanentError(f"API unreachable: {api_error(exc)}") from exc
-    if not settings.peering.standalone and paused_by_peers(peering, settings.peering.priority, datetime.now(UTC)):
+    own_id = str(memo.get("identity", ""))
+    if not settings.peering.standalone and paused_by_peers(peering, settings.peering.priority, datetime.now(UTC), own_id):
         ctx.watch.pause()
         return "paused"
     now = time.monotonic()

@@ -81,21 +81,19 @@ def watch_is_alive(due: Mapping[str, float], now: float, threshold: float) -> bo
     return all(now - since <= threshold for since in due.values())
 
 
-def paused_by_peers(peering: Mapping[str, Any] | None, priority: int, now: datetime) -> bool:
+def paused_by_peers(peering: Mapping[str, Any] | None, priority: int, now: datetime, own_id: str) -> bool:
     """Whether kopf peering keeps this replica paused (its watches closed on purpose).
 
-    kopf pauses a replica while another live peer has a higher priority or the same one. The
-    peering object's status maps peer ids to ``priority``, ``lifetime`` and ``lastseen``; a peer is
-    live until ``lastseen + lifetime``. This replica is one of the live peers of its own priority,
-    so a second one at that priority means a pause. A missing peering object: kopf waits for it.
+    kopf pauses a replica while another live peer (any id but its own) has a higher priority or
+    the same one. The peering object's status maps peer ids to ``priority``, ``lifetime`` and
+    ``lastseen``; a peer is live until ``lastseen + lifetime``. Whether this replica's own entry is
+    there or fresh does not matter, as for kopf. A missing peering object: kopf waits for it.
     """
     if peering is None:
         return True
-    live = [p for p in (peering.get("status") or {}).values()
-            if isinstance(p, Mapping) and _is_live(p, now)]
-    higher = [p for p in live if int(p.get("priority", 0)) > priority]
-    same = [p for p in live if int(p.get("priority", 0)) == priority]
-    return bool(higher) or len(same) > 1
+    others = [p for peer_id, p in (peering.get("status") or {}).items()
+              if peer_id != own_id and isinstance(p, Mapping) and _is_live(p, now)]
+    return any(int(p.get("priority", 0)) >= priority for p in others)
 
 
 def _is_live(peer: Mapping[str, Any], now: datetime) -> bool:

@@ -73,13 +73,18 @@ def peer(priority: int, age: float = 1.0, lifetime: int = 60) -> dict[str, Any]:
     ({"me": peer(5), "other": peer(10, age=120)}, 5, False),  # the higher one is dead
     ({"me": peer(5), "other": peer(5)}, 5, True),  # same priority: kopf pauses both
     ({"me": {"priority": 5}}, 5, False),  # no lastseen: counted as seen now
-], ids=["alone", "highest", "outranked", "outranker-dead", "tie", "no-lastseen"])
+    ({"other": peer(5)}, 5, True),  # own entry not written yet: the other one still counts
+    ({"me": peer(5, age=120), "other": peer(5)}, 5, True),  # own keepalive late: same as kopf
+    ({"me": peer(10, age=120)}, 10, False),  # own entry stale, nobody else: not paused
+    ({"other": peer(5, age=120)}, 5, False),  # only a dead peer
+], ids=["alone", "highest", "outranked", "outranker-dead", "tie", "no-lastseen", "own-missing",
+        "own-stale-tie", "own-stale-alone", "dead-peer"])
 def test_paused_by_peers(peers: dict[str, Any], priority: int, paused: bool) -> None:
-    assert paused_by_peers({"status": peers}, priority, T) is paused
+    assert paused_by_peers({"status": peers}, priority, T, "me") is paused
 
 
 def test_missing_peering_object_counts_as_paused() -> None:
-    assert paused_by_peers(None, 0, T) is True
+    assert paused_by_peers(None, 0, T, "me") is True
 
 
 @pytest.mark.integration
