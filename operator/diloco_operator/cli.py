@@ -34,6 +34,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    patterns = [ns for ns in args.namespace if any(c in ns for c in "*?[]!")]
+    if patterns:
+        print(f"diloco operator: --namespace takes namespace names, not patterns: {', '.join(patterns)}")
+        return 2
     if args.allow_chaos:
         os.environ["DILOCO_OPERATOR_ALLOW_CHAOS"] = "true"  # read with the other settings
     try:

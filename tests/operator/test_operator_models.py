@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from diloco_operator.cli import parse_args
+from diloco_operator.cli import main, parse_args
 from diloco_operator.kube import is_subset
 from diloco_operator.models import SpecError, parse_spec, secret_references, validate_job
 from diloco_operator.settings import settings_from_env
@@ -72,6 +72,11 @@ def test_cli_arguments() -> None:
     args = parse_args(["-n", "a", "-n", "b", "--standalone"])
     assert (args.namespace, args.standalone, args.peering) == (["a", "b"], True, "diloco-operator")
     assert parse_args([]).namespace == []
+
+
+def test_namespace_patterns_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["-n", "team-*", "--standalone"]) == 2
+    assert "not patterns: team-*" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("desired", "actual", "same"), [
