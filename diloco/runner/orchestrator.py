@@ -229,6 +229,12 @@ class Orchestrator:
 
     def _apply_chaos(self, event: ChaosEvent, now: float) -> None:
         slot = self.slots[event.learner]
+        group = self._group_of(slot)
+        if event.action == "kill" and slot.up and any(m.state == "finished" for m in group):
+            # the ranks of a unit take every step together: one that finished means the unit's
+            # last step is done and the others are only leaving
+            self._note(f"[{now:6.1f}s] chaos: {self._who(slot)} not killed, its unit finished training")
+            return
         if event.action == "kill" and slot.up:
             for member in self._group_of(slot):
                 if member.up and member.child is not None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from diloco_core.storage import FilesystemStore
-from diloco_worker.checkpoint import list_checkpoints, load_latest, restore, save_checkpoint
+from diloco_worker.checkpoint import common_step, list_checkpoints, load_latest, restore, save_checkpoint
 from diloco_worker.learner import run_learner
 from diloco_worker.model import build_gpt
 from diloco_worker.settings import WorkerSettings
@@ -153,3 +153,18 @@ def test_cuda_generators_of_another_gpu_count_are_skipped(tmp_path: Path) -> Non
         ckpt.tensors[f"rng/cuda/{i}"] = fake_state
     restore(ckpt, model, opt)
     assert torch.equal(torch.rand(2), expected)
+
+
+@pytest.mark.parametrize(
+    ("per_rank", "step"),
+    [
+        ([[10, 20], [20, 30]], 20),
+        ([[10, 20], [10, 20]], 20),
+        ([[], [10]], 0),
+        ([[10], [20]], 0),
+        ([[30]], 30),
+        ([], 0),
+    ],
+)
+def test_common_step_is_the_newest_every_rank_holds(per_rank: list[list[int]], step: int) -> None:
+    assert common_step(per_rank) == step

@@ -16,7 +16,7 @@ import json
 import logging
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,21 +150,38 @@ def list_checkpoints(store: ObjectStore) -> list[int]:
     return sorted(steps)
 
 
+def load_at(store: ObjectStore, step: int) -> Checkpoint | None:
+    """The complete checkpoint of ``step``, or None when it is missing or cannot be read."""
+    prefix = f"ckpt-{step:010d}/"
+    try:
+        meta = json.loads(store.get(prefix + "meta.json"))
+        tensors = st_load(store.get(prefix + "tensors.safetensors"))
+    except (StorageError, ValueError, OSError, SafetensorError) as exc:
+        log.warning("skipping unreadable checkpoint %s: %s", prefix, exc)
+        return None
+    if meta.get("format") != FORMAT:
+        log.warning("skipping checkpoint %s of unknown format %r", prefix, meta.get("format"))
+        return None
+    return Checkpoint(meta, tensors)
+
+
 def load_latest(store: ObjectStore) -> Checkpoint | None:
     """The newest complete checkpoint that can be read, or None."""
     for step in reversed(list_checkpoints(store)):
-        prefix = f"ckpt-{step:010d}/"
-        try:
-            meta = json.loads(store.get(prefix + "meta.json"))
-            tensors = st_load(store.get(prefix + "tensors.safetensors"))
-        except (StorageError, ValueError, OSError, SafetensorError) as exc:
-            log.warning("skipping unreadable checkpoint %s: %s", prefix, exc)
-            continue
-        if meta.get("format") != FORMAT:
-            log.warning("skipping checkpoint %s of unknown format %r", prefix, meta.get("format"))
-            continue
-        return Checkpoint(meta, tensors)
+        ckpt = load_at(store, step)
+        if ckpt is not None:
+            return ckpt
     return None
+
+
+def common_step(per_rank: Sequence[Sequence[int]]) -> int:
+    """The newest checkpoint step every rank of a unit holds, 0 when there is none.
+
+    The ranks of a data-parallel unit take every step together, so they must resume from the same
+    one; a failure between two ranks' writes of a checkpoint leaves them one checkpoint apart.
+    """
+    shared = set(per_rank[0]).intersection(*per_rank[1:]) if per_rank else set()
+    return max(shared, default=0)
 
 
 @torch.no_grad()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -130,6 +130,26 @@ class Unit:
         t = torch.tensor([value], dtype=torch.int64, device=self._comm_device())
         dist.broadcast(t, src=0)
         return int(t.item())
+
+    def all_min(self, value: int) -> int:
+        """The smallest ``value`` over the unit's ranks, on every rank."""
+        if not self.distributed:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self._comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
+    def gather_ints(self, values: Sequence[int], width: int) -> list[list[int]]:
+        """Every rank's ``values`` (at most ``width`` non-negative ints), in rank order, on every rank."""
+        if len(values) > width or any(v < 0 for v in values):
+            raise ValueError(f"gather_ints takes at most {width} non-negative ints, got {list(values)}")
+        if not self.distributed:
+            return [list(values)]
+        mine = torch.full((width,), -1, dtype=torch.int64, device=self._comm_device())
+        mine[: len(values)] = torch.tensor(list(values), dtype=torch.int64)
+        parts = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(parts, mine)
+        return [[v for v in part.tolist() if v >= 0] for part in parts]
 
     def close(self) -> None:
         if self.distributed and dist.is_initialized():

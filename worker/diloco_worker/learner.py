@@ -12,7 +12,16 @@ import torch
 from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.storage import ObjectStore
 
-from .checkpoint import Checkpoint, load_latest, open_checkpoint_store, restore, save_checkpoint
+from .checkpoint import (
+    Checkpoint,
+    common_step,
+    list_checkpoints,
+    load_at,
+    load_latest,
+    open_checkpoint_store,
+    restore,
+    save_checkpoint,
+)
 from .data import Shard
 from .distributed import Unit, join_unit
 from .entry import TaskContext, TrainingTask, load_task
@@ -24,6 +33,7 @@ from .settings import WorkerSettings
 from .train import LoopState, make_optimizer, train
 
 log = logging.getLogger("diloco_worker.learner")
+CHECKPOINTS_SHARED = 8  # the newest checkpoint steps each rank offers when the unit agrees on one
 
 
 def pick_device(name: str, env: Mapping[str, str]) -> torch.device:
@@ -76,12 +86,24 @@ def _resume_if_any(
         return None, LoopState()
     location = settings.checkpoint_dir.rstrip("/") + (f"/rank-{unit.rank}" if unit.distributed else "")
     store = open_checkpoint_store(location)
-    ckpt = load_latest(store)
+    ckpt = _unit_checkpoint(store, unit) if unit.distributed else load_latest(store)
     if ckpt is None:
         return store, LoopState()
     state = _resume(ckpt, task, opt, fs, plan.hash())
     log.info("learner=%s step=%d resumed from checkpoint", settings.learner_id, state.step)
     return store, state
+
+
+def _unit_checkpoint(store: ObjectStore, unit: Unit) -> Checkpoint | None:
+    """The checkpoint of the newest step that every rank of the unit holds and can read (or None,
+    the same on every rank), so that the ranks resume in step."""
+    steps = list_checkpoints(store)[-CHECKPOINTS_SHARED:]
+    step = common_step(unit.gather_ints(steps, CHECKPOINTS_SHARED))
+    ckpt = load_at(store, step) if step > 0 else None
+    if step > 0 and unit.all_min(int(ckpt is not None)) == 0:
+        log.warning("rank %d: a rank cannot read its checkpoint of step %d; the unit starts afresh", unit.rank, step)
+        return None
+    return ckpt
 
 
 def run_learner(
