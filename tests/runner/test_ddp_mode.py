@@ -81,4 +81,6 @@ def test_ddp_unit_killed_by_chaos_restarts_from_its_checkpoint(tmp_path: Path) -
     )
     assert summary["goodput"]["goodput"] == pytest.approx(recomputed.goodput)
     assert 0.0 < summary["goodput"]["goodput"] < 1.0
-    assert summary["goodput"]["down_s"] >= REPAIR_S * 2 * 0.9  # both ranks were down
+    # both ranks were down from the kill until the unit was launched again (the runner applies
+    # the schedule at its polling ticks, so the repair it measures can be a tick short of REPAIR_S)
+    assert summary["goodput"]["down_s"] >= 2 * (kill["restarted_at_s"] - kill["at_s"]) - 0.01
