@@ -8,11 +8,15 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: run test test-unit lint typecheck venv binaries system test-kind clean
 
-$(STAMP): pyproject.toml
+# The images' constraint files pin the development environment too, so tests see the versions the
+# images ship (dev-only tools such as pytest are not in them and take pyproject's ranges).
+CONSTRAINTS := constraints/worker.txt constraints/sync.txt
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip >/dev/null
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install $(addprefix -c ,$(CONSTRAINTS)) -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
