@@ -1,7 +1,7 @@
 """Benchmark `simulate`: the paper's Table 1 (goodput vs chips) reproduced by the event simulator.
 
 A thin wrapper around `diloco simulate` with the paper's grid (150k..2.4M chips, M = 2, 4, 8, 16,
-MTBI 1 year per chip); every other flag is passed through (e.g. ``--seeds 1,2,3,4,5``). It prints
+MTBI 1 year per chip); every other flag is passed through to one simulation run (e.g. ``--seeds 1,2,3,4,5``). It prints
 the simulator's tables, writes ``--json PATH`` (the simulator's JSON document) and a plot of goodput
 vs chips, ours as lines and the paper's as markers.
 """
@@ -9,13 +9,10 @@ vs chips, ours as lines and the paper's as markers.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import json
 import sys
 from typing import Any
 
-from diloco.simulate.cli import main as simulate_main
+from diloco.simulate.cli import simulate
 from diloco_bench import harness as h
 from diloco_bench import plots
 
@@ -35,13 +32,12 @@ def main(argv: list[str]) -> int:
                                 epilog="Any other flag goes to `diloco simulate` (see `diloco simulate --help`).")  # fmt: skip
     h.output_flags(p)
     a, rest = p.parse_known_args(argv)
-    captured = io.StringIO()
-    with contextlib.redirect_stdout(captured):
-        code = simulate_main([*GRID, *rest, "--json"])
-    if code != 0:
-        return code
-    doc = json.loads(captured.getvalue())
-    simulate_main([*GRID, *rest])  # the same seeds again: the same figures, printed as tables
+    try:
+        text, doc = simulate([*GRID, *rest])
+    except ValueError as exc:
+        print(f"diloco bench simulate: {exc}", file=sys.stderr)
+        return 2
+    print(text)
     h.write_json(a.json, doc)
     plots.emit(a, "simulate", lambda: plots.simulate(*curves(doc)))
     return 0

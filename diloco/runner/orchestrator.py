@@ -236,13 +236,13 @@ class Orchestrator:
             self._note(f"[{now:6.1f}s] chaos: {self._who(slot)} not killed, its unit finished training")
             return
         if event.action == "kill" and slot.up:
-            for member in self._group_of(slot):
+            for member in group:
                 if member.up and member.child is not None:
                     member.child.kill()
                     self._mark_down(member, now, by_chaos=member is slot)
             self._note(f"[{now:6.1f}s] chaos: killed {self._who(slot)} at step {slot.step}{self._unit_note()}")
         elif event.action == "restart" and slot.state == "down" and slot.pending_kill is not None:
-            for member in self._group_of(slot):
+            for member in group:
                 if member.state == "down":
                     self._launch(member)
             slot.pending_kill.restarted_at_s = now

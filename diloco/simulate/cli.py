@@ -110,39 +110,45 @@ def _headline(table: Table) -> str | None:
     return f"headline at 1.2M chips: decoupled M=8 {dec:.0f}% vs data-parallel {dp:.0f}% (paper: 88% vs 27%)"
 
 
-def main(argv: list[str]) -> int:
+def simulate(argv: list[str]) -> tuple[str, dict[str, object]]:
+    """Run the simulation the flags describe: its tables as text and the same as one JSON document.
+
+    Raises ``ValueError`` for settings that cannot work."""
     args = build_parser().parse_args(argv)
-    try:
-        mtbi = float("inf") if args.no_failures else args.mtbi_years * SECONDS_PER_YEAR
-        params = replace(SimParams(), mtbi_s=mtbi, slice_chips=args.slice_chips)
-        link = LinkSettings(args.params, args.step_time, args.bytes_per_value, args.inner_steps,
-                            args.fragments, args.overlap, args.quantizer_bits)
-        if any(m > c for m in args.learners for c in args.chips):
-            raise ValueError("every learner count must be <= every chip count")
-    except ValueError as exc:
-        print(f"diloco simulate: {exc}", file=sys.stderr)
-        return 2
+    mtbi = float("inf") if args.no_failures else args.mtbi_years * SECONDS_PER_YEAR
+    params = replace(SimParams(), mtbi_s=mtbi, slice_chips=args.slice_chips)
+    link = LinkSettings(args.params, args.step_time, args.bytes_per_value, args.inner_steps,
+                        args.fragments, args.overlap, args.quantizer_bits)
+    if any(m > c for m in args.learners for c in args.chips):
+        raise ValueError("every learner count must be <= every chip count")
     started = time.perf_counter()
     table = goodput_table(args.chips, default_rows(tuple(args.learners)), params, args.horizon_days * 86400,
                           args.seeds)
     elapsed = time.perf_counter() - started
     bandwidth = estimate_bandwidth(link)
-    if args.json:
-        doc = {"params": _params_dict(params), "horizon_days": args.horizon_days, "seeds": args.seeds,
-               "goodput": table.to_dict(), "bandwidth": [asdict(b) for b in bandwidth],
-               "link": asdict(link), "elapsed_s": round(elapsed, 3)}
-        print(json.dumps(doc, indent=2))
-        return 0
-    print(render_table(table))
+    doc = {"params": _params_dict(params), "horizon_days": args.horizon_days, "seeds": args.seeds,
+           "goodput": table.to_dict(), "bandwidth": [asdict(b) for b in bandwidth],
+           "link": asdict(link), "elapsed_s": round(elapsed, 3)}
+    lines = [render_table(table)]
     headline = _headline(table)
     if headline:
-        print(headline)
+        lines.append(headline)
     decoupled = [r.key for r in table.rows if r.mode == "decoupled"]
-    print(f"max |ours - paper|: data-parallel rows {table.max_error(['dp', 'elastic']):.1f} points (calibrated), "
-          f"decoupled rows {table.max_error(decoupled):.1f} points (not fitted)")
-    print(f"({len(args.seeds)} seed(s) x {args.horizon_days:g} simulated days per cell, {elapsed:.1f} s; "
-          f"MTBI {'none' if args.no_failures else f'{args.mtbi_years:g} year(s)'} per chip)\n")
-    print(render_bandwidth(bandwidth, link))
+    lines.append(f"max |ours - paper|: data-parallel rows {table.max_error(['dp', 'elastic']):.1f} points "
+                 f"(calibrated), decoupled rows {table.max_error(decoupled):.1f} points (not fitted)")
+    lines.append(f"({len(args.seeds)} seed(s) x {args.horizon_days:g} simulated days per cell, {elapsed:.1f} s; "
+                 f"MTBI {'none' if args.no_failures else f'{args.mtbi_years:g} year(s)'} per chip)\n")
+    lines.append(render_bandwidth(bandwidth, link))
+    return "\n".join(lines), doc
+
+
+def main(argv: list[str]) -> int:
+    try:
+        text, doc = simulate([a for a in argv if a != "--json"])
+    except ValueError as exc:
+        print(f"diloco simulate: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(doc, indent=2) if "--json" in argv else text)
     return 0
 
 

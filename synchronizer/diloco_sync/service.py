@@ -74,7 +74,6 @@ class SyncService:
         self.bytes_in = 0
         self.bytes_out = 0
         self.sync_time_s = 0.0  # EMA of merge + commit time
-        self.loaded = False
         self.registry_dirty = False
         self.started_at = clock()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -129,7 +128,6 @@ class SyncService:
             fs.rounds = lf.record.rounds
             fs.publish(lf.record.version, lf.params, lf.payload)
             fs.open_round(now, self.diloco.quorum)
-        self.loaded = True
         log.info(
             "job %s shard %d loaded: plan %s, versions %s, %d learners, %d pending contributions",
             self.settings.job.job_id, self.settings.shard_index, self.plan_hash[:12] or "(none yet)",
