@@ -20,7 +20,7 @@ class _Model(BaseModel):
 
 
 class DiLoCoSettings(_Model):
-    """The algorithm's knobs (see ALGORITHM.md §5)."""
+    """The algorithm's knobs (docs/algorithm.md §1 names them, §3 says what each does)."""
 
     inner_steps: int = Field(32, ge=1, description="H: inner steps between two syncs of one fragment")
     fragments: int = Field(4, ge=1, description="P: number of fragments the model is split into")

@@ -3,7 +3,7 @@
 Every learner computes the plan from the model's named shapes alone, so all learners and the
 synchronizer agree by construction; ``FragmentPlan.hash()`` lets them check that they do.
 
-Packing (ALGORITHM.md §1.2, §5.2): embedding tensors get their own fragment (merged with the
+Packing (docs/algorithm.md §3.1, §3.2): embedding tensors get their own fragment (merged with the
 weighted mean); the other tensors are packed largest first into the currently smallest fragment,
 ties broken by name ("balanced"), or by layer, layer ``i`` going to dense fragment ``i mod P``
 ("strided", Streaming DiLoCo §3). With P = 1 every tensor shares one "dense" fragment, because a

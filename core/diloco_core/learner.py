@@ -1,4 +1,4 @@
-"""Learner-side DiLoCo state as pure functions on numpy arrays (ALGORITHM.md §5.3).
+"""Learner-side DiLoCo state as pure functions on numpy arrays (docs/algorithm.md §3.3).
 
 Per fragment a learner keeps an anchor (the last global version it received), a step counter that
 starts at ``-offset`` so fragments fall due at different steps, the tokens seen since the fragment's
@@ -66,7 +66,7 @@ class FragmentCounters:
     Tokens are counted only for steps after the counter passed zero, so ``tokens / steps`` is the
     learner's tokens per step on the first round too.
 
-    This is the counting rule of ALGORITHM.md §5.3 in its plainest form, a reference for code that
+    This is the counting rule of docs/algorithm.md §3.2 in its plainest form, a reference for code that
     simulates learners without PyTorch: the core's tests drive whole rounds with it (a learner that
     sends when due and resets when the merge comes back). A fragment is due from its H-th step after
     the last global version until :meth:`reset`, whether or not its outer gradient was sent.

@@ -1,4 +1,4 @@
-"""Merging outer gradients of one fragment from several learners (ALGORITHM.md §1.4, §5.4).
+"""Merging outer gradients of one fragment from several learners (docs/algorithm.md §3.6, §3.7).
 
 Weights are token-weighted (``tokens * tokens / steps``: quantity x quality) with an optional
 staleness discount. Non-embedding tensors are merged with Radial-Directional Averaging (norms and

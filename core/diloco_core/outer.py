@@ -2,7 +2,7 @@
 
 Plain Nesterov follows ``torch.optim.SGD(nesterov=True)``: ``u ← μu + Δ; θ ← θ - η(Δ + μu)``.
 
-Delayed Nesterov (Async Local-SGD, Alg. 3 with c = 0; ALGORITHM.md §4.1), for small quorums that
+Delayed Nesterov (Async Local-SGD, Alg. 3 with c = 0; docs/algorithm.md §2.3, §3.8), for small quorums that
 produce many one-learner merges: outer gradients are summed in a buffer ``B``; every N-th step
 ``u ← μu + B/N`` and ``θ ← θ - η(μu + Δ/N)``; on the other steps ``θ ← θ - ηΔ/N`` and ``u`` is kept.
 

@@ -1,4 +1,4 @@
-"""Quantizers of the wire format, on flat float32 arrays (ALGORITHM.md §5.6).
+"""Quantizers of the wire format, on flat float32 arrays (docs/algorithm.md §3.9).
 
 - ``fp32``: the values as they are.
 - ``bf16``: the top 16 bits of each float32, rounded to nearest even (NaN stays NaN).

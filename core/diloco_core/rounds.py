@@ -3,7 +3,7 @@
 A round of fragment p at version v collects contributions (outer gradients based on some version).
 Contributions whose base version is more than ``max_staleness`` versions behind are excluded with a
 reason. Once the quorum K is reached at ``first_quorum_at``, the round waits an adaptive grace window
-(Decoupled DiLoCo Eq. 3, ALGORITHM.md §1.4)::
+(Decoupled DiLoCo Eq. 3, docs/algorithm.md §2.4, §3.5)::
 
     grace = clip(gamma * (overlap * step_time - quorum_time - sync_time), 0, cap)
 

@@ -110,7 +110,7 @@ class Timeline:
 
 @dataclass(frozen=True)
 class Goodput:
-    """Useful learner-time over total learner-time (ALGORITHM.md §1.7, §5.7).
+    """Useful learner-time over total learner-time (docs/algorithm.md §3.11).
 
     total = every second a learner was allocated (starting + training + down);
     useful = training time - time blocked on communication - work rolled back by failures.

@@ -3,7 +3,7 @@
 Everything the simulator assumes lives here as data, so the documentation (docs/simulator.md), the
 CLI and the tests read the same numbers.
 
-Failure model (Decoupled DiLoCo, ALGORITHM.md §1.7/§5.7): every chip is interrupted as a Poisson
+Failure model (Decoupled DiLoCo, docs/algorithm.md §2.4, §3.11): every chip is interrupted as a Poisson
 process with mean time between interruptions ``mtbi_s`` (1 year). A group of n chips therefore fails
 at rate n / MTBI; the simulator only ever handles groups (the whole job, slices, learners), never
 single chips.

@@ -1,4 +1,4 @@
-"""Partial contributions (the synchronizer pulls a round's ready learners, ALGORITHM.md §5.4) with real
+"""Partial contributions (the synchronizer pulls a round's ready learners, docs/algorithm.md §3.4) with real
 learner processes against a real synchronizer: a much slower learner is merged only thanks to the pull."""
 
 from __future__ import annotations

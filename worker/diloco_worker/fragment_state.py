@@ -1,5 +1,5 @@
 """The learner's side of DiLoCo, per fragment: anchor, base version, counters, and the two moves
-of the algorithm (ALGORITHM.md §5.3):
+of the algorithm (docs/algorithm.md §3.3):
 
 - when a fragment is due:  delta_p = A_p - theta_p   (sent in the background, training goes on);
 - when a global version v of Theta_p arrives (at a step boundary):

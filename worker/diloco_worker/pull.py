@@ -1,4 +1,4 @@
-"""The synchronizer pulls partial progress (ALGORITHM.md §5.4): when a round of fragment p opens on the
+"""The synchronizer pulls partial progress (docs/algorithm.md §3.4): when a round of fragment p opens on the
 version this learner started from, the learner sends what it has so far instead of waiting for its own
 H steps, so that a slower learner is merged instead of overwritten before it ever sends.
 """

@@ -274,7 +274,7 @@ class DiLoCoSession:
         return due
 
     def _send_requested(self, step: int) -> None:
-        """Answer the rounds that asked for this learner's partial progress (ALGORITHM.md §5.4)."""
+        """Answer the rounds that asked for this learner's partial progress (docs/algorithm.md §3.4)."""
         chosen = 0
         if self.comm is not None:
             for p, version in self.comm.requests().items():
