@@ -41,6 +41,8 @@ from diloco_core.auth import learner_token
 from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.protocol import LEARNER_HEADER, VERSION_HEADER
 
+from diloco.runner.processes import free_port
+
 SECRET = "bench-secret"
 _LEN = struct.Struct("<Q")
 
@@ -282,15 +284,6 @@ async def run_raw(plan: FragmentPlan, clients: int, seconds: float, port: int) -
 
 
 # -- entry point -----------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def report(results: list[Result], plan: FragmentPlan) -> str:

@@ -31,25 +31,18 @@ from typing import Any
 
 import httpx
 from diloco_core.auth import learner_token
-from diloco_core.config import ModelSettings, TrainSettings
+from diloco_core.config import DiLoCoSettings, ModelSettings, TrainSettings
 from diloco_worker.learner import run_learner
 from diloco_worker.metrics import read_metrics
-from diloco_worker.settings import PlanSettings, WorkerSettings
+from diloco_worker.settings import WorkerSettings
+
+from diloco.runner.processes import free_port
 
 SECRET = "bench-secret"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def start_synchronizer(args: argparse.Namespace, store: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     argv = [
         sys.executable,
         "-m",
@@ -97,7 +90,7 @@ def _settings(args: argparse.Namespace, metrics: Path, sync_url: str | None, lea
         sync_url=sync_url,
         learner_id=learner,
         token=learner_token(SECRET, learner) if sync_url else None,
-        plan=PlanSettings(inner_steps=args.inner_steps, fragments=args.fragments, overlap=args.overlap),
+        diloco=DiLoCoSettings(inner_steps=args.inner_steps, fragments=args.fragments, overlap=args.overlap),
         model=ModelSettings(
             n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size
         ),

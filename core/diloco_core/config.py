@@ -1,7 +1,9 @@
 """Typed configuration shared by the synchronizer, the learners, the operator and the local runner.
 
-Parsed once at each entry point (flags, environment, the operator's ConfigMap) and stored in
-checkpoints. Field names are snake_case here; the custom resource uses camelCase aliases.
+The one declaration of every setting: its name, type, default, range and description. The commands'
+flags and ``DILOCO_*`` variables (``diloco_core.flags``) and the operator's custom resource
+(``diloco_operator.models``, camelCase names) derive from these fields. Parsed once at each entry
+point (flags, environment, the operator's ConfigMap) and stored in checkpoints.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# the DiLoCo settings a learner's fragment plan depends on (a learner builds its plan from them)
+PLAN_FIELDS: tuple[str, ...] = ("inner_steps", "fragments", "overlap", "fragment_strategy")
+
+
 class DiLoCoSettings(_Model):
     """The algorithm's knobs (docs/algorithm.md §1 names them, §3 says what each does)."""
 
@@ -28,17 +34,21 @@ class DiLoCoSettings(_Model):
     quorum: int = Field(1, ge=1, description="K: minimum learners merged in a round")
     grace_gamma: float = Field(0.5, ge=0.0, le=1.0, description="gamma: share of the slack spent waiting")
     grace_cap_steps: float = Field(1.0, ge=0.0, description="upper bound of the grace window, in step times")
-    outer_lr: float = Field(0.7, gt=0.0, le=10.0)
-    outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    outer_lr: float = Field(0.7, gt=0.0, le=10.0, description="eta: learning rate of the outer Nesterov optimizer")
+    outer_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="mu: momentum of the outer Nesterov optimizer")
     delayed_nesterov: int = Field(0, ge=0, description="apply momentum every N merges (0: plain Nesterov)")
-    codec: Quantizer = "int4"
+    codec: Quantizer = Field("int4", description="quantization of the outer gradients on the wire")
     mixing_alpha: float = Field(0.0, ge=0.0, le=1.0, description="alpha: 0 overwrites local with global")
-    merge_rule: MergeRule = "rda"
-    token_weighting: bool = True
+    merge_rule: MergeRule = Field(
+        "rda", description="how contributions are merged: radial-directional averaging or the weighted mean"
+    )
+    token_weighting: bool = Field(True, description="weight contributions by tokens x tokens per step")
     staleness_power: float = Field(0.0, ge=0.0, description="weight x (1+staleness)^-power; 0 disables")
     max_staleness: int = Field(4, ge=0, description="versions behind the newest a contribution may be")
-    heartbeat_timeout_s: float = Field(30.0, gt=0.0)
-    fragment_strategy: FragmentStrategy = "balanced"
+    heartbeat_timeout_s: float = Field(30.0, gt=0.0, description="a learner silent for this long is not alive")
+    fragment_strategy: FragmentStrategy = Field(
+        "balanced", description="packing of tensors into fragments: balanced sizes, or layer i in fragment i mod P"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DiLoCoSettings:
@@ -50,45 +60,58 @@ class DiLoCoSettings(_Model):
 class ModelSettings(_Model):
     """Which model a learner trains: the built-in GPT or a user entry point ``module:function``."""
 
-    entry_point: str = Field("builtin", description="'builtin' or 'package.module:function'")
-    n_layer: int = Field(4, ge=1)
-    n_head: int = Field(4, ge=1)
-    n_embd: int = Field(128, ge=8)
+    entry_point: str = Field(
+        "builtin",
+        description="what to train: 'builtin' (the byte-level GPT) or 'package.module:function', a "
+        "function that receives a TaskContext and returns a TrainingTask or (model, loss_fn, "
+        "make_batches); the module must be importable (installed or on PYTHONPATH). See docs/user-models.md",
+    )
+    n_layer: int = Field(4, ge=1, description="transformer layers of the built-in model")
+    n_head: int = Field(4, ge=1, description="attention heads of the built-in model")
+    n_embd: int = Field(128, ge=8, description="embedding width of the built-in model")
     block_size: int = Field(128, ge=8, description="context length in tokens")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    seed: int = 0
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout of the built-in model")
+    seed: int = Field(0, description="seed of the initial parameters (the same on every learner)")
 
 
 class TrainSettings(_Model):
     """The learner's inner optimisation."""
 
-    batch_size: int = Field(16, ge=1)
-    grad_accum: int = Field(1, ge=1)
-    lr: float = Field(1e-3, gt=0.0)
-    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
-    warmup_steps: int = Field(50, ge=0)
+    batch_size: int = Field(16, ge=1, description="sequences per micro-batch")
+    grad_accum: int = Field(1, ge=1, description="micro-batches accumulated per inner step")
+    lr: float = Field(1e-3, gt=0.0, description="peak inner learning rate")
+    min_lr_ratio: float = Field(
+        0.1, ge=0.0, le=1.0, description="the cosine schedule ends at lr x this ratio"
+    )
+    warmup_steps: int = Field(50, ge=0, description="linear warm-up steps of the inner learning rate")
     max_steps: int = Field(1000, ge=1, description="inner steps of this learner (schedule length)")
-    weight_decay: float = Field(0.1, ge=0.0)
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = Field(1.0, ge=0.0)
+    weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay")
+    beta1: float = Field(0.9, description="AdamW beta1")
+    beta2: float = Field(0.95, description="AdamW beta2")
+    grad_clip: float = Field(1.0, ge=0.0, description="gradient norm clipping of the inner steps (0: none)")
 
 
 class DataSettings(_Model):
+    """The training corpus."""
+
     corpus: str = Field("stdlib", description="'stdlib', a local folder/file, or s3://bucket/prefix")
-    eval_fraction: float = Field(0.02, gt=0.0, lt=0.5)
-    non_iid: bool = False
+    eval_fraction: float = Field(0.02, gt=0.0, lt=0.5, description="share of the corpus held out for evaluation")
+    non_iid: bool = Field(False, description="give each learner a distinct part of the corpus (non-IID data)")
 
 
 class StorageSettings(_Model):
+    """Where a job keeps its state."""
+
     url: str = Field(..., description="file:///path or s3://bucket/prefix")
-    endpoint_url: str | None = None
-    region: str | None = None
-    keep_versions: int = Field(4, ge=1)
+    endpoint_url: str | None = Field(None, description="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    region: str | None = Field(None, description="S3 region (default: AWS_REGION)")
+    keep_versions: int = Field(4, ge=1, description="fragment versions kept in storage")
 
 
 class JobConfig(_Model):
-    job_id: str = Field("local", min_length=1, max_length=63)
+    """Everything a job's synchronizers and learners share (the operator writes it to a ConfigMap)."""
+
+    job_id: str = Field("local", min_length=1, max_length=63, description="the training job's id")
     diloco: DiLoCoSettings = DiLoCoSettings()
     model: ModelSettings = ModelSettings()
     train: TrainSettings = TrainSettings()

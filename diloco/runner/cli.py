@@ -9,84 +9,67 @@ import sys
 import time
 from pathlib import Path
 
+from diloco_core.flags import add_flags, derive_flags, read, validate
+
 from diloco.runner.commands import RunPaths
 from diloco.runner.settings import (
-    MODES,
-    ModelShape,
     RunSettings,
     SettingsError,
-    check_settings,
     parse_bandwidth,
     parse_slow,
     parse_speed_factors,
 )
 
+# no environment: a local run's DILOCO_* variables are its children's business
+FLAGS = derive_flags(
+    RunSettings,
+    {
+        "": None,
+        "diloco": ("inner_steps", "fragments", "overlap", "codec", "outer_lr", "outer_momentum"),
+        "model": ("n_layer", "n_head", "n_embd", "block_size", "seed"),
+        "train": ("batch_size", "max_steps"),
+    },
+    exclude=("speed_factors", "bandwidth_limits", "host", "poll_interval_s", "stop_timeout_s", "python"),
+    help={
+        "seed": "seed of the chaos schedule and the model",
+        "max-steps": "inner steps per learner",
+        "overlap": "tau: steps a sent fragment overlaps with training (decoupled mode)",
+    },
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    d = RunSettings()
     p = argparse.ArgumentParser(prog="diloco run", description=__doc__)
-    p.add_argument("--mode", choices=MODES, default=d.mode,
-                   help="decoupled (K=1, grace, overlap), diloco-sync (K=all, no overlap) or ddp (data-parallel every step)")
-    p.add_argument("--learners", type=int, default=d.learners, help="learner processes (default %(default)s)")
-    p.add_argument("--max-steps", type=int, default=d.max_steps, help="inner steps per learner (default %(default)s)")
-    p.add_argument("--token-budget", type=int, default=None, help="stop once all learners processed this many tokens")
-    p.add_argument("--time-limit", type=float, default=d.time_limit_s, help="stop after this many seconds")
-    p.add_argument("--inner-steps", type=int, default=d.inner_steps, help="H (default %(default)s)")
-    p.add_argument("--fragments", type=int, default=d.fragments, help="P (default %(default)s)")
-    p.add_argument("--overlap", type=int, default=d.overlap, help="tau, decoupled mode (default %(default)s)")
-    p.add_argument("--codec", default=d.codec, help="wire quantizer of outer gradients (default %(default)s)")
-    p.add_argument("--n-layer", type=int, default=d.model.n_layer)
-    p.add_argument("--n-head", type=int, default=d.model.n_head)
-    p.add_argument("--n-embd", type=int, default=d.model.n_embd)
-    p.add_argument("--block-size", type=int, default=d.model.block_size)
-    p.add_argument("--batch-size", type=int, default=d.model.batch_size)
-    p.add_argument("--outer-lr", type=float, default=d.outer_lr, help="outer Nesterov learning rate (default %(default)s)")
-    p.add_argument("--outer-momentum", type=float, default=d.outer_momentum,
-                   help="outer Nesterov momentum (default %(default)s)")
-    p.add_argument("--delayed-nesterov", type=int, default=None,
-                   help="apply the outer momentum every N merges, 0 for plain Nesterov (default: the "
-                   "number of learners in decoupled mode, 0 otherwise)")
-    p.add_argument("--eval-every", type=int, default=d.eval_every, help="learners' local evaluation interval in steps")
-    chaos = p.add_argument_group("chaos and heterogeneity")
-    chaos.add_argument("--mtbf", type=float, default=d.mtbf_s,
-                       help="mean seconds between failures of each learner (exponential); 0 disables chaos")
-    chaos.add_argument("--repair", type=float, default=d.repair_s, help="seconds a killed learner stays down")
-    chaos.add_argument("--seed", type=int, default=d.seed, help="seed of the chaos schedule and the model")
+    add_flags(p, FLAGS)
+    chaos = p.add_argument_group("heterogeneity")
     chaos.add_argument("--speed-factors", default=None, help="step-time multiplier per learner, e.g. 1,1,1.18,1.18")
     chaos.add_argument("--slow", default=None, help="FRACTION:FACTOR, e.g. 0.5:1.18 slows the last half by 18%%")
     chaos.add_argument("--bandwidth-limit", default=None,
                        help="upload rate of learners in bytes/s: one for all (500k) or one each (1M,-,-,200k)")
-    out = p.add_argument_group("where and how")
-    out.add_argument("--runs-dir", type=Path, default=d.runs_dir, help="parent of the run folder (default %(default)s)")
-    out.add_argument("--storage", default=None, help="file:///path or s3://bucket/prefix (default: the run folder)")
-    out.add_argument("--port", type=int, default=0, help="synchronizer port (default: a free one)")
-    out.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     return p
 
 
 def parse_settings(argv: list[str]) -> RunSettings:
     a = build_parser().parse_args(argv)
-    speeds: tuple[float, ...] = ()
+    given = read(FLAGS, a, {})
+    if given.values.get("mode", "decoupled") != "decoupled":
+        given.set(("diloco", "overlap"), 0, "--mode")  # no overlap in the synchronous modes
+    settings = validate(RunSettings, given, what="run settings")
+    warmup = min(20, settings.train.max_steps // 10)
+    settings = settings.model_copy(update={"train": settings.train.model_copy(update={"warmup_steps": warmup})})
     if a.speed_factors and a.slow:
         raise SettingsError("give either --speed-factors or --slow, not both")
+    speeds: tuple[float, ...] = ()
     if a.speed_factors:
-        speeds = parse_speed_factors(a.speed_factors, a.learners)
+        speeds = parse_speed_factors(a.speed_factors, settings.learners)
     elif a.slow:
-        speeds = parse_slow(a.slow, a.learners)
+        speeds = parse_slow(a.slow, settings.learners)
     if any(f < 1.0 for f in speeds):
         raise SettingsError("speed factors must be >= 1 (a learner can be slowed down, not sped up)")
-    settings = RunSettings(
-        mode=a.mode, learners=a.learners, max_steps=a.max_steps, token_budget=a.token_budget,
-        time_limit_s=a.time_limit, inner_steps=a.inner_steps, fragments=a.fragments, overlap=a.overlap,
-        codec=a.codec,
-        model=ModelShape(n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd, block_size=a.block_size, batch_size=a.batch_size),
-        eval_every=a.eval_every, outer_lr=a.outer_lr, outer_momentum=a.outer_momentum,
-        delayed_nesterov=a.delayed_nesterov, mtbf_s=a.mtbf, repair_s=a.repair, seed=a.seed, speed_factors=speeds,
-        bandwidth_limits=parse_bandwidth(a.bandwidth_limit, a.learners) if a.bandwidth_limit else (),
-        runs_dir=a.runs_dir, storage_url=a.storage, port=a.port, plain=a.plain, python=sys.executable,
+    bandwidth = parse_bandwidth(a.bandwidth_limit, settings.learners) if a.bandwidth_limit else ()
+    return settings.model_copy(
+        update={"speed_factors": speeds, "bandwidth_limits": bandwidth, "python": sys.executable}
     )
-    check_settings(settings)
-    return settings
 
 
 def new_run_paths(runs_dir: Path, now: float) -> RunPaths:

@@ -1,17 +1,27 @@
-"""Command lines of the run's child processes (pure): the synchronizer and the learners."""
+"""Command lines of the run's child processes (pure): the synchronizer and the learners.
+
+Their settings go on the command line as the flags that the core's settings derive
+(``diloco_core.flags``): the synchronizer's job takes every DiLoCo setting, a learner the model,
+its inner optimisation, its data and the settings its fragment plan depends on.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from diloco_core.config import PLAN_FIELDS, DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
+from diloco_core.flags import derive_flags, to_argv
+
 from diloco.runner.settings import RunSettings
 
-CORPUS = "stdlib"
-EVAL_FRACTION = 0.02
-HEARTBEAT_TIMEOUT_S = 6.0
 HEARTBEAT_INTERVAL_S = 1.0
 CHECKPOINT_EVERY = 10
+ALGORITHM_FLAGS = derive_flags(DiLoCoSettings, {"": None})
+PLAN_FLAGS = derive_flags(DiLoCoSettings, {"": PLAN_FIELDS})
+MODEL_FLAGS = derive_flags(ModelSettings, {"": None})
+TRAIN_FLAGS = derive_flags(TrainSettings, {"": None})
+DATA_FLAGS = derive_flags(DataSettings, {"": None})
 
 
 @dataclass(frozen=True)
@@ -47,49 +57,27 @@ def storage_url(settings: RunSettings, paths: RunPaths) -> str:
 
 def build_synchronizer_argv(settings: RunSettings, paths: RunPaths, *, port: int) -> list[str]:
     """The job secret travels in the environment (``DILOCO_JOB_SECRET``), never on a command line."""
-    algo = settings.algorithm()
-    argv = [
+    return [
         settings.python, "-m", "diloco_sync",
         "--host", settings.host,
         "--port", str(port),
         "--storage", storage_url(settings, paths),
-        "--inner-steps", str(algo.inner_steps),
-        "--fragments", str(algo.fragments),
-        "--overlap", str(algo.overlap),
-        "--quorum", str(1 if settings.mode == "ddp" else algo.quorum),
-        "--codec", algo.codec,
-        "--heartbeat-timeout-s", str(HEARTBEAT_TIMEOUT_S),
         "--heartbeat-interval-s", str(HEARTBEAT_INTERVAL_S),
-        "--outer-lr", str(algo.outer_lr),
-        "--outer-momentum", str(algo.outer_momentum),
-        "--delayed-nesterov", str(algo.delayed_nesterov),
-        "--merge-rule", algo.merge_rule,
-    ]
-    return argv
+        *to_argv(ALGORITHM_FLAGS, settings.algorithm()),
+    ]  # fmt: skip
 
 
 def build_worker_argv(settings: RunSettings, paths: RunPaths, learner: int, *, sync_url: str) -> list[str]:
-    algo = settings.algorithm()
-    m = settings.model
     argv = [
         settings.python, "-m", "diloco_worker",
         "--sync-url", sync_url,
         "--learner-id", learner_id(settings, learner),
         "--learner-index", str(0 if settings.mode == "ddp" else learner),
         "--num-learners", str(1 if settings.mode == "ddp" else settings.learners),
-        "--inner-steps", str(algo.inner_steps),
-        "--fragments", str(algo.fragments),
-        "--overlap", str(algo.overlap),
-        "--n-layer", str(m.n_layer),
-        "--n-head", str(m.n_head),
-        "--n-embd", str(m.n_embd),
-        "--block-size", str(m.block_size),
-        "--batch-size", str(m.batch_size),
-        "--seed", str(settings.seed),
-        "--max-steps", str(settings.max_steps),
-        "--warmup-steps", str(min(20, settings.max_steps // 10)),
-        "--corpus", CORPUS,
-        "--eval-fraction", str(EVAL_FRACTION),
+        *to_argv(PLAN_FLAGS, settings.algorithm()),
+        *to_argv(MODEL_FLAGS, settings.model),
+        *to_argv(TRAIN_FLAGS, settings.train),
+        *to_argv(DATA_FLAGS, settings.data),
         "--checkpoint-dir", str(paths.checkpoint_dir(learner).resolve()),
         "--checkpoint-every", str(CHECKPOINT_EVERY),
         "--metrics-file", str(paths.metrics_file(learner).resolve()),

@@ -13,7 +13,6 @@ import secrets
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from types import FrameType
 
 import httpx
@@ -62,10 +61,10 @@ class Orchestrator:
         ]
         self.record = RunRecord(
             run_dir=str(paths.root), mode=settings.mode, settings=_settings_dict(settings), started_at=time.time(),
-            tokens_per_step=settings.model.tokens_per_step,
+            tokens_per_step=settings.tokens_per_step,
         )
         self.schedule: tuple[ChaosEvent, ...] = build_chaos_schedule(
-            seed=settings.seed, mtbf_s=settings.mtbf_s, repair_s=settings.repair_s,
+            seed=settings.model.seed, mtbf_s=settings.mtbf_s, repair_s=settings.repair_s,
             learners=range(settings.learners), horizon_s=settings.time_limit_s,
         )
         self.sync: Child | None = None
@@ -332,9 +331,9 @@ class Orchestrator:
                 self._on_rejoined(slot, ls.step, now)
             if slot.state in ("training", "finished"):
                 slot.step = max(slot.step, ls.step) if slot.incarnation == 0 else ls.step
-                slot.tokens = slot.step * self.s.model.tokens_per_step
+                slot.tokens = slot.step * self.s.tokens_per_step
                 slot.step_time_s = ls.step_time_s
-                slot.tokens_per_s = self.s.model.tokens_per_step / ls.step_time_s if ls.step_time_s > 0 else 0.0
+                slot.tokens_per_s = self.s.tokens_per_step / ls.step_time_s if ls.step_time_s > 0 else 0.0
                 slot.staleness = ls.staleness
                 if self.s.mode != "ddp" or slot.index == 0:
                     self.record.timeline.record_blocked(slot.index, slot.incarnation, ls.blocked_s)
@@ -362,15 +361,10 @@ class Orchestrator:
 
     def _evaluator(self) -> GlobalEvaluator | None:
         if self.evaluator is None:
-            from diloco_core.config import ModelSettings
-
-            from diloco.runner.commands import CORPUS, EVAL_FRACTION
-
-            m = self.s.model
+            s = self.s
             self.evaluator = GlobalEvaluator(
-                sync_url=self.sync_url, job_secret=self.secret,
-                model=ModelSettings(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, block_size=m.block_size, seed=self.s.seed),
-                corpus=CORPUS, eval_fraction=EVAL_FRACTION, batch_size=m.batch_size, fragments=self.s.algorithm().fragments,
+                sync_url=self.sync_url, job_secret=self.secret, model=s.model, corpus=s.data.corpus,
+                eval_fraction=s.data.eval_fraction, batch_size=s.train.batch_size, fragments=s.algorithm().fragments,
             )
             self.record.num_params = self.evaluator.num_params
         return self.evaluator
@@ -421,7 +415,6 @@ def _child_env() -> dict[str, str]:
 
 
 def _settings_dict(settings: RunSettings) -> dict[str, object]:
-    data = asdict(settings)
-    data["runs_dir"] = str(settings.runs_dir)
-    data["algorithm"] = asdict(settings.algorithm())
+    data = settings.model_dump(mode="json")
+    data["algorithm"] = settings.algorithm().model_dump(mode="json") | {"blocking_sync": settings.blocking_sync}
     return data

@@ -1,79 +1,82 @@
-"""The runner's typed settings, parsed once from the command line (pure parsing helpers here)."""
+"""The runner's typed settings, parsed once from the command line (pure parsing helpers here).
+
+The algorithm, the model and the learners' inner optimisation are the core's own settings
+(``diloco_core.config``), with this command's defaults; the flags derive from the fields
+(``diloco.runner.cli``), and the child processes get them back as flags (``diloco.runner.commands``).
+"""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+
+from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
+from diloco_core.flags import Cli, SettingsError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Mode = Literal["decoupled", "diloco-sync", "ddp"]
 MODES: tuple[Mode, ...] = ("decoupled", "diloco-sync", "ddp")
+# learners are declared dead quickly: a local run's chaos kills and restarts them within seconds
+HEARTBEAT_TIMEOUT_S = 6.0
+
+__all__ = ["MODES", "Mode", "RunSettings", "SettingsError", "build_algorithm"]
 
 
-class SettingsError(ValueError):
-    """A flag value that can never work; the message says which flag and what to change."""
+class RunSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
+    mode: Mode = Field(
+        "decoupled",
+        description="decoupled (K=1, grace, overlap), diloco-sync (K=all, no overlap) or ddp (data-parallel every step)",
+    )
+    learners: int = Field(4, ge=1, description="learner processes")
+    token_budget: int | None = Field(None, ge=1, description="stop once all learners processed this many tokens")
+    time_limit_s: Annotated[float, Cli("time-limit")] = Field(900.0, gt=0.0, description="stop after this many seconds")
+    diloco: DiLoCoSettings = DiLoCoSettings(inner_steps=16, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
+    delayed_nesterov: int | None = Field(
+        None,
+        ge=0,
+        description="apply the outer momentum every N merges, 0 for plain Nesterov (default: the number of "
+        "learners in decoupled mode, 0 otherwise)",
+    )
+    model: ModelSettings = ModelSettings(n_layer=2, n_head=4, n_embd=64, block_size=64)
+    # warm-up: a tenth of the run, at most 20 steps (set from max_steps by the command line)
+    train: TrainSettings = TrainSettings(batch_size=8, max_steps=300, warmup_steps=20)
+    data: DataSettings = DataSettings()
+    eval_every: int = Field(25, ge=0, description="learners' local evaluation interval in steps")
+    mtbf_s: Annotated[float, Cli("mtbf")] = Field(
+        60.0, ge=0.0, description="mean seconds between failures of each learner (exponential); 0 disables chaos"
+    )
+    repair_s: Annotated[float, Cli("repair")] = Field(8.0, ge=0.0, description="seconds a killed learner stays down")
+    speed_factors: tuple[float, ...] = ()  # step-time multiplier per learner (--speed-factors, --slow)
+    bandwidth_limits: tuple[float | None, ...] = ()  # bytes/s per learner (--bandwidth-limit)
+    runs_dir: Path = Field(Path("runs"), description="parent of the run folder")
+    storage_url: Annotated[str | None, Cli("storage")] = Field(
+        None, description="file:///path or s3://bucket/prefix (default: the run folder)"
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, description="synchronizer port (default: a free one)")
+    poll_interval_s: float = 0.5
+    stop_timeout_s: float = 15.0
+    plain: bool = Field(False, description="plain progress lines even on a terminal")
+    python: str = ""
 
-@dataclass(frozen=True)
-class ModelShape:
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 64
-    block_size: int = 64
-    batch_size: int = 8
+    @model_validator(mode="after")
+    def _check(self) -> RunSettings:
+        m = self.model
+        if m.n_embd % m.n_head:
+            raise ValueError(f"--n-embd ({m.n_embd}) must be a multiple of --n-head ({m.n_head})")
+        return self
 
     @property
     def tokens_per_step(self) -> int:
-        return self.batch_size * self.block_size
+        return self.train.batch_size * self.train.grad_accum * self.model.block_size
 
-
-@dataclass(frozen=True)
-class AlgorithmSettings:
-    """What the synchronizer is started with; derived from the mode and the flags."""
-
-    inner_steps: int
-    fragments: int
-    overlap: int
-    quorum: int
-    codec: str
-    strict_quorum: bool  # a dead learner is not dropped from the quorum: everyone waits for it
-    blocking_sync: bool  # learners wait for each round's result before stepping on
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    delayed_nesterov: int = 0  # apply the momentum every N merges (0: plain Nesterov)
-    merge_rule: str = "rda"
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    mode: Mode = "decoupled"
-    learners: int = 4
-    max_steps: int = 300
-    token_budget: int | None = None
-    time_limit_s: float = 900.0
-    inner_steps: int = 16
-    fragments: int = 4
-    overlap: int = 2
-    codec: str = "int4"
-    model: ModelShape = field(default_factory=ModelShape)
-    eval_every: int = 25
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    delayed_nesterov: int | None = None  # None: the number of learners in decoupled mode, else 0
-    mtbf_s: float = 60.0
-    repair_s: float = 8.0
-    seed: int = 0
-    speed_factors: tuple[float, ...] = ()
-    bandwidth_limits: tuple[float | None, ...] = ()
-    runs_dir: Path = Path("runs")
-    storage_url: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 0
-    poll_interval_s: float = 0.5
-    stop_timeout_s: float = 15.0
-    plain: bool = False
-    python: str = ""
+    @property
+    def blocking_sync(self) -> bool:
+        """Learners wait for each round's result before stepping on (every mode but decoupled)."""
+        return self.mode != "decoupled"
 
     def speed_of(self, learner: int) -> float:
         return self.speed_factors[learner] if self.speed_factors else 1.0
@@ -81,13 +84,13 @@ class RunSettings:
     def bandwidth_of(self, learner: int) -> float | None:
         return self.bandwidth_limits[learner] if self.bandwidth_limits else None
 
-    def algorithm(self) -> AlgorithmSettings:
+    def algorithm(self) -> DiLoCoSettings:
         return build_algorithm(self)
 
 
-def build_algorithm(s: RunSettings) -> AlgorithmSettings:
+def build_algorithm(s: RunSettings) -> DiLoCoSettings:
     """The synchronizer's settings for a mode: decoupled (K=1, grace, overlap), diloco-sync (K=all,
-    no overlap, blocking) or ddp (every step, full precision, K=all, blocking).
+    no overlap, blocking) or ddp (every step, full precision, blocking).
 
     Decoupled mode uses Delayed Nesterov with N = the number of learners unless told otherwise:
     with K = 1 each learner's outer gradient is usually merged on its own, so plain Nesterov applies
@@ -97,15 +100,17 @@ def build_algorithm(s: RunSettings) -> AlgorithmSettings:
     """
     if s.mode == "decoupled":
         delayed = s.learners if s.delayed_nesterov is None else s.delayed_nesterov
-        return AlgorithmSettings(s.inner_steps, s.fragments, s.overlap, 1, s.codec, False, False,
-                                 s.outer_lr, s.outer_momentum, delayed)
+        return s.diloco.model_copy(update={"quorum": 1, "delayed_nesterov": delayed})
     if s.mode == "diloco-sync":
-        return AlgorithmSettings(s.inner_steps, s.fragments, 0, s.learners, s.codec, True, True,
-                                 s.outer_lr, s.outer_momentum, s.delayed_nesterov or 0)
-    # one unit whose ranks average gradients every step; the synchronizer only keeps the global
-    # copy (and the checkpoint of record), so its outer step is a plain copy
-    return AlgorithmSettings(1, 1, 0, s.learners, "fp32", True, True,
-                             outer_lr=1.0, outer_momentum=0.0, delayed_nesterov=0, merge_rule="mean")
+        return s.diloco.model_copy(
+            update={"overlap": 0, "quorum": s.learners, "delayed_nesterov": s.delayed_nesterov or 0}
+        )
+    # one unit (one learner to the synchronizer) whose ranks average gradients every step; the
+    # synchronizer only keeps the global copy (and the checkpoint of record): its outer step is a copy
+    return s.diloco.model_copy(
+        update={"inner_steps": 1, "fragments": 1, "overlap": 0, "quorum": 1, "codec": "fp32", "outer_lr": 1.0,
+                "outer_momentum": 0.0, "delayed_nesterov": 0, "merge_rule": "mean"}
+    )  # fmt: skip
 
 
 def parse_speed_factors(text: str, learners: int) -> tuple[float, ...]:
@@ -158,27 +163,3 @@ def parse_bandwidth(text: str, learners: int) -> tuple[float | None, ...]:
     if len(parts) != learners:
         raise SettingsError(f"--bandwidth-limit: got {len(parts)} rates for {learners} learners")
     return tuple(None if p.strip() in ("-", "") else parse_rate(p) for p in parts)
-
-
-def check_settings(s: RunSettings) -> None:
-    """Cross-field checks that argparse cannot express."""
-    if s.learners < 1:
-        raise SettingsError("--learners must be >= 1")
-    if s.max_steps < 1:
-        raise SettingsError("--max-steps must be >= 1")
-    if s.mode == "decoupled" and s.overlap >= s.inner_steps:
-        raise SettingsError(f"--overlap ({s.overlap}) must be smaller than --inner-steps ({s.inner_steps})")
-    if s.fragments < 1 or s.inner_steps < 1:
-        raise SettingsError("--fragments and --inner-steps must be >= 1")
-    if s.time_limit_s <= 0:
-        raise SettingsError("--time-limit must be > 0 seconds")
-    if s.mtbf_s < 0 or s.repair_s < 0:
-        raise SettingsError("--mtbf and --repair must be >= 0 seconds")
-    if not 0 < s.outer_lr <= 10:
-        raise SettingsError(f"--outer-lr must be in (0, 10], got {s.outer_lr}")
-    if not 0 <= s.outer_momentum < 1:
-        raise SettingsError(f"--outer-momentum must be in [0, 1), got {s.outer_momentum}")
-    if s.delayed_nesterov is not None and s.delayed_nesterov < 0:
-        raise SettingsError(f"--delayed-nesterov must be >= 0 (0: plain Nesterov), got {s.delayed_nesterov}")
-    if s.model.n_embd % s.model.n_head:
-        raise SettingsError(f"--n-embd ({s.model.n_embd}) must be a multiple of --n-head ({s.model.n_head})")

@@ -124,29 +124,15 @@ def metadata(job: JobRef, name: str, component: str, **extra: str) -> dict[str, 
 
 
 def build_job_config(job: JobRef, spec: DiLoCoJobSpec) -> JobConfig:
-    """The ``JobConfig`` every synchronizer and learner of the job reads from the ConfigMap."""
-    d = spec.diloco
+    """The ``JobConfig`` every synchronizer and learner of the job reads from the ConfigMap: the spec's
+    sections are the core's settings; the step budget gives the schedule's length."""
+    train = spec.train.model_dump() | {"max_steps": spec.budget.steps or UNLIMITED_STEPS}
     return JobConfig(
         job_id=job_id(job, spec),
-        diloco=DiLoCoSettings(
-            inner_steps=d.inner_steps,
-            fragments=d.fragments,
-            overlap=d.overlap,
-            quorum=d.quorum,
-            grace_gamma=d.grace_gamma,
-            outer_lr=d.outer_lr,
-            outer_momentum=d.outer_momentum,
-            delayed_nesterov=d.delayed_nesterov,
-            codec=d.codec,
-            mixing_alpha=d.mixing_alpha,
-            merge_rule=d.merge_rule,
-            token_weighting=d.token_weighting,
-            max_staleness=d.max_staleness,
-            heartbeat_timeout_s=d.heartbeat_timeout_seconds,
-        ),
-        model=ModelSettings(**spec.model.model_dump()),
-        train=TrainSettings(**spec.train.model_dump(), max_steps=spec.budget.steps or UNLIMITED_STEPS),
-        data=DataSettings(**spec.data.model_dump()),
+        diloco=DiLoCoSettings.model_validate(spec.diloco.model_dump()),
+        model=ModelSettings.model_validate(spec.model.model_dump()),
+        train=TrainSettings.model_validate(train),
+        data=DataSettings.model_validate(spec.data.model_dump()),
     )
 
 

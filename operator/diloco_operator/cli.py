@@ -11,56 +11,62 @@ import argparse
 import asyncio
 import logging
 import os
+from collections.abc import Mapping
 
-import kopf
+from diloco_core.flags import SettingsError, add_flags, to_env
 
-from diloco_operator.settings import settings_from_env
+from diloco_operator.settings import FLAGS, OperatorSettings, parse_settings
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="diloco operator", description=__doc__.splitlines()[0])
-    p.add_argument("--namespace", "-n", action="append", default=[],
-                   help="watch only this namespace (repeatable); default: all namespaces")
-    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
-                   help="liveness endpoint URL ('' disables)")
-    p.add_argument("--peering", default="diloco-operator", help="name of the kopf peering object")
-    p.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
-    p.add_argument("--standalone", action="store_true", help="no peering: for a single replica or tests")
-    p.add_argument("--allow-chaos", action="store_true",
-                   help="let jobs with spec.chaos.enabled kill their learner pods (also DILOCO_OPERATOR_ALLOW_CHAOS)")
-    p.add_argument("--verbose", "-v", action="store_true")
-    return p.parse_args(argv)
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="diloco operator",
+        description=__doc__.splitlines()[0] + " Every flag can also be set as DILOCO_OPERATOR_<FLAG>.",
+    )
+    add_flags(p, FLAGS)
+    return p
+
+
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> OperatorSettings:
+    """The command line (and ``DILOCO_OPERATOR_*``) → settings; raises ``SettingsError``."""
+    return parse_settings(build_parser().parse_args(argv), environ)
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    patterns = [ns for ns in args.namespace if any(c in ns for c in "*?[]!")]
+    args = build_parser().parse_args(argv)
+    try:
+        settings = parse_settings(args)  # fail now, with the flag's or variable's name, not inside kopf
+    except SettingsError as exc:
+        print(f"diloco operator: {exc}")
+        return 2
+    patterns = [ns for ns in settings.namespace if any(c in ns for c in "*?[]!")]
     if patterns:
         print(f"diloco operator: --namespace takes namespace names, not patterns: {', '.join(patterns)}")
         return 2
-    if args.allow_chaos:
-        os.environ["DILOCO_OPERATOR_ALLOW_CHAOS"] = "true"  # read with the other settings
-    try:
-        settings_from_env()  # fail now, with the variable's name, rather than inside kopf
-    except ValueError as exc:
-        print(f"diloco operator: {exc}")
-        return 2
+    os.environ.update(to_env(FLAGS, settings))  # the handlers read their settings there
+    run(settings)
+    return 0
+
+
+def run(settings: OperatorSettings) -> None:
+    import kopf
+
     import diloco_operator.handlers  # noqa: F401  (registers the handlers)
 
-    kopf.configure(verbose=args.verbose)
-    logging.getLogger("diloco_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    kopf.configure(verbose=settings.verbose)
+    logging.getLogger("diloco_operator").setLevel(logging.DEBUG if settings.verbose else logging.INFO)
     # kopf's own id for this replica, kept in the memo so liveness can tell itself from its peers
     from kopf._core.engines.peering import detect_own_id
 
     identity = detect_own_id(manual=False)
+    namespaces = list(settings.namespace)
     asyncio.run(kopf.operator(
         identity=identity,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=args.liveness or None,
-        peering_name=None if args.standalone else args.peering,
-        standalone=args.standalone,
-        priority=args.priority,
-        memo=kopf.Memo(namespaces=list(args.namespace), identity=str(identity)),  # for liveness
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=settings.liveness or None,
+        peering_name=None if settings.standalone else settings.peering,
+        standalone=settings.standalone,
+        priority=settings.priority,
+        memo=kopf.Memo(namespaces=namespaces, identity=str(identity)),  # for liveness
     ))
-    return 0

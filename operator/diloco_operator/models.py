@@ -1,28 +1,52 @@
 """Typed model of a DiLoCoJob's spec, matching crds/dilocojobs.diloco.dev.yaml field for field.
 
-Field names are snake_case in Python and camelCase (the CRD's spelling) on the wire. The apiserver
-has already applied the schema's defaults and ranges; the checks that the schema cannot express
-(quorum against the number of units, name lengths, references) live in ``validate_job``.
+Field names are snake_case in Python and camelCase (the CRD's spelling) on the wire. The sections
+``model``, ``train``, ``data`` and ``diloco`` are the core's settings themselves
+(``diloco_core.config``) under their CRD names (:func:`crd_name`): a setting is declared once, in
+core, and every setting of those sections has a CRD field, except the ones ``NO_CRD_FIELD`` lists
+with the reason (a test checks both). The apiserver has already applied
+the schema's defaults and ranges; the checks that the schema cannot express (quorum against the
+number of units, name lengths, references) live in ``validate_job``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from diloco_core.config import MergeRule, Quantizer
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
+from diloco_core.flags import describe_errors, dotted
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 # A StatefulSet's pods carry a `controller-revision-hash` label of `<name>-<10 chars>` (≤ 63).
 MAX_STATEFULSET_NAME = 52
+
+# The core's settings (``JobConfig``: "" for its own fields, or a section; "storage" for
+# ``StorageSettings``) that have no CRD field under their own name, and why: (section, field) -> reason.
+NO_CRD_FIELD: dict[tuple[str, str], str] = {
+    ("", "job_id"): "set by metadata.name, or spec.synchronizer.external.jobId",
+    ("train", "batch_size"): "set by spec.learnerUnits[].batchSize (each unit has its own)",
+    ("train", "max_steps"): "set by spec.budget.steps (unlimited without a step budget)",
+    ("storage", "url"): "set by spec.storage.bucket and spec.storage.prefix",
+    ("storage", "endpoint_url"): "set by spec.storage.endpoint",
+    ("storage", "keep_versions"): "not set by a job: the synchronizer keeps its own --keep-versions versions",
+}
+
+
+def crd_name(field: str) -> str:
+    """A setting's name in the custom resource: camelCase, a ``_s`` unit spelled ``Seconds``."""
+    return to_camel(field[: -len("_s")] + "_seconds" if field.endswith("_s") else field)
 
 
 class SpecError(ValueError):
     """The spec can never work as written; the message says what to change."""
 
 
+_SPEC_CONFIG = ConfigDict(alias_generator=crd_name, populate_by_name=True, extra="forbid", frozen=True)
+
+
 class _Spec(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+    model_config = _SPEC_CONFIG
 
 
 class SecretKeyRef(_Spec):
@@ -36,25 +60,25 @@ class Images(_Spec):
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
 
 
-class ModelSpec(_Spec):
-    entry_point: str = "builtin"
-    n_layer: int = Field(4, ge=1)
-    n_head: int = Field(4, ge=1)
-    n_embd: int = Field(128, ge=8)
-    block_size: int = Field(128, ge=8)
-    seed: int = 0
+class ModelSpec(ModelSettings):
+    model_config = _SPEC_CONFIG
 
 
-class DataSpec(_Spec):
-    corpus: str = "stdlib"
-    non_iid: bool = False
+class DataSpec(DataSettings):
+    model_config = _SPEC_CONFIG
 
 
-class TrainSpec(_Spec):
-    lr: float = Field(1e-3, gt=0.0)
-    warmup_steps: int = Field(50, ge=0)
-    grad_accum: int = Field(1, ge=1)
-    weight_decay: float = Field(0.1, ge=0.0)
+class TrainSpec(TrainSettings):
+    model_config = _SPEC_CONFIG
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_settings_set_elsewhere(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for (section, name), reason in NO_CRD_FIELD.items():
+                if section == "train" and (crd_name(name) in data or name in data):
+                    raise ValueError(f"{crd_name(name)} is not a field of spec.train: it is {reason}")
+        return data
 
 
 class CredentialsRef(_Spec):
@@ -76,22 +100,8 @@ class StorageSpec(_Spec):
         return f"s3://{self.bucket}/{prefix}" if prefix else f"s3://{self.bucket}"
 
 
-class DiLoCoSpec(_Spec):
-    inner_steps: int = Field(32, ge=1)
-    fragments: int = Field(4, ge=1)
-    overlap: int = Field(2, ge=0)
-    quorum: int = Field(1, ge=1)
-    grace_gamma: float = Field(0.5, ge=0.0, le=1.0)
-    outer_lr: float = Field(0.7, gt=0.0, le=10.0)
-    outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)
-    delayed_nesterov: int = Field(0, ge=0, le=1024)
-    codec: Quantizer = "int4"
-    mixing_alpha: float = Field(0.0, ge=0.0, le=1.0)
-    merge_rule: MergeRule = "rda"
-    token_weighting: bool = True
-    max_staleness: int = Field(4, ge=0)
-    heartbeat_timeout_seconds: float = Field(30.0, gt=0.0)
-
+class DiLoCoSpec(DiLoCoSettings):
+    model_config = _SPEC_CONFIG
 
 
 class LearnerUnit(_Spec):
@@ -152,17 +162,12 @@ def parse_spec(spec: dict[str, Any]) -> DiLoCoJobSpec:
     try:
         return DiLoCoJobSpec.model_validate(spec)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
-        raise SpecError(problems) from None
+        raise SpecError(describe_errors(exc.errors(), lambda loc: dotted(("spec", *loc)))) from None
 
 
 def validate_job(name: str, spec: DiLoCoJobSpec) -> None:
     """Checks the schema cannot express; raise SpecError with what to change."""
-    d = spec.diloco
-    if d.overlap >= d.inner_steps:
-        raise SpecError(f"spec.diloco.overlap ({d.overlap}) must be smaller than innerSteps ({d.inner_steps})")
+    d = spec.diloco  # overlap < innerSteps: checked by the settings themselves (parse_spec)
     names = [u.name for u in spec.learner_units]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -1,11 +1,19 @@
-"""The operator's own settings, read once from the environment (``DILOCO_OPERATOR_*``)."""
+"""The operator's own settings: flags of ``diloco operator`` and ``DILOCO_OPERATOR_*`` variables.
+
+Every field is a flag (``--resync-seconds``) and a variable (``DILOCO_OPERATOR_RESYNC_SECONDS``),
+derived by ``diloco_core.flags``; a flag wins over its variable. The handlers read the settings from
+the environment (:func:`settings_from_env`), where the command line puts what its flags set.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from diloco_core.flags import Cli, SettingsError, derive_flags, read, unknown_variables, validate
+from pydantic import BaseModel, ConfigDict, Field
 
 PREFIX = "DILOCO_OPERATOR_"
 
@@ -13,6 +21,14 @@ PREFIX = "DILOCO_OPERATOR_"
 class OperatorSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    namespace: Annotated[tuple[str, ...], Cli(short="-n")] = Field(
+        (), description="watch only these namespaces (repeatable); default: all namespaces"
+    )
+    liveness: str = Field("http://0.0.0.0:8080/healthz", description="liveness endpoint URL ('' disables)")
+    peering: str = Field("diloco-operator", description="name of the kopf peering object")
+    priority: int = Field(0, description="peering priority of this replica")
+    standalone: bool = Field(False, description="no peering: for a single replica or tests")
+    verbose: Annotated[bool, Cli(short="-v")] = Field(False, description="debug logging")
     resync_seconds: float = Field(15.0, gt=0.0, description="interval of the drift-repair and status timer")
     metrics_port: int = Field(9090, ge=0, le=65535, description="Prometheus metrics port; 0 disables")
     status_timeout_seconds: float = Field(2.0, gt=0.0, description="timeout of GET /v1/status calls")
@@ -26,12 +42,19 @@ class OperatorSettings(BaseModel):
     chaos_seed: int | None = Field(None, description="seed of the chaos random generator (reproducible game days)")
 
 
-def settings_from_env(environ: Mapping[str, str] | None = None) -> OperatorSettings:
-    """Parse ``DILOCO_OPERATOR_*``; a bad value raises ValueError naming the variable."""
+FLAGS = derive_flags(OperatorSettings, {"": None}, env_prefix=PREFIX)
+
+
+def parse_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> OperatorSettings:
+    """Flags in ``args`` over ``DILOCO_OPERATOR_*``; raises ``SettingsError`` naming the flag or variable
+    (also for a variable that is no setting: a misspelt one would be ignored otherwise)."""
     source = os.environ if environ is None else environ
-    values = {k[len(PREFIX):].lower(): v for k, v in source.items() if k.startswith(PREFIX) and v != ""}
-    try:
-        return OperatorSettings.model_validate(values)
-    except ValidationError as exc:
-        problems = "; ".join(f"{PREFIX}{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"invalid operator settings: {problems}") from None
+    unknown = unknown_variables(FLAGS, source, PREFIX)
+    if unknown:
+        raise SettingsError(f"invalid operator settings: {', '.join(unknown)}: no such setting")
+    return validate(OperatorSettings, read(FLAGS, args, source), what="operator settings")
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None) -> OperatorSettings:
+    """The settings from ``DILOCO_OPERATOR_*`` alone; a bad value raises ValueError naming the variable."""
+    return parse_settings(argparse.Namespace(), environ)

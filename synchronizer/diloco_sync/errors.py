@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from diloco_core.flags import describe_errors
 from diloco_core.protocol import ErrorBody
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -45,10 +46,7 @@ async def api_error_handler(_request: Request, exc: Exception) -> JSONResponse:
 async def validation_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     """Malformed parameters or JSON bodies: 400 ``bad_request`` with what was wrong (not FastAPI's 422)."""
     assert isinstance(exc, RequestValidationError)
-    problems = "; ".join(
-        f"{'.'.join(str(x) for x in err.get('loc', ()))}: {err.get('msg', 'invalid')}" for err in exc.errors()
-    )
-    body = ErrorBody(code="bad_request", reason=problems or "invalid request")
+    body = ErrorBody(code="bad_request", reason=describe_errors(exc.errors()) or "invalid request")
     return JSONResponse(body.model_dump(), status_code=400)
 
 

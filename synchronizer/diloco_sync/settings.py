@@ -1,8 +1,15 @@
-"""The synchronizer's configuration: one typed object, parsed once by the command line."""
+"""The synchronizer's configuration: one typed object, parsed once by the command line.
+
+Every field is a flag and a ``DILOCO_*`` variable of ``diloco synchronizer`` (``diloco_sync.cli``),
+its description the flag's help; ``job.job_id`` and every field of ``job.diloco`` are flags too.
+"""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from diloco_core.config import JobConfig
+from diloco_core.flags import Cli
 from diloco_core.sharding import shard_fragments, shard_of
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -13,35 +20,41 @@ class SyncSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     job: JobConfig = JobConfig()
-    job_secret: SecretStr
-    storage_url: str = Field(..., description="file:///path or s3://bucket/prefix")
-    storage_endpoint_url: str | None = None
-    storage_region: str | None = None
+    job_secret: SecretStr = Field(..., description="the job secret (prefer DILOCO_JOB_SECRET)")
+    storage_url: Annotated[str, Cli("storage")] = Field(
+        ..., description="file:///path or s3://bucket/prefix (default: file:// of --data-dir)"
+    )
+    storage_endpoint_url: str | None = Field(None, description="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    storage_region: str | None = Field(None, description="S3 region (default: AWS_REGION)")
     storage_access_key: str | None = Field(None, description="S3 access key (default: AWS_ACCESS_KEY_ID)")
     storage_secret_key: SecretStr | None = Field(
-        None, description="S3 secret key (default: AWS_SECRET_ACCESS_KEY)"
+        None, description="S3 secret key (default: AWS_SECRET_ACCESS_KEY; prefer DILOCO_STORAGE_SECRET_KEY)"
     )
-    host: str = "127.0.0.1"
-    port: int = Field(8470, ge=0, le=65535)
-    plan_path: str | None = Field(None, description="fragment plan JSON; default: adopt the first learner's")
-    shard_index: int = Field(0, ge=0)
-    num_shards: int = Field(1, ge=1)
-    shard_urls: tuple[str, ...] = ()
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    max_body_bytes: int = Field(256 * 1024 * 1024, ge=1024)
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 in a container)")
+    port: int = Field(8470, ge=0, le=65535, description="port to listen on")
+    plan_path: Annotated[str | None, Cli("plan")] = Field(
+        None, description="fragment plan JSON; default: adopt the first learner's"
+    )
+    shard_index: int = Field(0, ge=0, description="this replica's shard (fragment p belongs to shard p % num_shards)")
+    num_shards: int = Field(1, ge=1, description="number of synchronizer replicas")
+    shard_urls: tuple[str, ...] = Field((), description="base URLs of all shards, in shard order")
+    tls_cert: str | None = Field(None, description="TLS certificate file (PEM)")
+    tls_key: str | None = Field(None, description="TLS private key file (PEM)")
+    max_body_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="largest accepted payload (init, contributions)"
+    )
     max_json_body_bytes: int = Field(
         1024 * 1024, ge=1024, description="largest JSON request body (register, heartbeat)"
     )
     memory_budget_bytes: int = Field(
         1024 * 1024 * 1024, ge=0, description="contributions held while storage is down"
     )
-    keep_versions: int = Field(4, ge=1)
-    heartbeat_interval_s: float = Field(5.0, gt=0.0)
+    keep_versions: int = Field(4, ge=1, description="fragment versions kept in storage")
+    heartbeat_interval_s: float = Field(5.0, gt=0.0, description="heartbeat interval told to learners")
     max_wait_s: float = Field(60.0, gt=0.0, description="longest long-poll a learner may ask for")
     tick_s: float = Field(0.25, gt=0.0, description="longest sleep of the round loop between checks")
     storage_retry_max_s: float = Field(5.0, gt=0.0, description="cap of the storage retry backoff")
-    recent_rounds: int = Field(50, ge=1)
+    recent_rounds: int = Field(50, ge=1, description="rounds shown by the status")
 
     @model_validator(mode="after")
     def _check(self) -> SyncSettings:

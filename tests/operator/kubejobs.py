@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -127,12 +126,6 @@ def running_on_kwok(pods: list[k8s.V1Pod], count: int) -> bool:
 def events(api: k8s.ApiClient, ns: str, job: str) -> list[str]:
     items = k8s.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={job}").items
     return [e.reason for e in items]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PodDeletions:

@@ -1,4 +1,5 @@
-"""The CRD (crds/, the source of truth): structure, documentation, examples and the typed model."""
+"""The CRD (crds/, the source of truth): structure, documentation, examples, the typed model, and
+the core's settings (every one a field of the CRD, or listed with a reason)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,28 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import annotated_types
 import jsonschema
 import pytest
 import yaml
-from diloco_operator.models import DiLoCoJobSpec, parse_spec, validate_job
+from diloco_core.config import (
+    DataSettings,
+    DiLoCoSettings,
+    JobConfig,
+    ModelSettings,
+    StorageSettings,
+    TrainSettings,
+)
+from diloco_operator.models import (
+    NO_CRD_FIELD,
+    DiLoCoJobSpec,
+    LearnerUnit,
+    crd_name,
+    parse_spec,
+    validate_job,
+)
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / "dilocojobs.diloco.dev.yaml"
@@ -100,9 +118,12 @@ def test_cel_rules_cover_overlap_quorum_and_budget() -> None:
 
 
 def compare_model(model: type[BaseModel], node: dict[str, Any], path: str, problems: list[str]) -> None:
-    """Field names (camelCase), defaults and enums of the model match the CRD's."""
+    """Field names (camelCase), defaults and enums of the model match the CRD's; the core's
+    settings that the CRD sets elsewhere (NO_CRD_FIELD) are not fields of it."""
     props = node.get("properties") or {}
-    aliases = {f.alias or n: (n, f) for n, f in model.model_fields.items()}
+    section = path.split(".")[-1] if path != "spec" else ""
+    elsewhere = {crd_name(name) for (s, name) in NO_CRD_FIELD if s == section}
+    aliases = {f.alias or n: (n, f) for n, f in model.model_fields.items() if (f.alias or n) not in elsewhere}
     if set(aliases) != set(props):
         problems.append(f"{path}: model {sorted(aliases)} vs CRD {sorted(props)}")
     for alias, (_, field) in aliases.items():
@@ -118,11 +139,86 @@ def compare_model(model: type[BaseModel], node: dict[str, Any], path: str, probl
             compare_model(ann, sub, f"{path}.{alias}", problems)
         elif isinstance(inner, type) and issubclass(inner, BaseModel):
             compare_model(inner, sub["items"], f"{path}.{alias}[]", problems)
-        elif "default" in sub and field.default != sub["default"]:
-            problems.append(f"{path}.{alias}: default {field.default!r} vs CRD {sub['default']!r}")
+        else:
+            if "default" in sub and field.default != sub["default"]:
+                problems.append(f"{path}.{alias}: default {field.default!r} vs CRD {sub['default']!r}")
+            if typing.get_origin(ann) is typing.Literal and list(typing.get_args(ann)) != sub.get("enum"):
+                problems.append(f"{path}.{alias}: values {typing.get_args(ann)} vs CRD enum {sub.get('enum')}")
 
 
 def test_model_matches_the_crd() -> None:
     problems: list[str] = []
     compare_model(DiLoCoJobSpec, schema()["properties"]["spec"], "spec", problems)
     assert problems == []
+
+
+# the core's settings: JobConfig's own fields ("") and sections, and the storage settings
+CORE_SECTIONS: dict[str, type[BaseModel]] = {
+    "": JobConfig, "diloco": DiLoCoSettings, "model": ModelSettings, "train": TrainSettings,
+    "data": DataSettings, "storage": StorageSettings,
+}  # fmt: skip
+
+
+def crd_section(section: str) -> dict[str, Any]:
+    spec = schema()["properties"]["spec"]
+    props: dict[str, Any] = spec["properties"] if not section else spec["properties"][section]["properties"]
+    return props
+
+
+def core_settings() -> list[tuple[str, str, FieldInfo]]:
+    return [
+        (section, name, info)
+        for section, cls in CORE_SECTIONS.items()
+        for name, info in cls.model_fields.items()
+        if not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel))
+    ]
+
+
+def test_every_core_setting_has_a_crd_field_or_a_documented_reason() -> None:
+    """A setting added to diloco_core.config must reach Kubernetes users too (additively), or say why not."""
+    missing = [
+        f"{section or 'job'}.{name}"
+        for section, name, _ in core_settings()
+        if crd_name(name) not in crd_section(section) and (section, name) not in NO_CRD_FIELD
+    ]
+    assert missing == [], "add a CRD field (crds/, then scripts/sync-chart-crd.sh) or a reason to NO_CRD_FIELD"
+    stale = [key for key in NO_CRD_FIELD if crd_name(key[1]) in crd_section(key[0])]
+    assert stale == [], "these settings have a CRD field now: remove them from NO_CRD_FIELD"
+    assert all(reason for reason in NO_CRD_FIELD.values())
+
+
+def bounds(info: FieldInfo) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for m in info.metadata:
+        if isinstance(m, annotated_types.Ge | annotated_types.Gt):
+            out["min"], out["min_excl"] = float(getattr(m, "ge", getattr(m, "gt", 0))), float(isinstance(m, annotated_types.Gt))
+        if isinstance(m, annotated_types.Le | annotated_types.Lt):
+            out["max"], out["max_excl"] = float(getattr(m, "le", getattr(m, "lt", 0))), float(isinstance(m, annotated_types.Lt))
+    return out
+
+
+def crd_bounds(node: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if "minimum" in node:
+        out["min"], out["min_excl"] = float(node["minimum"]), float(bool(node.get("exclusiveMinimum")))
+    if "maximum" in node:
+        out["max"], out["max_excl"] = float(node["maximum"]), float(bool(node.get("exclusiveMaximum")))
+    return out
+
+
+def test_the_crd_checks_the_ranges_the_core_settings_declare() -> None:
+    """The apiserver refuses what the settings would refuse; the CRD may only add a bound (a maximum
+    the core leaves open, such as fragments <= 1024)."""
+    problems = []
+    for section, name, info in core_settings():
+        node = crd_section(section).get(crd_name(name))
+        if node is None:
+            continue
+        core, crd_ = bounds(info), crd_bounds(node)
+        if any(crd_.get(k) != v for k, v in core.items()):
+            problems.append(f"{section}.{name}: core {core} vs CRD {crd_}")
+    assert problems == []
+
+
+def test_a_units_batch_size_defaults_to_the_core_setting() -> None:
+    assert LearnerUnit.model_fields["batch_size"].default == TrainSettings.model_fields["batch_size"].default

@@ -22,7 +22,7 @@ from diloco_operator.children import build_children
 from diloco_operator.env import CONFIG_DIR
 from diloco_operator.models import parse_spec
 from diloco_sync.cli import parse_settings as parse_sync_settings
-from diloco_worker.settings import _FLAGS as WORKER_FLAGS
+from diloco_worker.settings import FLAGS as WORKER_FLAGS
 from diloco_worker.settings import build_parser as build_worker_parser
 from diloco_worker.settings import parse_settings as parse_worker_settings
 
@@ -99,7 +99,7 @@ def test_learner_environment_parses_into_the_workers_settings(example: str, inde
 
 
 def test_every_learner_variable_is_read_by_the_worker_or_named_informational() -> None:
-    read = {"DILOCO_" + flag.replace("-", "_").upper() for flag in WORKER_FLAGS}
+    read = {f.env for f in WORKER_FLAGS}
     read |= {"DILOCO_" + a.dest.upper() for a in build_worker_parser()._actions if a.dest != "help"}
     _, children = children_of("single-region.yaml")
     for sts in (c for c in children if c["kind"] == "StatefulSet"):

@@ -27,7 +27,6 @@ from tests.operator.kubejobs import (
     create_job,
     events,
     expected_children,
-    free_port,
     get_job,
     job_manifest,
     learner_pods,
@@ -38,6 +37,7 @@ from tests.operator.kubejobs import (
     unit,
 )
 from tests.support.kwok import FAIL_LABEL
+from tests.support.ports import free_port
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from diloco_core.flags import SettingsError
 from diloco_operator.cli import main, parse_args
 from diloco_operator.kube import is_subset
 from diloco_operator.models import SpecError, parse_spec, secret_references, validate_job
@@ -69,9 +70,17 @@ def test_settings_from_env() -> None:
 
 
 def test_cli_arguments() -> None:
-    args = parse_args(["-n", "a", "-n", "b", "--standalone"])
-    assert (args.namespace, args.standalone, args.peering) == (["a", "b"], True, "diloco-operator")
-    assert parse_args([]).namespace == []
+    args = parse_args(["-n", "a", "-n", "b", "--standalone"], {})
+    assert (args.namespace, args.standalone, args.peering) == (("a", "b"), True, "diloco-operator")
+    assert parse_args([], {}).namespace == ()
+
+
+def test_every_setting_is_a_flag_and_a_variable_and_the_flag_wins() -> None:
+    env = {"DILOCO_OPERATOR_RESYNC_SECONDS": "2", "DILOCO_OPERATOR_NAMESPACE": "x,y", "DILOCO_OPERATOR_ALLOW_CHAOS": "1"}
+    s = parse_args(["--resync-seconds", "3", "--no-allow-chaos"], env)
+    assert (s.resync_seconds, s.namespace, s.allow_chaos) == (3.0, ("x", "y"), False)
+    with pytest.raises(SettingsError, match=r"resync_seconds \(--resync-seconds=0\)"):
+        parse_args(["--resync-seconds", "0"], {})
 
 
 def test_namespace_patterns_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

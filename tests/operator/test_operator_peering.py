@@ -28,12 +28,12 @@ from tests.operator.kubejobs import (
     create_job,
     events,
     expected_children,
-    free_port,
     job_manifest,
     phase_is,
     unit,
 )
 from tests.support.kube import Cluster
+from tests.support.ports import free_port
 from tests.support.process import ManagedProcess
 from tests.support.waiting import wait_for
 

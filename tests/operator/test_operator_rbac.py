@@ -29,7 +29,6 @@ from tests.operator.kubejobs import (
     create_job,
     events,
     expected_children,
-    free_port,
     get_job,
     job_manifest,
     learner_pods,
@@ -39,6 +38,7 @@ from tests.operator.kubejobs import (
     unit,
 )
 from tests.support.kube import Cluster
+from tests.support.ports import free_port
 from tests.support.process import ManagedProcess
 from tests.support.waiting import wait_for
 

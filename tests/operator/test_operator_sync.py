@@ -22,7 +22,6 @@ from kubernetes import client as k8s
 from tests.operator.kubejobs import (
     create_job,
     events,
-    free_port,
     get_job,
     job_manifest,
     learner_pods,
@@ -31,6 +30,7 @@ from tests.operator.kubejobs import (
     start_operator,
     unit,
 )
+from tests.support.ports import free_port
 from tests.support.waiting import wait_for
 from tests.synchronizer.helpers import (
     Learner,

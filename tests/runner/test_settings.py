@@ -13,15 +13,27 @@ def test_defaults_are_the_decoupled_mode_with_four_learners() -> None:
     assert s.mode == "decoupled"
     assert s.learners == 4
     algo = s.algorithm()
-    assert (algo.quorum, algo.strict_quorum, algo.blocking_sync) == (1, False, False)
-    assert algo.overlap == s.overlap > 0
+    assert (algo.quorum, s.blocking_sync) == (1, False)
+    assert algo.overlap == s.diloco.overlap > 0
 
 
 def test_synchronous_modes_wait_for_every_learner() -> None:
-    sync = parse_settings(["--mode", "diloco-sync", "--learners", "3"]).algorithm()
-    assert (sync.quorum, sync.overlap, sync.blocking_sync) == (3, 0, True)
+    s = parse_settings(["--mode", "diloco-sync", "--learners", "3"])
+    assert (s.algorithm().quorum, s.algorithm().overlap, s.blocking_sync) == (3, 0, True)
+    # the ranks of the one unit are one learner to the synchronizer
     ddp = parse_settings(["--mode", "ddp", "--learners", "3"]).algorithm()
-    assert (ddp.inner_steps, ddp.quorum, ddp.codec) == (1, 3, "fp32")
+    assert (ddp.inner_steps, ddp.quorum, ddp.codec) == (1, 1, "fp32")
+    # the overlap of the decoupled mode does not apply to the synchronous ones
+    assert parse_settings(["--mode", "diloco-sync", "--inner-steps", "2"]).algorithm().inner_steps == 2
+
+
+def test_the_learners_get_the_runs_model_and_schedule(tmp_path: Path) -> None:
+    s = parse_settings(["--max-steps", "100", "--n-layer", "3", "--seed", "7", "--batch-size", "4"])
+    argv = build_worker_argv(s, RunPaths(tmp_path), 0, sync_url="http://h:1")
+    flags = {k: argv[i + 1] for i, k in enumerate(argv) if k.startswith("--") and i + 1 < len(argv)}
+    assert (flags["--n-layer"], flags["--seed"], flags["--batch-size"]) == ("3", "7", "4")
+    assert (flags["--max-steps"], flags["--warmup-steps"], flags["--inner-steps"]) == ("100", "10", "16")
+    assert s.tokens_per_step == 4 * 64
 
 
 def test_outer_optimizer_per_mode_reaches_the_synchronizer(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from diloco_core.config import DataSettings
+from diloco_core.config import DataSettings, DiLoCoSettings
 from diloco_worker.data import Shard
 from diloco_worker.entry import EntryPointError, TaskContext, TrainingTask, load_task
 from diloco_worker.learner import run_learner
@@ -71,7 +71,7 @@ def test_a_user_entry_point_trains_through_the_same_loop(user_module: str, tmp_p
         model=TINY.model_copy(update={"entry_point": f"{user_module}:build"}),
         train=tiny_train(max_steps=200).model_copy(update={"lr": 0.1, "weight_decay": 0.0, "grad_clip": 0.0}),
         checkpoint_dir=str(tmp_path / "ck"),
-        plan={"inner_steps": 4, "fragments": 1, "overlap": 1},
+        diloco=DiLoCoSettings(inner_steps=4, fragments=1, overlap=1),
     )
     assert run_learner(settings, {}, threading.Event()) == 0
     from diloco_core.storage import FilesystemStore

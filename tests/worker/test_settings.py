@@ -33,7 +33,7 @@ def test_flags_win_over_environment_which_wins_over_job_config() -> None:
     assert s.model.n_layer == 3
     assert s.model.n_embd == 96
     assert s.train.lr == 0.02
-    assert s.plan.inner_steps == 7
+    assert s.diloco.inner_steps == 7
 
 
 def test_invalid_values_name_the_field() -> None:

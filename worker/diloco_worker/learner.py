@@ -51,10 +51,10 @@ def plan_for(task: TrainingTask, settings: WorkerSettings) -> FragmentPlan:
     names = {n for n, _ in named}
     return build_plan(
         named,
-        settings.plan.fragments,
-        settings.plan.inner_steps,
-        settings.plan.overlap,
-        settings.plan.strategy,
+        settings.diloco.fragments,
+        settings.diloco.inner_steps,
+        settings.diloco.overlap,
+        settings.diloco.fragment_strategy,
         embedding_names=[n for n in task.embedding_names if n in names],
     )
 
