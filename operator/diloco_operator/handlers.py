@@ -21,6 +21,7 @@ import kopf
 from kubernetes import client, config
 
 from diloco_operator.build import API_VERSION, GROUP, JOB_LABEL, KIND, PLURAL, UNIT_LABEL, VERSION, JobRef
+from diloco_operator.job_status import JobStatus
 from diloco_operator.kube import Kube, api_error
 from diloco_operator.liveness import WatchState, paused_by_peers, watch_is_alive
 from diloco_operator.metrics import OperatorMetrics
@@ -144,18 +145,18 @@ def run(ctx: Context, trigger: str, body: kopf.Body, patch: kopf.Patch, *, chaos
     meta = body["metadata"]
     job = JobRef(meta["name"], meta["namespace"], meta["uid"])
     outcome = reconcile(
-        ctx.kube, job, body.get("spec") or {}, dict(body.get("status") or {}),
+        ctx.kube, job, body.get("spec") or {}, JobStatus.read(body.get("status") or {}),
         now=datetime.now(UTC), fetch=ctx.fetch, generation=meta.get("generation"),
         sync_url_override=ctx.settings.sync_url, rng=ctx.rng if chaos else None,
         allow_chaos=ctx.settings.allow_chaos,
     )
-    patch.status.update(outcome.status)
+    patch.status.update(outcome.status.to_patch())
     post_events(ctx.kube, body, outcome.events)
     ctx.metrics.chaos_kills.inc(sum(ev.reason == "ChaosKill" for ev in outcome.events))
     for action, n in (("created", outcome.created), ("restored", outcome.repaired), ("deleted", outcome.deleted)):
         if n:
             ctx.metrics.children.labels(action).inc(n)
-    ctx.metrics.set_phase(job.namespace, job.name, str(outcome.status.get("phase")))
+    ctx.metrics.set_phase(job.namespace, job.name, str(outcome.status.phase))
     ctx.metrics.set_units(job.namespace, job.name, unit_state_counts(outcome.status))
     ctx.metrics.reconciles.labels(trigger, "invalid" if outcome.invalid else "ok").inc()
     return outcome

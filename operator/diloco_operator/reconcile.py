@@ -19,6 +19,7 @@ from diloco_core.protocol import StatusResponse
 from diloco_operator import chaos, status
 from diloco_operator.build import JOB_LABEL, JobRef, build_secret, job_id, secret_name, sync_name, sync_url
 from diloco_operator.children import build_children
+from diloco_operator.job_status import ChaosStatus, JobStatus
 from diloco_operator.kube import Kube, is_subset
 from diloco_operator.models import DiLoCoJobSpec, SpecError, parse_spec, secret_references, validate_job
 from diloco_operator.status import Event
@@ -32,7 +33,7 @@ PRUNED_KINDS = (("apps/v1", "StatefulSet"), ("policy/v1", "PodDisruptionBudget")
 
 @dataclass
 class Outcome:
-    status: dict[str, Any]
+    status: JobStatus
     events: list[Event] = field(default_factory=list)
     created: int = 0
     repaired: int = 0
@@ -105,21 +106,21 @@ def observe(spec: DiLoCoJobSpec, job: JobRef, actual: Mapping[str, dict[str, Any
     return units, sync_ready
 
 
-def chaos_state(old: Mapping[str, Any], now: float) -> tuple[int, dict[str, float]]:
-    c = old.get("chaos") or {}
-    down = {k: float(v) for k, v in (c.get("downUntil") or {}).items()}
-    return int(c.get("kills") or 0), chaos.repaired(down, now)
+def chaos_state(old: JobStatus, now: float) -> tuple[int, dict[str, float]]:
+    c = old.chaos or ChaosStatus()
+    down = {k: float(v) for k, v in c.down_until.items() if v is not None}
+    return c.kills, chaos.repaired(down, now)
 
 
 def run_chaos(
-    kube: Kube, job: JobRef, spec: DiLoCoJobSpec, old: Mapping[str, Any], now: float, rng: random.Random
+    kube: Kube, job: JobRef, spec: DiLoCoJobSpec, old: JobStatus, now: float, rng: random.Random
 ) -> tuple[list[chaos.Victim], dict[str, float]]:
     """Kill the pods chaos picks (grace 0, like a crash); returns the victims and units under repair."""
     _, down = chaos_state(old, now)
     units = chaos.chaos_units(spec.chaos, spec, down)
     if not units:
         return [], down
-    last_tick = float((old.get("chaos") or {}).get("lastTick") or now)
+    last_tick = (old.chaos.last_tick if old.chaos else None) or now
     pods = [
         chaos.PodRef(p["metadata"]["name"], p["metadata"].get("labels", {}).get("diloco.dev/unit", ""),
                      (p.get("status") or {}).get("phase") == "Running")
@@ -151,7 +152,7 @@ def reconcile(
     kube: Kube,
     job: JobRef,
     raw_spec: Mapping[str, Any],
-    old: Mapping[str, Any],
+    old: JobStatus,
     *,
     now: datetime,
     fetch: StatusFetcher,
@@ -170,7 +171,7 @@ def reconcile(
         spec = check_spec(kube, job, raw_spec)
     except SpecError as exc:
         new = status.invalid_status(str(exc), old, now, generation)
-        events = [] if old.get("phase") == "Failed" and old.get("message") == str(exc) else [
+        events = [] if old.phase == "Failed" and old.message == str(exc) else [
             status.Event("Warning", "InvalidSpec", str(exc))]
         return Outcome(new, events, invalid=str(exc))
     epoch = now.timestamp()
@@ -180,9 +181,9 @@ def reconcile(
     active = gate is not None and gate.active
     if rng is not None and active and not spec.suspend:
         victims, down = run_chaos(kube, job, spec, old, epoch, rng)
-    outcome = Outcome({})
+    outcome = Outcome(JobStatus())
     outcome.created += ensure_secret(kube, job, spec)
-    desired = build_children(job, spec, learners_stopped=old.get("phase") == "Succeeded",
+    desired = build_children(job, spec, learners_stopped=old.phase == "Succeeded",
                              down_units=frozenset(down))
     actual = apply_children(kube, desired, outcome)
     prune(kube, job, set(actual), outcome)
@@ -196,24 +197,28 @@ def reconcile(
         sync_ready = sync is not None
     obs = status.Observed(units, sync_ready, sync, kills + len(victims), down, job=job.name, sync_problem=problem)
     new = status.compute_status(spec, obs, old, now, generation)
-    new["message"] = None
-    new["chaos"]["lastTick"] = epoch if active else None
-    old_down = (old.get("chaos") or {}).get("downUntil") or {}
-    new["chaos"]["downUntil"] = {k: down.get(k) for k in {*old_down, *down}}  # None removes (merge patch)
+    old_down = old.chaos.down_until if old.chaos else {}
+    chaos_status = ChaosStatus(
+        kills=obs.chaos_kills,
+        down_until={k: down.get(k) for k in {*old_down, *down}},  # None removes (merge patch)
+        last_tick=epoch if active else None,
+    )
+    conditions = new.conditions
+    if gate is not None:
+        conditions += (status.condition(old.conditions, "Chaos", gate.active, gate.reason, gate.message, now),)
+    new = new.model_copy(update={"message": None, "chaos": chaos_status, "conditions": conditions})
     outcome.status = new
     outcome.events = [status.Event("Warning", "ChaosKill", f"chaos killed pod {v.pod} of unit {v.unit}")
                       for v in victims]
     outcome.events += status.diff_events(old, new)
     if gate is not None:
-        new["conditions"].append(status.condition(old.get("conditions") or [], "Chaos", gate.active, gate.reason,
-                                                  gate.message, now))
         outcome.events += gate_events(old, gate)
     return outcome
 
 
-def gate_events(old: Mapping[str, Any], gate: chaos.Gate) -> list[status.Event]:
+def gate_events(old: JobStatus, gate: chaos.Gate) -> list[status.Event]:
     """A Warning when chaos is newly refused (or refused for another reason than before)."""
-    before = next((c.get("reason") for c in old.get("conditions") or [] if c.get("type") == "Chaos"), None)
+    before = c.reason if (c := old.condition("Chaos")) else None
     if gate.reason in chaos.GATE_EVENTS and gate.reason != before:
         return [status.Event("Warning", chaos.GATE_EVENTS[gate.reason], gate.message)]
     return []

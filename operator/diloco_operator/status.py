@@ -1,7 +1,8 @@
 """Pure computation of a job's status (phase, conditions, per-unit progress) and of its events.
 
 Inputs are what the handler observed (StatefulSets, synchronizer Deployments, the synchronizer's
-``GET /v1/status``) and the previous status; time is a parameter.
+``GET /v1/status``) and the previous status; time is a parameter. Statuses are typed
+(``job_status.JobStatus``).
 
 Phases: ``Pending`` (not yet enough units ready), ``Running`` (synchronizer ready and at least
 ``quorum`` units fully ready), ``Degraded`` (was running, now below quorum or without its
@@ -22,6 +23,7 @@ from typing import Any
 
 from diloco_core.protocol import StatusResponse
 
+from diloco_operator.job_status import ChaosStatus, Condition, JobStatus, Phase, UnitStatus
 from diloco_operator.models import DiLoCoJobSpec
 
 ACTIVE_PHASES = ("Running", "Degraded")
@@ -91,18 +93,18 @@ def parse_iso(s: str) -> datetime:
 
 
 def condition(
-    previous: Sequence[Mapping[str, Any]], ctype: str, ok: bool | None, reason: str, message: str, now: datetime
-) -> dict[str, Any]:
+    previous: Sequence[Condition], ctype: str, ok: bool | None, reason: str, message: str, now: datetime
+) -> Condition:
     """A condition (``ok`` None: Unknown); its lastTransitionTime moves only when its status changes."""
     status = "Unknown" if ok is None else "True" if ok else "False"
     since = iso(now)
     for old in previous:
-        if old.get("type") == ctype and old.get("status") == status and old.get("lastTransitionTime"):
-            since = str(old["lastTransitionTime"])
-    return {"type": ctype, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}
+        if old.type == ctype and old.status == status and old.last_transition_time:
+            since = old.last_transition_time
+    return Condition(type=ctype, status=status, reason=reason, message=message, last_transition_time=since)
 
 
-def unit_progress(sync: StatusResponse | None, unit: str, job: str = "") -> dict[str, Any]:
+def unit_progress(sync: StatusResponse | None, unit: str, job: str = "") -> dict[str, int]:
     """Step, tokens and staleness of the unit's learners, as the synchronizer reports them.
 
     With ``job``, only learners named ``<job>-<unit>-<ordinal>`` count: an external synchronizer
@@ -118,49 +120,48 @@ def unit_progress(sync: StatusResponse | None, unit: str, job: str = "") -> dict
         "step": max(s.step for s in mine),
         "tokens": sum(s.tokens for s in mine),
         "staleness": max(s.staleness for s in mine),
-        "aliveLearners": sum(1 for s in mine if s.alive),
-        "deadLearners": sum(1 for s in mine if s.state == "dead"),
+        "alive_learners": sum(1 for s in mine if s.alive),
+        "dead_learners": sum(1 for s in mine if s.state == "dead"),
     }
 
 
-def learners_dead(progress: Mapping[str, Any]) -> bool:
+def learners_dead(progress: Mapping[str, int]) -> bool:
     """The synchronizer knows the unit's learners, none is alive and at least one is dead."""
-    return bool(progress) and progress["aliveLearners"] == 0 and progress["deadLearners"] > 0
+    return bool(progress) and progress["alive_learners"] == 0 and progress["dead_learners"] > 0
 
 
 def unit_status(
-    spec_unit_replicas: int, seen: UnitObserved, old: Mapping[str, Any], sync: StatusResponse | None, now: datetime,
+    spec_unit_replicas: int, seen: UnitObserved, old: UnitStatus | None, sync: StatusResponse | None, now: datetime,
     job: str = "",
-) -> dict[str, Any]:
+) -> UnitStatus:
     pods_ready = seen.exists and spec_unit_replicas > 0 and seen.ready_replicas >= spec_unit_replicas
     progress = unit_progress(sync, seen.name, job)
     dead = learners_dead(progress)
     ready = pods_ready and not dead
-    out: dict[str, Any] = {
-        "name": seen.name,
-        "replicas": spec_unit_replicas,
-        "readyReplicas": seen.ready_replicas if seen.exists else 0,
-        "ready": ready,
-        "state": "Ready" if ready else "NotReady",
-        "reason": "Ready" if ready else "LearnersDead" if dead else "PodsNotReady",
-        "everReady": bool(ready or old.get("everReady", False)),
-    }
+    since: dict[str, str] = {}
     if not ready:
-        out["notReadySince"] = old.get("notReadySince") or iso(now)
-    out.update(progress)
-    return out
+        since["not_ready_since"] = (old.not_ready_since if old else None) or iso(now)
+    return UnitStatus(
+        name=seen.name,
+        replicas=spec_unit_replicas,
+        ready_replicas=seen.ready_replicas if seen.exists else 0,
+        ready=ready,
+        state="Ready" if ready else "NotReady",
+        reason="Ready" if ready else "LearnersDead" if dead else "PodsNotReady",
+        ever_ready=bool(ready or (old is not None and old.ever_ready)),
+        **since,
+        **progress,
+    )
 
 
 UNIT_STATES = {"Ready": "ready", "NotReady": "not_ready", "Lost": "lost"}
 
 
-def unit_state_counts(status: Mapping[str, Any]) -> dict[str, int]:
+def unit_state_counts(status: JobStatus) -> dict[str, int]:
     """How many of the job's units are in each state, keyed as the metric labels them."""
     counts = dict.fromkeys(UNIT_STATES.values(), 0)
-    for u in status.get("units") or []:
-        label = UNIT_STATES.get(str(u.get("state")))
-        if label is not None:
-            counts[label] += 1
+    for u in status.units:
+        counts[UNIT_STATES[u.state]] += 1
     return counts
 
 
@@ -173,7 +174,7 @@ def budget_reached(spec: DiLoCoJobSpec, sync: StatusResponse | None) -> bool:
     return steps is not None and bool(sync.learners) and all(s.step >= steps for s in sync.learners)
 
 
-def choose_phase(spec: DiLoCoJobSpec, obs: Observed, ready_units: int, old_phase: str | None) -> str:
+def choose_phase(spec: DiLoCoJobSpec, obs: Observed, ready_units: int, old_phase: str | None) -> Phase:
     if old_phase == "Succeeded" or budget_reached(spec, obs.sync):
         return "Succeeded"
     if spec.suspend:
@@ -185,33 +186,31 @@ def choose_phase(spec: DiLoCoJobSpec, obs: Observed, ready_units: int, old_phase
     return "Pending"
 
 
-def gone_units(units: Sequence[Mapping[str, Any]], now: datetime, lost_after: float) -> list[str]:
+def gone_units(units: Sequence[UnitStatus], now: datetime, lost_after: float) -> list[str]:
     """Units that were ready once and have been down for longer than ``lost_after`` seconds."""
     out = []
     for u in units:
-        since = u.get("notReadySince")
-        if u.get("everReady") and since and (now - parse_iso(since)).total_seconds() > lost_after:
-            out.append(str(u["name"]))
+        since = u.not_ready_since
+        if u.ever_ready and since and (now - parse_iso(since)).total_seconds() > lost_after:
+            out.append(u.name)
     return out
 
 
 def compute_status(
-    spec: DiLoCoJobSpec, obs: Observed, old: Mapping[str, Any], now: datetime, generation: int | None = None
-) -> dict[str, Any]:
+    spec: DiLoCoJobSpec, obs: Observed, old: JobStatus, now: datetime, generation: int | None = None
+) -> JobStatus:
     """The job's whole status for a valid spec."""
-    old_units = {u.get("name"): u for u in old.get("units") or []}
+    old_units = {u.name: u for u in old.units}
     seen = {u.name: u for u in obs.units}
     units = []
     for unit in spec.learner_units:
         observed = seen.get(unit.name, UnitObserved(unit.name, 0, 0, exists=False))
-        units.append(unit_status(unit.replicas, observed, old_units.get(unit.name, {}), obs.sync, now, obs.job))
-    ready = sum(1 for u in units if u["ready"])
-    phase = choose_phase(spec, obs, ready, old.get("phase"))
-    prev = old.get("conditions") or []
+        units.append(unit_status(unit.replicas, observed, old_units.get(unit.name), obs.sync, now, obs.job))
+    ready = sum(1 for u in units if u.ready)
+    phase = choose_phase(spec, obs, ready, old.phase)
+    prev = old.conditions
     gone = gone_units(units, now, spec.unit_lost_after_seconds)
-    for u in units:
-        if u["name"] in gone:
-            u["state"] = "Lost"
+    units = [u.model_copy(update={"state": "Lost"}) if u.name in gone else u for u in units]
     quorum = spec.diloco.quorum
     conditions = [
         condition(prev, "SpecValid", True, "Valid", "the spec is valid", now),
@@ -224,22 +223,21 @@ def compute_status(
         learners_condition(prev, obs.sync, units, now),
         condition(prev, "Ready", phase == "Running", phase, f"job is {phase}", now),
     ]
-    status: dict[str, Any] = {
-        "phase": phase,
-        "conditions": conditions,
-        "units": units,
-        "readyUnits": ready,
-        "totalUnits": len(units),
-        "unitsReady": f"{ready}/{len(units)}",
-        "chaos": {"kills": obs.chaos_kills, "downUntil": dict(obs.down_until)},
-    }
-    if generation is not None:
-        status["observedGeneration"] = generation
-    status.update(sync_summary(obs.sync))
-    return status
+    optional: dict[str, Any] = {"observed_generation": generation} if generation is not None else {}
+    return JobStatus(
+        phase=phase,
+        conditions=tuple(conditions),
+        units=tuple(units),
+        ready_units=ready,
+        total_units=len(units),
+        units_ready=f"{ready}/{len(units)}",
+        chaos=ChaosStatus(kills=obs.chaos_kills, down_until=dict(obs.down_until)),
+        **optional,
+        **sync_summary(obs.sync),
+    )
 
 
-def sync_condition(prev: Sequence[Mapping[str, Any]], obs: Observed, now: datetime) -> dict[str, Any]:
+def sync_condition(prev: Sequence[Condition], obs: Observed, now: datetime) -> Condition:
     if obs.sync_problem:
         return condition(prev, "SynchronizerReady", False, "WrongJob", obs.sync_problem, now)
     return condition(prev, "SynchronizerReady", obs.sync_ready, "Available" if obs.sync_ready else "NotAvailable",
@@ -247,13 +245,13 @@ def sync_condition(prev: Sequence[Mapping[str, Any]], obs: Observed, now: dateti
 
 
 def learners_condition(
-    prev: Sequence[Mapping[str, Any]], sync: StatusResponse | None, units: Sequence[Mapping[str, Any]], now: datetime
-) -> dict[str, Any]:
+    prev: Sequence[Condition], sync: StatusResponse | None, units: Sequence[UnitStatus], now: datetime
+) -> Condition:
     """Whether the synchronizer hears from every unit it knows (Unknown without its status)."""
     if sync is None:
         return condition(prev, "LearnersAlive", None, "NoSynchronizerStatus",
                          "the synchronizer's status is not available", now)
-    dead = [str(u["name"]) for u in units if u.get("reason") == "LearnersDead"]
+    dead = [u.name for u in units if u.reason == "LearnersDead"]
     if dead:
         return condition(prev, "LearnersAlive", False, "LearnersDead",
                          f"the synchronizer reports the learners of units {', '.join(dead)} dead", now)
@@ -261,6 +259,8 @@ def learners_condition(
 
 
 def sync_summary(sync: StatusResponse | None) -> dict[str, Any]:
+    """The job-wide progress fields of the status (none without the synchronizer's status: the
+    stored ones stay)."""
     if sync is None:
         return {}
     out: dict[str, Any] = {
@@ -273,22 +273,21 @@ def sync_summary(sync: StatusResponse | None) -> dict[str, Any]:
     return out
 
 
-def invalid_status(message: str, old: Mapping[str, Any], now: datetime, generation: int | None) -> dict[str, Any]:
-    prev = old.get("conditions") or []
-    status: dict[str, Any] = {
-        "phase": "Failed",
-        "message": message,
-        "conditions": [
+def invalid_status(message: str, old: JobStatus, now: datetime, generation: int | None) -> JobStatus:
+    prev = old.conditions
+    optional: dict[str, Any] = {"observed_generation": generation} if generation is not None else {}
+    return JobStatus(
+        phase="Failed",
+        message=message,
+        conditions=(
             condition(prev, "SpecValid", False, "InvalidSpec", message, now),
             condition(prev, "Ready", False, "Failed", message, now),
-        ],
-    }
-    if generation is not None:
-        status["observedGeneration"] = generation
-    return status
+        ),
+        **optional,
+    )
 
 
-def diff_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
+def diff_events(old: JobStatus, new: JobStatus) -> list[Event]:
     """Events for what changed between two statuses: quorum lost and regained, units gone, phase.
 
     Units lost and rejoined are reported as they happen by ``PodWatch`` (status refreshes are
@@ -298,7 +297,7 @@ def diff_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
     was, now = _cond(old, "QuorumMet"), _cond(new, "QuorumMet")
     if was == "True" and now == "False":
         events.append(Event("Warning", "QuorumLost", _msg(new, "QuorumMet")))
-    elif was == "False" and now == "True" and old.get("phase") in ACTIVE_PHASES:
+    elif was == "False" and now == "True" and old.phase in ACTIVE_PHASES:
         events.append(Event("Normal", "QuorumRegained", _msg(new, "QuorumMet")))
     if _cond(old, "UnitsHealthy") != "False" and _cond(new, "UnitsHealthy") == "False":
         events.append(Event("Warning", "UnitGone", _msg(new, "UnitsHealthy")))
@@ -306,27 +305,23 @@ def diff_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
     if newly_dead:
         events.append(Event("Warning", "LearnersDead",
                             f"the synchronizer reports the learners of units {', '.join(newly_dead)} dead"))
-    if old.get("phase") != new.get("phase") and new.get("phase") in ("Succeeded", "Suspended", "Running"):
-        events.append(Event("Normal", str(new["phase"]), f"job is {new['phase']}"))
+    if old.phase != new.phase and new.phase in ("Succeeded", "Suspended", "Running"):
+        events.append(Event("Normal", str(new.phase), f"job is {new.phase}"))
     return events
 
 
-def _dead_units(status: Mapping[str, Any]) -> list[str]:
-    return [str(u.get("name")) for u in status.get("units") or [] if u.get("reason") == "LearnersDead"]
+def _dead_units(status: JobStatus) -> list[str]:
+    return [u.name for u in status.units if u.reason == "LearnersDead"]
 
 
-def _cond(status: Mapping[str, Any], ctype: str) -> str | None:
-    for c in status.get("conditions") or []:
-        if c.get("type") == ctype:
-            return str(c.get("status"))
-    return None
+def _cond(status: JobStatus, ctype: str) -> str | None:
+    c = status.condition(ctype)
+    return c.status if c else None
 
 
-def _msg(status: Mapping[str, Any], ctype: str) -> str:
-    for c in status.get("conditions") or []:
-        if c.get("type") == ctype:
-            return str(c.get("message", ""))
-    return ""
+def _msg(status: JobStatus, ctype: str) -> str:
+    c = status.condition(ctype)
+    return c.message if c else ""
 
 
 class PodWatch:

@@ -17,6 +17,7 @@ from diloco_operator.chaos import (
     pick_victims,
     repaired,
 )
+from diloco_operator.job_status import JobStatus
 from diloco_operator.models import ChaosSpec, parse_spec
 from diloco_operator.reconcile import gate_events
 
@@ -101,8 +102,8 @@ def test_refusal_messages_say_what_to_change() -> None:
 
 def test_a_refusal_is_reported_once_per_reason() -> None:
     refused = Gate(False, "NotAllowed", "no")
-    assert [e.reason for e in gate_events({}, refused)] == ["ChaosRefused"]
-    before = {"conditions": [{"type": "Chaos", "status": "False", "reason": "NotAllowed"}]}
+    assert [e.reason for e in gate_events(JobStatus(), refused)] == ["ChaosRefused"]
+    before = JobStatus.read({"conditions": [{"type": "Chaos", "status": "False", "reason": "NotAllowed"}]})
     assert gate_events(before, refused) == []
     assert [e.reason for e in gate_events(before, Gate(False, "NotEnabled", "no"))] == ["ChaosNotEnabled"]
     assert gate_events(before, Gate(True, "Enabled", "yes")) == []

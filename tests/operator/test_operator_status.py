@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from diloco_core.protocol import FragmentStatus, LearnerStatus, StatusResponse
+from diloco_operator.job_status import JobStatus
 from diloco_operator.models import DiLoCoJobSpec, parse_spec
 from diloco_operator.status import (
     EVENT_NOTE_LIMIT,
@@ -64,56 +65,56 @@ def sync_status(tokens: int = 1000, steps: int = 10) -> StatusResponse:
     ([0, 0, 0], True, "Succeeded", False, "Succeeded"),
 ])
 def test_phase(ready: list[int], sync_ready: bool, old_phase: str | None, suspend: bool, phase: str) -> None:
-    old = {"phase": old_phase} if old_phase else {}
+    old = JobStatus(phase=old_phase) if old_phase else JobStatus()
     s = compute_status(spec(suspend=suspend), observed(ready, sync_ready), old, NOW)
-    assert s["phase"] == phase
-    assert s["unitsReady"] == f"{sum(1 for r in ready if r == 2)}/3"
-    ready_cond = next(c for c in s["conditions"] if c["type"] == "Ready")
-    assert ready_cond["status"] == ("True" if phase == "Running" else "False")
+    assert s.phase == phase
+    assert s.units_ready == f"{sum(1 for r in ready if r == 2)}/3"
+    ready_cond = next(c for c in s.conditions if c.type == "Ready")
+    assert ready_cond.status == ("True" if phase == "Running" else "False")
 
 
 def test_budget_in_tokens_means_succeeded() -> None:
-    s = compute_status(spec(budget={"tokens": 1000}), observed([2, 2, 2], sync=sync_status(tokens=1000)), {}, NOW)
-    assert s["phase"] == "Succeeded"
-    s = compute_status(spec(budget={"tokens": 1001}), observed([2, 2, 2], sync=sync_status(tokens=1000)), {}, NOW)
-    assert s["phase"] == "Running"
+    s = compute_status(spec(budget={"tokens": 1000}), observed([2, 2, 2], sync=sync_status(tokens=1000)), JobStatus(), NOW)
+    assert s.phase == "Succeeded"
+    s = compute_status(spec(budget={"tokens": 1001}), observed([2, 2, 2], sync=sync_status(tokens=1000)), JobStatus(), NOW)
+    assert s.phase == "Running"
 
 
 def test_budget_in_steps_needs_every_learner() -> None:
-    s = compute_status(spec(budget={"steps": 12}), observed([2, 2, 2], sync=sync_status(steps=10)), {}, NOW)
-    assert s["phase"] == "Running"
-    s = compute_status(spec(budget={"steps": 10}), observed([2, 2, 2], sync=sync_status(steps=10)), {}, NOW)
-    assert s["phase"] == "Succeeded"
+    s = compute_status(spec(budget={"steps": 12}), observed([2, 2, 2], sync=sync_status(steps=10)), JobStatus(), NOW)
+    assert s.phase == "Running"
+    s = compute_status(spec(budget={"steps": 10}), observed([2, 2, 2], sync=sync_status(steps=10)), JobStatus(), NOW)
+    assert s.phase == "Succeeded"
 
 
 def test_progress_from_the_synchronizer() -> None:
-    s = compute_status(spec(), observed([2, 2, 2], sync=sync_status()), {}, NOW, generation=3)
-    assert (s["rounds"], s["tokens"], s["version"], s["goodput"]) == (13, 1000, 7, 0.97)
-    assert s["observedGeneration"] == 3
-    u0, u1, u2 = s["units"]
-    assert (u0["step"], u0["tokens"], u0["staleness"], u0["aliveLearners"]) == (10, 500, 1, 1)
-    assert u1["step"] == 12
-    assert "step" not in u2
+    s = compute_status(spec(), observed([2, 2, 2], sync=sync_status()), JobStatus(), NOW, generation=3)
+    assert (s.rounds, s.tokens, s.version, s.goodput) == (13, 1000, 7, 0.97)
+    assert s.observed_generation == 3
+    u0, u1, u2 = s.units
+    assert (u0.step, u0.tokens, u0.staleness, u0.alive_learners) == (10, 500, 1, 1)
+    assert u1.step == 12
+    assert u2.step is None
 
 
 def test_condition_transition_time_moves_only_on_change() -> None:
-    first = compute_status(spec(), observed([2, 2, 2]), {}, NOW)
+    first = compute_status(spec(), observed([2, 2, 2]), JobStatus(), NOW)
     later = NOW + timedelta(minutes=5)
     same = compute_status(spec(), observed([2, 2, 2]), first, later)
-    assert same["conditions"] == first["conditions"]
+    assert same.conditions == first.conditions
     changed = compute_status(spec(), observed([0, 0, 2]), first, later)
-    quorum = next(c for c in changed["conditions"] if c["type"] == "QuorumMet")
-    assert quorum["status"] == "False"
-    assert quorum["lastTransitionTime"] == "2026-01-01T12:05:00Z"
+    quorum = next(c for c in changed.conditions if c.type == "QuorumMet")
+    assert quorum.status == "False"
+    assert quorum.last_transition_time == "2026-01-01T12:05:00Z"
 
 
 def test_events_quorum_lost_then_regained() -> None:
-    running = compute_status(spec(), observed([2, 2, 2]), {}, NOW)
+    running = compute_status(spec(), observed([2, 2, 2]), JobStatus(), NOW)
     degraded = compute_status(spec(), observed([2, 1, 0]), running, NOW)
     events = diff_events(running, degraded)
     assert [e.reason for e in events] == ["QuorumLost"]
     assert "1 of 3 units ready, quorum 2" in events[0].message
-    assert degraded["phase"] == "Degraded"
+    assert degraded.phase == "Degraded"
     back = compute_status(spec(), observed([2, 2, 0]), degraded, NOW)
     assert [e.reason for e in diff_events(degraded, back)] == ["QuorumRegained", "Running"]
 
@@ -137,31 +138,31 @@ def test_pod_watch_reports_lost_and_rejoined() -> None:
 
 def test_unit_gone_for_too_long_is_reported_once() -> None:
     s = spec(unitLostAfterSeconds=60)
-    running = compute_status(s, observed([2, 2, 2]), {}, NOW)
+    running = compute_status(s, observed([2, 2, 2]), JobStatus(), NOW)
     lost = compute_status(s, observed([2, 2, 0]), running, NOW + timedelta(seconds=10))
-    assert lost["units"][2]["notReadySince"] == "2026-01-01T12:00:10Z"
+    assert lost.units[2].not_ready_since == "2026-01-01T12:00:10Z"
     gone = compute_status(s, observed([2, 2, 0]), lost, NOW + timedelta(seconds=80))
     assert [e.reason for e in diff_events(lost, gone)] == ["UnitGone"]
-    healthy = next(c for c in gone["conditions"] if c["type"] == "UnitsHealthy")
-    assert healthy["status"] == "False"
-    assert "u2" in healthy["message"]
+    healthy = next(c for c in gone.conditions if c.type == "UnitsHealthy")
+    assert healthy.status == "False"
+    assert "u2" in healthy.message
     still = compute_status(s, observed([2, 2, 0]), gone, NOW + timedelta(seconds=90))
     assert diff_events(gone, still) == []
 
 
 def test_never_ready_unit_is_not_reported_gone() -> None:
     s = spec(unitLostAfterSeconds=60)
-    first = compute_status(s, observed([2, 2, 0]), {}, NOW)
+    first = compute_status(s, observed([2, 2, 0]), JobStatus(), NOW)
     later = compute_status(s, observed([2, 2, 0]), first, NOW + timedelta(hours=1))
-    assert next(c for c in later["conditions"] if c["type"] == "UnitsHealthy")["status"] == "True"
+    assert next(c for c in later.conditions if c.type == "UnitsHealthy").status == "True"
 
 
 def test_invalid_status() -> None:
-    s = invalid_status("spec.diloco.quorum (5) exceeds ...", {}, NOW, 2)
-    assert s["phase"] == "Failed"
-    valid = next(c for c in s["conditions"] if c["type"] == "SpecValid")
-    assert (valid["status"], valid["reason"]) == ("False", "InvalidSpec")
-    assert "quorum" in valid["message"]
+    s = invalid_status("spec.diloco.quorum (5) exceeds ...", JobStatus(), NOW, 2)
+    assert s.phase == "Failed"
+    valid = next(c for c in s.conditions if c.type == "SpecValid")
+    assert (valid.status, valid.reason) == ("False", "InvalidSpec")
+    assert "quorum" in valid.message
 
 
 def test_event_object_regards_the_job_and_bounds_the_note() -> None:
@@ -175,3 +176,26 @@ def test_event_object_regards_the_job_and_bounds_the_note() -> None:
     assert len(obj["note"]) == EVENT_NOTE_LIMIT
     assert obj["note"].endswith("...")
     assert obj["eventTime"] == "2026-01-01T12:00:00.000000Z"
+
+
+def test_the_status_is_a_merge_patch_in_the_crds_names() -> None:
+    running = compute_status(spec(), observed([2, 2, 0], sync=sync_status()), JobStatus(), NOW, generation=3)
+    patch = running.to_patch()
+    assert set(patch) == {"phase", "conditions", "units", "readyUnits", "totalUnits", "unitsReady", "chaos",
+                          "observedGeneration", "rounds", "tokens", "version", "goodput"}
+    assert patch["units"][2] == {"name": "u2", "replicas": 2, "readyReplicas": 0, "ready": False, "state": "NotReady",
+                                 "reason": "PodsNotReady", "everReady": False, "notReadySince": "2026-01-01T12:00:00Z"}
+    assert "notReadySince" not in patch["units"][0]
+    assert patch["conditions"][0] == {"type": "SpecValid", "status": "True", "reason": "Valid",
+                                      "message": "the spec is valid", "lastTransitionTime": "2026-01-01T12:00:00Z"}
+    assert patch["chaos"] == {"kills": 0, "downUntil": {}}
+    # without the synchronizer's status the stored progress stays: it is not in the patch
+    assert "rounds" not in compute_status(spec(), observed([2, 2, 2]), JobStatus(), NOW).to_patch()
+    # a field set to None is in the patch as null, which removes it
+    assert running.model_copy(update={"message": None}).to_patch()["message"] is None
+    assert JobStatus.read(patch) == running
+
+
+def test_a_stored_status_that_does_not_parse_is_rebuilt() -> None:
+    assert JobStatus.read({"phase": "Exploded", "units": "many"}) == JobStatus()
+    assert JobStatus.read({"phase": "Running", "addedByAnotherVersion": 1}).phase == "Running"

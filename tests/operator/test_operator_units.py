@@ -8,6 +8,7 @@ from typing import Any
 from diloco_core.protocol import FragmentStatus, LearnerState, LearnerStatus, StatusResponse
 from diloco_operator.build import JobRef, job_id
 from diloco_operator.children import build_children
+from diloco_operator.job_status import Condition, JobStatus
 from diloco_operator.metrics import OperatorMetrics
 from diloco_operator.models import DiLoCoJobSpec, parse_spec
 from diloco_operator.reconcile import wrong_job
@@ -43,72 +44,72 @@ def observed(status: StatusResponse | None, ready: tuple[int, ...] = (2, 2, 2)) 
     return Observed([UnitObserved(f"u{i}", 2, r) for i, r in enumerate(ready)], True, status, job="j")
 
 
-def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["type"]: c for c in status["conditions"]}
+def conditions(status: JobStatus) -> dict[str, Condition]:
+    return {c.type: c for c in status.conditions}
 
 
 def test_learners_reported_dead_make_the_unit_not_ready_and_the_job_degraded() -> None:
     healthy = sync(learner("j-u0-0", "u0"), learner("j-u1-0", "u1"), learner("j-u2-0", "u2"))
-    running = compute_status(spec(), observed(healthy), {}, NOW)
-    assert running["phase"] == "Running"
-    assert conditions(running)["LearnersAlive"]["status"] == "True"
+    running = compute_status(spec(), observed(healthy), JobStatus(), NOW)
+    assert running.phase == "Running"
+    assert conditions(running)["LearnersAlive"].status == "True"
     two_dead = sync(learner("j-u0-0", "u0"), learner("j-u1-0", "u1", state="dead"),
                     learner("j-u2-0", "u2", state="dead"))
     degraded = compute_status(spec(), observed(two_dead), running, NOW + timedelta(seconds=5))
-    assert degraded["phase"] == "Degraded"
-    u0, u1, u2 = degraded["units"]
-    assert (u0["state"], u0["reason"], u0["ready"]) == ("Ready", "Ready", True)
-    assert (u1["state"], u1["reason"], u1["ready"], u1["readyReplicas"]) == ("NotReady", "LearnersDead", False, 2)
-    assert (u1["aliveLearners"], u1["deadLearners"]) == (0, 1)
+    assert degraded.phase == "Degraded"
+    u0, u1, u2 = degraded.units
+    assert (u0.state, u0.reason, u0.ready) == ("Ready", "Ready", True)
+    assert (u1.state, u1.reason, u1.ready, u1.ready_replicas) == ("NotReady", "LearnersDead", False, 2)
+    assert (u1.alive_learners, u1.dead_learners) == (0, 1)
     alive = conditions(degraded)["LearnersAlive"]
-    assert (alive["status"], alive["reason"]) == ("False", "LearnersDead")
-    assert "u1, u2" in alive["message"]
-    assert conditions(degraded)["QuorumMet"]["message"] == "1 of 3 units ready, quorum 2"
+    assert (alive.status, alive.reason) == ("False", "LearnersDead")
+    assert "u1, u2" in alive.message
+    assert conditions(degraded)["QuorumMet"].message == "1 of 3 units ready, quorum 2"
     assert [e.reason for e in diff_events(running, degraded)] == ["QuorumLost", "LearnersDead"]
     still = compute_status(spec(), observed(two_dead), degraded, NOW + timedelta(seconds=7))
     assert diff_events(degraded, still) == []
     u1_back = sync(learner("j-u0-0", "u0"), learner("j-u1-0", "u1"), learner("j-u2-0", "u2", state="dead"))
     partly = compute_status(spec(), observed(u1_back), still, NOW + timedelta(seconds=8))
     assert [e.reason for e in diff_events(still, partly)] == ["QuorumRegained", "Running"]
-    assert "u2" in conditions(partly)["LearnersAlive"]["message"]
+    assert "u2" in conditions(partly)["LearnersAlive"].message
     back = compute_status(spec(), observed(healthy), partly, NOW + timedelta(seconds=10))
-    assert back["phase"] == "Running"
+    assert back.phase == "Running"
     assert diff_events(partly, back) == []
-    assert conditions(back)["LearnersAlive"]["status"] == "True"
+    assert conditions(back)["LearnersAlive"].status == "True"
 
 
 def test_a_unit_with_one_live_learner_or_a_clean_leave_is_not_dead() -> None:
     status = sync(learner("j-u0-0", "u0", state="dead"), learner("j-u0-1", "u0"),
                   learner("j-u1-0", "u1", state="left"))
-    s = compute_status(spec(), observed(status), {}, NOW)
-    assert [u["reason"] for u in s["units"]] == ["Ready", "Ready", "Ready"]
-    assert conditions(s)["LearnersAlive"]["status"] == "True"
+    s = compute_status(spec(), observed(status), JobStatus(), NOW)
+    assert [u.reason for u in s.units] == ["Ready", "Ready", "Ready"]
+    assert conditions(s)["LearnersAlive"].status == "True"
 
 
 def test_without_synchronizer_status_learners_alive_is_unknown() -> None:
-    s = compute_status(spec(), observed(None), {}, NOW)
-    assert (conditions(s)["LearnersAlive"]["status"], conditions(s)["LearnersAlive"]["reason"]) == \
+    s = compute_status(spec(), observed(None), JobStatus(), NOW)
+    assert (conditions(s)["LearnersAlive"].status, conditions(s)["LearnersAlive"].reason) == \
         ("Unknown", "NoSynchronizerStatus")
-    assert s["phase"] == "Running"  # pods ready, nothing says otherwise
+    assert s.phase == "Running"  # pods ready, nothing says otherwise
 
 
 def test_only_this_jobs_learners_count_for_its_units() -> None:
     """An external synchronizer serves other regions too; their units may share names with ours."""
     status = sync(learner("other-u0-0", "u0", state="dead", step=99), learner("j-u0-0", "u0", step=7))
-    u0 = compute_status(spec(), observed(status), {}, NOW)["units"][0]
-    assert (u0["step"], u0["aliveLearners"], u0["deadLearners"], u0["reason"]) == (7, 1, 0, "Ready")
+    u0 = compute_status(spec(), observed(status), JobStatus(), NOW).units[0]
+    assert (u0.step, u0.alive_learners, u0.dead_learners, u0.reason) == (7, 1, 0, "Ready")
 
 
 def test_unit_states_and_their_counts() -> None:
     s = spec(unitLostAfterSeconds=60)
-    running = compute_status(s, observed(None), {}, NOW)
+    running = compute_status(s, observed(None), JobStatus(), NOW)
     assert unit_state_counts(running) == {"ready": 3, "not_ready": 0, "lost": 0}
     down = compute_status(s, observed(None, (2, 1, 0)), running, NOW + timedelta(seconds=1))
     assert unit_state_counts(down) == {"ready": 1, "not_ready": 2, "lost": 0}
     gone = compute_status(s, observed(None, (2, 2, 0)), down, NOW + timedelta(seconds=90))
-    assert [u["state"] for u in gone["units"]] == ["Ready", "Ready", "Lost"]
+    assert [u.state for u in gone.units] == ["Ready", "Ready", "Lost"]
     assert unit_state_counts(gone) == {"ready": 2, "not_ready": 0, "lost": 1}
-    assert unit_state_counts({"phase": "Failed"}) == {"ready": 0, "not_ready": 0, "lost": 0}
+    assert unit_state_counts(JobStatus(phase="Failed")) == {"ready": 0, "not_ready": 0, "lost": 0}
 
 
 def test_units_gauge() -> None:
@@ -157,8 +158,8 @@ def test_status_of_another_job_is_refused() -> None:
 def test_wrong_job_condition() -> None:
     obs = Observed([UnitObserved(f"u{i}", 2, 2) for i in range(3)], False, None, job="j",
                    sync_problem="the synchronizer at http://sync serves job 'x', not 'j'")
-    s = compute_status(spec(), obs, {}, NOW)
+    s = compute_status(spec(), obs, JobStatus(), NOW)
     ready = conditions(s)["SynchronizerReady"]
-    assert (ready["status"], ready["reason"]) == ("False", "WrongJob")
-    assert "serves job 'x'" in ready["message"]
-    assert s["phase"] == "Pending"
+    assert (ready.status, ready.reason) == ("False", "WrongJob")
+    assert "serves job 'x'" in ready.message
+    assert s.phase == "Pending"

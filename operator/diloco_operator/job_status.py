@@ -1,0 +1,96 @@
+"""Typed model of a DiLoCoJob's status, matching the CRD's ``status`` schema (camelCase on the wire).
+
+The operator writes the status with a JSON merge patch: a field that is not in the patch keeps its
+stored value, a field set to null is removed. The models keep that difference as pydantic's "unset"
+versus None: builders set exactly the fields they mean to write, and :meth:`JobStatus.to_patch`
+leaves the unset ones out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+log = logging.getLogger(__name__)
+
+Phase = Literal["Pending", "Running", "Degraded", "Suspended", "Succeeded", "Failed"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+UnitState = Literal["Ready", "NotReady", "Lost"]
+UnitReason = Literal["Ready", "PodsNotReady", "LearnersDead"]
+
+
+class _Status(BaseModel):
+    # a status written by another version of the operator may carry fields this one does not know
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+class Condition(_Status):
+    """A condition; its lastTransitionTime moves only when its status changes."""
+
+    type: str
+    status: ConditionStatus
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+
+
+class UnitStatus(_Status):
+    """One learner unit's readiness, and its learners' progress as the synchronizer reports it."""
+
+    name: str
+    replicas: int
+    ready_replicas: int
+    ready: bool
+    state: UnitState
+    reason: UnitReason
+    ever_ready: bool = False
+    not_ready_since: str | None = None  # set while not ready
+    step: int | None = None
+    tokens: int | None = None
+    staleness: int | None = None
+    alive_learners: int | None = None
+    dead_learners: int | None = None
+
+
+class ChaosStatus(_Status):
+    """Built-in chaos bookkeeping: pods killed, units under repair until (epoch seconds; None removes)."""
+
+    kills: int = 0
+    down_until: dict[str, float | None] = Field(default_factory=dict)
+    last_tick: float | None = None
+
+
+class JobStatus(_Status):
+    phase: Phase | None = None
+    message: str | None = None
+    observed_generation: int | None = None
+    units_ready: str | None = None
+    ready_units: int | None = None
+    total_units: int | None = None
+    version: int | None = None
+    rounds: int | None = None
+    tokens: int | None = None
+    goodput: float | None = None
+    conditions: tuple[Condition, ...] = ()
+    units: tuple[UnitStatus, ...] = ()
+    chaos: ChaosStatus | None = None
+
+    @classmethod
+    def read(cls, stored: Mapping[str, Any]) -> JobStatus:
+        """The status as the API stores it; one that does not parse counts as empty (it is rebuilt)."""
+        try:
+            return cls.model_validate(dict(stored))
+        except ValidationError as exc:
+            log.warning("ignoring a stored status that does not parse: %s", exc)
+            return cls()
+
+    def to_patch(self) -> dict[str, Any]:
+        """The merge patch that writes this status: the fields that were set, None ones as null."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+    def condition(self, ctype: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == ctype), None)
