@@ -1,7 +1,9 @@
 """Merging outer gradients of one fragment from several learners (docs/algorithm.md §3.6, §3.7).
 
 Weights are token-weighted (``tokens * tokens / steps``: quantity x quality) with an optional
-staleness discount. Non-embedding tensors are merged with Radial-Directional Averaging (norms and
+staleness discount. Tokens and steps are bounded (``diloco_core.bounds``), so a weight is a finite
+float64, and the merge uses the weights divided by the largest of them (each in [0, 1]), so neither
+their sum nor a weighted value can overflow whatever finite weights it is given. Non-embedding tensors are merged with Radial-Directional Averaging (norms and
 directions averaged separately, so the merged norm does not shrink as ``1/sqrt(M)`` with M nearly
 orthogonal contributions); embedding fragments with the weighted mean. Sums are float32, in the
 order the contributions are given.
@@ -15,6 +17,8 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from diloco_core.bounds import MAX_STEPS, MAX_TOKENS
 
 F32 = npt.NDArray[np.float32]
 MergeRule = Literal["rda", "mean"]
@@ -31,15 +35,29 @@ def contribution_weight(
     staleness: int = 0,
     staleness_power: float = 0.0,
 ) -> float:
-    """``tokens * tokens / steps`` (1.0 without token weighting) x ``(1 + staleness) ** -staleness_power``."""
+    """``tokens * tokens / steps`` (1.0 without token weighting) x ``(1 + staleness) ** -staleness_power``.
+
+    A finite float64 (at most ``MAX_TOKENS ** 2``): tokens or steps beyond their bounds raise
+    ``ValueError`` naming the bound instead of overflowing.
+    """
     if steps < 1:
         raise ValueError(f"a contribution needs at least one inner step, got steps={steps}")
     if tokens < 0 or staleness < 0 or staleness_power < 0:
         raise ValueError(
             f"tokens, staleness and staleness_power must be >= 0 ({tokens}, {staleness}, {staleness_power})"
         )
+    if tokens > MAX_TOKENS or steps > MAX_STEPS:
+        raise ValueError(
+            f"tokens ({_shown(tokens)}) or steps ({_shown(steps)}) beyond what a learner can report "
+            f"(at most {MAX_TOKENS:.0e} tokens and {MAX_STEPS:.0e} steps)"
+        )
     base = tokens * tokens / steps if token_weighting else 1.0
     return float(base * (1.0 + staleness) ** -staleness_power)
+
+
+def _shown(n: int) -> str:
+    """An integer for a message, however large (Python will not print one of over 4,300 digits)."""
+    return str(n) if n.bit_length() <= 64 else f"a {n.bit_length()}-bit number"
 
 
 def check_finite(tensors: Mapping[str, npt.NDArray[np.floating]]) -> str | None:
@@ -57,10 +75,12 @@ def _normalised(weights: Sequence[float], count: int) -> list[float]:
         raise ValueError(f"{count} contributions but {len(weights)} weights")
     if any(not np.isfinite(w) or w < 0 for w in weights):
         raise ValueError(f"weights must be finite and >= 0, got {list(weights)}")
-    total = float(sum(weights))
-    if total <= 0:
+    top = float(max(weights))
+    if top <= 0:
         raise ValueError("the weights sum to zero")
-    return [float(w) / total for w in weights]
+    scaled = [float(w) / top for w in weights]  # each in [0, 1]: the sum is at most the count
+    total = sum(scaled)
+    return [w / total for w in scaled]
 
 
 def _check_shapes(vectors: Sequence[npt.NDArray[np.floating]]) -> None:
@@ -91,14 +111,13 @@ def _accumulate(flats: Sequence[F32], scales: Sequence[float]) -> F32:
 
 
 def weighted_mean(vectors: Sequence[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:
-    """``sum w_m v_m / sum w_m`` in float32."""
-    _normalised(weights, len(vectors))
+    """``sum w_m v_m / sum w_m`` in float32, as ``sum (w_m / sum w) v_m``: no weight larger than 1
+    multiplies a value, so large weights cannot overflow float32."""
+    ws = _normalised(weights, len(vectors))
     _check_shapes(vectors)
     if len(vectors) == 1:
         return np.asarray(vectors[0], dtype=np.float32).copy()
-    total = float(sum(weights))
-    acc = _accumulate([_flat32(v) for v in vectors], weights)
-    acc /= np.float32(total)
+    acc = _accumulate([_flat32(v) for v in vectors], ws)
     return acc.reshape(vectors[0].shape)
 
 

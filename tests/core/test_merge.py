@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from diloco_core.bounds import MAX_STEPS, MAX_TOKENS
 from diloco_core.merge import check_finite, contribution_weight, merge_fragment, rda, weighted_mean
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -98,3 +99,50 @@ def test_check_finite_names_the_offending_tensor() -> None:
         "non-finite values in 'h.0.attn.weight'"
     )
     assert check_finite({"x": np.array([np.inf], np.float32)}) == "non-finite values in 'x'"
+
+
+@pytest.mark.parametrize("tokens", [2 * 10**19, 13 * 10**153, 10**200, 10**5000], ids=["2e19", "1.3e154", "1e200", "1e5000"])
+def test_tokens_beyond_the_bounds_are_refused_with_the_bound_not_an_overflow(tokens: int) -> None:
+    """Tokens no learner can have trained on: a ValueError naming the bound, never OverflowError,
+    inf or a float that overflows once two such weights are added."""
+    with pytest.raises(ValueError, match="beyond what a learner can report"):
+        contribution_weight(tokens, 1)
+    with pytest.raises(ValueError, match="beyond what a learner can report"):
+        contribution_weight(32, MAX_STEPS + 1)
+
+
+def test_the_largest_weights_within_the_bounds_merge_to_finite_values() -> None:
+    """Two learners at the bounds (the largest weight there is) and a normal one: every merge rule
+    gives the convex combination of the contributions, finite."""
+    top = contribution_weight(MAX_TOKENS, 1)
+    assert np.isfinite(top)
+    assert np.isfinite(top + top + top)
+    rng = np.random.default_rng(3)
+    deltas = [{"w": (1e6 * rng.standard_normal(64)).astype(np.float32)} for _ in range(3)]
+    weights = [top, top, contribution_weight(32, 4)]
+    for rule, kind in (("mean", "dense"), ("rda", "dense"), ("rda", "embedding")):
+        merged = merge_fragment(deltas, weights, rule=rule, kind=kind)["w"]  # type: ignore[arg-type]
+        assert np.isfinite(merged).all(), (rule, kind)
+    mean = merge_fragment(deltas, weights, rule="mean", kind="embedding")["w"]
+    np.testing.assert_allclose(mean, (deltas[0]["w"] + deltas[1]["w"]) / 2, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        [4e38, 256.0],  # tokens 2e19 in one step, next to a normal contribution
+        [1.69e308, 1.69e308],  # tokens 1.3e154 from two learners: each finite, their sum is not
+        [1.7e308, 1.0, 1.7e308],
+    ],
+)
+def test_merging_never_overflows_whatever_finite_weights_it_is_given(weights: list[float]) -> None:
+    """Weights are divided by the largest before anything is summed or multiplied."""
+    rng = np.random.default_rng(5)
+    deltas = [{"w": rng.standard_normal((16, 8)).astype(np.float32)} for _ in weights]
+    for rule, kind in (("mean", "embedding"), ("rda", "dense")):
+        merged = merge_fragment(deltas, weights, rule=rule, kind=kind)["w"]  # type: ignore[arg-type]
+        assert np.isfinite(merged).all(), (rule, kind, weights)
+    top = max(weights)
+    share = np.array([w / top for w in weights]) / sum(w / top for w in weights)
+    expected = sum(s * d["w"] for s, d in zip(share, deltas, strict=True))
+    np.testing.assert_allclose(weighted_mean([d["w"] for d in deltas], weights), expected, rtol=1e-5, atol=1e-6)
