@@ -13,8 +13,16 @@ concatenation of each tensor's values then scales, in header order, with no gaps
 Decoding treats the bytes as untrusted: the frame length must match the blob exactly (shorter:
 ``TruncatedPayload``), the declared decompressed size must be at most ``max_bytes`` and, when the
 expected fragment is given, at most what that fragment can take in any format — all checked before
-anything is allocated or decompressed. Then the checksum (``CorruptPayload``), the header, and the
-names and shapes (``ShapeMismatch``) are checked.
+anything is allocated or decompressed. The declared length holds exactly one zstd frame: a second
+frame or any byte after the first is ``CorruptPayload``. Then the checksum (``CorruptPayload``),
+the header, and the names and shapes (``ShapeMismatch``) are checked.
+
+The header is bounded before it is parsed: its length (``max_header_size``), its nesting (at most
+``MAX_HEADER_DEPTH`` levels of arrays and objects, as deep as the format goes), and each integer
+(at most 20 digits, a u64) while it is parsed; it holds no other numbers. A tensor's shape has at
+most ``MAX_DIMS`` dimensions and its product is compared with the data's length before any size is
+computed from it. Every way bytes can be malformed raises a ``CodecError`` subclass with a reason,
+never another exception.
 
 Block scales are stored in the data, as little-endian float32, with only their byte range in the
 header, for three reasons. The header's size then depends only on the tensors' names and shapes,
@@ -37,6 +45,7 @@ arrays, whatever the quantizer.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -54,6 +63,9 @@ MAGIC = b"DLCF"
 FORMAT_VERSION = 1
 DEFAULT_MAX_BYTES = 1 << 30
 MAX_HEADER_BYTES = 4 << 20
+MAX_HEADER_DEPTH = 4  # header object > tensor list > tensor entry > shape or byte range
+MAX_INTEGER_DIGITS = 20  # a u64
+MAX_DIMS = 32
 _PREFIX = struct.Struct("<4sHQ")
 _HLEN = struct.Struct("<I")
 _KINDS = ("outer_grad", "params")
@@ -217,16 +229,58 @@ def _decompress(blob: bytes, fragment: Fragment | None, max_bytes: int) -> bytes
     if size > limit:
         raise OversizedPayload(f"declared size {size} exceeds the limit of {limit} bytes")
     try:
-        return zstandard.ZstdDecompressor().decompress(frame, max_output_size=limit)
+        return zstandard.ZstdDecompressor().decompress(frame, max_output_size=limit, allow_extra_data=False)
     except zstandard.ZstdError as exc:
-        raise CorruptPayload(f"payload failed to decompress: {exc}") from exc
+        raise CorruptPayload(f"payload failed to decompress (one zstd frame, nothing after it): {exc}") from exc
+
+
+_JSON_STRUCTURE = re.compile(rb'["\\\[\]{}]')
+
+
+def _nesting_exceeds(raw: bytes, limit: int) -> bool:
+    """Whether arrays and objects nest deeper than ``limit`` outside strings; stops at the first
+    level too many, so a crafted header costs no more than its length to refuse."""
+    depth, in_string, skip_to = 0, False, -1
+    for match in _JSON_STRUCTURE.finditer(raw):
+        pos = match.start()
+        if pos < skip_to:
+            continue
+        c = raw[pos]
+        if in_string:
+            if c == 0x5C:  # a backslash escapes the next byte, a quote included
+                skip_to = pos + 2
+            elif c == 0x22:
+                in_string = False
+        elif c == 0x22:
+            in_string = True
+        elif c in b"[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in b"]}":
+            depth -= 1
+    return False
+
+
+def _header_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise CorruptPayload(f"header holds an integer of {len(text)} digits (at most {MAX_INTEGER_DIGITS})")
+    return int(text)
+
+
+def _not_in_header(text: str) -> Any:
+    raise CorruptPayload(f"header holds the number {text[:32]!r}; it holds integers only")
 
 
 def _parse_header(raw: bytes) -> dict[str, Any]:
+    if _nesting_exceeds(raw, MAX_HEADER_DEPTH):
+        raise CorruptPayload(f"header nests deeper than {MAX_HEADER_DEPTH} levels")
     try:
-        h = json.loads(raw)
+        h = json.loads(raw, parse_int=_header_int, parse_float=_not_in_header, parse_constant=_not_in_header)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptPayload(f"header is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # not reached after the nesting check; kept as the codec's error
+        raise CorruptPayload("header nests too deep") from exc
     if not isinstance(h, dict) or set(h) != {
         "fragment",
         "base_version",
@@ -272,7 +326,7 @@ def _check_layout(header: dict[str, Any], data_len: int) -> list[Spec]:
             raise CorruptPayload(f"tensor entry {name!r} has a bad name or shape")
         if t["dtype"] not in _SOURCE_DTYPES:
             raise UnsupportedFormat(f"tensor {name!r} has unsupported dtype {t['dtype']!r}")
-        n = prod(shape)
+        n = _numel(name, shape, data_len)
         want = (q.data_nbytes(quant, n), q.scales_nbytes(quant, n, block))
         for r, size in zip(ranges, want, strict=True):
             if not (isinstance(r, list) and len(r) == 2 and r[0] == pos and r[1] == size):
@@ -284,6 +338,23 @@ def _check_layout(header: dict[str, Any], data_len: int) -> list[Spec]:
     if len({s[0] for s in specs}) != len(specs):
         raise CorruptPayload("a tensor name appears twice")
     return specs
+
+
+def _numel(name: str, shape: list[int], data_len: int) -> int:
+    """The number of values of ``shape``, refused once it exceeds what ``data_len`` bytes can hold
+    in any format (half a byte per value) — before it grows into a number no size can be made of."""
+    if len(shape) > MAX_DIMS:
+        raise CorruptPayload(f"tensor {name!r} has {len(shape)} dimensions (at most {MAX_DIMS})")
+    if 0 in shape:
+        return 0
+    n = 1
+    for d in shape:
+        n *= d
+        if n > 2 * data_len:
+            raise CorruptPayload(
+                f"tensor {name!r}: shape {shape} holds more values than {data_len} bytes of data can"
+            )
+    return n
 
 
 def _check_fragment(header: dict[str, Any], specs: list[Spec], fragment: Fragment) -> None:

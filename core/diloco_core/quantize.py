@@ -39,9 +39,9 @@ _E3M0_LEVELS: F32 = np.array(
 
 def data_nbytes(quantizer: str, n: int) -> int:
     """Bytes of the quantized values of ``n`` numbers (without scales)."""
-    per = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0}
+    per = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}  # integers: exact for any n
     if quantizer in per:
-        return int(per[quantizer] * n)
+        return per[quantizer] * n
     return (n + 1) // 2
 
 

@@ -210,8 +210,10 @@ def test_bad_headers_inside_a_valid_frame_raise_corrupt_or_unsupported() -> None
     good = {"fragment": 0, "base_version": 0, "kind": "params", "quantizer": "fp32", "block_size": 256}
     ok_tensor = {"name": "a", "shape": [2], "dtype": "float32", "values": [0, 8], "scales": [8, 0]}
     assert decode(with_header({**good, "tensors": [ok_tensor]}, b"\0" * 8)).tensors["a"].shape == (2,)
-    with pytest.raises(CorruptPayload, match="does not match its shape"):
+    with pytest.raises(CorruptPayload, match="more values than 8 bytes"):
         decode(with_header({**good, "tensors": [{**ok_tensor, "shape": [1000000]}]}, b"\0" * 8))
+    with pytest.raises(CorruptPayload, match="does not match its shape"):
+        decode(with_header({**good, "tensors": [{**ok_tensor, "shape": [3]}]}, b"\0" * 8))
     with pytest.raises(CorruptPayload, match="data has"):
         decode(with_header({**good, "tensors": [ok_tensor]}, b"\0" * 9))
     with pytest.raises(CorruptPayload, match="missing or unexpected"):
@@ -322,3 +324,103 @@ def test_nan_passes_the_codec_and_is_left_to_the_merge() -> None:
             encode({"a": x}, fragment=0, base_version=0, kind="outer_grad", quantizer=quantizer, block_size=8)
         )
         assert not np.isfinite(out.tensors["a"]).all(), quantizer
+
+
+def _with_raw_header(raw: bytes, data: bytes = b"") -> bytes:
+    return _frame(struct.pack("<I", len(raw)) + raw + data)
+
+
+_GOOD_HEADER = '{{"base_version":0,"block_size":256,"fragment":0,"kind":"params","quantizer":"fp32","tensors":{}}}'
+
+
+def _entry(shape: str, values: str = "[0,8]") -> str:
+    return f'[{{"dtype":"float32","name":"a","scales":[8,0],"shape":{shape},"values":{values}}}]'
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (_GOOD_HEADER.format("[" * 5000 + "]" * 5000), "nests deeper"),
+        (_GOOD_HEADER.format("[" * 100_000), "nests deeper"),
+        (_GOOD_HEADER.format(_entry("[[[[2]]]]")), "nests deeper"),
+        (_GOOD_HEADER.format(_entry("[" + "9" * 5000 + "]")), "integer of 5000 digits"),
+        (_GOOD_HEADER.format(_entry("[123456789012345678901]")), "integer of 21 digits"),
+        (_GOOD_HEADER.format(_entry("[" + ",".join(["100000000000000000000"] * 16) + "]")), "integer of 21"),
+        (_GOOD_HEADER.format(_entry("[" + ",".join(["10000000000000000000"] * 16) + "]")), "more values than"),
+        (_GOOD_HEADER.format(_entry("[1000000000,1000000000,0]")), "does not match its shape"),
+        (_GOOD_HEADER.format(_entry("[" + ",".join(["1"] * 33) + "]")), "33 dimensions"),
+        (_GOOD_HEADER.format(_entry("[2.0]")), "integers only"),
+        (_GOOD_HEADER.format(_entry("[NaN]")), "integers only"),
+        (_GOOD_HEADER.format(_entry("[-Infinity]")), "integers only"),
+        (_GOOD_HEADER.format(_entry("[1e400]")), "integers only"),
+    ],
+    ids=[
+        "deep", "unclosed", "deep_shape", "5000_digits", "21_digits", "huge_product_digits",
+        "huge_product", "product_with_zero", "33_dims", "float", "nan", "infinity", "float_overflow",
+    ],  # fmt: skip
+)
+def test_crafted_headers_are_bounded_before_they_are_used(raw: str, match: str) -> None:
+    """Each of these raised RecursionError, ValueError or OverflowError once (a 500 in the service)."""
+    with pytest.raises(CorruptPayload, match=match) as info:
+        decode(_with_raw_header(raw.encode(), b"\0" * 8))
+    assert info.value.code == "corrupt"
+
+
+def test_brackets_and_escapes_inside_names_do_not_count_as_nesting() -> None:
+    name = 'a[[[[{{{{\\"]]]\\\\'
+    tensors = {name: np.ones(3, np.float32)}
+    blob = encode(tensors, fragment=0, base_version=0, kind="params", quantizer="fp32")
+    assert list(decode(blob).tensors) == [name]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [zstandard.ZstdCompressor().compress(b"x" * 4000), zstandard.ZstdCompressor().compress(b""), b"\0" * 4000, b"\x01"],
+    ids=["second_frame", "empty_frame", "zeros", "one_byte"],
+)
+def test_the_declared_length_holds_one_zstd_frame_and_nothing_else(blob: bytes, extra: bytes) -> None:
+    frame = blob[codec._PREFIX.size :] + extra
+    bad = struct.pack("<4sHQ", b"DLCF", 1, len(frame)) + frame
+    with pytest.raises(CorruptPayload, match="one zstd frame") as info:
+        decode(bad)
+    assert info.value.code == "corrupt"
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+_header_fields = st.fixed_dictionaries(
+    {
+        "fragment": st.integers(-2, 2**65) | _json_values,
+        "base_version": st.integers(-2, 2**65) | _json_values,
+        "kind": st.sampled_from(["params", "outer_grad"]) | _json_values,
+        "quantizer": st.sampled_from(QUANTIZERS) | _json_values,
+        "block_size": st.sampled_from([8, 256, 2**21]) | _json_values,
+        "tensors": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "name": st.text(max_size=6) | _json_values,
+                    "shape": st.lists(st.integers(0, 2**64), max_size=5) | _json_values,
+                    "dtype": st.sampled_from(["float32", "bfloat16"]) | _json_values,
+                    "values": st.lists(st.integers(-1, 2**64), max_size=3) | _json_values,
+                    "scales": st.lists(st.integers(-1, 2**64), max_size=3) | _json_values,
+                }
+            ),
+            max_size=3,
+        )
+        | _json_values,
+    }
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_header_fields, st.binary(max_size=64))
+def test_any_header_decodes_or_raises_a_codec_error(header: dict[str, object], data: bytes) -> None:
+    """Whatever header a learner crafts (within the frame bounds): a payload or the codec's error."""
+    raw = json.dumps(header).encode()
+    try:
+        decode(_with_raw_header(raw, data))
+    except codec.CodecError:
+        pass
