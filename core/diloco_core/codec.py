@@ -231,7 +231,9 @@ def _decompress(blob: bytes, fragment: Fragment | None, max_bytes: int) -> bytes
     try:
         return zstandard.ZstdDecompressor().decompress(frame, max_output_size=limit, allow_extra_data=False)
     except zstandard.ZstdError as exc:
-        raise CorruptPayload(f"payload failed to decompress (one zstd frame, nothing after it): {exc}") from exc
+        raise CorruptPayload(
+            f"payload failed to decompress (one zstd frame, nothing after it): {exc}"
+        ) from exc
 
 
 _JSON_STRUCTURE = re.compile(rb'["\\\[\]{}]')

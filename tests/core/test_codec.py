@@ -330,7 +330,9 @@ def _with_raw_header(raw: bytes, data: bytes = b"") -> bytes:
     return _frame(struct.pack("<I", len(raw)) + raw + data)
 
 
-_GOOD_HEADER = '{{"base_version":0,"block_size":256,"fragment":0,"kind":"params","quantizer":"fp32","tensors":{}}}'
+_GOOD_HEADER = (
+    '{{"base_version":0,"block_size":256,"fragment":0,"kind":"params","quantizer":"fp32","tensors":{}}}'
+)
 
 
 def _entry(shape: str, values: str = "[0,8]") -> str:
@@ -346,7 +348,10 @@ def _entry(shape: str, values: str = "[0,8]") -> str:
         (_GOOD_HEADER.format(_entry("[" + "9" * 5000 + "]")), "integer of 5000 digits"),
         (_GOOD_HEADER.format(_entry("[123456789012345678901]")), "integer of 21 digits"),
         (_GOOD_HEADER.format(_entry("[" + ",".join(["100000000000000000000"] * 16) + "]")), "integer of 21"),
-        (_GOOD_HEADER.format(_entry("[" + ",".join(["10000000000000000000"] * 16) + "]")), "more values than"),
+        (
+            _GOOD_HEADER.format(_entry("[" + ",".join(["10000000000000000000"] * 16) + "]")),
+            "more values than",
+        ),
         (_GOOD_HEADER.format(_entry("[1000000000,1000000000,0]")), "does not match its shape"),
         (_GOOD_HEADER.format(_entry("[" + ",".join(["1"] * 33) + "]")), "33 dimensions"),
         (_GOOD_HEADER.format(_entry("[2.0]")), "integers only"),
@@ -355,8 +360,19 @@ def _entry(shape: str, values: str = "[0,8]") -> str:
         (_GOOD_HEADER.format(_entry("[1e400]")), "integers only"),
     ],
     ids=[
-        "deep", "unclosed", "deep_shape", "5000_digits", "21_digits", "huge_product_digits",
-        "huge_product", "product_with_zero", "33_dims", "float", "nan", "infinity", "float_overflow",
+        "deep",
+        "unclosed",
+        "deep_shape",
+        "5000_digits",
+        "21_digits",
+        "huge_product_digits",
+        "huge_product",
+        "product_with_zero",
+        "33_dims",
+        "float",
+        "nan",
+        "infinity",
+        "float_overflow",
     ],  # fmt: skip
 )
 def test_crafted_headers_are_bounded_before_they_are_used(raw: str, match: str) -> None:
@@ -375,7 +391,12 @@ def test_brackets_and_escapes_inside_names_do_not_count_as_nesting() -> None:
 
 @pytest.mark.parametrize(
     "extra",
-    [zstandard.ZstdCompressor().compress(b"x" * 4000), zstandard.ZstdCompressor().compress(b""), b"\0" * 4000, b"\x01"],
+    [
+        zstandard.ZstdCompressor().compress(b"x" * 4000),
+        zstandard.ZstdCompressor().compress(b""),
+        b"\0" * 4000,
+        b"\x01",
+    ],
     ids=["second_frame", "empty_frame", "zeros", "one_byte"],
 )
 def test_the_declared_length_holds_one_zstd_frame_and_nothing_else(blob: bytes, extra: bytes) -> None:
@@ -420,7 +441,13 @@ _header_fields = st.fixed_dictionaries(
 def test_any_header_decodes_or_raises_a_codec_error(header: dict[str, object], data: bytes) -> None:
     """Whatever header a learner crafts (within the frame bounds): a payload or the codec's error."""
     raw = json.dumps(header).encode()
+    outcome: codec.Payload | codec.CodecError
     try:
-        decode(_with_raw_header(raw, data))
-    except codec.CodecError:
-        pass
+        outcome = decode(_with_raw_header(raw, data))
+    except codec.CodecError as exc:
+        outcome = exc
+    if isinstance(outcome, codec.CodecError):
+        assert outcome.code in {"corrupt", "truncated", "oversized", "unsupported", "wrong_shape"}
+        assert str(outcome)
+    else:
+        assert all(t.dtype == np.float32 for t in outcome.tensors.values())

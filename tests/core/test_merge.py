@@ -101,7 +101,9 @@ def test_check_finite_names_the_offending_tensor() -> None:
     assert check_finite({"x": np.array([np.inf], np.float32)}) == "non-finite values in 'x'"
 
 
-@pytest.mark.parametrize("tokens", [2 * 10**19, 13 * 10**153, 10**200, 10**5000], ids=["2e19", "1.3e154", "1e200", "1e5000"])
+@pytest.mark.parametrize(
+    "tokens", [2 * 10**19, 13 * 10**153, 10**200, 10**5000], ids=["2e19", "1.3e154", "1e200", "1e5000"]
+)
 def test_tokens_beyond_the_bounds_are_refused_with_the_bound_not_an_overflow(tokens: int) -> None:
     """Tokens no learner can have trained on: a ValueError naming the bound, never OverflowError,
     inf or a float that overflows once two such weights are added."""
@@ -145,4 +147,6 @@ def test_merging_never_overflows_whatever_finite_weights_it_is_given(weights: li
     top = max(weights)
     share = np.array([w / top for w in weights]) / sum(w / top for w in weights)
     expected = sum(s * d["w"] for s, d in zip(share, deltas, strict=True))
-    np.testing.assert_allclose(weighted_mean([d["w"] for d in deltas], weights), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        weighted_mean([d["w"] for d in deltas], weights), expected, rtol=1e-5, atol=1e-6
+    )
