@@ -63,10 +63,16 @@ FragmentKey = Annotated[int, BeforeValidator(parse_fragment_key), WithJsonSchema
 exactly the keys ``FRAGMENT_KEY_PATTERN`` describes."""
 
 
+def _empty_map() -> dict[int, Any]:
+    return {}
+
+
 def fragment_map(description: str, *, required: bool = False) -> Any:
     """The ``Field`` of a map fragment index → value: its schema names the keys it takes
     (``propertyNames``) and no others, with at most one entry per possible fragment."""
     extra: dict[str, Any] = {"propertyNames": _KEY_SCHEMA, "additionalProperties": False}
     if required:
         return Field(..., max_length=MAX_FRAGMENTS, description=description, json_schema_extra=extra)
-    return Field(default_factory=dict, max_length=MAX_FRAGMENTS, description=description, json_schema_extra=extra)
+    return Field(
+        default_factory=_empty_map, max_length=MAX_FRAGMENTS, description=description, json_schema_extra=extra
+    )

@@ -44,11 +44,33 @@ header): the learner retries. Meanwhile ``/healthz`` answers 200 and ``/readyz``
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from diloco_core.bounds import (
+    MAX_BYTES,
+    MAX_LOSS,
+    MAX_STEP_TIME_S,
+    MAX_STEPS,
+    MAX_TOKENS_PER_STEP,
+    FragmentKey,
+    Seconds,
+    Steps,
+    Tokens,
+    fragment_map,
+)
+
 API_PREFIX = "/v1"
+# The routes under API_PREFIX; a placeholder is named as the synchronizer's path parameter
+# (``REGISTER_PATH``: the server declares it, the client fills it with ``str.format``).
+REGISTER_PATH = "/learners/register"
+HEARTBEAT_PATH = "/learners/{learner_id}/heartbeat"
+LEAVE_PATH = "/learners/{learner_id}/leave"
+INIT_PATH = "/fragments/{p}/init"
+CONTRIBUTIONS_PATH = "/fragments/{p}/contributions"
+FRAGMENT_PATH = "/fragments/{p}"
+STATUS_PATH = "/status"
 LEARNER_HEADER = "X-DiLoCo-Learner"
 VERSION_HEADER = "X-DiLoCo-Version"
 FRAGMENT_HEADER = "X-DiLoCo-Fragment"
@@ -68,8 +90,8 @@ class RegisterRequest(_Msg):
     unit: str = Field("", max_length=128, description="learner unit (island) this learner belongs to")
     plan: dict[str, Any] = Field(..., description="the learner's fragment plan (FragmentPlan.to_dict())")
     plan_hash: str = Field(..., min_length=16, max_length=128)
-    tokens_per_step: int = Field(..., ge=1)
-    step: int = Field(0, ge=0, description="the learner's step counter (non-zero after a resume)")
+    tokens_per_step: int = Field(..., ge=1, le=MAX_TOKENS_PER_STEP)
+    step: Steps = Field(0, description="the learner's step counter (non-zero after a resume)")
 
 
 class ShardInfo(_Msg):
@@ -87,7 +109,7 @@ class RegisterResponse(_Msg):
         description="the job's fragment plan (FragmentPlan.to_dict(): tensor names, shapes, fragment "
         "assignment, H, overlap); its hash is plan_hash. Absent from synchronizers older than this field",
     )
-    versions: dict[int, int] = Field(..., description="fragment → newest global version (-1: none yet)")
+    versions: dict[FragmentKey, int] = fragment_map("fragment → newest global version (-1: none yet)", required=True)
     needs_init: list[int] = Field(default_factory=list, description="fragments this learner must upload with /init")
     diloco: dict[str, Any] = Field(..., description="the job's DiLoCoSettings")
     shards: list[ShardInfo] = Field(default_factory=list)
@@ -95,19 +117,25 @@ class RegisterResponse(_Msg):
 
 
 class Heartbeat(_Msg):
-    step: int = Field(..., ge=0)
-    tokens: int = Field(..., ge=0)
-    step_time_s: float = Field(..., ge=0.0)
+    """What a learner reports; every number is bounded (``diloco_core.bounds``) and finite."""
+
+    step: Steps
+    tokens: Tokens = Field(..., description="tokens trained on in total")
+    step_time_s: float = Field(
+        ..., ge=0.0, le=MAX_STEP_TIME_S, allow_inf_nan=False, description="recent inner step time (0: not measured)"
+    )
     state: LearnerState = "training"
-    fragment_steps: dict[int, int] = Field(default_factory=dict, description="steps since last sync, per fragment")
-    fragment_tokens: dict[int, int] = Field(default_factory=dict)
-    eval_loss: float | None = None
-    bytes_sent: int = Field(0, ge=0)
-    blocked_s: float = Field(0.0, ge=0.0, description="total time spent blocked on communication")
+    fragment_steps: dict[FragmentKey, Annotated[int, Field(ge=-MAX_STEPS, le=MAX_STEPS)]] = fragment_map(
+        "steps since last sync, per fragment"
+    )
+    fragment_tokens: dict[FragmentKey, Tokens] = fragment_map("tokens since last sync, per fragment")
+    eval_loss: float | None = Field(None, ge=-MAX_LOSS, le=MAX_LOSS, allow_inf_nan=False)
+    bytes_sent: int = Field(0, ge=0, le=MAX_BYTES)
+    blocked_s: Seconds = Field(0.0, description="total time spent blocked on communication")
 
 
 class HeartbeatResponse(_Msg):
-    versions: dict[int, int]
+    versions: dict[FragmentKey, int] = fragment_map("fragment → newest global version (-1: none yet)", required=True)
     alive_learners: int
 
 

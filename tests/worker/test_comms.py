@@ -3,7 +3,9 @@ from __future__ import annotations
 import random
 
 import numpy as np
+from diloco_core import bounds
 from diloco_core.fragments import build_plan
+from diloco_core.protocol import Heartbeat
 from diloco_worker.comms import CommSettings, Communicator, TokenBucket, backoff_delay
 from diloco_worker.fragment_state import Contribution
 from diloco_worker.sync_client import SyncClient
@@ -46,3 +48,22 @@ def test_a_fresher_outer_gradient_supersedes_the_unsent_one() -> None:
     assert sorted(comm._slots) == [0, 1]
     assert comm._slots[0].seq == 2
     assert not comm.flush(0.05)  # nothing can be sent while nobody is listening
+
+
+def test_the_heartbeat_reports_only_what_the_synchronizer_accepts() -> None:
+    """A diverged model (NaN loss) or a stalled clock does not make the heartbeat unsendable: the
+    loss is left out and durations are bounded, so the learner stays alive on the synchronizer."""
+    plan = build_plan([("w", (2,)), ("v", (2,))], 2, 4, 1)
+    comm = Communicator(SyncClient("http://127.0.0.1:9", "a", "t"), plan, CommSettings(), versions={0: 0})
+    comm.progress.eval_loss = float("nan")
+    comm.progress.step_time_s = float("inf")
+    comm.progress.blocked_s = 1e300
+    comm.progress.fragment_steps = {0: -1, 1: 3}
+    hb = comm.heartbeat()
+    assert hb.eval_loss is None
+    assert hb.step_time_s == 0.0
+    assert hb.blocked_s == bounds.MAX_SECONDS
+    assert hb.fragment_steps == {0: 0, 1: 3}
+    assert Heartbeat.model_validate_json(hb.model_dump_json()) == hb
+    comm.progress.eval_loss = 2.5
+    assert comm.heartbeat().eval_loss == 2.5

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 import threading
 import time
@@ -23,6 +24,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
+from diloco_core import bounds
 from diloco_core import protocol as proto
 from diloco_core.codec import CodecError, decode, encode
 from diloco_core.fragments import FragmentPlan
@@ -52,6 +54,11 @@ class TokenBucket:
         start = max(now, self._free_at)
         self._free_at = start + nbytes / self.rate
         return start - now + nbytes / self.rate
+
+
+def _within(seconds: float, high: float) -> float:
+    """A measured duration as reported: in [0, high], 0 when it is not a number."""
+    return min(max(seconds, 0.0), high) if math.isfinite(seconds) else 0.0
 
 
 @dataclass
@@ -334,15 +341,20 @@ class Communicator:
                         log.warning("re-registration failed: %s", reg_exc)
 
     def heartbeat(self) -> proto.Heartbeat:
+        """The progress to report, within the bounds the synchronizer accepts (a diverged model's NaN
+        loss is not reported: the synchronizer would refuse the whole heartbeat)."""
         p = self.progress
+        loss = p.eval_loss
         return proto.Heartbeat(
-            step=max(0, p.step),
-            tokens=max(0, p.tokens),
-            step_time_s=max(0.0, p.step_time_s),
+            step=min(max(0, p.step), bounds.MAX_STEPS),
+            tokens=min(max(0, p.tokens), bounds.MAX_TOKENS),
+            step_time_s=_within(p.step_time_s, bounds.MAX_STEP_TIME_S),
             state=p.state,
-            fragment_steps={k: max(0, v) for k, v in p.fragment_steps.items()},
-            fragment_tokens=dict(p.fragment_tokens),
-            eval_loss=p.eval_loss,
-            bytes_sent=self.bytes_sent,
-            blocked_s=p.blocked_s,
+            fragment_steps={k: min(max(0, v), bounds.MAX_STEPS) for k, v in p.fragment_steps.items()},
+            fragment_tokens={k: min(max(0, v), bounds.MAX_TOKENS) for k, v in p.fragment_tokens.items()},
+            eval_loss=loss
+            if loss is not None and math.isfinite(loss) and abs(loss) <= bounds.MAX_LOSS
+            else None,
+            bytes_sent=min(self.bytes_sent, bounds.MAX_BYTES),
+            blocked_s=_within(p.blocked_s, bounds.MAX_SECONDS),
         )

@@ -96,24 +96,23 @@ class SyncClient:
         return resp
 
     def register(self, req: proto.RegisterRequest) -> proto.RegisterResponse:
-        resp = self._request("POST", "/learners/register", json=req.model_dump(mode="json"))
+        resp = self._request("POST", proto.REGISTER_PATH, json=req.model_dump(mode="json"))
         return proto.RegisterResponse.model_validate(resp.json())
 
     def heartbeat(self, hb: proto.Heartbeat, *, timeout_s: float | None = None) -> proto.HeartbeatResponse:
         extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
-        resp = self._request(
-            "POST", f"/learners/{self.learner_id}/heartbeat", json=hb.model_dump(mode="json"), **extra
-        )
+        path = proto.HEARTBEAT_PATH.format(learner_id=self.learner_id)
+        resp = self._request("POST", path, json=hb.model_dump(mode="json"), **extra)
         return proto.HeartbeatResponse.model_validate(resp.json())
 
     def leave(self, *, timeout_s: float | None = None) -> None:
         extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
-        self._request("POST", f"/learners/{self.learner_id}/leave", **extra)
+        self._request("POST", proto.LEAVE_PATH.format(learner_id=self.learner_id), **extra)
 
     def init_fragment(self, fragment: int, payload: bytes) -> proto.FragmentVersionInfo:
         resp = self._request(
             "PUT",
-            f"/fragments/{fragment}/init",
+            proto.INIT_PATH.format(p=fragment),
             content=payload,
             headers={"Content-Type": proto.CONTENT_TYPE},
         )
@@ -124,7 +123,7 @@ class SyncClient:
     ) -> proto.ContributionResult:
         resp = self._request(
             "POST",
-            f"/fragments/{fragment}/contributions",
+            proto.CONTRIBUTIONS_PATH.format(p=fragment),
             params={"base_version": base_version, "steps": steps, "tokens": tokens, "seq": seq},
             content=payload,
             headers={"Content-Type": proto.CONTENT_TYPE},
@@ -140,7 +139,10 @@ class SyncClient:
         if announce_rounds:
             params["announce_rounds"] = "true"
         resp = self._request(
-            "GET", f"/fragments/{fragment}", params=params, timeout=httpx.Timeout(wait_s + 30.0, connect=5.0)
+            "GET",
+            proto.FRAGMENT_PATH.format(p=fragment),
+            params=params,
+            timeout=httpx.Timeout(wait_s + 30.0, connect=5.0),
         )
         if resp.status_code == 304:
             return None
@@ -155,7 +157,7 @@ class SyncClient:
         return GlobalFragment(fragment, version, resp.content)
 
     def status(self) -> proto.StatusResponse:
-        return proto.StatusResponse.model_validate(self._request("GET", "/status").json())
+        return proto.StatusResponse.model_validate(self._request("GET", proto.STATUS_PATH).json())
 
 
 class ShardClients:
