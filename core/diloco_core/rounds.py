@@ -60,9 +60,19 @@ def is_stale(base_version: int, current_version: int, max_staleness: int) -> boo
 def grace_window(
     *, step_time: float, quorum_time: float, sync_time: float, overlap: int, gamma: float, cap: float
 ) -> float:
-    """Seconds to wait after the quorum: a share ``gamma`` of the slack the overlap leaves, at most ``cap``."""
-    slack = overlap * step_time - quorum_time - sync_time
-    return min(max(gamma * slack, 0.0), max(cap, 0.0))
+    """Seconds to wait after the quorum: a share ``gamma`` of the slack the overlap leaves, at most
+    ``cap`` (0 when any input is not a number)."""
+    window = min(max(gamma * (overlap * step_time - quorum_time - sync_time), 0.0), max(cap, 0.0))
+    return window if window == window else 0.0  # NaN in, no wait out
+
+
+def grace_cap(*, step_time: float, cap_steps: float, max_s: float) -> float:
+    """The grace window's cap: ``cap_steps`` step times, and never more than ``max_s`` seconds.
+
+    Step times are what learners report, so ``max_s`` (the synchronizer's own setting) is what
+    bounds the wait whatever they report."""
+    cap = cap_steps * step_time
+    return min(cap, max_s) if cap == cap else 0.0
 
 
 def open_round(fragment: int, version: int, now: float) -> RoundState:

@@ -1,7 +1,9 @@
 """HTTP routes under /v1 (thin: parse, authenticate, call the service, shape the answer).
 
-The protocol (routes, headers, bodies) is fixed in ``diloco_core.protocol``. Every route here
-answers 503 ``starting`` until the synchronizer has loaded its state (``startup``).
+The protocol (routes, headers, bodies) is fixed in ``diloco_core.protocol``; every number a learner
+sends is bounded there and here (``diloco_core.bounds``). Every learner route is authenticated by
+``auth.AuthenticateFirst`` before the request is read, then answers 503 ``starting`` until the
+synchronizer has loaded its state (``startup``).
 """
 
 from __future__ import annotations
@@ -9,13 +11,29 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
+from diloco_core.bounds import (
+    MAX_FRAGMENTS,
+    MAX_SEQ,
+    MAX_STEPS,
+    MAX_TOKENS,
+    MAX_TOKENS_PER_STEP,
+    MAX_VERSION,
+    MAX_WAIT_S,
+)
 from diloco_core.protocol import (
     API_PREFIX,
     CONTENT_TYPE,
+    CONTRIBUTIONS_PATH,
     FRAGMENT_HEADER,
+    FRAGMENT_PATH,
+    HEARTBEAT_PATH,
+    INIT_PATH,
     LEARNER_HEADER,
+    LEAVE_PATH,
+    REGISTER_PATH,
     ROUND_DEADLINE_HEADER,
     ROUND_OPEN_HEADER,
+    STATUS_PATH,
     VERSION_HEADER,
     ContributionResult,
     FragmentVersionInfo,
@@ -29,15 +47,21 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, 
 from fastapi.responses import Response as RawResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from .auth import authenticate
+from .auth import AUTHENTICATED_LEARNER, same_learner
 from .body import read_limited_body
 from .contributions import ContributionDesk
-from .errors import error_responses
+from .errors import ApiError, error_responses
 from .service import RoundOpen, SyncService
 from .startup import Startup
 
 router = APIRouter(prefix=API_PREFIX)
-_BINARY_ROUTE = re.compile(rf"{re.escape(API_PREFIX)}/fragments/[^/]+/(init|contributions)")
+_BINARY_ROUTE = re.compile(
+    "|".join(
+        re.escape(API_PREFIX + path).replace(re.escape("{p}"), "[^/]+")
+        for path in (INIT_PATH, CONTRIBUTIONS_PATH)
+    )
+)
+_PUBLIC_ROUTES = frozenset({API_PREFIX + STATUS_PATH})
 
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 _BINARY_BODY = {
@@ -61,6 +85,11 @@ def is_binary_route(path: str) -> bool:
     return _BINARY_ROUTE.fullmatch(path) is not None
 
 
+def is_learner_route(path: str) -> bool:
+    """The paths only an authenticated learner may call: everything under /v1 but the status."""
+    return path.startswith(API_PREFIX + "/") and path not in _PUBLIC_ROUTES
+
+
 def get_service(request: Request) -> SyncService:
     """The service, once its state is loaded; 503 ``starting`` (retry later) until then."""
     startup: Startup = request.app.state.startup
@@ -78,94 +107,76 @@ Service = Annotated[SyncService, Depends(get_service)]
 Desk = Annotated[ContributionDesk, Depends(get_desk)]
 
 
-def authorization_header(
-    request: Request, _documented: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
-) -> str | None:
-    """The raw ``Authorization`` header. The bearer scheme is declared for the OpenAPI document only;
-    ``auth.authenticate`` alone decides (401/403 with the protocol's error bodies)."""
-    return request.headers.get("Authorization")
-
-
-AuthHeader = Annotated[str | None, Depends(authorization_header)]
-LearnerHeader = Annotated[str | None, Header(alias=LEARNER_HEADER, description="the calling learner's id")]
-
-
-def _learner(
-    service: SyncService, authorization: str | None, claimed: str | None, subject: str | None = None
+def authenticated_learner(
+    request: Request,
+    _token: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+    _learner: Annotated[
+        str | None, Header(alias=LEARNER_HEADER, description="the calling learner's id")
+    ] = None,
 ) -> str:
-    return authenticate(
-        service.settings.job_secret.get_secret_value(),
-        authorization,
-        claimed,
-        subject=subject,
-        known_learners=service.registry.learners.keys(),
-    )
+    """The learner ``auth.AuthenticateFirst`` authenticated before the request was read (401/403 with
+    the protocol's error bodies). The bearer scheme and the learner header are declared here for the
+    OpenAPI document."""
+    learner_id: str = request.scope["state"][AUTHENTICATED_LEARNER]
+    return learner_id
+
+
+Learner = Annotated[str, Depends(authenticated_learner)]
+FragmentIndex = Annotated[int, Path(ge=0, lt=MAX_FRAGMENTS, description="the fragment")]
 
 
 @router.post(
-    "/learners/register", response_model=RegisterResponse, responses=error_responses(400, 401, 403, 409, 503)
+    REGISTER_PATH, response_model=RegisterResponse, responses=error_responses(400, 401, 403, 409, 503)
 )
-async def register(
-    body: RegisterRequest, service: Service, authorization: AuthHeader, learner: LearnerHeader = None
-) -> RegisterResponse:
-    """Register (or re-register) a learner: returns the plan hash, versions and job settings."""
-    _learner(service, authorization, learner, body.learner_id)
+async def register(body: RegisterRequest, service: Service, learner: Learner) -> RegisterResponse:
+    """Register (or re-register) a learner: returns the plan hash, versions and job settings.
+
+    A learner that left comes back this way (until then its heartbeats and contributions answer 409
+    ``left``)."""
+    same_learner(learner, body.learner_id)
     return await service.register(body)
 
 
 @router.post(
-    "/learners/{learner_id}/heartbeat",
-    response_model=HeartbeatResponse,
-    responses=error_responses(401, 403, 404, 503),
+    HEARTBEAT_PATH, response_model=HeartbeatResponse, responses=error_responses(400, 401, 403, 404, 409, 503)
 )
 async def heartbeat(
-    learner_id: str,
-    body: Heartbeat,
-    service: Service,
-    authorization: AuthHeader,
-    learner: LearnerHeader = None,
+    learner_id: str, body: Heartbeat, service: Service, learner: Learner
 ) -> HeartbeatResponse:
     """Report progress (step, tokens, step time, optional held-out loss); answers the versions.
 
-    404 ``not_registered`` when the synchronizer does not know the learner: register again.
+    404 ``not_registered`` when the synchronizer does not know the learner: register again;
+    409 ``left`` after the learner left: register again to rejoin.
     """
-    _learner(service, authorization, learner, learner_id)
+    same_learner(learner, learner_id)
     return service.heartbeat(learner_id, body)
 
 
-@router.post("/learners/{learner_id}/leave", status_code=204, responses=error_responses(401, 403, 503))
-async def leave(
-    learner_id: str, service: Service, authorization: AuthHeader, learner: LearnerHeader = None
-) -> Response:
-    """Leave the quorum cleanly (a learner shutting down)."""
-    _learner(service, authorization, learner, learner_id)
+@router.post(LEAVE_PATH, status_code=204, responses=error_responses(401, 403, 503))
+async def leave(learner_id: str, service: Service, learner: Learner) -> Response:
+    """Leave the quorum cleanly (a learner shutting down); registering again undoes it."""
+    same_learner(learner, learner_id)
     await service.leave(learner_id)
     return Response(status_code=204)
 
 
 @router.put(
-    "/fragments/{p}/init",
+    INIT_PATH,
     response_model=FragmentVersionInfo,
     responses=error_responses(400, 401, 403, 404, 409, 413, 421, 503),
     openapi_extra=_BINARY_BODY,
 )
 async def init_fragment(
-    request: Request,
-    service: Service,
-    desk: Desk,
-    p: Annotated[int, Path(ge=0)],
-    authorization: AuthHeader,
-    learner: LearnerHeader = None,
+    request: Request, service: Service, desk: Desk, p: FragmentIndex, _learner: Learner
 ) -> FragmentVersionInfo:
     """Upload a fragment's initial parameters (kind "params", fp32); only while it has no version."""
-    _learner(service, authorization, learner)
     limit = desk.body_limit(p)
     blob = await read_limited_body(request, limit)
     return await service.init_fragment(p, blob)
 
 
 @router.post(
-    "/fragments/{p}/contributions",
+    CONTRIBUTIONS_PATH,
     status_code=202,
     response_model=ContributionResult,
     responses=error_responses(400, 401, 403, 404, 409, 413, 421, 503),
@@ -175,16 +186,30 @@ async def contribute(
     request: Request,
     service: Service,
     desk: Desk,
-    p: Annotated[int, Path(ge=0)],
-    authorization: AuthHeader,
-    base_version: Annotated[int, Query(ge=0, description="the version the outer gradient is relative to")],
-    steps: Annotated[int, Query(ge=1, description="inner steps since that version")],
-    tokens: Annotated[int, Query(ge=0, description="tokens trained on since that version")],
-    seq: Annotated[int, Query(ge=0, description="the learner's sequence number (idempotency)")] = 0,
-    learner: LearnerHeader = None,
+    p: FragmentIndex,
+    learner_id: Learner,
+    base_version: Annotated[
+        int, Query(ge=0, le=MAX_VERSION, description="the version the outer gradient is relative to")
+    ],
+    steps: Annotated[int, Query(ge=1, le=MAX_STEPS, description="inner steps since that version")],
+    tokens: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=MAX_TOKENS,
+            description=f"tokens trained on since that version (at most {MAX_TOKENS_PER_STEP:.0e} per step)",
+        ),
+    ],  # fmt: skip
+    seq: Annotated[
+        int, Query(ge=0, le=MAX_SEQ, description="the learner's sequence number (idempotency)")
+    ] = 0,
 ) -> ContributionResult:
     """Contribute an outer gradient (codec payload, kind "outer_grad") to a fragment's next round."""
-    learner_id = _learner(service, authorization, learner)
+    if tokens > steps * MAX_TOKENS_PER_STEP:
+        raise ApiError(
+            400, "bad_request",
+            f"{tokens} tokens in {steps} steps is more than {MAX_TOKENS_PER_STEP:.0e} tokens per step",
+        )  # fmt: skip
     desk.precheck(learner_id, p, base_version, seq)
     blob = await read_limited_body(request, desk.body_limit(p))
     started = service.clock()
@@ -196,7 +221,7 @@ async def contribute(
 
 
 @router.get(
-    "/fragments/{p}",
+    FRAGMENT_PATH,
     responses={
         200: {
             "content": {CONTENT_TYPE: _BINARY},
@@ -225,21 +250,27 @@ async def contribute(
 )
 async def fetch_fragment(
     service: Service,
-    p: Annotated[int, Path(ge=0)],
-    authorization: AuthHeader,
-    newer_than: Annotated[int, Query(ge=-1, description="answer only a version newer than this")] = -1,
+    p: FragmentIndex,
+    learner_id: Learner,
+    newer_than: Annotated[
+        int, Query(ge=-1, le=MAX_VERSION, description="answer only a version newer than this")
+    ] = -1,
     wait: Annotated[
-        float, Query(ge=0.0, description="seconds to wait for a newer version (long-poll)")
-    ] = 0.0,
+        float,
+        Query(
+            ge=0.0,
+            le=MAX_WAIT_S,
+            allow_inf_nan=False,
+            description="seconds to wait for a newer version (long-poll; the synchronizer caps it)",
+        ),
+    ] = 0.0,  # fmt: skip
     announce_rounds: Annotated[
         bool,
         Query(description="answer 204 when a round on newer_than opens that this learner has not joined"),
     ] = False,
-    learner: LearnerHeader = None,
 ) -> Response:
     """The newest version of a fragment, with ``X-DiLoCo-Version``; 304 if none newer arrives in time;
     204 with ``X-DiLoCo-Round-Open`` when asked to announce a round this learner should join."""
-    learner_id = _learner(service, authorization, learner)
     found = await service.fetch(learner_id, p, newer_than, wait, announce_rounds=announce_rounds)
     if isinstance(found, RoundOpen):
         headers = {ROUND_OPEN_HEADER: str(found.version), FRAGMENT_HEADER: str(p)}
@@ -253,7 +284,7 @@ async def fetch_fragment(
     return Response(content=payload, media_type=CONTENT_TYPE, headers=headers)
 
 
-@router.get("/status", response_model=StatusResponse, responses=error_responses(503))
+@router.get(STATUS_PATH, response_model=StatusResponse, responses=error_responses(503))
 async def status(service: Service) -> StatusResponse:
     """Learners, fragment versions, recent rounds, traffic and storage health (no secrets)."""
     return service.status()

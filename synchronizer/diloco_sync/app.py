@@ -14,11 +14,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException
 
-from .api import is_binary_route, router
+from .api import is_binary_route, is_learner_route, router
+from .auth import AuthenticateFirst, authenticated_or_none
 from .body import JsonBodyLimit
 from .contributions import ContributionDesk
-from .errors import ApiError, api_error_handler, validation_error_handler
+from .errors import ApiError, api_error_handler, http_error_handler, validation_error_handler
 from .persistence import StateStore
 from .round_loop import RoundRunner
 from .service import SyncService
@@ -70,7 +72,16 @@ def create_app(
     )
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(HTTPException, http_error_handler)
     app.add_middleware(JsonBodyLimit, limit=settings.max_json_body_bytes, exempt=is_binary_route)
+    secret = settings.job_secret.get_secret_value()
+    # added last, so it runs first: nothing about a learner route's request is read before this
+    app.add_middleware(
+        AuthenticateFirst,
+        job_secret=secret,
+        known_learners=lambda: service.registry.learners.keys(),
+        protects=is_learner_route,
+    )
     app.include_router(router)
     page = resources.files("diloco_sync").joinpath("static/index.html").read_text(encoding="utf-8")
 
@@ -85,15 +96,18 @@ def create_app(
 
     @app.get("/readyz", responses={503: {"description": "state not loaded or storage unavailable"}})
     async def readyz(request: Request) -> JSONResponse:
-        """Readiness: state loaded and object storage reachable; ``reason`` says why not."""
+        """Readiness: state loaded and object storage reachable; ``reason`` says why not. Where the
+        storage is and which object failed (``storage_error``) is told to learners only (their
+        token, as on the learner routes): an unauthenticated caller learns that storage is down."""
         svc: SyncService = request.app.state.service
         startup: Startup = request.app.state.startup
-        reason = startup.not_ready_reason()
+        detailed = authenticated_or_none(secret, request.headers, svc.registry.learners.keys()) is not None
+        reason = startup.not_ready_reason(detailed=detailed)
         body = {
             "ready": reason is None,
             "loaded": startup.loaded,
             "storage_ok": svc.guard.ok,
-            "storage_error": svc.guard.last_error,
+            "storage_error": svc.guard.last_error if detailed else None,
             "reason": reason,
         }
         return JSONResponse(body, status_code=200 if reason is None else 503)

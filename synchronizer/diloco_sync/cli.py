@@ -3,7 +3,10 @@
 Every flag ``--some-name`` can also be given as ``DILOCO_SOME_NAME``; a flag wins over the variable.
 The job secret should come from the environment (``DILOCO_JOB_SECRET``), not the command line; so
 should the S3 secret key (``DILOCO_STORAGE_SECRET_KEY``). Without explicit S3 keys, boto3 finds
-credentials itself (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, a profile, a role).
+credentials itself (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, a profile, a role). Connection
+limits (``--header-timeout-s``, ``--body-timeout-s``, ``--keep-alive-timeout-s``,
+``--max-connections``) apply below the application (``diloco_sync.connections``); repeated warnings
+are rate-limited (``diloco_sync.logs``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from diloco_core.flags import (
     validate,
 )
 
+from .logs import configure_logging
 from .settings import SyncSettings
 
 if TYPE_CHECKING:
@@ -72,13 +76,22 @@ def main(argv: list[str]) -> int:
     level = (os.environ.get("DILOCO_LOG_LEVEL") or "INFO").upper()
     if "--log-level" in argv:
         level = argv[argv.index("--log-level") + 1].upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(level)
     import uvicorn
 
     from .app import create_app
+    from .connections import ConnectionLimits, effective_max_connections, guarded_protocol, open_files_limit
 
     safe = settings.model_dump(exclude={"job_secret", "storage_secret_key"})
-    logging.getLogger("diloco_sync").info("settings: %s", json.dumps(safe, default=str))
+    logger = logging.getLogger("diloco_sync")
+    logger.info("settings: %s", json.dumps(safe, default=str))
+    max_connections = effective_max_connections(settings.max_connections, open_files_limit())
+    if max_connections < settings.max_connections:
+        logger.warning(
+            "at most %d open connections (not %d): the process may open %d files",
+            max_connections, settings.max_connections, open_files_limit(),
+        )  # fmt: skip
+    limits = ConnectionLimits(settings.header_timeout_s, settings.body_timeout_s, max_connections)
     failures: list[str] = []
     server: uvicorn.Server | None = None
 
@@ -100,8 +113,11 @@ def main(argv: list[str]) -> int:
         ssl_certfile=settings.tls_cert,
         ssl_keyfile=settings.tls_key,
         log_level=level.lower(),
+        log_config=None,  # uvicorn's loggers propagate to the handler configure_logging set up
         access_log=level == "DEBUG",
         timeout_graceful_shutdown=5,
+        http=guarded_protocol(limits),
+        timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]  # a float works
     )
     server = uvicorn.Server(config)
     _serve(server)

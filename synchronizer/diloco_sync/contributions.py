@@ -20,7 +20,7 @@ from diloco_core import codec, rounds
 from diloco_core.protocol import ContributionResult
 from diloco_core.storage import StorageError
 
-from .errors import ApiError, not_registered
+from .errors import ApiError, learner_left, not_registered
 from .fragment_state import Arrays, Contribution, FragmentState
 from .ingest import validate_outer_gradient
 from .layout import PendingMeta, contribution_key
@@ -50,14 +50,18 @@ class ContributionDesk:
         return min(self.service.settings.max_body_bytes, bound)
 
     def precheck(self, learner_id: str, p: int, base_version: int, seq: int) -> FragmentState:
-        """The checks that need no body: registration, fragment, initialisation, staleness.
+        """The checks that need no body: registration (a learner that left is refused until it
+        registers again), fragment, initialisation, staleness.
 
         A repeat of a contribution taken already is not refused as stale: it answers ``duplicate``,
         so a learner whose answer was lost learns that its contribution counted.
         """
         svc = self.service
-        if svc.registry.get(learner_id) is None:
+        learner = svc.registry.get(learner_id)
+        if learner is None:
             raise not_registered(learner_id)
+        if learner.has_left:
+            raise learner_left(learner_id)
         fs = svc.fragment(p)
         if fs.version < 0:
             raise ApiError(

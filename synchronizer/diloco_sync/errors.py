@@ -7,6 +7,10 @@ from diloco_core.protocol import ErrorBody
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+# codes of the refusals the framework makes itself (no route, wrong method, an unreadable body)
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "oversized"}
 
 
 class ApiError(Exception):
@@ -38,6 +42,13 @@ def not_registered(learner_id: str) -> ApiError:
     return ApiError(404, "not_registered", f"learner {learner_id} is not registered: register again")
 
 
+def learner_left(learner_id: str) -> ApiError:
+    """409 ``left``: the learner called leave; it may come back by registering again."""
+    return ApiError(
+        409, "left", f"learner {learner_id} has left the job: register again to rejoin before contributing"
+    )
+
+
 async def api_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     return JSONResponse(exc.body.model_dump(), status_code=exc.status, headers=exc.headers)
@@ -48,6 +59,17 @@ async def validation_error_handler(_request: Request, exc: Exception) -> JSONRes
     assert isinstance(exc, RequestValidationError)
     body = ErrorBody(code="bad_request", reason=describe_errors(exc.errors()) or "invalid request")
     return JSONResponse(body.model_dump(), status_code=400)
+
+
+async def http_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+    """The framework's own refusals (unknown route, wrong method, a body that is not UTF-8 JSON or
+    nests too deep to parse) in the protocol's error body, not the framework's ``{"detail": ...}``."""
+    assert isinstance(exc, HTTPException)
+    reason = str(exc.detail)
+    if exc.status_code == 400 and "parsing the body" in reason:
+        reason = "the body is not JSON that can be parsed: invalid UTF-8, or nested too deep"
+    body = ErrorBody(code=_HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}"), reason=reason)
+    return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, object]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from diloco_core.bounds import MAX_STEP_TIME_S
 from diloco_core.protocol import Heartbeat, LearnerState, LearnerStatus
 
 from .layout import LearnerRecord, LearnerRegistryRecord
@@ -14,14 +15,20 @@ _COUNTED_STATES: frozenset[LearnerState] = frozenset({"training", "rejoining"})
 
 
 def step_time_ema(previous: float, reported: float, weight: float = STEP_TIME_EMA) -> float:
-    """The step time the grace window uses: an EMA of the reported ones (0 reports are ignored)."""
-    if reported <= 0:
+    """The step time the grace window uses: an EMA of the reported ones. Reports of 0 (not measured
+    yet) are ignored, and so are non-finite ones and ones beyond ``MAX_STEP_TIME_S`` (which the API
+    refuses already), so the EMA stays within the bound whatever it is given."""
+    if not 0 < reported <= MAX_STEP_TIME_S:  # NaN fails every comparison
         return previous
     return reported if previous <= 0 else (1 - weight) * previous + weight * reported
 
 
 class UnknownLearner(KeyError):
     """A call about a learner that is not in the registry (never registered, or forgotten)."""
+
+
+class LearnerLeft(Exception):
+    """A heartbeat from a learner that left: it rejoins by registering again, not by heartbeating."""
 
 
 def token_increment(counted: int | None, reported: int) -> int:
@@ -51,6 +58,11 @@ class Learner:
     blocked_s: float = 0.0
     contributions: int = 0
     base_versions: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def has_left(self) -> bool:
+        """Called leave (now or before a restart) and has not registered since."""
+        return self.state == "left"
 
     def is_alive(self, now: float, timeout_s: float) -> bool:
         """Alive: heard from within the heartbeat timeout and not leaving."""
@@ -100,11 +112,13 @@ class LearnerRegistry:
     def heartbeat(self, learner_id: str, hb: Heartbeat, now: float) -> int:
         """Record a heartbeat; returns the tokens trained since the last one counted.
 
-        Raises ``UnknownLearner`` for a learner that is not registered.
+        Raises ``UnknownLearner`` for a learner that is not registered, ``LearnerLeft`` for one that left.
         """
         learner = self.learners.get(learner_id)
         if learner is None:
             raise UnknownLearner(learner_id)
+        if learner.has_left:
+            raise LearnerLeft(learner_id)
         increment = token_increment(learner.tokens_counted, hb.tokens)
         learner.tokens_counted = hb.tokens
         learner.last_seen = now

@@ -48,7 +48,9 @@ def grace_left(svc: SyncService, fs: FragmentState, now: float) -> float | None:
         sync_time=svc.sync_time_s,
         overlap=d.overlap,
         gamma=d.grace_gamma,
-        cap=d.grace_cap_steps * step_time,
+        cap=rounds.grace_cap(
+            step_time=step_time, cap_steps=d.grace_cap_steps, max_s=svc.settings.max_grace_s
+        ),
     )
     return max(quorum_at + grace - now, 0.0)
 
@@ -99,7 +101,9 @@ class RoundRunner:
             sync_time=svc.sync_time_s,
             overlap=d.overlap,
             gamma=d.grace_gamma,
-            cap=d.grace_cap_steps * step_time,
+            cap=rounds.grace_cap(
+                step_time=step_time, cap_steps=d.grace_cap_steps, max_s=svc.settings.max_grace_s
+            ),
             max_staleness=d.max_staleness,
         )
         for learner, reason in decision.excluded:

@@ -32,11 +32,11 @@ from diloco_core.protocol import (
 from diloco_core.sharding import shard_fragments, shard_of
 from diloco_core.storage import StorageError
 
-from .errors import ApiError, not_registered
+from .errors import ApiError, learner_left, not_registered
 from .fragment_state import Contribution, FragmentState
 from .ingest import encode_params, validate_initial_params
 from .layout import FragmentRecord, LearnerRecord
-from .learners import LearnerRegistry, UnknownLearner
+from .learners import LearnerLeft, LearnerRegistry, UnknownLearner
 from .merging import encode_outer_state, new_optimizer
 from .metrics import Metrics
 from .persistence import StateStore
@@ -225,6 +225,8 @@ class SyncService:
             tokens = self.registry.heartbeat(learner_id, hb, now)
         except UnknownLearner:
             raise not_registered(learner_id) from None
+        except LearnerLeft:
+            raise learner_left(learner_id) from None
         if tokens:
             self.metrics.learner_tokens.labels(learner_id).inc(tokens)
         if hb.eval_loss is not None:

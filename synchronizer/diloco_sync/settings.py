@@ -55,6 +55,25 @@ class SyncSettings(BaseModel):
     tick_s: float = Field(0.25, gt=0.0, description="longest sleep of the round loop between checks")
     storage_retry_max_s: float = Field(5.0, gt=0.0, description="cap of the storage retry backoff")
     recent_rounds: int = Field(50, ge=1, description="rounds shown by the status")
+    max_grace_s: float = Field(
+        300.0,
+        gt=0.0,
+        description="longest grace window after a round's quorum, whatever step times learners report",
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0.0, description="time a connection has to send a whole request head (from when it opened "
+        "or from the previous answer)",
+    )  # fmt: skip
+    body_timeout_s: float = Field(
+        60.0, gt=0.0, description="longest pause while a request body is being received"
+    )
+    keep_alive_timeout_s: float = Field(
+        5.0, gt=0.0, description="idle time before a kept-alive connection is closed"
+    )
+    max_connections: int = Field(
+        4096, ge=8, description="open connections at most (fewer if the limit of open files is lower); "
+        "beyond it a connection waiting for its request head is closed, else the new one gets 503",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _check(self) -> SyncSettings:

@@ -25,10 +25,11 @@ RETRY_AFTER_S = 5
 
 
 def storage_reason(storage_ok: bool, storage_error: str | None) -> str | None:
-    """Why storage keeps the synchronizer from being ready, or None when it is fine."""
+    """Why storage keeps the synchronizer from being ready, or None when it is fine; without
+    ``storage_error`` (the caller may not know where the storage is) it only says it is down."""
     if storage_ok:
         return None
-    return f"storage unavailable ({storage_error or 'unknown error'})"
+    return f"storage unavailable ({storage_error})" if storage_error else "storage unavailable"
 
 
 def not_ready_reason(
@@ -101,9 +102,14 @@ class Startup:
             guard = self.service.guard
             raise starting_error(self.failure, guard.ok, guard.last_error)
 
-    def not_ready_reason(self) -> str | None:
+    def not_ready_reason(self, *, detailed: bool = True) -> str | None:
+        """Why the synchronizer is not ready; without ``detailed``, nothing that names the storage
+        (endpoint, bucket, object keys), which a start-up failure or storage error may."""
         guard = self.service.guard
-        return not_ready_reason(self.loaded, self.failure, guard.ok, guard.last_error)
+        if detailed:
+            return not_ready_reason(self.loaded, self.failure, guard.ok, guard.last_error)
+        failure = "the synchronizer's log says why" if self.failure is not None else None
+        return not_ready_reason(self.loaded, failure, guard.ok, None)
 
     async def stop(self) -> None:
         """Stop loading (if still loading), the round loop and the storage watcher."""

@@ -9,6 +9,7 @@ from diloco_core.rounds import (
     RoundState,
     add_contribution,
     decide,
+    grace_cap,
     grace_window,
     is_stale,
     open_round,
@@ -29,6 +30,25 @@ def test_grace_window_is_the_clipped_share_of_the_slack() -> None:
     assert grace_window(step_time=1.0, quorum_time=0.3, sync_time=0.2, overlap=2, gamma=0.5, cap=0.4) == 0.4
     assert grace_window(step_time=1.0, quorum_time=3.0, sync_time=0.2, overlap=2, gamma=0.5, cap=1) == 0.0
     assert grace_window(step_time=1.0, quorum_time=0.0, sync_time=0.0, overlap=0, gamma=0.5, cap=1) == 0.0
+
+
+@pytest.mark.parametrize("step_time", [0.05, 86_400.0, 1e300, float("inf"), float("nan")])
+def test_the_grace_cap_holds_whatever_step_time_is_reported(step_time: float) -> None:
+    """Step times come from learners: the cap in seconds bounds the wait whatever they say."""
+    cap = grace_cap(step_time=step_time, cap_steps=1.0, max_s=30.0)
+    assert 0.0 <= cap <= 30.0
+    window = grace_window(step_time=step_time, quorum_time=0.0, sync_time=0.0, overlap=2, gamma=0.5, cap=cap)
+    assert 0.0 <= window <= 30.0
+    state = add_contribution(open_round(0, 5, 0.0), c("a", 1.0), quorum=1)
+    decision = decide(state, now=1.0, quorum=1, alive=2, step_time=step_time, sync_time=0.0, overlap=2,
+                      gamma=0.5, cap=cap)  # fmt: skip
+    assert decision.deadline is not None
+    assert decision.deadline <= 1.0 + 30.0
+
+
+def test_the_grace_cap_is_cap_steps_step_times_below_the_limit() -> None:
+    assert grace_cap(step_time=2.0, cap_steps=1.5, max_s=30.0) == 3.0
+    assert grace_cap(step_time=2.0, cap_steps=0.0, max_s=30.0) == 0.0
 
 
 def test_staleness_helpers() -> None:

@@ -59,6 +59,13 @@ def auth_headers(learner_id: str, token_of: str | None = None) -> dict[str, str]
     return {"Authorization": f"Bearer {token}", LEARNER_HEADER: learner_id}
 
 
+# runs ``python -m diloco_sync ARGS`` with a lower limit of open files (argv[1] is the module name)
+_WITH_FD_LIMIT = (
+    "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit})); "
+    "sys.argv = sys.argv[1:]; runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
+
+
 class SyncProcess:
     """``python -m diloco_sync`` on a fixed free port; restartable with the same storage."""
 
@@ -71,16 +78,19 @@ class SyncProcess:
         port: int | None = None,
         tls_ca: Path | None = None,
         inherit: Callable[[str], bool] = lambda _name: True,
+        fd_limit: int | None = None,
     ):
-        """``inherit(name)``: whether this test's environment variable ``name`` is passed on."""
+        """``inherit(name)``: whether this test's environment variable ``name`` is passed on;
+        ``fd_limit``: the process's limit of open files (RLIMIT_NOFILE), when given."""
         self.port = port or free_port()
         self.verify: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=str(tls_ca)) if tls_ca else True
         )
         self.url = f"{'https' if tls_ca else 'http'}://127.0.0.1:{self.port}"
+        launcher = ["-m"] if fd_limit is None else ["-c", _WITH_FD_LIMIT.format(limit=fd_limit)]
         argv = [
             sys.executable,
-            "-m",
+            *launcher,
             "diloco_sync",
             "--port",
             str(self.port),

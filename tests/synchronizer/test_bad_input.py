@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import socket
 import struct
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +17,11 @@ import numpy as np
 import pytest
 import zstandard
 from diloco_core import codec
+from diloco_sync.logs import LOG_BURST
 
+from tests.support.s3 import S3Server
+from tests.support.waiting import wait_for
+from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import (
     Learner,
     SyncProcess,
@@ -47,10 +55,12 @@ def env(test_logs_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             "--max-body-bytes", str(MAX_BODY), "--max-json-body-bytes", str(MAX_JSON_BODY)]  # fmt: skip
     sync = SyncProcess(test_logs_dir / "sync", f"file://{store}", args)
     sync.start()
-    a, b = Learner(sync.url, "a", PLAN), Learner(sync.url, "b", PLAN)
+    a, b, gone = Learner(sync.url, "a", PLAN), Learner(sync.url, "b", PLAN), Learner(sync.url, "gone", PLAN)
     try:
         assert a.register().status_code == 200
         assert b.register().status_code == 200
+        assert gone.register().status_code == 200
+        assert gone.client.post("/v1/learners/gone/leave").status_code == 204
         for p in (0, 1):
             assert a.init(p, initial_params(PLAN, p)).status_code == 200
         r = a.contribute(1, 0, encode_grad(outer_grad(PLAN, 1, seed=5), 1, 0), seq=77)
@@ -58,8 +68,8 @@ def env(test_logs_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         assert a.fetch(1, newer_than=0, wait=20) is not None
         yield Env(sync, a, b, merged_seq=77)
     finally:
-        a.close()
-        b.close()
+        for learner in (a, b, gone):
+            learner.close()
         sync.stop()
 
 
@@ -72,6 +82,61 @@ def corrupt_header_blob() -> bytes:
     header = b"{this is not json"
     inner = struct.pack("<I", len(header)) + header + b"\x00" * 64
     frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(inner)
+    return codec.MAGIC + struct.pack("<HQ", codec.FORMAT_VERSION, len(frame)) + frame
+
+
+def framed(inner: bytes) -> bytes:
+    """``inner`` as one zstd frame behind the codec's prefix."""
+    frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(inner)
+    return codec.MAGIC + struct.pack("<HQ", codec.FORMAT_VERSION, len(frame)) + frame
+
+
+def header_blob(header: bytes, data: bytes = b"") -> bytes:
+    """A well-formed frame around a crafted header (a registered learner can send anything)."""
+    return framed(struct.pack("<I", len(header)) + header + data)
+
+
+def crafted_header(p: int, tensors: str) -> bytes:
+    """The header of a payload on version 1 (fragment 1's), with the JSON text of its tensor list."""
+    return (
+        f'{{"base_version":1,"block_size":256,"fragment":{p},"kind":"outer_grad","quantizer":"fp32",'
+        f'"tensors":{tensors}}}'
+    ).encode()
+
+
+def huge_shape_blob() -> bytes:
+    """A shape whose product has hundreds of digits: no float can hold its byte size."""
+    dims = ",".join(["100000000000000000000"] * 16)
+    entry = f'{{"dtype":"float32","name":"h.0.attn.weight","scales":[0,0],"shape":[{dims}],"values":[0,4]}}'
+    return header_blob(crafted_header(1, f"[{entry}]"), b"\0" * 4)
+
+
+def deep_header_blob() -> bytes:
+    """A header nested a thousand levels deep (fits fragment 1's header bound)."""
+    return header_blob(crafted_header(1, "[" * 1100 + "]" * 1100))
+
+
+def long_integer_blob() -> bytes:
+    """A dimension of 2,000 digits."""
+    entry = (
+        '{"dtype":"float32","name":"h.0.attn.weight","scales":[0,0],"shape":['
+        + "9" * 2000
+        + '],"values":[0,4]}'
+    )
+    return header_blob(crafted_header(1, f"[{entry}]"), b"\0" * 4)
+
+
+def with_extra_frame() -> bytes:
+    """A good payload whose declared length also covers a second zstd frame of arbitrary bytes."""
+    blob = good_blob()
+    frame = blob[codec._PREFIX.size :] + zstandard.ZstdCompressor().compress(b"x" * 4000)
+    return codec.MAGIC + struct.pack("<HQ", codec.FORMAT_VERSION, len(frame)) + frame
+
+
+def with_trailing_bytes() -> bytes:
+    """A good payload whose declared length also covers bytes after its zstd frame."""
+    blob = good_blob()
+    frame = blob[codec._PREFIX.size :] + b"\x00" * 4000
     return codec.MAGIC + struct.pack("<HQ", codec.FORMAT_VERSION, len(frame)) + frame
 
 
@@ -89,13 +154,14 @@ def wrong_shape_blob() -> bytes:
     return encode_grad(grad, 0, 0)
 
 
-def post(env: Env, *, p: int = 0, base: int = 0, blob: bytes | Iterator[bytes] | None = None, headers: dict[str, str] | None = None,
-         seq: int = 1, steps: int = 4) -> httpx.Response:  # fmt: skip
-    params = {"base_version": base, "steps": steps, "tokens": 32, "seq": seq}
+def post(env: Env, *, p: int = 0, base: int | str = 0, blob: bytes | Iterator[bytes] | None = None,
+         headers: dict[str, str] | None = None, seq: int | str = 1, steps: int | str = 4,
+         tokens: int | str = 32) -> httpx.Response:  # fmt: skip
+    params = {"base_version": base, "steps": steps, "tokens": tokens, "seq": seq}
     return httpx.post(
         f"{env.sync.url}/v1/fragments/{p}/contributions",
         params=params,
-        content=good_blob(p, base) if blob is None else blob,
+        content=good_blob(p, int(base)) if blob is None else blob,
         headers=auth_headers("b") if headers is None else headers,
         timeout=30,
     )
@@ -159,6 +225,29 @@ CASES: dict[str, tuple[Callable[[Env], httpx.Response], int, str]] = {
     "unknown_fragment": (lambda e: post(e, p=7, blob=good_blob(0)), 404, "unknown_fragment"),
     "zero_steps": (lambda e: post(e, steps=0), 400, "bad_request"),
     "empty_body": (lambda e: post(e, blob=b""), 400, "bad_request"),
+    # numbers beyond what any learner can have done: refused before the body is read
+    "tokens_2e19": (lambda e: post(e, tokens=2 * 10**19, steps=1), 400, "bad_request"),
+    "tokens_1e200": (lambda e: post(e, tokens=10**200), 400, "bad_request"),
+    "tokens_1.3e154": (lambda e: post(e, tokens=13 * 10**153), 400, "bad_request"),
+    "tokens_beyond_steps": (lambda e: post(e, tokens=10**12, steps=1), 400, "bad_request"),
+    "steps_1e13": (lambda e: post(e, steps=10**13), 400, "bad_request"),
+    "seq_1e30": (lambda e: post(e, seq=10**30), 400, "bad_request"),
+    "base_version_1e30": (lambda e: post(e, base=10**30, blob=good_blob()), 400, "bad_request"),
+    "tokens_not_a_number": (lambda e: post(e, tokens="1e3"), 400, "bad_request"),
+    # crafted payloads: the codec's own error, never a server error
+    "huge_shape": (lambda e: post(e, p=1, base=1, blob=huge_shape_blob()), 400, "corrupt"),
+    "deeply_nested_header": (lambda e: post(e, p=1, base=1, blob=deep_header_blob()), 400, "corrupt"),
+    "long_integer_in_header": (lambda e: post(e, p=1, base=1, blob=long_integer_blob()), 400, "corrupt"),
+    "extra_zstd_frame": (lambda e: post(e, blob=with_extra_frame()), 400, "corrupt"),
+    "trailing_bytes_in_frame": (lambda e: post(e, blob=with_trailing_bytes()), 400, "corrupt"),
+    # a learner that left: refused until it registers again
+    "learner_that_left": (lambda e: post(e, headers=auth_headers("gone")), 409, "left"),
+    # authentication comes before any validation
+    "malformed_query_without_token": (
+        lambda e: post(e, steps="many", headers={"X-DiLoCo-Learner": "b"}),
+        401,
+        "unauthenticated",
+    ),
 }
 
 
@@ -269,3 +358,316 @@ def test_json_body_within_the_limit_is_served_with_or_without_content_length(env
     r = post_json(env, "/v1/learners/d/heartbeat", "d", padded_json(heartbeat_body(42), size))
     assert r.status_code == 200, r.text
     assert ("d", "training", 42, 42 * 8) in learners_state(env)
+
+
+def raw_heartbeat(fields: str, learner_id: str = "b") -> bytes:
+    """A heartbeat body with the JSON text of extra fields (which may override the usual ones)."""
+    return f'{{"step": 1, "tokens": 8, "step_time_s": 0.1, {fields}}}'.encode()
+
+
+def heartbeat_of(e: Env, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
+    headers = {**(auth_headers("b") if headers is None else headers), "Content-Type": "application/json"}
+    return httpx.post(f"{e.sync.url}/v1/learners/b/heartbeat", content=body, headers=headers, timeout=30)
+
+
+def register_of(e: Env, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
+    headers = {**(auth_headers("c") if headers is None else headers), "Content-Type": "application/json"}
+    return httpx.post(f"{e.sync.url}/v1/learners/register", content=body, headers=headers, timeout=30)
+
+
+NO_TOKEN = {"X-DiLoCo-Learner": "b"}
+DEEP_JSON = b"[" * 5000 + b"]" * 5000
+BAD_JSON_CASES: dict[str, tuple[Callable[[Env], httpx.Response], int, str]] = {
+    # heartbeat fields a learner cannot have measured
+    "step_time_1e300": (lambda e: heartbeat_of(e, raw_heartbeat('"step_time_s": 1e300')), 400, "bad_request"),
+    "step_time_infinity": (
+        lambda e: heartbeat_of(e, raw_heartbeat('"step_time_s": Infinity')),
+        400,
+        "bad_request",
+    ),
+    "step_time_nan": (lambda e: heartbeat_of(e, raw_heartbeat('"step_time_s": NaN')), 400, "bad_request"),
+    "step_time_negative": (
+        lambda e: heartbeat_of(e, raw_heartbeat('"step_time_s": -1.0')),
+        400,
+        "bad_request",
+    ),
+    "eval_loss_nan": (lambda e: heartbeat_of(e, raw_heartbeat('"eval_loss": NaN')), 400, "bad_request"),
+    "blocked_infinity": (
+        lambda e: heartbeat_of(e, raw_heartbeat('"blocked_s": Infinity')),
+        400,
+        "bad_request",
+    ),
+    "step_1e30": (lambda e: heartbeat_of(e, raw_heartbeat(f'"step": {10**30}')), 400, "bad_request"),
+    "tokens_1e200": (lambda e: heartbeat_of(e, raw_heartbeat(f'"tokens": {10**200}')), 400, "bad_request"),
+    "bytes_sent_1e30": (
+        lambda e: heartbeat_of(e, raw_heartbeat(f'"bytes_sent": {10**30}')),
+        400,
+        "bad_request",
+    ),
+    "fragment_steps_1e30": (
+        lambda e: heartbeat_of(e, raw_heartbeat(f'"fragment_steps": {{"0": {10**30}}}')),
+        400,
+        "bad_request",
+    ),
+    "fragment_tokens_of_a_huge_fragment": (
+        lambda e: heartbeat_of(e, raw_heartbeat('"fragment_tokens": {"99999999": 1}')),
+        400,
+        "bad_request",
+    ),
+    # fragment maps: keys are decimal fragment indices, as the OpenAPI document says
+    "fragment_key_not_a_number": (
+        lambda e: heartbeat_of(e, raw_heartbeat('"fragment_steps": {"one": 1}')),
+        400,
+        "bad_request",
+    ),
+    "fragment_key_with_a_sign": (
+        lambda e: heartbeat_of(e, raw_heartbeat('"fragment_steps": {"+1": 1}')),
+        400,
+        "bad_request",
+    ),
+    "fragment_key_with_underscores": (
+        lambda e: heartbeat_of(e, raw_heartbeat('"fragment_tokens": {"1_0": 1}')),
+        400,
+        "bad_request",
+    ),
+    # bodies that are not JSON at all: the protocol's error body, not the framework's
+    "heartbeat_invalid_utf8": (lambda e: heartbeat_of(e, b'{"step": "\xff\xfe"}'), 400, "bad_request"),
+    "heartbeat_deep_json": (lambda e: heartbeat_of(e, DEEP_JSON), 400, "bad_request"),
+    "register_invalid_utf8": (lambda e: register_of(e, b"\xc3\x28"), 400, "bad_request"),
+    "register_deep_json": (lambda e: register_of(e, DEEP_JSON), 400, "bad_request"),
+    # authentication first: a malformed body without a token is unauthenticated, not malformed
+    "heartbeat_malformed_without_token": (
+        lambda e: heartbeat_of(e, b"{not json", NO_TOKEN),
+        401,
+        "unauthenticated",
+    ),
+    "heartbeat_deep_json_without_token": (lambda e: heartbeat_of(e, DEEP_JSON, {}), 401, "unauthenticated"),
+    "register_malformed_without_token": (
+        lambda e: register_of(e, b"\xc3\x28", {"X-DiLoCo-Learner": "c"}),
+        401,
+        "unauthenticated",
+    ),
+    # a learner that left: heartbeats do not bring it back (registering does)
+    "heartbeat_of_a_learner_that_left": (
+        lambda e: httpx.post(
+            f"{e.sync.url}/v1/learners/gone/heartbeat", json=heartbeat_body(5), headers=auth_headers("gone")
+        ),
+        409,
+        "left",
+    ),
+    # a route that does not exist: the protocol's error body too
+    "unknown_route": (lambda e: httpx.get(f"{e.sync.url}/v2/nothing"), 404, "not_found"),
+    "unknown_learner_route": (
+        lambda e: httpx.get(f"{e.sync.url}/v1/nothing", headers=auth_headers("b")),
+        404,
+        "not_found",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_JSON_CASES))
+def test_bad_json_request_is_refused_with_the_error_body_and_changes_nothing(env: Env, case: str) -> None:
+    send, want_status, want_code = BAD_JSON_CASES[case]
+    before, learners_before = snapshot(env), learners_state(env)
+    r = send(env)
+    assert r.status_code == want_status, r.text
+    body = r.json()
+    assert set(body) == {"code", "reason", "retryable", "current_version"}, body
+    assert body["code"] == want_code
+    assert body["reason"]
+    assert learners_state(env) == learners_before  # /v1/status still answers, and nobody moved
+    assert snapshot(env) == before
+
+
+def test_fragment_maps_with_decimal_keys_are_taken(env: Env) -> None:
+    """The keys the OpenAPI document allows are the keys the synchronizer takes."""
+    doc = httpx.get(f"{env.sync.url}/openapi.json").json()
+    heartbeat = doc["components"]["schemas"]["Heartbeat"]["properties"]
+    for field in ("fragment_steps", "fragment_tokens"):
+        pattern = heartbeat[field]["propertyNames"]["pattern"]
+        assert all(re.fullmatch(pattern, key) for key in ("0", "12", "99999"))
+        assert not any(re.fullmatch(pattern, key) for key in ("+1", "01", "1_0", " 1", "one", "-1"))
+    r = heartbeat_of(env, raw_heartbeat('"fragment_steps": {"0": 3, "1": 0}, "fragment_tokens": {"1": 24}'))
+    assert r.status_code == 200, r.text
+
+
+def test_a_learner_that_left_rejoins_by_registering(sync_factory: SyncFactory) -> None:
+    """Leaving is final until the learner registers again; then it contributes like any other."""
+    sync = sync_factory(args=["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--quorum", "1"])
+    a = Learner(sync.url, "a", PLAN)
+    try:
+        assert a.register().status_code == 200
+        for p in (0, 1):
+            assert a.init(p, initial_params(PLAN, p)).status_code == 200
+        assert a.client.post("/v1/learners/a/leave").status_code == 204
+        refused = a.contribute(0, 0, good_blob(0, 0))
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["code"] == "left"
+        assert "register" in refused.json()["reason"]
+        assert a.heartbeat(3).status_code == 409
+        assert status(sync.url)["learners"][0]["state"] == "left"  # type: ignore[index]
+        assert a.register().status_code == 200
+        assert a.heartbeat(4).status_code == 200
+        taken = a.contribute(0, 0, good_blob(0, 0))
+        assert taken.status_code == 202, taken.text
+        assert a.fetch(0, newer_than=0, wait=30) is not None
+    finally:
+        a.close()
+
+
+def test_the_grace_window_cap_holds_whatever_a_learner_reports(sync_factory: SyncFactory) -> None:
+    """One learner reporting the longest step time it may (a day) does not hold back a round that
+    reached its quorum beyond --max-grace-s."""
+    args = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--quorum", "1", "--max-grace-s", "1"]
+    sync = sync_factory(args=args)
+    a, slow = Learner(sync.url, "a", PLAN), Learner(sync.url, "slow", PLAN)
+    try:
+        assert a.register().status_code == 200
+        assert slow.register().status_code == 200
+        for p in (0, 1):
+            assert a.init(p, initial_params(PLAN, p)).status_code == 200
+        r = slow.heartbeat(1, step_time_s=86_400.0)
+        assert r.status_code == 200, r.text
+        assert r.json()["alive_learners"] == 2
+        assert a.contribute(0, 0, good_blob(0, 0)).status_code == 202
+        got = a.fetch(0, newer_than=0, wait=30)  # a day-long grace window would not merge in time
+        assert got is not None
+        assert got[0] == 1
+        assert slow.heartbeat(2, step_time_s=86_400.0).status_code == 200  # still alive, still reporting
+    finally:
+        a.close()
+        slow.close()
+
+
+def test_readyz_tells_storage_details_only_to_learners(
+    s3_server_factory: Callable[[], S3Server], test_logs_dir: Path
+) -> None:
+    """During a storage outage an unauthenticated /readyz says that storage is unavailable, not where
+    it is: no endpoint, bucket or object key. A learner's token gets the details."""
+    s3 = s3_server_factory()
+    bucket = s3.new_bucket()
+    s3.stop()
+    args = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--quorum", "1"]
+    sync = SyncProcess(test_logs_dir / "sync", f"s3://{bucket}/jobs/hidden", args, s3.env())
+    sync.start(wait_loaded=False)
+    endpoint = s3.endpoint_url.split("://", 1)[1]
+    secrets = (endpoint, bucket, "jobs/hidden", "shard-000", "plan.json")
+    try:
+
+        def outage_seen() -> dict[str, object] | None:
+            r = httpx.get(f"{sync.url}/readyz", headers=auth_headers("a"), timeout=5)
+            body: dict[str, object] = r.json()
+            return body if r.status_code == 503 and body["storage_ok"] is False else None
+
+        detailed = wait_for(outage_seen, timeout=60, what="/readyz to report the storage outage")
+        assert any(s in json.dumps(detailed) for s in secrets), detailed  # the learner learns where
+        public = httpx.get(f"{sync.url}/readyz", timeout=5)
+        assert public.status_code == 503
+        body = public.json()
+        assert body["ready"] is False
+        assert body["storage_ok"] is False
+        assert "storage unavailable" in str(body["reason"])
+        for s in secrets:
+            assert s not in public.text, (s, public.text)
+        wrong = httpx.get(
+            f"{sync.url}/readyz", headers={"Authorization": "Bearer 00", "X-DiLoCo-Learner": "a"}
+        )
+        for s in secrets:
+            assert s not in wrong.text, (s, wrong.text)
+        # learner routes need a token before they say anything, their "starting" reason included
+        anonymous = httpx.post(f"{sync.url}/v1/learners/register", json=register_body("a"), timeout=5)
+        assert anonymous.status_code == 401
+        for s in secrets:
+            assert s not in anonymous.text
+    finally:
+        sync.stop()
+
+
+class SlowClients:
+    """Connections that send a request head one byte at a time and never finish it (slowloris);
+    ``reconnect`` opens a new one for each the server closed, as a persistent attacker would."""
+
+    HEAD = b"GET /healthz HTTP/1.1\r\nHost: synchronizer\r\nX-Padding: " + b"a" * 4000
+
+    def __init__(self, port: int, count: int) -> None:
+        self.port = port
+        self.sockets: dict[socket.socket, int] = {}  # socket → bytes of the head sent
+        self.closed_by_server = 0
+        for _ in range(count):
+            self._open()
+
+    def _open(self) -> None:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        sock.setblocking(False)
+        self.sockets[sock] = 0
+
+    def trickle(self, *, reconnect: bool) -> None:
+        """One more byte on every connection; count (and replace) those the server closed."""
+        for sock, sent in list(self.sockets.items()):
+            try:
+                if sock.recv(4096, socket.MSG_PEEK) == b"":  # orderly close by the server
+                    raise ConnectionResetError
+            except BlockingIOError:
+                pass  # nothing from the server: still open
+            except OSError:
+                self._drop(sock, reconnect)
+                continue
+            try:
+                sock.send(self.HEAD[sent % len(self.HEAD) : sent % len(self.HEAD) + 1])
+                self.sockets[sock] = sent + 1
+            except OSError:
+                self._drop(sock, reconnect)
+
+    def _drop(self, sock: socket.socket, reconnect: bool) -> None:
+        del self.sockets[sock]
+        sock.close()
+        self.closed_by_server += 1
+        if reconnect:
+            with contextlib.suppress(OSError):
+                self._open()
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        self.sockets.clear()
+
+
+def test_slow_request_heads_neither_starve_healthz_nor_flood_the_log(
+    test_logs_dir: Path, tmp_path: Path
+) -> None:
+    """With 256 open files allowed, hundreds of connections that send their request head byte by byte
+    are closed (head timeout; the connection limit closes the oldest unfinished head first), /healthz
+    keeps answering, and the log says so a few times instead of once per failed accept."""
+    args = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--header-timeout-s", "3"]
+    sync = SyncProcess(test_logs_dir / "sync", f"file://{tmp_path / 'store'}", args, fd_limit=256)
+    sync.start()
+    log_before = sync.log_path.stat().st_size
+    few = SlowClients(sync.port, 20)
+    many: SlowClients | None = None
+    try:
+        # below the connection limit: the head timeout closes every one of them
+        wait_for(
+            lambda: few.trickle(reconnect=False) or not few.sockets,
+            timeout=60, interval=0.5, what="the server to close connections with unfinished heads",
+        )  # fmt: skip
+        assert few.closed_by_server == 20
+        # far beyond the limit of open files, for several head timeouts
+        many = SlowClients(sync.port, 300)
+        answered = 0
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            many.trickle(reconnect=True)
+            r = httpx.get(f"{sync.url}/healthz", timeout=10)
+            assert r.status_code == 200
+            answered += 1
+            time.sleep(0.3)
+        assert answered >= 5
+        assert many.closed_by_server > 0  # closed to make room, or for their head timeout
+    finally:
+        few.close()
+        if many is not None:
+            many.close()
+        sync.stop()
+    log = sync.log_path.read_bytes()[log_before:].decode(errors="replace")
+    assert log.count("Too many open files") <= 2 * LOG_BURST, log[-3000:]
+    assert len(log) < 256 * 1024, f"{len(log)} bytes of log during the attack: {log[-3000:]}"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from diloco_core.bounds import MAX_STEP_TIME_S
 from diloco_core.protocol import Heartbeat
 from diloco_sync.layout import LearnerRecord, LearnerRegistryRecord
-from diloco_sync.learners import LearnerRegistry, UnknownLearner, token_increment
+from diloco_sync.learners import LearnerLeft, LearnerRegistry, UnknownLearner, step_time_ema, token_increment
 
 
 def _hb(tokens: int, **extra: object) -> Heartbeat:
@@ -61,3 +62,26 @@ def test_a_learner_that_left_stays_left_after_a_restart_until_it_registers_again
     assert restarted.register(LearnerRecord(learner_id="a"), step=7, now=52.0) is True
     assert restarted.alive_count(52.0) == 2
     assert restarted.to_record().learners["a"].left is False
+
+
+def test_a_learner_that_left_cannot_heartbeat_itself_back_until_it_registers() -> None:
+    reg = LearnerRegistry(heartbeat_timeout_s=10)
+    reg.register(LearnerRecord(learner_id="a"), step=0, now=0.0)
+    reg.leave("a", now=1.0)
+    with pytest.raises(LearnerLeft):
+        reg.heartbeat("a", _hb(8), now=2.0)
+    assert reg.alive_count(2.0) == 0
+    restarted = LearnerRegistry(heartbeat_timeout_s=10)
+    restarted.restore(reg.to_record(), now=5.0)
+    with pytest.raises(LearnerLeft):
+        restarted.heartbeat("a", _hb(8), now=6.0)
+    restarted.register(LearnerRecord(learner_id="a"), step=1, now=7.0)
+    assert restarted.heartbeat("a", _hb(16), now=8.0) == 0
+    assert restarted.alive_count(8.0) == 1
+
+
+@pytest.mark.parametrize("reported", [float("inf"), float("nan"), -1.0, 0.0, 1e300, MAX_STEP_TIME_S * 2])
+def test_the_step_time_ema_ignores_reports_beyond_the_bound(reported: float) -> None:
+    assert step_time_ema(0.5, reported) == 0.5
+    assert step_time_ema(0.0, reported) == 0.0
+    assert step_time_ema(0.5, MAX_STEP_TIME_S) <= MAX_STEP_TIME_S

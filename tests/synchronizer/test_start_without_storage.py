@@ -17,6 +17,7 @@ from tests.support.waiting import wait_for
 from tests.synchronizer.helpers import (
     Learner,
     SyncProcess,
+    auth_headers,
     encode_grad,
     initial_params,
     outer_grad,
@@ -37,8 +38,9 @@ def _stopped_s3(s3_server_factory: Callable[[], S3Server]) -> tuple[S3Server, st
 
 
 def _waiting_for_storage(sync: SyncProcess) -> dict[str, object] | None:
-    """/readyz's body once it says the state cannot be loaded because storage is unavailable."""
-    ready = httpx.get(f"{sync.url}/readyz", timeout=5)
+    """/readyz's body once it says the state cannot be loaded because storage is unavailable (and,
+    to a learner, why)."""
+    ready = httpx.get(f"{sync.url}/readyz", headers=auth_headers("a"), timeout=5)
     body: dict[str, object] = ready.json()
     reason = str(body.get("reason"))
     if ready.status_code == 503 and reason.startswith("loading state: storage unavailable ("):

@@ -13,7 +13,7 @@ from diloco_sync.startup import RETRY_AFTER_S, not_ready_reason, starting_error
         (True, None, False, "connection refused", "storage unavailable (connection refused)"),
         (False, None, True, None, "loading state"),
         (False, None, False, "connection refused", "loading state: storage unavailable (connection refused)"),
-        (False, None, False, None, "loading state: storage unavailable (unknown error)"),
+        (False, None, False, None, "loading state: storage unavailable"),
         (False, "wrong credentials", True, None, "start-up failed: wrong credentials"),
     ],
 )

@@ -1,0 +1,214 @@
+"""Limits below the application: request-head and body timeouts and a cap on open connections.
+
+uvicorn closes idle kept-alive connections, but it has no timeout for a request head or body and
+no cap that keeps the process below its limit of open files: a client that sends its head one byte
+at a time holds a connection, a file descriptor, for as long as it likes, and a few hundred of them
+exhaust the descriptors, after which every accept fails (and ``/healthz`` with it).
+``guarded_protocol(limits)`` is uvicorn's h11 protocol with:
+
+- a head timeout: a connection has ``header_timeout_s`` to send a whole request head, counted from
+  when it opened or from the end of the previous answer; then it is answered 408 and closed;
+- a body timeout: a pause longer than ``body_timeout_s`` while a request body is being received
+  (and the application is not the one holding the reading back) closes the connection;
+- a cap of ``max_connections`` open connections: one more closes the connection that has waited
+  longest for its request head (a slow client, or an idle kept-alive one); when every connection is
+  busy with a request, the new one is answered 503 ``overloaded`` and closed.
+
+Requests in progress (a long-poll, an upload that keeps arriving) are never closed by these limits.
+A TLS handshake happens before the protocol sees the connection: asyncio gives it 60 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from diloco_core.protocol import ErrorBody
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger(__name__)
+FD_RESERVE = 64  # descriptors kept for storage, logs, threads and the listening socket
+MIN_CONNECTIONS = 8
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    header_timeout_s: float
+    body_timeout_s: float
+    max_connections: int
+
+
+def effective_max_connections(configured: int, fd_limit: int) -> int:
+    """The cap on open connections: ``configured``, lowered to leave ``FD_RESERVE`` of the process's
+    ``fd_limit`` open files for everything else (``resource.RLIM_INFINITY``: no lowering)."""
+    if fd_limit == resource.RLIM_INFINITY or fd_limit < 0:
+        return configured
+    return max(MIN_CONNECTIONS, min(configured, fd_limit - FD_RESERVE))
+
+
+def open_files_limit() -> int:
+    """This process's (soft) limit of open files."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _raw_response(status: int, phrase: str, code: str, reason: str, retry_after: int | None = None) -> bytes:
+    """A complete HTTP/1.1 answer with the protocol's error body, written before the connection closes."""
+    body = ErrorBody(code=code, reason=reason, retryable=retry_after is not None).model_dump_json().encode()
+    head = [f"HTTP/1.1 {status} {phrase}", "content-type: application/json", f"content-length: {len(body)}"]
+    if retry_after is not None:
+        head.append(f"retry-after: {retry_after}")
+    head.append("connection: close")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+@dataclass
+class _Connections:
+    """The open connections of one server, and those waiting for a request head, oldest first."""
+
+    limits: ConnectionLimits
+    open: set[GuardedH11Protocol] = field(default_factory=set)
+    waiting: OrderedDict[GuardedH11Protocol, None] = field(default_factory=OrderedDict)
+
+    def admit(self, conn: GuardedH11Protocol) -> bool:
+        """Count ``conn`` in, closing the longest-waiting one to make room; False when all are busy."""
+        if len(self.open) >= self.limits.max_connections:
+            if not self.waiting:
+                return False
+            oldest = next(iter(self.waiting))
+            self.forget(oldest)
+            oldest.close_for_room()
+        self.open.add(conn)
+        return True
+
+    def forget(self, conn: GuardedH11Protocol) -> None:
+        self.open.discard(conn)
+        self.waiting.pop(conn, None)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the limits above; ``guarded_protocol`` binds it to its limits."""
+
+    connections_state: _Connections  # set on the subclass ``guarded_protocol`` makes
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._admitted = False
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._seen_cycle: object = None
+
+    @property
+    def _limits(self) -> ConnectionLimits:
+        return self.connections_state.limits
+
+    # -- asyncio.Protocol --------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if not self.connections_state.admit(self):
+            log.warning(
+                "connection limit (%d) reached and every connection is busy with a request: "
+                "answering 503 to new ones", self._limits.max_connections,
+            )  # fmt: skip
+            transport.write(_OVERLOADED)
+            transport.close()
+            return
+        self._admitted = True
+        super().connection_made(transport)
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connections_state.forget(self)
+        self._cancel(head=True, body=True)
+        if self._admitted:
+            super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._after_events()
+
+    def on_response_complete(self) -> None:
+        self._cancel(body=True)
+        if not self.transport.is_closing():
+            self._await_head()
+        super().on_response_complete()  # may parse a pipelined request at once
+        self._after_events()
+
+    # -- the limits ------------------------------------------------------------------------------
+
+    def _await_head(self) -> None:
+        """Start the head timeout (from now) and count this connection as waiting for a head."""
+        self._cancel(head=True)
+        self.connections_state.waiting.pop(self, None)
+        self.connections_state.waiting[self] = None
+        self._head_timer = self.loop.call_later(self._limits.header_timeout_s, self._head_timed_out)
+
+    def _after_events(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle is not self._seen_cycle:  # a whole request head arrived
+            self._seen_cycle = cycle
+            self._cancel(head=True)
+            self.connections_state.waiting.pop(self, None)
+        if cycle is not None and cycle.more_body and not cycle.response_complete:
+            self._cancel(body=True)
+            self._body_timer = self.loop.call_later(self._limits.body_timeout_s, self._body_timed_out)
+        else:
+            self._cancel(body=True)
+
+    def _cancel(self, *, head: bool = False, body: bool = False) -> None:
+        if head and self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        if body and self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        log.warning(
+            "closed a connection that did not send a whole request head within %.1fs",
+            self._limits.header_timeout_s,
+        )
+        self.connections_state.forget(self)
+        self.transport.write(_HEAD_TIMEOUT)
+        self.transport.close()
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        if self.flow.read_paused:  # the application holds the reading back, not the client
+            self._body_timer = self.loop.call_later(self._limits.body_timeout_s, self._body_timed_out)
+            return
+        log.warning(
+            "closed a connection whose request body paused for more than %.1fs", self._limits.body_timeout_s
+        )
+        self.connections_state.forget(self)
+        self.transport.close()
+
+    def close_for_room(self) -> None:
+        """Closed by the cap to admit a newer connection (this one was waiting for a request head)."""
+        self._cancel(head=True)
+        log.warning(
+            "connection limit (%d) reached: closed the connection waiting longest for a request head",
+            self._limits.max_connections,
+        )
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+_OVERLOADED = _raw_response(
+    503, "Service Unavailable", "overloaded", "too many open connections: retry later", retry_after=1
+)
+_HEAD_TIMEOUT = _raw_response(408, "Request Timeout", "timeout", "the request head did not arrive in time")
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11Protocol]:
+    """The protocol class to give uvicorn (``uvicorn.Config(http=...)``): one per server, as the
+    connections it counts are that server's."""
+    return type("ServerH11Protocol", (GuardedH11Protocol,), {"connections_state": _Connections(limits)})
