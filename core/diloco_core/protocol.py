@@ -4,21 +4,28 @@ Shared by the synchronizer (server) and the worker (client) so both sides agree 
 Binary fragment payloads (codec format, ``application/octet-stream``) travel as request/response
 bodies; their metadata travels as query parameters (requests) or headers (responses).
 
-Routes (all under ``/v1``; every learner call carries ``Authorization: Bearer <token>`` and
-``X-DiLoCo-Learner: <learner id>``; the OpenAPI document declares the bearer scheme on each):
+Routes (all under ``/v1``, their paths the ``*_PATH`` constants below; every learner call carries
+``Authorization: Bearer <token>`` and ``X-DiLoCo-Learner: <learner id>``, checked before anything
+else about the request, so a malformed request without a valid token answers 401; the OpenAPI
+document declares the bearer scheme on each). Every number a learner sends is bounded
+(``diloco_core.bounds``): beyond a bound, or not finite, the answer is 400 ``bad_request``. Every
+refusal, the server framework's own included (404 ``not_found``, 405 ``method_not_allowed``, a
+body that is not UTF-8 JSON), carries an ``ErrorBody``.
 
 - ``POST /v1/learners/register``  RegisterRequest → RegisterResponse, which carries the job's fragment
   plan and its hash (409 ``plan_mismatch`` when the learner's plan hash differs from the job's).
 - ``POST /v1/learners/{learner_id}/heartbeat``  Heartbeat → HeartbeatResponse
   (404 ``not_registered`` for a learner the synchronizer does not know, e.g. after it lost its
   registry: the learner registers again; contributions answer the same).
-- ``POST /v1/learners/{learner_id}/leave``  → 204
+- ``POST /v1/learners/{learner_id}/leave``  → 204. Afterwards the learner's heartbeats and
+  contributions answer 409 ``left`` until it registers again, which is how it rejoins.
 - ``PUT  /v1/fragments/{p}/init``  body: codec payload (kind "params", fp32) → 200 FragmentVersionInfo;
   accepted only while the fragment has no version yet (409 ``already_initialised`` afterwards).
 - ``POST /v1/fragments/{p}/contributions?base_version=&steps=&tokens=&seq=``  body: codec payload
   (kind "outer_grad") → 202 ContributionResult; errors → ErrorBody with a 4xx/5xx status:
   400 ``corrupt``/``truncated``/``wrong_shape``/``non_finite``/``bad_request``, 404 ``unknown_fragment``,
-  409 ``stale`` (resynchronise the fragment), 413 ``oversized``, 503 ``storage_unavailable`` (retry).
+  409 ``stale`` (resynchronise the fragment) or ``left``, 413 ``oversized``, 503 ``storage_unavailable``
+  (retry). ``tokens`` is at most 1e9 per step.
   Idempotent on (learner, fragment, base_version, seq): a repeat answers ``duplicate``.
 - ``GET  /v1/fragments/{p}?newer_than=v&wait=s[&announce_rounds=true]``  → 200 codec payload (kind "params",
   fp32) with headers ``X-DiLoCo-Version`` and ``X-DiLoCo-Fragment``; 304 when no newer version arrived
@@ -28,7 +35,12 @@ Routes (all under ``/v1``; every learner call carries ``Authorization: Bearer <t
   and, once the round's quorum is reached, ``X-DiLoCo-Round-Deadline-S`` (seconds left of its grace
   window). The learner then sends its partial outer gradient (steps/tokens so far) at its next step
   boundary; contributions accepted before the deadline join the round.
-- ``GET  /v1/status`` → StatusResponse;  ``GET /metrics``, ``/healthz``, ``/readyz``, ``/`` (HTML page).
+- ``GET  /v1/status`` → StatusResponse;  ``GET /metrics``, ``/healthz``, ``/readyz``, ``/`` (HTML page);
+  ``/readyz`` names the storage and the failing object only to a caller with a learner's token.
+
+Fragment maps (``versions``, ``fragment_steps``, ``fragment_tokens``) are JSON objects keyed by
+fragment index: ``0`` or decimal digits without a leading zero, as their schema's ``propertyNames``
+says; other keys are refused.
 
 Several shards: fragment p is served by shard p % N (``diloco_core.sharding``); another shard answers
 421 ``wrong_shard``. A learner registers with every shard listed in ``RegisterResponse.shards``,

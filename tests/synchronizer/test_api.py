@@ -9,7 +9,18 @@ import threading
 import httpx
 import numpy as np
 import pytest
+from diloco_core.bounds import FRAGMENT_KEY_PATTERN, MAX_STEP_TIME_S
 from diloco_core.fragments import FragmentPlan
+from diloco_core.protocol import (
+    API_PREFIX,
+    CONTRIBUTIONS_PATH,
+    FRAGMENT_PATH,
+    HEARTBEAT_PATH,
+    INIT_PATH,
+    LEAVE_PATH,
+    REGISTER_PATH,
+    STATUS_PATH,
+)
 
 from tests.synchronizer.conftest import StoreTarget, SyncFactory
 from tests.synchronizer.helpers import Learner, encode_grad, initial_params, outer_grad, status, tiny_plan
@@ -161,3 +172,16 @@ def test_openapi_lists_the_protocol_routes(sync_factory: SyncFactory) -> None:
     register = paths["/v1/learners/register"]["post"]["responses"]["200"]["content"]["application/json"]
     ref = register["schema"]["$ref"].rsplit("/", 1)[-1]
     assert {"plan", "plan_hash"} <= set(doc["components"]["schemas"][ref]["properties"])
+
+    # the paths are the protocol's constants, and its fragment maps declare the keys they take
+    assert {API_PREFIX + path for path in (REGISTER_PATH, HEARTBEAT_PATH, LEAVE_PATH, INIT_PATH,
+            CONTRIBUTIONS_PATH, FRAGMENT_PATH, STATUS_PATH)} <= set(paths)  # fmt: skip
+    schemas = doc["components"]["schemas"]
+    for model, field in (("RegisterResponse", "versions"), ("HeartbeatResponse", "versions"),
+                         ("Heartbeat", "fragment_steps"), ("Heartbeat", "fragment_tokens")):  # fmt: skip
+        declared = schemas[model]["properties"][field]
+        assert declared["propertyNames"]["pattern"] == FRAGMENT_KEY_PATTERN, (model, field)
+        assert declared["additionalProperties"] is False, (model, field)
+    heartbeat = schemas["Heartbeat"]["properties"]
+    assert heartbeat["step_time_s"]["maximum"] == MAX_STEP_TIME_S
+    assert "400" in paths["/v1/learners/{learner_id}/heartbeat"]["post"]["responses"]

@@ -77,23 +77,20 @@ def good_blob(p: int = 0, base: int = 0) -> bytes:
     return encode_grad(outer_grad(PLAN, p, seed=9), p, base)
 
 
-def corrupt_header_blob() -> bytes:
-    """A well-formed zstd frame whose header is not JSON."""
-    header = b"{this is not json"
-    inner = struct.pack("<I", len(header)) + header + b"\x00" * 64
-    frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(inner)
-    return codec.MAGIC + struct.pack("<HQ", codec.FORMAT_VERSION, len(frame)) + frame
-
-
-def framed(inner: bytes) -> bytes:
-    """``inner`` as one zstd frame behind the codec's prefix."""
-    frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(inner)
+def prefixed(frame: bytes) -> bytes:
+    """``frame`` behind the codec's prefix, which declares its length."""
     return codec.MAGIC + struct.pack("<HQ", codec.FORMAT_VERSION, len(frame)) + frame
 
 
 def header_blob(header: bytes, data: bytes = b"") -> bytes:
-    """A well-formed frame around a crafted header (a registered learner can send anything)."""
-    return framed(struct.pack("<I", len(header)) + header + data)
+    """One well-formed zstd frame around a crafted header (a registered learner can send anything)."""
+    inner = struct.pack("<I", len(header)) + header + data
+    return prefixed(zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(inner))
+
+
+def corrupt_header_blob() -> bytes:
+    """A well-formed zstd frame whose header is not JSON."""
+    return header_blob(b"{this is not json", b"\x00" * 64)
 
 
 def crafted_header(p: int, tensors: str) -> bytes:
@@ -126,18 +123,9 @@ def long_integer_blob() -> bytes:
     return header_blob(crafted_header(1, f"[{entry}]"), b"\0" * 4)
 
 
-def with_extra_frame() -> bytes:
-    """A good payload whose declared length also covers a second zstd frame of arbitrary bytes."""
-    blob = good_blob()
-    frame = blob[codec._PREFIX.size :] + zstandard.ZstdCompressor().compress(b"x" * 4000)
-    return codec.MAGIC + struct.pack("<HQ", codec.FORMAT_VERSION, len(frame)) + frame
-
-
-def with_trailing_bytes() -> bytes:
-    """A good payload whose declared length also covers bytes after its zstd frame."""
-    blob = good_blob()
-    frame = blob[codec._PREFIX.size :] + b"\x00" * 4000
-    return codec.MAGIC + struct.pack("<HQ", codec.FORMAT_VERSION, len(frame)) + frame
+def with_frame_tail(tail: bytes) -> bytes:
+    """A good payload whose declared length also covers ``tail`` after its zstd frame."""
+    return prefixed(good_blob()[codec._PREFIX.size :] + tail)
 
 
 def nan_blob() -> bytes:
@@ -238,8 +226,12 @@ CASES: dict[str, tuple[Callable[[Env], httpx.Response], int, str]] = {
     "huge_shape": (lambda e: post(e, p=1, base=1, blob=huge_shape_blob()), 400, "corrupt"),
     "deeply_nested_header": (lambda e: post(e, p=1, base=1, blob=deep_header_blob()), 400, "corrupt"),
     "long_integer_in_header": (lambda e: post(e, p=1, base=1, blob=long_integer_blob()), 400, "corrupt"),
-    "extra_zstd_frame": (lambda e: post(e, blob=with_extra_frame()), 400, "corrupt"),
-    "trailing_bytes_in_frame": (lambda e: post(e, blob=with_trailing_bytes()), 400, "corrupt"),
+    "extra_zstd_frame": (
+        lambda e: post(e, blob=with_frame_tail(zstandard.ZstdCompressor().compress(b"x" * 4000))),
+        400,
+        "corrupt",
+    ),
+    "trailing_bytes_in_frame": (lambda e: post(e, blob=with_frame_tail(b"\x00" * 4000)), 400, "corrupt"),
     # a learner that left: refused until it registers again
     "learner_that_left": (lambda e: post(e, headers=auth_headers("gone")), 409, "left"),
     # authentication comes before any validation
@@ -360,7 +352,7 @@ def test_json_body_within_the_limit_is_served_with_or_without_content_length(env
     assert ("d", "training", 42, 42 * 8) in learners_state(env)
 
 
-def raw_heartbeat(fields: str, learner_id: str = "b") -> bytes:
+def raw_heartbeat(fields: str) -> bytes:
     """A heartbeat body with the JSON text of extra fields (which may override the usual ones)."""
     return f'{{"step": 1, "tokens": 8, "step_time_s": 0.1, {fields}}}'.encode()
 
@@ -375,61 +367,30 @@ def register_of(e: Env, body: bytes, headers: dict[str, str] | None = None) -> h
     return httpx.post(f"{e.sync.url}/v1/learners/register", content=body, headers=headers, timeout=30)
 
 
+def bad_heartbeat(fields: str) -> tuple[Callable[[Env], httpx.Response], int, str]:
+    """A case: learner b's heartbeat with these fields, refused as a bad request."""
+    return (lambda e: heartbeat_of(e, raw_heartbeat(fields)), 400, "bad_request")
+
+
 NO_TOKEN = {"X-DiLoCo-Learner": "b"}
 DEEP_JSON = b"[" * 5000 + b"]" * 5000
 BAD_JSON_CASES: dict[str, tuple[Callable[[Env], httpx.Response], int, str]] = {
     # heartbeat fields a learner cannot have measured
-    "step_time_1e300": (lambda e: heartbeat_of(e, raw_heartbeat('"step_time_s": 1e300')), 400, "bad_request"),
-    "step_time_infinity": (
-        lambda e: heartbeat_of(e, raw_heartbeat('"step_time_s": Infinity')),
-        400,
-        "bad_request",
-    ),
-    "step_time_nan": (lambda e: heartbeat_of(e, raw_heartbeat('"step_time_s": NaN')), 400, "bad_request"),
-    "step_time_negative": (
-        lambda e: heartbeat_of(e, raw_heartbeat('"step_time_s": -1.0')),
-        400,
-        "bad_request",
-    ),
-    "eval_loss_nan": (lambda e: heartbeat_of(e, raw_heartbeat('"eval_loss": NaN')), 400, "bad_request"),
-    "blocked_infinity": (
-        lambda e: heartbeat_of(e, raw_heartbeat('"blocked_s": Infinity')),
-        400,
-        "bad_request",
-    ),
-    "step_1e30": (lambda e: heartbeat_of(e, raw_heartbeat(f'"step": {10**30}')), 400, "bad_request"),
-    "tokens_1e200": (lambda e: heartbeat_of(e, raw_heartbeat(f'"tokens": {10**200}')), 400, "bad_request"),
-    "bytes_sent_1e30": (
-        lambda e: heartbeat_of(e, raw_heartbeat(f'"bytes_sent": {10**30}')),
-        400,
-        "bad_request",
-    ),
-    "fragment_steps_1e30": (
-        lambda e: heartbeat_of(e, raw_heartbeat(f'"fragment_steps": {{"0": {10**30}}}')),
-        400,
-        "bad_request",
-    ),
-    "fragment_tokens_of_a_huge_fragment": (
-        lambda e: heartbeat_of(e, raw_heartbeat('"fragment_tokens": {"99999999": 1}')),
-        400,
-        "bad_request",
-    ),
+    "step_time_1e300": bad_heartbeat('"step_time_s": 1e300'),
+    "step_time_infinity": bad_heartbeat('"step_time_s": Infinity'),
+    "step_time_nan": bad_heartbeat('"step_time_s": NaN'),
+    "step_time_negative": bad_heartbeat('"step_time_s": -1.0'),
+    "eval_loss_nan": bad_heartbeat('"eval_loss": NaN'),
+    "blocked_infinity": bad_heartbeat('"blocked_s": Infinity'),
+    "step_1e30": bad_heartbeat(f'"step": {10**30}'),
+    "tokens_1e200": bad_heartbeat(f'"tokens": {10**200}'),
+    "bytes_sent_1e30": bad_heartbeat(f'"bytes_sent": {10**30}'),
+    "fragment_steps_1e30": bad_heartbeat(f'"fragment_steps": {{"0": {10**30}}}'),
+    "fragment_tokens_of_a_huge_fragment": bad_heartbeat('"fragment_tokens": {"99999999": 1}'),
     # fragment maps: keys are decimal fragment indices, as the OpenAPI document says
-    "fragment_key_not_a_number": (
-        lambda e: heartbeat_of(e, raw_heartbeat('"fragment_steps": {"one": 1}')),
-        400,
-        "bad_request",
-    ),
-    "fragment_key_with_a_sign": (
-        lambda e: heartbeat_of(e, raw_heartbeat('"fragment_steps": {"+1": 1}')),
-        400,
-        "bad_request",
-    ),
-    "fragment_key_with_underscores": (
-        lambda e: heartbeat_of(e, raw_heartbeat('"fragment_tokens": {"1_0": 1}')),
-        400,
-        "bad_request",
-    ),
+    "fragment_key_not_a_number": bad_heartbeat('"fragment_steps": {"one": 1}'),
+    "fragment_key_with_a_sign": bad_heartbeat('"fragment_steps": {"+1": 1}'),
+    "fragment_key_with_underscores": bad_heartbeat('"fragment_tokens": {"1_0": 1}'),
     # bodies that are not JSON at all: the protocol's error body, not the framework's
     "heartbeat_invalid_utf8": (lambda e: heartbeat_of(e, b'{"step": "\xff\xfe"}'), 400, "bad_request"),
     "heartbeat_deep_json": (lambda e: heartbeat_of(e, DEEP_JSON), 400, "bad_request"),
