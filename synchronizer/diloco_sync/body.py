@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from diloco_core.protocol import ErrorBody
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import ApiError
@@ -24,11 +25,16 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
             raise ApiError(413, "oversized", f"body of {size} bytes exceeds the limit of {limit} bytes")
     chunks: list[bytes] = []
     received = 0
-    async for chunk in request.stream():
-        received += len(chunk)
-        if received > limit:
-            raise ApiError(413, "oversized", f"body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit:
+                raise ApiError(413, "oversized", f"body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left (or stalled past the body timeout): nobody to answer
+        raise ApiError(
+            400, "bad_request", f"the connection closed after {received} bytes of the body"
+        ) from None
     if received == 0:
         raise ApiError(400, "bad_request", "empty body: a codec payload is expected")
     return b"".join(chunks)

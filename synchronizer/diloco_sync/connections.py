@@ -11,8 +11,10 @@ exhaust the descriptors, after which every accept fails (and ``/healthz`` with i
 - a body timeout: a pause longer than ``body_timeout_s`` while a request body is being received
   (and the application is not the one holding the reading back) closes the connection;
 - a cap of ``max_connections`` open connections: one more closes the connection that has waited
-  longest for its request head (a slow client, or an idle kept-alive one); when every connection is
-  busy with a request, the new one is answered 503 ``overloaded`` and closed.
+  longest for its request head (a slow client, or an idle kept-alive one), if it has waited at least
+  ``EVICTABLE_AFTER_S`` (a real client's head follows its connection at once: one that just
+  connected is not closed for another); otherwise, every connection being busy with a request or
+  just connected, the new one is answered 503 ``overloaded`` and closed.
 
 Requests in progress (a long-poll, an upload that keeps arriving) are never closed by these limits.
 A TLS handshake happens before the protocol sees the connection: asyncio gives it 60 s.
@@ -33,6 +35,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 log = logging.getLogger(__name__)
 FD_RESERVE = 64  # descriptors kept for storage, logs, threads and the listening socket
 MIN_CONNECTIONS = 8
+EVICTABLE_AFTER_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -71,18 +74,22 @@ class _Connections:
 
     limits: ConnectionLimits
     open: set[GuardedH11Protocol] = field(default_factory=set)
-    waiting: OrderedDict[GuardedH11Protocol, None] = field(default_factory=OrderedDict)
+    waiting: OrderedDict[GuardedH11Protocol, float] = field(default_factory=OrderedDict)  # → since
 
-    def admit(self, conn: GuardedH11Protocol) -> bool:
-        """Count ``conn`` in, closing the longest-waiting one to make room; False when all are busy."""
+    def admit(self, conn: GuardedH11Protocol, now: float) -> bool:
+        """Count ``conn`` in, closing the longest-waiting one to make room; False when none can go."""
         if len(self.open) >= self.limits.max_connections:
-            if not self.waiting:
+            oldest, since = next(iter(self.waiting.items()), (None, now))
+            if oldest is None or now - since < EVICTABLE_AFTER_S:
                 return False
-            oldest = next(iter(self.waiting))
             self.forget(oldest)
             oldest.close_for_room()
         self.open.add(conn)
         return True
+
+    def wait_for_head(self, conn: GuardedH11Protocol, now: float) -> None:
+        self.waiting.pop(conn, None)
+        self.waiting[conn] = now
 
     def forget(self, conn: GuardedH11Protocol) -> None:
         self.open.discard(conn)
@@ -108,10 +115,10 @@ class GuardedH11Protocol(H11Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if not self.connections_state.admit(self):
+        if not self.connections_state.admit(self, self.loop.time()):
             log.warning(
-                "connection limit (%d) reached and every connection is busy with a request: "
-                "answering 503 to new ones", self._limits.max_connections,
+                "connection limit (%d) reached and every connection is busy with a request or just "
+                "connected: answering 503 to new ones", self._limits.max_connections,
             )  # fmt: skip
             transport.write(_OVERLOADED)
             transport.close()
@@ -127,6 +134,8 @@ class GuardedH11Protocol(H11Protocol):
             super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if not self._admitted:  # answered 503 and closing: nothing it sends is read
+            return
         super().data_received(data)
         self._after_events()
 
@@ -142,8 +151,7 @@ class GuardedH11Protocol(H11Protocol):
     def _await_head(self) -> None:
         """Start the head timeout (from now) and count this connection as waiting for a head."""
         self._cancel(head=True)
-        self.connections_state.waiting.pop(self, None)
-        self.connections_state.waiting[self] = None
+        self.connections_state.wait_for_head(self, self.loop.time())
         self._head_timer = self.loop.call_later(self._limits.header_timeout_s, self._head_timed_out)
 
     def _after_events(self) -> None:

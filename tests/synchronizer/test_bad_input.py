@@ -614,6 +614,9 @@ def test_slow_request_heads_neither_starve_healthz_nor_flood_the_log(
         assert few.closed_by_server == 20
         # far beyond the limit of open files, for several head timeouts
         many = SlowClients(sync.port, 300)
+        for _ in range(4):  # the attack runs a moment before the first probe: a probe amid the very
+            many.trickle(reconnect=True)  # first burst may find nothing old enough to close (503)
+            time.sleep(0.3)
         answered = 0
         deadline = time.monotonic() + 12
         while time.monotonic() < deadline:
@@ -632,3 +635,50 @@ def test_slow_request_heads_neither_starve_healthz_nor_flood_the_log(
     log = sync.log_path.read_bytes()[log_before:].decode(errors="replace")
     assert log.count("Too many open files") <= 2 * LOG_BURST, log[-3000:]
     assert len(log) < 256 * 1024, f"{len(log)} bytes of log during the attack: {log[-3000:]}"
+
+
+def test_a_stalled_body_is_closed_and_a_full_house_answers_503(sync_factory: SyncFactory) -> None:
+    """A request body that stops arriving is closed after --body-timeout-s; with every connection
+    busy with a request (long-polls), one more is answered 503 ``overloaded``, retryable."""
+    args = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--max-connections", "8",
+            "--body-timeout-s", "2"]  # fmt: skip
+    sync = sync_factory(args=args)
+    a = Learner(sync.url, "a", PLAN)
+    try:
+        assert a.register().status_code == 200
+        for p in (0, 1):
+            assert a.init(p, initial_params(PLAN, p)).status_code == 200
+        a.close()
+        head = (
+            "POST /v1/fragments/0/contributions?base_version=0&steps=4&tokens=32&seq=1 HTTP/1.1\r\n"
+            "Host: synchronizer\r\nContent-Length: 2000\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in auth_headers("a").items())
+            + "\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", sync.port), timeout=60) as stalled:
+            stalled.sendall(head + b"\x00" * 100)
+            assert stalled.recv(4096) == b""  # closed by the server, no answer: the body never came
+
+        # eight long-polls, connected before the ninth connection (the server accepts in order)
+        poll = (
+            "GET /v1/fragments/0?newer_than=0&wait=8 HTTP/1.1\r\nHost: synchronizer\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in auth_headers("a").items())
+            + "\r\n"
+        ).encode()
+        polls = [socket.create_connection(("127.0.0.1", sync.port), timeout=60) for _ in range(8)]
+        try:
+            for sock in polls:
+                sock.sendall(poll)
+            refused = httpx.get(f"{sync.url}/healthz", timeout=10)
+            assert refused.status_code == 503
+            assert refused.json()["code"] == "overloaded"
+            assert refused.json()["retryable"] is True
+            assert refused.headers["Retry-After"] == "1"
+            for sock in polls:  # busy with a request: never closed to make room
+                assert sock.recv(4096).startswith(b"HTTP/1.1 304 ")
+        finally:
+            for sock in polls:
+                sock.close()
+        assert httpx.get(f"{sync.url}/healthz", timeout=10).status_code == 200
+    finally:
+        a.close()
