@@ -10,11 +10,12 @@ exhaust the descriptors, after which every accept fails (and ``/healthz`` with i
   when it opened or from the end of the previous answer; then it is answered 408 and closed;
 - a body timeout: a pause longer than ``body_timeout_s`` while a request body is being received
   (and the application is not the one holding the reading back) closes the connection;
-- a cap of ``max_connections`` open connections: one more closes the connection that has waited
-  longest for its request head (a slow client, or an idle kept-alive one), if it has waited at least
-  ``EVICTABLE_AFTER_S`` (a real client's head follows its connection at once: one that just
-  connected is not closed for another); otherwise, every connection being busy with a request or
-  just connected, the new one is answered 503 ``overloaded`` and closed.
+- a cap of ``max_connections`` open connections: one more closes a connection that waits for a
+  request head to make room — first the one waiting longest among those that sent part of a head
+  (a real client's head arrives whole: a part is a slow client) or are idle after an answer, else a
+  connection that has sent nothing for at least ``EVICTABLE_AFTER_S`` (one just connected has not
+  been read yet and is not closed for another). With none such, every connection being busy with a
+  request or just connected, the new one is answered 503 ``overloaded`` and closed.
 
 Requests in progress (a long-poll, an upload that keeps arriving) are never closed by these limits.
 A TLS handshake happens before the protocol sees the connection: asyncio gives it 60 s.
@@ -70,30 +71,44 @@ def _raw_response(status: int, phrase: str, code: str, reason: str, retry_after:
 
 @dataclass
 class _Connections:
-    """The open connections of one server, and those waiting for a request head, oldest first."""
+    """The open connections of one server, and those waiting for a request head, oldest first:
+    ``fresh`` ones have sent nothing yet; ``slow`` ones sent part of a head or are idle after an
+    answer (each maps to when it started waiting)."""
 
     limits: ConnectionLimits
     open: set[GuardedH11Protocol] = field(default_factory=set)
-    waiting: OrderedDict[GuardedH11Protocol, float] = field(default_factory=OrderedDict)  # → since
+    fresh: OrderedDict[GuardedH11Protocol, float] = field(default_factory=OrderedDict)
+    slow: OrderedDict[GuardedH11Protocol, float] = field(default_factory=OrderedDict)
 
     def admit(self, conn: GuardedH11Protocol, now: float) -> bool:
-        """Count ``conn`` in, closing the longest-waiting one to make room; False when none can go."""
+        """Count ``conn`` in, closing a waiting one to make room; False when none may be closed."""
         if len(self.open) >= self.limits.max_connections:
-            oldest, since = next(iter(self.waiting.items()), (None, now))
-            if oldest is None or now - since < EVICTABLE_AFTER_S:
-                return False
-            self.forget(oldest)
-            oldest.close_for_room()
+            victim = next(iter(self.slow), None)
+            if victim is None:
+                oldest, since = next(iter(self.fresh.items()), (None, now))
+                if oldest is None or now - since < EVICTABLE_AFTER_S:
+                    return False
+                victim = oldest
+            self.forget(victim)
+            victim.close_for_room()
         self.open.add(conn)
         return True
 
-    def wait_for_head(self, conn: GuardedH11Protocol, now: float) -> None:
-        self.waiting.pop(conn, None)
-        self.waiting[conn] = now
+    def wait_for_head(self, conn: GuardedH11Protocol, now: float, *, fresh: bool) -> None:
+        self.done_waiting(conn)
+        (self.fresh if fresh else self.slow)[conn] = now
+
+    def sent_part_of_a_head(self, conn: GuardedH11Protocol, now: float) -> None:
+        if self.fresh.pop(conn, None) is not None:
+            self.slow[conn] = now
+
+    def done_waiting(self, conn: GuardedH11Protocol) -> None:
+        self.fresh.pop(conn, None)
+        self.slow.pop(conn, None)
 
     def forget(self, conn: GuardedH11Protocol) -> None:
         self.open.discard(conn)
-        self.waiting.pop(conn, None)
+        self.done_waiting(conn)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -125,7 +140,7 @@ class GuardedH11Protocol(H11Protocol):
             return
         self._admitted = True
         super().connection_made(transport)
-        self._await_head()
+        self._await_head(fresh=True)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections_state.forget(self)
@@ -142,16 +157,16 @@ class GuardedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         self._cancel(body=True)
         if not self.transport.is_closing():
-            self._await_head()
+            self._await_head(fresh=False)
         super().on_response_complete()  # may parse a pipelined request at once
         self._after_events()
 
     # -- the limits ------------------------------------------------------------------------------
 
-    def _await_head(self) -> None:
+    def _await_head(self, *, fresh: bool) -> None:
         """Start the head timeout (from now) and count this connection as waiting for a head."""
         self._cancel(head=True)
-        self.connections_state.wait_for_head(self, self.loop.time())
+        self.connections_state.wait_for_head(self, self.loop.time(), fresh=fresh)
         self._head_timer = self.loop.call_later(self._limits.header_timeout_s, self._head_timed_out)
 
     def _after_events(self) -> None:
@@ -159,7 +174,9 @@ class GuardedH11Protocol(H11Protocol):
         if cycle is not None and cycle is not self._seen_cycle:  # a whole request head arrived
             self._seen_cycle = cycle
             self._cancel(head=True)
-            self.connections_state.waiting.pop(self, None)
+            self.connections_state.done_waiting(self)
+        elif self._head_timer is not None:  # bytes came, the head is not whole yet
+            self.connections_state.sent_part_of_a_head(self, self.loop.time())
         if cycle is not None and cycle.more_body and not cycle.response_complete:
             self._cancel(body=True)
             self._body_timer = self.loop.call_later(self._limits.body_timeout_s, self._body_timed_out)
