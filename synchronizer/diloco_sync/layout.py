@@ -61,6 +61,10 @@ class LearnerRecord(BaseModel):
     tokens_per_step: int = 1
     registered_at: float = 0.0
     left: bool = False  # left cleanly: not counted alive after a restart of the synchronizer
+    # the step and token total the learner reported when it left: a restarted synchronizer still
+    # knows how far a finished learner got (the job's step budget and token count depend on it)
+    step: int = 0
+    tokens: int = 0
 
 
 class LearnerRegistryRecord(BaseModel):

@@ -80,7 +80,13 @@ class LearnerRegistry:
         """Reload registered learners after a restart; each that had not left gets one heartbeat
         timeout to show up, and one that had left stays left."""
         for learner_id, rec in record.learners.items():
-            self.learners[learner_id] = Learner(record=rec, last_seen=now, state="left" if rec.left else "training")
+            self.learners[learner_id] = Learner(
+                record=rec,
+                last_seen=now,
+                state="left" if rec.left else "training",
+                step=rec.step,
+                tokens=rec.tokens,
+            )
 
     def to_record(self) -> LearnerRegistryRecord:
         return LearnerRegistryRecord(learners={lid: lr.record for lid, lr in self.learners.items()})
@@ -131,14 +137,16 @@ class LearnerRegistry:
         return increment
 
     def leave(self, learner_id: str, now: float) -> bool:
-        """Mark a learner left; True when the durable record changed (it had not left before)."""
+        """Mark a learner left and record its final step and tokens; True when the durable record
+        changed (it had not left before, or left again further on)."""
         learner = self.learners.get(learner_id)
         if learner is None:
             raise UnknownLearner(learner_id)
         learner.state, learner.last_seen = "left", now
-        if learner.record.left:
+        final = {"left": True, "step": learner.step, "tokens": learner.tokens}
+        if all(getattr(learner.record, key) == value for key, value in final.items()):
             return False
-        learner.record = learner.record.model_copy(update={"left": True})
+        learner.record = learner.record.model_copy(update=final)
         return True
 
     def alive_count(self, now: float) -> int:

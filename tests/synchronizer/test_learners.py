@@ -85,3 +85,31 @@ def test_the_step_time_ema_ignores_reports_beyond_the_bound(reported: float) -> 
     assert step_time_ema(0.5, reported) == 0.5
     assert step_time_ema(0.0, reported) == 0.0
     assert step_time_ema(0.5, MAX_STEP_TIME_S) <= MAX_STEP_TIME_S
+
+
+def test_a_finished_learner_keeps_its_final_step_and_tokens_across_a_restart() -> None:
+    """The job's step budget and token count read these: a restart must not reset them to 0."""
+    reg = LearnerRegistry(heartbeat_timeout_s=10)
+    reg.register(LearnerRecord(learner_id="a"), step=0, now=0.0)
+    reg.heartbeat("a", _hb(800), now=1.0)  # step 100
+    assert reg.leave("a", now=2.0) is True
+    assert (reg.to_record().learners["a"].step, reg.to_record().learners["a"].tokens) == (100, 800)
+
+    restarted = LearnerRegistry(heartbeat_timeout_s=10)
+    restarted.restore(reg.to_record(), now=50.0)
+    (a,) = restarted.status(51.0, versions={})
+    assert (a.state, a.step, a.tokens) == ("left", 100, 800)
+    with pytest.raises(LearnerLeft):  # it left: it must register again before it reports
+        restarted.heartbeat("a", _hb(800), now=52.0)
+
+
+def test_leaving_again_further_on_updates_the_stored_final_progress() -> None:
+    reg = LearnerRegistry(heartbeat_timeout_s=10)
+    reg.register(LearnerRecord(learner_id="a"), step=0, now=0.0)
+    reg.heartbeat("a", _hb(80), now=1.0)
+    assert reg.leave("a", now=2.0) is True
+    reg.register(LearnerRecord(learner_id="a"), step=10, now=3.0)
+    reg.heartbeat("a", _hb(160), now=4.0)
+    assert reg.leave("a", now=5.0) is True
+    assert reg.leave("a", now=6.0) is False
+    assert reg.to_record().learners["a"].step == 20
