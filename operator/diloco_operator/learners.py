@@ -54,6 +54,9 @@ def learner_env(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit) -> list[dic
         env.value("MASTER_PORT", env.DIST_PORT),
         env.value("DILOCO_HEALTH_HOST", "0.0.0.0"),
         env.value("DILOCO_HEALTH_PORT", env.HEALTH_PORT),
+        # A finished learner stays up (ready, idle) instead of exiting: the StatefulSet would restart
+        # it. The operator scales the unit down once the whole job has Succeeded.
+        env.value("DILOCO_WHEN_DONE", "wait"),
         *env.storage_env(spec),
     ]
     if unit.region:

@@ -27,6 +27,8 @@ from diloco_operator.job_status import ChaosStatus, Condition, JobStatus, Phase,
 from diloco_operator.models import DiLoCoJobSpec
 
 ACTIVE_PHASES = ("Running", "Degraded")
+# phases in which the operator scales the learner units down on purpose: units down are no loss
+STOPPED_PHASES = ("Succeeded", "Suspended")
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,7 @@ def compute_status(
     ready = sum(1 for u in units if u.ready)
     phase = choose_phase(spec, obs, ready, old.phase)
     prev = old.conditions
-    gone = gone_units(units, now, spec.unit_lost_after_seconds)
+    gone = [] if phase in STOPPED_PHASES else gone_units(units, now, spec.unit_lost_after_seconds)
     units = [u.model_copy(update={"state": "Lost"}) if u.name in gone else u for u in units]
     quorum = spec.diloco.quorum
     conditions = [
@@ -290,19 +292,22 @@ def invalid_status(message: str, old: JobStatus, now: datetime, generation: int 
 def diff_events(old: JobStatus, new: JobStatus) -> list[Event]:
     """Events for what changed between two statuses: quorum lost and regained, units gone, phase.
 
+    A job that Succeeded or is Suspended has its units scaled down on purpose: no warning for that.
+
     Units lost and rejoined are reported as they happen by ``PodWatch`` (status refreshes are
     periodic and would miss a pod that is replaced within seconds).
     """
     events: list[Event] = []
     was, now = _cond(old, "QuorumMet"), _cond(new, "QuorumMet")
-    if was == "True" and now == "False":
+    stopped = new.phase in STOPPED_PHASES  # its units are scaled down on purpose
+    if was == "True" and now == "False" and not stopped:
         events.append(Event("Warning", "QuorumLost", _msg(new, "QuorumMet")))
     elif was == "False" and now == "True" and old.phase in ACTIVE_PHASES:
         events.append(Event("Normal", "QuorumRegained", _msg(new, "QuorumMet")))
     if _cond(old, "UnitsHealthy") != "False" and _cond(new, "UnitsHealthy") == "False":
         events.append(Event("Warning", "UnitGone", _msg(new, "UnitsHealthy")))
     newly_dead = [u for u in _dead_units(new) if u not in _dead_units(old)]
-    if newly_dead:
+    if newly_dead and not stopped:
         events.append(Event("Warning", "LearnersDead",
                             f"the synchronizer reports the learners of units {', '.join(newly_dead)} dead"))
     if old.phase != new.phase and new.phase in ("Succeeded", "Suspended", "Running"):

@@ -199,3 +199,19 @@ def test_the_status_is_a_merge_patch_in_the_crds_names() -> None:
 def test_a_stored_status_that_does_not_parse_is_rebuilt() -> None:
     assert JobStatus.read({"phase": "Exploded", "units": "many"}) == JobStatus()
     assert JobStatus.read({"phase": "Running", "addedByAnotherVersion": 1}).phase == "Running"
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Suspended"])
+def test_units_scaled_down_on_purpose_raise_no_warning(phase: str) -> None:
+    """A finished or suspended job's units go down because the operator scales them to zero."""
+    extra: dict[str, Any] = {"suspend": True} if phase == "Suspended" else {"budget": {"steps": 10}}
+    job = spec(unitLostAfterSeconds=60, **extra)
+    running = compute_status(spec(), observed([2, 2, 2], sync=sync_status(steps=5)), JobStatus(), NOW)
+    stopping = compute_status(job, observed([2, 2, 2], sync=sync_status(steps=10)), running, NOW)
+    down = compute_status(job, observed([0, 0, 0], sync=sync_status(steps=10)), stopping, NOW)
+    much_later = compute_status(job, observed([0, 0, 0], sync=sync_status(steps=10)), down,
+                                NOW + timedelta(hours=1))
+    assert [s.phase for s in (stopping, down, much_later)] == [phase] * 3
+    events = [*diff_events(running, stopping), *diff_events(stopping, down), *diff_events(down, much_later)]
+    assert [(e.type, e.reason) for e in events] == [("Normal", phase)]
+    assert {u.state for u in much_later.units} == {"NotReady"}  # not Lost

@@ -10,7 +10,7 @@ import threading
 from types import FrameType
 
 from .health import Health, HealthServer
-from .settings import SettingsError, parse_settings
+from .settings import SettingsError, WhenDone, parse_settings
 
 log = logging.getLogger("diloco_worker")
 
@@ -28,6 +28,20 @@ def _install_sigterm(stop: threading.Event, grace_s: float) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def waits_when_done(when_done: WhenDone, *, stopped: bool) -> bool:
+    """Whether a learner that finished training stays up: only with ``wait``, and not when asked to stop."""
+    return when_done == "wait" and not stopped
+
+
+def wait_until_stopped(stop: threading.Event, health: Health, beat_every_s: float = 5.0) -> None:
+    """Stay up, healthy and ready, until stopped: under a StatefulSet (restartPolicy Always) an exit
+    would be restarted. The operator scales the unit down once the whole job is done."""
+    log.info("training finished; waiting to be stopped")
+    health.beat("finished")
+    while not stop.wait(beat_every_s):
+        health.beat("finished")
 
 
 def main(argv: list[str]) -> int:
@@ -61,7 +75,10 @@ def main(argv: list[str]) -> int:
     _install_sigterm(stop, settings.shutdown_timeout_s + 30.0)
     log.info("settings: %s", settings.model_dump_json(exclude={"token"}))
     try:
-        return run_learner(settings, os.environ, stop, health)
+        code = run_learner(settings, os.environ, stop, health)
+        if code == 0 and waits_when_done(settings.when_done, stopped=stop.is_set()):
+            wait_until_stopped(stop, health)
+        return code
     except FatalSyncError as exc:
         log.error("%s", exc)
         return 3

@@ -40,6 +40,10 @@ def probe_answer(path: str, *, beat_age_s: float, stale_after_s: float, ready: b
     return Answer(404, {"error": f"no such path {route!r}; try /healthz or /readyz"})
 
 
+# a learner that finished training and waits to be stopped is where it should be: still ready
+READY_PHASES = frozenset({"training", "blocked", "finished"})
+
+
 class Health:
     """Beats from the learner, read by the probe handler (thread-safe)."""
 
@@ -52,7 +56,7 @@ class Health:
         self._phase = "starting"
 
     def beat(self, phase: str | None = None) -> None:
-        """The learner is making progress (``phase``: starting, training, blocked, leaving)."""
+        """The learner is making progress (``phase``: starting, training, blocked, leaving, finished)."""
         with self._lock:
             self._last = self._clock()
             if phase is not None:
@@ -66,7 +70,7 @@ class Health:
     def answer(self, path: str) -> Answer:
         with self._lock:
             age, phase = self._clock() - self._last, self._phase
-        ready = phase in ("training", "blocked")
+        ready = phase in READY_PHASES
         return probe_answer(
             path, beat_age_s=max(0.0, age), stale_after_s=self.stale_after_s, ready=ready, phase=phase
         )

@@ -218,6 +218,10 @@ class DiLoCoSession:
                 versions=self.fs.versions(),
                 on_unknown_learner=self._reregister,
             )
+            # a resumed learner reports where its checkpoint left it from the first heartbeat on (one
+            # that resumed at the end of training leaves before it steps: it reports nothing else)
+            self.comm.progress.step, self.comm.progress.tokens = state.step, state.tokens
+            self.comm.progress.eval_loss = state.eval_loss
             self.comm.start()
 
     def _reregister(self, shard: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from diloco_core.auth import learner_token
 from diloco_core.config import PLAN_FIELDS, DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
@@ -29,7 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .data import DEFAULT_MAX_BYTES
 
-__all__ = ["FLAGS", "SettingsError", "WorkerSettings", "build_parser", "parse_settings"]
+__all__ = ["FLAGS", "SettingsError", "WhenDone", "WorkerSettings", "build_parser", "parse_settings"]
+
+WhenDone = Literal["exit", "wait"]
 
 
 class WorkerSettings(BaseModel):
@@ -81,6 +83,11 @@ class WorkerSettings(BaseModel):
     health_host: str = Field("0.0.0.0", description="address of the health endpoint")
     health_stale_s: Annotated[float, Cli("health-stale-after")] = Field(
         120.0, gt=0.0, description="/healthz fails once the loop is this quiet"
+    )
+    when_done: WhenDone = Field(
+        "exit",
+        description="after training to the end: 'exit' (code 0), or 'wait' until stopped (a pod that "
+        "must not be restarted, under a StatefulSet)",
     )
 
     @model_validator(mode="after")
