@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler), kwok and helm from the Go module proxy, version-pinned, into a cache
-# outside the checkout. Each binary is skipped when it is already cached.
+# kube-scheduler), a real node's components (kubelet, kube-proxy, CoreDNS, the pause program),
+# kubectl, kwok and helm from the Go module proxy (pause from scripts/node/pause.c), version-pinned,
+# into a cache outside the checkout. Each binary is skipped when it is already cached.
 #
 #   scripts/build-test-binaries.sh            # builds what is missing, prints the folder
 #   DILOCO_BIN_CACHE=/some/dir scripts/...    # choose the cache folder
@@ -11,6 +12,7 @@ K8S_VERSION="${K8S_VERSION:-v1.34.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
 
 CACHE="${DILOCO_BIN_CACHE:-$HOME/.cache/diloco/bin/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-kwok-${KWOK_VERSION}-helm-${HELM_VERSION}}"
 mkdir -p "$CACHE"
@@ -21,16 +23,30 @@ export GOCACHE="${GOCACHE:-$HOME/.cache/diloco/gobuild}"
 command -v go >/dev/null || { echo "error: Go (>= 1.24) is needed to build the test control plane; install it from https://go.dev/dl or your package manager" >&2; exit 1; }
 
 log() { echo "[build-test-binaries] $*" >&2; }
+root="$(cd "$(dirname "$0")/.." && pwd)"
 have() { [ -x "$CACHE/$1" ]; }
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
+# binary -> the package of k8s.io/kubernetes/cmd/<binary>/app and how its main builds the command
+K8S_BINARIES="${K8S_BINARIES:-kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl}"
+k8s_main() {
+  case "$1" in
+    kube-apiserver) echo 'k8s.io/kubernetes/cmd/kube-apiserver/app|os.Exit(cli.Run(app.NewAPIServerCommand()))' ;;
+    kube-controller-manager) echo 'k8s.io/kubernetes/cmd/kube-controller-manager/app|os.Exit(cli.Run(app.NewControllerManagerCommand()))' ;;
+    kube-scheduler) echo 'k8s.io/kubernetes/cmd/kube-scheduler/app|os.Exit(cli.Run(app.NewSchedulerCommand()))' ;;
+    kubelet) echo 'k8s.io/kubernetes/cmd/kubelet/app|os.Exit(cli.Run(app.NewKubeletCommand(context.Background())))' ;;
+    kube-proxy) echo 'k8s.io/kubernetes/cmd/kube-proxy/app|os.Exit(cli.Run(app.NewProxyCommand()))' ;;
+    kubectl) echo 'k8s.io/kubectl/pkg/cmd|if err := cli.RunNoErrOutput(app.NewDefaultKubectlCommand()); err != nil { fmt.Fprintln(os.Stderr, "error:", err); os.Exit(1) }' ;;
+  esac
+}
+
 build_k8s() {
   local missing=()
-  for b in kube-apiserver kube-controller-manager kube-scheduler; do have "$b" || missing+=("$b"); done
+  for b in $K8S_BINARIES; do have "$b" || missing+=("$b"); done
   [ ${#missing[@]} -eq 0 ] && return 0
-  log "building ${missing[*]} ${K8S_VERSION} (cold: 10-25 minutes)"
+  log "building ${missing[*]} ${K8S_VERSION} (cold: 10-25 minutes for the control plane, a few more for the rest)"
   local mod="$work/k8s"
   mkdir -p "$mod"
   local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
@@ -48,25 +64,27 @@ GOMOD
   for s in $(grep -oE '^\s*k8s.io/[a-z0-9-]+ => ./staging/src/' "$kdir/go.mod" | awk '{print $1}'); do
     go mod edit -replace="$s=$s@${staging}"
   done
-  for b in kube-apiserver kube-controller-manager kube-scheduler; do
-    local fn
-    case "$b" in
-      kube-apiserver) fn="NewAPIServerCommand()" ;;
-      kube-controller-manager) fn="NewControllerManagerCommand()" ;;
-      kube-scheduler) fn="NewSchedulerCommand()" ;;
-    esac
+  for b in $K8S_BINARIES; do
+    local spec pkg call
+    spec="$(k8s_main "$b")"; pkg="${spec%%|*}"; call="${spec#*|}"
     mkdir -p "cmd/$b"
     cat > "cmd/$b/main.go" <<GO
 package main
 
 import (
+	"context"
+	"fmt"
 	"os"
 
 	"k8s.io/component-base/cli"
-	"k8s.io/kubernetes/cmd/$b/app"
+	_ "k8s.io/client-go/plugin/pkg/client/auth"
+	app "$pkg"
 )
 
-func main() { os.Exit(cli.Run(app.$fn)) }
+var _ = context.Background
+var _ = fmt.Sprint
+
+func main() { $call }
 GO
   done
   go mod tidy >/dev/null 2>&1 || go mod tidy
@@ -75,6 +93,25 @@ GO
     log "go build $b"
     go build -p 2 -trimpath -ldflags "$ld" -o "$CACHE/$b.tmp" "./cmd/$b" && mv "$CACHE/$b.tmp" "$CACHE/$b"
   done)
+}
+
+build_coredns() {
+  [ -x "$CACHE/coredns" ] && [ "$(cat "$CACHE/coredns.version" 2>/dev/null)" = "$COREDNS_VERSION" ] && return 0
+  log "building coredns ${COREDNS_VERSION}"
+  GOBIN="$work/corednsbin" go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@${COREDNS_VERSION}"
+  mv "$work/corednsbin/coredns" "$CACHE/coredns"
+  echo "$COREDNS_VERSION" > "$CACHE/coredns.version"
+}
+
+build_pause() {
+  # the sandbox process of every pod: a static program, so the pause image needs no base
+  local src="$root/scripts/node/pause.c" sum
+  sum="$(sha256sum "$src" | cut -c1-16)"
+  [ -x "$CACHE/pause" ] && [ "$(cat "$CACHE/pause.version" 2>/dev/null)" = "$sum" ] && return 0
+  command -v cc >/dev/null || { echo "error: a C compiler (cc) is needed to build the pause program" >&2; exit 1; }
+  log "building pause"
+  cc -Os -static -Wall -Werror -o "$CACHE/pause.tmp" "$src" && strip "$CACHE/pause.tmp" && mv "$CACHE/pause.tmp" "$CACHE/pause"
+  echo "$sum" > "$CACHE/pause.version"
 }
 
 build_etcd() {
@@ -124,6 +161,8 @@ build_helm() {
 build_etcd
 build_kwok
 build_helm
+build_pause
+build_coredns
 build_k8s
 ln -sfn "$CACHE" "$HOME/.cache/diloco/bin/current"
 log "binaries ready in $CACHE"

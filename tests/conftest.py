@@ -8,6 +8,9 @@
 - `namespace` (function): a fresh namespace in that cluster, deleted after the test.
 - `s3` (session): SeaweedFS with an access/secret key; `s3_server_factory` (function): a callable
   that starts a dedicated server which the test may `.stop()` and `.start()` again.
+- `real_node` (session): a real node (containerd, kubelet, kube-proxy, CoreDNS; tests/support/node.py)
+  joined to the control plane of `kube`, with the images of scripts/build-test-images.sh (named by
+  $DILOCO_TEST_IMAGES) imported; None with DILOCO_TEST_KUBECONFIG, whose cluster has nodes of its own.
 
 A missing binary or a server that cannot start FAILS the test with what to install or run;
 outside CI, DILOCO_TEST_SKIP_MISSING=1 turns that into a skip with the same message.
@@ -31,7 +34,8 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:  # `tests.support` must import however pytest was started
     sys.path.insert(0, str(_ROOT))
 
-from tests.support.kube import Cluster, connect_cluster  # noqa: E402
+from tests.support.kube import Cluster, ControlPlane, connect_cluster  # noqa: E402
+from tests.support.node import RealNode, load_image_set  # noqa: E402
 from tests.support.s3 import S3Server  # noqa: E402
 
 
@@ -64,6 +68,24 @@ def kube(test_logs_dir: Path) -> Iterator[Cluster]:
         else:
             os.environ["KUBECONFIG"] = previous
         cluster.close()
+
+
+@pytest.fixture(scope="session")
+def real_node(kube: Cluster, test_logs_dir: Path) -> Iterator[RealNode | None]:
+    if not isinstance(kube, ControlPlane):
+        yield None
+        return
+    assert kube.pki is not None
+    with kube.api_client() as api:
+        node = RealNode(
+            test_logs_dir / "node", apiserver_port=kube.ports["apiserver"], ca_cert=kube.pki.ca_cert,
+            token=kube.token, api=api, images=load_image_set(os.environ.get("DILOCO_TEST_IMAGES")),
+        )  # fmt: skip
+        node.start()
+        try:
+            yield node
+        finally:
+            node.close()
 
 
 @pytest.fixture

@@ -120,7 +120,9 @@ def parse(text: str) -> Dockerfile:
                     f"line {number}: only ARG may come before the first FROM, not {keyword}"
                 )
             name, _, default = arguments.strip().partition("=")
-            global_args[name] = default or None
+            # a default may name the ARGs declared before it
+            known = {k: v for k, v in global_args.items() if v is not None}
+            global_args[name] = substitute(default, known) if default else None
         else:
             stages[-1].instructions.append(instruction)
     if not stages:

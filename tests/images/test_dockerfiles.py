@@ -56,8 +56,12 @@ def _pyproject() -> dict:
 
 
 def _env_of(stage_instructions: list[Instruction]) -> dict[str, str]:
+    """What a RUN of the stage sees in its environment: ENV values and ARG defaults."""
     env: dict[str, str] = {}
     for instruction in stage_instructions:
+        if instruction.keyword == "ARG":
+            key, _, value = instruction.arguments.partition("=")
+            env[key] = value
         if instruction.keyword == "ENV":
             for word in shlex.split(instruction.arguments):
                 key, _, value = word.partition("=")
@@ -72,8 +76,13 @@ def image(request: pytest.FixtureRequest) -> str:
 
 def _install_step(image: str) -> PipInstall:
     """The build stage's one `pip install` of the project."""
+    stage = _read(image).stage("build")
+    args = _env_of(stage.instructions)  # the stage's ARG defaults: what a build without --build-arg gets
     installs = [
-        p for i in _read(image).stage("build").instructions if i.keyword == "RUN" for p in pip_installs(i)
+        p
+        for i in stage.instructions
+        if i.keyword == "RUN"
+        for p in pip_installs(Instruction(i.line, i.keyword, substitute(i.arguments, args)))
     ]
     project = [p for p in installs if any(t.startswith(".[") for t in p.targets)]
     assert len(project) == 1, installs
@@ -307,7 +316,7 @@ def test_install_step_is_held_to_the_image_constraints_file_copied_before_it(ima
     assert in_image in copied, f"{image}: {constraints[0]} is not copied before line {install.line}"
     assert copied[in_image] == ROOT / CONSTRAINTS[image]
     # pip itself, installed before the project, is pinned on its own line
-    pips = [p for i in stage.instructions if i.keyword == "RUN" for p in pip_installs(i) if p != install]
+    pips = [p for i in stage.instructions if i.keyword == "RUN" for p in pip_installs(i) if p.line != install.line]
     assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][A-Za-z0-9.]*", t) for p in pips for t in p.targets), pips
 
 

@@ -112,6 +112,7 @@ class ControlPlane(Cluster):
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))
         self.token = secrets.token_hex(16)
         self.processes: list[ManagedProcess] = []
+        self.pki: Pki | None = None
 
     @property
     def url(self) -> str:
@@ -121,7 +122,7 @@ class ControlPlane(Cluster):
         self.workdir.mkdir(parents=True, exist_ok=True)
         print(f"[kube] starting a control plane in {self.workdir} (logs: {self.workdir}/*.log)")
         try:
-            pki = make_pki(self.workdir / "pki")
+            pki = self.pki = make_pki(self.workdir / "pki")
             self._write_kubeconfig(pki)
             self._start_etcd()
             self._start_apiserver(pki)
@@ -190,8 +191,15 @@ class ControlPlane(Cluster):
             f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
             f"--token-auth-file={self.workdir / 'tokens.csv'}",
             "--authorization-mode=RBAC", "--allow-privileged=true",
-            "--disable-admission-plugins=ServiceAccount", "--enable-priority-and-fairness=false",
-            "--profiling=false",
+            # PodNodeSelector and PodTolerationRestriction: a namespace's annotations place its pods
+            # (a real node's tests); the `kubernetes` Service's endpoint is written by a real node
+            # (it reaches the apiserver through a relay, not at this loopback address)
+            "--enable-admission-plugins=PodNodeSelector,PodTolerationRestriction",
+            # a real node's kubelet (logs, exec) is reached at its address, as the apiserver's client
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={pki.kubelet_client_cert}", f"--kubelet-client-key={pki.kubelet_client_key}",
+            "--endpoint-reconciler-type=none",
+            "--enable-priority-and-fairness=false", "--profiling=false",
         ])  # fmt: skip
         headers = {"Authorization": f"Bearer {self.token}"}
         trusted = ssl.create_default_context(cafile=str(pki.ca_cert))
