@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-unit lint typecheck venv binaries system test-kind clean
+.PHONY: run test test-unit lint typecheck venv binaries images system test-kind cluster clean
 
 # The images' constraint files pin the development environment too, so tests see the versions the
 # images ship (dev-only tools such as pytest are not in them and take pyproject's ranges).
@@ -23,6 +23,10 @@ venv: $(STAMP)
 
 binaries:
 	scripts/build-test-binaries.sh
+
+# the images the end-to-end tests run as pods (cached by content hash in ~/.cache/diloco/images)
+images: $(STAMP) binaries
+	scripts/build-test-images.sh
 
 system:
 	scripts/setup-system.sh
@@ -41,7 +45,13 @@ test-unit: $(STAMP)
 	$(PY) -m pytest -m "not integration and not slow" -q $(PYTEST_ARGS)
 
 test: $(STAMP) system binaries lint typecheck
-	DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh)" $(PY) -m pytest -q $(PYTEST_ARGS)
+	export DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh)" && \
+	DILOCO_TEST_IMAGES="$$(scripts/build-test-images.sh)" $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# A real local cluster (control plane + one real node, images loaded) until Ctrl-C; prints a kubeconfig.
+cluster: $(STAMP) system
+	export DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh)" && \
+	$(PY) scripts/local-cluster.py --images "$$(scripts/build-test-images.sh)" $(CLUSTER_ARGS)
 
 test-kind: $(STAMP)
 	scripts/test-kind.sh

@@ -66,11 +66,13 @@ save_image() {  # ref archive
   podman_cmd save --format docker-archive -o "$2.tmp" "$1" && mv "$2.tmp" "$2"
 }
 
-# make_base NAME SUITE PACKAGES: a Debian minbase with PACKAGES, imported as diloco.local/NAME:<hash>.
-# Sets base_ref (its reference) and base_key (its hash).
+# make_base NAME SUITE PACKAGES [ENV=VALUE ...]: a Debian minbase with PACKAGES (and the environment
+# variables given), imported as diloco.local/NAME:<hash>. Sets base_ref (its reference) and base_key.
 make_base() {
-  local name="$1" suite="$2" packages="$3" rootfs archive
-  base_key="$(echo "mmdebstrap minbase $suite $packages v1" | hash_of)"
+  local name="$1" suite="$2" packages="$3" rootfs archive changes=() var
+  shift 3
+  for var in "$@"; do changes+=(--change "ENV $var"); done
+  base_key="$(echo "mmdebstrap minbase $suite $packages v1 $*" | hash_of)"
   base_ref="diloco.local/$name:$base_key"
   rootfs="$CACHE/$name-$base_key.rootfs.tar"
   archive="$CACHE/$name-$base_key.tar"
@@ -86,7 +88,7 @@ make_base() {
       mv "$rootfs.tmp" "$rootfs"
     fi
     podman_cmd import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-      --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "$rootfs" "$base_ref" >/dev/null
+      --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "${changes[@]}" "$rootfs" "$base_ref" >/dev/null
     save_image "$base_ref" "$archive"
     rm -f "$rootfs"
   fi
@@ -156,7 +158,8 @@ build_project_image sync Dockerfile.sync
 # The learner image on a base that brings PyTorch's CPU build (Debian's): PyPI's PyTorch for Linux
 # carries about 5 GB of CUDA libraries, which a CPU-only test run never loads and which would make the
 # image several times larger than everything else the tests use (see docs/images.md).
-make_base base-torch trixie python3,python3-venv,python-is-python3,ca-certificates,python3-torch
+# Debian builds PyTorch without libuv: its TCPStore (the rendezvous of a unit's processes) must not ask for it.
+make_base base-torch trixie python3,python3-venv,python-is-python3,ca-certificates,python3-torch USE_LIBUV=0
 build_project_image worker Dockerfile.worker --build-arg WORKER_EXTRA=worker-base-torch \
   --build-arg VENV_OPTIONS=--system-site-packages
 set_key="$(printf '%s\n' "${entries[@]}" | hash_of)"

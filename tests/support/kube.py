@@ -100,14 +100,13 @@ class ControlPlane(Cluster):
 
     has_kwok = True
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, with_kwok: bool = True) -> None:
         super().__init__(workdir / "kubeconfig.yaml")
         self.workdir = workdir
         self.bin_dir = bin_dir()
-        self.binaries = {
-            name: require_binary(name)
-            for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-        }
+        self.has_kwok = with_kwok
+        names = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler") + (("kwok",) * with_kwok)
+        self.binaries = {name: require_binary(name) for name in names}
         names = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "scheduler")
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))
         self.token = secrets.token_hex(16)
@@ -127,11 +126,12 @@ class ControlPlane(Cluster):
             self._start_etcd()
             self._start_apiserver(pki)
             self._start_components(pki)
-            self._create_nodes()
+            if self.has_kwok:
+                self._create_nodes()
         except BaseException:
             self.close()
             raise
-        print(f"[kube] control plane ready at {self.url}, nodes {', '.join(self.node_names)}")
+        print(f"[kube] control plane ready at {self.url}, nodes {', '.join(self.node_names) or '(none yet)'}")
 
     def close(self) -> None:
         stop_all(self.processes)
@@ -225,12 +225,13 @@ class ControlPlane(Cluster):
         sched = self._spawn("kube-scheduler", [
             *common, f"--secure-port={self.ports['scheduler']}", f"--cert-dir={self.workdir / 'scheduler-certs'}",
         ])  # fmt: skip
-        stages = kwok.write_config(bin_dir() / "kwok-stages", self.workdir / "kwok.yaml")
-        self._spawn("kwok", [
-            f"--kubeconfig={self.kubeconfig}", f"--config={stages}", "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={kwok.NODE_SELECTOR}",
-            "--cidr=10.244.0.1/16", "--node-lease-duration-seconds=40",
-        ])  # fmt: skip
+        if self.has_kwok:
+            stages = kwok.write_config(bin_dir() / "kwok-stages", self.workdir / "kwok.yaml")
+            self._spawn("kwok", [
+                f"--kubeconfig={self.kubeconfig}", f"--config={stages}", "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={kwok.NODE_SELECTOR}",
+                "--cidr=10.244.0.1/16", "--node-lease-duration-seconds=40",
+            ])  # fmt: skip
         for proc, port in ((cm, self.ports["controller_manager"]), (sched, self.ports["scheduler"])):
             url = f"https://{LOOPBACK}:{port}/healthz"
             self._await(

@@ -207,7 +207,7 @@ def sweep(inst: Instance) -> None:
     if Path(f"/sys/class/net/{inst.host_if}").exists():
         _run("ip", "link", "delete", inst.host_if, check=False)
     shutil.rmtree(inst.cache_dir / "kubelet", ignore_errors=True)
-    for name in ("containerd-state", "cni", "config", "kubelet-pki"):
+    for name in ("containerd-state", "cni", "config", "kubelet-pki", "netns"):
         shutil.rmtree(inst.state_dir / name, ignore_errors=True)
 
 
@@ -458,6 +458,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{pause}"
   restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
   disable_apparmor = true
   enable_selinux = false
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -479,7 +480,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         assert self.inst is not None
-        return _run("ctr", "--address", str(self.inst.socket), "--namespace", "k8s.io", *args, check=check)
+        return _run("ctr", "--address", str(self.inst.socket), "--namespace", "k8s.io", *args, check=check,
+                    quiet=not check)  # fmt: skip
 
     def _start_containerd(self) -> None:
         assert self.inst is not None

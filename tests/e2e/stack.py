@@ -1,0 +1,212 @@
+"""The product installed as a user would: SeaweedFS as the S3 server, the operator from the Helm
+chart, a storage Secret and bucket, and a way to ask a job's synchronizer and the cluster what
+they report (``kubectl get dilocojobs`` included)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+from diloco_core.auth import learner_token
+from diloco_core.codec import decode
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+from tests.e2e.cluster import E2ECluster, pod_logs, wait_pod_phase
+from tests.support.prereq import require_binary
+from tests.support.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "diloco"
+STORAGE_NAMESPACE = "storage"  # where examples/ expect SeaweedFS: http://seaweedfs.storage.svc:8333
+S3_PORT = 8333
+BUCKET = "diloco"
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    access_key: str
+    secret_key: str
+
+
+def run_tool(name: str, *args: str, env: dict[str, str], timeout: float = 300) -> str:
+    """Run kubectl or helm (the builds of scripts/build-test-binaries.sh); fail with its output."""
+    done = subprocess.run([str(require_binary(name)), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, check=False)  # fmt: skip
+    assert done.returncode == 0, f"{name} {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def deploy_seaweedfs(e2e: E2ECluster, api: k8s.ApiClient) -> S3Credentials:
+    """SeaweedFS (`weed mini`) as a Deployment and Service ``seaweedfs`` in namespace ``storage``,
+    with one identity whose keys are returned."""
+    creds = S3Credentials("AK" + secrets.token_hex(8).upper(), secrets.token_urlsafe(30))
+    ns = e2e.new_namespace("storage", name=STORAGE_NAMESPACE)
+    identities = {"identities": [{"name": "admin", "credentials": [
+        {"accessKey": creds.access_key, "secretKey": creds.secret_key}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}  # fmt: skip
+    core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
+    core.create_namespaced_secret(ns, {"metadata": {"name": "seaweedfs-identities"},
+                                       "stringData": {"identities.json": json.dumps(identities)}})  # fmt: skip
+    labels = {"app": "seaweedfs"}
+    container = {
+        "name": "seaweedfs", "image": e2e.images["seaweedfs"], "imagePullPolicy": "IfNotPresent",
+        "args": ["mini", "-dir=/data", "-ip=$(POD_IP)", "-ip.bind=0.0.0.0", f"-s3.port={S3_PORT}",
+                 "-s3.config=/etc/seaweedfs/identities.json", "-webdav=false", "-admin.ui=false",
+                 "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-s3.port.iceberg=0", "-s3.port.lance=0"],
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "ports": [{"name": "s3", "containerPort": S3_PORT}],
+        "readinessProbe": {"tcpSocket": {"port": S3_PORT}, "periodSeconds": 2},
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"},
+                         {"name": "identities", "mountPath": "/etc/seaweedfs", "readOnly": True}],
+    }  # fmt: skip
+    apps.create_namespaced_deployment(ns, {
+        "metadata": {"name": "seaweedfs", "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"containers": [container], "securityContext": {"runAsUser": 65535, "fsGroup": 65535},
+                     "volumes": [{"name": "data", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
+                                 {"name": "identities", "secret": {"secretName": "seaweedfs-identities"}}]}}},
+    })  # fmt: skip
+    core.create_namespaced_service(ns, {
+        "metadata": {"name": "seaweedfs"},
+        "spec": {"selector": labels, "ports": [{"name": "s3", "port": S3_PORT, "targetPort": "s3"}]},
+    })
+    wait_for(lambda: (apps.read_namespaced_deployment(name="seaweedfs", namespace=ns).status.ready_replicas or 0) >= 1,
+             timeout=180, what="SeaweedFS ready", interval=1)  # fmt: skip
+    return creds
+
+
+def storage_secret_and_bucket(e2e: E2ECluster, api: k8s.ApiClient, ns: str, creds: S3Credentials) -> None:
+    """The Secret ``diloco-s3`` the examples name, and the bucket, created from a pod with those keys."""
+    core = k8s.CoreV1Api(api)
+    core.create_namespaced_secret(ns, {"metadata": {"name": "diloco-s3"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}})  # fmt: skip
+    script = (
+        "import boto3, botocore.exceptions as e, time\n"
+        f"s3 = boto3.client('s3', endpoint_url='http://seaweedfs.{STORAGE_NAMESPACE}.svc:{S3_PORT}', region_name='us-east-1')\n"
+        "for attempt in range(60):\n"
+        "    try:\n"
+        f"        s3.create_bucket(Bucket='{BUCKET}'); break\n"
+        "    except e.ClientError as exc:\n"
+        "        if 'BucketAlreadyOwnedByYou' in str(exc) or 'BucketAlreadyExists' in str(exc): break\n"
+        "        time.sleep(2)\n"
+        "    except e.BotoCoreError:\n"
+        "        time.sleep(2)\n"
+        f"print(s3.head_bucket(Bucket='{BUCKET}')['ResponseMetadata']['HTTPStatusCode'])\n"
+    )
+    env = [{"name": k, "valueFrom": {"secretKeyRef": {"name": "diloco-s3", "key": k}}}
+           for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]  # fmt: skip
+    core.create_namespaced_pod(ns, {
+        "metadata": {"name": "make-bucket"},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "make-bucket", "image": e2e.images["sync"], "imagePullPolicy": "IfNotPresent",
+            "command": ["python", "-c", script], "env": env}]},
+    })  # fmt: skip
+    pod = wait_pod_phase(core, ns, "make-bucket", ("Succeeded", "Failed"), timeout=240)
+    logs = pod_logs(core, ns, "make-bucket")
+    assert pod.status.phase == "Succeeded", logs
+    assert "200" in logs, logs
+    core.delete_namespaced_pod("make-bucket", ns)
+
+
+def helm_install_operator(e2e: E2ECluster, tmp: Path, watch: list[str]) -> str:
+    """The chart, installed with the test images; the operator runs as a pod. Returns its namespace."""
+    ns = e2e.new_namespace("system")
+    repository, _, tag = e2e.images["sync"].rpartition(":")
+    values = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
+        "watchNamespaces": watch,
+        "operator": {"resyncSeconds": 5, "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}}},
+    }
+    path = tmp / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    run_tool("helm", "install", "diloco", str(CHART), "--namespace", ns, "--values", str(path), "--wait",
+             "--timeout", "5m", env=e2e.kube.env())  # fmt: skip
+    return ns
+
+
+def helm_uninstall(e2e: E2ECluster, ns: str) -> None:
+    run_tool("helm", "uninstall", "diloco", "--namespace", ns, "--wait", env=e2e.kube.env())
+
+
+def printed_columns(e2e: E2ECluster, ns: str, name: str) -> dict[str, str]:
+    """What `kubectl get dilocojobs NAME` prints, column by column."""
+    out = run_tool("kubectl", "get", "dilocojobs", name, "-n", ns, env=e2e.kube.env(), timeout=60)
+    header, row = out.rstrip("\n").splitlines()[:2]
+    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+    bounds = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, bounds, strict=True)}
+
+
+class Synchronizer:
+    """A job's synchronizer, asked at its pod's address (the real node routes the pod subnet here)."""
+
+    def __init__(self, api: k8s.ApiClient, ns: str, job: str) -> None:
+        self.core, self.ns, self.job = k8s.CoreV1Api(api), ns, job
+
+    def url(self) -> str:
+        pods = self.core.list_namespaced_pod(self.ns, label_selector=f"diloco.dev/job={self.job},"
+                                             "app.kubernetes.io/component=synchronizer").items  # fmt: skip
+        running = [p for p in pods if p.status.phase == "Running" and p.status.pod_ip
+                   and not p.metadata.deletion_timestamp]  # fmt: skip
+        assert running, "no running synchronizer pod"
+        return f"http://{running[0].status.pod_ip}:8080"
+
+    def status(self) -> dict[str, Any]:
+        response = httpx.get(f"{self.url()}/v1/status", timeout=10)
+        response.raise_for_status()
+        data: dict[str, Any] = response.json()
+        return data
+
+    def versions(self) -> dict[int, int]:
+        return {f["fragment"]: f["version"] for f in self.status()["fragments"]}
+
+    def global_params(self) -> dict[str, np.ndarray]:
+        secret = self.core.read_namespaced_secret(f"{self.job}-secret", self.ns).data["job-secret"]
+        import base64
+
+        job_secret = base64.b64decode(secret).decode()
+        headers = {"Authorization": f"Bearer {learner_token(job_secret, 'e2e-observer')}",
+                   "X-DiLoCo-Learner": "e2e-observer"}  # fmt: skip
+        out: dict[str, np.ndarray] = {}
+        base = self.url()
+        for p in self.versions():
+            r = httpx.get(f"{base}/v1/fragments/{p}", params={"newer_than": -1, "wait": 0}, headers=headers,
+                          timeout=30)  # fmt: skip
+            assert r.status_code == 200, r.text
+            out.update(decode(r.content).tensors)
+        return out
+
+
+def job_status(api: k8s.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    obj = k8s.CustomObjectsApi(api).get_namespaced_custom_object("diloco.dev", "v1alpha1", ns, "dilocojobs", name)
+    return dict(obj.get("status") or {})
+
+
+def warning_events(api: k8s.ApiClient, ns: str) -> list[str]:
+    events = k8s.EventsV1Api(api).list_namespaced_event(ns).items
+    return [f"{e.reason}: {e.note}" for e in events if e.type == "Warning"]
+
+
+def restarts(api: k8s.ApiClient, ns: str) -> dict[str, int]:
+    pods = k8s.CoreV1Api(api).list_namespaced_pod(ns).items
+    return {p.metadata.name: sum(c.restart_count for c in p.status.container_statuses or []) for p in pods}
+
+
+def exists(fn: Any, *args: Any) -> bool:
+    try:
+        fn(*args)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
