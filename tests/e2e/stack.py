@@ -192,9 +192,12 @@ def job_status(api: k8s.ApiClient, ns: str, name: str) -> dict[str, Any]:
     return dict(obj.get("status") or {})
 
 
-def warning_events(api: k8s.ApiClient, ns: str) -> list[str]:
-    events = k8s.EventsV1Api(api).list_namespaced_event(ns).items
-    return [f"{e.reason}: {e.note}" for e in events if e.type == "Warning"]
+def warning_events(api: k8s.ApiClient, ns: str, kind: str = "DiLoCoJob") -> list[str]:
+    """The Warning events about objects of ``kind`` (the operator's, on its jobs). The kubelet's own
+    (a readiness probe failing while a pod starts, say) are not the job's business."""
+    events = k8s.CoreV1Api(api).list_namespaced_event(ns).items  # events.k8s.io ones included
+    return [f"{e.involved_object.kind}/{e.involved_object.name} {e.reason}: {e.message}"
+            for e in events if e.type == "Warning" and e.involved_object.kind == kind]  # fmt: skip
 
 
 def restarts(api: k8s.ApiClient, ns: str) -> dict[str, int]:

@@ -3,8 +3,6 @@ reaches the apiserver as the `kubernetes` Service with its ServiceAccount token.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from kubernetes import client as k8s
 
@@ -22,12 +20,7 @@ print(json.dumps({"address": addr, "version": json.load(urllib.request.urlopen(r
 """
 
 
-@pytest.fixture
-def api(e2e: E2ECluster) -> Iterator[k8s.ApiClient]:
-    with e2e.kube.api_client() as client:
-        yield client
-
-
+@pytest.mark.timeout(1200)  # may be the first e2e test: it also starts the node
 def test_a_pod_runs_resolves_services_and_reaches_the_apiserver(e2e: E2ECluster, api: k8s.ApiClient) -> None:
     ns = e2e.new_namespace("node")
     core = k8s.CoreV1Api(api)

@@ -28,9 +28,21 @@ def version_output(binary: str, *args: str) -> str:
     return result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("binary", ["kube-apiserver", "kube-controller-manager", "kube-scheduler"])
+@pytest.mark.parametrize("binary", ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy"])
 def test_kubernetes_binaries_report_pinned_version(binary: str) -> None:
     assert version_output(binary, "--version").strip() == f"Kubernetes {pinned('K8S_VERSION')}"
+
+
+def test_kubectl_version() -> None:
+    assert f"Client Version: {pinned('K8S_VERSION')}" in version_output("kubectl", "version", "--client")
+
+
+def test_coredns_version() -> None:
+    assert f"CoreDNS-{pinned('COREDNS_VERSION').lstrip('v')}" in version_output("coredns", "-version")
+
+
+def test_pause_program_is_built() -> None:
+    assert "pause" in version_output("pause", "-v")
 
 
 def test_etcd_version() -> None:

@@ -1,0 +1,100 @@
+"""The jobs of examples/, applied as a user would: with `kubectl apply`, only the images overridden
+(spec.images, the way docs/images.md says) and, where an example names a storage or synchronizer
+outside this cluster, those pointed at the ones here. Their learner units ask for GPUs or regions
+this node does not have, so their learners stay Pending: what is checked is that the API takes the
+jobs, the operator builds every child, and each synchronizer starts on the example's own settings
+and reports to its job."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from tests.e2e.cluster import E2ECluster
+from tests.e2e.stack import BUCKET, STORAGE_NAMESPACE, job_status, run_tool
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+LOCAL_S3 = f"http://seaweedfs.{STORAGE_NAMESPACE}.svc:8333"
+
+
+def _with_test_images(e2e: E2ECluster, job: dict[str, Any]) -> dict[str, Any]:
+    job["spec"]["images"] = {"worker": e2e.images["worker"], "synchronizer": e2e.images["sync"],
+                             "pullPolicy": "IfNotPresent"}  # fmt: skip
+    return job
+
+
+def _condition(status: dict[str, Any], ctype: str) -> str | None:
+    return next((c["status"] for c in status.get("conditions") or [] if c["type"] == ctype), None)
+
+
+def _apply(e2e: E2ECluster, ns: str, docs: list[dict[str, Any]], tmp_path: Path) -> Path:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    run_tool("kubectl", "apply", "-n", ns, "-f", str(path), env=e2e.kube.env())
+    return path
+
+
+def _children_built(api: k8s.ApiClient, ns: str, job: dict[str, Any]) -> bool:
+    apps = k8s.AppsV1Api(api)
+    name = job["metadata"]["name"]
+    units = {f"{name}-{u['name']}" for u in job["spec"]["learnerUnits"]}
+    sets = {s.metadata.name for s in apps.list_namespaced_stateful_set(ns, label_selector=f"diloco.dev/job={name}").items}
+    return units <= sets
+
+
+@pytest.mark.timeout(1200)  # the first e2e test also starts the node, SeaweedFS and the operator
+def test_single_region_example_is_built_and_its_synchronizer_serves(
+    e2e: E2ECluster, api: k8s.ApiClient, storage_secret: str, jobs_namespace: str, operator: str, tmp_path: Path,
+) -> None:  # fmt: skip
+    (job,) = yaml.safe_load_all((EXAMPLES / "single-region.yaml").read_text())
+    assert job["spec"]["storage"]["endpoint"] == LOCAL_S3  # the example's storage is the one deployed here
+    assert job["spec"]["storage"]["credentialsSecretRef"]["name"] == storage_secret
+    path = _apply(e2e, jobs_namespace, [_with_test_images(e2e, job)], tmp_path)
+    name = job["metadata"]["name"]
+    wait_for(lambda: _children_built(api, jobs_namespace, job), timeout=120, what="the example's children")
+    status = wait_for(lambda: (s := job_status(api, jobs_namespace, name)) and _condition(s, "SynchronizerReady") == "True"
+                      and s, timeout=300, what="the example's synchronizer ready",
+                      describe=lambda: str(job_status(api, jobs_namespace, name)))  # fmt: skip
+    assert status["phase"] == "Pending", status  # its GPU units cannot run on this node
+    assert status["unitsReady"] == "0/3", status
+    run_tool("kubectl", "delete", "-n", jobs_namespace, "-f", str(path), "--wait=true", env=e2e.kube.env())
+
+
+@pytest.mark.timeout(1200)
+def test_multi_region_example_region_b_reports_region_a_synchronizer(
+    e2e: E2ECluster, api: k8s.ApiClient, storage_secret: str, jobs_namespace: str, operator: str, tmp_path: Path,
+) -> None:  # fmt: skip
+    region_a, region_b = yaml.safe_load_all((EXAMPLES / "multi-region.yaml").read_text())
+    for job in (region_a, region_b):
+        _with_test_images(e2e, job)
+        job["spec"]["storage"].update({"endpoint": LOCAL_S3, "region": "us-east-1", "bucket": BUCKET})  # here
+    core = k8s.CoreV1Api(api)
+    path = _apply(e2e, jobs_namespace, [region_a], tmp_path)
+    a = region_a["metadata"]["name"]
+    wait_for(lambda: _condition(job_status(api, jobs_namespace, a), "SynchronizerReady") == "True", timeout=300,
+             what="region A's synchronizer ready", describe=lambda: str(job_status(api, jobs_namespace, a)))  # fmt: skip
+    # as the example says: region A's job secret is copied to region B, which points at A's synchronizer
+    secret = core.read_namespaced_secret(f"{a}-secret", jobs_namespace).data["job-secret"]
+    ref = region_b["spec"]["synchronizer"]["external"]["tokenSecretRef"]
+    core.create_namespaced_secret(jobs_namespace, {"metadata": {"name": ref["name"]},
+                                                   "stringData": {ref["key"]: base64.b64decode(secret).decode()}})  # fmt: skip
+    region_b["spec"]["synchronizer"]["external"]["url"] = f"http://{a}-sync.{jobs_namespace}.svc:8080"
+    path_b = tmp_path / "b"
+    path_b.mkdir()
+    _apply(e2e, jobs_namespace, [region_b], path_b)
+    b = region_b["metadata"]["name"]
+    status = wait_for(lambda: (s := job_status(api, jobs_namespace, b)) and _condition(s, "SynchronizerReady") == "True"
+                      and s, timeout=180, what="region B reads region A's synchronizer",
+                      describe=lambda: str(job_status(api, jobs_namespace, b)))  # fmt: skip
+    assert "version" in status, status  # the global version of the whole job, from A's synchronizer
+    assert not k8s.AppsV1Api(api).list_namespaced_deployment(jobs_namespace, label_selector=f"diloco.dev/job={b}").items
+    run_tool("kubectl", "delete", "-n", jobs_namespace, "-f", str(path_b / "jobs.yaml"), "--wait=true",
+             env=e2e.kube.env())  # fmt: skip
+    run_tool("kubectl", "delete", "-n", jobs_namespace, "-f", str(path), "--wait=true", env=e2e.kube.env())
