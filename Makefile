@@ -46,7 +46,7 @@ test-unit: $(STAMP)
 
 test: $(STAMP) system binaries lint typecheck
 	export DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh)" && \
-	DILOCO_TEST_IMAGES="$$(scripts/build-test-images.sh)" $(PY) -m pytest -q $(PYTEST_ARGS)
+	DILOCO_TEST_IMAGES="$$(scripts/build-test-images.sh || echo)" $(PY) -m pytest -q $(PYTEST_ARGS)  # no images: the e2e tests say why
 
 # A real local cluster (control plane + one real node, images loaded) until Ctrl-C; prints a kubeconfig.
 cluster: $(STAMP) system

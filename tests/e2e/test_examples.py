@@ -1,9 +1,9 @@
 """The jobs of examples/, applied as a user would: with `kubectl apply`, only the images overridden
-(spec.images, the way docs/images.md says) and, where an example names a storage or synchronizer
-outside this cluster, those pointed at the ones here. Their learner units ask for GPUs or regions
-this node does not have, so their learners stay Pending: what is checked is that the API takes the
-jobs, the operator builds every child, and each synchronizer starts on the example's own settings
-and reports to its job."""
+(spec.images, the way docs/images.md says), where an example names a storage or synchronizer
+outside this cluster, those pointed at the ones here, and a synchronizer's requests cut to what
+this one small node can give. Their learner units ask for GPUs or regions this node does not have,
+so their learners stay Pending: what is checked is that the API takes the jobs, the operator builds
+every child, and each synchronizer starts on the example's own settings and reports to its job."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def test_single_region_example_is_built_and_its_synchronizer_serves(
     (job,) = yaml.safe_load_all((EXAMPLES / "single-region.yaml").read_text())
     assert job["spec"]["storage"]["endpoint"] == LOCAL_S3  # the example's storage is the one deployed here
     assert job["spec"]["storage"]["credentialsSecretRef"]["name"] == storage_secret
+    job["spec"]["synchronizer"]["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}  # 2 cores here
     path = _apply(e2e, jobs_namespace, [_with_test_images(e2e, job)], tmp_path)
     name = job["metadata"]["name"]
     wait_for(lambda: _children_built(api, jobs_namespace, job), timeout=120, what="the example's children")

@@ -24,8 +24,7 @@ from . import kwok
 from .pki import Pki, make_pki
 from .ports import LOOPBACK, free_ports
 from .prereq import bin_dir, require_binary, unavailable
-from .process import ManagedProcess, stop_all
-from .waiting import WaitTimeout, wait_for
+from .process import ManagedProcess, await_started, stop_all
 
 START_TIMEOUT = 240.0  # seconds; generous, the machine may be busy
 
@@ -144,15 +143,7 @@ class ControlPlane(Cluster):
         return proc
 
     def _await(self, proc: ManagedProcess, probe: Any, what: str) -> None:
-        def check() -> bool:
-            if not proc.running():
-                raise RuntimeError("the process exited")
-            return bool(probe())
-
-        try:
-            wait_for(check, timeout=START_TIMEOUT, what=what, interval=0.5)
-        except WaitTimeout as exc:
-            unavailable(f"the test control plane did not start: {exc}\n{proc.failure_report()}")
+        await_started(proc, probe, what=what, timeout=START_TIMEOUT, failure="the test control plane did not start")
 
     def _write_kubeconfig(self, pki: Pki) -> None:
         (self.workdir / "tokens.csv").write_text(f'{self.token},diloco-test-admin,1000,"system:masters"\n')

@@ -47,8 +47,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from .prereq import require_binary, unavailable
-from .process import ManagedProcess, stop_all
-from .waiting import WaitTimeout, wait_for
+from .process import ManagedProcess, await_started, stop_all
 
 SETUP_HINT = "run scripts/setup-system.sh as root (containerd, runc, CNI plugins, iptables, podman, mmdebstrap)"
 IMAGES_HINT = "run scripts/build-test-images.sh and set DILOCO_TEST_IMAGES to the file it prints"
@@ -604,15 +603,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self._spawn("coredns", [str(self.binaries["coredns"]), "-conf", str(corefile)], cwd=self.workdir)
 
     def _await(self, proc: ManagedProcess, probe: Any, what: str) -> None:
-        def check() -> bool:
-            if not proc.running():
-                raise RuntimeError("the process exited")
-            return bool(probe())
-
-        try:
-            wait_for(check, timeout=START_TIMEOUT, what=what, interval=0.5)
-        except WaitTimeout as exc:
-            unavailable(f"the real node did not start: {exc}\n{proc.failure_report()}")
+        await_started(proc, probe, what=what, timeout=START_TIMEOUT, failure="the real node did not start")
 
     def _await_ready(self) -> None:
         core = k8s.CoreV1Api(self.api)

@@ -7,8 +7,12 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from .prereq import unavailable
+from .waiting import WaitTimeout, wait_for
 
 _PR_SET_PDEATHSIG = 1
 
@@ -111,3 +115,18 @@ def exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def await_started(proc: ManagedProcess, probe: Callable[[], Any], *, what: str, timeout: float, failure: str) -> None:
+    """Wait until ``probe()`` holds while ``proc`` runs; otherwise fail (or skip, see prereq) with
+    ``failure``, the reason and the process's report."""
+
+    def check() -> bool:
+        if not proc.running():
+            raise RuntimeError("the process exited")
+        return bool(probe())
+
+    try:
+        wait_for(check, timeout=timeout, what=what, interval=0.5)
+    except WaitTimeout as exc:
+        unavailable(f"{failure}: {exc}\n{proc.failure_report()}")
