@@ -19,7 +19,7 @@ from tests.support.kube import Cluster
 from tests.support.node import RealNode
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def e2e(kube: Cluster, real_node: RealNode | None) -> Iterator[E2ECluster]:
     cluster = E2ECluster.connect(kube, real_node)
     try:
@@ -28,32 +28,32 @@ def e2e(kube: Cluster, real_node: RealNode | None) -> Iterator[E2ECluster]:
         cluster.delete_namespaces()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def api(e2e: E2ECluster) -> Iterator[k8s.ApiClient]:
     with e2e.kube.api_client() as client:
         yield client
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def s3_credentials(e2e: E2ECluster, api: k8s.ApiClient) -> S3Credentials:
     """SeaweedFS as a pod: Service ``seaweedfs`` in namespace ``storage``, where examples/ expect it."""
     return deploy_seaweedfs(e2e, api)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def jobs_namespace(e2e: E2ECluster) -> str:
     """The namespace of the tests' DiLoCoJobs, the one the operator watches."""
     return e2e.new_namespace("jobs")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def storage_secret(e2e: E2ECluster, api: k8s.ApiClient, s3_credentials: S3Credentials, jobs_namespace: str) -> str:
     """The Secret ``diloco-s3`` the examples name, in ``jobs_namespace``, and the bucket ``diloco``."""
     storage_secret_and_bucket(e2e, api, jobs_namespace, s3_credentials)
     return "diloco-s3"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator(e2e: E2ECluster, jobs_namespace: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The chart installed with the test images, watching ``jobs_namespace``; yields its namespace."""
     ns = helm_install_operator(e2e, tmp_path_factory.mktemp("helm"), [jobs_namespace])
