@@ -92,7 +92,8 @@ make_base() {
     save_image "$base_ref" "$archive"
     rm -f "$rootfs"
   fi
-  podman_cmd image exists "$base_ref" || podman_cmd load -q -i "$archive" >/dev/null
+  base_archive="$archive"
+  touch "$archive"
 }
 
 # pip in the build trusts the same certificate authorities as pip on this machine
@@ -108,6 +109,7 @@ build_project_image() {  # name dockerfile [--build-arg ...]
   ref="diloco.local/diloco-$name:$key"
   archive="$CACHE/$name-$key.tar"
   if [ ! -f "$archive" ]; then
+    podman_cmd image exists "$base_ref" || podman_cmd load -q -i "$base_archive" >/dev/null
     log "building $ref from $dockerfile"
     start=$(date +%s)
     podman_cmd build --quiet --format docker --pull=never --network=host \
@@ -162,6 +164,10 @@ build_project_image sync Dockerfile.sync
 make_base base-torch trixie python3,python3-venv,python-is-python3,ca-certificates,python3-torch USE_LIBUV=0
 build_project_image worker Dockerfile.worker --build-arg WORKER_EXTRA=worker-base-torch \
   --build-arg VENV_OPTIONS=--system-site-packages
+# Archives of other builds go once unused for two days (a build per change of the code: they add up);
+# those of this set are touched, so that other checkouts' recent builds stay.
+for entry in "${entries[@]}"; do touch "$(echo "$entry" | sed -E 's/.*"archive": "([^"]+)".*/\1/')"; done
+find "$CACHE" -maxdepth 1 \( -name '*.tar' -o -name 'set-*.json' \) -mtime +2 -delete
 set_key="$(printf '%s\n' "${entries[@]}" | hash_of)"
 out="$CACHE/set-$set_key.json"
 (IFS=,; printf '{%s}\n' "${entries[*]}") > "$out"

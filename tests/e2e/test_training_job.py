@@ -152,8 +152,7 @@ def test_a_job_applied_with_kubectl_trains_survives_failures_and_finishes_cleanl
 
     # the synchronizer killed: it comes back with every committed version, and rounds go on
     before_kill = watch.sync.versions()
-    sync_pod = k8s.CoreV1Api(api).list_namespaced_pod(
-        ns, label_selector=f"diloco.dev/job={JOB},app.kubernetes.io/component=synchronizer").items[0]  # fmt: skip
+    sync_pod = _sync_pod(api, ns)
     k8s.CoreV1Api(api).delete_namespaced_pod(sync_pod.metadata.name, ns, grace_period_seconds=0)
     watch.until("a new synchronizer serves", lambda: _serves_again(watch.sync, sync_pod.status.pod_ip))
     after_kill = watch.sync.versions()
@@ -203,6 +202,19 @@ def test_a_job_applied_with_kubectl_trains_survives_failures_and_finishes_cleanl
     assert phases[-1] == "Succeeded", phases
     assert "Running" in phases, phases
 
+    # the synchronizer restarted after the end still knows how far each learner got and the tokens
+    old_pod = _sync_pod(api, ns)
+    k8s.CoreV1Api(api).delete_namespaced_pod(old_pod.metadata.name, ns, grace_period_seconds=0)
+    watch.until("a new synchronizer serves", lambda: _serves_again(watch.sync, old_pod.status.pod_ip))
+    restored = watch.sync.status()
+    assert all(lr["step"] >= final_step for lr in restored["learners"]), restored["learners"]
+    assert restored["tokens"] == final["tokens"], (restored["tokens"], final["tokens"])
+    until = time.monotonic() + 15  # three resyncs of the operator, which reads the new synchronizer
+    while time.monotonic() < until:
+        cols = watch.sample()
+        assert (cols["PHASE"], int(cols["TOKENS"])) == ("Succeeded", status["tokens"]), cols
+        time.sleep(1)
+
     # deleted: nothing of the job is left
     run_tool("kubectl", "delete", "-n", ns, "-f", str(manifest), "--wait=true", env=e2e.kube.env())
     core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
@@ -218,6 +230,11 @@ def test_a_job_applied_with_kubectl_trains_survives_failures_and_finishes_cleanl
 def _model_settings() -> ModelSettings:
     return ModelSettings(n_layer=MODEL["nLayer"], n_head=MODEL["nHead"], n_embd=MODEL["nEmbd"],
                          block_size=MODEL["blockSize"])  # fmt: skip
+
+
+def _sync_pod(api: k8s.ApiClient, ns: str) -> Any:
+    return k8s.CoreV1Api(api).list_namespaced_pod(
+        ns, label_selector=f"diloco.dev/job={JOB},app.kubernetes.io/component=synchronizer").items[0]  # fmt: skip
 
 
 def _serves_again(sync: Synchronizer, old_ip: str) -> bool:

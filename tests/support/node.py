@@ -490,7 +490,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self._await(proc, lambda: self.ctr("version", check=False).returncode == 0, "containerd")
 
     def _import_images(self) -> None:
+        """Import the images this run uses; drop the project's images of other builds (this
+        instance's containerd keeps its images between runs, and each build's are a GB or more)."""
         present = set(self.ctr("images", "list", "--quiet").stdout.split())
+        wanted = {image.image for image in self.images.values()}
+        stale = sorted(ref for ref in present if ref.startswith("diloco.local/") and ref not in wanted)
+        if stale:
+            self.ctr("images", "remove", *stale, check=False)
         for name, image in sorted(self.images.items()):
             if image.image in present:
                 continue
