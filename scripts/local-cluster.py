@@ -36,9 +36,6 @@ Images (pullPolicy IfNotPresent):
   synchronizer  {sync}   (also runs the operator)
   seaweedfs     {seaweedfs}
 
-Namespaces whose pods should run on the node need two annotations (the node is tainted so that only
-they land there):
-{annotations}
 Install the operator and train: see docs/operator.md ("A real cluster on this machine").
 Ctrl-C stops the cluster and removes everything it made.
 """
@@ -58,12 +55,10 @@ def main(argv: list[str]) -> int:
         assert plane.pki is not None
         with plane.api_client() as api:
             node = RealNode(workdir / "node", apiserver_port=plane.ports["apiserver"], ca_cert=plane.pki.ca_cert,
-                            token=plane.token, api=api, images=images)  # fmt: skip
+                            token=plane.token, api=api, images=images, taint=False)  # fmt: skip
             node.start()
-            annotations = "".join(f"  {k}: '{v}'\n" for k, v in node.namespace_annotations().items())
             print(USAGE.format(node=node.name, kubeconfig=plane.kubeconfig, worker=images["worker"].image,
-                               sync=images["sync"].image, seaweedfs=images["seaweedfs"].image,
-                               annotations=annotations))  # fmt: skip
+                               sync=images["sync"].image, seaweedfs=images["seaweedfs"].image))  # fmt: skip
             stop = threading.Event()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: stop.set())

@@ -20,9 +20,9 @@ control planes) can run on one machine: instance ``i`` has
 An instance is taken with an exclusive lock (released by the kernel when the test process dies);
 taking it first sweeps whatever a crashed run of that instance left: its processes (found by the
 instance's socket path), mounts under its folders, its cgroups, its network namespace and veth.
-The node is tainted ``diloco.dev/real-node:NoSchedule``; pods of a namespace made with
-``RealNode.namespace_annotations()`` are placed on it (and only there) by the apiserver's
-PodNodeSelector and PodTolerationRestriction admission plugins.
+In tests the node is tainted ``diloco.dev/real-node:NoSchedule`` (the control plane also has kwok
+nodes); pods of a namespace made with ``RealNode.namespace_annotations()`` are placed on it (and
+only there) by the apiserver's PodNodeSelector and PodTolerationRestriction admission plugins.
 """
 
 from __future__ import annotations
@@ -304,8 +304,10 @@ class RealNode:
         token: str,
         api: k8s.ApiClient,
         images: dict[str, Image],
+        taint: bool = True,
     ) -> None:
         self.workdir = workdir
+        self.taint = taint  # kept for the pods of namespaces made for it (the tests share a cluster)
         self.apiserver_port = apiserver_port
         self.ca_cert = ca_cert
         self.token = token
@@ -557,7 +559,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "localStorageCapacityIsolation": False,
-            "registerWithTaints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}],
+            "registerWithTaints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}] if self.taint else [],
             "nodeStatusReportFrequency": "10s",
             "containerLogMaxSize": "20Mi",
         }  # fmt: skip
