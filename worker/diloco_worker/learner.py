@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -12,6 +13,7 @@ import torch
 from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.storage import ObjectStore
 
+from .anchors import DeviceAnchors, build_anchor_store
 from .checkpoint import (
     Checkpoint,
     common_step,
@@ -133,7 +135,9 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: He
     task.model.to(unit.device)
     plan = plan_for(task, settings)
     optimizer = make_optimizer(task.model, settings.train)
-    fs = FragmentState.for_model(plan, task.model)
+    fs = FragmentState.for_model(plan, task.model, functools.partial(
+        build_anchor_store, device=unit.device, compute=settings.sync_compute, placement=settings.anchor_memory,
+    ))  # fmt: skip
     store, state = _resume_if_any(settings, unit, task, optimizer, fs, plan)
     resumed = state.step > 0
     metrics = None
@@ -157,13 +161,14 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: He
         )
         session.connect(state, resumed=resumed)
     log.info(
-        "learner=%s rank=%d/%d device=%s params=%d fragments=%d",
+        "learner=%s rank=%d/%d device=%s params=%d fragments=%d outer gradients in %s",
         settings.learner_id,
         unit.rank,
         unit.world_size,
         unit.device,
         plan.num_params,
         len(plan.fragments),
+        "torch on the device" if isinstance(fs.store, DeviceAnchors) else "numpy on the host",
     )
     try:
         train(

@@ -217,6 +217,7 @@ class DiLoCoSession:
                 settings,
                 versions=self.fs.versions(),
                 on_unknown_learner=self._reregister,
+                stage=self.fs.store.stage,
             )
             self.comm.start()
 
@@ -259,7 +260,7 @@ class DiLoCoSession:
         due = self.fs.due()
         for p in due:
             if self.comm:
-                c = self.fs.take_contribution(p)
+                c = self.fs.take_contribution(p, self.quantizer)
                 self.comm.submit(c)
                 log.info(
                     "learner=%s step=%d fragment=%d version=%d outer gradient queued (%d steps)",
@@ -293,7 +294,7 @@ class DiLoCoSession:
             if self.comm is None:
                 self.fs.mark_sent(p)
                 continue
-            contribution = self.fs.take_contribution(p)
+            contribution = self.fs.take_contribution(p, self.quantizer)
             self.comm.submit(contribution)
             self.comm.answered(p)
             log.info(

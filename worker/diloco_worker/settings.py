@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from diloco_core.auth import learner_token
 from diloco_core.config import PLAN_FIELDS, DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
@@ -60,6 +60,17 @@ class WorkerSettings(BaseModel):
     bandwidth_limit: float = Field(0.0, ge=0.0, description="bytes/s for outgoing fragments; 0: unlimited")
     metrics_file: str | None = Field(None, description="JSON lines of per-step metrics")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'")
+    sync_compute: Literal["auto", "numpy", "torch"] = Field(
+        "auto",
+        description="where a due fragment's outer gradient is computed and quantized: 'torch' on the "
+        "learner's device (side CUDA stream, byte-identical payloads), 'numpy' on the host, or 'auto' "
+        "(torch on CUDA, numpy otherwise)",
+    )
+    anchor_memory: Literal["auto", "device", "host"] = Field(
+        "auto",
+        description="with the torch path on CUDA: keep the anchors in 'device' memory or in pinned "
+        "'host' memory; 'auto' decides from the free device memory and logs the choice",
+    )
     poll_wait_s: Annotated[float, Cli("poll-wait")] = Field(
         10.0, gt=0.0, description="seconds a long-poll for new global versions waits"
     )
