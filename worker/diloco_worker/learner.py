@@ -28,8 +28,10 @@ from .data import Shard
 from .distributed import Unit, join_unit
 from .entry import TaskContext, TrainingTask, load_task
 from .fragment_state import FragmentState
+from .hardware import peak_flops
 from .health import Health
 from .metrics import MetricsLog
+from .model import flops_per_token
 from .session import DiLoCoSession
 from .settings import WorkerSettings
 from .train import LoopState, make_optimizer, train
@@ -115,6 +117,8 @@ def run_learner(
     if settings.threads:
         torch.set_num_threads(settings.threads)
     device = pick_device(settings.device, env)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for the float32 matmuls outside autocast
     unit: Unit = join_unit(env, device)
     try:
         return _run(settings, unit, stop, health or Health(settings.health_stale_s))
@@ -134,7 +138,7 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: He
     task = load_task(ctx)
     task.model.to(unit.device)
     plan = plan_for(task, settings)
-    optimizer = make_optimizer(task.model, settings.train)
+    optimizer = make_optimizer(task.model, settings.train, settings.adamw)
     fs = FragmentState.for_model(plan, task.model, functools.partial(
         build_anchor_store, device=unit.device, compute=settings.sync_compute, placement=settings.anchor_memory,
     ))  # fmt: skip
@@ -187,6 +191,9 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: He
             metrics=metrics,
             stop_at_step=settings.stop_at_step,
             health=health,
+            compile_model=settings.compile_model,
+            flops_per_token=flops_per_token(task.model),
+            peak_flops=peak_flops(unit.device, settings.peak_tflops),
         )
     finally:
         health.beat("leaving")

@@ -66,6 +66,18 @@ class WorkerSettings(BaseModel):
         "learner's device (side CUDA stream, byte-identical payloads), 'numpy' on the host, or 'auto' "
         "(torch on CUDA, numpy otherwise)",
     )
+    compile_model: Annotated[bool, Cli("compile")] = Field(
+        False, description="run the model through torch.compile (the first step compiles; its time is logged)"
+    )
+    adamw: Literal["auto", "fused", "foreach", "loop"] = Field(
+        "auto",
+        description="AdamW implementation: 'fused' (one kernel), 'foreach', 'loop' (per tensor), or 'auto' "
+        "(fused on CUDA, loop on a CPU, foreach elsewhere)",
+    )
+    peak_tflops: float = Field(
+        0.0, ge=0.0, description="the device's peak TFLOP/s that MFU is measured against (0: the bf16 peak of "
+        "a known GPU; none on a CPU)",
+    )  # fmt: skip
     anchor_memory: Literal["auto", "device", "host"] = Field(
         "auto",
         description="with the torch path on CUDA: keep the anchors in 'device' memory or in pinned "
