@@ -1,5 +1,5 @@
 """The tensor half of a learner's fragment state: each fragment's anchor, its outer gradient
-``anchor - params``, and taking a global version into the parameters (ALGORITHM.md §5.3).
+``anchor - params``, and taking a global version into the parameters (docs/algorithm.md §3.3).
 
 Two implementations of one interface (:class:`AnchorStore`):
 
