@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import resource
 import statistics
 import subprocess
@@ -142,6 +143,10 @@ def run_once(args: argparse.Namespace, tmp: Path, sync_url: str | None, tag: str
     return figures
 
 
+def _percent(x: float) -> str:
+    return "-" if math.isnan(x) else f"{100 * x:.1f}"
+
+
 def table(rows: list[tuple[str, dict[str, float]]]) -> str:
     head = f"{'run':<12} {'tokens/s':>10} {'tokens/CPU-s':>13} {'blocked %':>10} {'bytes sent':>12} {'MFU %':>6}"
     lines = [head, "-" * len(head)]
@@ -149,7 +154,7 @@ def table(rows: list[tuple[str, dict[str, float]]]) -> str:
         blocked = f"{100 * r['blocked_fraction']:.3f}" if name.startswith("diloco") else "-"
         lines.append(
             f"{name:<12} {r['tokens_per_s']:>10.0f} {r['tokens_per_cpu_s']:>13.0f} {blocked:>10} "
-            f"{int(r['bytes_sent']):>12} {100 * r['mfu']:>6.1f}"
+            f"{int(r['bytes_sent']):>12} {_percent(r['mfu']):>6}"
         )
     return "\n".join(lines)
 
