@@ -169,14 +169,23 @@ def _mfu(tokens_per_s: float, fpt: float, peak: float | None) -> str:
     return f"{100 * tokens_per_s * fpt / peak:.1f} %" if peak else "n/a (peak unknown: --peak-tflops)"
 
 
+def open_device(prog: str, name: str, threads: int) -> torch.device | None:
+    """The device a benchmark asked for, or None (after saying so) when it is a GPU and there is none;
+    ``threads`` torch CPU threads (0: PyTorch's default)."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"{prog}: no CUDA device visible to PyTorch here; nothing measured (skipped)")
+        return None
+    if threads:
+        torch.set_num_threads(threads)
+    return device
+
+
 def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
-    device = torch.device(a.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("diloco bench gpu: no CUDA device visible to PyTorch here; nothing measured (skipped)")
+    device = open_device("diloco bench gpu", a.device, a.threads)
+    if device is None:
         return 0
-    if a.threads:
-        torch.set_num_threads(a.threads)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
     ms = ModelSettings(n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd, block_size=a.block_size)

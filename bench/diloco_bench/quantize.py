@@ -26,6 +26,8 @@ from diloco_core import quantize as q
 from diloco_core.fragments import TensorSpec
 from diloco_worker import torch_quantize as tq
 
+from diloco_bench.gpu import open_device
+
 
 def best_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
     best = float("inf")
@@ -107,12 +109,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     a = parse_args(argv)
-    device = torch.device(a.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("diloco bench quantize: no CUDA device visible to PyTorch here; nothing measured (skipped)")
+    device = open_device("diloco bench quantize", a.device, a.threads)
+    if device is None:
         return 0
-    if a.threads:
-        torch.set_num_threads(a.threads)
     formats = [f for f in a.formats.split(",") if f]
     unknown = [f for f in formats if f not in q.QUANTIZERS]
     if unknown:
