@@ -124,3 +124,20 @@ def s3_server_factory(test_logs_dir: Path) -> Iterator[Callable[[], S3Server]]:
     finally:
         for server in servers:
             server.stop()
+
+
+GPU_SKIP_REASON = "needs a CUDA GPU; PyTorch sees none on this machine (tests marked gpu are skipped)"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` are skipped, all with one message, where PyTorch sees no CUDA device."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    import torch  # only when a gpu test was collected: most of the suite does not need PyTorch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
+    for item in gpu_items:
+        item.add_marker(skip)

@@ -2,7 +2,7 @@
 
 Every benchmark is a module of this package with ``main(argv) -> int``. The experiments (quality,
 bandwidth, codecs, hetero, chaos, simulate, merge-rule) also write a PNG plot, ``NAME.png`` in
-``--plot-dir`` (default ``bench-results/``; ``--no-plot`` to skip), and all but gpu take ``--json PATH``.
+``--plot-dir`` (default ``bench-results/``; ``--no-plot`` to skip), and all take ``--json PATH``.
 The latest figures and the command that produced them are kept in docs/benchmarks.md.
 """
 
@@ -23,7 +23,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "hetero": ("diloco_bench.hetero", "E4: mixed hardware, K=all vs K=1 vs K=1 + grace: goodput and loss"),
     "chaos": ("diloco_bench.chaos", "E5: goodput and loss under learner failures, real processes: decoupled vs diloco-sync vs ddp"),
     "merge-rule": ("diloco_bench.merge_rule", "E7: mean vs RDA at M = 4, 8, 16: merged norm and loss"),
-    "gpu": ("diloco_bench.gpu", "tokens/s and a short run of a larger model on CUDA (skips without a GPU)"),
+    "gpu": ("diloco_bench.gpu", "inner step tokens/s and MFU (eager, compiled), the device sync boundary, a short run"),
+    "quantize": ("diloco_bench.quantize", "numpy vs torch quantizers, encode and decode, G params/s, bytes identical"),
 }
 
 

@@ -42,7 +42,7 @@ from diloco_core.outer import OuterOptimizer
 from diloco_worker.data import BatchStream, Shard, eval_batches, load_corpus, split_corpus
 from diloco_worker.model import EMBEDDING_NAMES, build_gpt, lm_loss
 from diloco_worker.pull import should_send_partial
-from diloco_worker.train import lr_at, make_optimizer
+from diloco_worker.train import autocast_for, lr_at, make_optimizer
 from torch import nn
 
 from diloco_bench import plots
@@ -65,6 +65,7 @@ class Workload:
     corpus: str = "stdlib"
     corpus_bytes: int = 2_000_000
     eval_batches: int = 8
+    device: str = "cpu"  # where every learner and the data-parallel model train (bf16 autocast on CUDA)
 
 
 @dataclass(frozen=True)
@@ -159,19 +160,21 @@ class Corpus:
     def __init__(self, w: Workload) -> None:
         train, held = split_corpus(load_corpus(w.corpus, w.corpus_bytes), 0.02)
         self.train = train
-        self.held_out = eval_batches(held, batch_size=16, block_size=w.block_size, max_batches=w.eval_batches)
+        self.held_out = eval_batches(held, batch_size=16, block_size=w.block_size, max_batches=w.eval_batches,
+                                     device=torch.device(w.device))  # fmt: skip
 
     def stream(self, w: Workload, m: int, count: int, seed: int, batch_size: int | None = None) -> BatchStream:
         return BatchStream(
             self.train, Shard(m, count, "bench"), batch_size=batch_size or w.batch_size,
-            block_size=w.block_size, seed=seed,
+            block_size=w.block_size, seed=seed, device=torch.device(w.device),
         )  # fmt: skip
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> float:
     model.eval()
-    loss = statistics.fmean(float(lm_loss(model, b)) for b in batches)
+    with autocast_for(batches[0][0].device):
+        loss = statistics.fmean(float(lm_loss(model, b)) for b in batches)
     model.train()
     return loss
 
@@ -191,7 +194,8 @@ def inner_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.
                step: int, cfg: TrainSettings) -> None:  # fmt: skip
     for group in opt.param_groups:
         group["lr"] = lr_at(step, cfg)
-    loss = lm_loss(model, batch)
+    with autocast_for(batch[0].device):
+        loss = lm_loss(model, batch)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -206,7 +210,7 @@ def run_data_parallel(method: Method, w: Workload, timing: Timing, corpus: Corpu
     """M x batch per step, one model; every step waits for the slowest learner; a gradient per step."""
     started = time.perf_counter()
     torch.manual_seed(seed)
-    model = build_gpt(model_settings(w, seed))
+    model = build_gpt(model_settings(w, seed)).to(w.device)
     cfg = train_settings(w, timing.steps)
     opt = make_optimizer(model, cfg)
     streams = [corpus.stream(w, m, method.learners, seed) for m in range(method.learners)]
@@ -346,7 +350,7 @@ class SimLearner:
     def __init__(self, m: int, method: Method, w: Workload, timing: Timing, corpus: Corpus, plan: FragmentPlan,
                  seed: int) -> None:  # fmt: skip
         self.index, self.method, self.plan = m, method, plan
-        self.model = build_gpt(model_settings(w, seed))
+        self.model = build_gpt(model_settings(w, seed)).to(w.device)
         self.cfg = train_settings(w, timing.steps)
         self.opt = make_optimizer(self.model, self.cfg)
         self.stream = corpus.stream(w, m, method.learners, seed)
@@ -507,7 +511,7 @@ class DiLoCoRun:
                 heapq.heappush(self.heap, (now, ln.index))
 
     def result(self, w: Workload, corpus: Corpus, started: float) -> RunResult:
-        model = build_gpt(model_settings(w, self.seed))
+        model = build_gpt(model_settings(w, self.seed)).to(w.device)
         load_params(model, self.syncer.global_params)
         lns, s = self.learners, self.syncer
         busy, idle = sum(ln.busy for ln in lns), sum(ln.idle for ln in lns)
@@ -548,6 +552,8 @@ def parser(prog: str, description: str | None, *, steps: int, seeds: str = "0") 
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per learner step")
     p.add_argument("--lr", type=float, default=d.lr, help="inner AdamW peak learning rate")
     p.add_argument("--corpus", default=d.corpus, help="'stdlib' or a local file/folder")
+    p.add_argument("--device", default=d.device, help="cpu or cuda: where every learner and the data-parallel "
+                   "baseline train (bf16 autocast on CUDA)")
     p.add_argument("--outer-lr", type=float, default=Method.outer_lr, help="outer SGD learning rate")
     p.add_argument("--outer-momentum", type=float, default=Method.outer_momentum, help="outer Nesterov momentum")
     output_flags(p)
@@ -564,7 +570,7 @@ def output_flags(p: argparse.ArgumentParser, *, plot: bool = True) -> None:
 def workload_from(a: argparse.Namespace) -> Workload:
     return Workload(
         n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd, block_size=a.block_size,
-        batch_size=a.batch_size, lr=a.lr, corpus=a.corpus,
+        batch_size=a.batch_size, lr=a.lr, corpus=a.corpus, device=a.device,
     )  # fmt: skip
 
 

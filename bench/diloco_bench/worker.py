@@ -11,7 +11,11 @@ drifting machine load affects both alike. Reported per run, over the steps after
   tokens/s, which other processes' load moves by tens of percent from one run to the next;
 - for DiLoCo: the fraction of that time the training thread spent on synchronisation at step
   boundaries (applying global fragments, handing outer gradients to the sender) — it never waits on
-  the network, so this should be close to zero — and the bytes it sent.
+  the network, so this should be close to zero — and the bytes it sent;
+- the model FLOPs utilisation (median of the logged steps) where the device's peak is known.
+
+The learners log (and on CUDA wait for the device) every ``--log-every`` steps; the measurement
+runs from the first logged step after the warm-up to the last.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import resource
 import statistics
 import subprocess
@@ -97,10 +102,13 @@ def _settings(args: argparse.Namespace, metrics: Path, sync_url: str | None, lea
         train=TrainSettings(batch_size=args.batch_size, max_steps=args.steps, warmup_steps=10),
         corpus_max_bytes=1_000_000,
         metrics_file=str(metrics),
-        log_every=1,
+        log_every=args.log_every,
         device=args.device,
         threads=args.threads,
         poll_wait_s=5.0,
+        sync_compute=args.sync_compute,
+        compile_model=args.compile,
+        peak_tflops=args.peak_tflops,
     )
 
 
@@ -113,6 +121,7 @@ def measure(metrics: Path, warmup: int) -> dict[str, float]:
         "blocked_fraction": (last["blocked_s"] - first["blocked_s"]) / elapsed,
         "bytes_sent": float(last.get("bytes_sent", 0)),
         "steps": float(last["step"] - first["step"]),
+        "mfu": statistics.median(r["mfu"] for r in recs[1:]) if "mfu" in last and len(recs) > 1 else float("nan"),
     }
 
 
@@ -134,14 +143,18 @@ def run_once(args: argparse.Namespace, tmp: Path, sync_url: str | None, tag: str
     return figures
 
 
+def _percent(x: float) -> str:
+    return "-" if math.isnan(x) else f"{100 * x:.1f}"
+
+
 def table(rows: list[tuple[str, dict[str, float]]]) -> str:
-    head = f"{'run':<12} {'tokens/s':>10} {'tokens/CPU-s':>13} {'blocked %':>10} {'bytes sent':>12}"
+    head = f"{'run':<12} {'tokens/s':>10} {'tokens/CPU-s':>13} {'blocked %':>10} {'bytes sent':>12} {'MFU %':>6}"
     lines = [head, "-" * len(head)]
     for name, r in rows:
         blocked = f"{100 * r['blocked_fraction']:.3f}" if name.startswith("diloco") else "-"
         lines.append(
             f"{name:<12} {r['tokens_per_s']:>10.0f} {r['tokens_per_cpu_s']:>13.0f} {blocked:>10} "
-            f"{int(r['bytes_sent']):>12}"
+            f"{int(r['bytes_sent']):>12} {_percent(r['mfu']):>6}"
         )
     return "\n".join(lines)
 
@@ -164,10 +177,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--overlap", type=int, default=2)
     ap.add_argument("--codec", default="int4")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: PyTorch's default)")
+    ap.add_argument("--log-every", type=int, default=5, help="steps between the learners' logged steps")
+    ap.add_argument("--sync-compute", default="auto", choices=["auto", "numpy", "torch"],
+                    help="the learners' outer-gradient path (auto: torch on CUDA, numpy on a CPU)")
+    ap.add_argument("--compile", action="store_true", help="learners run the model through torch.compile")
+    ap.add_argument("--peak-tflops", type=float, default=0.0, help="peak TFLOP/s for MFU (default: known GPUs)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args(argv)
-    if args.steps <= args.warmup + 5:
-        ap.error("--steps must exceed --warmup by more than 5")
+    if args.steps <= args.warmup + 2 * args.log_every:
+        ap.error("--steps must exceed --warmup by more than two --log-every intervals")
     return args
 
 
@@ -198,6 +216,9 @@ def main(argv: list[str]) -> int:
     )
     print(f"DiLoCo / plain tokens per CPU-second: {cpu_ratio:.3f}")
     print(f"time blocked on synchronisation: {100 * blocked:.3f}% of step time (median)")
+    mfu_plain, mfu_dl = med("plain", "mfu"), med("diloco", "mfu")
+    if mfu_plain == mfu_plain:  # not NaN: the peak is known
+        print(f"MFU: plain {100 * mfu_plain:.1f}%, DiLoCo {100 * mfu_dl:.1f}% (median)")
     summary: dict[str, Any] = {
         "device": args.device,
         "ratio": dl / plain,
@@ -205,6 +226,8 @@ def main(argv: list[str]) -> int:
         "plain_tokens_per_s": plain,
         "diloco_tokens_per_s": dl,
         "blocked_fraction": blocked,
+        "mfu_plain": mfu_plain,
+        "mfu_diloco": mfu_dl,
         "runs": dict(rows),
         "settings": {k: str(v) for k, v in vars(args).items()},
     }

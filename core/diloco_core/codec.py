@@ -109,6 +109,20 @@ class Payload:
     tensors: dict[str, npt.NDArray[np.float32]]
 
 
+Bytes = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """One tensor already in a quantizer's format (``quantize.quantize``'s two byte strings, or the
+    same bytes from another implementation of the formats): shape, source dtype, values, scales."""
+
+    shape: tuple[int, ...]
+    values: Bytes
+    scales: Bytes
+    dtype: str = "float32"
+
+
 def encode(
     tensors: Mapping[str, npt.NDArray[Any]],
     *,
@@ -116,30 +130,60 @@ def encode(
     base_version: int,
     kind: PayloadKind,
     quantizer: str,
-    block_size: int = 256,
+    block_size: int = q.DEFAULT_BLOCK_SIZE,
     level: int = 3,
 ) -> bytes:
     """Serialize named float arrays; deterministic (same input, same bytes)."""
     _check_encode_args(fragment, base_version, kind, quantizer, block_size)
-    entries: list[dict[str, Any]] = []
-    chunks: list[bytes] = []
-    pos = 0
+    parts: dict[str, QuantizedTensor] = {}
     for name in sorted(tensors):
         arr = np.asarray(tensors[name])
         if arr.dtype.kind != "f":
             raise UnsupportedFormat(f"tensor {name!r} has dtype {arr.dtype}; only floating point is encoded")
         values, scales = q.quantize(arr.astype(np.float32, copy=False), quantizer, block_size)
+        parts[name] = QuantizedTensor(tuple(arr.shape), values, scales, str(arr.dtype))
+    return encode_quantized(
+        parts, fragment=fragment, base_version=base_version, kind=kind, quantizer=quantizer,
+        block_size=block_size, level=level,
+    )  # fmt: skip
+
+
+def encode_quantized(
+    parts: Mapping[str, QuantizedTensor],
+    *,
+    fragment: int,
+    base_version: int,
+    kind: PayloadKind,
+    quantizer: str,
+    block_size: int = q.DEFAULT_BLOCK_SIZE,
+    level: int = 3,
+) -> bytes:
+    """Serialize tensors already quantized with ``quantizer`` and ``block_size``; the same bytes as
+    ``encode`` of the arrays they were quantized from. Each part's byte sizes must be those its shape
+    implies."""
+    _check_encode_args(fragment, base_version, kind, quantizer, block_size)
+    entries: list[dict[str, Any]] = []
+    chunks: list[Bytes] = []
+    pos = 0
+    for name in sorted(parts):
+        part = parts[name]
+        if part.dtype not in _SOURCE_DTYPES:
+            raise UnsupportedFormat(f"tensor {name!r} has dtype {part.dtype}; only floating point is encoded")
+        n = prod(part.shape)
+        nv, ns = len(memoryview(part.values).cast("B")), len(memoryview(part.scales).cast("B"))
+        if (nv, ns) != (q.data_nbytes(quantizer, n), q.scales_nbytes(quantizer, n, block_size)):
+            raise CodecError(f"tensor {name!r}: {nv} value and {ns} scale bytes do not fit its shape {part.shape}")
         entries.append(
             {
                 "name": name,
-                "shape": list(arr.shape),
-                "dtype": str(arr.dtype),
-                "values": [pos, len(values)],
-                "scales": [pos + len(values), len(scales)],
+                "shape": list(part.shape),
+                "dtype": part.dtype,
+                "values": [pos, nv],
+                "scales": [pos + nv, ns],
             }
         )
-        chunks += [values, scales]
-        pos += len(values) + len(scales)
+        chunks += [part.values, part.scales]
+        pos += nv + ns
     header = {
         "fragment": fragment,
         "base_version": base_version,

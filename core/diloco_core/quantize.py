@@ -8,7 +8,15 @@
 - ``e3m0`` (Streaming DiLoCo's 4-bit float): a sign bit and a 3-bit level ``L``; ``L = 0`` is 0 and
   ``L`` in 1..7 is ``sign * 2**(L - 7) * s``. A value takes the level nearest in log2 space; values
   below ``2**-6.5 * s`` (nearer to "below the smallest level" than to it) become 0. The error is at
-  most ``max((sqrt(2) - 1) * |x|, 2**-6.5 * s)``.
+  most ``max((sqrt(2) - 1) * |x|, 2**-6.5 * s)``. The level is found exactly, with no logarithm:
+  with ``m = float32(|x| / s)``, ``L`` is the number of the midpoints ``2**(k - 6.5)``, k = 0..6,
+  that ``m`` reaches, each compared as the smallest float32 above it (``E3M0_THRESHOLDS``).
+
+Non-finite input is written canonically, so that every implementation of these formats (this
+numpy one is the reference; the learner has a byte-identical torch one) writes the same bytes:
+a NaN in ``fp16`` or ``bf16`` keeps its sign and the top bits of its payload and is made quiet;
+a block of ``int8``, ``int4`` or ``e3m0`` holding a NaN or an infinity has the scale NaN
+(``0x7FC00000``) and every value written as 0, so it decodes to NaN throughout.
 
 4-bit codes are packed two per byte, the first value in the low nibble. All byte orders are
 little-endian. Dequantized values are float32; arithmetic is float32 (scales) and exact integer codes.
@@ -16,6 +24,7 @@ little-endian. Dequantized values are float32; arithmetic is float32 (scales) an
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Literal
 
 import numpy as np
@@ -26,6 +35,8 @@ QUANTIZERS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8", "int4", "e3m0")
 BLOCKED: frozenset[str] = frozenset({"int8", "int4", "e3m0"})
 MIN_BLOCK_SIZE = 8
 MAX_BLOCK_SIZE = 1 << 20
+DEFAULT_BLOCK_SIZE = 256
+CANONICAL_NAN_BITS = 0x7FC00000  # the scale of a block holding a non-finite value
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -35,6 +46,24 @@ _INT4_LEVELS: F32 = ((np.arange(16, dtype=np.float32) - 8) / np.float32(7)).asty
 _E3M0_LEVELS: F32 = np.array(
     [(-1.0 if c & 8 else 1.0) * (2.0 ** ((c & 7) - 7) if c & 7 else 0.0) for c in range(16)], dtype=np.float32
 )
+
+# the codes of a zero value (what a non-finite block's values are written as)
+ZERO_CODE: dict[str, int] = {"int8": 0, "int4": 8, "e3m0": 0}
+
+
+def _smallest_float32_above_midpoint(k: int) -> np.float32:
+    """The smallest float32 above ``2**(k - 6.5)`` (irrational, so no float32 equals it), found with
+    exact rational arithmetic: ``c > 2**(k - 6.5)`` iff ``c**2 > 2**(2k - 13)``."""
+    target = Fraction(2) ** (2 * k - 13)
+    c = np.float32(2.0 ** (k - 6.5))
+    while Fraction(float(c)) ** 2 > target:
+        c = np.nextafter(c, np.float32(0))
+    while Fraction(float(c)) ** 2 < target:
+        c = np.nextafter(c, np.float32(1))
+    return c
+
+
+E3M0_THRESHOLDS: F32 = np.array([_smallest_float32_above_midpoint(k) for k in range(7)], dtype=np.float32)
 
 
 def data_nbytes(quantizer: str, n: int) -> int:
@@ -56,27 +85,30 @@ def quantize(x: F32, quantizer: str, block_size: int) -> tuple[bytes, bytes]:
     if quantizer == "fp32":
         return x.astype("<f4", copy=False).tobytes(), b""
     if quantizer == "fp16":
-        with np.errstate(over="ignore"):
-            return x.astype("<f2").tobytes(), b""
+        return _to_fp16(x).astype("<u2", copy=False).tobytes(), b""
     if quantizer == "bf16":
         return _to_bf16(x).astype("<u2", copy=False).tobytes(), b""
-    with np.errstate(invalid="ignore"):  # non-finite input decodes to NaN; the merge rejects it
+    with np.errstate(invalid="ignore", over="ignore"):  # a non-finite block is written canonically
         return _quantize_blocked(x, quantizer, block_size)
 
 
 def _quantize_blocked(x: F32, quantizer: str, block_size: int) -> tuple[bytes, bytes]:
+    if quantizer not in ZERO_CODE:
+        raise ValueError(f"unknown quantizer {quantizer!r}")
     scales, blocks = _block_scales(x, block_size)
     safe = np.where(scales > 0, scales, np.float32(1))[:, None]
     if quantizer == "int8":
-        q8 = np.clip(np.rint(blocks / safe * np.float32(127)), -127, 127).astype(np.int8)
-        codes = q8.ravel()[: x.size].tobytes()
+        q: npt.NDArray[np.integer] = np.clip(np.rint(blocks / safe * np.float32(127)), -127, 127).astype(np.int8)
     elif quantizer == "int4":
-        q4 = np.clip(np.rint(blocks / safe * np.float32(7)), -7, 7).astype(np.int16) + 8
-        codes = _pack4(q4.ravel()[: x.size].astype(np.uint8))
-    elif quantizer == "e3m0":
-        codes = _pack4(_e3m0_codes(blocks, safe).ravel()[: x.size])
+        q = (np.clip(np.rint(blocks / safe * np.float32(7)), -7, 7).astype(np.int16) + 8).astype(np.uint8)
     else:
-        raise ValueError(f"unknown quantizer {quantizer!r}")
+        q = _e3m0_codes(blocks, safe)
+    bad = ~np.isfinite(scales)
+    if bad.any():
+        q[bad] = ZERO_CODE[quantizer]
+        scales[bad] = np.uint32(CANONICAL_NAN_BITS).view(np.float32)
+    flat = q.ravel()[: x.size]
+    codes = flat.tobytes() if quantizer == "int8" else _pack4(flat.astype(np.uint8, copy=False))
     return codes, scales.astype("<f4").tobytes()
 
 
@@ -102,6 +134,17 @@ def dequantize(values: bytes, scales: bytes, quantizer: str, n: int, block_size:
     raise ValueError(f"unknown quantizer {quantizer!r}")
 
 
+def _to_fp16(x: F32) -> npt.NDArray[np.uint16]:
+    with np.errstate(over="ignore"):
+        out = x.astype(np.float16).view(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        bits = x[nan].view(np.uint32)
+        sign = ((bits >> 16) & 0x8000).astype(np.uint16)
+        out[nan] = sign | np.uint16(0x7E00) | ((bits >> 13) & 0x3FF).astype(np.uint16)
+    return out
+
+
 def _to_bf16(x: F32) -> npt.NDArray[np.uint16]:
     bits = x.view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
@@ -125,10 +168,9 @@ def _block_scales(x: F32, block_size: int) -> tuple[F32, F32]:
 
 def _e3m0_codes(blocks: F32, safe: F32) -> U8:
     mag = np.abs(blocks) / safe
-    with np.errstate(divide="ignore", invalid="ignore"):
-        level = np.rint(np.log2(mag) + 7)
-    level = np.nan_to_num(level, nan=0.0, neginf=0.0)
-    level = np.clip(level, 0, 7).astype(np.uint8)
+    level = np.zeros(mag.shape, dtype=np.uint8)
+    for t in E3M0_THRESHOLDS:
+        np.add(level, mag >= t, out=level, casting="unsafe")
     sign: U8 = (np.signbit(blocks) & (level > 0)).astype(np.uint8) << np.uint8(3)
     codes: U8 = np.bitwise_or(sign, level).astype(np.uint8)
     return codes

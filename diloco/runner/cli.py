@@ -7,17 +7,21 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from diloco_core.flags import add_flags, derive_flags, read, validate
 
 from diloco.runner.commands import RunPaths
 from diloco.runner.settings import (
+    GPU_BATCH_SIZE,
+    GPU_MODEL,
     RunSettings,
     SettingsError,
     parse_bandwidth,
     parse_slow,
     parse_speed_factors,
+    resolve_gpus,
 )
 
 # no environment: a local run's DILOCO_* variables are its children's business
@@ -49,12 +53,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_settings(argv: list[str]) -> RunSettings:
+def visible_gpus() -> int:
+    """CUDA devices PyTorch sees in this process (loads PyTorch)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def parse_settings(argv: list[str], count_gpus: Callable[[], int] = visible_gpus) -> RunSettings:
     a = build_parser().parse_args(argv)
     given = read(FLAGS, a, {})
     if given.values.get("mode", "decoupled") != "decoupled":
         given.set(("diloco", "overlap"), 0, "--mode")  # no overlap in the synchronous modes
+    if given.values.get("device") == "cuda":  # a GPU-sized model unless the flags say otherwise
+        for path, value in [*((("model", k), v) for k, v in GPU_MODEL.items()), (("train", "batch_size"), GPU_BATCH_SIZE)]:
+            if not given.has(path):
+                given.set(path, value, "--device cuda")
     settings = validate(RunSettings, given, what="run settings")
+    settings = settings.model_copy(update={"gpus": resolve_gpus(settings, count_gpus() if settings.device == "cuda" else 0)})
     warmup = min(20, settings.train.max_steps // 10)
     settings = settings.model_copy(update={"train": settings.train.model_copy(update={"warmup_steps": warmup})})
     if a.speed_factors and a.slow:
@@ -102,7 +118,8 @@ def main(argv: list[str]) -> int:
     with ProgressView(plain=settings.plain) as view:
         orchestrator = Orchestrator(settings, paths, view)
         with orchestrator.catching_signals():  # from the first line on, Ctrl-C ends in a report
-            print(f"diloco run: {settings.mode}, {settings.learners} learners; run folder {paths.root}", flush=True)
+            where = f" on GPUs {','.join(map(str, settings.gpus))}" if settings.device == "cuda" else ""
+            print(f"diloco run: {settings.mode}, {settings.learners} learners{where}; run folder {paths.root}", flush=True)
             try:
                 record = orchestrator.run()
             except RunError as exc:

@@ -17,6 +17,9 @@ from diloco.runner.settings import RunSettings
 
 HEARTBEAT_INTERVAL_S = 1.0
 CHECKPOINT_EVERY = 10
+# bytes of the corpus each learner (and the evaluator) reads: the worker's default on CPUs, and on
+# GPUs the whole standard library (about 30 MB), as a GPU-sized model takes far more tokens per step
+CORPUS_BYTES = {"cpu": 4 * 1024 * 1024, "cuda": 48 * 1024 * 1024}
 ALGORITHM_FLAGS = derive_flags(DiLoCoSettings, {"": None})
 PLAN_FLAGS = derive_flags(DiLoCoSettings, {"": PLAN_FIELDS})
 MODEL_FLAGS = derive_flags(ModelSettings, {"": None})
@@ -78,12 +81,13 @@ def build_worker_argv(settings: RunSettings, paths: RunPaths, learner: int, *, s
         *to_argv(MODEL_FLAGS, settings.model),
         *to_argv(TRAIN_FLAGS, settings.train),
         *to_argv(DATA_FLAGS, settings.data),
+        "--corpus-max-bytes", str(CORPUS_BYTES[settings.device]),
         "--checkpoint-dir", str(paths.checkpoint_dir(learner).resolve()),
         "--checkpoint-every", str(CHECKPOINT_EVERY),
         "--metrics-file", str(paths.metrics_file(learner).resolve()),
         "--eval-every", str(settings.eval_every),
         "--log-every", "5",
-        "--device", "cpu",
+        "--device", "cuda:0" if settings.device == "cuda" else "cpu",  # on a GPU it sees only its own
         "--poll-wait", "2",
         "--speed-factor", str(settings.speed_of(learner)),
     ]
@@ -99,14 +103,27 @@ def build_synchronizer_env(base: dict[str, str], *, job_secret: str) -> dict[str
     return dict(base) | {"DILOCO_JOB_SECRET": job_secret, "PYTHONUNBUFFERED": "1"}
 
 
+def visible_device_id(base: dict[str, str], gpu: int) -> str:
+    """What ``CUDA_VISIBLE_DEVICES`` names the runner's visible GPU ``gpu`` by (the runner's own
+    ``CUDA_VISIBLE_DEVICES`` may already select and renumber the machine's GPUs)."""
+    visible = base.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return str(gpu)
+    return [x.strip() for x in visible.split(",")][gpu]
+
+
 def build_worker_env(
     settings: RunSettings, learner: int, base: dict[str, str], *, job_secret: str, master_port: int
 ) -> dict[str, str]:
     """Environment of a learner process: the job secret, one CPU thread each (they share the
-    machine), and in ddp mode the torch.distributed rendezvous of the unit."""
+    machine), on GPUs the one GPU it sees (``CUDA_VISIBLE_DEVICES``), and in ddp mode the
+    torch.distributed rendezvous of the unit."""
     env = dict(base) | {
         "DILOCO_JOB_SECRET": job_secret, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
     }
+    gpu = settings.gpu_of(learner)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_device_id(base, gpu)
     if settings.mode == "ddp":
         env |= {
             "WORLD_SIZE": str(settings.learners),

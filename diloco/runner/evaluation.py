@@ -31,18 +31,25 @@ class GlobalEvaluator:
 
     def __init__(
         self, *, sync_url: str, job_secret: str, model: ModelSettings, corpus: str, eval_fraction: float,
-        batch_size: int, fragments: int,
+        batch_size: int, fragments: int, corpus_max_bytes: int, device: str = "cpu",
     ) -> None:
+        """``device``: where the model is evaluated (a GPU under bf16 autocast, as the learners
+        train there); ``corpus_max_bytes`` as the learners read it, so the held-out split is theirs."""
         import torch
         from diloco_worker.data import eval_batches, load_corpus, split_corpus
         from diloco_worker.model import build_gpt
         from diloco_worker.sync_client import SyncClient
+        from diloco_worker.train import autocast_for
 
         torch.set_num_threads(1)
         self._torch = torch
-        self._model = build_gpt(model).eval()
-        _, held_out = split_corpus(load_corpus(corpus), eval_fraction)
-        self._batches = eval_batches(held_out, batch_size=batch_size, block_size=model.block_size)
+        self._device = torch.device(device)
+        self._autocast = lambda: autocast_for(self._device)
+        self._model = build_gpt(model).to(self._device).eval()
+        _, held_out = split_corpus(load_corpus(corpus, corpus_max_bytes), eval_fraction)
+        self._batches = eval_batches(
+            held_out, batch_size=batch_size, block_size=model.block_size, device=self._device
+        )
         self._client = SyncClient(sync_url, EVALUATOR_ID, learner_token(job_secret, EVALUATOR_ID), timeout_s=10.0)
         self._fragments = fragments
         self.num_params = sum(p.numel() for p in self._model.parameters())
@@ -87,5 +94,6 @@ class GlobalEvaluator:
                 param.copy_(torch.as_tensor(tensors[name]).view_as(param))
             from diloco_worker.model import lm_loss
 
-            losses = [float(lm_loss(self._model, batch)) for batch in self._batches]
+            with self._autocast():
+                losses = [float(lm_loss(self._model, batch)) for batch in self._batches]
         return Evaluation(sum(losses) / len(losses), versions)

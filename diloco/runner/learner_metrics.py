@@ -8,6 +8,7 @@ record, while bytes sent add up over the processes (each counts from zero).
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ class LearnerCounts:
     tokens: int
     bytes_sent: int
     processes: int
+    tokens_per_s: float | None = None  # median over the records (each: since the previous one on a GPU)
+    mfu: float | None = None  # median, where the learner knew its device's peak
 
 
 def parse_records(lines: Iterable[str]) -> list[dict[str, Any]]:
@@ -38,13 +41,20 @@ def parse_records(lines: Iterable[str]) -> list[dict[str, Any]]:
 
 
 def counts_from_records(records: Iterable[Mapping[str, Any]]) -> LearnerCounts | None:
-    """Final step and tokens (the last record) and bytes sent summed over the processes."""
+    """Final step and tokens (the last record), bytes sent summed over the processes, and the
+    median tokens/s and MFU of the records."""
     last: Mapping[str, Any] | None = None
     bytes_by_process: dict[Any, int] = {}
+    rates: list[float] = []
+    mfus: list[float] = []
     for record in records:
         last = record
         key = record.get("pid")
         bytes_by_process[key] = max(bytes_by_process.get(key, 0), int(record.get("bytes_sent", 0) or 0))
+        if isinstance(record.get("tokens_per_s"), int | float):
+            rates.append(float(record["tokens_per_s"]))
+        if isinstance(record.get("mfu"), int | float):
+            mfus.append(float(record["mfu"]))
     if last is None:
         return None
     return LearnerCounts(
@@ -52,6 +62,8 @@ def counts_from_records(records: Iterable[Mapping[str, Any]]) -> LearnerCounts |
         tokens=int(last.get("tokens", 0) or 0),
         bytes_sent=sum(bytes_by_process.values()),
         processes=len(bytes_by_process),
+        tokens_per_s=statistics.median(rates) if rates else None,
+        mfu=statistics.median(mfus) if mfus else None,
     )
 
 

@@ -179,16 +179,22 @@ class Orchestrator:
         In ddp mode rank 0 writes the unit's file: every rank took the unit's steps, and the unit's
         tokens and bytes are shared out so that the totals add up to the unit's."""
         steps, tokens, sent = slot.step, slot.tokens, 0
+        tokens_per_s: float | None = None
+        mfu: float | None = None
         ddp = self.s.mode == "ddp"
         counts = read_counts(self.paths.metrics_file(0 if ddp else slot.index))
         if counts is not None:
             steps = counts.step
             tokens = counts.tokens // self.s.learners if ddp else counts.tokens
             sent = counts.bytes_sent if not ddp or slot.index == 0 else 0
+            # a ddp unit's rate is its ranks' together: each rank's share; its MFU is each rank's
+            tokens_per_s = counts.tokens_per_s / self.s.learners if ddp and counts.tokens_per_s else counts.tokens_per_s
+            mfu = counts.mfu
         return LearnerTotals(
             learner=slot.index, learner_id=slot.learner_id, speed_factor=slot.speed_factor,
             bandwidth_limit=slot.bandwidth_limit, steps=steps, tokens=tokens,
             launches=slot.incarnation + 1, finished=slot.state == "finished", bytes_sent=sent,
+            tokens_per_s=tokens_per_s, mfu=mfu, gpu=self.s.gpu_of(slot.index),
         )
 
     # ---- the loop ---------------------------------------------------------------------------------
@@ -361,10 +367,13 @@ class Orchestrator:
 
     def _evaluator(self) -> GlobalEvaluator | None:
         if self.evaluator is None:
+            from diloco.runner.commands import CORPUS_BYTES
+
             s = self.s
             self.evaluator = GlobalEvaluator(
                 sync_url=self.sync_url, job_secret=self.secret, model=s.model, corpus=s.data.corpus,
                 eval_fraction=s.data.eval_fraction, batch_size=s.train.batch_size, fragments=s.algorithm().fragments,
+                corpus_max_bytes=CORPUS_BYTES[s.device], device=f"cuda:{s.gpus[0]}" if s.device == "cuda" else "cpu",
             )
             self.record.num_params = self.evaluator.num_params
         return self.evaluator

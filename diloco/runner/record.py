@@ -42,6 +42,9 @@ class LearnerTotals:
     launches: int = 0
     finished: bool = False
     bytes_sent: int = 0
+    tokens_per_s: float | None = None  # median of its logged steps
+    mfu: float | None = None  # median model FLOPs utilisation, where its device's peak is known
+    gpu: int | None = None
 
 
 @dataclass

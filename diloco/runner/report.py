@@ -80,6 +80,7 @@ def render_markdown(report: Report) -> str:
         f"- run folder: `{r.run_dir}`",
         f"- stopped: {r.stop_reason}, after {r.duration_s:.1f} s",
         f"- learners: {len(r.learners)}, model parameters: {r.num_params:,}",
+        f"- device: {_device_line(r)}",
         f"- tokens: {r.total_tokens:,} in {r.total_learner_steps:,} learner steps; global rounds: {r.rounds}",
         "",
         "## Held-out loss of the global model",
@@ -107,14 +108,25 @@ def render_markdown(report: Report) -> str:
     lines += _chaos_lines(report)
     lines += [
         "", "## Learners", "",
-        "| learner | speed | steps | tokens | bytes sent | launches | finished |", "|---|---:|---:|---:|---:|---:|---|",
+        "| learner | speed | steps | tokens | tokens/s | MFU | bytes sent | launches | finished |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     lines += [
         f"| {x.learner_id if r.mode != 'ddp' else learner_label(r.mode, x.learner, x.learner_id)} | {x.speed_factor:g} | {x.steps} | {x.tokens:,} | "
+        f"{_fmt(x.tokens_per_s, ',.0f')} | {_fmt(None if x.mfu is None else 100 * x.mfu, '.1f')}{'' if x.mfu is None else ' %'} | "
         f"{human_bytes(x.bytes_sent)} | {x.launches} | {'yes' if x.finished else 'no'} |"
         for x in r.learners
     ]
     return "\n".join(lines) + "\n"
+
+
+def _device_line(r: RunRecord) -> str:
+    gpus = sorted({x.gpu for x in r.learners if x.gpu is not None})
+    if not gpus:
+        return "CPU (MFU n/a: no known peak)"
+    return f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} (learner → GPU: " + ", ".join(
+        f"{x.learner}→{x.gpu}" for x in r.learners
+    ) + "); MFU against the GPU's dense bf16 peak"
 
 
 def _rejoined(kill: KillRecord) -> str:

@@ -17,10 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Mode = Literal["decoupled", "diloco-sync", "ddp"]
 MODES: tuple[Mode, ...] = ("decoupled", "diloco-sync", "ddp")
+Device = Literal["cpu", "cuda"]
+# the default model on a GPU: GPT-2 small's shape over bytes (12 layers x 768, context 1024), batch 16;
+# on CPUs shared by several learners it is the tiny one of RunSettings.model
+GPU_MODEL: dict[str, int] = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024}
+GPU_BATCH_SIZE = 16
 # learners are declared dead quickly: a local run's chaos kills and restarts them within seconds
 HEARTBEAT_TIMEOUT_S = 6.0
 
-__all__ = ["MODES", "Mode", "RunSettings", "SettingsError", "build_algorithm"]
+__all__ = ["MODES", "Mode", "RunSettings", "SettingsError", "build_algorithm", "resolve_gpus"]
 
 
 class RunSettings(BaseModel):
@@ -60,6 +65,12 @@ class RunSettings(BaseModel):
     poll_interval_s: float = 0.5
     stop_timeout_s: float = 15.0
     plain: bool = Field(False, description="plain progress lines even on a terminal")
+    device: Device = Field(
+        "cpu",
+        description="cpu, or cuda: learners on this machine's GPUs, each process seeing its own (round robin: "
+        "more learners than GPUs share them), a GPU-sized default model (12 x 768, context 1024, batch 16)",
+    )
+    gpus: tuple[int, ...] = Field((), description="with --device cuda: the GPUs to use, e.g. 0,1 (default: all)")
     python: str = ""
 
     @model_validator(mode="after")
@@ -83,6 +94,11 @@ class RunSettings(BaseModel):
 
     def bandwidth_of(self, learner: int) -> float | None:
         return self.bandwidth_limits[learner] if self.bandwidth_limits else None
+
+    def gpu_of(self, learner: int) -> int | None:
+        """The GPU (an index among the runner's visible ones) of a learner: round robin, so with more
+        learners than GPUs some share one; None on the CPU."""
+        return self.gpus[learner % len(self.gpus)] if self.device == "cuda" and self.gpus else None
 
     def algorithm(self) -> DiLoCoSettings:
         return build_algorithm(self)
@@ -111,6 +127,28 @@ def build_algorithm(s: RunSettings) -> DiLoCoSettings:
         update={"inner_steps": 1, "fragments": 1, "overlap": 0, "quorum": 1, "codec": "fp32", "outer_lr": 1.0,
                 "outer_momentum": 0.0, "delayed_nesterov": 0, "merge_rule": "mean"}
     )  # fmt: skip
+
+
+def resolve_gpus(s: RunSettings, visible: int) -> tuple[int, ...]:
+    """The GPUs a run uses: those asked for (indices among the ``visible`` ones) or all of them;
+    refuses what cannot work."""
+    if s.device != "cuda":
+        if s.gpus:
+            raise SettingsError("--gpus needs --device cuda")
+        return ()
+    if visible < 1:
+        raise SettingsError("--device cuda: PyTorch sees no CUDA device on this machine (use --device cpu)")
+    gpus = s.gpus or tuple(range(visible))
+    if any(not 0 <= g < visible for g in gpus) or len(set(gpus)) != len(gpus):
+        raise SettingsError(
+            f"--gpus {','.join(map(str, gpus))}: each index once, among the {visible} visible GPUs (0..{visible - 1})"
+        )
+    if s.mode == "ddp" and s.learners > len(gpus):
+        raise SettingsError(
+            f"--mode ddp on GPUs runs one rank per GPU (NCCL cannot share one between ranks): "
+            f"{s.learners} learners need {s.learners} GPUs, {len(gpus)} given"
+        )
+    return gpus
 
 
 def parse_speed_factors(text: str, learners: int) -> tuple[float, ...]:

@@ -7,7 +7,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from diloco_bench import bandwidth, chaos, codec, codecs, gpu, hetero, merge_rule, plots, quality, simulate
+from diloco_bench import (
+    bandwidth,
+    chaos,
+    codec,
+    codecs,
+    gpu,
+    hetero,
+    merge_rule,
+    plots,
+    quality,
+    quantize,
+    simulate,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -198,3 +210,27 @@ def test_chaos_runs_the_local_runner_and_reads_its_report(tmp_path: Path) -> Non
 def test_gpu_skips_with_a_clear_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert gpu.main([]) == 0
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_gpu_runs_every_part_on_the_cpu_at_a_tiny_size(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    argv = ["--device", "cpu", *TINY, "--timed-steps", "2", "--warmup-steps", "1", "--no-compile",
+            "--boundaries", "1", "--fragments", "2", "--train-steps", "2", "--threads", "1",
+            "--peak-tflops", "1", "--json", str(out)]  # fmt: skip
+    assert gpu.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "inner step, eager" in printed
+    assert "held-out loss" in printed
+    figures = json.loads(out.read_text())
+    assert figures["eager"]["tokens_per_s"] > 0
+    assert [r["fragment"] for r in figures["boundary"]] == [0, 1]
+    assert all(r["device_gparams_per_s"] > 0 for r in figures["boundary"])
+
+
+def test_quantize_compares_numpy_and_torch_and_checks_the_bytes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "quantize.json"
+    assert quantize.main(["--params", "5000", "--repeats", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["format"] for r in rows] == ["fp32", "bf16", "fp16", "int8", "int4", "e3m0"]
+    assert all(r["identical"] and r["torch_decode"] > 0 for r in rows)
+    assert "| int4 |" in capsys.readouterr().out

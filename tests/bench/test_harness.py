@@ -114,3 +114,25 @@ def test_an_open_round_pulls_the_partial_progress_of_slower_learners(corpus: h.C
     assert pulled.participants > alone.participants
     no_grace = h.run(h.decoupled(4, inner_steps=8, partial=True, grace_gamma=0.0), TINY, timing, corpus, 0)
     assert no_grace.partials == 0  # a round without a grace window merges before anyone can answer
+
+
+def test_the_device_flag_reaches_the_workload_and_cpu_stays_the_default() -> None:
+    p = h.parser("x", None, steps=4)
+    assert h.workload_from(p.parse_args([])).device == "cpu"
+    assert h.workload_from(p.parse_args(["--device", "cuda"])).device == "cuda"
+
+
+@pytest.mark.gpu
+def test_every_method_runs_on_cuda_with_the_same_accounting() -> None:
+    """Learners and the data-parallel model on the GPU (bf16 autocast): the bytes on the wire and the
+    steps do not depend on the device; the losses are finite."""
+    cuda = h.Workload(**{**TINY.__dict__, "device": "cuda"})
+    corpus = h.Corpus(cuda)
+    timing = h.Timing(steps=8)
+    for method in (h.data_parallel(2), h.diloco_sync(2, inner_steps=4), h.decoupled(2, inner_steps=4)):
+        on_cpu = h.run(method, TINY, timing, h.Corpus(TINY), 0)
+        on_gpu = h.run(method, cuda, timing, corpus, 0)
+        assert on_gpu.steps == on_cpu.steps
+        assert np.isfinite(on_gpu.eval_loss)
+        if method.kind == "dp":
+            assert on_gpu.bytes_up == on_cpu.bytes_up

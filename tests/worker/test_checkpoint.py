@@ -120,7 +120,7 @@ def test_python_random_state_is_kept_as_json(tmp_path: Path) -> None:
     assert [random.random() for _ in range(3)] == expected
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 def test_cuda_generators_are_saved_and_restored(tmp_path: Path) -> None:
     store = FilesystemStore(tmp_path)
     model = build_gpt(TINY)

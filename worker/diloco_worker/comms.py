@@ -20,13 +20,13 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 from diloco_core import bounds
 from diloco_core import protocol as proto
-from diloco_core.codec import CodecError, decode, encode
+from diloco_core.codec import CodecError, decode
 from diloco_core.fragments import FragmentPlan
 
 from .fragment_state import Contribution
@@ -93,9 +93,11 @@ class Communicator:
         *,
         versions: dict[int, int],
         on_unknown_learner: Callable[[int], None] = lambda shard: None,
+        stage: Callable[[int, dict[str, np.ndarray]], Mapping[str, np.ndarray]] = lambda p, arrays: arrays,
     ) -> None:
         """``client``: one synchronizer, or the clients of every shard; ``on_unknown_learner(shard)``
-        is called when a shard no longer knows this learner (it registers again there)."""
+        is called when a shard no longer knows this learner (it registers again there); ``stage(p,
+        arrays)`` prepares a decoded global version in the poller thread (the learner's device copy)."""
         self.shards = (
             client if isinstance(client, ShardClients) else ShardClients.single(client, len(plan.fragments))
         )
@@ -104,8 +106,9 @@ class Communicator:
         self.bytes_sent = 0
         self.sent = self.dropped = self.rejected = 0
         self._on_unknown = on_unknown_learner
+        self._stage = stage
         self._slots: dict[int, Contribution] = {}
-        self._arrivals: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+        self._arrivals: dict[int, tuple[int, Mapping[str, np.ndarray]]] = {}
         self._known = dict(versions)  # newest version each poller has delivered
         self._resync: set[int] = set()
         self._requests: dict[int, int] = {}  # fragment → version of a round asking for this learner
@@ -144,7 +147,7 @@ class Communicator:
             self._slots[c.fragment] = c
             self._cv.notify_all()
 
-    def take_arrivals(self) -> dict[int, tuple[int, dict[str, np.ndarray]]]:
+    def take_arrivals(self) -> dict[int, tuple[int, Mapping[str, np.ndarray]]]:
         with self._lock:
             out, self._arrivals = self._arrivals, {}
         return out
@@ -223,13 +226,7 @@ class Communicator:
 
         Its log lines name the learner's step when the send ended (``progress.step``, the newest the
         training thread reported); the step the outer gradient was taken at is on the "queued" line."""
-        payload = encode(
-            c.tensors,
-            fragment=c.fragment,
-            base_version=c.base_version,
-            kind="outer_grad",
-            quantizer=self.settings.quantizer,
-        )
+        payload = c.encode(self.settings.quantizer)
         with self._bucket_lock:
             delay = self._bucket.delay_for(len(payload))
         self._stop.wait(delay)
@@ -301,6 +298,7 @@ class Communicator:
                 log.error("fragment=%d version=%d undecodable global payload: %s", p, got.version, exc)
                 self._stop.wait(backoff_delay(attempt + 3, self._rng))
                 continue
+            staged = self._stage(p, tensors)
             with self._lock:
                 forced = p in self._resync
                 if got.version > self._known.get(p, -1) or forced:
@@ -308,7 +306,7 @@ class Communicator:
                     self._resync.discard(p)
                     if self._requests.get(p, got.version) < got.version:
                         del self._requests[p]  # that round is over
-                    self._arrivals[p] = (got.version, tensors)
+                    self._arrivals[p] = (got.version, staged)
                     self._arrived.notify_all()
 
     def _round_opened(self, p: int, r: RoundOpen) -> None:

@@ -119,6 +119,12 @@ def split_corpus(data: np.ndarray, eval_fraction: float) -> tuple[np.ndarray, np
 
 def _windows(data: np.ndarray, starts: np.ndarray, block_size: int, device: torch.device) -> Batch:
     rows = np.stack([data[s : s + block_size + 1] for s in starts]).astype(np.int64)
+    if device.type == "cuda":  # pinned host memory: the copies run without the host waiting for them
+        x = torch.empty((len(starts), block_size), dtype=torch.int64, pin_memory=True)
+        y = torch.empty((len(starts), block_size), dtype=torch.int64, pin_memory=True)
+        x.numpy()[:] = rows[:, :-1]
+        y.numpy()[:] = rows[:, 1:]
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     t = torch.from_numpy(rows)
     return t[:, :-1].to(device), t[:, 1:].to(device)
 

@@ -21,7 +21,7 @@ from diloco_core.fragments import FragmentPlan
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-Arrivals = dict[int, tuple[int, dict[str, np.ndarray]]]
+Arrivals = dict[int, tuple[int, Mapping[str, np.ndarray]]]
 _ORDINAL_RE = re.compile(r"-(\d+)$")
 
 

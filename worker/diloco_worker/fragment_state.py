@@ -7,19 +7,24 @@ of the algorithm (docs/algorithm.md §3.3):
 
 A fragment that was sent but whose merge has not come back yet falls due again after another H steps,
 and the fresher outer gradient (still relative to the same anchor) supersedes the unsent older one.
+
+The tensors (anchors, ``anchor - params``, taking a global version) live in an
+:class:`~.anchors.AnchorStore`: numpy on the host, or torch on the learner's device.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from diloco_core.codec import encode
 from diloco_core.fragments import FragmentPlan
-from diloco_core.learner import apply_global, outer_gradient
 from torch import nn
+
+from .anchors import AnchorStore, HostAnchors, OuterDelta
 
 
 @dataclass
@@ -43,33 +48,50 @@ class Contribution:
     steps: int
     tokens: int
     seq: int
-    tensors: dict[str, np.ndarray]
+    tensors: Mapping[str, np.ndarray] | OuterDelta  # float32 arrays, or already quantized (torch path)
 
-
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().float().numpy().copy()
+    def encode(self, quantizer: str) -> bytes:
+        """The payload of this outer gradient (compression, and on the torch path the wait for its
+        copy to the host: the sender thread's work)."""
+        if isinstance(self.tensors, Mapping):
+            return encode(
+                self.tensors, fragment=self.fragment, base_version=self.base_version, kind="outer_grad",
+                quantizer=quantizer,
+            )  # fmt: skip
+        return self.tensors.encode(fragment=self.fragment, base_version=self.base_version, quantizer=quantizer)
 
 
 class FragmentState:
     """Anchors and counters of every fragment of one learner (shared by all ranks of a unit)."""
 
-    def __init__(self, plan: FragmentPlan, params: Mapping[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        plan: FragmentPlan,
+        params: Mapping[str, torch.Tensor],
+        store: Callable[[FragmentPlan, Mapping[str, torch.Tensor]], AnchorStore] = HostAnchors,
+    ) -> None:
+        """``store`` builds the anchor store from the plan and the parameters (default: numpy)."""
         missing = [n for f in plan.fragments for n in f.names if n not in params]
         if missing:
             raise ValueError(f"the model has no parameters named {missing[:5]} that the fragment plan lists")
         self.plan = plan
         self.params = dict(params)
         self.counters = [FragmentCounter(steps=-f.offset) for f in plan.fragments]
-        self.anchors: dict[int, dict[str, np.ndarray]] = {
-            f.index: {n: _to_numpy(self.params[n]) for n in f.names} for f in plan.fragments
-        }
+        self.store = store(plan, self.params)
 
     @classmethod
-    def for_model(cls, plan: FragmentPlan, model: nn.Module) -> FragmentState:
-        return cls(plan, dict(model.named_parameters()))
+    def for_model(
+        cls,
+        plan: FragmentPlan,
+        model: nn.Module,
+        store: Callable[[FragmentPlan, Mapping[str, torch.Tensor]], AnchorStore] = HostAnchors,
+    ) -> FragmentState:
+        return cls(plan, dict(model.named_parameters()), store)
 
-    def fragment_params(self, p: int) -> dict[str, np.ndarray]:
-        return {n: _to_numpy(self.params[n]) for n in self.plan.fragments[p].names}
+    @property
+    def anchors(self) -> dict[int, dict[str, np.ndarray]]:
+        """Every fragment's anchor as float32 host arrays."""
+        return {f.index: self.store.arrays(f.index) for f in self.plan.fragments}
 
     def advance(self, tokens: int) -> None:
         """One inner step of ``tokens`` tokens was taken."""
@@ -84,35 +106,22 @@ class FragmentState:
             i for i, c in enumerate(self.counters) if c.steps > 0 and self.plan.is_due(i, c.steps - c.sent_at)
         ]
 
-    def take_contribution(self, p: int) -> Contribution:
-        """delta_p = A_p - theta_p, and mark the fragment as sent."""
+    def take_contribution(self, p: int, quantizer: str = "int4") -> Contribution:
+        """delta_p = A_p - theta_p (for a payload in ``quantizer``), and mark the fragment as sent."""
         self.mark_sent(p)
         c = self.counters[p]
-        delta = outer_gradient(self.anchors[p], self.fragment_params(p))
+        delta = self.store.outer_gradient(p, quantizer)
         return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, delta)
 
-    @torch.no_grad()
     def apply(self, p: int, version: int, global_params: Mapping[str, np.ndarray], alpha: float) -> None:
         """Take global version ``version`` of fragment ``p`` (mixing factor ``alpha``)."""
-        mixed = apply_global(self.fragment_params(p), global_params, alpha) if alpha > 0 else global_params
-        for name, value in mixed.items():
-            target = self.params[name]
-            target.copy_(
-                torch.from_numpy(np.asarray(value, dtype=np.float32)).to(target.device, target.dtype)
-            )
-        self.anchors[p] = {n: np.array(v, dtype=np.float32, copy=True) for n, v in global_params.items()}
+        self.store.apply(p, global_params, alpha)
         c = self.counters[p]
         c.base_version, c.steps, c.tokens, c.sent_at = version, 0, 0, 0
 
-    @torch.no_grad()
     def set_base(self, p: int, version: int, global_params: Mapping[str, np.ndarray]) -> None:
         """Start from global version ``version`` without touching the counters (first contact)."""
-        for name, value in global_params.items():
-            target = self.params[name]
-            target.copy_(
-                torch.from_numpy(np.asarray(value, dtype=np.float32)).to(target.device, target.dtype)
-            )
-        self.anchors[p] = {n: np.array(v, dtype=np.float32, copy=True) for n, v in global_params.items()}
+        self.store.apply(p, global_params, 0.0)
         self.counters[p].base_version = version
 
     def mark_sent(self, p: int) -> None:
@@ -138,4 +147,4 @@ class FragmentState:
             raise ValueError(f"checkpoint has {len(meta)} fragments, the plan has {len(self.counters)}")
         self.counters = [FragmentCounter(**{k: int(v) for k, v in m.items()}) for m in meta]
         for p, tensors in anchors.items():
-            self.anchors[p] = {n: np.array(v, dtype=np.float32) for n, v in tensors.items()}
+            self.store.load(p, tensors)

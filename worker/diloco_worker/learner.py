@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -12,6 +13,7 @@ import torch
 from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.storage import ObjectStore
 
+from .anchors import DeviceAnchors, build_anchor_store
 from .checkpoint import (
     Checkpoint,
     common_step,
@@ -26,8 +28,10 @@ from .data import Shard
 from .distributed import Unit, join_unit
 from .entry import TaskContext, TrainingTask, load_task
 from .fragment_state import FragmentState
+from .hardware import peak_flops
 from .health import Health
 from .metrics import MetricsLog
+from .model import flops_per_token
 from .session import DiLoCoSession
 from .settings import WorkerSettings
 from .train import LoopState, make_optimizer, train
@@ -113,6 +117,8 @@ def run_learner(
     if settings.threads:
         torch.set_num_threads(settings.threads)
     device = pick_device(settings.device, env)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for the float32 matmuls outside autocast
     unit: Unit = join_unit(env, device)
     try:
         return _run(settings, unit, stop, health or Health(settings.health_stale_s))
@@ -132,8 +138,10 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: He
     task = load_task(ctx)
     task.model.to(unit.device)
     plan = plan_for(task, settings)
-    optimizer = make_optimizer(task.model, settings.train)
-    fs = FragmentState.for_model(plan, task.model)
+    optimizer = make_optimizer(task.model, settings.train, settings.adamw)
+    fs = FragmentState.for_model(plan, task.model, functools.partial(
+        build_anchor_store, device=unit.device, compute=settings.sync_compute, placement=settings.anchor_memory,
+    ))  # fmt: skip
     store, state = _resume_if_any(settings, unit, task, optimizer, fs, plan)
     resumed = state.step > 0
     metrics = None
@@ -157,13 +165,14 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: He
         )
         session.connect(state, resumed=resumed)
     log.info(
-        "learner=%s rank=%d/%d device=%s params=%d fragments=%d",
+        "learner=%s rank=%d/%d device=%s params=%d fragments=%d outer gradients in %s",
         settings.learner_id,
         unit.rank,
         unit.world_size,
         unit.device,
         plan.num_params,
         len(plan.fragments),
+        "torch on the device" if isinstance(fs.store, DeviceAnchors) else "numpy on the host",
     )
     try:
         train(
@@ -182,6 +191,9 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: He
             metrics=metrics,
             stop_at_step=settings.stop_at_step,
             health=health,
+            compile_model=settings.compile_model,
+            flops_per_token=flops_per_token(task.model),
+            peak_flops=peak_flops(unit.device, settings.peak_tflops),
         )
     finally:
         health.beat("leaving")

@@ -123,6 +123,18 @@ def build_gpt(settings: ModelSettings) -> GPT:
         return GPT(config)
 
 
+def flops_per_token(model: nn.Module) -> float:
+    """Training FLOPs (forward and backward) per token: 6 per parameter that takes part in a matrix
+    product, plus, for the built-in GPT, attention's 12 x layers x width x context (PaLM, appendix B;
+    nanoGPT estimates MFU the same way). Position embeddings are looked up, not multiplied, and a
+    tied parameter counts once."""
+    n = sum(p.numel() for name, p in model.named_parameters() if name != "wpe.weight")
+    if not isinstance(model, GPT):
+        return 6.0 * n
+    c = model.config
+    return 6.0 * n + 12.0 * c.n_layer * c.n_embd * c.block_size
+
+
 def lm_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
     """Next-byte cross-entropy."""
     x, y = batch

@@ -217,6 +217,7 @@ class DiLoCoSession:
                 settings,
                 versions=self.fs.versions(),
                 on_unknown_learner=self._reregister,
+                stage=self.fs.store.stage,
             )
             # a resumed learner reports where its checkpoint left it from the first heartbeat on (one
             # that resumed at the end of training leaves before it steps: it reports nothing else)
@@ -263,7 +264,7 @@ class DiLoCoSession:
         due = self.fs.due()
         for p in due:
             if self.comm:
-                c = self.fs.take_contribution(p)
+                c = self.fs.take_contribution(p, self.quantizer)
                 self.comm.submit(c)
                 log.info(
                     "learner=%s step=%d fragment=%d version=%d outer gradient queued (%d steps)",
@@ -297,7 +298,7 @@ class DiLoCoSession:
             if self.comm is None:
                 self.fs.mark_sent(p)
                 continue
-            contribution = self.fs.take_contribution(p)
+            contribution = self.fs.take_contribution(p, self.quantizer)
             self.comm.submit(contribution)
             self.comm.answered(p)
             log.info(

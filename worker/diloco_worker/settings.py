@@ -62,6 +62,29 @@ class WorkerSettings(BaseModel):
     bandwidth_limit: float = Field(0.0, ge=0.0, description="bytes/s for outgoing fragments; 0: unlimited")
     metrics_file: str | None = Field(None, description="JSON lines of per-step metrics")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda' or 'cuda:N'")
+    sync_compute: Literal["auto", "numpy", "torch"] = Field(
+        "auto",
+        description="where a due fragment's outer gradient is computed and quantized: 'torch' on the "
+        "learner's device (side CUDA stream, byte-identical payloads), 'numpy' on the host, or 'auto' "
+        "(torch on CUDA, numpy otherwise)",
+    )
+    compile_model: Annotated[bool, Cli("compile")] = Field(
+        False, description="run the model through torch.compile (the first step compiles; its time is logged)"
+    )
+    adamw: Literal["auto", "fused", "foreach", "loop"] = Field(
+        "auto",
+        description="AdamW implementation: 'fused' (one kernel), 'foreach', 'loop' (per tensor), or 'auto' "
+        "(fused on CUDA, loop on a CPU, foreach elsewhere)",
+    )
+    peak_tflops: float = Field(
+        0.0, ge=0.0, description="the device's peak TFLOP/s that MFU is measured against (0: the bf16 peak of "
+        "a known GPU; none on a CPU)",
+    )  # fmt: skip
+    anchor_memory: Literal["auto", "device", "host"] = Field(
+        "auto",
+        description="with the torch path on CUDA: keep the anchors in 'device' memory or in pinned "
+        "'host' memory; 'auto' decides from the free device memory and logs the choice",
+    )
     poll_wait_s: Annotated[float, Cli("poll-wait")] = Field(
         10.0, gt=0.0, description="seconds a long-poll for new global versions waits"
     )

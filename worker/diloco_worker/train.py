@@ -1,4 +1,12 @@
-"""The inner training loop: AdamW, warmup + cosine, clipping, accumulation, bf16 autocast on CUDA."""
+"""The inner training loop: AdamW, warmup + cosine, clipping, accumulation, bf16 autocast on CUDA.
+
+On CUDA the loop never waits for the device within a step: the loss is summed on the device and
+read only at logged steps, batches come from pinned memory with non-blocking copies, AdamW is fused.
+The host therefore runs ahead of the device and a single step's wall time means little there; step
+times and tokens/s are the means over the steps since the previous logged step instead (on a CPU
+each step is measured on its own, as before). ``compile`` runs the model through ``torch.compile``;
+the first step (which compiles) is timed and logged.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from diloco_core.config import TrainSettings
@@ -55,12 +63,29 @@ def lr_at(step: int, cfg: TrainSettings) -> float:
     return float(floor + 0.5 * (cfg.lr - floor) * (1.0 + math.cos(math.pi * progress)))
 
 
-def make_optimizer(model: nn.Module, cfg: TrainSettings) -> torch.optim.AdamW:
+AdamWImpl = Literal["auto", "fused", "foreach", "loop"]
+
+
+def adamw_impl(device: torch.device, wanted: AdamWImpl = "auto") -> Literal["fused", "foreach", "loop"]:
+    """``auto``: one fused kernel on CUDA; on a CPU the per-tensor loop the learner has always used
+    (its numbers stay exactly what they were); ``foreach`` (one kernel per operation over all
+    tensors) on any other device."""
+    if wanted != "auto":
+        return wanted
+    return "fused" if device.type == "cuda" else "loop" if device.type == "cpu" else "foreach"
+
+
+def make_optimizer(model: nn.Module, cfg: TrainSettings, impl: AdamWImpl = "auto") -> torch.optim.AdamW:
     """AdamW; no weight decay on biases, norms and other 1-d tensors."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), foreach=False)
+    first = next(iter(decay + no_decay), None)
+    chosen = adamw_impl(first.device if first is not None else torch.device("cpu"), impl)
+    return torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=chosen == "fused" or None,
+        foreach=chosen == "foreach",
+    )  # fmt: skip
 
 
 def autocast_for(device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -83,11 +108,43 @@ def evaluate(model: nn.Module, task: TrainingTask, device: torch.device) -> floa
     return sum(losses) / len(losses)
 
 
+class StepClock:
+    """Step times as reported to heartbeats and logs. ``per_step``: each step's own wall time (a
+    CPU); otherwise the mean over the window since the previous logged step, once there is one."""
+
+    def __init__(self, per_step: bool, state: LoopState) -> None:
+        self.per_step = per_step
+        self._mark = (time.perf_counter(), state.step, state.tokens)
+        self.window_step_time: float | None = None
+        self.window_tokens_per_s: float | None = None
+
+    def step_time(self, measured: float) -> float:
+        if self.per_step or self.window_step_time is None:
+            return measured
+        return self.window_step_time
+
+    def close_window(self, state: LoopState) -> None:
+        """At a logged step, after reading the loss (the host has waited for the device)."""
+        now, (t0, step0, tokens0) = time.perf_counter(), self._mark
+        if state.step > step0 and now > t0:
+            self.window_step_time = (now - t0) / (state.step - step0)
+            self.window_tokens_per_s = (state.tokens - tokens0) / (now - t0)
+        self._mark = (now, state.step, state.tokens)
+
+
 def _emit(
-    state: LoopState, loss: float, step_time: float, step_tokens: int, metrics: MetricsLog | None
-) -> None:
+    state: LoopState, loss: float, step_time: float, step_tokens: int, metrics: MetricsLog | None,
+    clock: StepClock | None = None, flops_per_token: float | None = None, peak_flops: float | None = None,
+) -> None:  # fmt: skip
     tps = step_tokens / step_time if step_time > 0 else 0.0
-    log.info("step=%d loss=%.4f tokens/s=%.0f step_time=%.3fs", state.step, loss, tps, step_time)
+    if clock is not None and not clock.per_step and clock.window_tokens_per_s is not None:
+        tps = clock.window_tokens_per_s
+        step_time = clock.window_step_time or step_time
+    mfu = tps * flops_per_token / peak_flops if flops_per_token and peak_flops else None
+    log.info(
+        "step=%d loss=%.4f tokens/s=%.0f step_time=%.3fs%s", state.step, loss, tps, step_time,
+        f" mfu={100 * mfu:.1f}%" if mfu is not None else "",
+    )  # fmt: skip
     if metrics:
         metrics.write(
             step=state.step,
@@ -97,6 +154,7 @@ def _emit(
             step_time_s=step_time,
             blocked_s=state.blocked_s,
             eval_loss=state.eval_loss,
+            **({"mfu": mfu} if mfu is not None else {}),
         )
 
 
@@ -117,27 +175,39 @@ def train(
     metrics: MetricsLog | None = None,
     stop_at_step: int = 0,
     health: Health | None = None,
+    compile_model: bool = False,
+    flops_per_token: float | None = None,
+    peak_flops: float | None = None,
 ) -> LoopState:
     """Train until ``cfg.max_steps``, a stop request or ``stop_at_step``; a stop finishes the current step
-    first. The learning-rate schedule always spans ``cfg.max_steps``."""
+    first. The learning-rate schedule always spans ``cfg.max_steps``. With ``flops_per_token`` and the
+    device's ``peak_flops`` known, logged steps carry the model FLOPs utilisation (MFU)."""
     model = unit.wrap(task.model)
+    if compile_model:
+        model = torch.compile(model)  # type: ignore[assignment]
     model.train()
     batches: Iterator[Any] = task.make_batches(state.cursor)
     params: Sequence[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
+    on_cuda = unit.device.type == "cuda"
+    clock = StepClock(per_step=not on_cuda, state=state)
+    first_step = True
     while state.step < cfg.max_steps:
         if health:
             health.beat("training")
         t0 = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(state.step, cfg)
-        loss_sum, step_tokens = 0.0, 0
+        # the step's loss stays on the device until a logged step reads it (float64: the sum a
+        # Python float would give)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=unit.device)
+        step_tokens = 0
         for micro in range(cfg.grad_accum):
             batch = next(batches)
             state.cursor += 1
             with unit.no_sync(model, skip=micro < cfg.grad_accum - 1), autocast_for(unit.device):
                 loss = task.loss_fn(model, batch) / cfg.grad_accum
             loss.backward()
-            loss_sum += float(loss.detach())
+            loss_sum += loss.detach()
             step_tokens += task.tokens_of(batch) * unit.world_size
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -146,14 +216,23 @@ def train(
         state.step += 1
         state.tokens += step_tokens
         if speed_factor > 1.0:  # emulate slower hardware
+            if on_cuda:
+                torch.cuda.synchronize(unit.device)  # the step's device time, not the time to queue it
             time.sleep((speed_factor - 1.0) * (time.perf_counter() - t0))
         step_time = time.perf_counter() - t0
+        if first_step and compile_model:
+            if on_cuda:
+                torch.cuda.synchronize(unit.device)
+            log.info("torch.compile: the first step took %.1f s (compilation included)", time.perf_counter() - t0)
+        first_step = False
         asked = stop.is_set() or (stop_at_step > 0 and state.step >= stop_at_step)
-        stopping = hook.at_boundary(state, step_tokens, asked, step_time) if hook else asked
+        stopping = hook.at_boundary(state, step_tokens, asked, clock.step_time(step_time)) if hook else asked
         if eval_every and state.step % eval_every == 0:
             state.eval_loss = evaluate(task.model, task, unit.device)
         if state.step % log_every == 0 or stopping or state.step >= cfg.max_steps:
-            _emit(state, loss_sum, step_time, step_tokens, metrics)
+            loss_value = float(loss_sum)
+            clock.close_window(state)
+            _emit(state, loss_value, step_time, step_tokens, metrics, clock, flops_per_token, peak_flops)
         at_end = stopping or state.step >= cfg.max_steps
         if save and ((checkpoint_every and state.step % checkpoint_every == 0) or at_end):
             save(state)

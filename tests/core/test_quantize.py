@@ -1,0 +1,60 @@
+"""The quantizers' exact rules: e3m0 levels by exact thresholds, non-finite input written canonically."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from diloco_core import quantize as q
+
+
+def test_e3m0_thresholds_are_the_smallest_float32_above_each_midpoint() -> None:
+    for k, t in enumerate(q.E3M0_THRESHOLDS):
+        below = np.nextafter(t, np.float32(0))
+        midpoint_squared = Fraction(2) ** (2 * k - 13)  # (2**(k - 6.5))**2
+        assert Fraction(float(t)) ** 2 > midpoint_squared > Fraction(float(below)) ** 2
+
+
+def test_e3m0_takes_the_level_nearest_in_log2_space_exactly_at_the_boundaries() -> None:
+    """Next to each midpoint 2**(k - 6.5) between levels k and k + 1 (of a block of scale 1)."""
+    values, expected = [np.float32(1.0)], [7]
+    for k, t in enumerate(q.E3M0_THRESHOLDS):
+        values += [np.nextafter(t, np.float32(0)), t]
+        expected += [k, k + 1]
+    x = np.array(values, dtype=np.float32)
+    codes, scales = q.quantize(x, "e3m0", x.size)
+    levels = np.frombuffer(codes, np.uint8)
+    unpacked = np.stack([levels & 0x0F, levels >> 4], axis=1).reshape(-1)[: x.size]
+    assert unpacked.tolist() == expected
+    assert np.frombuffer(scales, "<f4").tolist() == [1.0]
+
+
+@pytest.mark.parametrize("quantizer", ["int8", "int4", "e3m0"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_block_holding_a_non_finite_value_is_written_as_nan_scale_and_zero_codes(
+    quantizer: str, bad: float
+) -> None:
+    x = np.linspace(-1, 1, 24, dtype=np.float32)
+    x[10] = bad  # second block of 8
+    values, scales = q.quantize(x, quantizer, 8)
+    s = np.frombuffer(scales, "<u4")
+    assert s[1] == q.CANONICAL_NAN_BITS
+    assert np.isfinite(np.frombuffer(scales, "<f4")[[0, 2]]).all()
+    y = q.dequantize(values, scales, quantizer, x.size, 8)
+    assert np.isnan(y[8:16]).all()
+    assert np.isfinite(y[:8]).all()
+    assert np.isfinite(y[16:]).all()
+    clean = x.copy()
+    clean[8:16] = 0.0
+    again, _ = q.quantize(clean, quantizer, 8)
+    assert again == values  # the block's codes are those of zeros
+
+
+def test_fp16_and_bf16_nan_keep_sign_and_payload_top_and_are_quiet() -> None:
+    bits = np.array([0x7F800001, 0xFF800001, 0x7FC00000, 0x7FA00000, 0xFFFFFFFF], dtype=np.uint32)
+    x = bits.view(np.float32)
+    fp16 = np.frombuffer(q.quantize(x, "fp16", 256)[0], "<u2")
+    assert [hex(v) for v in fp16] == ["0x7e00", "0xfe00", "0x7e00", "0x7f00", "0xffff"]
+    bf16 = np.frombuffer(q.quantize(x, "bf16", 256)[0], "<u2")
+    assert [hex(v) for v in bf16] == ["0x7fc0", "0xffc0", "0x7fc0", "0x7fe0", "0xffff"]

@@ -1,0 +1,333 @@
+"""The tensor half of a learner's fragment state: each fragment's anchor, its outer gradient
+``anchor - params``, and taking a global version into the parameters (docs/algorithm.md §3.3).
+
+Two implementations of one interface (:class:`AnchorStore`):
+
+- :class:`HostAnchors` (numpy, the reference): anchors are float32 arrays in host memory; at a due
+  step the training thread copies the fragment's parameters to the host and subtracts, and the
+  sender thread quantizes and compresses. On a CPU this costs the training thread almost nothing.
+- :class:`DeviceAnchors` (torch): anchors are flat float32 buffers (``torch_quantize.FlatLayout``)
+  on the learner's device, or in pinned host memory when they do not fit there. At a due step the
+  training thread only queues work on a side CUDA stream: copy the parameters, subtract, quantize
+  (byte-identical to the reference), copy the result into pinned host buffers, record an event;
+  the sender thread waits for that event and then only compresses and sends. A global version is
+  decoded and copied to the device by the poller thread, on a staging stream, into a staging
+  buffer (:meth:`DeviceAnchors.stage`); at the step boundary the training thread makes its stream
+  wait for that copy and copies the staging buffer into the parameters, device to device; the
+  staging buffer becomes the anchor.
+
+On a CPU ``DeviceAnchors`` runs the same code without streams or pinned memory (everything is
+synchronous), which is how its payloads are checked against the reference without a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+import torch
+from diloco_core import codec
+from diloco_core import quantize as q
+from diloco_core.fragments import FragmentPlan
+from diloco_core.learner import apply_global, outer_gradient
+from torch import Tensor
+
+from .torch_quantize import FlatLayout, quantize_flat
+
+log = logging.getLogger("diloco_worker.anchors")
+
+Compute = Literal["auto", "numpy", "torch"]
+Placement = Literal["auto", "device", "host"]
+Arrays = Mapping[str, np.ndarray]
+
+
+class OuterDelta(Protocol):
+    """An outer gradient prepared for the wire (the torch path quantizes it before the sender)."""
+
+    def encode(self, *, fragment: int, base_version: int, quantizer: str) -> bytes: ...
+
+
+class AnchorStore(Protocol):
+    def arrays(self, p: int) -> dict[str, np.ndarray]:
+        """Fragment ``p``'s anchor as float32 host arrays (checkpoints, the initial upload)."""
+        ...
+
+    def outer_gradient(self, p: int, quantizer: str) -> Arrays | OuterDelta:
+        """``anchor - params`` of fragment ``p`` for a payload in ``quantizer``."""
+        ...
+
+    def apply(self, p: int, values: Arrays, alpha: float) -> None:
+        """``params <- alpha * params + (1 - alpha) * values; anchor <- values``."""
+        ...
+
+    def load(self, p: int, arrays: Arrays) -> None:
+        """Set the anchor (from a checkpoint)."""
+        ...
+
+    def stage(self, p: int, arrays: dict[str, np.ndarray]) -> Arrays:
+        """Prepare a decoded global version for :meth:`apply` (called by the poller threads)."""
+        ...
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().float().numpy().copy()
+
+
+class HostAnchors:
+    """The numpy reference: anchors in host memory, arithmetic in numpy."""
+
+    def __init__(self, plan: FragmentPlan, params: Mapping[str, Tensor]) -> None:
+        self.plan, self.params = plan, params
+        self.anchors: dict[int, dict[str, np.ndarray]] = {
+            f.index: {n: _to_numpy(params[n]) for n in f.names} for f in plan.fragments
+        }
+
+    def fragment_params(self, p: int) -> dict[str, np.ndarray]:
+        return {n: _to_numpy(self.params[n]) for n in self.plan.fragments[p].names}
+
+    def arrays(self, p: int) -> dict[str, np.ndarray]:
+        return self.anchors[p]
+
+    def outer_gradient(self, p: int, quantizer: str) -> Arrays:
+        return outer_gradient(self.anchors[p], self.fragment_params(p))
+
+    @torch.no_grad()
+    def apply(self, p: int, values: Arrays, alpha: float) -> None:
+        mixed = apply_global(self.fragment_params(p), values, alpha) if alpha > 0 else values
+        for name, value in mixed.items():
+            target = self.params[name]
+            target.copy_(
+                torch.from_numpy(np.asarray(value, dtype=np.float32)).to(target.device, target.dtype)
+            )
+        self.anchors[p] = {n: np.array(v, dtype=np.float32, copy=True) for n, v in values.items()}
+
+    def load(self, p: int, arrays: Arrays) -> None:
+        self.anchors[p] = {n: np.array(v, dtype=np.float32) for n, v in arrays.items()}
+
+    def stage(self, p: int, arrays: dict[str, np.ndarray]) -> Arrays:
+        return arrays
+
+
+@dataclass(frozen=True)
+class DeviceSnapshot:
+    """A quantized outer gradient on its way to pinned host buffers; ``done`` marks its arrival."""
+
+    layout: FlatLayout
+    quantizer: str
+    values: Tensor  # uint8, host (pinned on CUDA)
+    scales: Tensor
+    done: torch.cuda.Event | None  # None: already there (CPU)
+
+    def encode(self, *, fragment: int, base_version: int, quantizer: str) -> bytes:
+        """Wait for the copy (the caller's thread only), then build the payload (zstd)."""
+        if quantizer != self.quantizer:
+            raise ValueError(f"outer gradient quantized as {self.quantizer}, asked for {quantizer}")
+        if self.done is not None:
+            self.done.synchronize()
+        parts = self.layout.parts(quantizer, self.values.numpy(), self.scales.numpy())
+        return codec.encode_quantized(
+            parts, fragment=fragment, base_version=base_version, kind="outer_grad", quantizer=quantizer,
+            block_size=self.layout.block_size,
+        )  # fmt: skip
+
+
+class StagedGlobal(Mapping[str, np.ndarray]):
+    """A decoded global version of one fragment, also laid out flat in host memory (pinned on
+    CUDA) and on its way to a device buffer; ``ready`` marks the end of that copy. It reads as the
+    decoded arrays, so code that only needs those (a unit broadcasting to its other ranks) does not
+    need to know about it."""
+
+    def __init__(
+        self, fragment: int, layout: FlatLayout, arrays: Arrays, host: Tensor, device: Tensor,
+        ready: torch.cuda.Event | None,
+    ) -> None:  # fmt: skip
+        self.fragment, self.layout, self._arrays = fragment, layout, arrays
+        self.host, self.device, self.ready = host, device, ready
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+
+def choose_placement(
+    *, anchor_bytes: int, param_bytes: int, work_bytes: int, free_bytes: int, total_bytes: int
+) -> Literal["device", "host"]:
+    """Anchors go on the device when they fit next to what training still needs there: the AdamW
+    moments (twice the parameters; allocated at the first step), the side stream's work buffers,
+    and a fifth of the device's memory kept for activations. Otherwise pinned host memory."""
+    needed = anchor_bytes + 2 * param_bytes + work_bytes + total_bytes // 5
+    return "device" if needed <= free_bytes else "host"
+
+
+def _copy_all(targets: Sequence[Tensor], sources: Sequence[Tensor]) -> None:
+    if not targets:
+        return
+    if all(t.dtype == s.dtype and t.device == s.device for t, s in zip(targets, sources, strict=True)):
+        torch._foreach_copy_(list(targets), list(sources))  # one launch for the whole fragment on CUDA
+    else:
+        for t, s in zip(targets, sources, strict=True):
+            t.copy_(s)
+
+
+class DeviceAnchors:
+    """Anchors as flat float32 buffers on ``device`` (or pinned host memory); torch arithmetic."""
+
+    def __init__(
+        self, plan: FragmentPlan, params: Mapping[str, Tensor], device: torch.device,
+        placement: Placement = "auto", block_size: int = q.DEFAULT_BLOCK_SIZE,
+    ) -> None:  # fmt: skip
+        self.plan, self.device = plan, device
+        self.cuda = device.type == "cuda"
+        self.layouts = {f.index: FlatLayout.of(f.tensors, block_size) for f in plan.fragments}
+        self.params = {p: [params[n] for n in layout.names] for p, layout in self.layouts.items()}
+        longest = max((layout.total for layout in self.layouts.values()), default=0)
+        self.placement = self._place(placement, longest) if self.cuda else "device"
+        self.side = torch.cuda.Stream(device) if self.cuda else None
+        self.staging = torch.cuda.Stream(device) if self.cuda else None
+        self.work = torch.zeros(longest, dtype=torch.float32, device=device)
+        self.anchors: dict[int, Tensor] = {p: self._flat_of_params(p) for p in self.layouts}
+
+    def _place(self, wanted: Placement, longest: int) -> Literal["device", "host"]:
+        anchor_bytes = 4 * sum(layout.total for layout in self.layouts.values())
+        free, total = torch.cuda.mem_get_info(self.device)
+        param_bytes = sum(t.numel() * t.element_size() for ts in self.params.values() for t in ts)
+        chosen = wanted if wanted != "auto" else choose_placement(
+            anchor_bytes=anchor_bytes, param_bytes=param_bytes, work_bytes=16 * longest,
+            free_bytes=free, total_bytes=total,
+        )  # fmt: skip
+        log.info(
+            "anchors of %.1f MiB in %s memory (%s; %.1f of %.1f GiB free on %s)",
+            anchor_bytes / 2**20, "device" if chosen == "device" else "pinned host",
+            "chosen" if wanted == "auto" else "as configured", free / 2**30, total / 2**30, self.device,
+        )  # fmt: skip
+        return chosen
+
+    @property
+    def anchor_device(self) -> torch.device:
+        return self.device if self.placement == "device" else torch.device("cpu")
+
+    def _empty_host(self, n: int, dtype: torch.dtype) -> Tensor:
+        return torch.empty(n, dtype=dtype, pin_memory=self.cuda)
+
+    @torch.no_grad()
+    def _flat_of_params(self, p: int) -> Tensor:
+        layout = self.layouts[p]
+        flat = torch.zeros(layout.total, dtype=torch.float32, device=self.device)
+        _copy_all(layout.views(flat), self.params[p])
+        if self.placement == "host":
+            host = self._empty_host(layout.total, torch.float32)
+            host.copy_(flat)
+            return host
+        return flat
+
+    @contextlib.contextmanager
+    def _on_side_stream(self) -> Iterator[tuple[torch.cuda.Stream, torch.cuda.Stream] | None]:
+        """(training stream, side stream), the side stream running after everything the training
+        stream has queued so far; None on a CPU."""
+        if self.side is None:
+            yield None
+            return
+        main = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(main)
+        with torch.cuda.stream(self.side):
+            yield main, self.side
+
+    # ---- the interface ----
+    def arrays(self, p: int) -> dict[str, np.ndarray]:
+        layout = self.layouts[p]
+        flat = self.anchors[p].cpu()
+        return {s.name: v.numpy().copy() for s, v in zip(layout.specs, layout.views(flat), strict=True)}
+
+    @torch.no_grad()
+    def outer_gradient(self, p: int, quantizer: str) -> DeviceSnapshot:
+        """Queue ``anchor - params`` and its quantization; the training stream only waits (on the
+        device) until the parameters have been read, and the training thread not at all."""
+        layout = self.layouts[p]
+        with self._on_side_stream() as streams:
+            work = self.work[: layout.total]
+            work.zero_()
+            _copy_all(layout.views(work), self.params[p])
+            anchor, done = self.anchors[p], None
+            if streams is not None:
+                main, side = streams
+                read = torch.cuda.Event()
+                read.record(side)
+                main.wait_event(read)  # the next optimizer step changes the parameters once they are read
+                if anchor.device.type == "cuda":
+                    anchor.record_stream(side)
+                else:
+                    anchor = anchor.to(self.device, non_blocking=True)
+            torch.sub(anchor, work, out=work)
+            out = quantize_flat(work, quantizer, layout)
+            values = self._empty_host(out.values.numel(), torch.uint8)
+            scales = self._empty_host(out.scales.numel(), torch.uint8)
+            values.copy_(out.values, non_blocking=self.cuda)
+            scales.copy_(out.scales, non_blocking=self.cuda)
+            if streams is not None:
+                done = torch.cuda.Event()
+                done.record(streams[1])
+        return DeviceSnapshot(layout, quantizer, values, scales, done)
+
+    def stage(self, p: int, arrays: dict[str, np.ndarray]) -> StagedGlobal:
+        """Lay a decoded global version out flat in host memory and start its copy to the device."""
+        layout = self.layouts[p]
+        host = self._empty_host(layout.total, torch.float32)
+        host.zero_()
+        for view, name in zip(layout.views(host), layout.names, strict=True):
+            view.copy_(torch.from_numpy(np.asarray(arrays[name], dtype=np.float32)))
+        if self.staging is None:
+            return StagedGlobal(p, layout, arrays, host, host, None)
+        with torch.cuda.stream(self.staging):
+            dev = host.to(self.device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(self.staging)
+        return StagedGlobal(p, layout, arrays, host, dev, ready)
+
+    @torch.no_grad()
+    def apply(self, p: int, values: Arrays, alpha: float) -> None:
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        layout = self.layouts[p]
+        staged = values if isinstance(values, StagedGlobal) and values.layout == layout else None
+        if staged is None:
+            staged = self.stage(p, dict(values))
+        if staged.ready is not None:
+            main = torch.cuda.current_stream(self.device)
+            main.wait_event(staged.ready)
+            staged.device.record_stream(main)
+        params, new = self.params[p], layout.views(staged.device)
+        if alpha == 0.0:
+            _copy_all(params, new)
+        else:  # three separately rounded float32 operations, as the reference computes them
+            mixed = torch._foreach_add(
+                torch._foreach_mul([t.float() for t in params], alpha), torch._foreach_mul(new, 1.0 - alpha)
+            )
+            _copy_all(params, mixed)
+        self.anchors[p] = staged.device if self.placement == "device" else staged.host
+
+    def load(self, p: int, arrays: Arrays) -> None:
+        staged = self.stage(p, dict(arrays))
+        if staged.ready is not None:
+            staged.ready.synchronize()
+        self.anchors[p] = staged.device if self.placement == "device" else staged.host
+
+
+def build_anchor_store(
+    plan: FragmentPlan, params: Mapping[str, Tensor], device: torch.device, *, compute: Compute = "auto",
+    placement: Placement = "auto",
+) -> AnchorStore:  # fmt: skip
+    """``auto``: torch on a CUDA device, the numpy reference elsewhere (on a CPU the reference keeps
+    quantization in the sender thread, off the training thread)."""
+    use_torch = compute == "torch" or (compute == "auto" and device.type == "cuda")
+    if use_torch:
+        return DeviceAnchors(plan, params, device, placement)
+    return HostAnchors(plan, params)
