@@ -69,7 +69,9 @@ def _case(name: str, fragment: Fragment, seed: int, **settings: object) -> Case:
         given = []
         for learner, behind, steps, tokens in schedule:
             scale = np.float32(0.05 * (1 + ord(learner) % 4))
-            tensors = {t.name: (scale * rng.standard_normal(t.shape)).astype(np.float32) for t in fragment.tensors}
+            tensors = {
+                t.name: (scale * rng.standard_normal(t.shape)).astype(np.float32) for t in fragment.tensors
+            }
             given.append(Given(learner, max(version - behind, 0), steps, tokens, tensors))
         rounds.append(tuple(given))
     return Case(name, fragment, DiLoCoSettings.model_validate(settings), params, tuple(rounds))
@@ -81,7 +83,9 @@ def cases() -> list[Case]:
         _case("dense-rda-nesterov", dense, 1),
         _case("embedding-mean-nesterov", embedding, 2),
         _case("dense-delayed-3-staleness", dense, 3, delayed_nesterov=3, staleness_power=0.5),
-        _case("dense-mean-unweighted", dense, 4, merge_rule="mean", token_weighting=False, outer_momentum=0.5),
+        _case(
+            "dense-mean-unweighted", dense, 4, merge_rule="mean", token_weighting=False, outer_momentum=0.5
+        ),
         _case("embedding-delayed-2", embedding, 5, delayed_nesterov=2, outer_lr=1.0, staleness_power=1.0),
     ]
 

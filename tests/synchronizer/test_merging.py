@@ -18,8 +18,15 @@ def _run_all() -> dict[str, list[dict[str, object]]]:
         for version, given in enumerate(case.rounds):
             contributions = [
                 Contribution(
-                    learner_id=g.learner_id, fragment=case.fragment.index, base_version=g.base_version, seq=0,
-                    steps=g.steps, tokens=g.tokens, tensors=g.tensors, nbytes=0, received_at=0.0,
+                    learner_id=g.learner_id,
+                    fragment=case.fragment.index,
+                    base_version=g.base_version,
+                    seq=0,
+                    steps=g.steps,
+                    tokens=g.tokens,
+                    tensors=g.tensors,
+                    nbytes=0,
+                    received_at=0.0,
                 )  # fmt: skip
                 for g in given
             ]
