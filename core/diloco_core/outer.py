@@ -11,11 +11,16 @@ counts here as k steps whose outer gradient is the merged Δ: ``B += kΔ``, ``θ
 momentum is applied when the step counter crosses a multiple of N. So the cadence stays once per
 N contributions however they are grouped, and a merge of all N learners at once is exactly one
 plain Nesterov step on Δ (synchronous DiLoCo).
+
+The optimizer is functional: :meth:`OuterOptimizer.step` takes an :class:`OuterState` and returns
+the new parameters and a new state, never editing the one it was given (its arrays are read-only),
+so a step whose result is thrown away leaves nothing behind.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -26,97 +31,36 @@ _MOMENTUM = "momentum/"
 _BUFFER = "delayed/"
 
 
-class OuterOptimizer:
-    """Per-tensor momentum keyed by tensor name; state created on first use."""
+def _frozen(a: F32) -> F32:
+    a.flags.writeable = False
+    return a
 
-    def __init__(self, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True, delayed_every: int = 0):
-        if not lr > 0 or not 0 <= momentum < 1 or delayed_every < 0:
-            raise ValueError(
-                f"bad outer optimizer settings lr={lr} momentum={momentum} delayed_every={delayed_every}"
-            )
-        self.lr = lr
-        self.momentum = momentum
-        self.nesterov = nesterov
-        self.delayed_every = delayed_every
-        self.steps = 0
-        self._u: dict[str, F32] = {}
-        self._buf: dict[str, F32] = {}
 
-    def step(
-        self,
-        params: Mapping[str, npt.NDArray[np.floating]],
-        delta: Mapping[str, npt.NDArray[np.floating]],
-        count: int = 1,
-    ) -> dict[str, F32]:
-        """New parameters from the current ones and the merged outer gradient ``Δ = θ - θ_local``
-        of ``count`` contributions (used by Delayed Nesterov only; plain Nesterov takes one step)."""
-        if count < 1:
-            raise ValueError(f"count must be at least 1, not {count}")
-        if set(params) != set(delta):
-            raise ValueError(f"params and delta name different tensors: {sorted(set(params) ^ set(delta))}")
-        for name in params:
-            if np.shape(params[name]) != np.shape(delta[name]):
-                raise ValueError(
-                    f"tensor {name!r}: params {np.shape(params[name])} vs delta {np.shape(delta[name])}"
-                )
-        if self.delayed_every:
-            out = self._delayed(params, delta, count)
-            self.steps += count
-        else:
-            out = {
-                n: self._nesterov(n, np.asarray(params[n], np.float32), np.asarray(delta[n], np.float32))
-                for n in params
-            }
-            self.steps += 1
-        return out
+@dataclass(frozen=True)
+class OuterState:
+    """Per-tensor momentum ``u`` and Delayed Nesterov buffer ``B`` (created on first use), and the
+    number of outer steps taken (Delayed Nesterov counts every merged contribution as one)."""
 
-    def _nesterov(self, name: str, p: F32, d: F32) -> F32:
-        mu, lr = np.float32(self.momentum), np.float32(self.lr)
-        u = self._u.get(name)
-        u = d.copy() if u is None else u * mu + d
-        self._u[name] = u
-        g = d + mu * u if self.nesterov else u
-        return p - lr * g
+    steps: int = 0
+    momentum: Mapping[str, F32] = field(default_factory=dict)
+    buffer: Mapping[str, F32] = field(default_factory=dict)
 
-    def _delayed(
-        self,
-        params: Mapping[str, npt.NDArray[np.floating]],
-        delta: Mapping[str, npt.NDArray[np.floating]],
-        count: int,
-    ) -> dict[str, F32]:
-        n = self.delayed_every
-        mu, lr, inv_n = np.float32(self.momentum), np.float32(self.lr), np.float32(1.0 / n)
-        apply_momentum = (self.steps + count) // n > self.steps // n
-        out: dict[str, F32] = {}
-        for name in params:
-            p = np.asarray(params[name], np.float32)
-            d: F32 = np.asarray(delta[name], np.float32) * np.float32(count)
-            buf: F32 = self._buf.get(name, np.zeros_like(p)) + d
-            if apply_momentum:
-                u = self._u.get(name, np.zeros_like(p)) * mu + buf * inv_n
-                self._u[name] = u
-                out[name] = (p - lr * (mu * u + d * inv_n)).astype(np.float32, copy=False)
-                self._buf[name] = np.zeros_like(p)
-            else:
-                out[name] = (p - lr * (d * inv_n)).astype(np.float32, copy=False)
-                self._buf[name] = buf
-        return out
-
-    def state_arrays(self) -> dict[str, F32]:
-        """The state as float32 arrays (``momentum/NAME``, ``delayed/NAME``, ``__step__``)."""
-        state = {_MOMENTUM + n: u.copy() for n, u in self._u.items()}
-        state.update({_BUFFER + n: b.copy() for n, b in self._buf.items()})
+    def to_arrays(self) -> dict[str, F32]:
+        """The state as float32 arrays (``momentum/NAME``, ``delayed/NAME``, ``__step__``), for storage."""
+        state = {_MOMENTUM + n: u for n, u in self.momentum.items()}
+        state.update({_BUFFER + n: b for n, b in self.buffer.items()})
         # float32 counts outer steps exactly up to 2**24, far beyond any run's number of rounds
         state[_STEP_KEY] = np.array([self.steps], dtype=np.float32)
         return state
 
-    def load_state_arrays(self, d: Mapping[str, npt.NDArray[np.floating]]) -> None:
-        """Restore what ``state_arrays`` returned; raises ``ValueError`` on unknown keys."""
+    @classmethod
+    def from_arrays(cls, d: Mapping[str, npt.NDArray[np.floating]]) -> OuterState:
+        """The state that :meth:`to_arrays` wrote; raises ``ValueError`` on unknown keys."""
         u: dict[str, F32] = {}
         buf: dict[str, F32] = {}
         steps = 0
         for key, value in d.items():
-            arr = np.array(value, dtype=np.float32)
+            arr = _frozen(np.array(value, dtype=np.float32))
             if key == _STEP_KEY:
                 if arr.shape != (1,) or not arr[0] >= 0:
                     raise ValueError(f"bad outer optimizer step counter {arr!r}")
@@ -127,4 +71,82 @@ class OuterOptimizer:
                 buf[key[len(_BUFFER) :]] = arr
             else:
                 raise ValueError(f"unknown outer optimizer state key {key!r}")
-        self._u, self._buf, self.steps = u, buf, steps
+        return cls(steps, u, buf)
+
+
+@dataclass(frozen=True)
+class OuterOptimizer:
+    """The outer optimizer's settings; :meth:`step` maps (state, parameters, Δ) to new ones."""
+
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+    delayed_every: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0 or not 0 <= self.momentum < 1 or self.delayed_every < 0:
+            raise ValueError(
+                f"bad outer optimizer settings lr={self.lr} momentum={self.momentum} "
+                f"delayed_every={self.delayed_every}"
+            )
+
+    def step(
+        self,
+        state: OuterState,
+        params: Mapping[str, npt.NDArray[np.floating]],
+        delta: Mapping[str, npt.NDArray[np.floating]],
+        count: int = 1,
+    ) -> tuple[dict[str, F32], OuterState]:
+        """New parameters and state from the current ones and the merged outer gradient
+        ``Δ = θ - θ_local`` of ``count`` contributions (used by Delayed Nesterov only; plain
+        Nesterov takes one step). ``state`` is left as it was."""
+        if count < 1:
+            raise ValueError(f"count must be at least 1, not {count}")
+        if set(params) != set(delta):
+            raise ValueError(f"params and delta name different tensors: {sorted(set(params) ^ set(delta))}")
+        for name in params:
+            if np.shape(params[name]) != np.shape(delta[name]):
+                raise ValueError(
+                    f"tensor {name!r}: params {np.shape(params[name])} vs delta {np.shape(delta[name])}"
+                )
+        if self.delayed_every:
+            return self._delayed(state, params, delta, count)
+        momentum = dict(state.momentum)
+        out: dict[str, F32] = {}
+        for n in params:
+            out[n], momentum[n] = self._nesterov(
+                state.momentum.get(n), np.asarray(params[n], np.float32), np.asarray(delta[n], np.float32)
+            )
+        return out, OuterState(state.steps + 1, momentum, state.buffer)
+
+    def _nesterov(self, u: F32 | None, p: F32, d: F32) -> tuple[F32, F32]:
+        mu, lr = np.float32(self.momentum), np.float32(self.lr)
+        u = d.copy() if u is None else u * mu + d
+        g = d + mu * u if self.nesterov else u
+        return p - lr * g, _frozen(u)
+
+    def _delayed(
+        self,
+        state: OuterState,
+        params: Mapping[str, npt.NDArray[np.floating]],
+        delta: Mapping[str, npt.NDArray[np.floating]],
+        count: int,
+    ) -> tuple[dict[str, F32], OuterState]:
+        n = self.delayed_every
+        mu, lr, inv_n = np.float32(self.momentum), np.float32(self.lr), np.float32(1.0 / n)
+        apply_momentum = (state.steps + count) // n > state.steps // n
+        momentum, buffer = dict(state.momentum), dict(state.buffer)
+        out: dict[str, F32] = {}
+        for name in params:
+            p = np.asarray(params[name], np.float32)
+            d: F32 = np.asarray(delta[name], np.float32) * np.float32(count)
+            buf: F32 = state.buffer.get(name, np.zeros_like(p)) + d
+            if apply_momentum:
+                u = state.momentum.get(name, np.zeros_like(p)) * mu + buf * inv_n
+                momentum[name] = _frozen(u)
+                out[name] = (p - lr * (mu * u + d * inv_n)).astype(np.float32, copy=False)
+                buffer[name] = _frozen(np.zeros_like(p))
+            else:
+                out[name] = (p - lr * (d * inv_n)).astype(np.float32, copy=False)
+                buffer[name] = _frozen(buf)
+        return out, OuterState(state.steps + count, momentum, buffer)

@@ -75,6 +75,48 @@ def grace_cap(*, step_time: float, cap_steps: float, max_s: float) -> float:
     return min(cap, max_s) if cap == cap else 0.0
 
 
+def grace_deadline(
+    state: RoundState,
+    quorum_at: float,
+    *,
+    step_time: float,
+    sync_time: float,
+    overlap: int,
+    gamma: float,
+    cap: float,
+) -> float:
+    """When a round whose quorum was reached at ``quorum_at`` stops waiting for more contributions."""
+    return quorum_at + grace_window(
+        step_time=step_time,
+        quorum_time=max(quorum_at - state.opened_at, 0.0),
+        sync_time=sync_time,
+        overlap=overlap,
+        gamma=gamma,
+        cap=cap,
+    )
+
+
+def grace_left(
+    state: RoundState,
+    *,
+    now: float,
+    step_time: float,
+    sync_time: float,
+    overlap: int,
+    gamma: float,
+    cap: float,
+) -> float | None:
+    """Seconds from ``now`` until the round's grace deadline, as :func:`decide` sets it (None while
+    the round's quorum is not reached)."""
+    if state.first_quorum_at is None:
+        return None
+    deadline = grace_deadline(
+        state, state.first_quorum_at, step_time=step_time, sync_time=sync_time, overlap=overlap,
+        gamma=gamma, cap=cap,
+    )  # fmt: skip
+    return max(deadline - now, 0.0)
+
+
 def open_round(fragment: int, version: int, now: float) -> RoundState:
     return RoundState(fragment=fragment, version=version, opened_at=now)
 
@@ -132,15 +174,9 @@ def decide(
     if len(fresh) >= alive:
         return Decision("merge", now, names, tuple(excluded))
     quorum_at = state.first_quorum_at if state.first_quorum_at is not None else now
-    grace = grace_window(
-        step_time=step_time,
-        quorum_time=max(quorum_at - state.opened_at, 0.0),
-        sync_time=sync_time,
-        overlap=overlap,
-        gamma=gamma,
-        cap=cap,
+    deadline = grace_deadline(
+        state, quorum_at, step_time=step_time, sync_time=sync_time, overlap=overlap, gamma=gamma, cap=cap
     )
-    deadline = quorum_at + grace
     if now < deadline:
         return Decision("wait", deadline, (), tuple(excluded))
     # whoever arrived between the deadline and this call joins too: more contributions, less variance

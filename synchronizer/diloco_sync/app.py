@@ -19,13 +19,11 @@ from starlette.exceptions import HTTPException
 from .api import is_binary_route, is_learner_route, router
 from .auth import AuthenticateFirst, authenticated_or_none
 from .body import JsonBodyLimit
-from .contributions import ContributionDesk
 from .errors import ApiError, api_error_handler, http_error_handler, validation_error_handler
 from .persistence import StateStore
-from .round_loop import RoundRunner
 from .service import SyncService
 from .settings import SyncSettings
-from .startup import Startup
+from .startup import Startup, build_round_parts
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +51,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        desk = ContributionDesk(service)
-        runner = RoundRunner(service, desk)
-        desk.wake = runner.wake
+        desk, runner = build_round_parts(service)
         startup = Startup(service, desk, runner, on_fatal)
         app.state.service, app.state.desk, app.state.startup = service, desk, startup
         startup.begin()  # the server answers while the state loads (storage may be down)

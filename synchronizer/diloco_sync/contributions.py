@@ -10,10 +10,11 @@ silently. A learner's newer contribution to the same fragment supersedes its pen
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import anyio.to_thread
 from diloco_core import codec, rounds
@@ -22,11 +23,14 @@ from diloco_core.storage import StorageError
 
 from .errors import ApiError, learner_left, not_registered
 from .fragment_state import Arrays, Contribution, FragmentState
+from .fragments import Fragments
 from .ingest import validate_outer_gradient
 from .layout import PendingMeta, contribution_key
-
-if TYPE_CHECKING:
-    from .service import SyncService
+from .learners import LearnerRegistry
+from .metrics import Metrics, Traffic
+from .persistence import StateStore
+from .settings import SyncSettings
+from .storage_guard import StorageGuard
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +43,30 @@ class _Taken:
 
 
 class ContributionDesk:
-    def __init__(self, service: SyncService, wake: Callable[[], None] = lambda: None) -> None:
-        self.service = service
-        self.wake = wake
+    def __init__(
+        self,
+        settings: SyncSettings,
+        fragments: Fragments,
+        registry: LearnerRegistry,
+        store: StateStore,
+        guard: StorageGuard,
+        metrics: Metrics,
+        traffic: Traffic,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings, self.diloco = settings, settings.job.diloco
+        self.fragments, self.registry = fragments, registry
+        self.store, self.guard = store, guard
+        self.metrics, self.traffic = metrics, traffic
+        self.clock = clock
+        self.wake: Callable[[], None] = lambda: None  # the round runner's, once it exists
+        self._deletes: set[asyncio.Task[None]] = set()
 
     def body_limit(self, p: int) -> int:
         """Largest body accepted for fragment ``p``: the configured limit, or less for a small fragment."""
-        fs = self.service.fragment(p)
+        fs = self.fragments.get(p)
         bound = codec.max_decoded_size(fs.spec) * 101 // 100 + 4096
-        return min(self.service.settings.max_body_bytes, bound)
+        return min(self.settings.max_body_bytes, bound)
 
     def precheck(self, learner_id: str, p: int, base_version: int, seq: int) -> FragmentState:
         """The checks that need no body: registration (a learner that left is refused until it
@@ -56,13 +75,12 @@ class ContributionDesk:
         A repeat of a contribution taken already is not refused as stale: it answers ``duplicate``,
         so a learner whose answer was lost learns that its contribution counted.
         """
-        svc = self.service
-        learner = svc.registry.get(learner_id)
+        learner = self.registry.get(learner_id)
         if learner is None:
             raise not_registered(learner_id)
         if learner.has_left:
             raise learner_left(learner_id)
-        fs = svc.fragment(p)
+        fs = self.fragments.get(p)
         if fs.version < 0:
             raise ApiError(
                 409, "not_initialised", f"fragment {p} has no parameters yet: upload them with /init"
@@ -72,7 +90,7 @@ class ContributionDesk:
         return fs
 
     def _check_fresh(self, fs: FragmentState, base_version: int) -> None:
-        max_staleness = self.service.diloco.max_staleness
+        max_staleness = self.diloco.max_staleness
         if base_version > fs.version:
             raise ApiError(
                 409, "stale", f"base version {base_version} is newer than fragment {fs.index}'s {fs.version}: resynchronise",
@@ -90,26 +108,24 @@ class ContributionDesk:
     async def contribute(
         self, learner_id: str, p: int, *, base_version: int, steps: int, tokens: int, seq: int, blob: bytes
     ) -> ContributionResult:
-        svc = self.service
         fs = self.precheck(learner_id, p, base_version, seq)
         key = contribution_key(learner_id, p, base_version, seq)
-        if fs.is_known(key):
-            svc.metrics.contributions.labels("duplicate").inc()
+        if not fs.reserve(key):
+            self.metrics.contributions.labels("duplicate").inc()
             return self._result("duplicate", fs, base_version)
-        fs.reserved.add(key)
         try:
             meta = PendingMeta(
                 learner_id=learner_id, fragment=p, base_version=base_version, seq=seq, steps=steps,
-                tokens=tokens, received_at=svc.clock(),
+                tokens=tokens, received_at=self.clock(),
             )  # fmt: skip
-            taken = await anyio.to_thread.run_sync(self._take, fs, meta, blob, svc.guard.ok)
+            taken = await anyio.to_thread.run_sync(self._take, fs, meta, blob, self.guard.ok)
             if taken.failure is not None:
-                svc.guard.mark_down(taken.failure)
+                self.guard.mark_down(taken.failure)
                 log.warning("contribution %s kept in memory: %s", key, taken.failure)
             try:
                 self._check_fresh(fs, base_version)  # a round may have moved on meanwhile
             except ApiError:
-                svc.background_delete([taken.storage_key] if taken.storage_key else [])
+                self._delete_later([taken.storage_key] if taken.storage_key else [])
                 raise
             c = Contribution(
                 learner_id=learner_id, fragment=p, base_version=base_version, seq=seq, steps=steps,
@@ -120,14 +136,13 @@ class ContributionDesk:
                 self._hold_in_memory(c, blob)
             self._enqueue(fs, c)
         finally:
-            fs.reserved.discard(key)
-        learner = svc.registry.get(learner_id)
+            fs.release(key)
+        learner = self.registry.get(learner_id)
         if learner is not None:
             learner.contributions += 1
             learner.base_versions[p] = base_version
-        svc.bytes_in += len(blob)
-        svc.metrics.bytes_in.inc(len(blob))
-        svc.metrics.contributions.labels("accepted").inc()
+        self.traffic.received(len(blob))
+        self.metrics.contributions.labels("accepted").inc()
         self.wake()
         return self._result("accepted", fs, base_version)
 
@@ -148,59 +163,53 @@ class ContributionDesk:
         A refused payload raises ``ApiError`` and is never written. A storage failure is returned
         (not raised), so the caller can keep the contribution in memory instead.
         """
-        svc = self.service
-        tensors = validate_outer_gradient(blob, fs.spec, meta.base_version, svc.settings.max_body_bytes)
+        tensors = validate_outer_gradient(blob, fs.spec, meta.base_version, self.settings.max_body_bytes)
         if not store_it:
             return _Taken(tensors, None, None)
         try:
-            return _Taken(tensors, svc.store.put_pending(meta, blob), None)
+            return _Taken(tensors, self.store.put_pending(meta, blob), None)
         except StorageError as exc:
             return _Taken(tensors, None, exc)
 
     def _hold_in_memory(self, c: Contribution, blob: bytes) -> None:
         """Storage is down: keep the payload in memory within the budget, or answer 503 (retryable)."""
-        svc = self.service
-        if not svc.guard.reserve(len(blob)):
+        if not self.guard.reserve(len(blob)):
             raise ApiError(
                 503, "storage_unavailable",
-                f"storage is unavailable and {svc.guard.buffered_bytes} bytes are already held in memory: retry later",
+                f"storage is unavailable and {self.guard.buffered_bytes} bytes are already held in memory: retry later",
                 retryable=True,
             )  # fmt: skip
         c.blob = blob
 
     def _enqueue(self, fs: FragmentState, c: Contribution) -> None:
-        previous = fs.add_pending(c, self.service.diloco.quorum)
+        previous = fs.accept(c, self.diloco.quorum)
         if previous is not None:
             log.info("learner %s: contribution %s supersedes %s", c.learner_id, c.key, previous.key)
-            fs.applied.append(previous.key)
             self.discard(previous)
 
     def forget(self, c: Contribution) -> None:
         """Drop a contribution from memory only (its stored copy, if any, stays for a restart)."""
         if c.blob is not None:
-            self.service.guard.release(len(c.blob))
+            self.guard.release(len(c.blob))
             c.blob = None
 
     def discard(self, c: Contribution) -> None:
         """Forget a contribution that will never be merged (or was merged): free memory and storage."""
-        if c.blob is not None:
-            self.service.guard.release(len(c.blob))
-            c.blob = None
+        self.forget(c)
         if c.storage_key is not None:
             key, c.storage_key = c.storage_key, None
-            self.service.background_delete([key])
+            self._delete_later([key])
 
     def replay(self, pending: list[Contribution]) -> None:
         """Queue contributions found in storage at start-up (in arrival order)."""
         for c in pending:
-            fs = self.service.fragments.get(c.fragment)
+            fs = self.fragments.find(c.fragment)
             if fs is not None and not fs.is_known(c.key):
                 self._enqueue(fs, c)
 
     async def flush(self) -> None:
         """Storage is back: write what was held in memory (raises while storage still fails)."""
-        svc = self.service
-        for fs in svc.fragments.values():
+        for fs in self.fragments:
             for c in list(fs.pending.values()):
                 blob = c.blob
                 if blob is not None and c.storage_key is None:
@@ -208,13 +217,22 @@ class ContributionDesk:
                         learner_id=c.learner_id, fragment=c.fragment, base_version=c.base_version, seq=c.seq,
                         steps=c.steps, tokens=c.tokens, received_at=c.received_at,
                     )  # fmt: skip
-                    key = await anyio.to_thread.run_sync(svc.store.put_pending, meta, blob)
-                    if fs.pending.get(c.learner_id) is c and c.blob is not None:
-                        c.storage_key = key
-                        svc.guard.release(len(blob))
-                        c.blob = None
+                    key = await anyio.to_thread.run_sync(self.store.put_pending, meta, blob)
+                    if fs.mark_durable(c, key):
+                        self.guard.release(len(blob))
                     else:  # merged or superseded meanwhile
-                        svc.background_delete([key])
-        if svc.registry_dirty:
-            await anyio.to_thread.run_sync(svc.store.save_learners, svc.registry.to_record())
-            svc.registry_dirty = False
+                        self._delete_later([key])
+
+    def _delete_later(self, keys: list[str]) -> None:
+        """Delete objects that are no longer needed, off the request path; failures are only logged."""
+        if keys:
+            task = asyncio.get_running_loop().create_task(self._delete(keys))
+            self._deletes.add(task)
+            task.add_done_callback(self._deletes.discard)
+
+    async def _delete(self, keys: list[str]) -> None:
+        for key in keys:
+            try:
+                await anyio.to_thread.run_sync(self.store.delete, key)
+            except StorageError as exc:
+                log.info("could not delete %s (collected later): %s", key, exc)

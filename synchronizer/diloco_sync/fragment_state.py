@@ -1,6 +1,25 @@
-"""In-memory state of one fragment: its global version, what waits to be merged, who waits for news.
+"""In-memory state of one fragment as a small state machine: its global version and outer-optimizer
+state, what waits to be merged, and who waits for news.
 
-Mutated only on the event loop; merges run in a worker thread on values handed over to them.
+Phases, and the transitions between them (methods of :class:`FragmentState`; nothing else edits it)::
+
+    uninitialised --begin_init--> initialising --finish_init--> open
+                                  initialising --abort_init---> uninitialised
+    uninitialised --restore--> open                       (start-up: the committed state)
+    open --start_merge--> merging --commit--> committed --settle--> open
+                          merging --abort---> open
+
+``committed``: the new version is published, but the fragment's storage is still being tidied (its
+old versions deleted), and the next merge must not write the fragment's objects meanwhile.
+
+Contributions are taken in every phase from ``open`` on (during a merge they wait for the next
+round): ``reserve`` an idempotency key while a contribution is checked and written, ``release`` it
+after, ``accept`` the contribution into the next round (superseding the learner's earlier one),
+``exclude`` the ones the round policy leaves out, ``mark_durable`` one held in memory once it is
+written. A key is known (a resend is a duplicate) while reserved, pending, merging, or applied.
+
+Mutated only on the event loop; merges run in a worker thread on values handed over to them, and
+hand back new values (the parameters and outer state are never edited in place).
 """
 
 from __future__ import annotations
@@ -8,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -15,10 +35,16 @@ import numpy as np
 import numpy.typing as npt
 from diloco_core import rounds as policy
 from diloco_core.fragments import Fragment
-from diloco_core.outer import OuterOptimizer
+from diloco_core.outer import OuterState
 
 Arrays = dict[str, npt.NDArray[np.float32]]
 News = Literal["version", "round"] | None
+Phase = Literal["uninitialised", "initialising", "open", "merging", "committed"]
+_APPLIED_KEYS = 4096  # idempotency keys of merged (or superseded) contributions remembered
+
+
+class TransitionError(RuntimeError):
+    """A transition asked for in a phase that does not allow it (a defect of the caller)."""
 
 
 @dataclass
@@ -42,68 +68,193 @@ class Contribution:
         return f"{self.learner_id}/{self.fragment}/{self.base_version}/{self.seq}"
 
 
+def round_entry(c: Contribution) -> policy.Contribution:
+    """What the round policy knows of a contribution."""
+    return policy.Contribution(c.learner_id, c.base_version, c.steps, c.tokens, c.received_at)
+
+
 @dataclass
 class FragmentState:
     spec: Fragment
-    optimizer: OuterOptimizer
+    outer: OuterState = field(default_factory=OuterState)
     version: int = -1
     params: Arrays | None = None
     payload: bytes | None = None  # the current version, encoded once for every reader
-    pending: dict[str, Contribution] = field(default_factory=dict)  # by learner
-    applied: deque[str] = field(default_factory=lambda: deque(maxlen=4096))
-    reserved: set[str] = field(default_factory=set)  # keys being validated/persisted right now
     rounds: int = 0
-    merging: bool = False
-    in_merge: set[str] = field(default_factory=set)  # keys of the round being merged and committed
+    phase: Phase = "uninitialised"
     round: policy.RoundState = field(default_factory=lambda: policy.open_round(0, -1, 0.0))
+    _pending: dict[str, Contribution] = field(default_factory=dict)  # by learner
+    _applied: deque[str] = field(default_factory=lambda: deque(maxlen=_APPLIED_KEYS))
+    _reserved: set[str] = field(default_factory=set)  # keys being validated/persisted right now
+    _merging: tuple[Contribution, ...] = ()  # the round being merged and committed
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def index(self) -> int:
         return self.spec.index
 
+    @property
+    def pending(self) -> dict[str, Contribution]:
+        """The contributions waiting for the next round, by learner (read only: see the transitions)."""
+        return self._pending
+
+    @property
+    def applied(self) -> tuple[str, ...]:
+        """Idempotency keys of contributions merged or superseded, oldest first."""
+        return tuple(self._applied)
+
+    @property
+    def busy(self) -> bool:
+        """True while an init or a merge holds the fragment (no other may start)."""
+        return self.phase in ("initialising", "merging", "committed")
+
     def is_known(self, key: str) -> bool:
         """True when a contribution with this idempotency key was taken already."""
         return (
-            key in self.reserved
-            or key in self.in_merge
-            or key in self.applied
-            or any(c.key == key for c in self.pending.values())
+            key in self._reserved
+            or any(c.key == key for c in self._merging)
+            or key in self._applied
+            or any(c.key == key for c in self._pending.values())
         )
 
-    def round_entry(self, c: Contribution) -> policy.Contribution:
-        return policy.Contribution(c.learner_id, c.base_version, c.steps, c.tokens, c.received_at)
+    def _expect(self, *phases: Phase) -> None:
+        if self.phase not in phases:
+            raise TransitionError(f"fragment {self.index} is {self.phase}, not {' or '.join(phases)}")
 
-    def add_pending(self, c: Contribution, quorum: int) -> Contribution | None:
-        """Queue a contribution for the next round; returns the one it supersedes (same learner)."""
-        previous = self.pending.get(c.learner_id)
-        opens = not self.pending
+    # -- initial parameters ----------------------------------------------------------------------
+
+    def begin_init(self) -> None:
+        """Hold the fragment while its initial parameters are written (no second init meanwhile)."""
+        self._expect("uninitialised")
+        self.phase = "initialising"
+
+    def finish_init(self, params: Arrays, payload: bytes, now: float, quorum: int) -> None:
+        self._expect("initialising")
+        self.phase = "open"
+        self._publish(0, params, payload)
+        self._open_round(now, quorum)
+
+    def abort_init(self) -> None:
+        self._expect("initialising")
+        self.phase = "uninitialised"
+
+    def restore(
+        self,
+        *,
+        version: int,
+        params: Arrays,
+        payload: bytes,
+        outer: OuterState,
+        applied: Iterable[str],
+        rounds: int,
+        now: float,
+        quorum: int,
+    ) -> None:
+        """Start from the committed state read back from storage."""
+        self._expect("uninitialised")
+        self.outer, self.rounds, self.phase = outer, rounds, "open"
+        self._applied.extend(applied)
+        self._publish(version, params, payload)
+        self._open_round(now, quorum)
+
+    # -- contributions ---------------------------------------------------------------------------
+
+    def reserve(self, key: str) -> bool:
+        """Hold an idempotency key while its contribution is checked and written; False when the
+        key is known already (a duplicate)."""
+        if self.is_known(key):
+            return False
+        self._reserved.add(key)
+        return True
+
+    def release(self, key: str) -> None:
+        """The contribution of a reserved key was accepted or refused."""
+        self._reserved.discard(key)
+
+    def accept(self, c: Contribution, quorum: int) -> Contribution | None:
+        """Queue a contribution for the next round; returns the one it supersedes (same learner),
+        whose key is remembered as applied so that a resend of it is a duplicate."""
+        self._expect("open", "merging", "committed")
+        previous = self._pending.get(c.learner_id)
+        opens = not self._pending
         if opens:  # a round opens when its first contribution arrives (the fragment fell due)
             self.round = policy.open_round(self.index, self.version, c.received_at)
-        self.pending[c.learner_id] = c
-        self.round = policy.add_contribution(self.round, self.round_entry(c), quorum=quorum)
+        self._pending[c.learner_id] = c
+        self.round = policy.add_contribution(self.round, round_entry(c), quorum=quorum)
+        if previous is not None:
+            self._applied.append(previous.key)
         if opens:
             self._notify()  # learners waiting with announce_rounds hear of it at once
         return previous
 
+    def exclude(self, learners: Collection[str], quorum: int) -> dict[str, Contribution]:
+        """Drop the pending contributions of ``learners`` (left out by the round policy) and start the
+        round again with the rest; returns the ones dropped, by learner."""
+        dropped = {name: c for name in learners if (c := self._pending.pop(name, None)) is not None}
+        if learners:
+            self._open_round(self.round.opened_at, quorum)
+        return dropped
+
+    def mark_durable(self, c: Contribution, storage_key: str) -> bool:
+        """A contribution held in memory was written under ``storage_key``; False when it is no
+        longer pending (merged or superseded meanwhile): that copy is not needed."""
+        if self._pending.get(c.learner_id) is not c or c.blob is None:
+            return False
+        c.storage_key, c.blob = storage_key, None
+        return True
+
+    # -- rounds ----------------------------------------------------------------------------------
+
+    def start_merge(self, learners: Iterable[str]) -> list[Contribution]:
+        """Take the pending contributions of ``learners`` (in that order) into a merge."""
+        self._expect("open")
+        taken = [self._pending.pop(name) for name in learners]
+        self._merging = tuple(taken)
+        self.phase = "merging"
+        return taken
+
+    def commit(
+        self, *, version: int, params: Arrays, payload: bytes, outer: OuterState, now: float, quorum: int
+    ) -> None:
+        """The merged version is durable: make it current, wake every long-poll waiting for it, and
+        start the next round with whatever is still pending."""
+        self._expect("merging")
+        self._applied.extend(c.key for c in self._merging)
+        self.outer, self.rounds, self.phase = outer, self.rounds + 1, "committed"
+        self._publish(version, params, payload)
+        self._open_round(now, quorum)
+
+    def settle(self) -> None:
+        """After a commit, the fragment's storage is tidy: the next merge may start."""
+        self._expect("committed")
+        self._merging, self.phase = (), "open"
+
+    def abort(self) -> list[Contribution]:
+        """The merge failed: the fragment stays at its version; returns the contributions it held."""
+        self._expect("merging")
+        given_back, self._merging, self.phase = list(self._merging), (), "open"
+        return given_back
+
+    def _open_round(self, now: float, quorum: int) -> None:
+        """Start the round of the current version with whatever is still pending."""
+        start = min((c.received_at for c in self._pending.values()), default=now)
+        self.round = policy.open_round(self.index, self.version, start)
+        for c in sorted(self._pending.values(), key=lambda c: c.received_at):
+            self.round = policy.add_contribution(self.round, round_entry(c), quorum=quorum)
+
+    # -- news for long-polls ---------------------------------------------------------------------
+
     def round_open_for(self, learner_id: str, version: int) -> bool:
         """True when a round on ``version`` is collecting contributions and ``learner_id`` has none in it."""
         return (
-            not self.merging
-            and bool(self.pending)
+            not self.busy
+            and bool(self._pending)
             and self.version == version
             and self.round.version == version
-            and learner_id not in self.pending
+            and learner_id not in self._pending
         )
 
-    def open_round(self, now: float, quorum: int) -> None:
-        """Start the round of the current version with whatever is still pending."""
-        start = min((c.received_at for c in self.pending.values()), default=now)
-        self.round = policy.open_round(self.index, self.version, start)
-        for c in sorted(self.pending.values(), key=lambda c: c.received_at):
-            self.round = policy.add_contribution(self.round, self.round_entry(c), quorum=quorum)
-
-    def publish(self, version: int, params: Arrays, payload: bytes) -> None:
+    def _publish(self, version: int, params: Arrays, payload: bytes) -> None:
         """Make a new version current and wake every long-poll waiting for it."""
         self.version, self.params, self.payload = version, params, payload
         self._notify()

@@ -1,7 +1,5 @@
-"""One round's mathematics, run in a worker thread: weights → merge → outer step → encoded blobs.
-
-All mathematics comes from ``diloco_core`` (merge, outer); this module only wires it together and
-prepares what the commit writes.
+"""One round in a worker thread: the round's mathematics (``diloco_core.round_math``), then the blobs
+the commit writes. This module adds only the encoding, the timing and the durable round record.
 """
 
 from __future__ import annotations
@@ -14,9 +12,9 @@ from typing import Any
 from diloco_core import codec
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
-from diloco_core.merge import contribution_weight, merge_fragment
-from diloco_core.outer import OuterOptimizer
+from diloco_core.outer import OuterState
 from diloco_core.protocol import RoundRecord
+from diloco_core.round_math import RoundResult, merge_round
 
 from .fragment_state import Arrays, Contribution
 from .ingest import encode_params
@@ -26,78 +24,35 @@ _OUTER_STATE_LEVEL = -1  # zstd's fast mode: about 5x faster than level 1 on fp3
 
 @dataclass(frozen=True)
 class RoundOutcome:
-    version: int
-    params: Arrays
-    payload: bytes
-    outer_blob: bytes | None
-    weights: tuple[float, ...]
+    result: RoundResult
+    payload: bytes  # the new version as served
+    outer_blob: bytes  # the new outer state as stored
     merge_s: float
 
 
-def new_optimizer(diloco: DiLoCoSettings) -> OuterOptimizer:
-    return OuterOptimizer(
-        lr=diloco.outer_lr,
-        momentum=diloco.outer_momentum,
-        nesterov=True,
-        delayed_every=diloco.delayed_nesterov,
-    )
-
-
-def encode_outer_state(optimizer: OuterOptimizer, fragment: int, version: int) -> bytes | None:
+def encode_outer_state(state: OuterState, fragment: int, version: int) -> bytes:
     """The outer optimizer's state for storage only: fp32 (lossless) with zstd's fastest level, as
     fp32 momentum barely compresses and this object is written every round but read only at start-up."""
-    state = optimizer.state_arrays()
-    if not state:
-        return None
     return codec.encode(
-        state, fragment=fragment, base_version=version, kind="params", quantizer="fp32",
+        state.to_arrays(), fragment=fragment, base_version=version, kind="params", quantizer="fp32",
         level=_OUTER_STATE_LEVEL,
     )  # fmt: skip
-
-
-def compute_weights(
-    contributions: Sequence[Contribution], version: int, diloco: DiLoCoSettings
-) -> list[float]:
-    return [
-        contribution_weight(
-            c.tokens,
-            c.steps,
-            token_weighting=diloco.token_weighting,
-            staleness=max(0, version - c.base_version),
-            staleness_power=diloco.staleness_power,
-        )
-        for c in contributions
-    ]
 
 
 def run_round(
     spec: Fragment,
     params: Arrays,
-    optimizer: OuterOptimizer,
+    outer: OuterState,
     version: int,
     contributions: Sequence[Contribution],
     diloco: DiLoCoSettings,
 ) -> RoundOutcome:
-    """Merge the contributions into a new version of the fragment. Mutates ``optimizer``'s momentum."""
+    """Merge the contributions into a new version of the fragment, encoded for the commit."""
     started = time.perf_counter()
-    weights = compute_weights(contributions, version, diloco)
-    if sum(weights) <= 0:
-        weights = [1.0] * len(contributions)
-    delta = merge_fragment(
-        [c.tensors for c in contributions], weights, rule=diloco.merge_rule, kind=spec.kind
-    )
-    new_params = optimizer.step(params, delta, count=len(contributions))
-    new_version = version + 1
-    payload = encode_params(new_params, spec.index, new_version)
-    outer_blob = encode_outer_state(optimizer, spec.index, new_version)
-    return RoundOutcome(
-        version=new_version,
-        params=new_params,
-        payload=payload,
-        outer_blob=outer_blob,
-        weights=tuple(weights),
-        merge_s=time.perf_counter() - started,
-    )
+    result = merge_round(spec, params, outer, version, contributions, diloco)
+    payload = encode_params(result.params, spec.index, result.version)
+    outer_blob = encode_outer_state(result.outer, spec.index, result.version)
+    return RoundOutcome(result, payload, outer_blob, merge_s=time.perf_counter() - started)
 
 
 def recent_round_keys(versions: dict[int, int], n: int) -> list[tuple[int, int]]:
@@ -124,9 +79,9 @@ def round_log(
     """The durable round record (the event tape): who was merged, with which weights and base versions."""
     return {
         "fragment": fragment,
-        "version": outcome.version,
+        "version": outcome.result.version,
         "participants": [c.learner_id for c in contributions],
-        "weights": list(outcome.weights),
+        "weights": list(outcome.result.weights),
         "base_versions": [c.base_version for c in contributions],
         "keys": [c.key for c in contributions],
         "steps": [c.steps for c in contributions],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -70,3 +71,20 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+@dataclass
+class Traffic:
+    """Payload bytes received and served, for the status page; the Prometheus counters count them too."""
+
+    metrics: Metrics
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+    def received(self, nbytes: int) -> None:
+        self.bytes_in += nbytes
+        self.metrics.bytes_in.inc(nbytes)
+
+    def served(self, nbytes: int) -> None:
+        self.bytes_out += nbytes
+        self.metrics.bytes_out.inc(nbytes)

@@ -1,9 +1,10 @@
-"""The round loop: asks the pure round policy what to do for each fragment, and runs the merges.
+"""The round loop: asks the round policy what to do for each fragment, and runs the merges.
 
 Fragments proceed independently: each merge is its own task (mathematics in a worker thread),
 so a slow round of one fragment never holds back another. A round is published to learners only
 after its commit (parameters, outer state, round log, then manifest) succeeded; during a storage
-outage the commit is retried with backoff and the fragment's next round waits for it.
+outage the commit is retried with backoff and the fragment's next round waits for it. A round that
+fails leaves its fragment as it was (the mathematics returns new state and edits none).
 """
 
 from __future__ import annotations
@@ -11,54 +12,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import anyio.to_thread
-from diloco_core import rounds
-from diloco_core.protocol import RoundRecord
+from diloco_core.config import DiLoCoSettings
 
-from .contributions import ContributionDesk
+from .commit import Committer
 from .fragment_state import Contribution, FragmentState
-from .layout import FragmentRecord
-from .merging import RoundOutcome, round_log, run_round
-
-if TYPE_CHECKING:
-    from .service import SyncService
+from .fragments import Fragments
+from .merging import RoundOutcome, run_round
+from .round_policy import RoundPolicy
 
 log = logging.getLogger(__name__)
-_EMA = 0.3
 
 
-def applied_to_keep(keys: list[str], version: int, max_staleness: int) -> list[str]:
-    """Idempotency keys still worth remembering: older bases would be refused as stale anyway."""
-    oldest = version - max_staleness - 1
-    return [k for k in keys if int(k.split("/")[2]) >= oldest]
+class ContributionRelease(Protocol):
+    """What the runner does with the contributions of a round: free what they hold."""
 
+    def discard(self, c: Contribution) -> None:
+        """Merged or excluded: free its memory and its stored copy."""
 
-def grace_left(svc: SyncService, fs: FragmentState, now: float) -> float | None:
-    """Seconds until the open round's grace deadline, as :meth:`RoundRunner._consider` computes it
-    (None while the round's quorum is not reached)."""
-    quorum_at = fs.round.first_quorum_at
-    if quorum_at is None:
-        return None
-    d, step_time = svc.diloco, svc.registry.step_time(now)
-    grace = rounds.grace_window(
-        step_time=step_time,
-        quorum_time=max(quorum_at - fs.round.opened_at, 0.0),
-        sync_time=svc.sync_time_s,
-        overlap=d.overlap,
-        gamma=d.grace_gamma,
-        cap=rounds.grace_cap(
-            step_time=step_time, cap_steps=d.grace_cap_steps, max_s=svc.settings.max_grace_s
-        ),
-    )
-    return max(quorum_at + grace - now, 0.0)
+    def forget(self, c: Contribution) -> None:
+        """The round failed: free its memory only (its stored copy stays for a restart)."""
 
 
 class RoundRunner:
-    def __init__(self, service: SyncService, desk: ContributionDesk) -> None:
-        self.service = service
-        self.desk = desk
+    def __init__(
+        self,
+        diloco: DiLoCoSettings,
+        fragments: Fragments,
+        policy: RoundPolicy,
+        committer: Committer,
+        release: ContributionRelease,
+        *,
+        clock: Callable[[], float],
+        tick_s: float,
+        on_tick: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.diloco, self.fragments, self.policy = diloco, fragments, policy
+        self.committer, self.release = committer, release
+        self.clock, self.tick_s, self.on_tick = clock, tick_s, on_tick
         self._wake = asyncio.Event()
         self._stopping = False
         self._merges: set[asyncio.Task[None]] = set()
@@ -71,58 +65,43 @@ class RoundRunner:
         self._wake.set()
 
     async def run(self) -> None:
-        svc = self.service
         while not self._stopping:
             self._wake.clear()
-            now = svc.clock()
-            next_at = now + svc.settings.tick_s
-            for fs in list(svc.fragments.values()):
-                deadline = self._consider(fs, now)
-                if deadline is not None:
-                    next_at = min(next_at, deadline)
-            svc.refresh_gauges()
+            next_at = self.tick()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(next_at - svc.clock(), 0.001))
+                await asyncio.wait_for(self._wake.wait(), max(next_at - self.clock(), 0.001))
         for task in list(self._merges):
             task.cancel()
 
-    def _consider(self, fs: FragmentState, now: float) -> float | None:
-        """Start a merge when the policy says so; returns when to look again."""
-        svc, d = self.service, self.service.diloco
-        if fs.merging or fs.version < 0 or not fs.pending:
+    def tick(self) -> float:
+        """Consider every fragment once; returns when to look again at the latest."""
+        now = self.clock()
+        next_at = now + self.tick_s
+        for fs in self.fragments:
+            deadline = self.consider(fs, now)
+            if deadline is not None:
+                next_at = min(next_at, deadline)
+        self.on_tick()
+        return next_at
+
+    def consider(self, fs: FragmentState, now: float) -> float | None:
+        """Start a merge when the policy says so; returns when to look again (None: on news)."""
+        if fs.phase != "open" or not fs.pending:
             return None
-        step_time = svc.registry.step_time(now)
-        decision = rounds.decide(
-            fs.round,
-            now=now,
-            quorum=d.quorum,
-            alive=svc.registry.alive_count(now),
-            step_time=step_time,
-            sync_time=svc.sync_time_s,
-            overlap=d.overlap,
-            gamma=d.grace_gamma,
-            cap=rounds.grace_cap(
-                step_time=step_time, cap_steps=d.grace_cap_steps, max_s=svc.settings.max_grace_s
-            ),
-            max_staleness=d.max_staleness,
-        )
-        for learner, reason in decision.excluded:
-            dropped = fs.pending.pop(learner, None)
-            if dropped is not None:
-                log.warning("fragment %d: dropping contribution %s: %s", fs.index, dropped.key, reason)
-                self.desk.discard(dropped)
+        decision = self.policy.decide(fs.round, now)
         if decision.excluded:
-            fs.open_round(fs.round.opened_at, d.quorum)
+            dropped = fs.exclude([learner for learner, _ in decision.excluded], self.diloco.quorum)
+            for learner, reason in decision.excluded:
+                if (c := dropped.get(learner)) is not None:
+                    log.warning("fragment %d: dropping contribution %s: %s", fs.index, c.key, reason)
+                    self.release.discard(c)
         if decision.action == "merge" and decision.participants:
-            contributions = [fs.pending.pop(name) for name in decision.participants]
-            fs.merging = True
-            # still known while merged and committed: a resend in that window is a duplicate
-            fs.in_merge = {c.key for c in contributions}
             quorum_at = fs.round.first_quorum_at if fs.round.first_quorum_at is not None else now
             timing = {
                 "quorum_wait_s": max(quorum_at - fs.round.opened_at, 0.0),
                 "grace_s": max(now - quorum_at, 0.0),
             }
+            contributions = fs.start_merge(decision.participants)
             task = asyncio.get_running_loop().create_task(self._merge(fs, contributions, timing))
             self._merges.add(task)
             task.add_done_callback(self._merges.discard)
@@ -132,101 +111,44 @@ class RoundRunner:
     async def _merge(
         self, fs: FragmentState, contributions: list[Contribution], timing: dict[str, float]
     ) -> None:
-        svc = self.service
-        started = svc.clock()
-        before = fs.optimizer.state_arrays()  # a failed round must not leave its momentum behind
+        started = self.clock()
         try:
             assert fs.params is not None
             outcome: RoundOutcome = await anyio.to_thread.run_sync(
-                run_round, fs.spec, fs.params, fs.optimizer, fs.version, contributions, svc.diloco
+                run_round, fs.spec, fs.params, fs.outer, fs.version, contributions, self.diloco
             )
-            await self._commit(fs, outcome, contributions, timing)
+            log_entry = await self.committer.write(fs, outcome, contributions, timing)
         except asyncio.CancelledError:
             raise
         except Exception:
             # their stored copies stay, so a restart replays them; only the memory is given back now
-            fs.optimizer.load_state_arrays(before)
             log.exception(
                 "fragment %d: round failed; its %d contributions wait for a restart",
                 fs.index,
                 len(contributions),
             )
-            for c in contributions:
-                self.desk.forget(c)
+            for c in fs.abort():
+                self.release.forget(c)
+        else:
+            await self._publish(fs, outcome, contributions, log_entry)
         finally:
-            fs.merging = False
-            fs.in_merge = set()  # applied by now, or given back to storage for a restart to replay
             self.wake()
-        elapsed = svc.clock() - started
-        svc.sync_time_s = elapsed if svc.sync_time_s == 0 else (1 - _EMA) * svc.sync_time_s + _EMA * elapsed
+        self.policy.record_sync_time(self.clock() - started)
 
-    async def _commit(
-        self,
-        fs: FragmentState,
-        outcome: RoundOutcome,
-        contributions: list[Contribution],
-        timing: dict[str, float],
+    async def _publish(
+        self, fs: FragmentState, outcome: RoundOutcome, contributions: list[Contribution], log_entry: dict[str, Any]
     ) -> None:
-        svc, p, layout = self.service, fs.index, self.service.store.layout
-        keys = [c.key for c in contributions]
-        record = FragmentRecord(
-            version=outcome.version,
-            params_key=layout.params(p, outcome.version),
-            outer_key=layout.outer(p, outcome.version) if outcome.outer_blob is not None else None,
-            rounds=fs.rounds + 1,
-            applied=applied_to_keep([*fs.applied, *keys], outcome.version, svc.diloco.max_staleness),
-        )
-        log_entry = round_log(p, outcome, contributions, timing)
-        commit_started = svc.clock()
-        await svc.guard.call_until_done(
-            lambda: svc.store.commit_version(
-                p,
-                record,
-                params_blob=outcome.payload,
-                outer_blob=outcome.outer_blob,
-                round_log=log_entry,
-                count_round=True,
-            ),
-            what=f"commit of fragment {p} version {outcome.version}",
-        )
-        svc.metrics.commit_seconds.observe(svc.clock() - commit_started)
-        fs.applied.extend(keys)
-        fs.rounds += 1
-        fs.publish(outcome.version, outcome.params, outcome.payload)
-        fs.open_round(svc.clock(), svc.diloco.quorum)
-        for c in contributions:
-            self.desk.discard(c)
-        svc.recent_rounds.append(
-            RoundRecord(
-                fragment=p,
-                version=outcome.version,
-                participants=[c.learner_id for c in contributions],
-                weights=list(outcome.weights),
-                base_versions=[c.base_version for c in contributions],
-                finished_at=log_entry["finished_at"],
-                quorum_wait_s=timing["quorum_wait_s"],
-                grace_s=timing["grace_s"],
-                merge_s=outcome.merge_s,
-            )  # fmt: skip
-        )
-        svc.metrics.rounds.labels(str(p)).inc()
-        svc.metrics.merge_seconds.observe(outcome.merge_s)
-        svc.metrics.round_participants.observe(len(contributions))
-        staleness = svc.metrics.contribution_staleness.labels(str(p))
-        for c in contributions:  # merged into the version the round started from
-            staleness.observe(rounds.staleness(c.base_version, outcome.version - 1))
-        svc.metrics.fragment_version.labels(str(p)).set(outcome.version)
-        log.info(
-            "fragment %d: version %d from %s (weights %s, merge %.3fs)",
-            p, outcome.version, [c.learner_id for c in contributions],
-            [round(w, 3) for w in outcome.weights], outcome.merge_s,
+        """The round is durable: make it current, record it, then tidy the fragment's storage."""
+        result = outcome.result
+        fs.commit(
+            version=result.version, params=result.params, payload=outcome.payload, outer=result.outer,
+            now=self.clock(), quorum=self.diloco.quorum,
         )  # fmt: skip
-        await self._collect(p)
-
-    async def _collect(self, p: int) -> None:
         try:
-            await anyio.to_thread.run_sync(
-                self.service.store.collect_garbage, p, self.service.settings.keep_versions
-            )
-        except Exception as exc:  # garbage stays until the next round
-            log.info("fragment %d: garbage collection failed: %s", p, exc)
+            for c in contributions:
+                self.release.discard(c)
+            self.committer.record(fs.index, outcome, contributions, log_entry)
+            # the next merge of this fragment waits: it must not write while old versions are deleted
+            await self.committer.collect(fs.index)
+        finally:
+            fs.settle()

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from .commit import Committer
 from .contributions import ContributionDesk
 from .errors import ApiError
 from .round_loop import RoundRunner
@@ -51,6 +52,25 @@ def starting_error(failure: str | None, storage_ok: bool, storage_error: str | N
         503, "starting", f"the synchronizer is starting ({reason}): retry later",
         retryable=True, headers={"Retry-After": str(RETRY_AFTER_S)},
     )  # fmt: skip
+
+
+def build_round_parts(service: SyncService) -> tuple[ContributionDesk, RoundRunner]:
+    """The contribution desk and the round runner of ``service``, each given only the parts it uses."""
+    settings = service.settings
+    desk = ContributionDesk(
+        settings, service.fragments, service.registry, service.store, service.guard, service.metrics,
+        service.traffic, service.clock,
+    )  # fmt: skip
+    committer = Committer(
+        service.store, service.guard, service.metrics, service.recent_rounds,
+        max_staleness=service.diloco.max_staleness, keep_versions=settings.keep_versions, clock=service.clock,
+    )  # fmt: skip
+    runner = RoundRunner(
+        service.diloco, service.fragments, service.policy, committer, desk,
+        clock=service.clock, tick_s=settings.tick_s, on_tick=service.refresh_gauges,
+    )  # fmt: skip
+    desk.wake = runner.wake
+    return desk, runner
 
 
 class Startup:
@@ -91,10 +111,15 @@ class Startup:
             return
         self._tasks += [
             asyncio.create_task(self.runner.run(), name="rounds"),
-            asyncio.create_task(svc.guard.watch(svc.store.probe, self.desk.flush), name="storage-watch"),
+            asyncio.create_task(svc.guard.watch(svc.store.probe, self._after_outage), name="storage-watch"),
         ]
         self.loaded = True
         log.info("synchronizer ready: storage %s", svc.store.store.describe())
+
+    async def _after_outage(self) -> None:
+        """Storage is back: write what only memory holds (raises while storage still fails)."""
+        await self.desk.flush()
+        await self.service.flush_registry()
 
     def check_ready(self) -> None:
         """Raise 503 ``starting`` until the state is loaded."""

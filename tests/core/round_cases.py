@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment, build_plan
+from diloco_core.round_math import RoundResult
 
 GOLDEN_ROUNDS = Path(__file__).parent / "golden" / "rounds.json"
 SHAPES = [("wte.weight", (6, 4)), ("h.0.w", (5, 3)), ("h.0.b", (7,)), ("h.1.w", (4, 4))]
@@ -98,6 +99,16 @@ def digest(arrays: Mapping[str, npt.NDArray[np.floating]]) -> str:
         h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+def summary(result: RoundResult) -> dict[str, object]:
+    """What is pinned of one round: its version, weights and the digests of the new state."""
+    return {
+        "version": result.version,
+        "weights": list(result.weights),
+        "params": digest(result.params),
+        "outer": digest(result.outer.to_arrays()),
+    }
 
 
 def load_golden() -> dict[str, list[dict[str, object]]]:

@@ -1,4 +1,5 @@
-"""The outer optimizer against torch.optim.SGD, Delayed Nesterov, and state round trips."""
+"""The outer optimizer against torch.optim.SGD, Delayed Nesterov, state round trips, and state that is
+never edited in place."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ import numpy as np
 import pytest
 import torch
 from diloco_core import codec
-from diloco_core.outer import OuterOptimizer
+from diloco_core.outer import OuterOptimizer, OuterState
+
+Arrays = dict[str, np.ndarray]
+
+
+def run(
+    opt: OuterOptimizer, state: OuterState, theta: Arrays, delta: Arrays, count: int = 1
+) -> tuple[Arrays, OuterState]:
+    params, new = opt.step(state, theta, delta, count)
+    return dict(params), new
 
 
 @pytest.mark.parametrize("nesterov", [True, False])
@@ -18,27 +28,45 @@ def test_matches_torch_sgd_with_momentum(nesterov: bool) -> None:
     }
     ref = {n: torch.nn.Parameter(torch.from_numpy(v.copy())) for n, v in theta.items()}
     sgd = torch.optim.SGD(list(ref.values()), lr=0.7, momentum=0.9, nesterov=nesterov)
-    opt = OuterOptimizer(lr=0.7, momentum=0.9, nesterov=nesterov)
+    opt, state = OuterOptimizer(lr=0.7, momentum=0.9, nesterov=nesterov), OuterState()
     for _ in range(5):
         delta = {n: rng.standard_normal(v.shape).astype(np.float32) for n, v in theta.items()}
         for n, p in ref.items():
             p.grad = torch.from_numpy(delta[n])
         sgd.step()
-        theta = opt.step(theta, delta)
+        theta, state = run(opt, state, theta, delta)
         for n, p in ref.items():
             np.testing.assert_allclose(theta[n], p.detach().numpy(), rtol=1e-6, atol=1e-6)
-    assert opt.steps == 5
+    assert state.steps == 5
+
+
+def test_a_step_returns_new_state_and_leaves_the_old_one_as_it_was() -> None:
+    rng = np.random.default_rng(4)
+    theta = {"w": rng.standard_normal(5).astype(np.float32)}
+    for opt in (OuterOptimizer(), OuterOptimizer(delayed_every=2)):
+        _, state = run(opt, OuterState(), theta, {"w": rng.standard_normal(5).astype(np.float32)})
+        before = {k: v.copy() for k, v in state.to_arrays().items()}
+        delta = {"w": rng.standard_normal(5).astype(np.float32)}
+        first, after = run(opt, state, theta, delta)
+        for key, value in state.to_arrays().items():
+            np.testing.assert_array_equal(value, before[key])
+        assert after.steps == state.steps + 1
+        # the same inputs give the same step: a failed round simply drops its result
+        again, _ = run(opt, state, theta, delta)
+        np.testing.assert_array_equal(first["w"], again["w"])
+        with pytest.raises(ValueError, match="read-only"):
+            next(iter(after.momentum.values() or after.buffer.values()))[0] = 1.0
 
 
 def test_delayed_nesterov_applies_momentum_every_n_steps() -> None:
-    opt = OuterOptimizer(lr=1.0, momentum=0.5, delayed_every=2)
+    opt, state = OuterOptimizer(lr=1.0, momentum=0.5, delayed_every=2), OuterState()
     theta = {"w": np.zeros(1, np.float32)}
     g1, g2, g3 = (np.array([v], np.float32) for v in (2.0, 4.0, 6.0))
-    theta = opt.step(theta, {"w": g1})  # no momentum yet: theta -= g/N
+    theta, state = run(opt, state, theta, {"w": g1})  # no momentum yet: theta -= g/N
     np.testing.assert_allclose(theta["w"], [-1.0])
-    theta = opt.step(theta, {"w": g2})  # u = (2 + 4) / 2 = 3; theta -= 0.5 * 3 + 4 / 2
+    theta, state = run(opt, state, theta, {"w": g2})  # u = (2 + 4) / 2 = 3; theta -= 0.5 * 3 + 4 / 2
     np.testing.assert_allclose(theta["w"], [-1.0 - 1.5 - 2.0])
-    theta = opt.step(theta, {"w": g3})  # momentum kept, not applied: theta -= 6 / 2
+    theta, state = run(opt, state, theta, {"w": g3})  # momentum kept, not applied: theta -= 6 / 2
     np.testing.assert_allclose(theta["w"], [-4.5 - 3.0])
 
 
@@ -47,28 +75,28 @@ def test_state_survives_a_codec_round_trip_and_continues_identically() -> None:
     theta = {"w": rng.standard_normal(5).astype(np.float32)}
     deltas = [{"w": rng.standard_normal(5).astype(np.float32)} for _ in range(4)]
     for delayed in (0, 3):
-        a = OuterOptimizer(delayed_every=delayed)
+        opt, a = OuterOptimizer(delayed_every=delayed), OuterState()
         ta = dict(theta)
         for d in deltas[:2]:
-            ta = a.step(ta, d)
-        blob = codec.encode(a.state_arrays(), fragment=0, base_version=0, kind="params", quantizer="fp32")
-        b = OuterOptimizer(delayed_every=delayed)
-        b.load_state_arrays(codec.decode(blob).tensors)
+            ta, a = run(opt, a, ta, d)
+        blob = codec.encode(a.to_arrays(), fragment=0, base_version=0, kind="params", quantizer="fp32")
+        b = OuterState.from_arrays(codec.decode(blob).tensors)
         tb = dict(ta)
         for d in deltas[2:]:
-            ta, tb = a.step(ta, d), b.step(tb, d)
+            ta, a = run(opt, a, ta, d)
+            tb, b = run(opt, b, tb, d)
         np.testing.assert_array_equal(ta["w"], tb["w"])
         assert b.steps == 4
 
 
 def test_bad_input_is_refused() -> None:
-    opt = OuterOptimizer()
+    opt, state = OuterOptimizer(), OuterState()
     with pytest.raises(ValueError, match="different tensors"):
-        opt.step({"a": np.zeros(1, np.float32)}, {"b": np.zeros(1, np.float32)})
+        opt.step(state, {"a": np.zeros(1, np.float32)}, {"b": np.zeros(1, np.float32)})
     with pytest.raises(ValueError, match="params"):
-        opt.step({"a": np.zeros(1, np.float32)}, {"a": np.zeros(2, np.float32)})
+        opt.step(state, {"a": np.zeros(1, np.float32)}, {"a": np.zeros(2, np.float32)})
     with pytest.raises(ValueError, match="unknown outer optimizer state key"):
-        opt.load_state_arrays({"nope": np.zeros(1, np.float32)})
+        OuterState.from_arrays({"nope": np.zeros(1, np.float32)})
     with pytest.raises(ValueError, match="bad outer optimizer settings"):
         OuterOptimizer(momentum=1.0)
 
@@ -76,10 +104,12 @@ def test_bad_input_is_refused() -> None:
 def test_delayed_nesterov_every_step_is_plain_nesterov() -> None:
     rng = np.random.default_rng(2)
     plain, delayed = OuterOptimizer(), OuterOptimizer(delayed_every=1)
+    sa = sb = OuterState()
     ta = tb = {"w": rng.standard_normal(6).astype(np.float32)}
     for _ in range(4):
         d = {"w": rng.standard_normal(6).astype(np.float32)}
-        ta, tb = plain.step(ta, d), delayed.step(tb, d)
+        ta, sa = run(plain, sa, ta, d)
+        tb, sb = run(delayed, sb, tb, d)
         np.testing.assert_allclose(ta["w"], tb["w"], rtol=1e-6, atol=1e-7)
 
 
@@ -87,24 +117,26 @@ def test_delayed_nesterov_merging_all_n_at_once_is_plain_nesterov() -> None:
     # a round that merges every one of the N learners is one synchronous DiLoCo outer step
     rng = np.random.default_rng(3)
     plain, delayed = OuterOptimizer(), OuterOptimizer(delayed_every=4)
+    sa = sb = OuterState()
     ta = tb = {"w": rng.standard_normal(6).astype(np.float32)}
     for _ in range(3):
         d = {"w": rng.standard_normal(6).astype(np.float32)}
-        ta, tb = plain.step(ta, d), delayed.step(tb, d, count=4)
+        ta, sa = run(plain, sa, ta, d)
+        tb, sb = run(delayed, sb, tb, d, count=4)
         np.testing.assert_allclose(ta["w"], tb["w"], rtol=1e-6, atol=1e-6)
-    assert delayed.steps == 12
+    assert sb.steps == 12
 
 
 def test_delayed_nesterov_counts_every_contribution_of_a_merge() -> None:
-    opt = OuterOptimizer(lr=1.0, momentum=0.5, delayed_every=4)
+    opt, state = OuterOptimizer(lr=1.0, momentum=0.5, delayed_every=4), OuterState()
     theta = {"w": np.zeros(1, np.float32)}
-    theta = opt.step(theta, {"w": np.array([4.0], np.float32)})  # 1 of 4: theta -= 4/4
+    theta, state = run(opt, state, theta, {"w": np.array([4.0], np.float32)})  # 1 of 4: theta -= 4/4
     np.testing.assert_allclose(theta["w"], [-1.0])
-    theta = opt.step(theta, {"w": np.array([2.0], np.float32)}, count=2)  # 3 of 4: theta -= 2*2/4
+    theta, state = run(opt, state, theta, {"w": np.array([2.0], np.float32)}, count=2)  # 3 of 4: -= 2*2/4
     np.testing.assert_allclose(theta["w"], [-2.0])
     # crosses 4: B = 4 + 4 + 8 = 16, u = 16/4 = 4; theta -= 0.5*4 + 2*4/4
-    theta = opt.step(theta, {"w": np.array([4.0], np.float32)}, count=2)
+    theta, state = run(opt, state, theta, {"w": np.array([4.0], np.float32)}, count=2)
     np.testing.assert_allclose(theta["w"], [-2.0 - 2.0 - 2.0])
-    assert opt.steps == 5
+    assert state.steps == 5
     with pytest.raises(ValueError, match="count"):
-        opt.step(theta, {"w": np.zeros(1, np.float32)}, count=0)
+        opt.step(state, theta, {"w": np.zeros(1, np.float32)}, count=0)

@@ -10,6 +10,7 @@ from diloco_core.rounds import (
     add_contribution,
     decide,
     grace_cap,
+    grace_left,
     grace_window,
     is_stale,
     open_round,
@@ -124,3 +125,13 @@ def test_decide_is_pure() -> None:
     assert state == _state(c("a", 10.1), quorum=1)
     with pytest.raises(ValueError, match="quorum"):
         decide(state, now=0, quorum=0, alive=1, **POLICY)
+
+
+def test_grace_left_counts_down_to_the_deadline_decide_sets() -> None:
+    waiting = _state(c("a", 10.1), quorum=2)
+    assert grace_left(waiting, now=10.5, **POLICY) is None  # no quorum yet: no deadline
+    state = _state(c("a", 10.1), c("b", 10.4), quorum=2)
+    deadline = decide(state, now=10.5, quorum=2, alive=3, max_staleness=2, **POLICY).deadline
+    assert deadline == pytest.approx(11.1)
+    assert grace_left(state, now=10.5, **POLICY) == pytest.approx(deadline - 10.5)
+    assert grace_left(state, now=12.0, **POLICY) == 0.0  # past the deadline: nothing left, never negative

@@ -1,5 +1,5 @@
-"""`diloco synchronizer` / `python -m diloco_sync` as a process: clear errors, TLS, explicit S3
-credentials, the load script."""
+"""`diloco synchronizer` / `python -m diloco_sync`: its settings from flags, environment and job config;
+as a process: clear errors, TLS, explicit S3 credentials, the load script."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 from diloco_bench import sync_ingest
+from diloco_sync.cli import UsageError, parse_settings
 
 from tests.support.pki import make_pki
 from tests.support.s3 import S3Server
 from tests.synchronizer.helpers import Learner, SyncProcess, initial_params, tiny_plan
-
-pytestmark = pytest.mark.integration
 
 
 def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -30,6 +29,7 @@ def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.integration
 def test_missing_secret_is_a_clear_error(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DILOCO_JOB_SECRET"}
     result = run_cli(["--data-dir", str(tmp_path)], env)
@@ -37,6 +37,7 @@ def test_missing_secret_is_a_clear_error(tmp_path: Path) -> None:
     assert "missing job secret: set DILOCO_JOB_SECRET" in result.stderr
 
 
+@pytest.mark.integration
 def test_bad_setting_is_a_clear_error(tmp_path: Path) -> None:
     env = {**os.environ, "DILOCO_JOB_SECRET": "x"}
     result = run_cli(["--data-dir", str(tmp_path), "--merge-rule", "median"], env)
@@ -45,6 +46,7 @@ def test_bad_setting_is_a_clear_error(tmp_path: Path) -> None:
     assert "'rda' or 'mean'" in result.stderr
 
 
+@pytest.mark.integration
 def test_tls(tmp_path: Path, test_logs_dir: Path) -> None:
     pki = make_pki(tmp_path / "pki")
     args = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--fragments", "2",
@@ -62,6 +64,7 @@ def test_tls(tmp_path: Path, test_logs_dir: Path) -> None:
         sync.stop()
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_load_script_reports_throughput_and_baseline(capsys: pytest.CaptureFixture[str]) -> None:
     assert (
@@ -78,6 +81,7 @@ def test_load_script_reports_throughput_and_baseline(capsys: pytest.CaptureFixtu
         assert ratio == pytest.approx(mb_s / raw_mb_s, rel=0.05, abs=0.002)
 
 
+@pytest.mark.integration
 def test_refuses_storage_of_another_job(tmp_path: Path, test_logs_dir: Path) -> None:
     store = f"file://{tmp_path / 'store'}"
     args = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1"]
@@ -97,6 +101,7 @@ def _not_aws(name: str) -> bool:
     return not name.startswith("AWS_")
 
 
+@pytest.mark.integration
 def test_explicit_s3_credentials(s3: S3Server, tmp_path: Path, test_logs_dir: Path) -> None:
     """The S3 endpoint and keys come from flags and DILOCO_* alone: no AWS_* variable is passed on."""
     bucket = s3.new_bucket()
@@ -121,6 +126,7 @@ def test_explicit_s3_credentials(s3: S3Server, tmp_path: Path, test_logs_dir: Pa
     assert s3.secret_key not in log  # ...but never the secret key
 
 
+@pytest.mark.integration
 def test_wrong_s3_credentials_fail_the_start_clearly(s3: S3Server, tmp_path: Path) -> None:
     """Wrong keys are refused by S3 (403): waiting cannot cure that, unlike an outage, so the
     synchronizer does not start, and says what to check (without printing the secret)."""
@@ -139,9 +145,54 @@ def test_wrong_s3_credentials_fail_the_start_clearly(s3: S3Server, tmp_path: Pat
     assert s3.client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
 
 
+@pytest.mark.integration
 def test_s3_keys_come_in_pairs() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DILOCO_STORAGE_")}
     env["DILOCO_JOB_SECRET"] = "x"
     result = run_cli(["--storage", "s3://b/p", "--storage-access-key", "AK"], env)
     assert result.returncode == 2
     assert "S3 credentials need both the access key and the secret key" in result.stderr
+
+
+def test_cli_needs_a_job_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DILOCO_JOB_SECRET", raising=False)
+    with pytest.raises(UsageError, match="DILOCO_JOB_SECRET"):
+        parse_settings([])
+
+
+def test_cli_reads_flags_environment_and_job_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "job.yaml"
+    config.write_text("job_id: demo\ndiloco:\n  inner_steps: 16\n  fragments: 8\n  quorum: 2\n")
+    monkeypatch.setenv("DILOCO_JOB_SECRET", "from-env")
+    monkeypatch.setenv("DILOCO_PORT", "9999")
+    s = parse_settings(["--job-config", str(config), "--quorum", "3", "--data-dir", str(tmp_path / "d")])
+    assert s.job_secret.get_secret_value() == "from-env"
+    assert s.port == 9999
+    assert s.storage_url == f"file://{tmp_path / 'd'}"
+    assert (s.job.job_id, s.job.diloco.inner_steps, s.job.diloco.fragments, s.job.diloco.quorum) == (
+        "demo",
+        16,
+        8,
+        3,
+    )
+
+
+def test_cli_reports_invalid_settings_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DILOCO_JOB_SECRET", "x")
+    with pytest.raises(UsageError, match="overlap"):
+        parse_settings(["--inner-steps", "4", "--overlap", "4"])
+    monkeypatch.setenv("DILOCO_PORT", "not-a-port")
+    with pytest.raises(UsageError, match="DILOCO_PORT"):
+        parse_settings([])
+
+
+def test_cli_reads_s3_keys_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DILOCO_JOB_SECRET", "x")
+    monkeypatch.setenv("DILOCO_STORAGE_SECRET_KEY", "s3-secret")
+    s = parse_settings(["--storage", "s3://b/p", "--storage-access-key", "AKID"])
+    assert s.storage_access_key == "AKID"
+    assert s.storage_secret_key is not None
+    assert s.storage_secret_key.get_secret_value() == "s3-secret"
+    assert "s3-secret" not in repr(s)
+    monkeypatch.delenv("DILOCO_STORAGE_SECRET_KEY")
+    assert parse_settings(["--storage", "s3://b/p"]).storage_secret_key is None

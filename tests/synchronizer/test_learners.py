@@ -1,4 +1,4 @@
-"""The learner registry's bookkeeping: unknown learners and the token counter's baseline."""
+"""The learner registry's bookkeeping: liveness, step time, unknown learners and the token counter's baseline."""
 
 from __future__ import annotations
 
@@ -113,3 +113,27 @@ def test_leaving_again_further_on_updates_the_stored_final_progress() -> None:
     assert reg.leave("a", now=5.0) is True
     assert reg.leave("a", now=6.0) is False
     assert reg.to_record().learners["a"].step == 20
+
+
+def test_liveness_is_a_function_of_time() -> None:
+    reg = LearnerRegistry(heartbeat_timeout_s=10)
+    reg.register(LearnerRecord(learner_id="a"), step=0, now=100.0)
+    reg.register(LearnerRecord(learner_id="b"), step=0, now=100.0)
+    reg.heartbeat("b", Heartbeat(step=5, tokens=40, step_time_s=0.2), now=108.0)
+    assert reg.alive_count(105.0) == 2
+    assert reg.alive_count(111.0) == 1  # a timed out, b heard at 108
+    status = {s.learner_id: s for s in reg.status(111.0, versions={})}
+    assert status["a"].state == "dead"
+    assert not status["a"].alive
+    assert status["b"].state == "training"
+    assert status["b"].step == 5
+    assert reg.step_time(111.0) == 0.2  # only alive learners count
+    reg.leave("b", 112.0)
+    assert reg.alive_count(112.0) == 0
+    assert reg.step_time(112.0) == 0.0
+
+
+def test_the_grace_window_uses_an_ema_of_the_reported_step_times() -> None:
+    assert step_time_ema(0.0, 2.0) == 2.0
+    assert step_time_ema(2.0, 0.0) == 2.0  # a heartbeat without a step time changes nothing
+    assert step_time_ema(2.0, 4.0, weight=0.25) == pytest.approx(2.5)

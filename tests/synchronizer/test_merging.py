@@ -1,19 +1,20 @@
-"""The synchronizer's round path reproduces the pinned round results bit for bit."""
+"""The synchronizer's round path (the pinned round results bit for bit, the blobs it commits) and the
+round logs read back at start-up."""
 
 from __future__ import annotations
 
-import os
-
+from diloco_core import codec
+from diloco_core.outer import OuterState
 from diloco_sync.fragment_state import Contribution
-from diloco_sync.merging import new_optimizer, run_round
+from diloco_sync.merging import recent_round_keys, rounds_from_logs, run_round
 
-from tests.core.round_cases import cases, digest, load_golden, write_golden
+from tests.core.round_cases import cases, digest, load_golden, summary
 
 
 def _run_all() -> dict[str, list[dict[str, object]]]:
     results: dict[str, list[dict[str, object]]] = {}
     for case in cases():
-        params, optimizer = dict(case.params), new_optimizer(case.settings)
+        params, outer = dict(case.params), OuterState()
         out: list[dict[str, object]] = []
         for version, given in enumerate(case.rounds):
             contributions = [
@@ -30,22 +31,39 @@ def _run_all() -> dict[str, list[dict[str, object]]]:
                 )  # fmt: skip
                 for g in given
             ]
-            outcome = run_round(case.fragment, params, optimizer, version, contributions, case.settings)
-            params = outcome.params
-            out.append(
-                {
-                    "version": outcome.version,
-                    "weights": list(outcome.weights),
-                    "params": digest(outcome.params),
-                    "outer": digest(optimizer.state_arrays()),
-                }
-            )
+            outcome = run_round(case.fragment, params, outer, version, contributions, case.settings)
+            params, outer = outcome.result.params, outcome.result.outer
+            # what is committed decodes to exactly what was computed
+            served = codec.decode(outcome.payload, fragment=case.fragment)
+            assert (served.base_version, digest(served.tensors)) == (version + 1, digest(params))
+            assert digest(codec.decode(outcome.outer_blob).tensors) == digest(outer.to_arrays())
+            out.append(summary(outcome.result))
         results[case.name] = out
     return results
 
 
 def test_the_round_path_reproduces_the_pinned_results() -> None:
-    results = _run_all()
-    if os.environ.get("DILOCO_REGEN_GOLDEN") == "1":
-        write_golden(results)
-    assert results == load_golden()
+    assert _run_all() == load_golden()
+
+
+def test_recent_rounds_come_back_from_the_round_logs_newest_last() -> None:
+    assert recent_round_keys({0: 3, 1: 1}, 2) == [(0, 3), (0, 2), (1, 1)]
+    assert recent_round_keys({0: 0}, 5) == []
+
+    def entry(p: int, v: int, at: float) -> dict[str, object]:
+        return {
+            "fragment": p,
+            "version": v,
+            "participants": ["a"],
+            "weights": [1.0],
+            "base_versions": [v - 1],
+            "finished_at": at,
+            "quorum_wait_s": 0.1,
+            "grace_s": 0.0,
+            "merge_s": 0.01,
+            "keys": ["k"],
+        }
+
+    logs = [entry(0, 3, 30.0), entry(0, 2, 10.0), entry(1, 2, 20.0), {"fragment": 1}]  # the last: unreadable
+    rounds = rounds_from_logs(logs, 2)
+    assert [(r.fragment, r.version) for r in rounds] == [(1, 2), (0, 3)]

@@ -1,0 +1,117 @@
+"""One round of one fragment as a pure function: contribution weights → merge → outer step.
+
+``merge_round`` takes the fragment's current parameters and outer-optimizer state, the
+contributions the round policy (:mod:`diloco_core.rounds`) chose, in merge order, and the job's
+settings, and returns the new parameters, the new optimizer state and what the round did. It edits
+nothing it is given, so a round that fails, or whose result is never committed, leaves the
+fragment exactly as it was. The synchronizer, the benchmark harness and the reduction-to-DiLoCo
+test all run this function, so they run the same algorithm:
+
+1. weights: ``tokens² / steps`` (or 1 without token weighting) times ``(1 + staleness)^-power`` per
+   contribution (:func:`diloco_core.merge.contribution_weight`); all 1 when they sum to zero;
+2. merge: RDA per tensor, or the weighted mean (always for an embedding fragment)
+   (:func:`diloco_core.merge.merge_fragment`);
+3. outer step: Nesterov or Delayed Nesterov on the merged Δ, counting every contribution
+   (:class:`diloco_core.outer.OuterOptimizer`).
+
+Checks of the inputs before step 1 and of the merged update between steps 2 and 3 belong here too:
+the result carries the update so that such a check can read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from diloco_core.config import DiLoCoSettings
+from diloco_core.fragments import Fragment
+from diloco_core.merge import contribution_weight, merge_fragment
+from diloco_core.outer import OuterOptimizer, OuterState
+from diloco_core.rounds import staleness
+
+F32 = npt.NDArray[np.float32]
+
+
+class MergeInput(Protocol):
+    """What a round needs of one contribution: its outer gradient and the metadata that weighs it."""
+
+    @property
+    def base_version(self) -> int: ...
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def tensors(self) -> Mapping[str, npt.NDArray[np.floating]]: ...
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """A new version of the fragment and what produced it (per contribution, in the order given)."""
+
+    version: int
+    params: dict[str, F32]
+    outer: OuterState
+    update: dict[str, F32]  # the merged outer gradient Δ the outer step took
+    weights: tuple[float, ...]
+    staleness: tuple[int, ...]  # versions each contribution's base is behind the round's version
+
+
+def outer_optimizer(settings: DiLoCoSettings) -> OuterOptimizer:
+    return OuterOptimizer(
+        lr=settings.outer_lr,
+        momentum=settings.outer_momentum,
+        nesterov=True,
+        delayed_every=settings.delayed_nesterov,
+    )
+
+
+def round_weights(contributions: Sequence[MergeInput], version: int, settings: DiLoCoSettings) -> list[float]:
+    """The merge weight of each contribution to a round on ``version``; all 1.0 when they sum to zero
+    (every contribution trained on zero tokens), so such a round is a plain average."""
+    weights = [
+        contribution_weight(
+            c.tokens,
+            c.steps,
+            token_weighting=settings.token_weighting,
+            staleness=staleness(c.base_version, version),
+            staleness_power=settings.staleness_power,
+        )
+        for c in contributions
+    ]
+    if sum(weights) <= 0:
+        return [1.0] * len(contributions)
+    return weights
+
+
+def merge_round(
+    fragment: Fragment,
+    params: Mapping[str, npt.NDArray[np.floating]],
+    outer: OuterState,
+    version: int,
+    contributions: Sequence[MergeInput],
+    settings: DiLoCoSettings,
+) -> RoundResult:
+    """Version ``version + 1`` of ``fragment`` from version ``version`` (``params``, ``outer``) and
+    the contributions merged into it; raises ``ValueError`` on inputs that cannot be merged
+    (none, mismatched tensors or shapes)."""
+    weights = round_weights(contributions, version, settings)
+    update = merge_fragment(
+        [c.tensors for c in contributions], weights, rule=settings.merge_rule, kind=fragment.kind
+    )
+    new_params, new_outer = outer_optimizer(settings).step(outer, params, update, count=len(contributions))
+    return RoundResult(
+        version=version + 1,
+        params=new_params,
+        outer=new_outer,
+        update=update,
+        weights=tuple(weights),
+        staleness=tuple(staleness(c.base_version, version) for c in contributions),
+    )

@@ -1,0 +1,126 @@
+"""Making a merged round durable, and recording it once it is.
+
+The commit writes the new parameters, the outer state and the round log, then the manifest that
+makes them current (``StateStore.commit_version``); during a storage outage it is retried with
+backoff until it succeeds. Only then is the round published (by the round runner) and recorded here:
+the status's recent rounds, the metrics, the log line. Old versions are collected afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio.to_thread
+from diloco_core.protocol import RoundRecord
+
+from .fragment_state import Contribution, FragmentState
+from .layout import FragmentRecord
+from .merging import RoundOutcome, round_log
+from .metrics import Metrics
+from .persistence import StateStore
+from .storage_guard import StorageGuard
+
+log = logging.getLogger(__name__)
+
+
+def applied_to_keep(keys: list[str], version: int, max_staleness: int) -> list[str]:
+    """Idempotency keys still worth remembering: older bases would be refused as stale anyway."""
+    oldest = version - max_staleness - 1
+    return [k for k in keys if int(k.split("/")[2]) >= oldest]
+
+
+class Committer:
+    def __init__(
+        self,
+        store: StateStore,
+        guard: StorageGuard,
+        metrics: Metrics,
+        recent_rounds: deque[RoundRecord],
+        *,
+        max_staleness: int,
+        keep_versions: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self.store, self.guard, self.metrics = store, guard, metrics
+        self.recent_rounds = recent_rounds
+        self.max_staleness, self.keep_versions = max_staleness, keep_versions
+        self.clock = clock
+
+    async def write(
+        self,
+        fs: FragmentState,
+        outcome: RoundOutcome,
+        contributions: Sequence[Contribution],
+        timing: dict[str, float],
+    ) -> dict[str, Any]:
+        """Write the round's objects and the manifest, retrying through outages; returns the round log."""
+        p, layout, version = fs.index, self.store.layout, outcome.result.version
+        keys = [c.key for c in contributions]
+        record = FragmentRecord(
+            version=version,
+            params_key=layout.params(p, version),
+            outer_key=layout.outer(p, version),
+            rounds=fs.rounds + 1,
+            applied=applied_to_keep([*fs.applied, *keys], version, self.max_staleness),
+        )
+        log_entry = round_log(p, outcome, contributions, timing)
+        started = self.clock()
+        await self.guard.call_until_done(
+            lambda: self.store.commit_version(
+                p,
+                record,
+                params_blob=outcome.payload,
+                outer_blob=outcome.outer_blob,
+                round_log=log_entry,
+                count_round=True,
+            ),
+            what=f"commit of fragment {p} version {version}",
+        )
+        self.metrics.commit_seconds.observe(self.clock() - started)
+        return log_entry
+
+    def record(
+        self,
+        p: int,
+        outcome: RoundOutcome,
+        contributions: Sequence[Contribution],
+        log_entry: dict[str, Any],
+    ) -> None:
+        """A committed round: into the status's recent rounds, the metrics and the log."""
+        result = outcome.result
+        self.recent_rounds.append(
+            RoundRecord(
+                fragment=p,
+                version=result.version,
+                participants=[c.learner_id for c in contributions],
+                weights=list(result.weights),
+                base_versions=[c.base_version for c in contributions],
+                finished_at=log_entry["finished_at"],
+                quorum_wait_s=log_entry["quorum_wait_s"],
+                grace_s=log_entry["grace_s"],
+                merge_s=outcome.merge_s,
+            )  # fmt: skip
+        )
+        m = self.metrics
+        m.rounds.labels(str(p)).inc()
+        m.merge_seconds.observe(outcome.merge_s)
+        m.round_participants.observe(len(contributions))
+        staleness = m.contribution_staleness.labels(str(p))
+        for lag in result.staleness:  # behind the version the round started from
+            staleness.observe(lag)
+        m.fragment_version.labels(str(p)).set(result.version)
+        log.info(
+            "fragment %d: version %d from %s (weights %s, merge %.3fs)",
+            p, result.version, [c.learner_id for c in contributions],
+            [round(w, 3) for w in result.weights], outcome.merge_s,
+        )  # fmt: skip
+
+    async def collect(self, p: int) -> None:
+        """Delete the fragment's versions older than the ones kept; a failure only waits for the next round."""
+        try:
+            await anyio.to_thread.run_sync(self.store.collect_garbage, p, self.keep_versions)
+        except Exception as exc:  # garbage stays until the next round
+            log.info("fragment %d: garbage collection failed: %s", p, exc)

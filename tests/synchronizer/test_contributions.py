@@ -1,0 +1,66 @@
+"""The contribution desk in process: the checks in the order a learner can act on, duplicates, and a
+learner's newer contribution superseding its pending one."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from diloco_core.protocol import RegisterRequest
+from diloco_sync.errors import ApiError
+
+from tests.synchronizer.helpers import encode_params, initial_params
+from tests.synchronizer.inprocess import PLAN, in_process
+
+
+def test_refusals_come_in_the_order_a_learner_can_act_on(tmp_path: Path) -> None:
+    sync = in_process(tmp_path, max_staleness=1)
+
+    async def scenario() -> list[tuple[int, str]]:
+        def refusal(learner: str, p: int, base: int) -> tuple[int, str]:
+            with pytest.raises(ApiError) as info:
+                sync.desk.precheck(learner, p, base, 1)
+            return info.value.status, info.value.code
+
+        await sync.service.load()
+        codes = [refusal("a", 0, 0)]
+        await sync.service.register(
+            RegisterRequest(learner_id="a", plan=PLAN.to_dict(), plan_hash=PLAN.hash(), tokens_per_step=8)
+        )
+        codes += [refusal("a", 0, 0), refusal("a", 9, 0)]
+        await sync.service.init_fragment(0, encode_params(initial_params(PLAN, 0), 0))
+        codes.append(refusal("a", 0, 3))
+        assert sync.desk.precheck("a", 0, 0, 1).version == 0
+        return codes
+
+    assert asyncio.run(scenario()) == [
+        (404, "not_registered"),
+        (409, "not_initialised"),
+        (404, "unknown_fragment"),
+        (409, "stale"),  # a base the fragment has not reached
+    ]
+
+
+def test_a_repeat_is_a_duplicate_and_a_newer_contribution_supersedes_the_pending_one(tmp_path: Path) -> None:
+    sync = in_process(tmp_path, quorum=2)
+
+    async def scenario() -> None:
+        await sync.start("ab")
+        fs = sync.service.fragments.get(0)
+        assert await sync.contribute("a", seq=1) == "accepted"
+        assert await sync.contribute("a", seq=1) == "duplicate"
+        first = sync.pending_objects()
+        assert len(first) == 1
+        assert await sync.contribute("a", seq=2) == "accepted"
+        assert [c.seq for c in fs.pending.values()] == [2]
+        assert await sync.contribute("a", seq=1) == "duplicate"  # the superseded one stays answered
+        for _ in range(200):  # the superseded copy is deleted in the background
+            if first[0] not in sync.pending_objects():
+                break
+            await asyncio.sleep(0.01)
+        assert len(sync.pending_objects()) == 1
+        assert first[0] not in sync.pending_objects()
+        assert sync.service.traffic.bytes_in > 0
+
+    asyncio.run(scenario())

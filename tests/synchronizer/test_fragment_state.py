@@ -1,0 +1,219 @@
+"""The fragment state machine, in process: every transition, the ones a phase refuses, and the news
+it gives long-polls. Times are parameters (the transitions take ``now``), so no clock is patched."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from diloco_core.outer import OuterState
+from diloco_sync.fragment_state import Contribution, FragmentState, TransitionError
+
+from tests.synchronizer.helpers import initial_params, tiny_plan
+
+PLAN = tiny_plan()
+QUORUM = 2
+
+
+def contribution(
+    learner: str, at: float, base: int = 0, seq: int = 1, blob: bytes | None = None
+) -> Contribution:
+    return Contribution(
+        learner_id=learner, fragment=0, base_version=base, seq=seq, steps=2, tokens=16, tensors={},
+        nbytes=0, received_at=at, blob=blob,
+    )  # fmt: skip
+
+
+def fresh() -> FragmentState:
+    return FragmentState(spec=PLAN.fragments[0])
+
+
+def initialised(now: float = 1.0) -> FragmentState:
+    fs = fresh()
+    fs.begin_init()
+    fs.finish_init(initial_params(PLAN, 0), b"v0", now, QUORUM)
+    return fs
+
+
+def test_initial_parameters_are_taken_once_and_a_failed_init_can_be_retried() -> None:
+    fs = fresh()
+    assert (fs.phase, fs.version, fs.busy) == ("uninitialised", -1, False)
+    fs.begin_init()
+    assert (fs.phase, fs.busy) == ("initialising", True)
+    with pytest.raises(TransitionError):
+        fs.begin_init()  # a second init while the first is written
+    fs.abort_init()  # the write failed
+    assert (fs.phase, fs.version) == ("uninitialised", -1)
+    fs.begin_init()
+    fs.finish_init(initial_params(PLAN, 0), b"v0", 5.0, QUORUM)
+    assert (fs.phase, fs.version, fs.payload) == ("open", 0, b"v0")
+    assert (fs.round.version, fs.round.opened_at) == (0, 5.0)
+    with pytest.raises(TransitionError):
+        fs.begin_init()
+
+
+def test_restore_starts_from_the_committed_state() -> None:
+    fs = fresh()
+    outer = OuterState(steps=3)
+    fs.restore(
+        version=7, params=initial_params(PLAN, 0), payload=b"v7", outer=outer, applied=["a/0/6/1"],
+        rounds=7, now=2.0, quorum=QUORUM,
+    )  # fmt: skip
+    assert (fs.phase, fs.version, fs.rounds, fs.outer) == ("open", 7, 7, outer)
+    assert fs.is_known("a/0/6/1")  # merged before the restart: a resend is a duplicate
+    with pytest.raises(TransitionError):
+        fs.restore(
+            version=8, params={}, payload=b"", outer=outer, applied=[], rounds=8, now=3.0, quorum=QUORUM
+        )
+
+
+def test_a_reserved_key_is_known_until_released_and_accepting_queues_the_contribution() -> None:
+    fs = initialised()
+    c = contribution("a", at=2.0)
+    assert fs.reserve(c.key)
+    assert not fs.reserve(c.key)  # the same contribution sent twice at once: a duplicate
+    fs.accept(c, QUORUM)
+    fs.release(c.key)
+    assert fs.is_known(c.key)  # pending now
+    assert fs.pending == {"a": c}
+    assert (fs.round.version, fs.round.opened_at, fs.round.first_quorum_at) == (0, 2.0, None)
+    refused = contribution("b", at=2.5)
+    assert fs.reserve(refused.key)
+    fs.release(refused.key)  # refused (stale, unreadable...): the learner may send it again
+    assert not fs.is_known(refused.key)
+    fs.accept(contribution("b", at=3.0), QUORUM)
+    assert fs.round.first_quorum_at == 3.0
+
+
+def test_a_newer_contribution_of_a_learner_supersedes_its_pending_one() -> None:
+    fs = initialised()
+    first, second = contribution("a", at=2.0, seq=1), contribution("a", at=3.0, seq=2)
+    assert fs.accept(first, QUORUM) is None
+    assert fs.accept(second, QUORUM) is first
+    assert fs.pending == {"a": second}
+    assert fs.is_known(first.key)  # a resend of the superseded one is a duplicate
+    assert first.key in fs.applied
+
+
+def test_excluded_contributions_are_dropped_and_the_round_starts_again_with_the_rest() -> None:
+    fs = initialised()
+    stale, kept = contribution("a", at=2.0), contribution("b", at=4.0)
+    fs.accept(stale, QUORUM)
+    fs.accept(kept, QUORUM)
+    assert fs.round.first_quorum_at == 4.0
+    assert fs.exclude(["a", "nobody"], QUORUM) == {"a": stale}
+    assert fs.pending == {"b": kept}
+    assert (fs.round.opened_at, fs.round.first_quorum_at) == (4.0, None)  # one left: below the quorum
+    assert not fs.is_known(stale.key)
+
+
+def test_merge_then_commit_publishes_the_version_and_settle_frees_the_fragment() -> None:
+    fs = initialised()
+    a, b = contribution("a", at=2.0), contribution("b", at=2.5)
+    fs.accept(a, QUORUM)
+    fs.accept(b, QUORUM)
+    assert fs.start_merge(["b", "a"]) == [b, a]
+    assert (fs.phase, fs.busy, fs.pending) == ("merging", True, {})
+    assert fs.is_known(a.key)
+    assert not fs.reserve(b.key)  # a resend while it is merged is a duplicate
+    late = contribution("c", at=3.0)
+    fs.accept(late, QUORUM)  # arrives during the merge: waits for the next round
+    assert not fs.round_open_for("d", 0)  # no round is announced while the fragment is busy
+    with pytest.raises(TransitionError):
+        fs.start_merge(["c"])
+    new_outer = OuterState(steps=2)
+    fs.commit(
+        version=1,
+        params=initial_params(PLAN, 0, seed=1),
+        payload=b"v1",
+        outer=new_outer,
+        now=4.0,
+        quorum=QUORUM,
+    )
+    assert (fs.phase, fs.version, fs.payload, fs.rounds, fs.outer) == ("committed", 1, b"v1", 1, new_outer)
+    assert fs.applied[-2:] == (b.key, a.key)
+    assert (fs.round.version, fs.round.opened_at) == (1, 3.0)  # the next round holds the late one
+    with pytest.raises(TransitionError):
+        fs.start_merge(["c"])  # old versions are still being deleted
+    fs.settle()
+    assert (fs.phase, fs.busy) == ("open", False)
+    assert fs.start_merge(["c"]) == [late]
+
+
+def test_an_aborted_merge_leaves_the_fragment_as_it_was() -> None:
+    fs = initialised()
+    params, outer = fs.params, fs.outer
+    a = contribution("a", at=2.0)
+    fs.accept(a, QUORUM)
+    fs.start_merge(["a"])
+    assert fs.abort() == [a]
+    assert (fs.phase, fs.version, fs.params, fs.outer, fs.rounds) == ("open", 0, params, outer, 0)
+    assert not fs.is_known(a.key)  # never merged: the learner's resend counts
+    with pytest.raises(TransitionError):
+        fs.abort()
+
+
+@pytest.mark.parametrize(
+    ("phase_of", "transition"),
+    [
+        (fresh, lambda fs: fs.accept(contribution("a", 1.0), QUORUM)),  # no parameters yet
+        (fresh, lambda fs: fs.start_merge([])),
+        (fresh, lambda fs: fs.finish_init({}, b"", 0.0, QUORUM)),
+        (
+            initialised,
+            lambda fs: fs.commit(version=1, params={}, payload=b"", outer=OuterState(), now=0.0, quorum=1),
+        ),
+        (initialised, lambda fs: fs.settle()),
+        (initialised, lambda fs: fs.abort()),
+        (initialised, lambda fs: fs.abort_init()),
+    ],
+)
+def test_a_phase_refuses_the_transitions_it_does_not_allow(phase_of, transition) -> None:  # type: ignore[no-untyped-def]
+    fs = phase_of()
+    before = (fs.phase, fs.version)
+    with pytest.raises(TransitionError):
+        transition(fs)
+    assert (fs.phase, fs.version) == before
+
+
+def test_a_contribution_held_in_memory_becomes_durable_only_while_it_is_pending() -> None:
+    fs = initialised()
+    held = contribution("a", at=2.0, blob=b"payload")
+    fs.accept(held, QUORUM)
+    assert fs.mark_durable(held, "pending/a")
+    assert (held.storage_key, held.blob) == ("pending/a", None)
+    merged = contribution("b", at=2.5, blob=b"payload")
+    fs.accept(merged, QUORUM)
+    fs.start_merge(["b"])
+    assert not fs.mark_durable(merged, "pending/b")  # written too late: that copy is not needed
+    assert (merged.storage_key, merged.blob) == (None, b"payload")
+
+
+def test_long_poll_wakes_on_publish() -> None:
+    async def scenario() -> tuple[str | None, str | None]:
+        fs = fresh()
+        waiter = asyncio.create_task(fs.wait_newer(-1, 10.0))
+        await asyncio.sleep(0.01)
+        fs.begin_init()
+        fs.finish_init({"wte.weight": np.zeros((16, 8), np.float32)}, b"blob", 1.0, QUORUM)
+        woke = await waiter
+        timed_out = await fs.wait_newer(0, 0.05)
+        return woke, timed_out
+
+    assert asyncio.run(scenario()) == ("version", None)
+
+
+def test_an_opening_round_wakes_the_learners_that_have_not_joined_it() -> None:
+    async def scenario() -> tuple[str | None, str | None, str | None, bool]:
+        fs = initialised()
+        waiter = asyncio.create_task(fs.wait_newer(0, 10.0, round_for="b"))
+        await asyncio.sleep(0.01)
+        fs.accept(contribution("a", at=1.0), quorum=1)  # the round on version 0 opens
+        woke = await waiter
+        joined = await fs.wait_newer(0, 0.05, round_for="a")  # a is in the round: nothing to tell it
+        not_asked = await fs.wait_newer(0, 0.05)  # a plain long-poll never hears of rounds
+        fs.start_merge(["a"])
+        return woke, joined, not_asked, fs.round_open_for("b", 0)
+
+    assert asyncio.run(scenario()) == ("round", None, None, False)
