@@ -2,13 +2,13 @@
 
 Per fragment a learner keeps an anchor (the last global version it received), a step counter that
 starts at ``-offset`` so fragments fall due at different steps, the tokens seen since the fragment's
-last sync, and the base version its outer gradient is relative to.
+last sync, the base version its outer gradient is relative to, and when it last sent it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -59,80 +59,117 @@ def apply_global(
     return out
 
 
-@dataclass(frozen=True)
+_COUNTER_FIELDS = ("base_version", "steps", "tokens", "sent_at", "seq")
+
+
+@dataclass
+class FragmentCounter:
+    """One fragment's counters on a learner, since the last global version of it the learner took."""
+
+    base_version: int = -1  # the version its outer gradient is relative to (-1: none yet)
+    steps: int = 0  # inner steps since that version (starts at -offset)
+    tokens: int = 0  # tokens trained on in those steps (counted once ``steps`` passed zero)
+    sent_at: int = 0  # value of ``steps`` at the last send since that version (0: not sent)
+    seq: int = 0  # idempotency sequence of the contributions (never reset)
+
+    def to_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in _COUNTER_FIELDS}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FragmentCounter:
+        """What :meth:`to_dict` wrote (missing fields take their defaults)."""
+        unknown = set(d) - set(_COUNTER_FIELDS)
+        if unknown:
+            raise ValueError(f"malformed fragment counter: unknown fields {sorted(unknown)}")
+        try:
+            return cls(**{k: int(v) for k, v in d.items()})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"malformed fragment counter {dict(d)!r}: {exc}") from exc
+
+
 class FragmentCounters:
-    """Per-fragment steps, tokens since the last sync, and base version. Immutable: helpers return new values.
+    """The fragment counters of one learner, and the rules that move them.
 
-    Tokens are counted only for steps after the counter passed zero, so ``tokens / steps`` is the
-    learner's tokens per step on the first round too.
+    - Every counter starts at ``-offset``, so the fragments fall due at different steps; tokens are
+      counted only for steps after the counter passed zero, so ``tokens / steps`` is the learner's
+      tokens per step on the first round too.
+    - A fragment is due when its H inner steps since the last global version are done, and, once
+      sent, again H steps after that send if the merged version has not come back yet (a learner
+      overlaps communication with training; the fresher outer gradient, still relative to the same
+      anchor, supersedes the older one).
+    - Taking a global version resets the fragment's counters (its ``seq`` goes on).
 
-    This is the counting rule of docs/algorithm.md §3.2 in its plainest form, a reference for code that
-    simulates learners without PyTorch: the core's tests drive whole rounds with it (a learner that
-    sends when due and resets when the merge comes back). A fragment is due from its H-th step after
-    the last global version until :meth:`reset`, whether or not its outer gradient was sent.
-
-    The worker does not use it: ``diloco_worker.fragment_state.FragmentCounter`` is a mutable
-    counter per fragment with the same start (``-offset``), token rule and reset, plus what a
-    learner that overlaps communication with training needs: ``sent_at`` (a fragment sent and not
-    yet merged falls due again H steps after that send, not at every step) and ``seq`` (the
-    contribution's idempotency sequence), and its own checkpoint layout (one dict per fragment).
+    The counting and due rule of docs/algorithm.md §3.2, used by the worker
+    (``diloco_worker.fragment_state``, which adds the tensors) and by the benchmark harness's
+    simulated learners.
     """
 
-    steps: tuple[int, ...]
-    tokens: tuple[int, ...]
-    base_version: tuple[int, ...]
-
-    @classmethod
-    def start(cls, plan: FragmentPlan, base_versions: Mapping[int, int] | None = None) -> FragmentCounters:
-        """Counters at ``-offset`` per fragment; base versions from the synchronizer (default -1: none)."""
-        n = len(plan.fragments)
-        versions = base_versions or {}
-        return cls(
-            tuple(-f.offset for f in plan.fragments), (0,) * n, tuple(versions.get(i, -1) for i in range(n))
+    def __init__(self, plan: FragmentPlan, counters: Sequence[FragmentCounter] | None = None) -> None:
+        if counters is not None and len(counters) != len(plan.fragments):
+            raise ValueError(f"{len(counters)} fragment counters for a plan of {len(plan.fragments)} fragments")
+        self.plan = plan
+        self._counters = (
+            list(counters) if counters is not None else [FragmentCounter(steps=-f.offset) for f in plan.fragments]
         )
 
-    def advance(self, tokens: int) -> FragmentCounters:
-        """After one inner step that consumed ``tokens`` tokens."""
+    def __getitem__(self, p: int) -> FragmentCounter:
+        return self._counters[p]
+
+    def __len__(self) -> int:
+        return len(self._counters)
+
+    def __iter__(self) -> Iterator[FragmentCounter]:
+        return iter(self._counters)
+
+    def advance(self, tokens: int) -> None:
+        """One inner step of ``tokens`` tokens was taken."""
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
-        steps = tuple(s + 1 for s in self.steps)
-        toks = tuple(t + tokens if s > 0 else t for s, t in zip(steps, self.tokens, strict=True))
-        return replace(self, steps=steps, tokens=toks)
+        for c in self._counters:
+            c.steps += 1
+            if c.steps > 0:
+                c.tokens += tokens
 
-    def reset(self, index: int, base_version: int) -> FragmentCounters:
-        """After fragment ``index`` received global version ``base_version``: counting starts again."""
-        return replace(
-            self,
-            steps=_set(self.steps, index, 0),
-            tokens=_set(self.tokens, index, 0),
-            base_version=_set(self.base_version, index, base_version),
-        )
+    def due(self) -> list[int]:
+        """The fragments whose outer gradient should be sent now."""
+        return [
+            i for i, c in enumerate(self._counters) if c.steps > 0 and self.plan.is_due(i, c.steps - c.sent_at)
+        ]
 
-    def due(self, plan: FragmentPlan) -> list[int]:
-        """The fragments whose H inner steps are done."""
-        return [i for i, s in enumerate(self.steps) if plan.is_due(i, s)]
+    def unsent(self, p: int) -> bool:
+        """True when fragment ``p`` has progress since its last send (or since its version, if none)."""
+        c = self._counters[p]
+        return c.steps > 0 and c.steps > c.sent_at
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "steps": list(self.steps),
-            "tokens": list(self.tokens),
-            "base_version": list(self.base_version),
-        }
+    def mark_sent(self, p: int) -> FragmentCounter:
+        """Fragment ``p``'s outer gradient is being sent: its counter, with the send recorded."""
+        c = self._counters[p]
+        c.sent_at, c.seq = c.steps, c.seq + 1
+        return c
+
+    def reset(self, p: int, base_version: int) -> None:
+        """Fragment ``p`` took global version ``base_version``: counting starts again from it."""
+        c = self._counters[p]
+        c.base_version, c.steps, c.tokens, c.sent_at = base_version, 0, 0, 0
+
+    def set_base(self, p: int, base_version: int) -> None:
+        """Fragment ``p`` starts from ``base_version`` without touching its counts (first contact)."""
+        self._counters[p].base_version = base_version
+
+    def set_steps(self, steps: Mapping[int, int]) -> None:
+        """Put fragments at the given steps since their last sync, nothing sent yet (a learner that
+        joins a synchronous job takes its place in the round cycle)."""
+        for p, n in steps.items():
+            c = self._counters[p]
+            c.steps, c.tokens, c.sent_at = n, 0, 0
+
+    def versions(self) -> dict[int, int]:
+        return {i: c.base_version for i, c in enumerate(self._counters)}
+
+    def to_list(self) -> list[dict[str, int]]:
+        """One dict per fragment (the learner's checkpoint stores this)."""
+        return [c.to_dict() for c in self._counters]
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> FragmentCounters:
-        try:
-            steps, tokens, versions = (
-                tuple(int(x) for x in d[k]) for k in ("steps", "tokens", "base_version")
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"malformed fragment counters: {exc!r}") from exc
-        if not len(steps) == len(tokens) == len(versions):
-            raise ValueError("malformed fragment counters: lists of different lengths")
-        return cls(steps, tokens, versions)
-
-
-def _set(values: tuple[int, ...], index: int, value: int) -> tuple[int, ...]:
-    if not 0 <= index < len(values):
-        raise IndexError(f"fragment {index} out of range ({len(values)} fragments)")
-    return (*values[:index], value, *values[index + 1 :])
+    def from_list(cls, plan: FragmentPlan, meta: Sequence[Mapping[str, Any]]) -> FragmentCounters:
+        return cls(plan, [FragmentCounter.from_dict(m) for m in meta])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from diloco_core.fragments import build_plan
-from diloco_core.learner import FragmentCounters, apply_global, outer_gradient
+from diloco_core.learner import FragmentCounter, FragmentCounters, apply_global, outer_gradient
 
 
 def test_outer_gradient_is_anchor_minus_params() -> None:
@@ -29,22 +29,58 @@ def test_apply_global_mixes_with_alpha() -> None:
 
 def test_counters_make_fragments_fall_due_at_different_steps() -> None:
     plan = build_plan([(f"h.{i}.w", (4,)) for i in range(4)], num_fragments=4, inner_steps=8, overlap=1)
-    counters = FragmentCounters.start(plan, {0: 3})
-    assert counters.steps == (0, -2, -4, -6)
-    assert counters.base_version == (3, -1, -1, -1)
+    counters = FragmentCounters(plan)
+    counters.set_base(0, 3)
+    assert [c.steps for c in counters] == [0, -2, -4, -6]
+    assert counters.versions() == {0: 3, 1: -1, 2: -1, 3: -1}
     due_at: dict[int, int] = {}
     for step in range(1, 15):
-        counters = counters.advance(tokens=100)
-        for p in counters.due(plan):
+        counters.advance(tokens=100)
+        for p in counters.due():
             due_at.setdefault(p, step)
     assert due_at == {0: 8, 1: 10, 2: 12, 3: 14}
     # tokens count only steps after the counter passed zero, so tokens / steps is tokens per step
-    assert counters.tokens[0] == 14 * 100
-    assert counters.tokens[3] == 8 * 100
-    counters = counters.reset(0, base_version=4)
-    assert (counters.steps[0], counters.tokens[0], counters.base_version[0]) == (0, 0, 4)
-    assert FragmentCounters.from_dict(counters.to_dict()) == counters
+    assert counters[0].tokens == 14 * 100
+    assert counters[3].tokens == 8 * 100
+    counters.reset(0, base_version=4)
+    assert (counters[0].steps, counters[0].tokens, counters[0].base_version) == (0, 0, 4)
     with pytest.raises(IndexError):
         counters.reset(9, 1)
+    with pytest.raises(ValueError, match="tokens"):
+        counters.advance(-1)
+
+
+def test_a_sent_fragment_falls_due_again_h_steps_after_the_send_until_a_version_arrives() -> None:
+    plan = build_plan([("h.0.w", (4,)), ("h.1.w", (4,))], num_fragments=2, inner_steps=4, overlap=1)
+    counters = FragmentCounters(plan)  # offsets 0 and 2
+    due_at: dict[int, list[int]] = {0: [], 1: []}
+    for step in range(1, 13):
+        counters.advance(10)
+        for p in counters.due():
+            due_at[p].append(step)
+            sent = counters.mark_sent(p)  # no global version comes back
+            assert (sent.sent_at, sent.seq) == (sent.steps, len(due_at[p]))
+    assert due_at == {0: [4, 8, 12], 1: [6, 10]}
+    assert not counters.unsent(0)  # sent at step 12, nothing since
+    counters.advance(10)
+    assert counters.unsent(0)
+    counters.reset(0, base_version=1)
+    assert (counters[0].sent_at, counters[0].seq) == (0, 3)  # the sequence goes on across versions
+    assert not counters.unsent(0)
+
+
+def test_counters_round_trip_through_their_checkpoint_form() -> None:
+    plan = build_plan([("h.0.w", (4,)), ("h.1.w", (4,))], num_fragments=2, inner_steps=4, overlap=1)
+    counters = FragmentCounters(plan)
+    for _ in range(5):
+        counters.advance(7)
+    counters.mark_sent(0)
+    meta = counters.to_list()
+    assert meta[0] == {"base_version": -1, "steps": 5, "tokens": 35, "sent_at": 5, "seq": 1}
+    again = FragmentCounters.from_list(plan, meta)
+    assert again.to_list() == meta
+    assert FragmentCounters.from_list(plan, [{"steps": 2}, {}])[0] == FragmentCounter(steps=2)
     with pytest.raises(ValueError, match="malformed"):
-        FragmentCounters.from_dict({"steps": [1], "tokens": [1, 2], "base_version": [0]})
+        FragmentCounters.from_list(plan, [{"steps": 1, "colour": 3}, {}])
+    with pytest.raises(ValueError, match="1 fragment counters for a plan of 2"):
+        FragmentCounters.from_list(plan, meta[:1])

@@ -3,23 +3,28 @@
 The reference is the DiLoCo paper's Algorithm 1 written plainly in torch: M replicas start each round
 from the global model, take H AdamW steps on their own batches, the outer gradient is the mean of
 ``global - local``, and torch's own SGD(nesterov=True) takes the outer step. The library path goes
-through the fragment plan, learner counters, the fp32 codec, the round policy, token weights, the
-mean merge and the numpy outer optimizer.
+through the fragment plan, the learners' fragment counters, the fp32 codec, the round policy, and the
+round pipeline the synchronizer runs (``round_math.merge_round``: token weights, the mean merge,
+the outer optimizer).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from diloco_core import codec
+from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import build_plan
 from diloco_core.learner import FragmentCounters, apply_global, outer_gradient
-from diloco_core.merge import check_finite, contribution_weight, merge_fragment
-from diloco_core.outer import OuterOptimizer
+from diloco_core.merge import check_finite
+from diloco_core.outer import OuterState
+from diloco_core.round_math import merge_round
 from diloco_core.rounds import Contribution, add_contribution, decide, open_round
 from torch import nn
 
@@ -77,6 +82,16 @@ def reference_diloco(init: nn.Module) -> list[dict[str, np.ndarray]]:
     return history
 
 
+@dataclass(frozen=True)
+class Received:
+    """A contribution as the synchronizer holds it: the decoded outer gradient and its metadata."""
+
+    base_version: int
+    steps: int
+    tokens: int
+    tensors: Mapping[str, np.ndarray]
+
+
 def to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
     return {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
 
@@ -91,11 +106,16 @@ def library_diloco(init: nn.Module) -> list[dict[str, np.ndarray]]:
     shapes = [(n, tuple(p.shape)) for n, p in init.named_parameters()]
     plan = build_plan(shapes, num_fragments=1, inner_steps=H, overlap=0, embedding_names={"wte.weight"})
     frag = plan.fragments[0]
-    theta, version = to_numpy(init), 0
-    outer = OuterOptimizer(lr=0.7, momentum=0.9)
+    settings = DiLoCoSettings(
+        fragments=1, inner_steps=H, overlap=0, quorum=M, outer_lr=0.7, outer_momentum=0.9,
+        merge_rule="mean", max_staleness=0, codec="fp32",
+    )  # fmt: skip
+    theta, outer, version = to_numpy(init), OuterState(), 0
     replicas = [copy.deepcopy(init) for _ in range(M)]
     inner = [new_adamw(r) for r in replicas]
-    counters = [FragmentCounters.start(plan, {0: version}) for _ in range(M)]
+    counters = [FragmentCounters(plan) for _ in range(M)]
+    for c in counters:
+        c.set_base(0, version)
     history = []
     for rnd in range(ROUNDS):
         state = open_round(fragment=0, version=version, now=float(rnd))
@@ -105,23 +125,14 @@ def library_diloco(init: nn.Module) -> list[dict[str, np.ndarray]]:
             anchor = dict(theta)
             for step in range(H):
                 inner_step(replica, inner[m], m, rnd, step)
-                counters[m] = counters[m].advance(tokens=BATCH * CTX)
-            assert counters[m].due(plan) == [0]
+                counters[m].advance(tokens=BATCH * CTX)
+            assert counters[m].due() == [0]
+            sent = counters[m].mark_sent(0)
             delta = outer_gradient(anchor, to_numpy(replica))
             blobs[f"learner-{m}"] = codec.encode(
-                delta,
-                fragment=0,
-                base_version=counters[m].base_version[0],
-                kind="outer_grad",
-                quantizer="fp32",
+                delta, fragment=0, base_version=sent.base_version, kind="outer_grad", quantizer=settings.codec
             )
-            contribution = Contribution(
-                f"learner-{m}",
-                counters[m].base_version[0],
-                counters[m].steps[0],
-                counters[m].tokens[0],
-                rnd + 0.5,
-            )
+            contribution = Contribution(f"learner-{m}", sent.base_version, sent.steps, sent.tokens, rnd + 0.5)
             state = add_contribution(state, contribution, quorum=M, max_staleness=0)
         decision = decide(
             state,
@@ -136,15 +147,16 @@ def library_diloco(init: nn.Module) -> list[dict[str, np.ndarray]]:
         )
         assert decision.action == "merge"
         assert len(decision.participants) == M
-        payloads = [codec.decode(blobs[name], fragment=frag) for name in decision.participants]
-        assert all(check_finite(p.tensors) is None for p in payloads)
-        weights = [
-            contribution_weight(state.pending[n].tokens, state.pending[n].steps)
-            for n in decision.participants
-        ]
-        merged = merge_fragment([p.tensors for p in payloads], weights, rule="mean", kind=frag.kind)
-        theta, version = outer.step(theta, merged), version + 1
-        counters = [c.reset(0, version) for c in counters]
+        received = []
+        for name in decision.participants:
+            payload = codec.decode(blobs[name], fragment=frag)
+            assert check_finite(payload.tensors) is None
+            meta = state.pending[name]
+            received.append(Received(meta.base_version, meta.steps, meta.tokens, payload.tensors))
+        result = merge_round(frag, theta, outer, version, received, settings)
+        theta, outer, version = result.params, result.outer, result.version
+        for c in counters:
+            c.reset(0, version)
         history.append(dict(theta))
     return history
 

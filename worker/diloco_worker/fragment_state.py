@@ -5,8 +5,8 @@ of the algorithm (docs/algorithm.md §3.3):
 - when a global version v of Theta_p arrives (at a step boundary):
   theta_p <- alpha * theta_p + (1 - alpha) * Theta_p;  A_p <- Theta_p;  base_version <- v;  counters <- 0.
 
-A fragment that was sent but whose merge has not come back yet falls due again after another H steps,
-and the fresher outer gradient (still relative to the same anchor) supersedes the unsent older one.
+When a fragment is due, and the rest of the counting, is ``diloco_core.learner.FragmentCounters``
+(docs/algorithm.md §3.2); this module bridges it to the tensors.
 
 The tensors (anchors, ``anchor - params``, taking a global version) live in an
 :class:`~.anchors.AnchorStore`: numpy on the host, or torch on the learner's device.
@@ -22,21 +22,10 @@ import numpy as np
 import torch
 from diloco_core.codec import encode
 from diloco_core.fragments import FragmentPlan
+from diloco_core.learner import FragmentCounters
 from torch import nn
 
 from .anchors import AnchorStore, HostAnchors, OuterDelta
-
-
-@dataclass
-class FragmentCounter:
-    base_version: int = -1
-    steps: int = 0  # inner steps since the last global version (starts at -offset)
-    tokens: int = 0
-    sent_at: int = 0  # value of ``steps`` at the last send since that version (0: not sent)
-    seq: int = 0  # idempotency sequence of contributions
-
-    def to_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -76,7 +65,7 @@ class FragmentState:
             raise ValueError(f"the model has no parameters named {missing[:5]} that the fragment plan lists")
         self.plan = plan
         self.params = dict(params)
-        self.counters = [FragmentCounter(steps=-f.offset) for f in plan.fragments]
+        self.counters = FragmentCounters(plan)
         self.store = store(plan, self.params)
 
     @classmethod
@@ -95,56 +84,46 @@ class FragmentState:
 
     def advance(self, tokens: int) -> None:
         """One inner step of ``tokens`` tokens was taken."""
-        for c in self.counters:
-            c.steps += 1
-            if c.steps > 0:
-                c.tokens += tokens
+        self.counters.advance(tokens)
 
     def due(self) -> list[int]:
         """Fragments whose outer gradient should be sent now."""
-        return [
-            i for i, c in enumerate(self.counters) if c.steps > 0 and self.plan.is_due(i, c.steps - c.sent_at)
-        ]
+        return self.counters.due()
 
     def take_contribution(self, p: int, quantizer: str = "int4") -> Contribution:
         """delta_p = A_p - theta_p (for a payload in ``quantizer``), and mark the fragment as sent."""
-        self.mark_sent(p)
-        c = self.counters[p]
+        c = self.counters.mark_sent(p)
         delta = self.store.outer_gradient(p, quantizer)
         return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, delta)
 
     def apply(self, p: int, version: int, global_params: Mapping[str, np.ndarray], alpha: float) -> None:
         """Take global version ``version`` of fragment ``p`` (mixing factor ``alpha``)."""
         self.store.apply(p, global_params, alpha)
-        c = self.counters[p]
-        c.base_version, c.steps, c.tokens, c.sent_at = version, 0, 0, 0
+        self.counters.reset(p, version)
 
     def set_base(self, p: int, version: int, global_params: Mapping[str, np.ndarray]) -> None:
         """Start from global version ``version`` without touching the counters (first contact)."""
         self.store.apply(p, global_params, 0.0)
-        self.counters[p].base_version = version
+        self.counters.set_base(p, version)
 
     def mark_sent(self, p: int) -> None:
         """What :meth:`take_contribution` does to the counters, for ranks that do not send."""
-        c = self.counters[p]
-        c.sent_at, c.seq = c.steps, c.seq + 1
+        self.counters.mark_sent(p)
 
     def set_counters(self, steps: Mapping[int, int]) -> None:
         """Put fragments at the given steps since their last sync, nothing sent yet (a learner that
         joins a synchronous job takes its place in the round cycle: :mod:`.lockstep`)."""
-        for p, n in steps.items():
-            c = self.counters[p]
-            c.steps, c.tokens, c.sent_at = n, 0, 0
+        self.counters.set_steps(steps)
 
     def versions(self) -> dict[int, int]:
-        return {i: c.base_version for i, c in enumerate(self.counters)}
+        return self.counters.versions()
 
     def meta(self) -> list[dict[str, Any]]:
-        return [c.to_dict() for c in self.counters]
+        return self.counters.to_list()
 
     def load_meta(self, meta: list[dict[str, Any]], anchors: Mapping[int, Mapping[str, np.ndarray]]) -> None:
         if len(meta) != len(self.counters):
             raise ValueError(f"checkpoint has {len(meta)} fragments, the plan has {len(self.counters)}")
-        self.counters = [FragmentCounter(**{k: int(v) for k, v in m.items()}) for m in meta]
+        self.counters = FragmentCounters.from_list(self.plan, meta)
         for p, tensors in anchors.items():
             self.store.load(p, tensors)
