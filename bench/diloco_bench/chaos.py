@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diloco_bench import harness as h
-from diloco_bench import plots
+from diloco_bench import experiment, plots
 
 MODES = ("decoupled", "diloco-sync", "ddp")
 
@@ -35,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the failure schedule and the model")
     p.add_argument("--time-limit", type=float, default=300.0, help="seconds per run at most")
     p.add_argument("--runs-dir", type=Path, default=None, help="keep the run folders here (default: a temp dir)")
-    h.output_flags(p)
+    experiment.output_flags(p)
     p.add_argument("extra", nargs="*", help="more `diloco run` flags, after --")
     return p
 
@@ -105,7 +104,7 @@ def report(summaries: list[dict[str, Any]]) -> str:
             "n/a" if at is None else f"{at:.4f}", f"{s['duration_s']:.0f}", s["kills"], f"{s['tokens']:,}",
         ])  # fmt: skip
     headers = ["mode", "goodput", "final loss", f"loss at {horizon:.0f} s", "run s", "kills", "tokens"]
-    return h.table(headers, rows)
+    return experiment.table(headers, rows)
 
 
 def main(argv: list[str]) -> int:
@@ -124,7 +123,7 @@ def main(argv: list[str]) -> int:
             outcome = s["error"] if "error" in s else f"goodput {s['goodput']:.1%}"
             print(f"{mode}: {outcome} ({s['wall_s']:.0f} s)", flush=True)
     print(report(summaries))
-    h.write_json(a.json, summaries)
+    experiment.write_json(a.json, summaries)
     plots.emit(a, "chaos", lambda: plots.chaos(curves(summaries)))
     return 0 if all("error" not in s for s in summaries) else 1
 

@@ -24,7 +24,7 @@ import torch
 from diloco_core import codec
 from torch import nn
 
-from diloco_bench import harness as h
+from diloco_bench import experiment
 
 QUANTIZERS = ("fp32", "bf16", "fp16", "int8", "int4", "e3m0")
 CTX = 16
@@ -135,14 +135,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5, help="timings keep the best of this many runs")
     parser.add_argument("--seed", type=int, default=0)
-    h.output_flags(parser, plot=False)
+    experiment.output_flags(parser, plot=False)
     args = parser.parse_args(argv)
     grads = outer_gradients(args)
     torch.set_num_threads(1)  # the codec runs on one core: compare it with a one-core copy
     rows = measure(grads, args.repeats)
     numel = sum(g.size for g in grads.values())
     print_table(rows, numel)
-    h.write_json(args.json, {"num_params": numel, "rows": rows})
+    experiment.write_json(args.json, {"num_params": numel, "rows": rows})
     return 0
 
 

@@ -10,15 +10,14 @@ from __future__ import annotations
 import statistics
 import sys
 
-from diloco_bench import harness as h
-from diloco_bench import plots
+from diloco_bench import experiment, harness, plots, runs, workload
 
 CODECS = ("fp32", "bf16", "int8", "int4", "e3m0")
 PAPER = {"bf16": "55.4", "int4": "55.3", "2-bit": "42.6", "1-bit": "37.3"}
 
 
 def main(argv: list[str]) -> int:
-    p = h.parser("diloco bench codecs", __doc__, steps=128, seeds="0")
+    p = experiment.parser("diloco bench codecs", __doc__, steps=128, seeds="0")
     p.add_argument("--learners", type=int, default=4, help="M (default %(default)s)")
     p.add_argument("--codecs", default=",".join(CODECS), help="comma-separated quantizers (default %(default)s)")
     a = p.parse_args(argv)
@@ -26,41 +25,41 @@ def main(argv: list[str]) -> int:
     unknown = sorted(set(codecs) - set(CODECS) - {"fp16"})
     if unknown:
         p.error(f"unknown codec(s) {unknown}; choose from {', '.join((*CODECS, 'fp16'))}")
-    w, seeds = h.workload_from(a), h.seeds_from(a.seeds)
-    corpus = h.Corpus(w)
-    timing = h.Timing(steps=a.steps)
-    results: dict[str, list[h.RunResult]] = {}
+    w, seeds = experiment.workload_from(a), experiment.seeds_from(a.seeds)
+    corpus = workload.Corpus(w)
+    timing = runs.Timing(steps=a.steps)
+    results: dict[str, list[runs.RunResult]] = {}
     for codec in codecs:
         for seed in seeds:
-            (method,) = h.with_outer([h.decoupled(a.learners, codec)], a)
-            r = h.run(method, w, timing, corpus, seed)
+            (method,) = experiment.with_outer([runs.decoupled(a.learners, codec)], a)
+            r = harness.run(method, w, timing, corpus, seed)
             results.setdefault(codec, []).append(r)
             print(f"{codec:<5} seed {seed}: loss {r.eval_loss:.4f}, {r.bytes_per_token:.3f} B/token ({r.wall_s:.0f} s)",
                   flush=True)  # fmt: skip
     print(report(results))
-    h.write_json(a.json, results)
+    experiment.write_json(a.json, results)
     plots.emit(a, "codecs", lambda: plots.codecs(points(results)))
     return 0
 
 
-def points(results: dict[str, list[h.RunResult]]) -> dict[str, tuple[float, list[float]]]:
+def points(results: dict[str, list[runs.RunResult]]) -> dict[str, tuple[float, list[float]]]:
     """Per codec: (mean bytes per token, held-out loss per seed)."""
     return {c: (statistics.fmean(r.bytes_per_token for r in rs), [r.eval_loss for r in rs]) for c, rs in results.items()}
 
 
-def report(results: dict[str, list[h.RunResult]]) -> str:
+def report(results: dict[str, list[runs.RunResult]]) -> str:
     ref = statistics.fmean(r.eval_loss for r in results.get("fp32", next(iter(results.values()))))
     rows = []
     for codec, rs in results.items():
         losses = [r.eval_loss for r in rs]
         bpt = statistics.fmean(r.bytes_per_token for r in rs)
         rows.append([
-            codec, h.mean_std(losses), f"{100 * (statistics.fmean(losses) / ref - 1):+.2f}%", f"{bpt:.3f}",
+            codec, experiment.mean_std(losses), f"{100 * (statistics.fmean(losses) / ref - 1):+.2f}%", f"{bpt:.3f}",
             PAPER.get(codec, "-"),
         ])  # fmt: skip
     rows += [[name, "not measured", "-", "-", PAPER[name]] for name in ("2-bit", "1-bit")]
     headers = ["codec", "held-out loss", "vs fp32", "bytes up / token", "paper text avg (bf16 = 55.4)"]
-    return h.table(headers, rows)
+    return experiment.table(headers, rows)
 
 
 if __name__ == "__main__":

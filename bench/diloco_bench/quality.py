@@ -11,49 +11,48 @@ from __future__ import annotations
 import statistics
 import sys
 
-from diloco_bench import harness as h
-from diloco_bench import plots
+from diloco_bench import experiment, harness, plots, runs, workload
 
 
 def main(argv: list[str]) -> int:
-    p = h.parser("diloco bench quality", __doc__, steps=128, seeds="0,1,2")
+    p = experiment.parser("diloco bench quality", __doc__, steps=128, seeds="0,1,2")
     p.add_argument("--learners", type=int, default=4, help="M (default %(default)s)")
     p.add_argument("--inner-steps", type=int, default=16, help="H (default %(default)s)")
     a = p.parse_args(argv)
-    h.check_inner_steps(p, a.inner_steps)
-    w, seeds = h.workload_from(a), h.seeds_from(a.seeds)
+    experiment.check_inner_steps(p, a.inner_steps)
+    w, seeds = experiment.workload_from(a), experiment.seeds_from(a.seeds)
     methods = [
-        h.data_parallel(a.learners),
-        h.diloco_sync(a.learners, a.inner_steps),
-        h.decoupled(a.learners, inner_steps=a.inner_steps),
+        runs.data_parallel(a.learners),
+        runs.diloco_sync(a.learners, a.inner_steps),
+        runs.decoupled(a.learners, inner_steps=a.inner_steps),
     ]
-    methods = h.with_outer(methods, a)
-    corpus = h.Corpus(w)
-    timing = h.Timing(steps=a.steps)
-    results: dict[str, list[h.RunResult]] = {m.name: [] for m in methods}
+    methods = experiment.with_outer(methods, a)
+    corpus = workload.Corpus(w)
+    timing = runs.Timing(steps=a.steps)
+    results: dict[str, list[runs.RunResult]] = {m.name: [] for m in methods}
     for seed in seeds:
         for m in methods:
-            r = h.run(m, w, timing, corpus, seed)
+            r = harness.run(m, w, timing, corpus, seed)
             results[m.name].append(r)
             print(f"seed {seed} {m.name:<22} loss {r.eval_loss:.4f}  ({r.wall_s:.0f} s)", flush=True)
     print(report(results))
-    h.write_json(a.json, results)
+    experiment.write_json(a.json, results)
     plots.emit(a, "quality", lambda: plots.quality({n: [r.eval_loss for r in rs] for n, rs in results.items()}))
     return 0
 
 
-def report(results: dict[str, list[h.RunResult]]) -> str:
+def report(results: dict[str, list[runs.RunResult]]) -> str:
     base = statistics.fmean(r.eval_loss for r in next(iter(results.values())))
     rows = []
     for name, rs in results.items():
         losses = [r.eval_loss for r in rs]
         rows.append([
-            name, h.mean_std(losses), f"{100 * (statistics.fmean(losses) / base - 1):+.1f}%",
+            name, experiment.mean_std(losses), f"{100 * (statistics.fmean(losses) / base - 1):+.1f}%",
             f"{rs[0].tokens:,}", f"{statistics.fmean(r.goodput for r in rs):.0%}",
             f"{statistics.fmean(r.wall_s for r in rs):.0f}",
         ])  # fmt: skip
     headers = ["method", "held-out loss (mean ± std)", "vs data-parallel", "tokens", "goodput", "wall s/run"]
-    return h.table(headers, rows)
+    return experiment.table(headers, rows)
 
 
 if __name__ == "__main__":

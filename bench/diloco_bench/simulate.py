@@ -13,8 +13,7 @@ import sys
 from typing import Any
 
 from diloco.simulate.cli import simulate
-from diloco_bench import harness as h
-from diloco_bench import plots
+from diloco_bench import experiment, plots
 
 GRID = ["--chips", "150000,300000,600000,1200000,2400000", "--learners", "2,4,8,16"]
 
@@ -30,7 +29,7 @@ def curves(doc: dict[str, Any]) -> tuple[list[int], list[tuple[str, list[float],
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="diloco bench simulate", description=__doc__,
                                 epilog="Any other flag goes to `diloco simulate` (see `diloco simulate --help`).")  # fmt: skip
-    h.output_flags(p)
+    experiment.output_flags(p)
     a, rest = p.parse_known_args(argv)
     try:
         text, doc = simulate([*GRID, *rest])
@@ -38,7 +37,7 @@ def main(argv: list[str]) -> int:
         print(f"diloco bench simulate: {exc}", file=sys.stderr)
         return 2
     print(text)
-    h.write_json(a.json, doc)
+    experiment.write_json(a.json, doc)
     plots.emit(a, "simulate", lambda: plots.simulate(*curves(doc)))
     return 0
 

@@ -56,9 +56,11 @@ _SCHEDULE: tuple[tuple[tuple[str, int, int, int], ...], ...] = (
 )
 
 
+PLAN = build_plan(SHAPES, num_fragments=2, inner_steps=8, overlap=1, embedding_names=("wte.weight",))
+
+
 def _fragments() -> tuple[Fragment, Fragment]:
-    plan = build_plan(SHAPES, num_fragments=2, inner_steps=8, overlap=1, embedding_names=("wte.weight",))
-    kinds = {f.kind: f for f in plan.fragments}
+    kinds = {f.kind: f for f in PLAN.fragments}
     return kinds["embedding"], kinds["dense"]
 
 

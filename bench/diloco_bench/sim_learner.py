@@ -1,0 +1,89 @@
+"""One simulated learner: a real model, optimizer and data shard, the learner's own fragment
+counters (``diloco_core.learner.FragmentCounters``, as the worker counts) and the real codec; only
+its clock and idle time are virtual."""
+
+from __future__ import annotations
+
+import numpy as np
+from diloco_core import codec
+from diloco_core.fragments import FragmentPlan
+from diloco_core.learner import FragmentCounters, outer_gradient
+from diloco_worker.model import build_gpt
+from diloco_worker.train import make_optimizer
+
+from diloco_bench.runs import Method, Timing
+from diloco_bench.syncer import Pending
+from diloco_bench.workload import (
+    Arrays,
+    Corpus,
+    Workload,
+    inner_step,
+    load_params,
+    model_settings,
+    step_time,
+    to_numpy,
+    train_settings,
+)
+
+
+class SimLearner:
+    def __init__(self, m: int, method: Method, w: Workload, timing: Timing, corpus: Corpus, plan: FragmentPlan,
+                 seed: int) -> None:  # fmt: skip
+        self.index, self.method, self.plan = m, method, plan
+        self.model = build_gpt(model_settings(w, seed)).to(w.device)
+        self.cfg = train_settings(w, timing.steps)
+        self.opt = make_optimizer(self.model, self.cfg)
+        self.stream = corpus.stream(w, m, method.learners, seed)
+        self.rng = np.random.default_rng([seed, m])
+        self.factor, self.noise = timing.factor(m), timing.noise
+        self.tokens_per_step = w.batch_size * w.block_size
+        params = to_numpy(self.model)
+        self.anchors = [{n: params[n].copy() for n in f.names} for f in plan.fragments]
+        self.counters = FragmentCounters(plan)
+        for f in plan.fragments:  # every learner starts from the global version 0
+            self.counters.set_base(f.index, 0)
+        self.inbox: dict[int, tuple[float, int, Arrays]] = {}
+        self.clock = self.busy = self.idle = 0.0
+        self.steps = 0
+        self.stepped = False  # a step ended at ``clock`` whose counters are not yet advanced
+        self.waiting_since: float | None = None
+        self.bytes_up, self.peak_up, self.bytes_down = 0, 0, 0
+
+    def fragment_params(self, p: int) -> Arrays:
+        named = dict(self.model.named_parameters())
+        return {n: named[n].detach().cpu().float().numpy().copy() for n in self.plan.fragments[p].names}
+
+    def deliver(self, p: int, version: int, values: Arrays, at: float, nbytes: int) -> None:
+        self.inbox[p] = (at, version, values)
+        self.bytes_down += nbytes
+
+    def apply_arrivals(self) -> None:
+        for p in sorted(self.inbox):
+            at, version, values = self.inbox[p]
+            if at <= self.clock and version > self.counters[p].base_version:
+                del self.inbox[p]
+                load_params(self.model, values)
+                self.anchors[p] = {n: v.copy() for n, v in values.items()}
+                self.counters.reset(p, version)
+
+    def advance(self) -> None:
+        if self.stepped:
+            self.counters.advance(self.tokens_per_step)
+            self.stepped = False
+
+    def contribution(self, p: int) -> tuple[Pending, int]:
+        """The outer gradient of fragment ``p`` through the real codec; (decoded, bytes on the wire)."""
+        c = self.counters.mark_sent(p)
+        delta = outer_gradient(self.anchors[p], self.fragment_params(p))
+        blob = codec.encode(delta, fragment=p, base_version=c.base_version, kind="outer_grad", quantizer=self.method.codec)
+        decoded = codec.decode(blob, fragment=self.plan.fragments[p]).tensors
+        return Pending(self.index, c.base_version, c.steps, c.tokens, decoded), len(blob)
+
+    def train_step(self) -> float:
+        inner_step(self.model, self.opt, next(self.stream), self.steps, self.cfg)
+        dt = step_time(self.rng, self.factor, self.noise)
+        self.steps += 1
+        self.busy += dt
+        self.clock += dt
+        self.stepped = True
+        return dt
