@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -73,25 +73,59 @@ def round_entry(c: Contribution) -> policy.Contribution:
     return policy.Contribution(c.learner_id, c.base_version, c.steps, c.tokens, c.received_at)
 
 
-@dataclass
 class FragmentState:
-    spec: Fragment
-    outer: OuterState = field(default_factory=OuterState)
-    version: int = -1
-    params: Arrays | None = None
-    payload: bytes | None = None  # the current version, encoded once for every reader
-    rounds: int = 0
-    phase: Phase = "uninitialised"
-    round: policy.RoundState = field(default_factory=lambda: policy.open_round(0, -1, 0.0))
-    _pending: dict[str, Contribution] = field(default_factory=dict)  # by learner
-    _applied: deque[str] = field(default_factory=lambda: deque(maxlen=_APPLIED_KEYS))
-    _reserved: set[str] = field(default_factory=set)  # keys being validated/persisted right now
-    _merging: tuple[Contribution, ...] = ()  # the round being merged and committed
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """One fragment's state; read it through the properties, change it only through the transitions."""
+
+    def __init__(self, spec: Fragment) -> None:
+        self.spec = spec
+        self._outer = OuterState()
+        self._version = -1
+        self._params: Arrays | None = None
+        self._payload: bytes | None = None  # the current version, encoded once for every reader
+        self._rounds = 0
+        self._phase: Phase = "uninitialised"
+        self._round = policy.open_round(spec.index, -1, 0.0)
+        self._pending: dict[str, Contribution] = {}  # by learner
+        self._applied: deque[str] = deque(maxlen=_APPLIED_KEYS)
+        self._reserved: set[str] = set()  # keys being validated/persisted right now
+        self._merging: tuple[Contribution, ...] = ()  # the round being merged and committed
+        self._changed = asyncio.Event()
 
     @property
     def index(self) -> int:
         return self.spec.index
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
+    def version(self) -> int:
+        """The current global version (-1: no parameters yet)."""
+        return self._version
+
+    @property
+    def params(self) -> Arrays | None:
+        return self._params
+
+    @property
+    def payload(self) -> bytes | None:
+        return self._payload
+
+    @property
+    def outer(self) -> OuterState:
+        """The outer optimizer's state after the current version."""
+        return self._outer
+
+    @property
+    def rounds(self) -> int:
+        """Rounds merged into this fragment since the job began."""
+        return self._rounds
+
+    @property
+    def round(self) -> policy.RoundState:
+        """The round now collecting contributions, as the round policy sees it."""
+        return self._round
 
     @property
     def pending(self) -> dict[str, Contribution]:
@@ -126,17 +160,17 @@ class FragmentState:
     def begin_init(self) -> None:
         """Hold the fragment while its initial parameters are written (no second init meanwhile)."""
         self._expect("uninitialised")
-        self.phase = "initialising"
+        self._phase = "initialising"
 
     def finish_init(self, params: Arrays, payload: bytes, now: float, quorum: int) -> None:
         self._expect("initialising")
-        self.phase = "open"
+        self._phase = "open"
         self._publish(0, params, payload)
         self._open_round(now, quorum)
 
     def abort_init(self) -> None:
         self._expect("initialising")
-        self.phase = "uninitialised"
+        self._phase = "uninitialised"
 
     def restore(
         self,
@@ -152,7 +186,7 @@ class FragmentState:
     ) -> None:
         """Start from the committed state read back from storage."""
         self._expect("uninitialised")
-        self.outer, self.rounds, self.phase = outer, rounds, "open"
+        self._outer, self._rounds, self._phase = outer, rounds, "open"
         self._applied.extend(applied)
         self._publish(version, params, payload)
         self._open_round(now, quorum)
@@ -178,9 +212,9 @@ class FragmentState:
         previous = self._pending.get(c.learner_id)
         opens = not self._pending
         if opens:  # a round opens when its first contribution arrives (the fragment fell due)
-            self.round = policy.open_round(self.index, self.version, c.received_at)
+            self._round = policy.open_round(self.index, self._version, c.received_at)
         self._pending[c.learner_id] = c
-        self.round = policy.add_contribution(self.round, round_entry(c), quorum=quorum)
+        self._round = policy.add_contribution(self._round, round_entry(c), quorum=quorum)
         if previous is not None:
             self._applied.append(previous.key)
         if opens:
@@ -210,7 +244,7 @@ class FragmentState:
         self._expect("open")
         taken = [self._pending.pop(name) for name in learners]
         self._merging = tuple(taken)
-        self.phase = "merging"
+        self._phase = "merging"
         return taken
 
     def commit(
@@ -220,27 +254,27 @@ class FragmentState:
         start the next round with whatever is still pending."""
         self._expect("merging")
         self._applied.extend(c.key for c in self._merging)
-        self.outer, self.rounds, self.phase = outer, self.rounds + 1, "committed"
+        self._outer, self._rounds, self._phase = outer, self.rounds + 1, "committed"
         self._publish(version, params, payload)
         self._open_round(now, quorum)
 
     def settle(self) -> None:
         """After a commit, the fragment's storage is tidy: the next merge may start."""
         self._expect("committed")
-        self._merging, self.phase = (), "open"
+        self._merging, self._phase = (), "open"
 
     def abort(self) -> list[Contribution]:
         """The merge failed: the fragment stays at its version; returns the contributions it held."""
         self._expect("merging")
-        given_back, self._merging, self.phase = list(self._merging), (), "open"
+        given_back, self._merging, self._phase = list(self._merging), (), "open"
         return given_back
 
     def _open_round(self, now: float, quorum: int) -> None:
         """Start the round of the current version with whatever is still pending."""
         start = min((c.received_at for c in self._pending.values()), default=now)
-        self.round = policy.open_round(self.index, self.version, start)
+        self._round = policy.open_round(self.index, self._version, start)
         for c in sorted(self._pending.values(), key=lambda c: c.received_at):
-            self.round = policy.add_contribution(self.round, round_entry(c), quorum=quorum)
+            self._round = policy.add_contribution(self._round, round_entry(c), quorum=quorum)
 
     # -- news for long-polls ---------------------------------------------------------------------
 
@@ -256,7 +290,7 @@ class FragmentState:
 
     def _publish(self, version: int, params: Arrays, payload: bytes) -> None:
         """Make a new version current and wake every long-poll waiting for it."""
-        self.version, self.params, self.payload = version, params, payload
+        self._version, self._params, self._payload = version, params, payload
         self._notify()
 
     def _notify(self) -> None:
