@@ -80,7 +80,21 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     from .app import create_app
-    from .connections import ConnectionLimits, effective_max_connections, guarded_protocol, open_files_limit
+    from .connections import (
+        ConnectionLimits,
+        effective_max_connections,
+        guarded_protocol,
+        open_files_limit,
+        server_tls_context,
+    )
+
+    try:
+        tls = None
+        if settings.tls_cert and settings.tls_key:  # both or neither: SyncSettings checks it
+            tls = server_tls_context(settings.tls_cert, settings.tls_key)
+    except ValueError as exc:
+        print(f"diloco synchronizer: --tls-cert / --tls-key: {exc}", file=sys.stderr)
+        return 2
 
     safe = settings.model_dump(exclude={"job_secret", "storage_secret_key"})
     logger = logging.getLogger("diloco_sync")
@@ -110,15 +124,15 @@ def main(argv: list[str]) -> int:
         app,
         host=settings.host,
         port=settings.port,
-        ssl_certfile=settings.tls_cert,
-        ssl_keyfile=settings.tls_key,
         log_level=level.lower(),
         log_config=None,  # uvicorn's loggers propagate to the handler configure_logging set up
         access_log=level == "DEBUG",
         timeout_graceful_shutdown=5,
-        http=guarded_protocol(limits),
+        http=guarded_protocol(limits, tls),  # type: ignore[arg-type]  # a protocol factory works
         timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]  # a float works
     )
+    if tls is not None:
+        logger.info("serving HTTPS with the certificate %s", settings.tls_cert)
     server = uvicorn.Server(config)
     _serve(server)
     if failures:

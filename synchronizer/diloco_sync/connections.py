@@ -18,7 +18,12 @@ exhaust the descriptors, after which every accept fails (and ``/healthz`` with i
   request or just connected, the new one is answered 503 ``overloaded`` and closed.
 
 Requests in progress (a long-poll, an upload that keeps arriving) are never closed by these limits.
-A TLS handshake happens before the protocol sees the connection: asyncio gives it 60 s.
+
+With TLS (``guarded_protocol(limits, tls=context)``) the same limits hold from the TCP accept: the
+handshake is part of the head. A connection is counted (and may be closed to make room) while it
+negotiates TLS, has ``header_timeout_s`` for its handshake and its head together, and a TLS close
+waits at most as long for the peer; one refused by the cap is closed without an answer (nothing can
+be answered before the handshake). asyncio's own TLS server would give a handshake 60 s, uncounted.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import ssl
+from asyncio import sslproto
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +127,8 @@ class GuardedH11Protocol(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._admitted = False
+        self._made = False  # the HTTP connection exists (under TLS: once the handshake is done)
+        self._tcp: asyncio.BaseTransport | None = None  # the accepted socket's transport
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._seen_cycle: object = None
@@ -130,22 +140,16 @@ class GuardedH11Protocol(H11Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if not self.connections_state.admit(self, self.loop.time()):
-            log.warning(
-                "connection limit (%d) reached and every connection is busy with a request or just "
-                "connected: answering 503 to new ones", self._limits.max_connections,
-            )  # fmt: skip
+        if self._tcp is None and not self.admit(transport):  # plain HTTP: counted in here
             transport.write(_OVERLOADED)
             transport.close()
             return
-        self._admitted = True
+        self._made = True
         super().connection_made(transport)
-        self._await_head(fresh=True)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.connections_state.forget(self)
-        self._cancel(head=True, body=True)
-        if self._admitted:
+        self.count_out()
+        if self._made:
             super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -162,6 +166,31 @@ class GuardedH11Protocol(H11Protocol):
         self._after_events()
 
     # -- the limits ------------------------------------------------------------------------------
+
+    def admit(self, tcp: asyncio.BaseTransport) -> bool:
+        """Count this connection in from its accept (closing a waiting one to make room) and start its
+        head timeout; False when the cap refuses it."""
+        self._tcp = tcp
+        if not self.connections_state.admit(self, self.loop.time()):
+            log.warning(
+                "connection limit (%d) reached and every connection is busy with a request or just "
+                "connected: refusing new ones", self._limits.max_connections,
+            )  # fmt: skip
+            return False
+        self._admitted = True
+        self._await_head(fresh=True)
+        return True
+
+    def count_out(self) -> None:
+        """The connection is gone (also one whose TLS handshake never finished)."""
+        self.connections_state.forget(self)
+        self._cancel(head=True, body=True)
+
+    def _close(self) -> None:
+        """Close the socket (under TLS without waiting for the peer's close_notify; what was written
+        is flushed first)."""
+        if self._tcp is not None and not self._tcp.is_closing():
+            self._tcp.close()
 
     def _await_head(self, *, fresh: bool) -> None:
         """Start the head timeout (from now) and count this connection as waiting for a head."""
@@ -193,15 +222,22 @@ class GuardedH11Protocol(H11Protocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
+        self.connections_state.forget(self)
+        if not self._made:  # still in its TLS handshake: nothing can be answered
+            log.warning(
+                "closed a connection that did not finish its TLS handshake within %.1fs",
+                self._limits.header_timeout_s,
+            )
+            self._close()
+            return
         if self.transport.is_closing():
             return
         log.warning(
             "closed a connection that did not send a whole request head within %.1fs",
             self._limits.header_timeout_s,
         )
-        self.connections_state.forget(self)
         self.transport.write(_HEAD_TIMEOUT)
-        self.transport.close()
+        self._close()
 
     def _body_timed_out(self) -> None:
         self._body_timer = None
@@ -214,7 +250,7 @@ class GuardedH11Protocol(H11Protocol):
             "closed a connection whose request body paused for more than %.1fs", self._limits.body_timeout_s
         )
         self.connections_state.forget(self)
-        self.transport.close()
+        self._close()
 
     def close_for_room(self) -> None:
         """Closed by the cap to admit a newer connection (this one was waiting for a request head)."""
@@ -223,8 +259,28 @@ class GuardedH11Protocol(H11Protocol):
             "connection limit (%d) reached: closed the connection waiting longest for a request head",
             self._limits.max_connections,
         )
-        if not self.transport.is_closing():
-            self.transport.close()
+        self._close()
+
+
+class _GuardedTLS(sslproto.SSLProtocol):
+    """asyncio's TLS layer below a guarded HTTP connection, which it counts in from the accept."""
+
+    def __init__(self, http: GuardedH11Protocol, context: ssl.SSLContext, timeout_s: float) -> None:
+        # no waiter (nothing awaits the handshake: the HTTP layer is told when it is done); the
+        # timeouts are floats at runtime, whatever the stubs say
+        super().__init__(http.loop, http, context, None, server_side=True,  # type: ignore[arg-type]
+                         ssl_handshake_timeout=timeout_s, ssl_shutdown_timeout=timeout_s)  # type: ignore[arg-type]  # fmt: skip
+        self._http = http
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._http.admit(transport):
+            transport.close()
+            return
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._http.count_out()  # asyncio tells the HTTP layer only if the handshake had finished
+        super().connection_lost(exc)
 
 
 _OVERLOADED = _raw_response(
@@ -233,7 +289,28 @@ _OVERLOADED = _raw_response(
 _HEAD_TIMEOUT = _raw_response(408, "Request Timeout", "timeout", "the request head did not arrive in time")
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11Protocol]:
-    """The protocol class to give uvicorn (``uvicorn.Config(http=...)``): one per server, as the
-    connections it counts are that server's."""
-    return type("ServerH11Protocol", (GuardedH11Protocol,), {"connections_state": _Connections(limits)})
+def guarded_protocol(
+    limits: ConnectionLimits, tls: ssl.SSLContext | None = None
+) -> Callable[..., asyncio.BaseProtocol]:
+    """The protocol factory to give uvicorn (``uvicorn.Config(http=...)``, without uvicorn's own TLS
+    settings): one per server, as the connections it counts are that server's. With ``tls``, every
+    connection is served over TLS with that context (``server_tls_context``)."""
+    http = type("ServerH11Protocol", (GuardedH11Protocol,), {"connections_state": _Connections(limits)})
+    if tls is None:
+        return http
+
+    def serve_tls(**kwargs: Any) -> asyncio.BaseProtocol:
+        return _GuardedTLS(http(**kwargs), tls, limits.header_timeout_s)
+
+    return serve_tls
+
+
+def server_tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """A server context with the certificate chain and key (PEM files); raises ``ValueError`` saying
+    which file could not be used and why."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot use the TLS certificate {cert_file} with the key {key_file}: {exc}") from exc
+    return context

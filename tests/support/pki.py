@@ -1,8 +1,11 @@
-"""Certificates and keys for the test control plane, made with the `openssl` command."""
+"""Certificates and keys made with the `openssl` command: the test control plane's (``make_pki``),
+and a CA with serving certificates for any names (``make_ca``, ``issue_server_cert``)."""
 
 from __future__ import annotations
 
+import ipaddress
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +16,10 @@ _SERVER_EXT = """\
 basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.96.0.1
+subjectAltName={names}
 """
+_APISERVER_NAMES = ("127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                    "10.96.0.1")  # fmt: skip
 
 _CLIENT_EXT = """\
 basicConstraints=CA:FALSE
@@ -41,6 +46,46 @@ def _run(openssl: str, *args: str, cwd: Path) -> None:
         raise RuntimeError(f"openssl {' '.join(args)} failed:\n{result.stderr}")
 
 
+_DAYS = "30"
+
+
+@dataclass(frozen=True)
+class Ca:
+    cert: Path
+    key: Path
+
+
+def make_ca(folder: Path, name: str = "diloco-test-ca") -> Ca:
+    """A throw-away certificate authority: ``ca.crt`` and ``ca.key`` in ``folder``."""
+    openssl = require_tool("openssl", _OPENSSL_HINT)
+    folder.mkdir(parents=True, exist_ok=True)
+    _run(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+         "-days", _DAYS, "-subj", f"/CN={name}", cwd=folder)  # fmt: skip
+    return Ca(folder / "ca.crt", folder / "ca.key")
+
+
+def issue_server_cert(ca: Ca, folder: Path, stem: str, names: Sequence[str]) -> tuple[Path, Path]:
+    """A serving certificate signed by ``ca`` for ``names`` (IP addresses and DNS names, the first
+    also its common name): ``<stem>.crt`` and ``<stem>.key`` in ``folder``."""
+    openssl = require_tool("openssl", _OPENSSL_HINT)
+    folder.mkdir(parents=True, exist_ok=True)
+    sans = ",".join(f"IP:{n}" if _is_ip(n) else f"DNS:{n}" for n in names)
+    _run(openssl, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{stem}.key", "-out", f"{stem}.csr",
+         "-subj", f"/CN={names[0]}", cwd=folder)  # fmt: skip
+    (folder / f"{stem}.ext").write_text(_SERVER_EXT.format(names=sans))
+    _run(openssl, "x509", "-req", "-in", f"{stem}.csr", "-CA", str(ca.cert), "-CAkey", str(ca.key),
+         "-CAcreateserial", "-out", f"{stem}.crt", "-days", _DAYS, "-extfile", f"{stem}.ext", cwd=folder)  # fmt: skip
+    return folder / f"{stem}.crt", folder / f"{stem}.key"
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 def make_pki(folder: Path) -> Pki:
     """A throw-away CA, a serving certificate for 127.0.0.1 and a service-account key pair."""
     openssl = require_tool("openssl", _OPENSSL_HINT)
@@ -48,14 +93,9 @@ def make_pki(folder: Path) -> Pki:
     names = ("ca.crt", "ca.key", "server.crt", "server.key", "sa.key", "sa.pub", "kubelet-client.crt",
              "kubelet-client.key")  # fmt: skip
     pki = Pki(*(folder / n for n in names))
-    days = "30"
-    _run(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-         "-days", days, "-subj", "/CN=diloco-test-ca", cwd=folder)  # fmt: skip
-    _run(openssl, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-         "-subj", "/CN=kube-apiserver", cwd=folder)  # fmt: skip
-    (folder / "server.ext").write_text(_SERVER_EXT)
-    _run(openssl, "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-         "-out", "server.crt", "-days", days, "-extfile", "server.ext", cwd=folder)  # fmt: skip
+    days = _DAYS
+    ca = make_ca(folder)
+    issue_server_cert(ca, folder, "server", _APISERVER_NAMES)
     _run(openssl, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "kubelet-client.key", "-out", "kubelet-client.csr",
          "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client", cwd=folder)  # fmt: skip
     (folder / "client.ext").write_text(_CLIENT_EXT)

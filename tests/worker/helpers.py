@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -64,9 +65,13 @@ class Synchronizer:
         quorum: int = 1,
         extra: Sequence[str] = (),
         port: int | None = None,
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
+        """``tls``: (certificate, key, CA bundle): the synchronizer serves HTTPS, trusted by that CA."""
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        if tls is not None:
+            extra = [*extra, "--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
         argv = [
             sys.executable,
             "-m",
@@ -94,7 +99,8 @@ class Synchronizer:
         self.proc = ManagedProcess(
             "synchronizer", argv, tmp / "sync.log", env=clean_env({"DILOCO_JOB_SECRET": SECRET})
         )
-        self.http = httpx.Client(base_url=self.url, timeout=10.0)
+        verify = ssl.create_default_context(cafile=str(tls[2])) if tls else True
+        self.http = httpx.Client(base_url=self.url, timeout=10.0, verify=verify)
 
     def start(self) -> None:
         self.proc.start()

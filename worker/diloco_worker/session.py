@@ -33,7 +33,15 @@ from .metrics import MetricsLog
 from .pull import should_send_partial
 from .routing import RoutingError, build_routes
 from .settings import WorkerSettings
-from .sync_client import GlobalFragment, ShardClients, SyncClient, SyncRejected, SyncUnavailable
+from .sync_client import (
+    GlobalFragment,
+    ShardClients,
+    SyncClient,
+    SyncRejected,
+    SyncUnavailable,
+    SyncUntrusted,
+    tls_verify,
+)
 from .train import LoopState
 
 log = logging.getLogger("diloco_worker.session")
@@ -43,7 +51,8 @@ MEMBERS_CHECK_S = 3.0  # and asks this often whether the learners still in the j
 
 
 class FatalSyncError(RuntimeError):
-    """The synchronizer refused this learner for good (wrong plan, wrong token)."""
+    """The synchronizer refused this learner for good (wrong plan, wrong token), or its TLS
+    certificate is not trusted."""
 
 
 class DiLoCoSession:
@@ -73,7 +82,8 @@ class DiLoCoSession:
         if unit.is_leader:
             assert settings.sync_url
             assert settings.token
-            self.client = SyncClient(settings.sync_url, settings.learner_id, settings.token)
+            self.client = SyncClient(settings.sync_url, settings.learner_id, settings.token,
+                                     verify=tls_verify(settings.sync_ca_file))  # fmt: skip
 
     # ---- start-up ----
     def _register_once(self, client: SyncClient) -> proto.RegisterResponse:
@@ -88,6 +98,8 @@ class DiLoCoSession:
         )
         try:
             resp = client.register(req)
+        except SyncUntrusted as exc:
+            raise FatalSyncError(str(exc)) from exc
         except SyncRejected as exc:
             if exc.code == "plan_mismatch":
                 raise FatalSyncError(

@@ -38,6 +38,10 @@ class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     sync_url: str | None = Field(None, description="the synchronizer (shard 0 of a sharded one)")
+    sync_ca_file: str | None = Field(
+        None, description="CA bundle (PEM) that an https synchronizer's certificate must chain to "
+        "(default: the public certificate authorities)",
+    )  # fmt: skip
     learner_id: str = Field(
         "learner-0", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
         description="this learner's id (under Kubernetes: the pod name)",

@@ -6,6 +6,7 @@ Thin I/O only: every call either returns a parsed body or raises :class:`SyncUna
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,11 @@ class SyncError(Exception):
 
 class SyncUnavailable(SyncError):
     """The synchronizer could not be reached or asked to retry."""
+
+
+class SyncUntrusted(SyncUnavailable):
+    """The synchronizer's TLS certificate was not accepted (not signed by a trusted CA, or not for
+    its address): retrying cannot cure it unless the certificate or the CA bundle changes."""
 
 
 class SyncRejected(SyncError):
@@ -73,15 +79,46 @@ def _raise_for(resp: httpx.Response) -> None:
     raise SyncRejected(resp.status_code, code, reason, current)
 
 
+def tls_verify(ca_file: str | None) -> ssl.SSLContext | bool:
+    """How an https synchronizer's certificate is checked: against ``ca_file`` (a PEM bundle), or
+    the public certificate authorities (True). Raises ``ValueError`` when the bundle is unusable."""
+    if ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot read the CA bundle {ca_file} (--sync-ca-file / DILOCO_SYNC_CA_FILE): {exc}") from exc
+
+
+def _certificate_problem(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate check that failed somewhere in ``exc``'s chain, if that is what failed."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 class SyncClient:
     """One learner's connection to the synchronizer; safe to share between threads."""
 
-    def __init__(self, base_url: str, learner_id: str, token: str, *, timeout_s: float = 30.0) -> None:
-        self.learner_id, self.base_url = learner_id, base_url
+    def __init__(
+        self,
+        base_url: str,
+        learner_id: str,
+        token: str,
+        *,
+        timeout_s: float = 30.0,
+        verify: ssl.SSLContext | bool = True,
+    ) -> None:
+        """``verify``: how an https synchronizer's certificate is checked (``tls_verify``)."""
+        self.learner_id, self.base_url, self.verify = learner_id, base_url, verify
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}", proto.LEARNER_HEADER: learner_id},
             timeout=httpx.Timeout(timeout_s, connect=5.0),
+            verify=verify,
         )
 
     def close(self) -> None:
@@ -91,6 +128,13 @@ class SyncClient:
         try:
             resp = self._http.request(method, proto.API_PREFIX + path, **kwargs)
         except httpx.HTTPError as exc:
+            problem = _certificate_problem(exc)
+            if problem is not None:
+                raise SyncUntrusted(
+                    f"the TLS certificate of the synchronizer at {self.base_url} is not trusted: "
+                    f"{problem.verify_message or problem.reason}; give the CA bundle that signed it with "
+                    "--sync-ca-file / DILOCO_SYNC_CA_FILE, or check that the certificate names this address"
+                ) from exc
             raise SyncUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         _raise_for(resp)
         return resp
@@ -180,7 +224,7 @@ class ShardClients:
     def connect(cls, routes: Routes, home: SyncClient, token: str) -> ShardClients:
         """Clients for ``routes``: ``home`` serves the home shard, a new client each other shard."""
         clients = {
-            s.index: home if s.index == routes.home else SyncClient(s.url, home.learner_id, token)
+            s.index: home if s.index == routes.home else SyncClient(s.url, home.learner_id, token, verify=home.verify)
             for s in routes.shards
         }
         return cls(routes, clients)
