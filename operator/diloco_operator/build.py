@@ -88,7 +88,8 @@ def sync_url(job: JobRef, spec: DiLoCoJobSpec, shard: int = 0) -> str:
     """The URL learners use to reach synchronizer ``shard`` (or the external synchronizer)."""
     if spec.synchronizer.external is not None:
         return spec.synchronizer.external.url.rstrip("/")
-    return f"http://{sync_name(job.name, shard)}.{job.namespace}.svc:{env.SYNC_PORT}"
+    scheme = "https" if spec.synchronizer.https else "http"
+    return f"{scheme}://{sync_name(job.name, shard)}.{job.namespace}.svc:{env.SYNC_PORT}"
 
 
 def labels(job: str, component: str, **extra: str) -> dict[str, str]:
@@ -201,9 +202,45 @@ def config_mounts() -> list[dict[str, Any]]:
     ]
 
 
-def http_probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
+def sync_port_name(spec: DiLoCoJobSpec) -> str:
+    """The name of the synchronizer's port (container and Service): what it speaks."""
+    return "https" if spec.synchronizer.tls is not None else "http"
+
+
+def tls_volumes(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:
+    """The synchronizer's certificate and key (only those two keys of the Secret)."""
+    tls = spec.synchronizer.tls
+    if tls is None:
+        return []
+    items = [{"key": k, "path": k} for k in ("tls.crt", "tls.key")]
+    return [{"name": "tls", "secret": {"secretName": tls.secret_name, "items": items, "defaultMode": 0o440}}]
+
+
+def tls_mounts(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:
+    return [{"name": "tls", "mountPath": env.TLS_DIR, "readOnly": True}] if spec.synchronizer.tls else []
+
+
+def sync_ca_volumes(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:
+    """The CA bundle learners trust for the synchronizer (only its key of the Secret or ConfigMap)."""
+    ca = spec.synchronizer.ca
+    if ca is None:
+        return []
+    items = [{"key": ca.key, "path": env.SYNC_CA_FILE}]
+    source: dict[str, Any] = (
+        {"secret": {"secretName": ca.secret_name, "items": items}}
+        if ca.secret_name
+        else {"configMap": {"name": ca.config_map_name, "items": items}}
+    )
+    return [{"name": "sync-ca", **source}]
+
+
+def sync_ca_mounts(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:
+    return [{"name": "sync-ca", "mountPath": env.SYNC_CA_DIR, "readOnly": True}] if spec.synchronizer.ca else []
+
+
+def http_probe(path: str, port: str, period: int, failures: int, scheme: str = "HTTP") -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": port},
+        "httpGet": {"path": path, "port": port, **({"scheme": scheme} if scheme != "HTTP" else {})},
         "periodSeconds": period,
         "timeoutSeconds": 5,
         "failureThreshold": failures,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco_operator.build import JobRef, build_config_map, config_hash
+from diloco_operator.build import JobRef, build_config_map, config_hash, sync_port_name
 from diloco_operator.learners import build_unit
 from diloco_operator.models import DiLoCoJobSpec
 from diloco_operator.synchronizer import build_sync_deployment, build_sync_service
@@ -28,7 +28,7 @@ def build_children(
     if spec.synchronizer.external is None:
         for shard in range(spec.synchronizer.shards):
             children.append(build_sync_deployment(job, spec, shard, digest))
-            children.append(build_sync_service(job, shard))
+            children.append(build_sync_service(job, shard, sync_port_name(spec)))
     for unit in spec.learner_units:
         stopped = spec.suspend or learners_stopped or unit.name in down_units
         children.extend(build_unit(job, spec, unit, digest, stopped=stopped))

@@ -4,7 +4,9 @@ Learner (``diloco worker``) containers get:
 
 - ``DILOCO_JOB_ID`` the job's id (its name, or ``synchronizer.external.jobId``); ``DILOCO_UNIT`` learner unit; ``DILOCO_LEARNER_ID`` the pod name;
   ``DILOCO_NAMESPACE``; ``DILOCO_REGION`` (when the unit names one).
-- ``DILOCO_SYNC_URL`` the synchronizer (shard 0; the others are announced at registration).
+- ``DILOCO_SYNC_URL`` the synchronizer (shard 0; the others are announced at registration):
+  ``https://`` when the job's synchronizer serves TLS (``synchronizer.tls``) or the external URL is.
+- ``DILOCO_SYNC_CA_FILE`` the CA bundle of ``synchronizer.ca``, mounted at ``SYNC_CA_DIR`` (only then).
 - ``DILOCO_JOB_SECRET`` from the job's Secret (or the external synchronizer's token Secret); the
   learner's token is ``diloco_core.auth.learner_token(DILOCO_JOB_SECRET, DILOCO_LEARNER_ID)``.
 - ``DILOCO_JOB_CONFIG`` path of the ``JobConfig`` JSON; ``DILOCO_STORAGE_CONFIG`` path of the
@@ -21,7 +23,9 @@ Synchronizer (``diloco synchronizer``) containers get ``DILOCO_JOB_ID``, ``DILOC
 ``DILOCO_JOB_CONFIG``, ``DILOCO_STORAGE_CONFIG``, ``DILOCO_STORAGE`` (the s3:// URL),
 ``DILOCO_HOST`` (0.0.0.0), ``DILOCO_PORT``, ``DILOCO_SHARD_INDEX``,
 ``DILOCO_NUM_SHARDS``, ``DILOCO_SHARD_URLS`` (comma separated) and the same ``AWS_*`` variables;
-they serve ``/healthz`` and ``/readyz`` on ``DILOCO_PORT``.
+they serve ``/healthz`` and ``/readyz`` on ``DILOCO_PORT``. With ``synchronizer.tls`` they also get
+``DILOCO_TLS_CERT`` and ``DILOCO_TLS_KEY``, the Secret's ``tls.crt`` and ``tls.key`` mounted at
+``TLS_DIR``, and serve HTTPS there.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ CONFIG_KEY = "job.json"
 STORAGE_KEY = "storage.json"
 JOB_SECRET_KEY = "job-secret"  # noqa: S105 (a key name, not a secret)
 SYNC_PORT = 8080
+TLS_DIR = "/etc/diloco-tls"  # the synchronizer's certificate and key (not under CONFIG_DIR, a ConfigMap)
+SYNC_CA_DIR = "/etc/diloco-sync-ca"  # the CA bundle learners trust for the synchronizer
+SYNC_CA_FILE = "ca.crt"
 HEALTH_PORT = 8081
 DIST_PORT = 29500
 
@@ -71,6 +78,20 @@ def storage_env(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:
         out.append(secret_ref("AWS_ACCESS_KEY_ID", creds.name, creds.access_key_id_key))
         out.append(secret_ref("AWS_SECRET_ACCESS_KEY", creds.name, creds.secret_access_key_key))
     return out
+
+
+def sync_tls_env(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:
+    """The synchronizer's certificate and key, when it serves HTTPS."""
+    if spec.synchronizer.tls is None:
+        return []
+    return [value("DILOCO_TLS_CERT", f"{TLS_DIR}/tls.crt"), value("DILOCO_TLS_KEY", f"{TLS_DIR}/tls.key")]
+
+
+def sync_ca_env(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:
+    """The CA bundle a learner checks the synchronizer's certificate against, when the spec names one."""
+    if spec.synchronizer.ca is None:
+        return []
+    return [value("DILOCO_SYNC_CA_FILE", f"{SYNC_CA_DIR}/{SYNC_CA_FILE}")]
 
 
 def job_secret_env(spec: DiLoCoJobSpec, own_secret: str) -> dict[str, Any]:

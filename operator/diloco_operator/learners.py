@@ -19,6 +19,8 @@ from diloco_operator.build import (
     metadata,
     pod_security_context,
     secret_name,
+    sync_ca_mounts,
+    sync_ca_volumes,
     sync_url,
     unit_name,
     unit_resources,
@@ -43,6 +45,7 @@ def learner_env(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit) -> list[dic
         env.field_ref("DILOCO_LEARNER_ID", "metadata.name"),
         env.field_ref("DILOCO_NAMESPACE", "metadata.namespace"),
         env.value("DILOCO_SYNC_URL", sync_url(job, spec)),
+        *env.sync_ca_env(spec),
         env.job_secret_env(spec, secret_name(job.name)),
         *env.config_env(),
         # Durable: a replaced pod (same name, so same learner id) resumes from it. Kubernetes
@@ -94,7 +97,7 @@ def build_pod_template(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, dige
         "livenessProbe": http_probe("/healthz", "health", 15, 8),
         "readinessProbe": http_probe("/readyz", "health", 10, 3),
         "securityContext": container_security_context(),
-        "volumeMounts": config_mounts(),
+        "volumeMounts": config_mounts() + sync_ca_mounts(spec),
     }
     return {
         "metadata": {
@@ -106,7 +109,7 @@ def build_pod_template(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, dige
             "securityContext": pod_security_context(),
             "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
             "containers": [container],
-            "volumes": config_volumes(job.name),
+            "volumes": config_volumes(job.name) + sync_ca_volumes(spec),
             **pod_placement(unit),
         },
     }

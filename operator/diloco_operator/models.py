@@ -124,10 +124,51 @@ class ExternalSynchronizer(_Spec):
     job_id: str | None = Field(None, min_length=1, max_length=63)
 
 
+class SynchronizerTLS(_Spec):
+    """The synchronizer serves HTTPS with this Secret's ``tls.crt`` and ``tls.key``."""
+
+    secret_name: str = Field(..., min_length=1)
+
+
+class CABundle(_Spec):
+    """Where learners and the operator find the CA bundle that an https synchronizer's certificate
+    must chain to: a key of a Secret or of a ConfigMap."""
+
+    secret_name: str | None = Field(None, min_length=1)
+    config_map_name: str | None = Field(None, min_length=1)
+    key: str = Field("ca.crt", min_length=1)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CABundle:
+        if (self.secret_name is None) == (self.config_map_name is None):
+            raise ValueError("synchronizer.ca takes secretName or configMapName, exactly one")
+        return self
+
+
 class SynchronizerSpec(_Spec):
     shards: int = Field(1, ge=1, le=64)
     resources: dict[str, Any] = Field(default_factory=dict)
+    tls: SynchronizerTLS | None = None
+    ca: CABundle | None = None
     external: ExternalSynchronizer | None = None
+
+    @model_validator(mode="after")
+    def _tls_is_for_our_own(self) -> SynchronizerSpec:
+        if self.tls is not None and self.external is not None:
+            raise ValueError("synchronizer.tls is for a synchronizer this job runs, not with external")
+        if self.ca is not None and not self.https:
+            raise ValueError(
+                "synchronizer.ca is for a synchronizer reached over HTTPS: set synchronizer.tls, or an "
+                "https:// synchronizer.external.url"
+            )
+        return self
+
+    @property
+    def https(self) -> bool:
+        """Whether the learners reach the synchronizer over HTTPS."""
+        if self.external is not None:
+            return self.external.url.lower().startswith("https://")
+        return self.tls is not None
 
 
 class Budget(_Spec):
@@ -197,4 +238,16 @@ def secret_references(spec: DiLoCoJobSpec) -> list[tuple[str, str]]:
     external = spec.synchronizer.external
     if external is not None:
         refs.append((external.token_secret_ref.name, external.token_secret_ref.key))
+    tls = spec.synchronizer.tls
+    if tls is not None:
+        refs += [(tls.secret_name, "tls.crt"), (tls.secret_name, "tls.key")]
+    ca = spec.synchronizer.ca
+    if ca is not None and ca.secret_name is not None:
+        refs.append((ca.secret_name, ca.key))
     return refs
+
+
+def config_map_references(spec: DiLoCoJobSpec) -> list[tuple[str, str]]:
+    """(ConfigMap name, key) pairs the spec refers to; each must exist before children are created."""
+    ca = spec.synchronizer.ca
+    return [(ca.config_map_name, ca.key)] if ca is not None and ca.config_map_name is not None else []

@@ -6,6 +6,7 @@ pure builders (``children``, ``status``, ``chaos``); this module only reads and 
 
 from __future__ import annotations
 
+import base64
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -21,12 +22,20 @@ from diloco_operator.build import JOB_LABEL, JobRef, build_secret, job_id, secre
 from diloco_operator.children import build_children
 from diloco_operator.job_status import ChaosStatus, JobStatus
 from diloco_operator.kube import Kube, is_subset
-from diloco_operator.models import DiLoCoJobSpec, SpecError, parse_spec, secret_references, validate_job
+from diloco_operator.models import (
+    CABundle,
+    DiLoCoJobSpec,
+    SpecError,
+    config_map_references,
+    parse_spec,
+    secret_references,
+    validate_job,
+)
 from diloco_operator.status import Event
 
 log = logging.getLogger(__name__)
 
-StatusFetcher = Callable[[str], StatusResponse | None]
+StatusFetcher = Callable[[str, str | None], StatusResponse | None]  # (URL, CA bundle PEM or None)
 PRUNED_KINDS = (("apps/v1", "StatefulSet"), ("policy/v1", "PodDisruptionBudget"), ("v1", "Service"),
                 ("apps/v1", "Deployment"))
 
@@ -51,7 +60,25 @@ def check_spec(kube: Kube, job: JobRef, raw: Mapping[str, Any]) -> DiLoCoJobSpec
             raise SpecError(f"Secret '{name}' referenced by the spec does not exist in namespace {job.namespace}")
         if key not in (secret.get("data") or {}):
             raise SpecError(f"Secret '{name}' has no key '{key}' that the spec refers to")
+    for name, key in config_map_references(spec):
+        config_map = kube.get("v1", "ConfigMap", job.namespace, name)
+        if config_map is None:
+            raise SpecError(f"ConfigMap '{name}' referenced by the spec does not exist in namespace {job.namespace}")
+        if key not in (config_map.get("data") or {}):
+            raise SpecError(f"ConfigMap '{name}' has no key '{key}' that the spec refers to")
     return spec
+
+
+def read_ca_bundle(kube: Kube, namespace: str, ca: CABundle | None) -> str | None:
+    """The PEM text of the synchronizer's CA bundle that the spec names (None: none named, or gone)."""
+    if ca is None:
+        return None
+    if ca.secret_name is not None:
+        data = (kube.get("v1", "Secret", namespace, ca.secret_name) or {}).get("data") or {}
+        return base64.b64decode(data[ca.key]).decode(errors="replace") if ca.key in data else None
+    assert ca.config_map_name is not None
+    value = ((kube.get("v1", "ConfigMap", namespace, ca.config_map_name) or {}).get("data") or {}).get(ca.key)
+    return str(value) if value is not None else None
 
 
 def ensure_secret(kube: Kube, job: JobRef, spec: DiLoCoJobSpec) -> int:
@@ -189,7 +216,8 @@ def reconcile(
     prune(kube, job, set(actual), outcome)
     units, sync_ready = observe(spec, job, actual)
     url = sync_url_override.format(name=job.name, namespace=job.namespace) if sync_url_override else sync_url(job, spec)
-    sync = fetch(url) if (sync_ready or spec.synchronizer.external is not None or sync_url_override) else None
+    reachable = sync_ready or spec.synchronizer.external is not None or sync_url_override
+    sync = fetch(url, read_ca_bundle(kube, job.namespace, spec.synchronizer.ca)) if reachable else None
     problem = wrong_job(sync, job, spec, url)
     if problem:
         sync = None

@@ -20,7 +20,10 @@ from diloco_operator.build import (
     pod_security_context,
     secret_name,
     sync_name,
+    sync_port_name,
     sync_url,
+    tls_mounts,
+    tls_volumes,
     with_default_requests,
 )
 from diloco_operator.models import DiLoCoJobSpec
@@ -45,6 +48,7 @@ def sync_env(job: JobRef, spec: DiLoCoJobSpec, shard: int) -> list[dict[str, Any
         env.value("DILOCO_SHARD_INDEX", shard),
         env.value("DILOCO_NUM_SHARDS", shards),
         env.value("DILOCO_SHARD_URLS", urls),
+        *env.sync_tls_env(spec),
         *env.storage_env(spec),
     ]
 
@@ -53,18 +57,20 @@ def build_sync_deployment(job: JobRef, spec: DiLoCoJobSpec, shard: int, digest: 
     """One synchronizer shard. ``Recreate``: a shard must never have two writers to storage."""
     replicas = 0 if spec.suspend else 1
     pod_labels = labels(job.name, COMPONENT, **{SHARD_LABEL: str(shard)})
+    port = sync_port_name(spec)
+    scheme = port.upper()  # the kubelet's probes speak TLS to a TLS port (without checking its certificate)
     container = {
         "name": "synchronizer",
         "image": spec.images.synchronizer,
         "imagePullPolicy": spec.images.pull_policy,
         "command": ["diloco", "synchronizer"],
-        "ports": [{"name": "http", "containerPort": env.SYNC_PORT}],
+        "ports": [{"name": port, "containerPort": env.SYNC_PORT}],
         "env": sync_env(job, spec, shard),
         "resources": with_default_requests(spec.synchronizer.resources, SYNC_DEFAULT_REQUESTS),
-        "livenessProbe": http_probe("/healthz", "http", 10, 6),
-        "readinessProbe": http_probe("/readyz", "http", 5, 3),
+        "livenessProbe": http_probe("/healthz", port, 10, 6, scheme),
+        "readinessProbe": http_probe("/readyz", port, 5, 3, scheme),
         "securityContext": container_security_context(),
-        "volumeMounts": config_mounts(),
+        "volumeMounts": config_mounts() + tls_mounts(spec),
     }
     return {
         "apiVersion": "apps/v1",
@@ -81,14 +87,15 @@ def build_sync_deployment(job: JobRef, spec: DiLoCoJobSpec, shard: int, digest: 
                     "securityContext": pod_security_context(),
                     "terminationGracePeriodSeconds": 30,
                     "containers": [container],
-                    "volumes": config_volumes(job.name),
+                    "volumes": config_volumes(job.name) + tls_volumes(spec),
                 },
             },
         },
     }
 
 
-def build_sync_service(job: JobRef, shard: int) -> dict[str, Any]:
+def build_sync_service(job: JobRef, shard: int, port: str = "http") -> dict[str, Any]:
+    """``port``: the port's name, ``https`` when the synchronizer serves TLS (``sync_port_name``)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -101,6 +108,6 @@ def build_sync_service(job: JobRef, shard: int) -> dict[str, Any]:
             # Service just does not drop the pod for it. (Recreate: never two pods to choose from.)
             "publishNotReadyAddresses": True,
             "selector": selector(job.name, shard),
-            "ports": [{"name": "http", "port": env.SYNC_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{"name": port, "port": env.SYNC_PORT, "targetPort": port, "protocol": "TCP"}],
         },
     }

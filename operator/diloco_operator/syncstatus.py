@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import ssl
 from collections.abc import Callable
 
 import httpx
@@ -12,16 +14,24 @@ from pydantic import ValidationError
 log = logging.getLogger(__name__)
 
 
-def http_fetcher(timeout: float) -> Callable[[str], StatusResponse | None]:
-    """A fetcher that returns None when the synchronizer is unreachable or answers nonsense."""
+@functools.lru_cache(maxsize=64)
+def _trusting(ca_pem: str) -> ssl.SSLContext:
+    return ssl.create_default_context(cadata=ca_pem)
 
-    def fetch(base_url: str) -> StatusResponse | None:
+
+def http_fetcher(timeout: float) -> Callable[[str, str | None], StatusResponse | None]:
+    """A fetcher that returns None when the synchronizer is unreachable or answers nonsense;
+    ``fetch(url, ca_pem)`` checks an https synchronizer's certificate against ``ca_pem`` (a PEM CA
+    bundle), or against the public certificate authorities when it is None."""
+
+    def fetch(base_url: str, ca_pem: str | None = None) -> StatusResponse | None:
         url = f"{base_url.rstrip('/')}{API_PREFIX}/status"
         try:
-            resp = httpx.get(url, timeout=timeout)
+            verify = _trusting(ca_pem) if ca_pem else True
+            resp = httpx.get(url, timeout=timeout, verify=verify)
             resp.raise_for_status()
             return StatusResponse.model_validate_json(resp.content)
-        except (httpx.HTTPError, ValidationError) as exc:
+        except (httpx.HTTPError, ValidationError, ssl.SSLError) as exc:
             log.debug("synchronizer status unavailable at %s: %s", url, exc)
             return None
 

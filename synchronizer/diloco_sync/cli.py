@@ -82,16 +82,16 @@ def main(argv: list[str]) -> int:
     from .app import create_app
     from .connections import (
         ConnectionLimits,
+        ServerCertificate,
         effective_max_connections,
         guarded_protocol,
         open_files_limit,
-        server_tls_context,
     )
 
     try:
         tls = None
         if settings.tls_cert and settings.tls_key:  # both or neither: SyncSettings checks it
-            tls = server_tls_context(settings.tls_cert, settings.tls_key)
+            tls = ServerCertificate(settings.tls_cert, settings.tls_key)
     except ValueError as exc:
         print(f"diloco synchronizer: --tls-cert / --tls-key: {exc}", file=sys.stderr)
         return 2

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
 import ssl
+import time
 from asyncio import sslproto
 from collections import OrderedDict
 from collections.abc import Callable
@@ -290,17 +292,17 @@ _HEAD_TIMEOUT = _raw_response(408, "Request Timeout", "timeout", "the request he
 
 
 def guarded_protocol(
-    limits: ConnectionLimits, tls: ssl.SSLContext | None = None
+    limits: ConnectionLimits, tls: ServerCertificate | None = None
 ) -> Callable[..., asyncio.BaseProtocol]:
     """The protocol factory to give uvicorn (``uvicorn.Config(http=...)``, without uvicorn's own TLS
     settings): one per server, as the connections it counts are that server's. With ``tls``, every
-    connection is served over TLS with that context (``server_tls_context``)."""
+    connection is served over TLS with its current certificate."""
     http = type("ServerH11Protocol", (GuardedH11Protocol,), {"connections_state": _Connections(limits)})
     if tls is None:
         return http
 
     def serve_tls(**kwargs: Any) -> asyncio.BaseProtocol:
-        return _GuardedTLS(http(**kwargs), tls, limits.header_timeout_s)
+        return _GuardedTLS(http(**kwargs), tls.context(), limits.header_timeout_s)
 
     return serve_tls
 
@@ -314,3 +316,42 @@ def server_tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     except (OSError, ssl.SSLError) as exc:
         raise ValueError(f"cannot use the TLS certificate {cert_file} with the key {key_file}: {exc}") from exc
     return context
+
+
+class ServerCertificate:
+    """The server's TLS context, read again when its certificate or key file changes: a renewed
+    certificate (cert-manager rewrites the Secret, the kubelet the mounted files) serves new
+    connections without a restart. The files are looked at when a connection arrives, at most every
+    ``check_every_s``; a renewal that cannot be used keeps the previous certificate (logged)."""
+
+    def __init__(
+        self, cert_file: str, key_file: str, *, check_every_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self.cert_file, self.key_file, self.check_every_s, self._clock = cert_file, key_file, check_every_s, clock
+        self._context = server_tls_context(cert_file, key_file)
+        self._stamp = self._files()
+        self._next_check = clock() + check_every_s
+
+    def _files(self) -> tuple[tuple[int, int, int], ...]:
+        """What identifies the files' contents: inode, size and modification time of each (the
+        kubelet replaces a mounted Secret's files by switching a symbolic link)."""
+        try:
+            stats = [os.stat(f) for f in (self.cert_file, self.key_file)]
+        except OSError:
+            return ()
+        return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
+
+    def context(self) -> ssl.SSLContext:
+        now = self._clock()
+        if now >= self._next_check:
+            self._next_check = now + self.check_every_s
+            stamp = self._files()
+            if stamp and stamp != self._stamp:
+                try:
+                    self._context = server_tls_context(self.cert_file, self.key_file)
+                    log.info("serving HTTPS with the renewed certificate %s", self.cert_file)
+                except ValueError as exc:
+                    log.warning("kept the previous TLS certificate: %s", exc)
+                self._stamp = stamp
+        return self._context

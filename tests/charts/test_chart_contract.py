@@ -12,6 +12,7 @@ import pytest
 import yaml
 from diloco_operator import build, env, learners, synchronizer
 from diloco_operator.cli import parse_args
+from diloco_operator.models import parse_spec
 from diloco_operator.settings import OperatorSettings, settings_from_env
 
 from tests.charts.helm import CHART, Manifest, of_kind, one, render
@@ -86,7 +87,14 @@ def test_network_policy_and_service_monitor_select_what_the_operator_creates(tmp
         m for m in of_kind(manifests, "ServiceMonitor") if m["metadata"]["name"].endswith("-synchronizers")
     )
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert [e["port"] for e in monitor["spec"]["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
+    # a plain synchronizer's port and one serving HTTPS (spec.synchronizer.tls) are both scraped
+    tls_spec = parse_spec({"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"},
+                           "learnerUnits": [{"name": "a"}], "synchronizer": {"tls": {"secretName": "c"}}})  # fmt: skip
+    tls_service = synchronizer.build_sync_service(job, 0, build.sync_port_name(tls_spec))
+    endpoints = {e["port"]: e for e in monitor["spec"]["endpoints"]}
+    assert set(endpoints) == {p["name"] for s in (service, tls_service) for p in s["spec"]["ports"]}
+    assert endpoints["https"]["scheme"] == "https"
+    assert endpoints["http"].get("scheme", "http") == "http"
 
 
 def test_chaos_is_allowed_only_when_the_chart_says_so(tmp_path: Path) -> None:

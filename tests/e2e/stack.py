@@ -20,6 +20,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from tests.e2e.cluster import E2ECluster, pod_logs, wait_pod_phase
+from tests.support.pki import Ca, issue_server_cert
 from tests.support.prereq import require_binary
 from tests.support.waiting import wait_for
 
@@ -116,6 +117,22 @@ def storage_secret_and_bucket(e2e: E2ECluster, api: k8s.ApiClient, ns: str, cred
     assert pod.status.phase == "Succeeded", logs
     assert "200" in logs, logs
     core.delete_namespaced_pod("make-bucket", ns)
+
+
+def create_tls_secret(api: k8s.ApiClient, ns: str, name: str, ca: Ca, names: list[str], workdir: Path) -> None:
+    """A Secret of type kubernetes.io/tls as cert-manager writes it (tls.crt, tls.key, ca.crt): a
+    serving certificate for ``names`` signed by ``ca``."""
+    cert, key = issue_server_cert(ca, workdir, name, names)
+    k8s.CoreV1Api(api).create_namespaced_secret(ns, {
+        "metadata": {"name": name}, "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": cert.read_text(), "tls.key": key.read_text(), "ca.crt": ca.cert.read_text()},
+    })  # fmt: skip
+
+
+def create_ca_config_map(api: k8s.ApiClient, ns: str, name: str, ca: Ca) -> None:
+    """The CA certificate alone (never its key), as another region receives it: key ``ca.crt``."""
+    k8s.CoreV1Api(api).create_namespaced_config_map(ns, {"metadata": {"name": name},
+                                                         "data": {"ca.crt": ca.cert.read_text()}})  # fmt: skip
 
 
 def helm_install_operator(e2e: E2ECluster, tmp: Path, watch: list[str]) -> str:

@@ -16,7 +16,15 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster
-from tests.e2e.stack import BUCKET, STORAGE_NAMESPACE, job_status, run_tool
+from tests.e2e.stack import (
+    BUCKET,
+    STORAGE_NAMESPACE,
+    create_ca_config_map,
+    create_tls_secret,
+    job_status,
+    run_tool,
+)
+from tests.support.pki import make_ca
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -77,8 +85,15 @@ def test_multi_region_example_region_b_reports_region_a_synchronizer(
         _with_test_images(e2e, job)
         job["spec"]["storage"].update({"endpoint": LOCAL_S3, "region": "us-east-1", "bucket": BUCKET})  # here
     core = k8s.CoreV1Api(api)
-    path = _apply(e2e, jobs_namespace, [region_a], tmp_path)
     a = region_a["metadata"]["name"]
+    # the certificates the example names: region A's synchronizer serves HTTPS with a certificate for
+    # its Service; region B receives the CA certificate alone, as a ConfigMap
+    ca = make_ca(tmp_path / "ca")
+    a_sync = f"{a}-sync.{jobs_namespace}.svc"
+    create_tls_secret(api, jobs_namespace, region_a["spec"]["synchronizer"]["tls"]["secretName"], ca, [a_sync],
+                      tmp_path / "pki")  # fmt: skip
+    create_ca_config_map(api, jobs_namespace, region_b["spec"]["synchronizer"]["ca"]["configMapName"], ca)
+    path = _apply(e2e, jobs_namespace, [region_a], tmp_path)
     wait_for(lambda: _condition(job_status(api, jobs_namespace, a), "SynchronizerReady") == "True", timeout=300,
              what="region A's synchronizer ready", describe=lambda: str(job_status(api, jobs_namespace, a)))  # fmt: skip
     # as the example says: region A's job secret is copied to region B, which points at A's synchronizer
@@ -86,16 +101,18 @@ def test_multi_region_example_region_b_reports_region_a_synchronizer(
     ref = region_b["spec"]["synchronizer"]["external"]["tokenSecretRef"]
     core.create_namespaced_secret(jobs_namespace, {"metadata": {"name": ref["name"]},
                                                    "stringData": {ref["key"]: base64.b64decode(secret).decode()}})  # fmt: skip
-    region_b["spec"]["synchronizer"]["external"]["url"] = f"http://{a}-sync.{jobs_namespace}.svc:8080"
+    region_b["spec"]["synchronizer"]["external"]["url"] = f"https://{a_sync}:8080"
     path_b = tmp_path / "b"
     path_b.mkdir()
     _apply(e2e, jobs_namespace, [region_b], path_b)
     b = region_b["metadata"]["name"]
     status = wait_for(lambda: (s := job_status(api, jobs_namespace, b)) and _condition(s, "SynchronizerReady") == "True"
-                      and s, timeout=180, what="region B reads region A's synchronizer",
+                      and s, timeout=180, what="region B reads region A's synchronizer over HTTPS",
                       describe=lambda: str(job_status(api, jobs_namespace, b)))  # fmt: skip
     assert "version" in status, status  # the global version of the whole job, from A's synchronizer
     assert not k8s.AppsV1Api(api).list_namespaced_deployment(jobs_namespace, label_selector=f"diloco.dev/job={b}").items
     run_tool("kubectl", "delete", "-n", jobs_namespace, "-f", str(path_b / "jobs.yaml"), "--wait=true",
              env=e2e.kube.env())  # fmt: skip
     run_tool("kubectl", "delete", "-n", jobs_namespace, "-f", str(path), "--wait=true", env=e2e.kube.env())
+    core.delete_namespaced_secret(region_a["spec"]["synchronizer"]["tls"]["secretName"], jobs_namespace)
+    core.delete_namespaced_config_map(region_b["spec"]["synchronizer"]["ca"]["configMapName"], jobs_namespace)
