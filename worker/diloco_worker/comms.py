@@ -230,6 +230,7 @@ class Communicator:
         with self._bucket_lock:
             delay = self._bucket.delay_for(len(payload))
         self._stop.wait(delay)
+        started = time.monotonic()
         try:
             res = client.contribute(
                 c.fragment, payload, base_version=c.base_version, steps=c.steps, tokens=c.tokens, seq=c.seq
@@ -259,12 +260,13 @@ class Communicator:
             self.bytes_sent += len(payload)
             self.sent += 1
         log.info(
-            "step=%d fragment=%d version=%d sent %d bytes (%d inner steps): %s (pending %d)",
+            "step=%d fragment=%d version=%d sent %d bytes (%d inner steps) in %.2fs: %s (pending %d)",
             self.progress.step,
             c.fragment,
             c.base_version,
             len(payload),
             c.steps,
+            time.monotonic() - started,
             res.status,
             res.pending,
         )
