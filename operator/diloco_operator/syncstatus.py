@@ -16,7 +16,10 @@ log = logging.getLogger(__name__)
 
 @functools.lru_cache(maxsize=64)
 def _trusting(ca_pem: str) -> ssl.SSLContext:
-    return ssl.create_default_context(cadata=ca_pem)
+    """A client context trusting ``ca_pem``, as strict as the learners' (``VERIFY_X509_STRICT``)."""
+    context = ssl.create_default_context(cadata=ca_pem)
+    context.verify_flags |= ssl.VERIFY_X509_STRICT
+    return context
 
 
 def http_fetcher(timeout: float) -> Callable[[str, str | None], StatusResponse | None]:

@@ -12,10 +12,14 @@ from pathlib import Path
 from .prereq import require_tool
 
 _OPENSSL_HINT = "install OpenSSL (Debian/Ubuntu: apt-get install openssl)"
+# RFC 5280 as strict verifiers read it (Python 3.13's default contexts, and the worker's, set
+# VERIFY_X509_STRICT): a CA with a critical keyUsage, certificates naming their issuer's key
 _SERVER_EXT = """\
 basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
+subjectKeyIdentifier=hash
+authorityKeyIdentifier=keyid,issuer
 subjectAltName={names}
 """
 _APISERVER_NAMES = ("127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
@@ -25,6 +29,8 @@ _CLIENT_EXT = """\
 basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth
+subjectKeyIdentifier=hash
+authorityKeyIdentifier=keyid,issuer
 """
 
 
@@ -55,12 +61,15 @@ class Ca:
     key: Path
 
 
-def make_ca(folder: Path, name: str = "diloco-test-ca") -> Ca:
-    """A throw-away certificate authority: ``ca.crt`` and ``ca.key`` in ``folder``."""
+def make_ca(folder: Path, name: str = "diloco-test-ca", *, key_usage: bool = True) -> Ca:
+    """A throw-away certificate authority: ``ca.crt`` and ``ca.key`` in ``folder``. Without
+    ``key_usage`` its certificate lacks the keyUsage extension, which strict verifiers refuse."""
     openssl = require_tool("openssl", _OPENSSL_HINT)
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ca.ext").write_text("[ca]\nbasicConstraints=critical,CA:TRUE\nsubjectKeyIdentifier=hash\n"
+                                   + ("keyUsage=critical,keyCertSign,cRLSign\n" if key_usage else ""))  # fmt: skip
     _run(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-         "-days", _DAYS, "-subj", f"/CN={name}", cwd=folder)  # fmt: skip
+         "-days", _DAYS, "-subj", f"/CN={name}", "-config", "ca.ext", "-extensions", "ca", cwd=folder)  # fmt: skip
     return Ca(folder / "ca.crt", folder / "ca.key")
 
 

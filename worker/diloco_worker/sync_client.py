@@ -81,13 +81,19 @@ def _raise_for(resp: httpx.Response) -> None:
 
 def tls_verify(ca_file: str | None) -> ssl.SSLContext | bool:
     """How an https synchronizer's certificate is checked: against ``ca_file`` (a PEM bundle), or
-    the public certificate authorities (True). Raises ``ValueError`` when the bundle is unusable."""
+    the public certificate authorities (True). Raises ``ValueError`` when the bundle is unusable.
+
+    The check is strict (``VERIFY_X509_STRICT``, Python 3.13's default) on every Python, so a
+    certificate that one learner image accepts is never refused by another: the CA certificate
+    must carry a keyUsage extension, a certificate it issues an authority key identifier."""
     if ca_file is None:
         return True
     try:
-        return ssl.create_default_context(cafile=ca_file)
+        context = ssl.create_default_context(cafile=ca_file)
     except (OSError, ssl.SSLError) as exc:
         raise ValueError(f"cannot read the CA bundle {ca_file} (--sync-ca-file / DILOCO_SYNC_CA_FILE): {exc}") from exc
+    context.verify_flags |= ssl.VERIFY_X509_STRICT
+    return context
 
 
 def _certificate_problem(exc: BaseException) -> ssl.SSLCertVerificationError | None:
@@ -133,7 +139,8 @@ class SyncClient:
                 raise SyncUntrusted(
                     f"the TLS certificate of the synchronizer at {self.base_url} is not trusted: "
                     f"{problem.verify_message or problem.reason}; give the CA bundle that signed it with "
-                    "--sync-ca-file / DILOCO_SYNC_CA_FILE, or check that the certificate names this address"
+                    "--sync-ca-file / DILOCO_SYNC_CA_FILE, and check that the certificate names this address "
+                    "and that the CA's certificate has a keyUsage extension"
                 ) from exc
             raise SyncUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         _raise_for(resp)
