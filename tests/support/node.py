@@ -15,7 +15,8 @@ control planes) can run on one machine: instance ``i`` has
   the ``kubernetes`` Service (the apiserver runs with ``--endpoint-reconciler-type=none`` and the
   node writes that Service's endpoints);
 - its own containerd socket, state and root (the root, which holds the imported images, is kept
-  between runs in ~/.cache/diloco/node/n<i>), kubelet root folder and cgroup root ``/diloco-n<i>``.
+  between runs in ~/.cache/diloco/node/n<i>), kubelet root folder, folder of pod logs and cgroup
+  root ``/diloco-n<i>``.
 
 An instance is taken with an exclusive lock (released by the kernel when the test process dies);
 taking it first sweeps whatever a crashed run of that instance left: its processes (found by the
@@ -206,6 +207,7 @@ def sweep(inst: Instance) -> None:
     if Path(f"/sys/class/net/{inst.host_if}").exists():
         _run("ip", "link", "delete", inst.host_if, check=False)
     shutil.rmtree(inst.cache_dir / "kubelet", ignore_errors=True)
+    shutil.rmtree(inst.cache_dir / "pod-logs", ignore_errors=True)
     for name in ("containerd-state", "cni", "config", "kubelet-pki", "netns"):
         shutil.rmtree(inst.state_dir / name, ignore_errors=True)
 
@@ -562,6 +564,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "registerWithTaints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}] if self.taint else [],
             "nodeStatusReportFrequency": "10s",
             "containerLogMaxSize": "20Mi",
+            # the instance's own: a kubelet removes the folders there of pods it does not run, which
+            # would be another instance's pods in the machine's /var/log/pods
+            "podLogsDir": str(inst.cache_dir / "pod-logs"),
         }  # fmt: skip
         path = self.conf_dir / "kubelet.yaml"
         path.write_text(yaml.safe_dump(config))
