@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import ssl
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,10 +166,15 @@ def printed_columns(e2e: E2ECluster, ns: str, name: str) -> dict[str, str]:
 
 
 class Synchronizer:
-    """A job's synchronizer, asked at its pod's address (the real node routes the pod subnet here)."""
+    """A job's synchronizer, asked at its pod's address (the real node routes the pod subnet here).
 
-    def __init__(self, api: k8s.ApiClient, ns: str, job: str) -> None:
+    With ``ca`` (a synchronizer serving HTTPS) its certificate is checked against that CA, under the
+    name of its Service (``<job>-sync.<namespace>.svc``), which the pod's address is not."""
+
+    def __init__(self, api: k8s.ApiClient, ns: str, job: str, ca: Path | None = None) -> None:
         self.core, self.ns, self.job = k8s.CoreV1Api(api), ns, job
+        self.verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if ca else True
+        self.scheme = "https" if ca else "http"
 
     def url(self) -> str:
         pods = self.core.list_namespaced_pod(self.ns, label_selector=f"diloco.dev/job={self.job},"
@@ -176,10 +182,15 @@ class Synchronizer:
         running = [p for p in pods if p.status.phase == "Running" and p.status.pod_ip
                    and not p.metadata.deletion_timestamp]  # fmt: skip
         assert running, "no running synchronizer pod"
-        return f"http://{running[0].status.pod_ip}:8080"
+        return f"{self.scheme}://{running[0].status.pod_ip}:8080"
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        extensions = {"sni_hostname": f"{self.job}-sync.{self.ns}.svc"} if self.scheme == "https" else {}
+        with httpx.Client(verify=self.verify) as client:
+            return client.get(f"{self.url()}{path}", extensions=extensions, **kwargs)
 
     def status(self) -> dict[str, Any]:
-        response = httpx.get(f"{self.url()}/v1/status", timeout=10)
+        response = self.get("/v1/status", timeout=10)
         response.raise_for_status()
         data: dict[str, Any] = response.json()
         return data
@@ -195,10 +206,8 @@ class Synchronizer:
         headers = {"Authorization": f"Bearer {learner_token(job_secret, 'e2e-observer')}",
                    "X-DiLoCo-Learner": "e2e-observer"}  # fmt: skip
         out: dict[str, np.ndarray] = {}
-        base = self.url()
         for p in self.versions():
-            r = httpx.get(f"{base}/v1/fragments/{p}", params={"newer_than": -1, "wait": 0}, headers=headers,
-                          timeout=30)  # fmt: skip
+            r = self.get(f"/v1/fragments/{p}", params={"newer_than": -1, "wait": 0}, headers=headers, timeout=30)
             assert r.status_code == 200, r.text
             out.update(decode(r.content).tensors)
         return out
