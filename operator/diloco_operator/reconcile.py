@@ -54,18 +54,13 @@ def check_spec(kube: Kube, job: JobRef, raw: Mapping[str, Any]) -> DiLoCoJobSpec
     """Parse, validate and check the references of the spec; SpecError says what is wrong."""
     spec = parse_spec(dict(raw))
     validate_job(job.name, spec)
-    for name, key in secret_references(spec):
-        secret = kube.get("v1", "Secret", job.namespace, name)
-        if secret is None:
-            raise SpecError(f"Secret '{name}' referenced by the spec does not exist in namespace {job.namespace}")
-        if key not in (secret.get("data") or {}):
-            raise SpecError(f"Secret '{name}' has no key '{key}' that the spec refers to")
-    for name, key in config_map_references(spec):
-        config_map = kube.get("v1", "ConfigMap", job.namespace, name)
-        if config_map is None:
-            raise SpecError(f"ConfigMap '{name}' referenced by the spec does not exist in namespace {job.namespace}")
-        if key not in (config_map.get("data") or {}):
-            raise SpecError(f"ConfigMap '{name}' has no key '{key}' that the spec refers to")
+    for kind, references in (("Secret", secret_references(spec)), ("ConfigMap", config_map_references(spec))):
+        for name, key in references:
+            found = kube.get("v1", kind, job.namespace, name)
+            if found is None:
+                raise SpecError(f"{kind} '{name}' referenced by the spec does not exist in namespace {job.namespace}")
+            if key not in (found.get("data") or {}):
+                raise SpecError(f"{kind} '{name}' has no key '{key}' that the spec refers to")
     return spec
 
 
