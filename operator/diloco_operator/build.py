@@ -45,6 +45,7 @@ UNIT_LABEL = "diloco.dev/unit"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 SHARD_LABEL = "diloco.dev/shard"
 CONFIG_HASH_ANNOTATION = "diloco.dev/config-hash"
+TEMPLATE_HASH_ANNOTATION = "diloco.dev/template-hash"
 MANAGED_BY = "diloco-operator"
 
 RUN_AS_USER = 10001
@@ -167,6 +168,12 @@ def build_config_map(job: JobRef, spec: DiLoCoJobSpec) -> dict[str, Any]:
 def config_hash(config_map: dict[str, Any]) -> str:
     """A short digest of the ConfigMap's data; a change rolls the pods that read it."""
     blob = json.dumps(config_map["data"], sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def template_hash(template: Mapping[str, Any]) -> str:
+    """A short digest of a pod template: the pods made from another one are outdated."""
+    blob = json.dumps(template, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -19,7 +19,9 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from diloco_operator.job_status import JobStatus
 from diloco_operator.models import ChaosSpec, DiLoCoJobSpec
+from diloco_operator.status import Event
 
 # A timer that was not called for a long time must not fire a burst of failures at once.
 MAX_INTERVAL_S = 300.0
@@ -52,6 +54,14 @@ def chaos_gate(chaos: ChaosSpec, allowed: bool) -> Gate | None:
 
 
 GATE_EVENTS = {"NotAllowed": "ChaosRefused", "NotEnabled": "ChaosNotEnabled"}
+
+
+def gate_events(old: JobStatus, gate: Gate) -> list[Event]:
+    """A Warning when chaos is newly refused (or refused for another reason than before)."""
+    before = c.reason if (c := old.condition("Chaos")) else None
+    if gate.reason in GATE_EVENTS and gate.reason != before:
+        return [Event("Warning", GATE_EVENTS[gate.reason], gate.message)]
+    return []
 
 
 @dataclass(frozen=True)

@@ -1,65 +1,65 @@
-"""kopf handlers: thin glue around ``reconcile``.
+"""kopf handlers: thin glue between the watches and the per-job workers (``jobs``, ``passes``).
 
-One level-based reconcile serves create, update and resume; a timer runs the same reconcile
-every ``DILOCO_OPERATOR_RESYNC_SECONDS`` to repair drift, refresh the status and drive chaos.
-Liveness checks that the DiLoCoJob watch still delivers what the API holds (see ``liveness``).
+- The DiLoCoJob watch: a new job, or a new spec generation, asks for a reconcile; every event also
+  feeds liveness, and a deleted job's worker and memory go.
+- The pod watch (pods this operator manages): every event updates ``pods.PodCache`` and asks for a
+  status refresh of its job (debounced), and reports learner units losing and regaining a pod.
+- The StatefulSet and Deployment watches: a child deleted behind the operator's back is put back
+  at once.
+- A resync loop (every ``--resync-seconds``) reconciles every job: it repairs drift of the children
+  no watch covers, reads the synchronizers' status and drives built-in chaos.
+
+No handler needs a finalizer on the jobs (no kopf timer, daemon or delete handler): ``kubectl
+delete dilocojob`` never waits for the operator, and the garbage collector removes the children
+through their owner references. One left by an earlier version of the operator is removed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
 import socket
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 from kubernetes import client, config
 
-from diloco_operator.build import API_VERSION, GROUP, JOB_LABEL, KIND, PLURAL, UNIT_LABEL, VERSION, JobRef
-from diloco_operator.job_status import JobStatus
+from diloco_operator.build import COMPONENT_LABEL, GROUP, JOB_LABEL, MANAGED_BY, PLURAL, UNIT_LABEL, VERSION
+from diloco_operator.jobs import JobRegistry, JobState, Request
 from diloco_operator.kube import Kube, api_error
 from diloco_operator.liveness import WatchState, paused_by_peers, watch_is_alive
 from diloco_operator.metrics import OperatorMetrics
-from diloco_operator.reconcile import Outcome, StatusFetcher, reconcile
-from diloco_operator.settings import OperatorSettings, settings_from_env
-from diloco_operator.status import Event, PodWatch, event_object, unit_state_counts
+from diloco_operator.passes import Context, post_events, run_pass
+from diloco_operator.peering import ensure_peering
+from diloco_operator.pods import PodCache, PodWatch, observe_pod
+from diloco_operator.settings import settings_from_env
 from diloco_operator.syncstatus import http_fetcher
 
 log = logging.getLogger(__name__)
 
-# kopf needs the timer interval when the module is imported.
-RESYNC_SECONDS = settings_from_env().resync_seconds
-# Retry delay of a reconcile that failed on an API error (kopf's default is a minute).
-BACKOFF_SECONDS = 5.0
+BACKOFF_SECONDS = 5.0  # retry delay of a pass that failed on an API error
+DEBOUNCE_SECONDS = 0.25  # a burst of pod events makes one status refresh
+PASS_THREADS = 8  # passes of different jobs that run at once
+LEGACY_FINALIZER = f"{GROUP}/operator"  # set by earlier versions of the operator (kopf's timer needed it)
+MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 INSTANCE = socket.gethostname()  # in a pod: the pod name
 
 
-@dataclass
-class Context:
-    """Everything the handlers share, built once at start-up and kept in kopf's memo."""
-
-    settings: OperatorSettings
-    kube: Kube
-    fetch: StatusFetcher
-    metrics: OperatorMetrics
-    rng: random.Random
-    pods: PodWatch
-    watch: WatchState
-    namespaces: list[str]  # the namespaces kopf watches; empty: all
-
-
-def new_api_client() -> client.ApiClient:
-    """In a pod: its service account; elsewhere: $KUBECONFIG (read now, not at import)."""
+def new_api_client(pool_size: int) -> client.ApiClient:
+    """In a pod: its service account; elsewhere: $KUBECONFIG (read now, not at import). Its pool
+    keeps a connection per concurrent request."""
+    cfg = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        cfg = client.Configuration()
         config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-    return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+    else:
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=cfg)
+    cfg.connection_pool_maxsize = pool_size
+    return client.ApiClient(cfg)
 
 
 @kopf.on.login()
@@ -69,27 +69,131 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 @kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     ours = settings_from_env()
-    settings.persistence.finalizer = f"{GROUP}/operator"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
-    settings.posting.level = logging.WARNING  # our own events, not every log line
+    namespaces = list(memo.get("namespaces") or [])
+    # Our own events only: kopf would post every error it logs, traceback included, on the job.
+    settings.posting.enabled = False
+    # Named namespaces: nothing cluster-wide to discover. kopf would otherwise list the namespaces
+    # (a cluster-wide right that a namespaced install does not grant: refused, retried for a minute)
+    # and watch the CRDs.
+    settings.scanning.disabled = bool(namespaces)
     metrics = OperatorMetrics()
     if ours.metrics_port:
         metrics.serve(ours.metrics_port)
-    memo.ctx = Context(ours, Kube(new_api_client()), http_fetcher(ours.status_timeout_seconds), metrics,
-                       random.Random(ours.chaos_seed), PodWatch(), WatchState(),
-                       list(memo.get("namespaces") or []))
-    log.info("operator started: resync every %ss, metrics port %s, chaos %s", ours.resync_seconds,
+    kube = Kube(new_api_client(ours.apply_concurrency + PASS_THREADS))
+    ctx = Context(ours, kube, http_fetcher(ours.status_timeout_seconds), metrics, random.Random(ours.chaos_seed),
+                  PodCache(), PodWatch(), WatchState(), namespaces,
+                  ThreadPoolExecutor(ours.apply_concurrency, thread_name_prefix="apply"), INSTANCE)
+    passes = ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="pass")
+
+    async def run(state: JobState, req: Request) -> Request | None:
+        return await asyncio.get_running_loop().run_in_executor(passes, run_pass, ctx, state, req)
+
+    memo.ctx = ctx
+    memo.jobs = JobRegistry(run, debounce=DEBOUNCE_SECONDS, backoff=BACKOFF_SECONDS)
+    memo.passes = passes
+    if not settings.peering.standalone:
+        await asyncio.to_thread(ensure_peering, kube, settings.peering.name, namespaces, settings.peering.priority)
+    memo.resync = asyncio.create_task(resync_loop(ctx, memo.jobs, settings, str(memo.get("identity", ""))))
+    log.info("operator started: %s, resync every %gs, metrics port %s, chaos %s",
+             f"namespaces {', '.join(namespaces)}" if namespaces else "all namespaces", ours.resync_seconds,
              ours.metrics_port, "allowed" if ours.allow_chaos else "not allowed")
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    memo.resync.cancel()
+    await memo.jobs.stop_all()
+    memo.passes.shutdown(wait=False, cancel_futures=True)
+    memo.ctx.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def resync_loop(ctx: Context, jobs: JobRegistry, settings: kopf.OperatorSettings, own_id: str) -> None:
+    """Reconcile every job every ``resync_seconds``, unless a peer keeps this operator paused."""
+    while True:
+        await asyncio.sleep(ctx.settings.resync_seconds)
+        if not settings.peering.standalone:
+            try:
+                peering = await asyncio.to_thread(ctx.kube.get_cluster, peering_path(settings, ctx.namespaces))
+            except Exception as exc:  # (the API is away: try again next round)
+                log.warning("resync skipped: cannot read the peering object: %s", api_error(exc))
+                continue
+            if paused_by_peers(peering, settings.peering.priority, datetime.now(UTC), own_id):
+                continue
+        for worker in list(jobs.workers.values()):
+            worker.request(Request(reconcile=True, chaos=True, fetch=True, trigger="timer"))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def on_job_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    """Every event of the job watch (listing included): what liveness compares the API with."""
-    meta = event["object"].get("metadata") or {}
-    memo.ctx.watch.heard(str(meta.get("uid")), str(meta.get("resourceVersion")), deleted=event["type"] == "DELETED")
+    """Every event of the job watch (listing included): liveness, and a reconcile per new generation."""
+    body: dict[str, Any] = dict(event["object"])
+    meta: dict[str, Any] = body.get("metadata") or {}
+    deleted = event["type"] == "DELETED"
+    memo.ctx.watch.heard(str(meta.get("uid")), str(meta.get("resourceVersion")), deleted=deleted)
+    jobs: JobRegistry = memo.jobs
+    if deleted:
+        await jobs.forget(str(meta.get("uid")))
+        memo.ctx.metrics.forget(meta["namespace"], meta["name"])
+        memo.ctx.pods.forget(meta["namespace"], meta["name"])
+        return
+    if LEGACY_FINALIZER in (meta.get("finalizers") or []):
+        await asyncio.to_thread(drop_legacy_finalizer, memo.ctx.kube, body)
+    first = jobs.find(meta["namespace"], meta["name"]) is None
+    worker = jobs.seen(body)
+    generation = meta.get("generation")
+    if meta.get("deletionTimestamp") or worker.state.requested_generation == generation:
+        return
+    worker.state.requested_generation = generation
+    trigger = "update" if not first else "create" if event["type"] == "ADDED" else "resume"
+    worker.request(Request(reconcile=True, fetch=True, trigger=trigger))
+
+
+def drop_legacy_finalizer(kube: Kube, body: dict[str, Any]) -> None:
+    finalizers = list(body["metadata"].get("finalizers") or [])
+    kept = [f for f in finalizers if f != LEGACY_FINALIZER]
+    if kube.patch_json(body, [{"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+                              {"op": "replace", "path": "/metadata/finalizers", "value": kept}]):
+        log.info("job %s/%s: removed the finalizer %s (the operator no longer needs one)",
+                 body["metadata"]["namespace"], body["metadata"]["name"], LEGACY_FINALIZER)
+
+
+@kopf.on.event("", "v1", "pods", labels=MANAGED)
+async def on_pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """A pod of a job changed: refresh the job's status, and report a learner unit losing a pod or
+    getting it back as it happens."""
+    obj: dict[str, Any] = dict(event["object"])
+    deleted = event["type"] == "DELETED"
+    ctx: Context = memo.ctx
+    key = ctx.pods.update(obj, deleted=deleted)
+    worker = memo.jobs.find(*key) if key else None
+    if worker is None:
+        return
+    worker.request(Request(trigger="watch"))
+    meta: dict[str, Any] = obj.get("metadata") or {}
+    labels: dict[str, str] = meta.get("labels") or {}
+    if labels.get(COMPONENT_LABEL) != "learner":
+        return
+    pod = observe_pod(obj)
+    ev = ctx.losses.observe(f"{meta.get('namespace')}/{meta.get('name')}", labels.get(UNIT_LABEL, ""),
+                            phase=pod.phase, ready=pod.ready, deleted=deleted or pod.deleting)
+    if ev is not None:
+        await asyncio.to_thread(post_events, ctx.kube, worker.state.body, [ev], ctx.instance)
+
+
+@kopf.on.event("apps", "v1", "statefulsets", labels=MANAGED)
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+async def on_child_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """A StatefulSet or Deployment of a job deleted behind the operator's back is put back at once."""
+    if event["type"] != "DELETED":
+        return
+    obj: dict[str, Any] = dict(event["object"])
+    meta: dict[str, Any] = obj.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(JOB_LABEL)
+    worker = memo.jobs.find(meta.get("namespace"), job) if job else None
+    if worker is not None:
+        worker.request(Request(reconcile=True, trigger="drift"))
 
 
 @kopf.on.probe(id="api")
@@ -125,82 +229,3 @@ def peering_path(settings: kopf.OperatorSettings, namespaces: list[str]) -> str:
         return f"/apis/kopf.dev/v1/clusterkopfpeerings/{name}"
     return f"/apis/kopf.dev/v1/namespaces/{namespaces[0]}/kopfpeerings/{name}"
 
-
-def post_events(kube: Kube, job: Mapping[str, Any], events: list[Event]) -> None:
-    """Post each event about ``job`` now, from this handler (an event that cannot be posted is logged).
-
-    Posted synchronously rather than through kopf's background poster, so an event is in the API
-    before the status change that goes with it, and a failure is never silent.
-    """
-    now = datetime.now(UTC)
-    for ev in events:
-        try:
-            kube.create(event_object(job, ev, now, INSTANCE))
-        except Exception as exc:  # events are auxiliary: never fail the reconcile for one
-            log.warning("could not post event %s %s on %s: %s", ev.type, ev.reason,
-                        job["metadata"].get("name"), api_error(exc))
-
-
-def run(ctx: Context, trigger: str, body: kopf.Body, patch: kopf.Patch, *, chaos: bool) -> Outcome:
-    meta = body["metadata"]
-    job = JobRef(meta["name"], meta["namespace"], meta["uid"])
-    outcome = reconcile(
-        ctx.kube, job, body.get("spec") or {}, JobStatus.read(body.get("status") or {}),
-        now=datetime.now(UTC), fetch=ctx.fetch, generation=meta.get("generation"),
-        sync_url_override=ctx.settings.sync_url, rng=ctx.rng if chaos else None,
-        allow_chaos=ctx.settings.allow_chaos,
-    )
-    patch.status.update(outcome.status.to_patch())
-    post_events(ctx.kube, body, outcome.events)
-    ctx.metrics.chaos_kills.inc(sum(ev.reason == "ChaosKill" for ev in outcome.events))
-    for action, n in (("created", outcome.created), ("restored", outcome.repaired), ("deleted", outcome.deleted)):
-        if n:
-            ctx.metrics.children.labels(action).inc(n)
-    ctx.metrics.set_phase(job.namespace, job.name, str(outcome.status.phase))
-    ctx.metrics.set_units(job.namespace, job.name, unit_state_counts(outcome.status))
-    ctx.metrics.reconciles.labels(trigger, "invalid" if outcome.invalid else "ok").inc()
-    return outcome
-
-
-@kopf.on.resume(GROUP, VERSION, PLURAL, backoff=BACKOFF_SECONDS)
-@kopf.on.create(GROUP, VERSION, PLURAL, backoff=BACKOFF_SECONDS)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec", backoff=BACKOFF_SECONDS)
-def on_change(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, reason: str, **_: Any) -> None:
-    outcome = run(memo.ctx, str(reason), body, patch, chaos=False)
-    if outcome.invalid:
-        # The status and the event say what to change; retrying cannot help until the spec changes.
-        raise kopf.PermanentError(outcome.invalid)
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS,
-            backoff=BACKOFF_SECONDS)
-def resync(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    if body["metadata"].get("deletionTimestamp"):
-        return  # the garbage collector is removing the children; do not recreate them
-    run(memo.ctx, "timer", body, patch, chaos=True)
-
-
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def on_delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Children go with the garbage collector (owner references); only our metrics need forgetting."""
-    memo.ctx.metrics.forget(body["metadata"]["namespace"], body["metadata"]["name"])
-
-
-@kopf.on.event("", "v1", "pods",
-               labels={"app.kubernetes.io/managed-by": "diloco-operator", "app.kubernetes.io/component": "learner"})
-def on_learner_pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    """Report a learner unit losing a pod and getting it back, as it happens."""
-    obj: dict[str, Any] = dict(event["object"])
-    meta: dict[str, Any] = obj.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    status = obj.get("status") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    deleted = event["type"] == "DELETED" or bool(meta.get("deletionTimestamp"))
-    ev = memo.ctx.pods.observe(f"{meta.get('namespace')}/{meta.get('name')}", labels.get(UNIT_LABEL, ""),
-                               phase=str(status.get("phase")), ready=ready, deleted=deleted)
-    job_name = labels.get(JOB_LABEL)
-    if ev is None or not job_name:
-        return
-    job = memo.ctx.kube.get(API_VERSION, KIND, meta["namespace"], job_name)
-    if job is not None:
-        post_events(memo.ctx.kube, job, [ev])

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 Phase = Literal["Pending", "Running", "Degraded", "Suspended", "Succeeded", "Failed"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 UnitState = Literal["Ready", "NotReady", "Lost"]
-UnitReason = Literal["Ready", "PodsNotReady", "LearnersDead"]
+UnitReason = Literal["Ready", "PodsNotReady", "LearnersDead", "Unschedulable"]
 
 
 class _Status(BaseModel):
@@ -49,6 +49,7 @@ class UnitStatus(_Status):
     reason: UnitReason
     ever_ready: bool = False
     not_ready_since: str | None = None  # set while not ready
+    message: str | None = None  # why, where a reason has more to say (the scheduler's message)
     step: int | None = None
     tokens: int | None = None
     staleness: int | None = None
@@ -92,5 +93,23 @@ class JobStatus(_Status):
         """The merge patch that writes this status: the fields that were set, None ones as null."""
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
+    def merged(self, patch: Mapping[str, Any]) -> JobStatus:
+        """The status the apiserver stores when ``patch`` (a JSON merge patch) is written over this one."""
+        return JobStatus.read(merge_patch(self.model_dump(mode="json", by_alias=True, exclude_none=True), patch))
+
     def condition(self, ctype: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == ctype), None)
+
+
+def merge_patch(doc: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386: ``doc`` with ``patch`` merged in (null removes a key, objects merge, the rest replaces)."""
+    out = dict(doc)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping):
+            current = out.get(key)
+            out[key] = merge_patch(current if isinstance(current, Mapping) else {}, value)
+        else:
+            out[key] = value
+    return out

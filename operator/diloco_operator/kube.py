@@ -7,7 +7,7 @@ API here is the table of resource paths of the kinds the operator manages.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
@@ -27,18 +27,21 @@ _PLURALS: dict[tuple[str, str], str] = {
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("diloco.dev/v1alpha1", "DiLoCoJob"): "dilocojobs",
     ("events.k8s.io/v1", "Event"): "events",
+    ("kopf.dev/v1", "KopfPeering"): "kopfpeerings",
+    ("kopf.dev/v1", "ClusterKopfPeering"): "clusterkopfpeerings",
 }
 
 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:
+    """The collection's path; ``namespace`` empty: a cluster-scoped kind."""
     plural = _PLURALS[(api_version, kind)]
     root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    return f"{root}/namespaces/{namespace}/{plural}"
+    return f"{root}/namespaces/{namespace}/{plural}" if namespace else f"{root}/{plural}"
 
 
 def object_path(obj: Mapping[str, Any]) -> str:
     meta = obj["metadata"]
-    return f"{collection_path(obj['apiVersion'], obj['kind'], meta['namespace'])}/{meta['name']}"
+    return f"{collection_path(obj['apiVersion'], obj['kind'], meta.get('namespace', ''))}/{meta['name']}"
 
 
 class Kube:
@@ -100,33 +103,68 @@ class Kube:
             item.setdefault("kind", kind)
         return list(items)
 
-    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply, forcing our fields back (a hand edit of them is undone)."""
+    def apply(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Server-side apply, forcing our fields back (a hand edit of them is undone).
+
+        ``dry_run``: the apiserver validates and admits the object as it would be applied, and
+        stores nothing.
+        """
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        if dry_run:
+            query.append(("dryRun", "All"))
         return self._call("PATCH", object_path(obj), query=query, body=dict(obj),
                           content_type="application/apply-patch+yaml")
+
+    def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
+                     patch: Mapping[str, Any]) -> bool:
+        """JSON merge patch of the status subresource; False when the object is gone."""
+        path = f"{collection_path(api_version, kind, namespace)}/{name}/status"
+        try:
+            self._call("PATCH", path, body={"status": dict(patch)}, content_type="application/merge-patch+json")
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def patch_json(self, obj: Mapping[str, Any], operations: Sequence[Mapping[str, Any]]) -> bool:
+        """JSON patch (RFC 6902) of an object; False when it is gone or a ``test`` operation failed
+        (it changed meanwhile)."""
+        try:
+            self._call("PATCH", object_path(obj), body=[dict(op) for op in operations], content_type="application/json-patch+json")
+        except ApiException as exc:
+            if exc.status in (404, 409, 422):
+                return False
+            raise
+        return True
 
     def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         """Create; None when it already exists."""
         meta = obj["metadata"]
         try:
-            return self._call("POST", collection_path(obj["apiVersion"], obj["kind"], meta["namespace"]),
+            return self._call("POST", collection_path(obj["apiVersion"], obj["kind"], meta.get("namespace", "")),
                               query=[("fieldManager", FIELD_MANAGER)], body=dict(obj))
         except ApiException as exc:
             if exc.status == 409:
                 return None
             raise
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str, *, grace: int | None = None) -> bool:
-        """Delete (children in the background); False when it was already gone."""
+    def delete(self, api_version: str, kind: str, namespace: str, name: str, *, grace: int | None = None,
+               uid: str | None = None) -> bool:
+        """Delete (children in the background); False when it was already gone.
+
+        With ``uid``, only that object: one that was replaced meanwhile (same name, new uid) stays.
+        """
         body: dict[str, Any] = {"propagationPolicy": "Background"}
         if grace is not None:
             body["gracePeriodSeconds"] = grace
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         path = f"{collection_path(api_version, kind, namespace)}/{name}"
         try:
             self._call("DELETE", path, body=body)
         except ApiException as exc:
-            if exc.status == 404:
+            if exc.status == 404 or (exc.status == 409 and uid is not None):
                 return False
             raise
         return True

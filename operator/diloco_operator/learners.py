@@ -8,6 +8,7 @@ from diloco_operator import env
 from diloco_operator.build import (
     CONFIG_HASH_ANNOTATION,
     JOB_LABEL,
+    TEMPLATE_HASH_ANNOTATION,
     UNIT_LABEL,
     JobRef,
     config_mounts,
@@ -22,6 +23,7 @@ from diloco_operator.build import (
     sync_ca_mounts,
     sync_ca_volumes,
     sync_url,
+    template_hash,
     unit_name,
     unit_resources,
 )
@@ -118,7 +120,12 @@ def build_pod_template(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, dige
 def build_statefulset(
     job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, digest: str, *, stopped: bool
 ) -> dict[str, Any]:
+    """The unit's StatefulSet. ``OnDelete``: the pods of a unit are one torch.distributed group (its
+    size is in their environment), so a new pod template must restart them together, not one by
+    one as a rolling update would; the operator deletes the outdated pods at once (``pods.outdated_pods``)."""
     name = unit_name(job.name, unit.name)
+    template = build_pod_template(job, spec, unit, digest)
+    template["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION] = template_hash(template)
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -127,9 +134,9 @@ def build_statefulset(
             "replicas": 0 if stopped else unit.replicas,
             "serviceName": name,
             "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "RollingUpdate"},
+            "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": selector(job.name, unit.name)},
-            "template": build_pod_template(job, spec, unit, digest),
+            "template": template,
         },
     }
 

@@ -1,27 +1,32 @@
-"""Level-based reconciliation of one job: desired children in, applied children and a status out.
+"""Level-based reconciliation of one job's children: the desired children in, applied children out.
 
-Shared by the create/update/resume handlers and the drift-repair timer. The decisions are the
-pure builders (``children``, ``status``, ``chaos``); this module only reads and writes.
+The decisions are the pure builders (``children``, ``chaos``); this module only reads and writes.
+A reconcile never runs beside another one of the same job (``jobs.JobWorker``); within it, the
+children are applied a bounded number at a time. Before anything of a new spec generation is
+written, the apiserver validates the children a dry run at a time (one per distinct pod template):
+a spec that passes the CRD's schema but makes an invalid pod (a toleration's operator misspelt, say)
+fails with the apiserver's message and creates nothing.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import random
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from diloco_core.auth import new_job_secret
 from diloco_core.protocol import StatusResponse
+from kubernetes.client.exceptions import ApiException
 
-from diloco_operator import chaos, status
-from diloco_operator.build import JOB_LABEL, JobRef, build_secret, job_id, secret_name, sync_name, sync_url
+from diloco_operator import chaos
+from diloco_operator.build import JOB_LABEL, UNIT_LABEL, JobRef, build_secret, job_id, secret_name
 from diloco_operator.children import build_children
-from diloco_operator.job_status import ChaosStatus, JobStatus
-from diloco_operator.kube import Kube, is_subset
+from diloco_operator.kube import Kube, api_error, is_subset
 from diloco_operator.models import (
     CABundle,
     DiLoCoJobSpec,
@@ -38,16 +43,21 @@ log = logging.getLogger(__name__)
 StatusFetcher = Callable[[str, str | None], StatusResponse | None]  # (URL, CA bundle PEM or None)
 PRUNED_KINDS = (("apps/v1", "StatefulSet"), ("policy/v1", "PodDisruptionBudget"), ("v1", "Service"),
                 ("apps/v1", "Deployment"))
+# Children whose content comes partly from free-form fields of the spec (resources, tolerations,
+# affinity, node selectors): the apiserver validates them by a dry run before anything is applied.
+VALIDATED_KINDS = ("StatefulSet", "Deployment")
+# Client errors that mean "this object can never be stored as built", not "try again".
+INVALID = (400, 422)
 
 
 @dataclass
 class Outcome:
-    status: JobStatus
     events: list[Event] = field(default_factory=list)
     created: int = 0
     repaired: int = 0
     deleted: int = 0
-    invalid: str | None = None
+    victims: list[chaos.Victim] = field(default_factory=list)
+    down: dict[str, float] = field(default_factory=dict)  # units under chaos repair until (epoch s)
 
 
 def check_spec(kube: Kube, job: JobRef, raw: Mapping[str, Any]) -> DiLoCoJobSpec:
@@ -76,6 +86,36 @@ def read_ca_bundle(kube: Kube, namespace: str, ca: CABundle | None) -> str | Non
     return str(value) if value is not None else None
 
 
+def validation_sample(desired: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One child per distinct pod spec among the kinds a dry run validates (a hundred identical
+    units need one dry run, not a hundred)."""
+    seen: set[str] = set()
+    sample = []
+    for obj in desired:
+        if obj["kind"] not in VALIDATED_KINDS:
+            continue
+        pod = json.loads(json.dumps(obj["spec"]["template"]["spec"]))
+        for container in pod.get("containers", []):
+            container.pop("env", None)  # names and ordinals only
+        key = json.dumps([obj["kind"], pod], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            sample.append(obj)
+    return sample
+
+
+def validate_children(kube: Kube, desired: list[dict[str, Any]]) -> None:
+    """Dry-run apply of ``validation_sample(desired)``; SpecError with the apiserver's reason."""
+    for obj in validation_sample(desired):
+        try:
+            kube.apply(obj, dry_run=True)
+        except ApiException as exc:
+            if exc.status in INVALID:
+                raise SpecError(f"the spec makes an invalid {obj['kind']} {obj['metadata']['name']}: "
+                                f"{api_error(exc)}") from None
+            raise
+
+
 def ensure_secret(kube: Kube, job: JobRef, spec: DiLoCoJobSpec) -> int:
     """Create the job secret once; an existing one is never replaced (tokens stay valid)."""
     if spec.synchronizer.external is not None:
@@ -85,22 +125,32 @@ def ensure_secret(kube: Kube, job: JobRef, spec: DiLoCoJobSpec) -> int:
     return 1 if kube.create(build_secret(job, new_job_secret())) is not None else 0
 
 
-def apply_children(kube: Kube, desired: list[dict[str, Any]], outcome: Outcome) -> dict[str, dict[str, Any]]:
-    """Create what is missing, put back what drifted; returns the actual objects by kind/name."""
-    actual_by_key: dict[str, dict[str, Any]] = {}
-    for obj in desired:
-        meta = obj["metadata"]
-        actual = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        if actual is None:
-            actual = kube.apply(obj)
-            outcome.created += 1
-            log.info("created %s %s", obj["kind"], meta["name"])
-        elif not is_subset(obj, actual):
-            actual = kube.apply(obj)
-            outcome.repaired += 1
-            log.info("restored %s %s", obj["kind"], meta["name"])
-        actual_by_key[f"{obj['kind']}/{meta['name']}"] = actual
-    return actual_by_key
+def apply_one(kube: Kube, obj: dict[str, Any]) -> str | None:
+    """Create the child if it is missing, put it back if it drifted: "created", "restored" or None."""
+    meta = obj["metadata"]
+    actual = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+    if actual is not None and is_subset(obj, actual):
+        return None
+    try:
+        kube.apply(obj)
+    except ApiException as exc:
+        if exc.status in INVALID:
+            raise SpecError(f"the spec makes an invalid {obj['kind']} {meta['name']}: {api_error(exc)}") from None
+        raise
+    action = "created" if actual is None else "restored"
+    log.info("%s %s %s", action, obj["kind"], meta["name"])
+    return action
+
+
+def apply_children(kube: Kube, desired: list[dict[str, Any]], outcome: Outcome, pool: ThreadPoolExecutor) -> set[str]:
+    """Apply every child (the job's ConfigMap first: every pod mounts it), the rest ``pool``'s
+    workers at a time; returns their keys (``Kind/name``)."""
+    first, rest = desired[:1], desired[1:]
+    actions = [apply_one(kube, obj) for obj in first]
+    actions += list(pool.map(lambda obj: apply_one(kube, obj), rest))
+    outcome.created += actions.count("created")
+    outcome.repaired += actions.count("restored")
+    return {f"{obj['kind']}/{obj['metadata']['name']}" for obj in desired}
 
 
 def prune(kube: Kube, job: JobRef, keep: set[str], outcome: Outcome) -> None:
@@ -115,45 +165,43 @@ def prune(kube: Kube, job: JobRef, keep: set[str], outcome: Outcome) -> None:
                 log.info("deleted %s %s", kind, obj["metadata"]["name"])
 
 
-def observe(spec: DiLoCoJobSpec, job: JobRef, actual: Mapping[str, dict[str, Any]]) -> tuple[list[status.UnitObserved], bool]:
-    units = []
-    for unit in spec.learner_units:
-        sts = actual.get(f"StatefulSet/{job.name}-{unit.name}") or {}
-        st = sts.get("status") or {}
-        units.append(status.UnitObserved(unit.name, int(st.get("replicas") or 0), int(st.get("readyReplicas") or 0)))
-    sync_ready = all(
-        int(((actual.get(f"Deployment/{sync_name(job.name, i)}") or {}).get("status") or {}).get("availableReplicas") or 0) >= 1
-        for i in range(spec.synchronizer.shards)
-    )
-    return units, sync_ready
-
-
-def chaos_state(old: JobStatus, now: float) -> tuple[int, dict[str, float]]:
-    c = old.chaos or ChaosStatus()
-    down = {k: float(v) for k, v in c.down_until.items() if v is not None}
-    return c.kills, chaos.repaired(down, now)
-
-
 def run_chaos(
-    kube: Kube, job: JobRef, spec: DiLoCoJobSpec, old: JobStatus, now: float, rng: random.Random
+    kube: Kube, job: JobRef, spec: DiLoCoJobSpec, down: dict[str, float], last_tick: float, now: float,
+    rng: random.Random,
 ) -> tuple[list[chaos.Victim], dict[str, float]]:
     """Kill the pods chaos picks (grace 0, like a crash); returns the victims and units under repair."""
-    _, down = chaos_state(old, now)
     units = chaos.chaos_units(spec.chaos, spec, down)
     if not units:
         return [], down
-    last_tick = (old.chaos.last_tick if old.chaos else None) or now
     pods = [
-        chaos.PodRef(p["metadata"]["name"], p["metadata"].get("labels", {}).get("diloco.dev/unit", ""),
+        chaos.PodRef(p["metadata"]["name"], p["metadata"].get("labels", {}).get(UNIT_LABEL, ""),
                      (p.get("status") or {}).get("phase") == "Running")
         for p in kube.list("v1", "Pod", job.namespace, {JOB_LABEL: job.name, "app.kubernetes.io/component": "learner"})
     ]
     victims = chaos.pick_victims(units, pods, now, rng, last_tick=last_tick)
+    down = dict(down)
     for v in victims:
         kube.delete("v1", "Pod", job.namespace, v.pod, grace=0)
         if spec.chaos.repair_seconds > 0:
             down[v.unit] = now + spec.chaos.repair_seconds
     return victims, down
+
+
+def reconcile_children(
+    kube: Kube, job: JobRef, spec: DiLoCoJobSpec, *, validate: bool, learners_stopped: bool,
+    down: dict[str, float], pool: ThreadPoolExecutor,
+) -> tuple[Outcome, list[dict[str, Any]]]:
+    """Bring the job's children to the spec (``down``: units chaos keeps scaled to zero); returns
+    what was done and the desired children. ``validate``: dry-run the children first (a new
+    spec generation). SpecError when the apiserver refuses a child as built."""
+    desired = build_children(job, spec, learners_stopped=learners_stopped, down_units=frozenset(down))
+    if validate:
+        validate_children(kube, desired)
+    outcome = Outcome(down=dict(down))
+    outcome.created += ensure_secret(kube, job, spec)
+    keep = apply_children(kube, desired, outcome, pool)
+    prune(kube, job, keep, outcome)
+    return outcome, desired
 
 
 def wrong_job(sync: StatusResponse | None, job: JobRef, spec: DiLoCoJobSpec, url: str) -> str | None:
@@ -168,80 +216,3 @@ def wrong_job(sync: StatusResponse | None, job: JobRef, spec: DiLoCoJobSpec, url
     if sync.job_id == expected:
         return None
     return f"the synchronizer at {url} serves job '{sync.job_id}', not '{expected}'"
-
-
-def reconcile(
-    kube: Kube,
-    job: JobRef,
-    raw_spec: Mapping[str, Any],
-    old: JobStatus,
-    *,
-    now: datetime,
-    fetch: StatusFetcher,
-    generation: int | None = None,
-    sync_url_override: str | None = None,
-    rng: random.Random | None = None,
-    allow_chaos: bool = False,
-) -> Outcome:
-    """Bring the job's children to the spec and compute its status.
-
-    With ``rng`` (the timer), built-in chaos runs first when the operator allows it
-    (``allow_chaos``) and the spec enables it. An invalid spec creates nothing and yields a
-    ``Failed`` status with the reason in ``outcome.invalid``.
-    """
-    try:
-        spec = check_spec(kube, job, raw_spec)
-    except SpecError as exc:
-        new = status.invalid_status(str(exc), old, now, generation)
-        events = [] if old.phase == "Failed" and old.message == str(exc) else [
-            status.Event("Warning", "InvalidSpec", str(exc))]
-        return Outcome(new, events, invalid=str(exc))
-    epoch = now.timestamp()
-    kills, down = chaos_state(old, epoch)
-    victims: list[chaos.Victim] = []
-    gate = chaos.chaos_gate(spec.chaos, allow_chaos)
-    active = gate is not None and gate.active
-    if rng is not None and active and not spec.suspend:
-        victims, down = run_chaos(kube, job, spec, old, epoch, rng)
-    outcome = Outcome(JobStatus())
-    outcome.created += ensure_secret(kube, job, spec)
-    desired = build_children(job, spec, learners_stopped=old.phase == "Succeeded",
-                             down_units=frozenset(down))
-    actual = apply_children(kube, desired, outcome)
-    prune(kube, job, set(actual), outcome)
-    units, sync_ready = observe(spec, job, actual)
-    url = sync_url_override.format(name=job.name, namespace=job.namespace) if sync_url_override else sync_url(job, spec)
-    reachable = sync_ready or spec.synchronizer.external is not None or sync_url_override
-    sync = fetch(url, read_ca_bundle(kube, job.namespace, spec.synchronizer.ca)) if reachable else None
-    problem = wrong_job(sync, job, spec, url)
-    if problem:
-        sync = None
-    if spec.synchronizer.external is not None or problem:
-        sync_ready = sync is not None
-    obs = status.Observed(units, sync_ready, sync, kills + len(victims), down, job=job.name, sync_problem=problem)
-    new = status.compute_status(spec, obs, old, now, generation)
-    old_down = old.chaos.down_until if old.chaos else {}
-    chaos_status = ChaosStatus(
-        kills=obs.chaos_kills,
-        down_until={k: down.get(k) for k in {*old_down, *down}},  # None removes (merge patch)
-        last_tick=epoch if active else None,
-    )
-    conditions = new.conditions
-    if gate is not None:
-        conditions += (status.condition(old.conditions, "Chaos", gate.active, gate.reason, gate.message, now),)
-    new = new.model_copy(update={"message": None, "chaos": chaos_status, "conditions": conditions})
-    outcome.status = new
-    outcome.events = [status.Event("Warning", "ChaosKill", f"chaos killed pod {v.pod} of unit {v.unit}")
-                      for v in victims]
-    outcome.events += status.diff_events(old, new)
-    if gate is not None:
-        outcome.events += gate_events(old, gate)
-    return outcome
-
-
-def gate_events(old: JobStatus, gate: chaos.Gate) -> list[status.Event]:
-    """A Warning when chaos is newly refused (or refused for another reason than before)."""
-    before = c.reason if (c := old.condition("Chaos")) else None
-    if gate.reason in chaos.GATE_EVENTS and gate.reason != before:
-        return [status.Event("Warning", chaos.GATE_EVENTS[gate.reason], gate.message)]
-    return []

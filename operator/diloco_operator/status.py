@@ -11,7 +11,9 @@ synchronizer), ``Suspended``, ``Succeeded`` (budget reached), ``Failed`` (the sp
 A unit is ready when all its pods are ready and the synchronizer does not report its learners dead
 (pods can be ready while their learner cannot reach the synchronizer, across regions say). Each
 unit's ``state`` is ``Ready``, ``NotReady`` or ``Lost`` (it was ready once and has been down for
-longer than ``unitLostAfterSeconds``).
+longer than ``unitLostAfterSeconds``); a unit whose pods the scheduler cannot place says so
+(reason ``Unschedulable``, with the scheduler's message), and so does the job's ``PodsScheduled``
+condition.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from diloco_core.protocol import StatusResponse
 
-from diloco_operator.job_status import ChaosStatus, Condition, JobStatus, Phase, UnitStatus
+from diloco_operator.job_status import ChaosStatus, Condition, JobStatus, Phase, UnitReason, UnitStatus
 from diloco_operator.models import DiLoCoJobSpec
 
 ACTIVE_PHASES = ("Running", "Degraded")
@@ -33,12 +35,17 @@ STOPPED_PHASES = ("Succeeded", "Suspended")
 
 @dataclass(frozen=True)
 class UnitObserved:
-    """A learner unit's StatefulSet as observed (absent: ``exists`` False)."""
+    """A learner unit's pods as observed (none: ``exists`` False).
+
+    ``unschedulable`` is the scheduler's message about one of its pods that cannot be placed
+    ("0/4 nodes are available: ..."), empty when every pod found a node.
+    """
 
     name: str
     replicas: int
     ready_replicas: int
     exists: bool = True
+    unschedulable: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class Observed:
     down_until: Mapping[str, float] = field(default_factory=dict)
     job: str = ""  # the job's name: its learners are its pods, ``<job>-<unit>-<ordinal>``
     sync_problem: str | None = None  # why the synchronizer's answer was not used (a wrong job, say)
+    sync_unschedulable: str = ""  # the scheduler's message about a synchronizer pod it cannot place
 
 
 @dataclass(frozen=True)
@@ -140,16 +148,20 @@ def unit_status(
     progress = unit_progress(sync, seen.name, job)
     dead = learners_dead(progress)
     ready = pods_ready and not dead
-    since: dict[str, str] = {}
+    since: dict[str, Any] = {}
     if not ready:
         since["not_ready_since"] = (old.not_ready_since if old else None) or iso(now)
+    reason: UnitReason = "Ready" if ready else "LearnersDead" if dead else \
+        "Unschedulable" if seen.unschedulable else "PodsNotReady"
+    if reason == "Unschedulable":
+        since["message"] = seen.unschedulable
     return UnitStatus(
         name=seen.name,
         replicas=spec_unit_replicas,
         ready_replicas=seen.ready_replicas if seen.exists else 0,
         ready=ready,
         state="Ready" if ready else "NotReady",
-        reason="Ready" if ready else "LearnersDead" if dead else "PodsNotReady",
+        reason=reason,
         ever_ready=bool(ready or (old is not None and old.ever_ready)),
         **since,
         **progress,
@@ -223,6 +235,7 @@ def compute_status(
                   f"units down for more than {spec.unit_lost_after_seconds:g}s: {', '.join(gone)}" if gone
                   else "no unit is gone", now),
         learners_condition(prev, obs.sync, units, now),
+        scheduled_condition(prev, units, obs.sync_unschedulable, now),
         condition(prev, "Ready", phase == "Running", phase, f"job is {phase}", now),
     ]
     optional: dict[str, Any] = {"observed_generation": generation} if generation is not None else {}
@@ -260,6 +273,19 @@ def learners_condition(
     return condition(prev, "LearnersAlive", True, "Alive", "no unit's learners are dead", now)
 
 
+def scheduled_condition(
+    prev: Sequence[Condition], units: Sequence[UnitStatus], sync_unschedulable: str, now: datetime
+) -> Condition:
+    """Whether every pod of the job found a node; False names each unit (and the synchronizer) the
+    scheduler cannot place, with its message ("0/4 nodes are available: ...")."""
+    waiting = [f"unit {u.name}: {u.message}" for u in units if u.reason == "Unschedulable"]
+    if sync_unschedulable:
+        waiting.append(f"synchronizer: {sync_unschedulable}")
+    if waiting:
+        return condition(prev, "PodsScheduled", False, "Unschedulable", "; ".join(waiting), now)
+    return condition(prev, "PodsScheduled", True, "Scheduled", "no pod of the job waits for a node", now)
+
+
 def sync_summary(sync: StatusResponse | None) -> dict[str, Any]:
     """The job-wide progress fields of the status (none without the synchronizer's status: the
     stored ones stay)."""
@@ -276,6 +302,8 @@ def sync_summary(sync: StatusResponse | None) -> dict[str, Any]:
 
 
 def invalid_status(message: str, old: JobStatus, now: datetime, generation: int | None) -> JobStatus:
+    """The status of a job whose spec can never work: Failed, why, and nothing left of the units'
+    readiness (no longer followed, it would only grow stale)."""
     prev = old.conditions
     optional: dict[str, Any] = {"observed_generation": generation} if generation is not None else {}
     return JobStatus(
@@ -285,17 +313,22 @@ def invalid_status(message: str, old: JobStatus, now: datetime, generation: int 
             condition(prev, "SpecValid", False, "InvalidSpec", message, now),
             condition(prev, "Ready", False, "Failed", message, now),
         ),
+        units=(),
+        units_ready=None,
+        ready_units=None,
+        total_units=None,
         **optional,
     )
 
 
 def diff_events(old: JobStatus, new: JobStatus) -> list[Event]:
-    """Events for what changed between two statuses: quorum lost and regained, units gone, phase.
+    """Events for what changed between two statuses: quorum lost and regained, units gone, pods the
+    scheduler cannot place, phase.
 
     A job that Succeeded or is Suspended has its units scaled down on purpose: no warning for that.
 
-    Units lost and rejoined are reported as they happen by ``PodWatch`` (status refreshes are
-    periodic and would miss a pod that is replaced within seconds).
+    Units lost and rejoined are reported as they happen by ``pods.PodWatch`` (a pod replaced within
+    a second may never show in a status).
     """
     events: list[Event] = []
     was, now = _cond(old, "QuorumMet"), _cond(new, "QuorumMet")
@@ -310,9 +343,24 @@ def diff_events(old: JobStatus, new: JobStatus) -> list[Event]:
     if newly_dead and not stopped:
         events.append(Event("Warning", "LearnersDead",
                             f"the synchronizer reports the learners of units {', '.join(newly_dead)} dead"))
+    events += unschedulable_events(old, new)
     if old.phase != new.phase and new.phase in ("Succeeded", "Suspended", "Running"):
         events.append(Event("Normal", str(new.phase), f"job is {new.phase}"))
     return events
+
+
+def unschedulable_events(old: JobStatus, new: JobStatus) -> list[Event]:
+    """A Warning when pods of the job cannot be placed: once when it starts, and again for each unit
+    that joins the ones waiting (never on every status refresh)."""
+    if _cond(new, "PodsScheduled") != "False":
+        return []
+    if _cond(old, "PodsScheduled") != "False":
+        return [Event("Warning", "Unschedulable", _msg(new, "PodsScheduled"))]
+    before = {u.name for u in old.units if u.reason == "Unschedulable"}
+    newly = [u for u in new.units if u.reason == "Unschedulable" and u.name not in before]
+    if newly:
+        return [Event("Warning", "Unschedulable", "; ".join(f"unit {u.name}: {u.message}" for u in newly))]
+    return []
 
 
 def _dead_units(status: JobStatus) -> list[str]:
@@ -327,32 +375,3 @@ def _cond(status: JobStatus, ctype: str) -> str | None:
 def _msg(status: JobStatus, ctype: str) -> str:
     c = status.condition(ctype)
     return c.message if c else ""
-
-
-class PodWatch:
-    """Reports a learner unit losing a pod (failed or no longer ready) and the replacement rejoining.
-
-    Fed with every learner pod event, so a pod that is replaced within a second is still seen.
-    A StatefulSet's replacement pod has the same name, which ties the two reports together.
-    Deleting a healthy pod (scaling, suspend) is not a loss. The memory is per operator process.
-    """
-
-    def __init__(self) -> None:
-        self._pods: dict[str, tuple[bool, bool]] = {}  # ready, lost
-
-    def observe(self, key: str, unit: str, *, phase: str, ready: bool, deleted: bool) -> Event | None:
-        was_ready, lost = self._pods.get(key, (False, False))
-        pod = key.rsplit("/", 1)[-1]
-        event = None
-        if not lost and (phase == "Failed" or (was_ready and not ready and not deleted)):
-            lost = True
-            why = "failed" if phase == "Failed" else "is no longer ready"
-            event = Event("Warning", "UnitLost", f"learner unit {unit}: pod {pod} {why}")
-        elif lost and ready and phase == "Running" and not deleted:
-            lost = False
-            event = Event("Normal", "UnitRejoined", f"learner unit {unit}: pod {pod} is back and ready")
-        if deleted and not lost:
-            self._pods.pop(key, None)
-        else:
-            self._pods[key] = (ready and not deleted, lost)
-        return event

@@ -130,10 +130,12 @@ def events(api: k8s.ApiClient, ns: str, job: str) -> list[str]:
 
 class PodDeletions:
     """Watches pods (a label selector) and records how each was asked to go: pod name -> the
-    ``deletionGracePeriodSeconds`` of the first event that shows its ``deletionTimestamp``."""
+    ``deletionGracePeriodSeconds`` of the first event that shows its ``deletionTimestamp``; and
+    every event in order as (name, uid, deleting, ready)."""
 
     def __init__(self, api: k8s.ApiClient, ns: str, selector: str) -> None:
         self.seen: dict[str, int | None] = {}
+        self.timeline: list[tuple[str, str, bool, bool]] = []
         self.error: Exception | None = None
         self._watch = watch.Watch()
         self._thread = threading.Thread(target=self._run, args=(api, ns, selector), daemon=True)
@@ -147,6 +149,9 @@ class PodDeletions:
             for ev in self._watch.stream(core.list_namespaced_pod, ns, label_selector=selector,
                                          resource_version=rv, timeout_seconds=300):
                 pod = ev["object"]
+                ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+                self.timeline.append((pod.metadata.name, pod.metadata.uid, pod.metadata.deletion_timestamp is not None,
+                                      ready))
                 if pod.metadata.deletion_timestamp is not None:
                     self.seen.setdefault(pod.metadata.name, pod.metadata.deletion_grace_period_seconds)
         except Exception as exc:  # the stream closed under it (stopped, namespace deleted): kept for the report

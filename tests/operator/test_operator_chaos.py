@@ -14,12 +14,12 @@ from diloco_operator.chaos import (
     chaos_gate,
     chaos_units,
     failure_probability,
+    gate_events,
     pick_victims,
     repaired,
 )
 from diloco_operator.job_status import JobStatus
 from diloco_operator.models import ChaosSpec, parse_spec
-from diloco_operator.reconcile import gate_events
 
 PODS = [PodRef(f"j-{u}-{i}", u, True) for u in ("a", "b") for i in range(2)]
 

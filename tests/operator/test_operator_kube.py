@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from diloco_operator.handlers import post_events
 from diloco_operator.kube import Kube, api_error
 from diloco_operator.learners import TERMINATION_GRACE_SECONDS
+from diloco_operator.passes import post_events
 from diloco_operator.status import Event
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
@@ -295,7 +295,8 @@ def test_events_posted_by_the_operator_client_show_on_the_job(api: k8s.ApiClient
     """``events.k8s.io/v1`` Events created through ``Kube`` are listed on the job by the core API."""
     create_job(api, namespace, job_manifest("ev", [unit("a")]))
     job = get_job(api, namespace, "ev")
-    post_events(Kube(api), job, [Event("Warning", "QuorumLost", "quorum lost"), Event("Normal", "Running", "ok")])
+    post_events(Kube(api), job, [Event("Warning", "QuorumLost", "quorum lost"), Event("Normal", "Running", "ok")],
+                "test")
     items = k8s.CoreV1Api(api).list_namespaced_event(namespace, field_selector="involvedObject.name=ev").items
     assert sorted((e.reason, e.message, e.involved_object.uid) for e in items) == \
         [("QuorumLost", "quorum lost", job["metadata"]["uid"]), ("Running", "ok", job["metadata"]["uid"])]

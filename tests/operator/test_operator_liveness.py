@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
 import pytest
-from diloco_operator.handlers import Context, probe
+from diloco_operator.handlers import probe
 from diloco_operator.kube import Kube
 from diloco_operator.liveness import WatchState, lagging, paused_by_peers, watch_is_alive
 from diloco_operator.metrics import OperatorMetrics
+from diloco_operator.passes import Context
+from diloco_operator.pods import PodCache, PodWatch
 from diloco_operator.settings import settings_from_env
-from diloco_operator.status import PodWatch
 from kubernetes import client as k8s
 
 from tests.operator.kubejobs import GROUP, PLURAL, VERSION, create_job, get_job, job_manifest, unit
@@ -93,8 +95,8 @@ def test_probe_fails_when_the_watch_does_not_deliver_a_job(api: k8s.ApiClient, n
     which is exactly what a dead watch looks like (a hung stream cannot be produced on demand
     without breaking the shared control plane), then the events a live watch would deliver."""
     settings = settings_from_env({"DILOCO_OPERATOR_WATCH_STALE_SECONDS": "0.001", "DILOCO_OPERATOR_METRICS_PORT": "0"})
-    ctx = Context(settings, Kube(api), lambda url: None, OperatorMetrics(), random.Random(0), PodWatch(),
-                  WatchState(), [namespace])
+    ctx = Context(settings, Kube(api), lambda url: None, OperatorMetrics(), random.Random(0), PodCache(), PodWatch(),
+                  WatchState(), [namespace], ThreadPoolExecutor(1), "test")
     memo = kopf.Memo(ctx=ctx)
     kopf_settings = kopf.OperatorSettings()
     kopf_settings.peering.standalone = True

@@ -71,7 +71,7 @@ def test_settings_from_env() -> None:
 
 def test_cli_arguments() -> None:
     args = parse_args(["-n", "a", "-n", "b", "--standalone"], {})
-    assert (args.namespace, args.standalone, args.peering) == (("a", "b"), True, "diloco-operator")
+    assert (args.namespace, args.standalone, args.peering) == (("a", "b"), True, "diloco")
     assert parse_args([], {}).namespace == ()
 
 

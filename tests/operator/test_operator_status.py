@@ -7,18 +7,18 @@ from typing import Any
 
 import pytest
 from diloco_core.protocol import FragmentStatus, LearnerStatus, StatusResponse
-from diloco_operator.job_status import JobStatus
+from diloco_operator.job_status import ChaosStatus, JobStatus, merge_patch
 from diloco_operator.models import DiLoCoJobSpec, parse_spec
 from diloco_operator.status import (
     EVENT_NOTE_LIMIT,
     Event,
     Observed,
-    PodWatch,
     UnitObserved,
     compute_status,
     diff_events,
     event_object,
     invalid_status,
+    unit_state_counts,
 )
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -119,23 +119,6 @@ def test_events_quorum_lost_then_regained() -> None:
     assert [e.reason for e in diff_events(degraded, back)] == ["QuorumRegained", "Running"]
 
 
-def test_pod_watch_reports_lost_and_rejoined() -> None:
-    watch = PodWatch()
-
-    def see(phase: str, ready: bool, deleted: bool = False, key: str = "ns/j-a-0") -> str | None:
-        ev = watch.observe(key, "a", phase=phase, ready=ready, deleted=deleted)
-        return ev.reason if ev else None
-
-    assert [see("Pending", False), see("Running", True), see("Running", True)] == [None, None, None]
-    assert see("Failed", False) == "UnitLost"
-    assert see("Failed", False, deleted=True) is None  # the StatefulSet removes the failed pod
-    assert [see("Pending", False), see("Running", True)] == [None, "UnitRejoined"]
-    assert see("Running", False) == "UnitLost"  # crashed: ready no more, not being deleted
-    assert see("Running", True) == "UnitRejoined"
-    # Scaling down or suspending deletes healthy pods: no loss.
-    assert [see("Running", True, deleted=True, key="ns/j-a-1"), see("Running", False, deleted=True)] == [None, None]
-
-
 def test_unit_gone_for_too_long_is_reported_once() -> None:
     s = spec(unitLostAfterSeconds=60)
     running = compute_status(s, observed([2, 2, 2]), JobStatus(), NOW)
@@ -215,3 +198,35 @@ def test_units_scaled_down_on_purpose_raise_no_warning(phase: str) -> None:
     events = [*diff_events(running, stopping), *diff_events(stopping, down), *diff_events(down, much_later)]
     assert [(e.type, e.reason) for e in events] == [("Normal", phase)]
     assert {u.state for u in much_later.units} == {"NotReady"}  # not Lost
+
+
+def test_a_unit_the_scheduler_cannot_place_says_why_once() -> None:
+    msg = "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+    placed = Observed([UnitObserved(f"u{i}", 2, 2) for i in range(3)], True)
+    stuck = Observed([UnitObserved("u0", 2, 2), UnitObserved("u1", 2, 0, unschedulable=msg),
+                      UnitObserved("u2", 2, 2)], True)
+    running = compute_status(spec(), placed, JobStatus(), NOW)
+    scheduled = next(c for c in running.conditions if c.type == "PodsScheduled")
+    assert (scheduled.status, scheduled.reason) == ("True", "Scheduled")
+    waiting = compute_status(spec(), stuck, running, NOW)
+    u1 = waiting.units[1]
+    assert (u1.state, u1.reason, u1.message) == ("NotReady", "Unschedulable", msg)
+    cond = next(c for c in waiting.conditions if c.type == "PodsScheduled")
+    assert (cond.status, cond.reason, cond.message) == ("False", "Unschedulable", f"unit u1: {msg}")
+    assert [(e.type, e.reason, e.message) for e in diff_events(running, waiting)] == \
+        [("Warning", "Unschedulable", f"unit u1: {msg}")]
+    assert diff_events(waiting, compute_status(spec(), stuck, waiting, NOW)) == []  # once, not per pass
+    both = Observed([UnitObserved("u0", 2, 2), UnitObserved("u1", 2, 0, unschedulable=msg),
+                     UnitObserved("u2", 2, 0, unschedulable=msg)], True, sync_unschedulable="no room")
+    worse = compute_status(spec(), both, waiting, NOW)
+    assert [(e.reason, e.message) for e in diff_events(waiting, worse)] == \
+        [("QuorumLost", "1 of 3 units ready, quorum 2"), ("Unschedulable", f"unit u2: {msg}")]  # the newcomer only
+    assert next(c for c in worse.conditions if c.type == "PodsScheduled").message.endswith("; synchronizer: no room")
+    assert unit_state_counts(worse)["not_ready"] == 2
+
+
+def test_a_merge_patch_is_what_the_apiserver_stores() -> None:
+    stored = JobStatus(phase="Running", message="x", chaos=ChaosStatus(kills=1, down_until={"a": 5.0}))
+    after = stored.merged({"message": None, "chaos": {"downUntil": {"a": None, "b": 9.0}}, "phase": "Degraded"})
+    assert after == JobStatus(phase="Degraded", chaos=ChaosStatus(kills=1, down_until={"b": 9.0}))
+    assert merge_patch({"a": {"b": 1}}, {"a": {"c": None, "d": {"e": None}}}) == {"a": {"b": 1, "d": {}}}

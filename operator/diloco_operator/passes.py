@@ -1,0 +1,220 @@
+"""One pass over a job: reconcile its children when asked, then refresh its status from the watches.
+
+A pass runs in a thread, never beside another pass of the same job (``jobs.JobWorker``). The status
+is computed from the job's pods as the pod watch delivered them (``pods.PodCache``), from what the
+last reconcile learnt from the synchronizer, and from the status this operator last wrote; it is
+written (a JSON merge patch of the status subresource) only when it changed. So the status follows
+the pods within a debounce and a patch, and never goes back to an older view.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from diloco_operator import chaos, status
+from diloco_operator.build import API_VERSION, KIND, TEMPLATE_HASH_ANNOTATION, JobRef, sync_url
+from diloco_operator.job_status import ChaosStatus, JobStatus
+from diloco_operator.jobs import JobState, Request, SyncView
+from diloco_operator.kube import Kube, api_error
+from diloco_operator.liveness import WatchState
+from diloco_operator.metrics import OperatorMetrics
+from diloco_operator.models import DiLoCoJobSpec, SpecError, parse_spec, validate_job
+from diloco_operator.pods import PodCache, PodWatch, outdated_pods, sync_observation, unit_observations
+from diloco_operator.reconcile import (
+    StatusFetcher,
+    check_spec,
+    read_ca_bundle,
+    reconcile_children,
+    run_chaos,
+    wrong_job,
+)
+from diloco_operator.settings import OperatorSettings
+from diloco_operator.status import Event
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Context:
+    """Everything the passes and handlers share, built once at start-up (kept in kopf's memo)."""
+
+    settings: OperatorSettings
+    kube: Kube
+    fetch: StatusFetcher
+    metrics: OperatorMetrics
+    rng: random.Random
+    pods: PodCache
+    losses: PodWatch
+    watch: WatchState
+    namespaces: list[str]  # the namespaces watched; empty: all
+    pool: ThreadPoolExecutor  # applies a job's children, settings.apply_concurrency at a time
+    instance: str  # reported as the events' reportingInstance (in a pod: its name)
+
+
+def post_events(kube: Kube, job: dict[str, Any], events: list[Event], instance: str) -> None:
+    """Post each event about ``job`` now (one that cannot be posted is logged, never fatal)."""
+    now = datetime.now(UTC)
+    for ev in events:
+        try:
+            kube.create(status.event_object(job, ev, now, instance))
+        except Exception as exc:  # (events are auxiliary: never fail a pass for one)
+            log.warning("could not post event %s %s on %s: %s", ev.type, ev.reason,
+                        job["metadata"].get("name"), api_error(exc))
+
+
+def write_status(ctx: Context, state: JobState, new: JobStatus, events: list[Event]) -> None:
+    """Write the status if it changed (always once after start-up), post its events, update the metrics."""
+    old = state.current_status()
+    job = state.ref
+    patch = new.to_patch()
+    after = old.merged(patch)
+    if (state.status is None or after != old) and \
+            not ctx.kube.patch_status(API_VERSION, KIND, job.namespace, job.name, patch):
+        return  # the job is gone
+    state.status = after
+    post_events(ctx.kube, state.body, events, ctx.instance)
+    ctx.metrics.set_phase(job.namespace, job.name, str(state.status.phase))
+    ctx.metrics.set_units(job.namespace, job.name, status.unit_state_counts(state.status))
+
+
+def invalid(ctx: Context, state: JobState, problem: str, generation: int | None) -> None:
+    """The spec can never work: a Failed status saying why, and one event (not one per pass)."""
+    old = state.current_status()
+    new = status.invalid_status(problem, old, datetime.now(UTC), generation)
+    same = old.phase == "Failed" and old.message == problem
+    write_status(ctx, state, new, [] if same else [Event("Warning", "InvalidSpec", problem)])
+    if not same:
+        log.warning("job %s/%s: invalid spec: %s", state.ref.namespace, state.ref.name, problem)
+
+
+def reconcile(ctx: Context, state: JobState, spec: DiLoCoJobSpec, req: Request, now: datetime) -> list[Event]:
+    """Apply the children (and chaos, on the timer); remember what the status passes need."""
+    job, old = state.ref, state.current_status()
+    generation = state.body["metadata"].get("generation")
+    epoch = now.timestamp()
+    previous = state.chaos or old.chaos or ChaosStatus()
+    down = chaos.repaired({k: float(v) for k, v in previous.down_until.items() if v is not None}, epoch)
+    gate = chaos.chaos_gate(spec.chaos, ctx.settings.allow_chaos)
+    active = gate is not None and gate.active
+    victims: list[chaos.Victim] = []
+    if req.chaos and active and not spec.suspend:
+        victims, down = run_chaos(ctx.kube, job, spec, down, previous.last_tick or epoch, epoch, ctx.rng)
+    stopped = old.phase == "Succeeded"
+    outcome, desired = reconcile_children(
+        ctx.kube, job, spec, validate=state.validated_generation != generation, learners_stopped=stopped,
+        down=down, pool=ctx.pool)
+    state.validated_generation = state.reconciled_generation = generation
+    state.learners_stopped = stopped
+    state.templates = {
+        obj["metadata"]["labels"]["diloco.dev/unit"]: obj["spec"]["template"]["metadata"]["annotations"][
+            TEMPLATE_HASH_ANNOTATION]
+        for obj in desired if obj["kind"] == "StatefulSet"
+    }
+    state.chaos = ChaosStatus(
+        kills=previous.kills + len(victims),
+        down_until={k: down.get(k) for k in {*previous.down_until, *down}},  # None removes (merge patch)
+        last_tick=epoch if active else None,
+    )
+    for action, n in (("created", outcome.created), ("restored", outcome.repaired), ("deleted", outcome.deleted)):
+        if n:
+            ctx.metrics.children.labels(action).inc(n)
+    ctx.metrics.chaos_kills.inc(len(victims))
+    return [Event("Warning", "ChaosKill", f"chaos killed pod {v.pod} of unit {v.unit}") for v in victims]
+
+
+def read_synchronizer(ctx: Context, job: JobRef, spec: DiLoCoJobSpec, sync_ready: bool) -> SyncView:
+    override = ctx.settings.sync_url
+    url = override.format(name=job.name, namespace=job.namespace) if override else sync_url(job, spec)
+    external = spec.synchronizer.external is not None
+    reachable = sync_ready or external or override
+    sync = ctx.fetch(url, read_ca_bundle(ctx.kube, job.namespace, spec.synchronizer.ca)) if reachable else None
+    problem = wrong_job(sync, job, spec, url)
+    if problem:
+        sync = None
+    return SyncView(sync, problem, (sync is not None) if (external or problem) else None)
+
+
+def compute(ctx: Context, state: JobState, spec: DiLoCoJobSpec, now: datetime) -> tuple[JobStatus, list[Event]]:
+    """The job's status from the pods the watch saw and the synchronizer's last answer (pure but for
+    the reads of the cache); its events are the differences from the last status."""
+    job, old = state.ref, state.current_status()
+    pods = ctx.pods.pods(job.namespace, job.name)
+    pods_sync_ready, sync_unschedulable = sync_observation(spec, pods)
+    view = state.sync
+    sync_ready = view.ready if view.ready is not None else pods_sync_ready
+    chaos_status = state.chaos or old.chaos or ChaosStatus()
+    down = {k: float(v) for k, v in chaos_status.down_until.items() if v is not None}
+    obs = status.Observed(unit_observations(spec, pods), sync_ready, view.status, chaos_status.kills, down,
+                          job=job.name, sync_problem=view.problem, sync_unschedulable=sync_unschedulable)
+    new = status.compute_status(spec, obs, old, now, state.body["metadata"].get("generation"))
+    gate = chaos.chaos_gate(spec.chaos, ctx.settings.allow_chaos)
+    conditions = new.conditions
+    if gate is not None:
+        conditions += (status.condition(old.conditions, "Chaos", gate.active, gate.reason, gate.message, now),)
+    new = new.model_copy(update={"message": None, "chaos": chaos_status, "conditions": conditions})
+    events = status.diff_events(old, new)
+    if gate is not None:
+        events += chaos.gate_events(old, gate)
+    return new, events
+
+
+def restart_outdated(ctx: Context, state: JobState, spec: DiLoCoJobSpec) -> list[Event]:
+    """Delete, all at once, the pods of each unit made from an older pod template: a unit is one
+    torch.distributed group, which must restart together (its StatefulSet is ``OnDelete``)."""
+    job = state.ref
+    events = []
+    replicas = {u.name: u.replicas for u in spec.learner_units}
+    for unit, pods in sorted(outdated_pods(ctx.pods.pods(job.namespace, job.name), state.templates).items()):
+        deleted = [p.name for p in pods if ctx.kube.delete("v1", "Pod", job.namespace, p.name, uid=p.uid)]
+        if deleted:
+            log.info("job %s/%s: unit %s restarts together for its new pod template: %s", job.namespace,
+                     job.name, unit, ", ".join(deleted))
+            events.append(Event("Normal", "UnitRestart", (
+                f"unit {unit}: the pod template changed, so its pods restart together ({', '.join(deleted)}): "
+                f"the {replicas.get(unit, 0)} pod(s) of a unit form one torch.distributed group, whose size "
+                "is in every pod's environment, and start and stop as one")))
+    return events
+
+
+def run_pass(ctx: Context, state: JobState, req: Request) -> Request | None:
+    """One pass (blocking; run in a thread); returns a follow-up request, if the pass calls for one."""
+    meta = state.body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return None  # the garbage collector is removing the children: do not recreate them
+    if req.reconcile:  # on the freshest spec, and not for a job deleted meanwhile
+        fresh = ctx.kube.get(API_VERSION, KIND, state.ref.namespace, state.ref.name)
+        if fresh is None or fresh["metadata"].get("uid") != state.ref.uid or fresh["metadata"].get("deletionTimestamp"):
+            return None
+        state.body = fresh
+        meta = fresh["metadata"]
+    now = datetime.now(UTC)
+    generation = meta.get("generation")
+    try:
+        if req.reconcile:
+            spec = check_spec(ctx.kube, state.ref, state.body.get("spec") or {})
+        else:
+            if state.current_status().phase == "Failed" and state.reconciled_generation == generation:
+                return None  # invalid as last reconciled: the next reconcile says when it is fixed
+            spec = parse_spec(dict(state.body.get("spec") or {}))
+            validate_job(state.ref.name, spec)
+        events = reconcile(ctx, state, spec, req, now) if req.reconcile else []
+    except SpecError as exc:
+        state.reconciled_generation = generation
+        invalid(ctx, state, str(exc), generation)
+        ctx.metrics.reconciles.labels(req.trigger, "invalid").inc()
+        return None
+    if req.reconcile or req.fetch:
+        pods_ready, _ = sync_observation(spec, ctx.pods.pods(state.ref.namespace, state.ref.name))
+        state.sync = read_synchronizer(ctx, state.ref, spec, pods_ready)
+    new, diff = compute(ctx, state, spec, now)
+    write_status(ctx, state, new, events + diff)
+    post_events(ctx.kube, state.body, restart_outdated(ctx, state, spec), ctx.instance)
+    ctx.metrics.reconciles.labels(req.trigger if req.reconcile else "status", "ok").inc()
+    if state.current_status().phase == "Succeeded" and not state.learners_stopped:
+        return Request(reconcile=True, trigger="succeeded")  # scale the learners down now
+    return None

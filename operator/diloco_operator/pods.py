@@ -1,0 +1,175 @@
+"""What the pod watch tells about a job's pods: which are ready, which the scheduler cannot place,
+which pod template each was made from, and learner units losing a pod and getting it back.
+
+The operator watches the pods it manages (label ``app.kubernetes.io/managed-by``), and every event
+lands in :class:`PodCache`; the job's status is computed from it (``unit_observations``,
+``sync_observation``), so the status follows the pods as the watch delivers them, in order, and
+needs no LIST. The decisions here are pure; the cache only keeps the latest view of each pod.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from diloco_operator.build import (
+    COMPONENT_LABEL,
+    JOB_LABEL,
+    SHARD_LABEL,
+    TEMPLATE_HASH_ANNOTATION,
+    UNIT_LABEL,
+)
+from diloco_operator.models import DiLoCoJobSpec
+from diloco_operator.status import Event, UnitObserved
+
+
+@dataclass(frozen=True)
+class PodObserved:
+    """One pod of a job, as its latest watch event showed it."""
+
+    name: str
+    uid: str
+    component: str  # "learner" or "synchronizer"
+    unit: str  # the learner unit ("" for a synchronizer pod)
+    shard: str  # the synchronizer shard ("" for a learner pod)
+    phase: str
+    ready: bool
+    deleting: bool
+    unschedulable: str  # the scheduler's message when it cannot place the pod, else ""
+    template: str  # the pod template's hash annotation ("" when it has none)
+
+
+def observe_pod(obj: Mapping[str, Any]) -> PodObserved:
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    status: Mapping[str, Any] = obj.get("status") or {}
+    conditions = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    unschedulable = next((str(c.get("message") or "the scheduler cannot place it") for c in conditions
+                          if c.get("type") == "PodScheduled" and c.get("status") == "False"
+                          and c.get("reason") == "Unschedulable"), "")
+    return PodObserved(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        component=labels.get(COMPONENT_LABEL, ""),
+        unit=labels.get(UNIT_LABEL, ""),
+        shard=labels.get(SHARD_LABEL, ""),
+        phase=str(status.get("phase") or ""),
+        ready=ready,
+        deleting=bool(meta.get("deletionTimestamp")),
+        unschedulable=unschedulable,
+        template=str((meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION, "")),
+    )
+
+
+def pod_job(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, job name) of a pod the operator manages; None for a pod of no job."""
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(JOB_LABEL)
+    return (str(meta.get("namespace")), str(job)) if job else None
+
+
+class PodCache:
+    """The latest view of every pod of every job, by (namespace, job) and pod name.
+
+    Written by the watch (kopf's event loop), read by the status passes (worker threads): a lock
+    keeps each read a consistent copy.
+    """
+
+    def __init__(self) -> None:
+        self._pods: dict[tuple[str, str], dict[str, PodObserved]] = {}
+        self._lock = threading.Lock()
+
+    def update(self, obj: Mapping[str, Any], *, deleted: bool) -> tuple[str, str] | None:
+        """Record one watch event; returns the pod's job (namespace, name), None for no job."""
+        key = pod_job(obj)
+        if key is None:
+            return None
+        pod = observe_pod(obj)
+        with self._lock:
+            pods = self._pods.setdefault(key, {})
+            current = pods.get(pod.name)
+            if deleted:
+                if current is not None and current.uid == pod.uid:  # not its replacement
+                    del pods[pod.name]
+            else:
+                pods[pod.name] = pod
+        return key
+
+    def pods(self, namespace: str, job: str) -> list[PodObserved]:
+        with self._lock:
+            return sorted((self._pods.get((namespace, job)) or {}).values(), key=lambda p: p.name)
+
+    def forget(self, namespace: str, job: str) -> None:
+        with self._lock:
+            self._pods.pop((namespace, job), None)
+
+
+def unit_observations(spec: DiLoCoJobSpec, pods: Iterable[PodObserved]) -> list[UnitObserved]:
+    """Each learner unit as its pods show it: pods ready (a deleted pod no longer counts) and the
+    scheduler's message about one it cannot place."""
+    by_unit: dict[str, list[PodObserved]] = {}
+    for pod in pods:
+        if pod.component == "learner":
+            by_unit.setdefault(pod.unit, []).append(pod)
+    out = []
+    for unit in spec.learner_units:
+        mine = by_unit.get(unit.name, [])
+        live = [p for p in mine if not p.deleting]
+        out.append(UnitObserved(
+            unit.name, len(live), sum(1 for p in live if p.ready), exists=bool(mine),
+            unschedulable=next((p.unschedulable for p in live if p.unschedulable), ""),
+        ))
+    return out
+
+
+def sync_observation(spec: DiLoCoJobSpec, pods: Iterable[PodObserved]) -> tuple[bool, str]:
+    """Whether every synchronizer shard has a ready pod, and the scheduler's message about a
+    synchronizer pod it cannot place ("" when none)."""
+    live = [p for p in pods if p.component == "synchronizer" and not p.deleting]
+    ready_shards = {p.shard for p in live if p.ready}
+    ready = all(str(i) in ready_shards for i in range(spec.synchronizer.shards))
+    return ready, next((p.unschedulable for p in live if p.unschedulable), "")
+
+
+def outdated_pods(pods: Iterable[PodObserved], templates: Mapping[str, str]) -> dict[str, list[PodObserved]]:
+    """Per learner unit, its pods made from another pod template than the unit's current one
+    (``templates``: unit -> template hash); pods already being deleted are left alone."""
+    out: dict[str, list[PodObserved]] = {}
+    for pod in pods:
+        want = templates.get(pod.unit)
+        if pod.component == "learner" and want and not pod.deleting and pod.template != want:
+            out.setdefault(pod.unit, []).append(pod)
+    return out
+
+
+class PodWatch:
+    """Reports a learner unit losing a pod (failed or no longer ready) and the replacement rejoining.
+
+    Fed with every learner pod event, so a pod that is replaced within a second is still seen.
+    A StatefulSet's replacement pod has the same name, which ties the two reports together.
+    Deleting a healthy pod (scaling, suspend, a restart for a new template) is not a loss. The
+    memory is per operator process.
+    """
+
+    def __init__(self) -> None:
+        self._pods: dict[str, tuple[bool, bool]] = {}  # ready, lost
+
+    def observe(self, key: str, unit: str, *, phase: str, ready: bool, deleted: bool) -> Event | None:
+        was_ready, lost = self._pods.get(key, (False, False))
+        pod = key.rsplit("/", 1)[-1]
+        event = None
+        if not lost and (phase == "Failed" or (was_ready and not ready and not deleted)):
+            lost = True
+            why = "failed" if phase == "Failed" else "is no longer ready"
+            event = Event("Warning", "UnitLost", f"learner unit {unit}: pod {pod} {why}")
+        elif lost and ready and phase == "Running" and not deleted:
+            lost = False
+            event = Event("Normal", "UnitRejoined", f"learner unit {unit}: pod {pod} is back and ready")
+        if deleted and not lost:
+            self._pods.pop(key, None)
+        else:
+            self._pods[key] = (ready and not deleted, lost)
+        return event
