@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Quantizer = Literal["fp32", "bf16", "fp16", "int8", "int4", "e3m0"]
 MergeRule = Literal["rda", "mean"]
 FragmentStrategy = Literal["balanced", "strided"]
+# 'builtin', or 'package.module:function' (Python identifiers): what ``diloco_worker.entry`` resolves
+ENTRY_POINT_PATTERN = r"^(builtin|[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
 
 
 class _Model(BaseModel):
@@ -62,6 +64,7 @@ class ModelSettings(_Model):
 
     entry_point: str = Field(
         "builtin",
+        pattern=ENTRY_POINT_PATTERN,
         description="what to train: 'builtin' (the byte-level GPT) or 'package.module:function', a "
         "function that receives a TaskContext and returns a TrainingTask or (model, loss_fn, "
         "make_batches); the module must be importable (installed or on PYTHONPATH). See docs/user-models.md",
@@ -72,6 +75,13 @@ class ModelSettings(_Model):
     block_size: int = Field(128, ge=8, description="context length in tokens")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout of the built-in model")
     seed: int = Field(0, description="seed of the initial parameters (the same on every learner)")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSettings:
+        if self.entry_point == "builtin" and self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head}): the built-in "
+                             "model splits the embedding width among the heads")
+        return self
 
 
 class TrainSettings(_Model):

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
 from diloco_core.flags import Cli, SettingsError
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 Mode = Literal["decoupled", "diloco-sync", "ddp"]
 MODES: tuple[Mode, ...] = ("decoupled", "diloco-sync", "ddp")
@@ -72,13 +72,6 @@ class RunSettings(BaseModel):
     )
     gpus: tuple[int, ...] = Field((), description="with --device cuda: the GPUs to use, e.g. 0,1 (default: all)")
     python: str = ""
-
-    @model_validator(mode="after")
-    def _check(self) -> RunSettings:
-        m = self.model
-        if m.n_embd % m.n_head:
-            raise ValueError(f"--n-embd ({m.n_embd}) must be a multiple of --n-head ({m.n_head})")
-        return self
 
     @property
     def tokens_per_step(self) -> int:

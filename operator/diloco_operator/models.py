@@ -11,12 +11,17 @@ number of units, name lengths, references) live in ``validate_job``.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
 from diloco_core.flags import describe_errors, dotted
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+# A resource quantity as the CRD admits it: Kubernetes' own quantity syntax, without a sign (a
+# negative request or limit can never work).
+QUANTITY_PATTERN = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 
 # A StatefulSet's pods carry a `controller-revision-hash` label of `<name>-<10 chars>` (≤ 63).
 MAX_STATEFULSET_NAME = 52
@@ -104,6 +109,25 @@ class DiLoCoSpec(DiLoCoSettings):
     model_config = _SPEC_CONFIG
 
 
+def is_quantity(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value >= 0
+    return isinstance(value, str) and re.match(QUANTITY_PATTERN, value) is not None
+
+
+def check_resources(resources: dict[str, Any]) -> dict[str, Any]:
+    """``requests`` and ``limits`` of quantities (as a container's ``resources``); a bad one is named."""
+    for part, values in resources.items():
+        if part not in ("requests", "limits") or not isinstance(values, dict):
+            raise ValueError(f"'{part}' is not one of requests, limits (each a map of quantities)")
+        for name, value in values.items():
+            if not is_quantity(value):
+                raise ValueError(f"{part}.{name}: {value!r} is not a quantity (e.g. 500m, 2, 16Gi)")
+    return resources
+
+
 class LearnerUnit(_Spec):
     name: str = Field(..., min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     replicas: int = Field(1, ge=0, le=1024)
@@ -114,6 +138,8 @@ class LearnerUnit(_Spec):
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     region: str | None = None
     batch_size: int = Field(16, ge=1)
+
+    _resources = field_validator("resources")(check_resources)
 
 
 class ExternalSynchronizer(_Spec):
@@ -151,6 +177,8 @@ class SynchronizerSpec(_Spec):
     tls: SynchronizerTLS | None = None
     ca: CABundle | None = None
     external: ExternalSynchronizer | None = None
+
+    _resources = field_validator("resources")(check_resources)
 
     @model_validator(mode="after")
     def _tls_is_for_our_own(self) -> SynchronizerSpec:

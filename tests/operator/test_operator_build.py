@@ -17,6 +17,7 @@ from diloco_operator.build import (
 )
 from diloco_operator.children import build_children
 from diloco_operator.models import DiLoCoJobSpec, parse_spec
+from diloco_operator.reconcile import validation_sample
 
 from tests.operator.golden import check_golden
 
@@ -186,3 +187,27 @@ def test_synchronizer_stays_reachable_while_not_ready() -> None:
     assert service["spec"]["publishNotReadyAddresses"] is True
     (deploy,) = by_kind(children, "Deployment")
     assert deploy["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_a_dry_run_validates_one_child_per_distinct_pod_spec() -> None:
+    units = [{"name": f"u{i}", "replicas": 8} for i in range(100)] + [
+        {"name": "big", "resources": {"requests": {"cpu": "8"}}},
+        {"name": "tainted", "tolerations": [{"key": "gpu", "operator": "Exists"}]}]
+    spec = parse_spec({"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"},
+                       "learnerUnits": units, "synchronizer": {"shards": 3}})
+    sample = validation_sample(build_children(JOB, spec))
+    assert [(o["kind"], o["metadata"]["name"]) for o in sample] == [
+        ("Deployment", "gpt-small-sync"), ("StatefulSet", "gpt-small-u0"), ("StatefulSet", "gpt-small-big"),
+        ("StatefulSet", "gpt-small-tainted")]
+
+
+def test_a_units_pods_carry_the_hash_of_their_template_and_restart_together() -> None:
+    name, spec = example("single-region.yaml")
+    resized = spec.model_copy(update={"learner_units": [
+        u.model_copy(update={"replicas": u.replicas + 1}) if i == 0 else u for i, u in enumerate(spec.learner_units)]})
+    before, after = (by_kind(build_children(JobRef(name, "ns", "uid"), s), "StatefulSet") for s in (spec, resized))
+    hashes = [[s["spec"]["template"]["metadata"]["annotations"]["diloco.dev/template-hash"] for s in b]
+              for b in (before, after)]
+    assert hashes[0][0] != hashes[1][0]  # the resized unit's world size is in its pods' environment
+    assert hashes[0][1:] == hashes[1][1:]  # the other units' pods are untouched
+    assert {s["spec"]["updateStrategy"]["type"] for s in before} == {"OnDelete"}

@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import yaml
 from diloco_core.config import (
+    ENTRY_POINT_PATTERN,
     DataSettings,
     DiLoCoSettings,
     JobConfig,
@@ -21,8 +22,10 @@ from diloco_core.config import (
 )
 from diloco_operator.models import (
     NO_CRD_FIELD,
+    QUANTITY_PATTERN,
     DiLoCoJobSpec,
     LearnerUnit,
+    SpecError,
     crd_name,
     parse_spec,
     validate_job,
@@ -222,3 +225,95 @@ def test_the_crd_checks_the_ranges_the_core_settings_declare() -> None:
 
 def test_a_units_batch_size_defaults_to_the_core_setting() -> None:
     assert LearnerUnit.model_fields["batch_size"].default == TrainSettings.model_fields["batch_size"].default
+
+
+def patterns(info: FieldInfo) -> list[str]:
+    return [p for m in info.metadata if (p := getattr(m, "pattern", None))]
+
+
+def test_the_crd_checks_the_patterns_the_core_settings_declare() -> None:
+    problems = [f"{section}.{name}"
+                for section, name, info in core_settings()
+                if (node := crd_section(section).get(crd_name(name))) is not None
+                and patterns(info) and node.get("pattern") != patterns(info)[0]]
+    assert problems == []
+    assert crd_section("model")["entryPoint"]["pattern"] == ENTRY_POINT_PATTERN
+
+
+def quantity_nodes() -> list[tuple[str, dict[str, Any]]]:
+    return [(path, node) for path, node in walk(schema())
+            if path.endswith(("resources.requests", "resources.limits"))]
+
+
+def test_every_resource_quantity_is_checked_at_admission() -> None:
+    nodes = quantity_nodes()
+    assert len(nodes) == 4  # learner units' and the synchronizer's requests and limits
+    for _, node in nodes:
+        value = node["additionalProperties"]
+        assert value["x-kubernetes-int-or-string"] is True
+        assert value["pattern"] == QUANTITY_PATTERN
+
+
+@pytest.mark.parametrize(("value", "ok"), [
+    ("500m", True), ("2", True), ("16Gi", True), ("1.5", True), ("1e3", True), ("+1", True), (8, True),
+    ("lots", False), ("-1", False), ("2 Gi", False), ("", False), ("1.5.2", False), ("Gi", False),
+])
+def test_quantities(value: Any, ok: bool) -> None:
+    base = {"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"}}
+    doc = {**base, "learnerUnits": [{"name": "a", "resources": {"requests": {"cpu": value}}}]}
+    if ok:
+        parse_spec(doc)
+    else:
+        with pytest.raises(SpecError, match="is not a quantity"):
+            parse_spec(doc)
+    schema_ok = not list(jsonschema.Draft4Validator(quantity_nodes()[0][1]).iter_errors({"cpu": value}))
+    assert schema_ok is ok
+
+
+@pytest.mark.parametrize("entry", ["builtin", "user_model:build", "pkg.sub_2.mod:make_task"])
+def test_entry_points_that_can_work(entry: str) -> None:
+    base = {"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"}, "learnerUnits": [{"name": "a"}]}
+    assert parse_spec({**base, "model": {"entryPoint": entry}}).model.entry_point == entry
+
+
+# Specs the apiserver refuses, with what its answer must say. Each could never work: a resource
+# quantity that is not one (the StatefulSet would be refused), an embedding the built-in model's
+# heads cannot split, an entry point that is no 'package.module:function'.
+REFUSED = [
+    ("quantity", {"learnerUnits": [{"name": "a", "resources": {"requests": {"cpu": "lots"}}}]}, "learnerUnits[0].resources.requests.cpu"),
+    ("sync-quantity", {"synchronizer": {"resources": {"limits": {"memory": "a lot"}}}}, "synchronizer.resources.limits.memory"),
+    ("heads", {"model": {"nHead": 3, "nEmbd": 128}}, "model.nEmbd must be a multiple of model.nHead"),
+    ("entry-point", {"model": {"entryPoint": "my model.py"}}, "spec.model.entryPoint"),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("case", "spec", "says"), REFUSED, ids=[c[0] for c in REFUSED])
+def test_the_apiserver_refuses_a_spec_that_can_never_work(
+    api: Any, namespace: str, case: str, spec: dict[str, Any], says: str
+) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    from tests.operator.kubejobs import create_job, job_manifest, unit
+
+    manifest = job_manifest(case, [unit("a")])
+    manifest["spec"].update(spec)
+    with pytest.raises(ApiException) as refused:
+        create_job(api, namespace, manifest)
+    assert refused.value.status == 422
+    assert says in refused.value.body
+    with pytest.raises(SpecError):  # and the operator's model refuses it too (diloco operator --dry-run)
+        parse_spec(manifest["spec"])
+
+
+@pytest.mark.integration
+def test_a_user_entry_point_and_a_user_models_heads_are_admitted(api: Any, namespace: str) -> None:
+    from kubernetes import client as k8s
+
+    from tests.operator.kubejobs import GROUP, PLURAL, VERSION, job_manifest, unit
+
+    manifest = job_manifest("user", [unit("a", resources={"requests": {"cpu": "1500m", "memory": 1073741824}})])
+    manifest["spec"]["model"] = {"entryPoint": "user_model:build", "nHead": 3, "nEmbd": 128}  # not the built-in
+    created = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest,
+                                                                        dry_run="All")
+    assert created["spec"]["model"]["entryPoint"] == "user_model:build"

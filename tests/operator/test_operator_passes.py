@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -129,3 +130,35 @@ def test_the_finalizer_of_an_earlier_operator_is_removed(api: k8s.ApiClient, nam
     wait_for(lambda: phase_is(api, namespace, "old", "Running"), timeout=90, what="phase Running")
     k8s.CustomObjectsApi(api).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "old",
                                                              {"metadata": {"finalizers": None}})
+
+
+def test_a_spec_that_makes_an_invalid_pod_fails_once_and_creates_nothing(
+    api: k8s.ApiClient, namespace: str, operator: KopfRunner
+) -> None:
+    """What the CRD's schema cannot check (a toleration's operator, free-form there) the apiserver
+    refuses in the operator's dry run: one condition, one event, no child, no flood."""
+    bad = unit("a", tolerations=[{"key": "dedicated", "operator": "Sometimes", "value": "ml"}])
+    create_job(api, namespace, job_manifest("half", [bad, unit("b")]))
+
+    def spec_valid() -> dict[str, Any]:
+        status = get_job(api, namespace, "half").get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == "SpecValid"), {})
+
+    cond = wait_for(lambda: (c := spec_valid()).get("status") == "False" and c, timeout=60, what="SpecValid False",
+                    describe=lambda: str(get_job(api, namespace, "half").get("status")))
+    assert cond["reason"] == "InvalidSpec"
+    assert "StatefulSet half-a" in cond["message"]
+    assert "Unsupported value: \"Sometimes\"" in cond["message"]
+    status = get_job(api, namespace, "half")["status"]
+    assert status["phase"] == "Failed"
+    assert status["message"] == cond["message"]
+    time.sleep(5)  # two resync periods
+    items = k8s.CoreV1Api(api).list_namespaced_event(namespace, field_selector="involvedObject.name=half").items
+    assert [(e.type, e.reason, e.message) for e in items] == [("Warning", "InvalidSpec", cond["message"])]
+    assert children(api, namespace, "half") == {k: [] for k in expected_children("half", [])}
+    # Fixed: the job starts from scratch.
+    patch_spec(api, namespace, "half", {"learnerUnits": [unit("a", tolerations=[
+        {"key": "dedicated", "operator": "Equal", "value": "ml"}]), unit("b")]})
+    wait_for(lambda: phase_is(api, namespace, "half", "Running", "2/2"), timeout=90, what="Running once fixed",
+             describe=lambda: str(get_job(api, namespace, "half").get("status")))
+    assert get_job(api, namespace, "half")["status"].get("message") is None
