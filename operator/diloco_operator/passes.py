@@ -127,12 +127,14 @@ def reconcile(ctx: Context, state: JobState, spec: DiLoCoJobSpec, req: Request, 
     return [Event("Warning", "ChaosKill", f"chaos killed pod {v.pod} of unit {v.unit}") for v in victims]
 
 
-def read_synchronizer(ctx: Context, job: JobRef, spec: DiLoCoJobSpec, sync_ready: bool) -> SyncView:
-    override = ctx.settings.sync_url
+def read_synchronizer(fetch: StatusFetcher, override: str | None, job: JobRef, spec: DiLoCoJobSpec,
+                      sync_ready: bool, ca_pem: str | None) -> SyncView:
+    """The synchronizer's answer, from its in-cluster URL or ``override`` (``--sync-url``, with
+    ``{name}`` and ``{namespace}`` replaced by the job's), an https one checked against ``ca_pem``;
+    asked only when it can answer."""
     url = override.format(name=job.name, namespace=job.namespace) if override else sync_url(job, spec)
     external = spec.synchronizer.external is not None
-    reachable = sync_ready or external or override
-    sync = ctx.fetch(url, read_ca_bundle(ctx.kube, job.namespace, spec.synchronizer.ca)) if reachable else None
+    sync = fetch(url, ca_pem) if (sync_ready or external or override) else None
     problem = wrong_job(sync, job, spec, url)
     if problem:
         sync = None
@@ -210,7 +212,8 @@ def run_pass(ctx: Context, state: JobState, req: Request) -> Request | None:
         return None
     if req.reconcile or req.fetch:
         pods_ready, _ = sync_observation(spec, ctx.pods.pods(state.ref.namespace, state.ref.name))
-        state.sync = read_synchronizer(ctx, state.ref, spec, pods_ready)
+        ca_pem = read_ca_bundle(ctx.kube, state.ref.namespace, spec.synchronizer.ca)
+        state.sync = read_synchronizer(ctx.fetch, ctx.settings.sync_url, state.ref, spec, pods_ready, ca_pem)
     new, diff = compute(ctx, state, spec, now)
     write_status(ctx, state, new, events + diff)
     post_events(ctx.kube, state.body, restart_outdated(ctx, state, spec), ctx.instance)

@@ -72,8 +72,9 @@ def _validate_all(kube: Cluster, manifests: list[Manifest]) -> list[str]:
             try:
                 _dry_run_create(api, manifest)
             except ApiException as exc:
-                # an existing CRD (installed by another test) answers 409 only after it passed validation
-                if not (exc.status == 409 and manifest["kind"] == "CustomResourceDefinition"):
+                # an existing CRD (installed by another test) or namespace answers 409 only after it
+                # passed validation
+                if not (exc.status == 409 and manifest["kind"] in ("CustomResourceDefinition", "Namespace")):
                     raise AssertionError(
                         f"{manifest['kind']} {manifest['metadata']['name']}: {exc.body}"
                     ) from exc
@@ -87,7 +88,6 @@ def test_default_manifests_pass_server_side_validation(kube: Cluster, namespace:
     assert sorted(validated) == sorted(m["kind"] for m in manifests)
     assert "Deployment" in validated
     assert validated.count("CustomResourceDefinition") == 3
-    assert "ClusterKopfPeering" in validated
 
 
 def test_custom_manifests_pass_server_side_validation(
@@ -105,7 +105,7 @@ def test_custom_manifests_pass_server_side_validation(
     assert validated.count("Role") >= 2
     assert validated.count("NetworkPolicy") == 2
     assert "ConfigMap" in validated
-    assert validated.count("KopfPeering") == 2
+    assert validated.count("Namespace") == 2
 
 
 def _crd_established(api: k8s.ApiClient, name: str = CRD_NAME) -> bool:
@@ -126,8 +126,8 @@ def _exists(read: Any, *args: str) -> bool:
 @pytest.fixture(scope="module")
 def fresh_cluster(request: pytest.FixtureRequest, test_logs_dir: Path) -> Iterator[Cluster]:
     """A control plane of its own, with none of the CRDs other tests install, so that `helm install`
-    must create the chart's CRDs itself before the templates that need them (the kopf peering
-    objects). With DILOCO_TEST_KUBECONFIG (an existing cluster) that cluster is used as it is."""
+    must create the chart's CRDs itself. With DILOCO_TEST_KUBECONFIG (an existing cluster) that
+    cluster is used as it is."""
     if os.environ.get("DILOCO_TEST_KUBECONFIG"):
         yield request.getfixturevalue("kube")
         return
@@ -170,12 +170,7 @@ def test_install_serves_the_crd_then_upgrade_and_uninstall(fresh_cluster: Cluste
         assert deployment.spec.replicas == 1
         args = deployment.spec.template.spec.containers[0].args
         assert not any(a.startswith("--namespace") for a in args)
-        assert f"--peering={fullname}" in args
-        # the peering object the operator joins exists, created from the templates after its CRD
-        peering = k8s.CustomObjectsApi(api).get_cluster_custom_object(
-            "kopf.dev", "v1", "clusterkopfpeerings", fullname
-        )
-        assert peering["metadata"]["labels"]["app.kubernetes.io/instance"] == release
+        assert "--peering=diloco" in args  # `diloco operator`'s default: one started by hand pauses for it
         assert _exists(rbac.read_cluster_role, f"{fullname}-operator")
 
         upgraded = helm(
@@ -191,19 +186,10 @@ def test_install_serves_the_crd_then_upgrade_and_uninstall(fresh_cluster: Cluste
         assert f"--namespace={namespace}" in args
         assert "--verbose" in args
         assert _exists(rbac.read_namespaced_role, f"{fullname}-operator", namespace)
-        # namespaced watch: the cluster-wide role and peering are replaced by namespaced ones
+        # namespaced watch: the cluster-wide role is replaced by the namespaced one, and nothing
+        # cluster-wide is left
         assert not _exists(rbac.read_cluster_role, f"{fullname}-operator")
-        assert not _exists(
-            k8s.CustomObjectsApi(api).get_cluster_custom_object,
-            "kopf.dev",
-            "v1",
-            "clusterkopfpeerings",
-            fullname,
-        )
-        assert _exists(
-            k8s.CustomObjectsApi(api).get_namespaced_custom_object,
-            "kopf.dev", "v1", namespace, "kopfpeerings", fullname,
-        )  # fmt: skip
+        assert not _exists(rbac.read_cluster_role, f"{fullname}-operator-cluster")
         status = helm("status", release, "--namespace", namespace, "-o", "json", env=env)
         assert json.loads(status.stdout)["version"] == 2
 
@@ -233,3 +219,75 @@ def test_notes_tell_the_user_what_to_do_next(kube: Cluster, namespace: str, tmp_
     assert "kubectl get dilocojobs -A -w" in notes
     assert "It reconciles DiLoCoJobs in: team-a." in notes
     assert "accept connections only from learners, the operator and from 10.20.0.0/16." in notes
+
+
+def _namespace(api: k8s.ApiClient, name: str) -> k8s.V1Namespace | None:
+    try:
+        return k8s.CoreV1Api(api).read_namespace(name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def test_install_creates_the_watched_namespaces_that_do_not_exist_and_keeps_them(
+    kube: Cluster, namespace: str, second_namespace: str, tmp_path: Path
+) -> None:
+    """`--set watchNamespaces={ml}` on a cluster without `ml`: the install creates it (and an existing
+    watched namespace is left alone); upgrades keep it; `helm uninstall` leaves it with its jobs."""
+    missing = f"{namespace[:50]}-ml"
+    release = f"ns-{namespace[-8:]}"
+    env = kube.env()
+    values = values_args(tmp_path, {"watchNamespaces": [missing, second_namespace], "operator": {"replicas": 0}})
+    try:
+        with kube.api_client() as api:
+            assert _namespace(api, missing) is None
+            installed = helm("install", release, str(CHART), "--namespace", namespace, *values, env=env)
+            assert installed.returncode == 0, installed.stderr
+            made = _namespace(api, missing)
+            assert made is not None
+            assert made.metadata.labels["app.kubernetes.io/instance"] == release
+            assert made.metadata.annotations["helm.sh/resource-policy"] == "keep"
+            existing = _namespace(api, second_namespace)
+            assert existing is not None
+            assert "meta.helm.sh/release-name" not in (existing.metadata.annotations or {})  # not adopted
+            rbac = k8s.RbacAuthorizationV1Api(api)
+            for ns in (missing, second_namespace):
+                assert _exists(rbac.read_namespaced_role, f"{release}-diloco-operator", ns)
+            upgraded = helm("upgrade", release, str(CHART), "--namespace", namespace, *values,
+                            "--set", "operator.verbose=true", env=env)
+            assert upgraded.returncode == 0, upgraded.stderr
+            assert _namespace(api, missing) is not None
+            removed = helm("uninstall", release, "--namespace", namespace, "--wait", env=env)
+            assert removed.returncode == 0, removed.stderr
+            kept = _namespace(api, missing)
+            assert kept is not None
+            assert kept.status.phase == "Active"
+            assert not _exists(rbac.read_namespaced_role, f"{release}-diloco-operator", missing)
+    finally:
+        kube.delete_namespace(missing)
+
+
+def test_watched_namespaces_required_to_exist_fail_the_install_before_anything_is_written(
+    kube: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    missing = f"{namespace[:50]}-ml"
+    release = f"req-{namespace[-8:]}"
+    env = kube.env()
+    values = values_args(tmp_path, {"watchNamespaces": [missing], "createWatchNamespaces": False,
+                                    "operator": {"replicas": 0}})
+    failed = helm("install", release, str(CHART), "--namespace", namespace, *values, env=env)
+    assert failed.returncode != 0
+    assert f"namespace(s) {missing} do not exist" in failed.stderr
+    # no failed release left behind: once the namespace exists, the same install works
+    status = helm("status", release, "--namespace", namespace, env=env)
+    assert status.returncode != 0
+    assert "not found" in status.stderr
+    with kube.api_client() as api:
+        k8s.CoreV1Api(api).create_namespace({"metadata": {"name": missing}})
+    try:
+        installed = helm("install", release, str(CHART), "--namespace", namespace, *values, env=env)
+        assert installed.returncode == 0, installed.stderr
+        assert helm("uninstall", release, "--namespace", namespace, "--wait", env=env).returncode == 0
+    finally:
+        kube.delete_namespace(missing)

@@ -40,6 +40,7 @@ def test_chart_defaults_are_the_operators_own_defaults() -> None:
     assert settings.status_timeout_seconds == DEFAULTS["operator"]["statusTimeoutSeconds"]
     assert settings.allow_chaos is DEFAULTS["operator"]["allowChaos"] is False
     assert bare.priority == DEFAULTS["peering"]["priority"]
+    assert bare.peering == DEFAULTS["peering"]["name"] == "diloco"
 
 
 @pytest.mark.parametrize("values", [None, CUSTOM_VALUES], ids=["defaults", "custom"])
@@ -52,10 +53,9 @@ def test_operator_parses_the_rendered_arguments_and_environment(
     args = parse_args(container["args"])
     assert sorted(args.namespace) == sorted((values or {}).get("watchNamespaces", []))
     assert not args.standalone
-    # the peering object(s) the chart creates are the ones the operator joins
-    peerings = of_kind(manifests, "KopfPeering" if args.namespace else "ClusterKopfPeering")
-    assert peerings
-    assert {p["metadata"]["name"] for p in peerings} == {args.peering}
+    # the chart's operator joins the peering that one started by hand joins by default
+    assert args.peering == ((values or {}).get("peering", {}).get("name") or OperatorSettings().peering)
+    assert not of_kind(manifests, "KopfPeering") + of_kind(manifests, "ClusterKopfPeering")
     assert urlsplit(args.liveness).port == _ports(container)["health"]
     assert container["livenessProbe"]["httpGet"]["path"] == urlsplit(args.liveness).path
     variables = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("DILOCO_OPERATOR_")}

@@ -67,13 +67,12 @@ def test_defaults_render_the_operator_with_a_cluster_role(tmp_path: Path) -> Non
     kinds = sorted(m["kind"] for m in manifests)
     assert kinds == sorted(
         ["CustomResourceDefinition", "CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount",
-         "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "NetworkPolicy", "ClusterKopfPeering"]
+         "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "NetworkPolicy"]
     )  # fmt: skip
     container = _container(manifests)
     assert container["image"] == "ghcr.io/diloco-k8s/diloco-sync:0.1.0"
     assert container["command"] == ["diloco", "operator"]
     assert container["args"] == ["--liveness=http://0.0.0.0:8080/healthz", "--peering=diloco", "--priority=0"]
-    assert one(manifests, "ClusterKopfPeering")["metadata"]["name"] == "diloco"
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": 9090, "health": 8080}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
@@ -119,12 +118,13 @@ def test_custom_values_render_namespaced_rbac_and_everything_optional(tmp_path: 
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["DILOCO_OPERATOR_RESYNC_SECONDS"] == "30"
     assert env["EXTRA"] == "1"
-    peerings = of_kind(manifests, "KopfPeering")
-    assert {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings} == {
-        ("team-a", "diloco-peers"),
-        ("team-b", "diloco-peers"),
-    }
-    assert of_kind(manifests, "ClusterKopfPeering") == []
+    # the operator creates the peering objects it joins; the chart leaves them to it
+    assert of_kind(manifests, "KopfPeering") == of_kind(manifests, "ClusterKopfPeering") == []
+    # without a cluster to ask (helm template), every watched namespace is rendered, kept on uninstall
+    namespaces = of_kind(manifests, "Namespace")
+    assert {n["metadata"]["name"] for n in namespaces} == {"team-a", "team-b"}
+    assert {n["metadata"]["annotations"]["helm.sh/resource-policy"] for n in namespaces} == {"keep"}
+    assert of_kind(render(tmp_path, {**CUSTOM_VALUES, "createWatchNamespaces": False}), "Namespace") == []
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "trainer-operator"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
@@ -192,17 +192,21 @@ def test_rendered_rbac_grants_exactly_the_rules_of_operator_rbac_yaml(tmp_path: 
         CHART / "files" / "operator-rbac.yaml"
     ).read_bytes() == source.read_bytes(), "run scripts/sync-chart-crd.sh"
     wanted = flat_rules(yaml.safe_load(source.read_text()))
+    # what only an operator of every namespace needs: kopf's CRD watch and the cluster-wide peering
+    cluster_scoped = {r for r in wanted if r[1] in ("customresourcedefinitions", "clusterkopfpeerings")}
+    assert cluster_scoped
     for values in (None, CUSTOM_VALUES, {"watchNamespaces": ["only"]}):
         manifests = render(tmp_path, values)
         roles = of_kind(manifests, "ClusterRole") + of_kind(manifests, "Role")
         # per watched namespace the union of every role the operator holds there equals the file
         namespaces = (values or {}).get("watchNamespaces") or [None]
+        expected = wanted - cluster_scoped if namespaces != [None] else wanted
         for namespace in namespaces:
             held = [r for r in roles if r["metadata"].get("namespace") in (None, namespace)]
             granted = set().union(*(flat_rules(r["rules"]) for r in held))
-            assert granted == wanted, f"values {values}: {granted ^ wanted}"
-        if values and values.get("watchNamespaces"):
-            assert all("customresourcedefinitions" not in str(r["rules"]) for r in of_kind(manifests, "Role"))
+            assert granted == expected, f"values {values}: {granted ^ expected}"
+        if namespaces != [None]:  # no right at all outside the watched namespaces
+            assert of_kind(manifests, "ClusterRole") == of_kind(manifests, "ClusterRoleBinding") == []
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from tests.charts.helm import render
 from tests.operator.kubejobs import (
     GROUP,
     PLURAL,
@@ -62,6 +63,12 @@ def peering(api: k8s.ApiClient) -> Iterator[str]:
 
 
 def replica(kube: Cluster, logs: Path, peering: str, priority: int) -> tuple[ManagedProcess, int]:
+    return operator_process(kube, logs / "operator-peering" / f"{peering}-{priority}.log",
+                            [f"--peering={peering}", f"--priority={priority}"])
+
+
+def operator_process(kube: Cluster, log: Path, args: list[str]) -> tuple[ManagedProcess, int]:
+    """``diloco operator ARGS`` as a process against ``kube`` (its own liveness port, no metrics)."""
     live_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DILOCO_OPERATOR_", "KUBERNETES_SERVICE"))}
     env.update({
@@ -70,9 +77,9 @@ def replica(kube: Cluster, logs: Path, peering: str, priority: int) -> tuple[Man
         "DILOCO_OPERATOR_METRICS_PORT": "0",
         "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9",  # no synchronizer runs on kwok
     })
-    argv = [sys.executable, "-m", "diloco", "operator", "--verbose", f"--peering={peering}",
-            f"--priority={priority}", f"--liveness=http://127.0.0.1:{live_port}/healthz"]
-    proc = ManagedProcess(f"operator-{priority}", argv, logs / "operator-peering" / f"{peering}-{priority}.log", env=env)
+    argv = [sys.executable, "-m", "diloco", "operator", "--verbose", *args,
+            f"--liveness=http://127.0.0.1:{live_port}/healthz"]
+    proc = ManagedProcess(log.stem, argv, log, env=env)
     proc.start()
     return proc, live_port
 
@@ -134,5 +141,54 @@ def test_only_the_highest_priority_replica_acts_and_the_other_takes_over(
                  timeout=60, what="the job deleted", describe=low.log_tail)
     finally:
         for proc in (low, high):
+            if proc is not None:
+                proc.stop()
+
+
+def test_an_operator_run_by_hand_and_the_charts_pause_for_each_other(
+    kube: Cluster, api: k8s.ApiClient, namespace: str, test_logs_dir: Path, tmp_path: Path,
+) -> None:
+    """The chart's operator (its Deployment's arguments) and one started by hand with no peering flag
+    join the same peering, which the first one creates: the one of higher priority works, the other
+    pauses and says so, and takes over when it stops."""
+    custom = k8s.CustomObjectsApi(api)
+    try:
+        custom.delete_cluster_custom_object(*PEERINGS, "diloco")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    (deployment,) = [m for m in render(tmp_path) if m["kind"] == "Deployment"]
+    chart_args = [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+                  if not a.startswith("--liveness=")]
+    assert "--peering=diloco" in chart_args
+    logs = test_logs_dir / "operator-peering"
+    chart, _ = operator_process(kube, logs / f"chart-{namespace}.log", chart_args)
+    by_hand: ManagedProcess | None = None
+    try:
+        wait_for(lambda: any(p.get("priority") == 0 for p in peers(api, "diloco").values()), timeout=60,
+                 what="the chart's operator in the peering it created", describe=chart.log_tail)
+        log = chart.log_path.read_text(errors="replace")
+        assert "created the peering object ClusterKopfPeering 'diloco'" in log
+        assert "peering: this operator joins ClusterKopfPeering 'diloco' with priority 0" in log
+        create_job(api, namespace, job_manifest("hand", [unit("a")]))
+        wait_for(lambda: phase_is(api, namespace, "hand", "Running", "1/1"), timeout=90, what="phase Running",
+                 describe=chart.log_tail)
+
+        by_hand, _ = operator_process(kube, logs / f"by-hand-{namespace}.log", ["--priority=10"])  # no --peering
+        wait_for(lambda: "Pausing operations" in chart.log_path.read_text(errors="replace"), timeout=90,
+                 what="the chart's operator paused for the one run by hand", describe=chart.log_tail)
+        hand_log = by_hand.log_path.read_text(errors="replace")
+        assert "peering: this operator joins ClusterKopfPeering 'diloco' with priority 10" in hand_log
+        k8s.CoreV1Api(api).delete_namespaced_service("hand-a", namespace)
+        wait_for(lambda: "restored Service hand-a" in by_hand.log_path.read_text(errors="replace")
+                 or "created Service hand-a" in by_hand.log_path.read_text(errors="replace"), timeout=60,
+                 what="the operator run by hand at work", describe=by_hand.log_tail)
+        assert "Service hand-a" not in chart.log_path.read_text(errors="replace").split("Pausing operations")[-1]
+
+        by_hand.stop()  # it leaves the peering: the chart's operator resumes
+        wait_for(lambda: "Resuming operations" in chart.log_path.read_text(errors="replace").split(
+            "Pausing operations")[-1], timeout=90, what="the chart's operator resumed", describe=chart.log_tail)
+    finally:
+        for proc in (by_hand, chart):
             if proc is not None:
                 proc.stop()

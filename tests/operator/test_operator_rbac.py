@@ -1,5 +1,8 @@
-"""Least privilege, for real: ``diloco operator`` as a process, authenticated as a ServiceAccount
-bound to a ClusterRole with exactly the rules of operator/rbac.yaml (the apiserver runs RBAC).
+"""Least privilege, for real: ``diloco operator`` as a process, authenticated as the chart's own
+ServiceAccount (a token for it) with the RBAC the chart installs, in both of the chart's modes:
+every namespace (a ClusterRole with exactly the rules of operator/rbac.yaml) and named namespaces
+(a Role in each, nothing cluster-wide). The operator runs with the arguments and variables of the
+chart's Deployment (the chart is installed with ``operator.replicas=0``, so only this process acts).
 
 The job must reconcile completely (children, pods Running, status, events, a unit removed live)
 and the operator's log must show no request refused for lack of permission, nor the job Secret.
@@ -13,8 +16,8 @@ import re
 import secrets
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -23,8 +26,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from tests.charts.helm import CHART, helm, values_args
 from tests.operator.kubejobs import (
-    ROOT,
     children,
     create_job,
     events,
@@ -46,67 +49,78 @@ pytestmark = pytest.mark.integration
 
 AUDIENCE = "https://kubernetes.default.svc.cluster.local"  # the test apiserver's issuer
 # a 403 status as the clients log it ("(403)", "HTTP 403:", "Code: 403"), not digits of a
-# timestamp (",403]"), a port or a uid
-REFUSED = re.compile(r"(?<![\w,.:-])403(?!\w)|[Ff]orbidden")
+# timestamp (",403]"), a port or a uid; and kopf's own words for a refusal it works around
+REFUSED = re.compile(r"(?<![\w,.:-])403(?!\w)|[Ff]orbidden|[Nn]ot enough permissions")
 
 
-def rbac_rules() -> list[dict[str, Any]]:
-    rules = yaml.safe_load((ROOT / "operator" / "rbac.yaml").read_text())
-    assert isinstance(rules, list), "operator/rbac.yaml must be a list of rules"
-    assert rules
-    return list(rules)
-
-
-@pytest.fixture
-def service_account_kubeconfig(kube: Cluster, api: k8s.ApiClient, namespace: str, tmp_path: Path) -> Iterator[Path]:
-    """A ServiceAccount bound to exactly the documented rules, and a kubeconfig with its token."""
-    name = f"diloco-operator-{secrets.token_hex(4)}"
-    core, rbac = k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api)
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "diloco-operator"}})
-    rbac.create_cluster_role({"metadata": {"name": name}, "rules": rbac_rules()})
-    rbac.create_cluster_role_binding({
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": "diloco-operator", "namespace": namespace}],
-    })
-    try:
-        request = k8s.AuthenticationV1TokenRequest(
-            spec=k8s.V1TokenRequestSpec(audiences=[AUDIENCE], expiration_seconds=3600))
-        token = core.create_namespaced_service_account_token("diloco-operator", namespace, request).status.token
-        config = yaml.safe_load(Path(kube.kubeconfig).read_text())
-        config["users"] = [{"name": "operator", "user": {"token": token}}]
-        for ctx in config["contexts"]:
-            ctx["context"]["user"] = "operator"
-        path = tmp_path / "operator-kubeconfig.yaml"
-        path.write_text(yaml.safe_dump(config))
-        yield path
-    finally:
-        for delete in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
-            try:
-                delete(name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+@dataclass
+class ChartOperator:
+    proc: ManagedProcess
+    live_port: int
+    kubeconfig: Path
+    account: str  # the ServiceAccount, namespace/name
+    jobs: str  # the namespace the test's job lives in
 
 
 @pytest.fixture
-def operator_process(service_account_kubeconfig: Path, test_logs_dir: Path) -> Iterator[tuple[ManagedProcess, int]]:
-    live_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DILOCO_OPERATOR_", "KUBERNETES_SERVICE"))}
-    env.update({
-        "KUBECONFIG": str(service_account_kubeconfig),
-        "DILOCO_OPERATOR_RESYNC_SECONDS": "2",
-        "DILOCO_OPERATOR_METRICS_PORT": "0",
-        "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9",  # no synchronizer runs on kwok
-    })
-    argv = [sys.executable, "-m", "diloco", "operator", "--standalone", "--verbose",
-            f"--liveness=http://127.0.0.1:{live_port}/healthz"]
-    proc = ManagedProcess("operator", argv, test_logs_dir / "operator-rbac" / f"operator-{live_port}.log", env=env)
-    proc.start()
+def jobs_namespace(kube: Cluster) -> Iterator[str]:
+    name = kube.create_namespace("t-rbac-jobs")
     try:
-        yield proc, live_port
+        yield name
     finally:
-        proc.stop()
+        kube.delete_namespace(name)
+
+
+def token_kubeconfig(kube: Cluster, api: k8s.ApiClient, namespace: str, account: str, path: Path) -> Path:
+    request = k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[AUDIENCE],
+                                                                          expiration_seconds=3600))
+    token = k8s.CoreV1Api(api).create_namespaced_service_account_token(account, namespace, request).status.token
+    config = yaml.safe_load(Path(kube.kubeconfig).read_text())
+    config["users"] = [{"name": "operator", "user": {"token": token}}]
+    for ctx in config["contexts"]:
+        ctx["context"]["user"] = "operator"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(params=["every-namespace", "named-namespaces"])
+def chart_operator(request: pytest.FixtureRequest, kube: Cluster, api: k8s.ApiClient, namespace: str,
+                   jobs_namespace: str, tmp_path: Path, test_logs_dir: Path) -> Iterator[ChartOperator]:
+    """The chart installed in ``namespace`` (its RBAC, no operator pod), and ``diloco operator`` run
+    as the chart's ServiceAccount with the chart's Deployment's arguments and variables."""
+    named = request.param == "named-namespaces"
+    release = f"rbac-{secrets.token_hex(3)}"
+    values = {"operator": {"replicas": 0}, "peering": {"name": f"rbac-{secrets.token_hex(4)}"},
+              "watchNamespaces": [jobs_namespace] if named else []}
+    installed = helm("install", release, str(CHART), "--namespace", namespace, *values_args(tmp_path, values),
+                     env=kube.env())
+    assert installed.returncode == 0, installed.stderr
+    proc = None
+    try:
+        fullname = f"{release}-diloco"
+        container = k8s.AppsV1Api(api).read_namespaced_deployment(
+            f"{fullname}-operator", namespace).spec.template.spec.containers[0]
+        live_port = free_port()
+        args = [a for a in container.args if not a.startswith("--liveness=")]
+        chart_env = {e.name: e.value for e in container.env if e.name.startswith("DILOCO_OPERATOR_")}
+        kubeconfig = token_kubeconfig(kube, api, namespace, fullname, tmp_path / "operator-kubeconfig.yaml")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DILOCO_OPERATOR_", "KUBERNETES_SERVICE"))}
+        env.update(chart_env)
+        env.update({
+            "KUBECONFIG": str(kubeconfig),
+            "DILOCO_OPERATOR_RESYNC_SECONDS": "2",
+            "DILOCO_OPERATOR_METRICS_PORT": "0",
+            "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9",  # no synchronizer runs on kwok
+        })
+        argv = [sys.executable, "-m", "diloco", "operator", *args, "--verbose",
+                f"--liveness=http://127.0.0.1:{live_port}/healthz"]
+        proc = ManagedProcess("operator", argv, test_logs_dir / "operator-rbac" / f"{release}.log", env=env)
+        proc.start()
+        yield ChartOperator(proc, live_port, kubeconfig, f"{namespace}/{fullname}", jobs_namespace)
+    finally:
+        if proc is not None:
+            proc.stop()
+        helm("uninstall", release, "--namespace", namespace, "--wait", env=kube.env())
 
 
 def refused_lines(proc: ManagedProcess) -> list[str]:
@@ -114,49 +128,70 @@ def refused_lines(proc: ManagedProcess) -> list[str]:
             if REFUSED.search(line)]
 
 
-def test_operator_reconciles_with_exactly_the_documented_rules(
-    api: k8s.ApiClient, namespace: str, service_account_kubeconfig: Path,
-    operator_process: tuple[ManagedProcess, int],
+def may(api: k8s.ApiClient, account: str, verb: str, resource: str, namespace: str | None = None) -> bool:
+    """Whether the apiserver lets the ServiceAccount do it (a SubjectAccessReview); ``resource`` is
+    ``plural`` or ``plural.group``."""
+    ns, name = account.split("/")
+    plural, _, group = resource.partition(".")
+    review = k8s.V1SubjectAccessReview(spec=k8s.V1SubjectAccessReviewSpec(
+        user=f"system:serviceaccount:{ns}:{name}", groups=["system:serviceaccounts", "system:authenticated"],
+        resource_attributes=k8s.V1ResourceAttributes(verb=verb, resource=plural, group=group, namespace=namespace)))
+    return bool(k8s.AuthorizationV1Api(api).create_subject_access_review(review).status.allowed)
+
+
+def test_operator_reconciles_with_exactly_the_charts_rules(
+    api: k8s.ApiClient, namespace: str, chart_operator: ChartOperator,
 ) -> None:
-    proc, live_port = operator_process
+    proc, ns = chart_operator.proc, chart_operator.jobs
     # The token really is the ServiceAccount's: what the rules do not grant is refused.
-    with k8s_config.new_client_from_config(config_file=str(service_account_kubeconfig)) as sa_api:
+    with k8s_config.new_client_from_config(config_file=str(chart_operator.kubeconfig)) as sa_api:
         with pytest.raises(ApiException) as denied:
-            k8s.CoreV1Api(sa_api).list_namespaced_secret(namespace)
+            k8s.CoreV1Api(sa_api).list_namespaced_secret(ns)
         assert denied.value.status == 403
+    account = chart_operator.account
+    assert not may(api, account, "list", "namespaces")  # in either mode
+    if "--namespace=" in " ".join(proc.argv):  # named namespaces: no right outside them at all
+        assert may(api, account, "watch", "dilocojobs.diloco.dev", ns)
+        assert not may(api, account, "watch", "dilocojobs.diloco.dev", namespace)
+        assert not may(api, account, "list", "customresourcedefinitions.apiextensions.k8s.io")
+        bindings = k8s.RbacAuthorizationV1Api(api).list_cluster_role_binding().items
+        assert not [b.metadata.name for b in bindings
+                    if any(s.name == account.split("/")[1] for s in b.subjects or [])]
 
     core = k8s.CoreV1Api(api)
-    core.create_namespaced_secret(namespace, {
+    core.create_namespaced_secret(ns, {
         "metadata": {"name": "s3-creds"},
         "stringData": {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"},
     })
     storage = {"bucket": "diloco-test", "credentialsSecretRef": {"name": "s3-creds"}}
-    create_job(api, namespace, job_manifest("least", [unit("a", 2), unit("b")], storage=storage))
-    wait_for(lambda: children(api, namespace, "least") == expected_children("least", ["a", "b"]), timeout=90,
-             what="all children", describe=lambda: f"{children(api, namespace, 'least')}\n{proc.log_tail()}")
-    wait_for(lambda: running_on_kwok(learner_pods(api, namespace, "least"), 3), timeout=90, what="3 pods Running")
-    wait_for(lambda: phase_is(api, namespace, "least", "Running", "2/2"), timeout=60, what="phase Running",
-             describe=lambda: f"{get_job(api, namespace, 'least').get('status')}\n{proc.log_tail()}")
-    wait_for(lambda: "Running" in events(api, namespace, "least"), timeout=30, what="the Running event")
-    live = httpx.get(f"http://127.0.0.1:{live_port}/healthz", timeout=5)
+    create_job(api, ns, job_manifest("least", [unit("a", 2), unit("b")], storage=storage))
+    wait_for(lambda: children(api, ns, "least") == expected_children("least", ["a", "b"]), timeout=90,
+             what="all children", describe=lambda: f"{children(api, ns, 'least')}\n{proc.log_tail()}")
+    wait_for(lambda: running_on_kwok(learner_pods(api, ns, "least"), 3), timeout=90, what="3 pods Running")
+    wait_for(lambda: phase_is(api, ns, "least", "Running", "2/2"), timeout=60, what="phase Running",
+             describe=lambda: f"{get_job(api, ns, 'least').get('status')}\n{proc.log_tail()}")
+    wait_for(lambda: "Running" in events(api, ns, "least"), timeout=30, what="the Running event")
+    live = wait_for(lambda: httpx.get(f"http://127.0.0.1:{chart_operator.live_port}/healthz", timeout=5),
+                    timeout=30, what="the liveness endpoint")
     assert (live.status_code, live.json().get("api")) == (200, "ok")
 
     # A live change: unit b removed (list and delete), a deleted child restored (get and patch).
-    patch_spec(api, namespace, "least", {"learnerUnits": [unit("a", 2)]})
-    wait_for(lambda: children(api, namespace, "least") == expected_children("least", ["a"]), timeout=60,
-             what="unit b pruned", describe=lambda: f"{children(api, namespace, 'least')}\n{proc.log_tail()}")
-    core.delete_namespaced_service("least-a", namespace)
-    wait_for(lambda: core.read_namespaced_service("least-a", namespace), timeout=30, what="Service restored")
-    wait_for(lambda: phase_is(api, namespace, "least", "Running", "1/1"), timeout=60, what="Running 1/1")
+    patch_spec(api, ns, "least", {"learnerUnits": [unit("a", 2)]})
+    wait_for(lambda: children(api, ns, "least") == expected_children("least", ["a"]), timeout=60,
+             what="unit b pruned", describe=lambda: f"{children(api, ns, 'least')}\n{proc.log_tail()}")
+    core.delete_namespaced_service("least-a", ns)
+    wait_for(lambda: core.read_namespaced_service("least-a", ns), timeout=30, what="Service restored")
+    wait_for(lambda: phase_is(api, ns, "least", "Running", "1/1"), timeout=60, what="Running 1/1")
 
     assert proc.running(), proc.failure_report()
     log = proc.log_path.read_text(errors="replace")
     # The log holds the operator's work, so a refused request would be in it too.
     assert "created StatefulSet least-a" in log
     assert "deleted StatefulSet least-b" in log
+    assert "created the peering object" in log  # it may create the peering object it joins
     assert refused_lines(proc) == []
     # The job Secret it generated never shows in its (verbose) log, neither plain nor as stored.
-    stored = core.read_namespaced_secret("least-secret", namespace).data
+    stored = core.read_namespaced_secret("least-secret", ns).data
     assert stored
     for encoded in stored.values():
         plain = base64.b64decode(encoded).decode()

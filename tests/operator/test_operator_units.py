@@ -11,6 +11,7 @@ from diloco_operator.children import build_children
 from diloco_operator.job_status import Condition, JobStatus
 from diloco_operator.metrics import OperatorMetrics
 from diloco_operator.models import DiLoCoJobSpec, parse_spec
+from diloco_operator.passes import read_synchronizer
 from diloco_operator.reconcile import wrong_job
 from diloco_operator.status import Observed, UnitObserved, compute_status, diff_events, unit_state_counts
 
@@ -163,3 +164,22 @@ def test_wrong_job_condition() -> None:
     assert (ready.status, ready.reason) == ("False", "WrongJob")
     assert "serves job 'x'" in ready.message
     assert s.phase == "Pending"
+
+
+def test_the_synchronizer_is_read_from_its_service_or_from_the_sync_url_given() -> None:
+    asked: list[tuple[str, str | None]] = []
+
+    def fetch(url: str, ca_pem: str | None) -> StatusResponse | None:
+        asked.append((url, ca_pem))
+        return sync(job="j")
+
+    assert read_synchronizer(fetch, None, JOB, spec(), sync_ready=False, ca_pem=None).status is None  # not asked
+    assert read_synchronizer(fetch, None, JOB, spec(), sync_ready=True, ca_pem="PEM").status is not None
+    proxy = "http://127.0.0.1:8001/api/v1/namespaces/{namespace}/services/{name}-sync:http/proxy"
+    view = read_synchronizer(fetch, proxy, JOB, spec(), sync_ready=False, ca_pem=None)  # from outside: always asked
+    assert asked == [("http://j-sync.ns.svc:8080", "PEM"),
+                     ("http://127.0.0.1:8001/api/v1/namespaces/ns/services/j-sync:http/proxy", None)]
+    assert (view.status is not None, view.problem, view.ready) == (True, None, None)
+    wrong = read_synchronizer(lambda url, ca: sync(job="x"), None, JOB, spec(), sync_ready=True, ca_pem=None)
+    assert (wrong.status, wrong.ready) == (None, False)
+    assert "serves job 'x'" in str(wrong.problem)

@@ -62,9 +62,9 @@ app.kubernetes.io/component: operator
 {{- toJson (uniq $namespaces) -}}
 {{- end -}}
 
-{{/* Name of the kopf peering object(s). */}}
+{{/* Name of the kopf peering object(s): `diloco operator`'s default unless set. */}}
 {{- define "diloco.peeringName" -}}
-{{- default (include "diloco.fullname" .) .Values.peering.name -}}
+{{- default "diloco" .Values.peering.name -}}
 {{- end -}}
 
 {{/* Command-line arguments of `diloco operator`, one per line as a YAML list. */}}
