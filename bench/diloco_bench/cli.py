@@ -23,6 +23,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "hetero": ("diloco_bench.hetero", "E4: mixed hardware, K=all vs K=1 vs K=1 + grace: goodput and loss"),
     "chaos": ("diloco_bench.chaos", "E5: goodput and loss under learner failures, real processes: decoupled vs diloco-sync vs ddp"),
     "merge-rule": ("diloco_bench.merge_rule", "E7: mean vs RDA at M = 4, 8, 16: merged norm and loss"),
+    "operator": ("diloco_bench.operator_scale",
+                 "a big job's status next to its pods on the test control plane: lag, going back, work done twice"),
     "gpu": ("diloco_bench.gpu", "inner step tokens/s and MFU (eager, compiled), the device sync boundary, a short run"),
     "quantize": ("diloco_bench.quantize", "numpy vs torch quantizers, encode and decode, G params/s, bytes identical"),
 }

@@ -83,6 +83,9 @@ def run(settings: OperatorSettings) -> None:
 
     kopf.configure(verbose=settings.verbose)
     logging.getLogger("diloco_operator").setLevel(logging.DEBUG if settings.verbose else logging.INFO)
+    # kopf says "Handler ... succeeded" at INFO for every watch event (thousands for a big job's
+    # pods); its failures are warnings and errors. Peering and start-up keep their INFO lines.
+    logging.getLogger("kopf.objects").setLevel(logging.DEBUG if settings.verbose else logging.WARNING)
     # kopf's own id for this replica, kept in the memo so liveness can tell itself from its peers
     from kopf._core.engines.peering import detect_own_id
 

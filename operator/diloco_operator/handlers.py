@@ -34,7 +34,7 @@ from diloco_operator.jobs import JobRegistry, JobState, Request
 from diloco_operator.kube import Kube, api_error
 from diloco_operator.liveness import WatchState, paused_by_peers, watch_is_alive
 from diloco_operator.metrics import OperatorMetrics
-from diloco_operator.passes import Context, post_events, run_pass
+from diloco_operator.passes import Context, post_events, reconcile_pass, refresh_pass
 from diloco_operator.peering import ensure_peering
 from diloco_operator.pods import PodCache, PodWatch, observe_pod
 from diloco_operator.settings import settings_from_env
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 BACKOFF_SECONDS = 5.0  # retry delay of a pass that failed on an API error
 DEBOUNCE_SECONDS = 0.25  # a burst of pod events makes one status refresh
-PASS_THREADS = 8  # passes of different jobs that run at once
+PASS_THREADS = 8  # passes (of different jobs, or a job's reconcile and refresh) that run at once
 LEGACY_FINALIZER = f"{GROUP}/operator"  # set by earlier versions of the operator (kopf's timer needed it)
 MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 INSTANCE = socket.gethostname()  # in a pod: the pod name
@@ -87,11 +87,18 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
                   ThreadPoolExecutor(ours.apply_concurrency, thread_name_prefix="apply"), INSTANCE)
     passes = ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="pass")
 
-    async def run(state: JobState, req: Request) -> Request | None:
-        return await asyncio.get_running_loop().run_in_executor(passes, run_pass, ctx, state, req)
+    async def reconcile(state: JobState, req: Request) -> None:
+        await asyncio.get_running_loop().run_in_executor(passes, reconcile_pass, ctx, state, req)
 
+    async def refresh(state: JobState) -> Request | None:
+        return await asyncio.get_running_loop().run_in_executor(passes, refresh_pass, ctx, state)
+
+    if namespaces and await asyncio.to_thread(kube.get_cluster, f"/apis/{GROUP}/{VERSION}") is None:
+        # kopf discovers the resources once when it does not scan: it would wait for them in silence
+        raise kopf.PermanentError(f"the DiLoCoJob CRD ({PLURAL}.{GROUP}/{VERSION}) is not served: install it "
+                                  "(kubectl apply -f crds/) and start the operator again")
     memo.ctx = ctx
-    memo.jobs = JobRegistry(run, debounce=DEBOUNCE_SECONDS, backoff=BACKOFF_SECONDS)
+    memo.jobs = JobRegistry(reconcile, refresh, debounce=DEBOUNCE_SECONDS, backoff=BACKOFF_SECONDS)
     memo.passes = passes
     if not settings.peering.standalone:
         await asyncio.to_thread(ensure_peering, kube, settings.peering.name, namespaces, settings.peering.priority)

@@ -1,12 +1,13 @@
-"""One job at a time: every pass over a job (reconcile or status refresh) runs in the job's own
-worker, one after the other, and requests that arrive meanwhile are merged into the next pass.
+"""One job at a time: the reconciles of a job run one after the other, and so do the refreshes of
+its status; requests that arrive meanwhile are merged into the next pass.
 
 Why: the watch of the job, the watches of its children and the resync timer all ask for work on
 the same job, often within milliseconds of each other. Run side by side, a long reconcile and a
 timer pass apply the same children twice, and a pass that read the world earlier writes its status
-after one that read it later: the status goes backwards. Here the passes of one job never overlap
-(passes of different jobs do), and a status refresh asked for while a pass runs happens after it,
-from what the watches saw by then.
+after one that read it later: the status goes backwards. Here only the refresh writes the status,
+one refresh at a time, each from what the watches saw by then; and a reconcile never runs beside
+another reconcile of the same job. A refresh may run while a reconcile applies the children of a big
+job, so the status follows the pods that are already up. Passes of different jobs run side by side.
 
 The workers live in kopf's event loop; the passes themselves (blocking API calls) run in threads.
 """
@@ -59,32 +60,33 @@ class JobState:
     ref: JobRef
     body: dict[str, Any]  # the job as the watch last delivered it
     status: JobStatus | None = None  # the status as last written (None: not yet, use the stored one)
-    written: dict[str, Any] | None = None  # the last status patch written
     sync: SyncView = field(default_factory=SyncView)
     chaos: ChaosStatus | None = None  # built-in chaos bookkeeping of the last reconcile
     templates: dict[str, str] = field(default_factory=dict)  # unit -> its pods' current template hash
     requested_generation: int | None = None  # the newest generation a reconcile was asked for
     reconciled_generation: int | None = None
     validated_generation: int | None = None
+    invalid: tuple[int | None, str] | None = None  # (generation, why) when the last reconcile found the spec invalid
     learners_stopped: bool = False  # the learners were scaled down because the job Succeeded
 
     def current_status(self) -> JobStatus:
         return self.status if self.status is not None else JobStatus.read(self.body.get("status") or {})
 
 
-Pass = Callable[[JobState, Request], Awaitable[Request | None]]
+Reconcile = Callable[[JobState, Request], Awaitable[None]]
+Refresh = Callable[[JobState], Awaitable[Request | None]]  # returns a reconcile the new status calls for
 
 
-class JobWorker:
-    """Runs the passes of one job one at a time, merging the requests that wait.
+class Lane:
+    """Runs one kind of pass of a job one at a time, merging the requests that wait.
 
-    A request for a status refresh only waits ``debounce`` seconds first, so a burst of pod events
-    makes one pass. A pass that fails is retried after ``backoff`` seconds; a pass may ask for a
-    follow-up (the status it wrote calls for a reconcile).
+    A request first waits ``debounce`` seconds (a burst of pod events makes one refresh); a pass that
+    fails is retried after ``backoff`` seconds.
     """
 
-    def __init__(self, state: JobState, run: Pass, *, debounce: float, backoff: float) -> None:
-        self.state = state
+    def __init__(self, name: str, run: Callable[[Request], Awaitable[None]], *, debounce: float,
+                 backoff: float) -> None:
+        self.name = name
         self._run = run
         self._debounce = debounce
         self._backoff = backoff
@@ -93,37 +95,38 @@ class JobWorker:
         self._retry: asyncio.TimerHandle | None = None
         self._stopped = False
 
+    @property
+    def idle(self) -> bool:
+        """Nothing running, waiting or due for a retry."""
+        return self._pending is None and self._retry is None and (self._task is None or self._task.done())
+
+    def _retry_now(self, req: Request) -> None:
+        self._retry = None
+        self.request(req)
+
     def request(self, req: Request) -> None:
         if self._stopped:
             return
         self._pending = req if self._pending is None else self._pending.merge(req)
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"job {self.state.ref.name}")
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=self.name)
 
     async def _loop(self) -> None:
         while self._pending is not None and not self._stopped:
-            if not self._pending.reconcile:
+            if self._debounce:
                 await asyncio.sleep(self._debounce)
             req, self._pending = self._pending, None
             if req is None:  # stopped meanwhile
                 break
             try:
-                follow_up = await self._run(self.state, req)
+                await self._run(req)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # (an API outage, say: the pass is retried)
-                log.warning("job %s/%s: %s pass failed, retrying in %gs: %s", self.state.ref.namespace,
-                            self.state.ref.name, "reconcile" if req.reconcile else "status", self._backoff, exc)
-                self._schedule_retry(req)
-                continue
-            waiting: Request | None = self._pending  # requested while the pass ran
-            if follow_up is not None:
-                self._pending = follow_up if waiting is None else waiting.merge(follow_up)
-
-    def _schedule_retry(self, req: Request) -> None:
-        if self._retry is not None:
-            self._retry.cancel()
-        self._retry = asyncio.get_running_loop().call_later(self._backoff, self.request, req)
+                log.warning("%s failed, retrying in %gs: %s", self.name, self._backoff, exc)
+                if self._retry is not None:
+                    self._retry.cancel()
+                self._retry = asyncio.get_running_loop().call_later(self._backoff, self._retry_now, req)
 
     async def stop(self) -> None:
         self._stopped = True
@@ -135,11 +138,44 @@ class JobWorker:
                 await self._task
 
 
+class JobWorker:
+    """The two lanes of one job: reconciles (each followed by a refresh) and status refreshes."""
+
+    def __init__(self, state: JobState, reconcile: Reconcile, refresh: Refresh, *, debounce: float,
+                 backoff: float) -> None:
+        self.state = state
+        where = f"job {state.ref.namespace}/{state.ref.name}"
+
+        async def run_reconcile(req: Request) -> None:
+            await reconcile(self.state, req)
+            self.refreshes.request(Request(trigger=req.trigger))
+
+        async def run_refresh(_: Request) -> None:
+            follow_up = await refresh(self.state)
+            if follow_up is not None:
+                self.reconciles.request(follow_up)
+
+        self.reconciles = Lane(f"{where}: reconcile", run_reconcile, debounce=0.0, backoff=backoff)
+        self.refreshes = Lane(f"{where}: status refresh", run_refresh, debounce=debounce, backoff=backoff)
+
+    def request(self, req: Request) -> None:
+        (self.reconciles if req.reconcile else self.refreshes).request(req)
+
+    @property
+    def idle(self) -> bool:
+        return self.reconciles.idle and self.refreshes.idle
+
+    async def stop(self) -> None:
+        await self.reconciles.stop()
+        await self.refreshes.stop()
+
+
 class JobRegistry:
     """The workers of the jobs the watch delivered, by uid."""
 
-    def __init__(self, run: Pass, *, debounce: float, backoff: float) -> None:
-        self._run = run
+    def __init__(self, reconcile: Reconcile, refresh: Refresh, *, debounce: float, backoff: float) -> None:
+        self._reconcile = reconcile
+        self._refresh = refresh
         self._debounce = debounce
         self._backoff = backoff
         self.workers: dict[str, JobWorker] = {}
@@ -152,7 +188,8 @@ class JobRegistry:
         worker = self.workers.get(uid)
         if worker is None:
             state = JobState(JobRef(meta["name"], meta["namespace"], uid), body)
-            worker = self.workers[uid] = JobWorker(state, self._run, debounce=self._debounce, backoff=self._backoff)
+            worker = self.workers[uid] = JobWorker(state, self._reconcile, self._refresh, debounce=self._debounce,
+                                                   backoff=self._backoff)
             self._by_name[(state.ref.namespace, state.ref.name)] = uid
         else:
             worker.state.body = body

@@ -183,41 +183,55 @@ def restart_outdated(ctx: Context, state: JobState, spec: DiLoCoJobSpec) -> list
     return events
 
 
-def run_pass(ctx: Context, state: JobState, req: Request) -> Request | None:
-    """One pass (blocking; run in a thread); returns a follow-up request, if the pass calls for one."""
-    meta = state.body["metadata"]
-    if meta.get("deletionTimestamp"):
-        return None  # the garbage collector is removing the children: do not recreate them
-    if req.reconcile:  # on the freshest spec, and not for a job deleted meanwhile
-        fresh = ctx.kube.get(API_VERSION, KIND, state.ref.namespace, state.ref.name)
-        if fresh is None or fresh["metadata"].get("uid") != state.ref.uid or fresh["metadata"].get("deletionTimestamp"):
-            return None
-        state.body = fresh
-        meta = fresh["metadata"]
+def reconcile_pass(ctx: Context, state: JobState, req: Request) -> None:
+    """Bring the children to the spec (blocking; run in a thread). A spec that can never work is
+    remembered for the refresh that follows, which says so in the status."""
+    if state.body["metadata"].get("deletionTimestamp"):
+        return  # the garbage collector is removing the children: do not recreate them
+    # on the freshest spec, and not for a job deleted meanwhile
+    fresh = ctx.kube.get(API_VERSION, KIND, state.ref.namespace, state.ref.name)
+    if fresh is None or fresh["metadata"].get("uid") != state.ref.uid or fresh["metadata"].get("deletionTimestamp"):
+        return
+    state.body = fresh
+    generation = fresh["metadata"].get("generation")
     now = datetime.now(UTC)
-    generation = meta.get("generation")
     try:
-        if req.reconcile:
-            spec = check_spec(ctx.kube, state.ref, state.body.get("spec") or {})
-        else:
-            if state.current_status().phase == "Failed" and state.reconciled_generation == generation:
-                return None  # invalid as last reconciled: the next reconcile says when it is fixed
-            spec = parse_spec(dict(state.body.get("spec") or {}))
-            validate_job(state.ref.name, spec)
-        events = reconcile(ctx, state, spec, req, now) if req.reconcile else []
+        spec = check_spec(ctx.kube, state.ref, fresh.get("spec") or {})
+        events = reconcile(ctx, state, spec, req, now)
     except SpecError as exc:
+        state.invalid = (generation, str(exc))
         state.reconciled_generation = generation
-        invalid(ctx, state, str(exc), generation)
         ctx.metrics.reconciles.labels(req.trigger, "invalid").inc()
-        return None
-    if req.reconcile or req.fetch:
+        return
+    state.invalid = None
+    if req.fetch:
         pods_ready, _ = sync_observation(spec, ctx.pods.pods(state.ref.namespace, state.ref.name))
         ca_pem = read_ca_bundle(ctx.kube, state.ref.namespace, spec.synchronizer.ca)
         state.sync = read_synchronizer(ctx.fetch, ctx.settings.sync_url, state.ref, spec, pods_ready, ca_pem)
-    new, diff = compute(ctx, state, spec, now)
-    write_status(ctx, state, new, events + diff)
+    post_events(ctx.kube, state.body, events, ctx.instance)
+    ctx.metrics.reconciles.labels(req.trigger, "ok").inc()
+
+
+def refresh_pass(ctx: Context, state: JobState) -> Request | None:
+    """Compute and write the status (blocking; run in a thread); restart the units whose pods are
+    outdated. Returns the reconcile the new status calls for, if any."""
+    meta = state.body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return None
+    generation = meta.get("generation")
+    problem = state.invalid[1] if state.invalid is not None and state.invalid[0] == generation else None
+    try:
+        if problem is not None:
+            raise SpecError(problem)
+        spec = parse_spec(dict(state.body.get("spec") or {}))
+        validate_job(state.ref.name, spec)
+    except SpecError as exc:
+        invalid(ctx, state, str(exc), generation)
+        return None
+    new, events = compute(ctx, state, spec, datetime.now(UTC))
+    write_status(ctx, state, new, events)
     post_events(ctx.kube, state.body, restart_outdated(ctx, state, spec), ctx.instance)
-    ctx.metrics.reconciles.labels(req.trigger if req.reconcile else "status", "ok").inc()
+    ctx.metrics.reconciles.labels("status", "ok").inc()
     if state.current_status().phase == "Succeeded" and not state.learners_stopped:
         return Request(reconcile=True, trigger="succeeded")  # scale the learners down now
     return None

@@ -1,5 +1,6 @@
-"""The per-job worker: passes of one job never overlap, requests that wait merge into one pass, a
-status refresh is debounced, a failed pass is retried; and the peering objects an operator joins."""
+"""The per-job worker: reconciles of one job never overlap, nor do its status refreshes; requests
+that wait merge into one pass; a refresh is debounced, follows every reconcile and may run while a
+long reconcile does; a failed pass is retried; and the peering objects an operator joins."""
 
 from __future__ import annotations
 
@@ -13,98 +14,132 @@ def body(name: str = "j", uid: str = "u1", generation: int = 1) -> dict[str, obj
     return {"metadata": {"name": name, "namespace": "ns", "uid": uid, "generation": generation}}
 
 
-class Recorder:
-    """A pass that takes ``duration`` seconds and records what it was asked and whether another
-    pass of the same job was running meanwhile."""
+class Passes:
+    """Reconcile and refresh passes that take some time and record what they were asked, and
+    whether two of the same kind (of one job) ever ran at once."""
 
-    def __init__(self, duration: float = 0.05, fail: int = 0) -> None:
-        self.duration = duration
+    def __init__(self, reconcile_s: float = 0.05, refresh_s: float = 0.01, fail: int = 0,
+                 follow_up: Request | None = None) -> None:
+        self.reconcile_s, self.refresh_s = reconcile_s, refresh_s
         self.fail = fail
-        self.calls: list[Request] = []
-        self.running = 0
+        self.follow_up = follow_up
+        self.log: list[tuple[str, str, float]] = []  # (job, "reconcile:<trigger>" or "refresh", start)
+        self.running: dict[tuple[str, str], int] = {}
         self.overlapped = False
 
-    async def __call__(self, state: JobState, req: Request) -> Request | None:
-        self.running += 1
-        self.overlapped |= self.running > 1
+    async def _timed(self, job: str, kind: str, label: str, seconds: float) -> None:
+        key = (job, kind)
+        self.running[key] = self.running.get(key, 0) + 1
+        self.overlapped |= self.running[key] > 1
+        self.log.append((job, label, asyncio.get_running_loop().time()))
         try:
-            await asyncio.sleep(self.duration)
-            self.calls.append(req)
+            await asyncio.sleep(seconds)
             if self.fail:
                 self.fail -= 1
                 raise RuntimeError("HTTP 503: the apiserver is away")
-            return None
         finally:
-            self.running -= 1
+            self.running[key] -= 1
+
+    async def reconcile(self, state: JobState, req: Request) -> None:
+        flags = "+chaos" if req.chaos else ""
+        await self._timed(state.ref.name, "reconcile", f"reconcile:{req.trigger}{flags}", self.reconcile_s)
+
+    async def refresh(self, state: JobState) -> Request | None:
+        await self._timed(state.ref.name, "refresh", "refresh", self.refresh_s)
+        follow_up, self.follow_up = self.follow_up, None
+        return follow_up
+
+    def of(self, job: str) -> list[str]:
+        return [label for j, label, _ in self.log if j == job]
 
 
 async def settle(registry: JobRegistry) -> None:
-    for _ in range(200):
+    for _ in range(500):
         await asyncio.sleep(0.01)
-        if all(w._task is None or w._task.done() for w in registry.workers.values()) and \
-                all(w._pending is None for w in registry.workers.values()):
+        if all(w.idle for w in registry.workers.values()):
             return
 
 
-def test_passes_of_a_job_never_overlap_and_waiting_requests_merge() -> None:
-    async def scenario() -> Recorder:
-        run = Recorder(duration=0.1)
-        registry = JobRegistry(run, debounce=0.01, backoff=0.05)
+def registry_for(passes: Passes, debounce: float = 0.01, backoff: float = 0.05) -> JobRegistry:
+    return JobRegistry(passes.reconcile, passes.refresh, debounce=debounce, backoff=backoff)
+
+
+def test_reconciles_never_overlap_and_the_requests_that_wait_merge() -> None:
+    async def scenario() -> Passes:
+        passes = Passes(reconcile_s=0.1)
+        registry = registry_for(passes)
         worker = registry.seen(body())
         worker.request(Request(reconcile=True, trigger="create"))
-        await asyncio.sleep(0.02)  # the reconcile runs; these wait and make one pass
-        for _ in range(20):
-            worker.request(Request(trigger="watch"))
+        await asyncio.sleep(0.02)  # the create pass runs; these wait and make one pass
+        worker.request(Request(reconcile=True, trigger="drift"))
         worker.request(Request(reconcile=True, chaos=True, fetch=True, trigger="timer"))
         await settle(registry)
-        return run
+        return passes
 
-    run = asyncio.run(scenario())
-    assert not run.overlapped
-    assert [(r.reconcile, r.chaos, r.fetch, r.trigger) for r in run.calls] == \
-        [(True, False, False, "create"), (True, True, True, "timer")]
+    passes = asyncio.run(scenario())
+    assert not passes.overlapped
+    reconciles = [p for p in passes.of("j") if p.startswith("reconcile")]
+    assert reconciles == ["reconcile:create", "reconcile:drift+chaos"]
+    assert passes.of("j")[-1] == "refresh"  # every reconcile is followed by a refresh
 
 
-def test_status_refreshes_are_debounced_and_different_jobs_run_side_by_side() -> None:
-    async def scenario() -> tuple[Recorder, int]:
-        run = Recorder(duration=0.05)
-        registry = JobRegistry(run, debounce=0.05, backoff=0.05)
-        one, two = registry.seen(body("a", "ua")), registry.seen(body("b", "ub"))
-        for _ in range(50):  # a burst of pod events
-            one.request(Request(trigger="watch"))
-            two.request(Request(trigger="watch"))
-        await asyncio.sleep(0.07)
-        both = run.running
+def test_refreshes_are_debounced_and_run_while_a_long_reconcile_does() -> None:
+    async def scenario() -> Passes:
+        passes = Passes(reconcile_s=0.5, refresh_s=0.01)
+        registry = registry_for(passes, debounce=0.05)
+        worker = registry.seen(body())
+        worker.request(Request(reconcile=True, trigger="create"))  # a big job being created
+        for _ in range(3):
+            await asyncio.sleep(0.1)
+            for _ in range(50):  # a burst of pod events as its first units come up
+                worker.request(Request(trigger="watch"))
         await settle(registry)
-        return run, both
+        return passes
 
-    run, both = asyncio.run(scenario())
-    assert [r.trigger for r in run.calls] == ["watch", "watch"]  # one pass per job
-    assert both == 2
+    passes = asyncio.run(scenario())
+    assert not passes.overlapped
+    during = [label for _, label, start in passes.log if label == "refresh"
+              and start < passes.log[0][2] + passes.reconcile_s]
+    assert len(during) == 3  # one per burst, before the reconcile ended
+    assert passes.of("j") == ["reconcile:create", "refresh", "refresh", "refresh", "refresh"]
 
 
-def test_a_failed_pass_is_retried_and_a_forgotten_job_stops() -> None:
-    async def scenario() -> tuple[Recorder, int]:
-        run = Recorder(fail=1)
-        registry = JobRegistry(run, debounce=0.0, backoff=0.05)
+def test_different_jobs_run_side_by_side() -> None:
+    async def scenario() -> int:
+        passes = Passes(reconcile_s=0.2)
+        registry = registry_for(passes)
+        for name in ("a", "b"):
+            registry.seen(body(name, f"u-{name}")).request(Request(reconcile=True, trigger="create"))
+        await asyncio.sleep(0.1)
+        both = sum(n for (_, kind), n in passes.running.items() if kind == "reconcile")
+        await settle(registry)
+        return both
+
+    assert asyncio.run(scenario()) == 2
+
+
+def test_a_failed_pass_is_retried_a_refresh_may_ask_for_a_reconcile_and_a_forgotten_job_stops() -> None:
+    async def scenario() -> Passes:
+        passes = Passes(fail=1, follow_up=Request(reconcile=True, trigger="succeeded"))
+        registry = registry_for(passes)
         worker = registry.seen(body())
         worker.request(Request(reconcile=True, trigger="create"))
-        await asyncio.sleep(0.3)
-        calls = len(run.calls)
+        await settle(registry)
         await registry.forget("u1")
         worker.request(Request(reconcile=True))  # ignored: the job is gone
         await asyncio.sleep(0.1)
         assert registry.find("ns", "j") is None
-        return run, calls
+        return passes
 
-    run, calls = asyncio.run(scenario())
-    assert calls == 2  # the failure, then the retry
-    assert len(run.calls) == 2
+    passes = asyncio.run(scenario())
+    # the create failed and was retried; its refresh asked for a reconcile (the job finished)
+    assert passes.of("j") == ["reconcile:create", "reconcile:create", "refresh", "reconcile:succeeded", "refresh"]
 
 
 def test_the_registry_keeps_the_latest_body_and_finds_jobs_by_name() -> None:
     async def scenario() -> None:
-        registry = JobRegistry(Recorder(), debounce=0.0, backoff=0.0)
+        passes = Passes()
+        registry = registry_for(passes)
         first = registry.seen(body(generation=1))
         again = registry.seen(body(generation=2))
         assert first is again

@@ -95,12 +95,17 @@ class ExistingCluster(Cluster):
 
 
 class ControlPlane(Cluster):
-    """etcd + kube-apiserver + controller-manager + scheduler + kwok, torn down by PID."""
+    """etcd + kube-apiserver + controller-manager + scheduler + kwok, torn down by PID.
+
+    ``extra_args``: more flags for a component, by binary name (a benchmark lifting the
+    controller-manager's client rate limit, say).
+    """
 
     has_kwok = True
 
-    def __init__(self, workdir: Path, *, with_kwok: bool = True) -> None:
+    def __init__(self, workdir: Path, *, with_kwok: bool = True, extra_args: dict[str, list[str]] | None = None) -> None:
         super().__init__(workdir / "kubeconfig.yaml")
+        self.extra_args = dict(extra_args or {})
         self.workdir = workdir
         self.bin_dir = bin_dir()
         self.has_kwok = with_kwok
@@ -137,6 +142,7 @@ class ControlPlane(Cluster):
         self.processes.clear()
 
     def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
+        argv = [*argv, *self.extra_args.get(name, [])]
         proc = ManagedProcess(name, [str(self.binaries[name]), *argv], self.workdir / f"{name}.log")
         proc.start()
         self.processes.append(proc)
