@@ -33,7 +33,7 @@ def test_lag_is_per_count_reached() -> None:
 
 def pod(name: str, unit: str, ready: bool, deleting: bool = False) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": {"diloco.dev/unit": unit},
-                         "deletion_timestamp": "now" if deleting else None},
+                         "deletionTimestamp": "now" if deleting else None},
             "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
