@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "codec": ("diloco_bench.codec", "bytes/param, throughput and error of each quantizer on real outer gradients"),
     "sync-ingest": ("diloco_bench.sync_ingest", "synchronizer ingest throughput, latency, merge time vs raw baseline"),
     "worker": ("diloco_bench.worker", "learner tokens/s with DiLoCo vs a plain training loop; blocked time"),
+    "startup": ("diloco_bench.startup", "seconds from a learner's launch to its first step, per phase, vs import torch"),
     "simulate": ("diloco_bench.simulate", "the paper's Table 1 next to the simulator's"),
     "quality": ("diloco_bench.quality", "E1: held-out loss of data-parallel vs synchronous DiLoCo vs decoupled"),
     "bandwidth": ("diloco_bench.bandwidth", "E2: bytes on the wire per token, mean and peak, vs data-parallel"),

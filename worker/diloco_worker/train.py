@@ -191,6 +191,7 @@ def train(
     on_cuda = unit.device.type == "cuda"
     clock = StepClock(per_step=not on_cuda, state=state)
     first_step = True
+    first_logged = state.step + 1  # logged in every process: its record carries the start-up figures
     while state.step < cfg.max_steps:
         if health:
             health.beat("training")
@@ -229,7 +230,7 @@ def train(
         stopping = hook.at_boundary(state, step_tokens, asked, clock.step_time(step_time)) if hook else asked
         if eval_every and state.step % eval_every == 0:
             state.eval_loss = evaluate(task.model, task, unit.device)
-        if state.step % log_every == 0 or stopping or state.step >= cfg.max_steps:
+        if state.step % log_every == 0 or stopping or state.step >= cfg.max_steps or state.step == first_logged:
             loss_value = float(loss_sum)
             clock.close_window(state)
             _emit(state, loss_value, step_time, step_tokens, metrics, clock, flops_per_token, peak_flops)
