@@ -23,6 +23,7 @@ import torch
 from diloco_core.config import TrainSettings
 from torch import nn
 
+from .adamw import AdamW
 from .distributed import Unit
 from .entry import TrainingTask
 from .health import Health
@@ -75,13 +76,15 @@ def adamw_impl(device: torch.device, wanted: AdamWImpl = "auto") -> Literal["fus
     return "fused" if device.type == "cuda" else "loop" if device.type == "cpu" else "foreach"
 
 
-def make_optimizer(model: nn.Module, cfg: TrainSettings, impl: AdamWImpl = "auto") -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, cfg: TrainSettings, impl: AdamWImpl = "auto") -> torch.optim.Optimizer:
     """AdamW; no weight decay on biases, norms and other 1-d tensors."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     first = next(iter(decay + no_decay), None)
     chosen = adamw_impl(first.device if first is not None else torch.device("cpu"), impl)
+    if chosen == "loop":  # torch's single-tensor update without its start-up cost (see .adamw)
+        return AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     return torch.optim.AdamW(
         groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=chosen == "fused" or None,
         foreach=chosen == "foreach",
