@@ -18,7 +18,8 @@ from types import FrameType
 import httpx
 from diloco_core.protocol import StatusResponse
 
-from diloco.runner.chaos import ChaosEvent, build_chaos_schedule, due_events
+from diloco.failures import Failure
+from diloco.runner.chaos import build_chaos_schedule, due_events
 from diloco.runner.commands import (
     RunPaths,
     build_synchronizer_argv,
@@ -63,10 +64,8 @@ class Orchestrator:
             run_dir=str(paths.root), mode=settings.mode, settings=_settings_dict(settings), started_at=time.time(),
             tokens_per_step=settings.tokens_per_step,
         )
-        self.schedule: tuple[ChaosEvent, ...] = build_chaos_schedule(
-            seed=settings.model.seed, mtbf_s=settings.mtbf_s, repair_s=settings.repair_s,
-            learners=range(settings.learners), horizon_s=settings.time_limit_s,
-        )
+        self.failures = settings.failures
+        self.schedule: tuple[Failure, ...] = build_chaos_schedule(settings)
         self.sync: Child | None = None
         self.evaluator: GlobalEvaluator | None = None
         self.http = httpx.Client(base_url=self.sync_url, timeout=5.0)
@@ -207,9 +206,9 @@ class Orchestrator:
                 return "interrupted (Ctrl-C)"
             if self.sync is not None and not self.sync.alive():
                 return f"the synchronizer exited with code {self.sync.exit_code()}"
-            events, cursor = due_events(self.schedule, cursor, now)
-            for event in events:
-                self._apply_chaos(event, now)
+            failures, cursor = due_events(self.schedule, cursor, now)
+            for failure in failures:
+                self._apply_failure(failure, now)
             self._poll()
             self._reap(now)
             self._maybe_evaluate(now)
@@ -230,28 +229,26 @@ class Orchestrator:
 
     def _group_of(self, slot: LearnerSlot) -> list[LearnerSlot]:
         """The processes that fail together: in ddp mode the whole unit (its ranks share every step)."""
-        return list(self.slots) if self.s.mode == "ddp" else [slot]
+        return [self.slots[i] for i in self.failures.group_of(slot.index)]
 
-    def _apply_chaos(self, event: ChaosEvent, now: float) -> None:
-        slot = self.slots[event.learner]
+    def _apply_failure(self, failure: Failure, now: float) -> None:
+        """A failure instant: kill the learner (its unit, in ddp mode) if it is up, and schedule its
+        restart after the repair time; an instant that finds it down or finished is absorbed."""
+        slot = self.slots[failure.learner]
+        if not slot.up:
+            return
         group = self._group_of(slot)
-        if event.action == "kill" and slot.up and any(m.state == "finished" for m in group):
+        if any(m.state == "finished" for m in group):
             # the ranks of a unit take every step together: one that finished means the unit's
             # last step is done and the others are only leaving
             self._note(f"[{now:6.1f}s] chaos: {self._who(slot)} not killed, its unit finished training")
             return
-        if event.action == "kill" and slot.up:
-            for member in group:
-                if member.up and member.child is not None:
-                    member.child.kill()
-                    self._mark_down(member, now, by_chaos=member is slot)
-            self._note(f"[{now:6.1f}s] chaos: killed {self._who(slot)} at step {slot.step}{self._unit_note()}")
-        elif event.action == "restart" and slot.state == "down" and slot.pending_kill is not None:
-            for member in group:
-                if member.state == "down":
-                    self._launch(member)
-            slot.pending_kill.restarted_at_s = now
-            self._note(f"[{now:6.1f}s] chaos: restarted {self._who(slot)}{self._unit_note()}")
+        for member in group:
+            if member.up and member.child is not None:
+                member.child.kill()
+                self._mark_down(member, now, by_chaos=member is slot)
+                member.down_until_s = now + self.s.repair_s
+        self._note(f"[{now:6.1f}s] chaos: killed {self._who(slot)} at step {slot.step}{self._unit_note()}")
 
     def _logged_step(self, slot: LearnerSlot) -> int:
         """The newest step the learner's current process wrote to its metrics file (every 5 steps):
@@ -285,6 +282,9 @@ class Orchestrator:
                 if slot.down_until_s is not None and now >= slot.down_until_s:
                     slot.down_until_s = None
                     self._launch(slot)
+                    if slot.pending_kill is not None:
+                        slot.pending_kill.restarted_at_s = now
+                        self._note(f"[{now:6.1f}s] chaos: restarted {self._who(slot)}{self._unit_note()}")
                 continue
             code = slot.child.exit_code() if slot.child is not None and slot.up else None
             if code is None:
