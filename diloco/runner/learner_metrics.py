@@ -78,3 +78,14 @@ def read_counts(path: Path, pid: int | None = None) -> LearnerCounts | None:
     if pid is not None:
         records = [r for r in records if r.get("pid") == pid]
     return counts_from_records(records)
+
+
+def read_first_steps(path: Path) -> dict[int, float]:
+    """Per process (pid) of a metrics file, the wall-clock time its first step ended: the start-up
+    figures its first record carries (diloco_worker.startup)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return {}
+    return {int(r["pid"]): float(r["first_step_at"]) for r in parse_records(text.splitlines())
+            if "first_step_at" in r and "pid" in r}  # fmt: skip

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from diloco.runner.learner_metrics import counts_from_records, parse_records, read_counts
+from diloco.runner.learner_metrics import counts_from_records, parse_records, read_counts, read_first_steps
 from diloco.runner.slots import learner_label, resumed_step
 
 
@@ -61,3 +61,12 @@ def test_the_records_of_one_process_only(tmp_path: Path) -> None:
     assert newest is not None
     assert (newest.step, newest.bytes_sent) == (25, 6)
     assert read_counts(path, pid=9) is None  # a process that has written nothing yet
+
+
+def test_each_process_first_step_comes_from_the_record_that_carries_its_start_up(tmp_path: Path) -> None:
+    path = tmp_path / "learner-0.jsonl"
+    first = {"pid": 7, "step": 1, "startup_s": 4.0, "launched_at": 96.0, "first_step_at": 100.0}
+    again = {"pid": 8, "step": 31, "startup_s": 3.0, "launched_at": 147.0, "first_step_at": 150.5}
+    path.write_text("\n".join([json.dumps(first), _line(7, 2, 1, 0), json.dumps(again), _line(8, 32, 1, 0)]) + "\n")
+    assert read_first_steps(path) == {7: 100.0, 8: 150.5}
+    assert read_first_steps(tmp_path / "nowhere.jsonl") == {}
