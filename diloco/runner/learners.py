@@ -146,8 +146,9 @@ class Learners:
                 slot.step_time_s = ls.step_time_s
                 slot.tokens_per_s = self.s.tokens_per_step / ls.step_time_s if ls.step_time_s > 0 else 0.0
                 slot.staleness = ls.staleness
-                if not self.ddp or slot.index == 0:
-                    self.record.timeline.record_blocked(slot.index, slot.incarnation, ls.blocked_s)
+                # in ddp mode the status is rank 0's, and every rank of the unit spends the same time at
+                # each step boundary (the others wait for rank 0's broadcast): each rank's time counts
+                self.record.timeline.record_blocked(slot.index, slot.incarnation, ls.blocked_s)
 
     def _on_rejoined(self, slot: LearnerSlot, step: int, now: float) -> None:
         slot.state = "training"
