@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "codecs": ("diloco_bench.codecs", "E3: loss vs bytes for fp32/bf16/int8/int4/e3m0 outer gradients"),
     "hetero": ("diloco_bench.hetero", "E4: mixed hardware, K=all vs K=1 vs K=1 + grace: goodput and loss"),
     "chaos": ("diloco_bench.chaos", "E5: goodput and loss under learner failures, real processes: decoupled vs diloco-sync vs ddp"),
+    "goodput": ("diloco_bench.goodput", "goodput of real processes under failures vs the simulator's prediction, per mode"),
     "merge-rule": ("diloco_bench.merge_rule", "E7: mean vs RDA at M = 4, 8, 16: merged norm and loss"),
     "gpu": ("diloco_bench.gpu", "inner step tokens/s and MFU (eager, compiled), the device sync boundary, a short run"),
     "quantize": ("diloco_bench.quantize", "numpy vs torch quantizers, encode and decode, G params/s, bytes identical"),
