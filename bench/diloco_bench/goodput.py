@@ -25,7 +25,6 @@ import argparse
 import itertools
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,8 +38,8 @@ from diloco.runner.learner_metrics import parse_records
 from diloco.runner.record import RunRecord
 from diloco.runner.timeline import Interval, launch_durations
 from diloco.simulate.job_cli import mean_goodput, simulate_run
+from diloco_bench import chaos, plots
 from diloco_bench import harness as h
-from diloco_bench import plots
 
 MODES = ("decoupled", "diloco-sync", "ddp")
 PAPER = {"decoupled": 88.0, "ddp": 27.0}  # Decoupled DiLoCo, Table 1 at 1.2M chips: M = 8 vs data-parallel
@@ -123,19 +122,14 @@ def measured_timing(record: RunRecord, metrics_dir: Path, learners: int) -> dict
 def run_one(mode: str, seed: int, a: argparse.Namespace, root: Path) -> dict[str, Any]:
     """One real run and its prediction; or the reason it did not run."""
     runs_dir = root / f"{mode}-seed{seed}"
-    runs_dir.mkdir(parents=True, exist_ok=True)
     flags = run_flags(mode, seed, a)
     cmd = [sys.executable, "-m", "diloco", "run", *flags, "--runs-dir", str(runs_dir), "--plain"]
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.time_limit + 300, check=False)
-    wall = time.perf_counter() - started
-    reports = sorted(runs_dir.glob("*/report.json"))
-    if proc.returncode != 0 or not reports:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"mode": mode, "seed": seed, "error": f"exit {proc.returncode}: {' / '.join(tail)}", "wall_s": wall}
-    report = json.loads(reports[-1].read_text())
+    path, wall = chaos.run_and_read(cmd, runs_dir, a.time_limit + 300)
+    if isinstance(path, str):
+        return {"mode": mode, "seed": seed, "error": path, "wall_s": wall}
+    report = json.loads(path.read_text())
     record = RunRecord.from_dict(report["record"])
-    timing = measured_timing(record, reports[-1].parent / "metrics", a.learners)
+    timing = measured_timing(record, path.parent / "metrics", a.learners)
     _, doc = simulate_run([*flags, "--restart", f"{timing['restart_s']:.3f}", "--startup", f"{timing['startup_s']:.3f}",
                            "--step-time", f"{timing['step_time_s']:.4f}",
                            "--blocked-fraction", f"{timing['blocked_fraction']:.4f}"])  # fmt: skip
