@@ -80,12 +80,34 @@ def read_counts(path: Path, pid: int | None = None) -> LearnerCounts | None:
     return counts_from_records(records)
 
 
-def read_first_steps(path: Path) -> dict[int, float]:
-    """Per process (pid) of a metrics file, the wall-clock time its first step ended: the start-up
-    figures its first record carries (diloco_worker.startup)."""
+@dataclass(frozen=True)
+class ProcessFacts:
+    """What one learner process reported of itself: when its first step ended (wall clock) and the
+    blocked time it added (its newest cumulative ``blocked_s`` minus the one it resumed with)."""
+
+    first_step_at: float
+    blocked_s: float
+
+
+def read_processes(path: Path) -> dict[int, ProcessFacts]:
+    """Per process (pid) of a metrics file that reported its start-up (diloco_worker.startup)."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return {}
-    return {int(r["pid"]): float(r["first_step_at"]) for r in parse_records(text.splitlines())
-            if "first_step_at" in r and "pid" in r}  # fmt: skip
+    first: dict[int, Mapping[str, Any]] = {}
+    last: dict[int, Mapping[str, Any]] = {}
+    for record in parse_records(text.splitlines()):
+        pid = record.get("pid")
+        if not isinstance(pid, int):
+            continue
+        if "first_step_at" in record:
+            first.setdefault(pid, record)
+        last[pid] = record
+    return {
+        pid: ProcessFacts(
+            float(r["first_step_at"]),
+            max(0.0, float(last[pid].get("blocked_s", 0.0)) - float(r.get("resumed_blocked_s", 0.0))),
+        )
+        for pid, r in first.items()
+    }

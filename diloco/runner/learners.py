@@ -14,7 +14,7 @@ from diloco_core.protocol import LearnerStatus
 
 from diloco.failures import Failure
 from diloco.runner.commands import CHECKPOINT_EVERY, RunPaths, build_worker_argv, build_worker_env, learner_id
-from diloco.runner.learner_metrics import read_counts, read_first_steps
+from diloco.runner.learner_metrics import read_counts, read_processes
 from diloco.runner.processes import Child, launch
 from diloco.runner.record import KillRecord, LearnerTotals, RunRecord
 from diloco.runner.settings import RunSettings
@@ -184,22 +184,26 @@ class Learners:
             self.record.timeline.rollbacks.append(rollback)
             slot.lost_from_step = None
 
-    def refine_training_starts(self, t0_wall: float) -> None:
-        """Move each launch's start of training from when the status polls saw it to when the
-        process reported the end of its first step (its metrics record; in ddp mode rank 0's, for
-        every rank of the unit, which trains in step). Call after the timeline is closed."""
+    def take_own_reports(self, t0_wall: float) -> None:
+        """Replace what the status polls saw with what each process reported in its metrics file (in
+        ddp mode rank 0's, for every rank of the unit, which trains in step): its training starts
+        at the end of its first step, and its blocked time is what it added to the counter it
+        resumed with (a status poll right after a restart can still show the previous process's
+        counter). Call after the timeline is closed."""
         writers = [self.slots[0]] if self.ddp else self.slots
-        first_steps: dict[tuple[int, int], float] = {}
+        facts = {}
         for writer in writers:
-            by_pid = read_first_steps(self.paths.metrics_file(writer.index))
+            by_pid = read_processes(self.paths.metrics_file(writer.index))
             for incarnation, pid, _ in writer.launches:
                 if pid in by_pid:
-                    first_steps[(writer.index, incarnation)] = by_pid[pid] - t0_wall
+                    facts[(writer.index, incarnation)] = by_pid[pid]
+        timeline = self.record.timeline
         for slot in self.slots:
             for incarnation, _, launched_at in slot.launches:
-                at = first_steps.get((0 if self.ddp else slot.index, incarnation))
-                if at is not None:
-                    self.record.timeline.move_training_start(slot.index, launched_at, at)
+                fact = facts.get((0 if self.ddp else slot.index, incarnation))
+                if fact is not None:
+                    timeline.move_training_start(slot.index, launched_at, fact.first_step_at - t0_wall)
+                    timeline.blocked_s[(slot.index, incarnation)] = fact.blocked_s
 
     def totals(self) -> list[LearnerTotals]:
         return [self._totals(slot) for slot in self.slots]

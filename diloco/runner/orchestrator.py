@@ -139,7 +139,7 @@ class Orchestrator:
         self._poll()  # the learners' last heartbeats and bytes
         self.learners.count_unrecovered_losses(now)
         self.record.timeline.close(now)
-        self.learners.refine_training_starts(self.record.started_at)
+        self.learners.take_own_reports(self.record.started_at)
         self._final_evaluation()
         if self.sync is not None:
             stop_all([self.sync], self.s.stop_timeout_s)

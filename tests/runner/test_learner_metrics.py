@@ -3,7 +3,9 @@
 import json
 from pathlib import Path
 
-from diloco.runner.learner_metrics import counts_from_records, parse_records, read_counts, read_first_steps
+import pytest
+
+from diloco.runner.learner_metrics import counts_from_records, parse_records, read_counts, read_processes
 from diloco.runner.slots import learner_label, resumed_step
 
 
@@ -63,10 +65,15 @@ def test_the_records_of_one_process_only(tmp_path: Path) -> None:
     assert read_counts(path, pid=9) is None  # a process that has written nothing yet
 
 
-def test_each_process_first_step_comes_from_the_record_that_carries_its_start_up(tmp_path: Path) -> None:
+def test_each_process_reports_its_first_step_and_the_blocked_time_it_added(tmp_path: Path) -> None:
     path = tmp_path / "learner-0.jsonl"
-    first = {"pid": 7, "step": 1, "startup_s": 4.0, "launched_at": 96.0, "first_step_at": 100.0}
-    again = {"pid": 8, "step": 31, "startup_s": 3.0, "launched_at": 147.0, "first_step_at": 150.5}
-    path.write_text("\n".join([json.dumps(first), _line(7, 2, 1, 0), json.dumps(again), _line(8, 32, 1, 0)]) + "\n")
-    assert read_first_steps(path) == {7: 100.0, 8: 150.5}
-    assert read_first_steps(tmp_path / "nowhere.jsonl") == {}
+    first = {"pid": 7, "step": 1, "blocked_s": 0.1, "resumed_blocked_s": 0.0, "first_step_at": 100.0}
+    again = {"pid": 8, "step": 31, "blocked_s": 4.2, "resumed_blocked_s": 4.0, "first_step_at": 150.5}
+    lines = [first, {"pid": 7, "step": 2, "blocked_s": 4.5}, again, {"pid": 8, "step": 32, "blocked_s": 5.5},
+             {"pid": 9, "step": 33, "blocked_s": 9.0}]  # fmt: skip  (pid 9: no start-up record)
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    facts = read_processes(path)
+    assert set(facts) == {7, 8}
+    assert (facts[7].first_step_at, facts[7].blocked_s) == (100.0, pytest.approx(4.5))
+    assert (facts[8].first_step_at, facts[8].blocked_s) == (150.5, pytest.approx(1.5))
+    assert read_processes(tmp_path / "nowhere.jsonl") == {}

@@ -102,5 +102,6 @@ def test_log_lines_and_metrics_records_carry_what_they_are_about(tmp_path: Path)
     assert first["startup_cpu_s"] > 0
     assert first["startup_s"] > 0
     assert first["launched_at"] < first["first_step_at"] <= first["time"]
+    assert first["resumed_blocked_s"] == 0.0  # a fresh start: nothing blocked before
     assert not any("startup_s" in r for r in records[1:])
     assert sum("start-up took" in ln for ln in worker_lines) == 1

@@ -69,7 +69,7 @@ def test_the_first_boundary_ends_the_start_up_once_and_every_boundary_reaches_th
     clock = StartupClock(0.0, now=lambda: next(ticks), cpu=lambda: 0.0)
     reported: list[float] = []
     inner = Inner()
-    hook = FirstStep(inner, clock, lambda c: reported.append(c.total_s))
+    hook = FirstStep(inner, clock, lambda c, state: reported.append(c.total_s))
     assert hook.at_boundary(None, 1, False, 0.1) is True
     assert hook.at_boundary(None, 1, True, 0.1) is False
     assert reported == [1.0]
@@ -78,7 +78,7 @@ def test_the_first_boundary_ends_the_start_up_once_and_every_boundary_reaches_th
 
 
 def test_without_a_hook_the_loop_keeps_its_own_stop_decision() -> None:
-    hook = FirstStep(None, StartupClock(0.0), lambda c: None)
+    hook = FirstStep(None, StartupClock(0.0), lambda c, state: None)
     assert hook.at_boundary(None, 1, True, 0.1) is True
     assert hook.at_boundary(None, 1, False, 0.1) is False
 

@@ -214,10 +214,13 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: He
     return 0
 
 
-def _report_startup(settings: WorkerSettings, metrics: MetricsLog | None, clock: StartupClock) -> None:
+def _report_startup(
+    settings: WorkerSettings, metrics: MetricsLog | None, clock: StartupClock, state: LoopState
+) -> None:
     log.info("learner=%s %s", settings.learner_id, clock.describe())
     if metrics is not None:
-        metrics.note(**clock.to_record())
+        # the blocked time this process resumed with: what it adds is the record's blocked_s minus it
+        metrics.note(**clock.to_record(), resumed_blocked_s=state.blocked_s)
 
 
 def _saver(

@@ -114,13 +114,14 @@ class _Hook(Protocol):
 
 class FirstStep:
     """Wraps the training loop's step hook: the first step boundary ends the start-up (``first_step``)
-    and hands the clock to ``report``, before the boundary's own work (sync, a blocking wait)."""
+    and hands the clock and the loop's state to ``report``, before the boundary's own work (sync, a
+    blocking wait), so the state's counters are still those the process resumed with."""
 
-    def __init__(self, inner: _Hook | None, clock: StartupClock, report: Callable[[StartupClock], None]) -> None:
+    def __init__(self, inner: _Hook | None, clock: StartupClock, report: Callable[[StartupClock, Any], None]) -> None:
         self.inner, self.clock, self.report = inner, clock, report
 
     def at_boundary(self, state: Any, step_tokens: int, stop: bool, step_time: float) -> bool:
         if not self.clock.done:
             self.clock.mark("first_step")
-            self.report(self.clock)
+            self.report(self.clock, state)
         return self.inner.at_boundary(state, step_tokens, stop, step_time) if self.inner else stop
