@@ -1,7 +1,7 @@
 """`diloco bench NAME [options]`: run one benchmark; each prints its figures.
 
 Every benchmark is a module of this package with ``main(argv) -> int``. The experiments (quality,
-bandwidth, codecs, hetero, chaos, simulate, merge-rule) also write a PNG plot, ``NAME.png`` in
+bandwidth, codecs, hetero, chaos, simulate, merge-rule, goodput) also write a PNG plot, ``NAME.png`` in
 ``--plot-dir`` (default ``bench-results/``; ``--no-plot`` to skip), and all take ``--json PATH``.
 The latest figures and the command that produced them are kept in docs/benchmarks.md.
 """
