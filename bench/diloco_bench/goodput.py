@@ -38,8 +38,7 @@ from diloco.runner.learner_metrics import parse_records
 from diloco.runner.record import RunRecord
 from diloco.runner.timeline import Interval, launch_durations
 from diloco.simulate.job_cli import mean_goodput, simulate_run
-from diloco_bench import chaos, plots
-from diloco_bench import harness as h
+from diloco_bench import chaos, experiment, plots
 
 MODES = ("decoupled", "diloco-sync", "ddp")
 PAPER = {"decoupled": 88.0, "ddp": 27.0}  # Decoupled DiLoCo, Table 1 at 1.2M chips: M = 8 vs data-parallel
@@ -54,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", default="0,1", help="seeds of the failure instants, one run per mode each")
     p.add_argument("--time-limit", type=float, default=360.0, help="seconds each run lasts")
     p.add_argument("--runs-dir", type=Path, default=None, help="keep the run folders here (default: a temp dir)")
-    h.output_flags(p)
+    experiment.output_flags(p)
     p.add_argument("extra", nargs="*", help="more `diloco run` flags, after --")
     return p
 
@@ -170,7 +169,7 @@ def report(results: Sequence[dict[str, Any]]) -> str:
         ])  # fmt: skip
     headers = ["mode", "seed", "goodput", "predicted", "points", "steady", "predicted", "points",
                "start-up share", "kills (run / sim)", "measured: start-up s / restart s / step s / syncing"]  # fmt: skip
-    return h.table(headers, rows)
+    return experiment.table(headers, rows)
 
 
 def summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -256,7 +255,7 @@ def main(argv: list[str]) -> int:
     s = summary(results)
     print(render_summary(s))
     print(f"({time.perf_counter() - started:.0f} s in all)")
-    h.write_json(a.json, {"results": results, "summary": s})
+    experiment.write_json(a.json, {"results": results, "summary": s})
     plots.emit(a, "goodput", lambda: figure(results))
     return 0 if all("error" not in r for r in results) else 1
 

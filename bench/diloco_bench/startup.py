@@ -40,8 +40,8 @@ from diloco.runner.commands import (
 )
 from diloco.runner.commands import build_worker_env as worker_env
 from diloco.runner.processes import Child, free_port, launch, stop_all
-from diloco.runner.settings import ModelShape, RunSettings
-from diloco_bench import harness as h
+from diloco.runner.settings import RunSettings
+from diloco_bench import experiment
 
 SECRET = "bench-startup-secret"
 
@@ -49,10 +49,11 @@ SECRET = "bench-startup-secret"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="diloco bench startup", description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3, help="starts and restarts of a learner (default %(default)s)")
-    p.add_argument("--n-layer", type=int, default=ModelShape.n_layer)
-    p.add_argument("--n-embd", type=int, default=ModelShape.n_embd)
-    p.add_argument("--block-size", type=int, default=ModelShape.block_size)
-    h.output_flags(p, plot=False)
+    model = RunSettings().model  # diloco run's default model
+    p.add_argument("--n-layer", type=int, default=model.n_layer)
+    p.add_argument("--n-embd", type=int, default=model.n_embd)
+    p.add_argument("--block-size", type=int, default=model.block_size)
+    experiment.output_flags(p, plot=False)
     return p
 
 
@@ -86,10 +87,9 @@ class Learners:
     """A synchronizer and the learner command lines ``diloco run`` would use, in a scratch folder."""
 
     def __init__(self, a: argparse.Namespace, root: Path) -> None:
-        self.settings = RunSettings(
-            learners=a.repeats, model=ModelShape(n_layer=a.n_layer, n_embd=a.n_embd, block_size=a.block_size),
-            python=sys.executable, mtbf_s=0.0,
-        )  # fmt: skip
+        model = RunSettings().model.model_copy(update={"n_layer": a.n_layer, "n_embd": a.n_embd,
+                                                        "block_size": a.block_size})  # fmt: skip
+        self.settings = RunSettings(learners=a.repeats, model=model, python=sys.executable, mtbf_s=0.0)
         self.paths = RunPaths(root)
         for sub in ("logs", "storage", "checkpoints", "metrics"):
             (root / sub).mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,8 @@ class Learners:
 
     def run(self, learner: int, max_steps: int) -> dict[str, Any]:
         """Launch learner ``learner`` to train up to ``max_steps`` and wait for it; its start-up record."""
-        settings = RunSettings(**{**vars(self.settings), "max_steps": max_steps})
+        train = self.settings.train.model_copy(update={"max_steps": max_steps})
+        settings = self.settings.model_copy(update={"train": train})
         argv = build_worker_argv(settings, self.paths, learner, sync_url=self.url)
         env = worker_env(settings, learner, dict(os.environ), job_secret=SECRET, master_port=0)
         child = launch(f"learner-{learner}", argv, self.paths.log_file(f"learner-{learner}"), env)
@@ -191,7 +192,7 @@ def report(summary: dict[str, Any], repeats: int) -> str:
                  f"{restart['wall_vs_import_torch']:.2f}x", f"{start['cpu_vs_import_torch']:.2f}x",
                  f"{restart['cpu_vs_import_torch']:.2f}x"])  # fmt: skip
     headers = ["phase", "start s", "restart s", "start CPU-s", "restart CPU-s"]
-    return h.table(headers, rows) + f"\n\n(medians of {repeats} repeats; one CPU thread per process)"
+    return experiment.table(headers, rows) + f"\n\n(medians of {repeats} repeats; one CPU thread per process)"
 
 
 def main(argv: list[str]) -> int:
@@ -205,7 +206,7 @@ def main(argv: list[str]) -> int:
     summary = summarize(raw)
     print(report(summary, a.repeats))
     print(f"({time.perf_counter() - started:.0f} s in all)")
-    h.write_json(a.json, {"summary": summary, "raw": raw})
+    experiment.write_json(a.json, {"summary": summary, "raw": raw})
     return 0
 
 

@@ -49,7 +49,7 @@ def predict(settings: RunSettings, timing: JobTiming, seeds: list[int]) -> list[
     out = []
     for seed in seeds:
         model = replace(settings.failures, seed=seed)
-        job = simulate_job(model, timing, time_limit_s=settings.time_limit_s, max_steps=settings.max_steps)
+        job = simulate_job(model, timing, time_limit_s=settings.time_limit_s, max_steps=settings.train.max_steps)
         g = goodput_of(job.timeline)
         out.append({"seed": seed, "kills": job.kills, "absorbed": job.absorbed, "goodput": g.to_dict()})
     return out
@@ -90,7 +90,7 @@ def simulate_run(argv: list[str]) -> tuple[str, dict[str, Any]]:
     settings = parse_settings(rest)
     timing = JobTiming(extra.restart, extra.step_time, extra.startup, CHECKPOINT_EVERY, extra.blocked_fraction)
     try:
-        seeds = [int(s) for s in extra.seeds.split(",") if s.strip()] if extra.seeds else [settings.seed]
+        seeds = [int(s) for s in extra.seeds.split(",") if s.strip()] if extra.seeds else [settings.model.seed]
     except ValueError:
         raise SettingsError(f"--seeds: expected comma-separated integers, got {extra.seeds!r}") from None
     runs = predict(settings, timing, seeds)
