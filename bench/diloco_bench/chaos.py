@@ -47,19 +47,27 @@ def run_command(mode: str, a: argparse.Namespace, runs_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def run_mode(mode: str, a: argparse.Namespace, root: Path) -> dict[str, Any]:
-    """Run one mode; its summary, or the reason it did not run."""
-    runs_dir = root / mode
+def run_and_read(cmd: list[str], runs_dir: Path, timeout_s: float) -> tuple[Path | str, float]:
+    """Run a ``diloco run`` command line that writes its run folder under ``runs_dir``: the path of
+    its ``report.json`` or the reason there is none, and the wall seconds it took."""
     runs_dir.mkdir(parents=True, exist_ok=True)
-    cmd = run_command(mode, a, runs_dir)
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.time_limit + 120, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     wall = time.perf_counter() - started
     reports = sorted(runs_dir.glob("*/report.json"))
     if proc.returncode != 0 or not reports:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"mode": mode, "error": f"exit {proc.returncode}: {' / '.join(tail) or 'no report'}", "wall_s": wall}
-    return summarize(mode, json.loads(reports[-1].read_text()), wall)
+        return f"exit {proc.returncode}: {' / '.join(tail) or 'no report'}", wall
+    return reports[-1], wall
+
+
+def run_mode(mode: str, a: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Run one mode; its summary, or the reason it did not run."""
+    runs_dir = root / mode
+    report, wall = run_and_read(run_command(mode, a, runs_dir), runs_dir, a.time_limit + 120)
+    if isinstance(report, str):
+        return {"mode": mode, "error": report, "wall_s": wall}
+    return summarize(mode, json.loads(report.read_text()), wall)
 
 
 def summarize(mode: str, report: dict[str, Any], wall: float) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """`diloco bench NAME [options]`: run one benchmark; each prints its figures.
 
 Every benchmark is a module of this package with ``main(argv) -> int``. The experiments (quality,
-bandwidth, codecs, hetero, chaos, simulate, merge-rule) also write a PNG plot, ``NAME.png`` in
+bandwidth, codecs, hetero, chaos, simulate, merge-rule, goodput) also write a PNG plot, ``NAME.png`` in
 ``--plot-dir`` (default ``bench-results/``; ``--no-plot`` to skip), and all take ``--json PATH``.
 The latest figures and the command that produced them are kept in docs/benchmarks.md.
 """
@@ -16,12 +16,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "codec": ("diloco_bench.codec", "bytes/param, throughput and error of each quantizer on real outer gradients"),
     "sync-ingest": ("diloco_bench.sync_ingest", "synchronizer ingest throughput, latency, merge time vs raw baseline"),
     "worker": ("diloco_bench.worker", "learner tokens/s with DiLoCo vs a plain training loop; blocked time"),
+    "startup": ("diloco_bench.startup", "seconds from a learner's launch to its first step, per phase, vs import torch"),
     "simulate": ("diloco_bench.simulate", "the paper's Table 1 next to the simulator's"),
     "quality": ("diloco_bench.quality", "E1: held-out loss of data-parallel vs synchronous DiLoCo vs decoupled"),
     "bandwidth": ("diloco_bench.bandwidth", "E2: bytes on the wire per token, mean and peak, vs data-parallel"),
     "codecs": ("diloco_bench.codecs", "E3: loss vs bytes for fp32/bf16/int8/int4/e3m0 outer gradients"),
     "hetero": ("diloco_bench.hetero", "E4: mixed hardware, K=all vs K=1 vs K=1 + grace: goodput and loss"),
     "chaos": ("diloco_bench.chaos", "E5: goodput and loss under learner failures, real processes: decoupled vs diloco-sync vs ddp"),
+    "goodput": ("diloco_bench.goodput", "goodput of real processes under failures vs the simulator's prediction, per mode"),
     "merge-rule": ("diloco_bench.merge_rule", "E7: mean vs RDA at M = 4, 8, 16: merged norm and loss"),
     "operator": ("diloco_bench.operator_scale",
                  "a big job's status next to its pods on the test control plane: lag, going back, work done twice"),

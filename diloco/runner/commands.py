@@ -86,7 +86,9 @@ def build_worker_argv(settings: RunSettings, paths: RunPaths, learner: int, *, s
         "--checkpoint-every", str(CHECKPOINT_EVERY),
         "--metrics-file", str(paths.metrics_file(learner).resolve()),
         "--eval-every", str(settings.eval_every),
-        "--log-every", "5",
+        # every step on a CPU, so the step a learner was killed at is the last one in its metrics file; on a
+        # GPU every 5 (reading a step's loss waits for the device)
+        "--log-every", "5" if settings.device == "cuda" else "1",
         "--device", "cuda:0" if settings.device == "cuda" else "cpu",  # on a GPU it sees only its own
         "--poll-wait", "2",
         "--speed-factor", str(settings.speed_of(learner)),

@@ -9,6 +9,7 @@ measures the model the job actually produces, independent of any one learner's l
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from diloco_core.auth import learner_token
@@ -97,3 +98,39 @@ class GlobalEvaluator:
             with self._autocast():
                 losses = [float(lm_loss(self._model, batch)) for batch in self._batches]
         return Evaluation(sum(losses) / len(losses), versions)
+
+
+class LossTracker:
+    """When to evaluate the global model: whenever its versions changed, at most every
+    ``interval_s``, and once at the end. ``make`` builds the evaluator (PyTorch loads then)."""
+
+    def __init__(self, make: Callable[[], GlobalEvaluator], interval_s: float) -> None:
+        self._make, self.interval_s = make, interval_s
+        self.evaluator: GlobalEvaluator | None = None
+        self._last_s = -1e9
+        self._last_versions: dict[int, int] = {}
+
+    def load(self) -> GlobalEvaluator:
+        if self.evaluator is None:
+            self.evaluator = self._make()
+        return self.evaluator
+
+    def due(self, versions: dict[int, int], now: float) -> bool:
+        """Every fragment has a global version, one changed since the last evaluation, and the
+        interval has passed."""
+        if not versions or min(versions.values()) < 0 or versions == self._last_versions:
+            return False
+        return now - self._last_s >= self.interval_s
+
+    def evaluate(self, now: float) -> float | None:
+        """The held-out loss of the global model now (None while some fragment has no version)."""
+        result = self.load().evaluate()
+        self._last_s = now
+        if result is None:
+            return None
+        self._last_versions = result.versions
+        return result.loss
+
+    def close(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.close()

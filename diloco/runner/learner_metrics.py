@@ -78,3 +78,36 @@ def read_counts(path: Path, pid: int | None = None) -> LearnerCounts | None:
     if pid is not None:
         records = [r for r in records if r.get("pid") == pid]
     return counts_from_records(records)
+
+
+@dataclass(frozen=True)
+class ProcessFacts:
+    """What one learner process reported of itself: when its first step ended (wall clock) and the
+    blocked time it added (its newest cumulative ``blocked_s`` minus the one it resumed with)."""
+
+    first_step_at: float
+    blocked_s: float
+
+
+def read_processes(path: Path) -> dict[int, ProcessFacts]:
+    """Per process (pid) of a metrics file that reported its start-up (diloco_worker.startup)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return {}
+    first: dict[int, Mapping[str, Any]] = {}
+    last: dict[int, Mapping[str, Any]] = {}
+    for record in parse_records(text.splitlines()):
+        pid = record.get("pid")
+        if not isinstance(pid, int):
+            continue
+        if "first_step_at" in record:
+            first.setdefault(pid, record)
+        last[pid] = record
+    return {
+        pid: ProcessFacts(
+            float(r["first_step_at"]),
+            max(0.0, float(last[pid].get("blocked_s", 0.0)) - float(r.get("resumed_blocked_s", 0.0))),
+        )
+        for pid, r in first.items()
+    }

@@ -7,7 +7,7 @@ from typing import Any
 
 from diloco.runner.record import KillRecord, RunRecord
 from diloco.runner.slots import learner_label
-from diloco.runner.timeline import Goodput, goodput_of
+from diloco.runner.timeline import Goodput, goodput_of, launch_durations
 from diloco.runner.traffic import Traffic, human_bytes
 
 
@@ -91,6 +91,8 @@ def render_markdown(report: Report) -> str:
         "",
         f"**{_fmt(g.goodput, '.1%')}** = useful {g.useful_s:.1f} s / allocated {g.total_s:.1f} s of learner time",
         "",
+        *_startup_lines(report),
+        "",
         "| training | blocked on sync | rolled back | starting/rejoining | down |",
         "|---:|---:|---:|---:|---:|",
         f"| {g.training_s:.1f} s | {g.blocked_s:.1f} s | {g.lost_s:.1f} s | {g.starting_s:.1f} s | {g.down_s:.1f} s |",
@@ -127,6 +129,26 @@ def _device_line(r: RunRecord) -> str:
     return f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} (learner → GPU: " + ", ".join(
         f"{x.learner}→{x.gpu}" for x in r.learners
     ) + "); MFU against the GPU's dense bf16 peak"
+
+
+def _startup_lines(report: Report) -> list[str]:
+    g = report.goodput
+    first, later = launch_durations(report.record.timeline.intervals)
+    share = g.startup_s / g.total_s if g.total_s > 0 else None
+    lines = [
+        f"- start-up (each learner's first launch to its first step, failures during it included): "
+        f"{g.startup_s:.1f} s of learner time ({_fmt(share, '.1%')} of allocated)",
+        f"- steady state (everything after it): **{_fmt(g.steady_goodput, '.1%')}** = useful {g.useful_s:.1f} s / "
+        f"{g.steady_s:.1f} s",
+    ]
+    if first:
+        lines.append(f"- launch to first step: {_mean(first):.1f} s on average at start ({len(first)} launches)"
+                     + (f", {_mean(later):.1f} s on restarts ({len(later)})" if later else ""))  # fmt: skip
+    return lines
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def _rejoined(kill: KillRecord) -> str:

@@ -15,6 +15,8 @@ from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, Trai
 from diloco_core.flags import Cli, SettingsError
 from pydantic import BaseModel, ConfigDict, Field
 
+from diloco.failures import FailureModel, failure_model_for
+
 Mode = Literal["decoupled", "diloco-sync", "ddp"]
 MODES: tuple[Mode, ...] = ("decoupled", "diloco-sync", "ddp")
 Device = Literal["cpu", "cuda"]
@@ -51,9 +53,10 @@ class RunSettings(BaseModel):
     data: DataSettings = DataSettings()
     eval_every: int = Field(25, ge=0, description="learners' local evaluation interval in steps")
     mtbf_s: Annotated[float, Cli("mtbf")] = Field(
-        60.0, ge=0.0, description="mean seconds between failures of each learner (exponential); 0 disables chaos"
+        60.0, ge=0.0, description="mean seconds between failures of each learner while it is up (Poisson); 0 disables failures"
     )
-    repair_s: Annotated[float, Cli("repair")] = Field(8.0, ge=0.0, description="seconds a killed learner stays down")
+    repair_s: Annotated[float, Cli("repair")] = Field(8.0, ge=0.0, description="seconds a failed learner stays down before it is started again"
+    )
     speed_factors: tuple[float, ...] = ()  # step-time multiplier per learner (--speed-factors, --slow)
     bandwidth_limits: tuple[float | None, ...] = ()  # bytes/s per learner (--bandwidth-limit)
     runs_dir: Path = Field(Path("runs"), description="parent of the run folder")
@@ -95,6 +98,12 @@ class RunSettings(BaseModel):
 
     def algorithm(self) -> DiLoCoSettings:
         return build_algorithm(self)
+
+    @property
+    def failures(self) -> FailureModel:
+        """The failure model of this run (shared with ``diloco simulate run``)."""
+        return failure_model_for(self.mode, learners=self.learners, mtbf_s=self.mtbf_s, repair_s=self.repair_s,
+                                 seed=self.model.seed)  # fmt: skip
 
 
 def build_algorithm(s: RunSettings) -> DiLoCoSettings:

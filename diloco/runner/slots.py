@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from diloco_core.protocol import LearnerStatus
 
@@ -30,8 +30,10 @@ class LearnerSlot:
     staleness: int = 0
     step_time_s: float = 0.0
     crashes: int = 0
-    down_until_s: float | None = None  # restart due (after a crash; chaos restarts come from the schedule)
+    down_until_s: float | None = None  # restart due (the repair time after a failure or a crash)
     pending_kill: KillRecord | None = None
+    lost_from_step: int | None = None  # the step it was at when it went down, until it trains again
+    launches: list[tuple[int, int, float]] = field(default_factory=list)  # (incarnation, pid, at_s)
 
     @property
     def up(self) -> bool:

@@ -6,6 +6,7 @@ the job); ``goodput`` turns a finished timeline into numbers without touching a 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -76,6 +77,21 @@ class Timeline:
         for learner in list(self._open):
             self.leave(learner, at_s)
 
+    def move_training_start(self, learner: int, launched_at_s: float, first_step_s: float) -> None:
+        """The process launched at ``launched_at_s`` trained from ``first_step_s`` (what it reported
+        itself; the runner's polls see it training up to a second or two later): move the boundary
+        between that launch's starting interval and the training interval after it. Applies only
+        to a closed timeline, and only within those two intervals."""
+        mine = [k for k, i in enumerate(self.intervals) if i.learner == learner]
+        for a, b in itertools.pairwise(mine):
+            start, train = self.intervals[a], self.intervals[b]
+            if start.phase != "starting" or start.start_s != launched_at_s:
+                continue
+            if train.phase == "training" and train.start_s == start.end_s and start.start_s <= first_step_s <= train.end_s:
+                self.intervals[a] = Interval(learner, "starting", start.start_s, first_step_s)
+                self.intervals[b] = Interval(learner, "training", first_step_s, train.end_s)
+            return
+
     def record_blocked(self, learner: int, incarnation: int, blocked_s: float) -> None:
         """The cumulative blocked time an incarnation (process launch) reports.
 
@@ -114,6 +130,11 @@ class Goodput:
 
     total = every second a learner was allocated (starting + training + down);
     useful = training time - time blocked on communication - work rolled back by failures.
+
+    ``startup_s`` is the learner-time before each learner first trained (its first launch to its
+    first step, failures during it included): the job's start-up, paid once. The steady state is
+    everything after it, so ``steady_goodput`` reads what failures and synchronisation cost a job
+    that has started, and ``goodput`` what the whole run got.
     """
 
     total_s: float
@@ -122,6 +143,7 @@ class Goodput:
     down_s: float
     blocked_s: float
     lost_s: float
+    startup_s: float = 0.0
 
     @property
     def useful_s(self) -> float:
@@ -131,13 +153,55 @@ class Goodput:
     def goodput(self) -> float | None:
         return self.useful_s / self.total_s if self.total_s > 0 else None
 
+    @property
+    def steady_s(self) -> float:
+        return max(0.0, self.total_s - self.startup_s)
+
+    @property
+    def steady_goodput(self) -> float | None:
+        return self.useful_s / self.steady_s if self.steady_s > 0 else None
+
     def to_dict(self) -> dict[str, Any]:
-        return vars(self) | {"useful_s": self.useful_s, "goodput": self.goodput}
+        return vars(self) | {"useful_s": self.useful_s, "goodput": self.goodput, "steady_s": self.steady_s,
+                             "steady_goodput": self.steady_goodput}  # fmt: skip
+
+
+def startup_seconds(intervals: Iterable[Interval]) -> float:
+    """Learner-time before each learner's first training interval (all of it, for one that never trained)."""
+    by_learner: dict[int, list[Interval]] = {}
+    for interval in intervals:
+        by_learner.setdefault(interval.learner, []).append(interval)
+    total = 0.0
+    for own in by_learner.values():
+        trained = [i.start_s for i in own if i.phase == "training"]
+        first = min(trained) if trained else float("inf")
+        total += sum(max(0.0, min(i.end_s, first) - i.start_s) for i in own if i.start_s < first)
+    return total
+
+
+def launch_durations(intervals: Iterable[Interval]) -> tuple[list[float], list[float]]:
+    """How long launches took to train, from the starting intervals that ended in training (one cut
+    short by a failure or by the end of the run says nothing about it): (the first launch of each
+    learner, every later launch)."""
+    by_learner: dict[int, list[Interval]] = {}
+    for interval in intervals:
+        by_learner.setdefault(interval.learner, []).append(interval)
+    first: list[float] = []
+    later: list[float] = []
+    for own in by_learner.values():
+        own.sort(key=lambda i: i.start_s)
+        trained = False
+        for a, b in itertools.pairwise(own):
+            if a.phase == "starting" and b.phase == "training" and b.start_s == a.end_s:
+                (later if trained else first).append(a.duration_s)
+            trained = trained or a.phase == "training"
+    return first, later
 
 
 def compute_goodput(
     intervals: Iterable[Interval], blocked_s: Mapping[tuple[int, int], float], rollbacks: Iterable[Rollback]
 ) -> Goodput:
+    intervals = list(intervals)
     by_phase = dict.fromkeys(PHASES, 0.0)
     for interval in intervals:
         by_phase[interval.phase] += interval.duration_s
@@ -150,6 +214,7 @@ def compute_goodput(
         down_s=by_phase["down"],
         blocked_s=blocked,
         lost_s=lost,
+        startup_s=startup_seconds(intervals),
     )
 
 

@@ -1,7 +1,9 @@
 """`diloco simulate`: goodput of data-parallel vs decoupled training at scale, and WAN bandwidth.
 
 Prints the Table-1-style comparison (ours vs the paper's, per cell) and the bandwidth estimates, or
-the same as JSON with ``--json``. The model and its assumptions: docs/simulator.md.
+the same as JSON with ``--json``. ``diloco simulate run [diloco run flags]`` instead predicts the
+goodput of a local job (:mod:`diloco.simulate.job_cli`). The model and its assumptions:
+docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -143,6 +145,10 @@ def simulate(argv: list[str]) -> tuple[str, dict[str, object]]:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["run"]:  # a local job, as `diloco run` would run it with the same flags
+        from diloco.simulate import job_cli
+
+        return job_cli.main(argv[1:])
     try:
         text, doc = simulate([a for a in argv if a != "--json"])
     except ValueError as exc:

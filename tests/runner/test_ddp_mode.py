@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from diloco.runner.chaos import build_chaos_schedule
+from diloco.failures import failure_model_for, failure_schedule
 from diloco.runner.timeline import Interval, Rollback, compute_goodput
 
 SEED, MTBF_S, REPAIR_S, TIME_LIMIT_S = 2, 60.0, 4.0, 60.0
@@ -23,8 +23,8 @@ CHECKPOINT_EVERY = 10  # what the runner gives ddp workers (docs/run.md)
 @pytest.mark.timeout(600)
 def test_ddp_unit_killed_by_chaos_restarts_from_its_checkpoint(tmp_path: Path) -> None:
     # the schedule is pure: with this seed rank 1 is killed once, after start-up, well before the end
-    kills = [e for e in build_chaos_schedule(seed=SEED, mtbf_s=MTBF_S, repair_s=REPAIR_S, learners=range(2),
-                                             horizon_s=TIME_LIMIT_S) if e.action == "kill"]  # fmt: skip
+    model = failure_model_for("ddp", learners=2, mtbf_s=MTBF_S, repair_s=REPAIR_S, seed=SEED)
+    kills = failure_schedule(model, TIME_LIMIT_S)
     assert [(e.learner, round(e.at_s)) for e in kills] == [(1, 21)]
     argv = [
         sys.executable, "-m", "diloco", "run", "--mode", "ddp", "--learners", "2", "--max-steps", "100000",

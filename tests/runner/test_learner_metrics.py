@@ -3,7 +3,9 @@
 import json
 from pathlib import Path
 
-from diloco.runner.learner_metrics import counts_from_records, parse_records, read_counts
+import pytest
+
+from diloco.runner.learner_metrics import counts_from_records, parse_records, read_counts, read_processes
 from diloco.runner.slots import learner_label, resumed_step
 
 
@@ -61,3 +63,17 @@ def test_the_records_of_one_process_only(tmp_path: Path) -> None:
     assert newest is not None
     assert (newest.step, newest.bytes_sent) == (25, 6)
     assert read_counts(path, pid=9) is None  # a process that has written nothing yet
+
+
+def test_each_process_reports_its_first_step_and_the_blocked_time_it_added(tmp_path: Path) -> None:
+    path = tmp_path / "learner-0.jsonl"
+    first = {"pid": 7, "step": 1, "blocked_s": 0.1, "resumed_blocked_s": 0.0, "first_step_at": 100.0}
+    again = {"pid": 8, "step": 31, "blocked_s": 4.2, "resumed_blocked_s": 4.0, "first_step_at": 150.5}
+    lines = [first, {"pid": 7, "step": 2, "blocked_s": 4.5}, again, {"pid": 8, "step": 32, "blocked_s": 5.5},
+             {"pid": 9, "step": 33, "blocked_s": 9.0}]  # fmt: skip  (pid 9: no start-up record)
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    facts = read_processes(path)
+    assert set(facts) == {7, 8}
+    assert (facts[7].first_step_at, facts[7].blocked_s) == (100.0, pytest.approx(4.5))
+    assert (facts[8].first_step_at, facts[8].blocked_s) == (150.5, pytest.approx(1.5))
+    assert read_processes(tmp_path / "nowhere.jsonl") == {}

@@ -47,6 +47,9 @@ def test_report_numbers_come_from_the_timeline(tmp_path: Path) -> None:
     assert g.blocked_s == pytest.approx(3.0)
     assert g.lost_s == pytest.approx(3.0)
     assert g.goodput == pytest.approx((175 - 3 - 3) / 200)
+    # start-up: both learners' first 5 s; the steady state is the rest
+    assert g.startup_s == pytest.approx(10.0)
+    assert g.steady_goodput == pytest.approx((175 - 3 - 3) / 190)
     assert report.traffic.data_parallel_bytes == 1000 * 4 * 2 * 550
     assert report.traffic.reduction == pytest.approx(4_400_000 / 44_000)
     assert report.loss_went_down is True
@@ -76,6 +79,9 @@ def test_a_kill_during_the_comeback_is_shown_as_killed_again(tmp_path: Path) -> 
 def test_markdown_summarises_goodput_bytes_loss_and_chaos(tmp_path: Path) -> None:
     text = render_markdown(build_report(synthetic_record(tmp_path)))
     assert "**84.5%**" in text
+    assert "start-up (each learner's first launch to its first step, failures during it included): 10.0 s" in text
+    assert "steady state (everything after it): **88.9%** = useful 169.0 s / 190.0 s" in text
+    assert "5.0 s on average at start (2 launches), 5.0 s on restarts (1)" in text
     assert "first: 5.5000, final: 2.5000" in text
     assert "reduction: 100.0x" in text
     assert "Every killed learner rejoined." in text

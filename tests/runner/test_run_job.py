@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from diloco.runner.chaos import build_chaos_schedule
+from diloco.failures import failure_model_for, failure_schedule
 from diloco.runner.timeline import Interval, Rollback, compute_goodput
 
 SEED, MTBF_S, REPAIR_S = 3, 20.0, 3.0
@@ -19,8 +19,8 @@ SEED, MTBF_S, REPAIR_S = 3, 20.0, 3.0
 @pytest.mark.timeout(600)
 def test_local_job_with_chaos_heals_and_reports(tmp_path: Path) -> None:
     # the schedule is pure: with this seed learners 1 and 0 are killed within the first 8 seconds
-    early = {e.learner for e in build_chaos_schedule(seed=SEED, mtbf_s=MTBF_S, repair_s=REPAIR_S,
-                                                     learners=range(3), horizon_s=8.0) if e.action == "kill"}
+    model = failure_model_for("decoupled", learners=3, mtbf_s=MTBF_S, repair_s=REPAIR_S, seed=SEED)
+    early = {e.learner for e in failure_schedule(model, 8.0)}
     assert len(early) >= 2
     argv = [
         sys.executable, "-m", "diloco", "run", "--learners", "3", "--max-steps", "200",

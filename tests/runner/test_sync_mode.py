@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from diloco.runner.chaos import build_chaos_schedule
+from diloco.failures import failure_model_for, failure_schedule
 from diloco.runner.timeline import Interval, Rollback, compute_goodput
 
 SEED, MTBF_S, REPAIR_S, TIME_LIMIT_S = 1, 40.0, 6.0, 45.0
@@ -47,8 +47,8 @@ def _recomputed_goodput(record: dict[str, Any]) -> float | None:
 @pytest.mark.timeout(900)
 def test_synchronous_diloco_loses_goodput_to_a_dead_learner_that_decoupled_keeps(tmp_path: Path) -> None:
     # the schedule is pure: with this seed, learner 0 dies once, after start-up and well before the end
-    kills = [e for e in build_chaos_schedule(seed=SEED, mtbf_s=MTBF_S, repair_s=REPAIR_S, learners=range(2),
-                                             horizon_s=TIME_LIMIT_S) if e.action == "kill"]  # fmt: skip
+    model = failure_model_for("diloco-sync", learners=2, mtbf_s=MTBF_S, repair_s=REPAIR_S, seed=SEED)
+    kills = failure_schedule(model, TIME_LIMIT_S)
     assert [(e.learner, round(e.at_s)) for e in kills] == [(0, 19)]
 
     reports = {mode: _run(tmp_path, mode) for mode in ("decoupled", "diloco-sync")}

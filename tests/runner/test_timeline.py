@@ -1,6 +1,6 @@
 import pytest
 
-from diloco.runner.timeline import Interval, Rollback, Timeline, compute_goodput, goodput_of
+from diloco.runner.timeline import Interval, Rollback, Timeline, compute_goodput, goodput_of, launch_durations
 
 
 def test_no_failures_and_no_blocking_is_full_goodput() -> None:
@@ -74,3 +74,65 @@ def test_blocked_time_of_a_resumed_incarnation_counts_only_what_it_added() -> No
     timeline.record_blocked(0, 1, 3.0)  # restored from a checkpoint taken at 3.0 s
     timeline.record_blocked(0, 1, 5.5)
     assert timeline.blocked_s == {(0, 0): 4.0, (0, 1): 2.5}
+
+
+def test_start_up_is_the_time_before_each_learner_first_trained_and_the_rest_is_steady_state() -> None:
+    timeline = Timeline()
+    timeline.enter(0, "starting", 0.0)
+    timeline.enter(0, "down", 3.0)  # killed while starting: still the job's start-up
+    timeline.enter(0, "starting", 5.0)
+    timeline.enter(0, "training", 7.0)
+    timeline.enter(0, "down", 15.0)  # a later failure: steady state
+    timeline.enter(0, "starting", 17.0)
+    timeline.enter(0, "training", 19.0)
+    timeline.enter(1, "starting", 0.0)
+    timeline.enter(1, "training", 2.0)
+    timeline.enter(2, "starting", 0.0)  # never trained: all start-up
+    timeline.close(20.0)
+    g = goodput_of(timeline)
+    assert g.startup_s == pytest.approx(7 + 2 + 20)
+    assert g.steady_s == pytest.approx(60 - 29)
+    assert g.useful_s == pytest.approx(8 + 1 + 18)
+    assert g.steady_goodput == pytest.approx(27 / 31)
+    assert g.goodput == pytest.approx(27 / 60)
+    assert g.to_dict()["steady_goodput"] == g.steady_goodput
+
+
+def test_a_launch_trains_from_the_first_step_its_process_reported() -> None:
+    timeline = Timeline()
+    timeline.enter(0, "starting", 0.0)
+    timeline.enter(1, "starting", 0.0)
+    timeline.enter(0, "training", 6.0)  # the status polls saw it training at 6 s
+    timeline.enter(0, "down", 20.0)
+    timeline.enter(0, "starting", 22.0)
+    timeline.enter(0, "training", 30.0)
+    timeline.close(40.0)
+    timeline.move_training_start(0, 0.0, 4.5)  # its first step ended at 4.5 s
+    timeline.move_training_start(0, 22.0, 27.0)
+    timeline.move_training_start(0, 22.0, 45.0)  # outside the two intervals: ignored
+    timeline.move_training_start(1, 0.0, 3.0)  # never trained: nothing to move
+    assert [(i.phase, i.start_s, i.end_s) for i in timeline.intervals if i.learner == 0] == [
+        ("starting", 0.0, 4.5), ("training", 4.5, 20.0), ("down", 20.0, 22.0), ("starting", 22.0, 27.0),
+        ("training", 27.0, 40.0),
+    ]
+    assert [(i.phase, i.start_s, i.end_s) for i in timeline.intervals if i.learner == 1] == [("starting", 0.0, 40.0)]
+
+
+def test_launch_durations_count_only_launches_that_reached_training() -> None:
+    timeline = Timeline()
+    timeline.enter(0, "starting", 0.0)
+    timeline.enter(0, "training", 4.0)  # first launch: 4 s
+    timeline.enter(0, "down", 10.0)
+    timeline.enter(0, "starting", 12.0)
+    timeline.enter(0, "down", 13.0)  # killed while starting: says nothing about a restart's length
+    timeline.enter(0, "starting", 15.0)
+    timeline.enter(0, "training", 18.0)  # a restart: 3 s
+    timeline.enter(1, "starting", 0.0)
+    timeline.enter(1, "down", 2.0)  # killed during its first start-up
+    timeline.enter(1, "starting", 4.0)
+    timeline.enter(1, "training", 9.0)  # still its first time to train: a start-up of 5 s
+    timeline.enter(2, "starting", 0.0)  # cut short by the end of the run
+    timeline.close(20.0)
+    first, later = launch_durations(timeline.intervals)
+    assert sorted(first) == [4.0, 5.0]
+    assert later == [3.0]

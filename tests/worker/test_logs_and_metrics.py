@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from diloco_worker.metrics import read_metrics
+from diloco_worker.startup import PHASES
 
 from tests.support.process import stop_all
 from tests.support.waiting import wait_for
@@ -93,3 +94,14 @@ def test_log_lines_and_metrics_records_carry_what_they_are_about(tmp_path: Path)
     blocked = [r["blocked_s"] for r in records]
     assert blocked == sorted(blocked)  # cumulative
     assert blocked[-1] > 0
+    # the first step's record (and only it) carries the process's start-up, phase by phase
+    first = records[0]
+    assert set(first["startup_phases"]) == set(PHASES)
+    assert set(first["startup_cpu_phases"]) == set(PHASES)
+    assert first["startup_s"] == pytest.approx(sum(first["startup_phases"].values()), abs=1e-3)
+    assert first["startup_cpu_s"] > 0
+    assert first["startup_s"] > 0
+    assert first["launched_at"] < first["first_step_at"] <= first["time"]
+    assert first["resumed_blocked_s"] == 0.0  # a fresh start: nothing blocked before
+    assert not any("startup_s" in r for r in records[1:])
+    assert sum("start-up took" in ln for ln in worker_lines) == 1

@@ -56,6 +56,8 @@ def test_sigterm_checkpoints_the_last_step_exits_0_and_a_restart_resumes_there(t
         assert f"step={last_step} resumed from checkpoint" in resumed[0]
         after = [r for r in read_metrics(metrics) if r["pid"] != first_pid]
         assert after[0]["step"] == last_step + 1
+        # its start-up record says what blocked time it resumed with: the checkpoint's
+        assert after[0]["resumed_blocked_s"] == ckpt.meta["loop"]["blocked_s"]
         assert after[0]["tokens"] == records[-1]["tokens"] + 8 * 32  # one step of --batch-size 8 x 32
         a.stop(timeout=90)
         assert a.returncode() == 0, a.failure_report()

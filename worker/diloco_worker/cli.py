@@ -11,6 +11,7 @@ from types import FrameType
 
 from .health import Health, HealthServer
 from .settings import SettingsError, WhenDone, parse_settings
+from .startup import StartupClock
 
 log = logging.getLogger("diloco_worker")
 
@@ -45,6 +46,7 @@ def wait_until_stopped(stop: threading.Event, health: Health, beat_every_s: floa
 
 
 def main(argv: list[str]) -> int:
+    startup = StartupClock.of_this_process()
     try:
         settings = parse_settings(argv)
     except SettingsError as exc:
@@ -71,11 +73,13 @@ def main(argv: list[str]) -> int:
     from .learner import run_learner  # torch loads only once the settings are known to be valid
     from .session import FatalSyncError
 
+    startup.mark("imports")
+
     stop = threading.Event()
     _install_sigterm(stop, settings.shutdown_timeout_s + 30.0)
     log.info("settings: %s", settings.model_dump_json(exclude={"token"}))
     try:
-        code = run_learner(settings, os.environ, stop, health)
+        code = run_learner(settings, os.environ, stop, health, startup)
         if code == 0 and waits_when_done(settings.when_done, stopped=stop.is_set()):
             wait_until_stopped(stop, health)
         return code

@@ -34,6 +34,7 @@ from .metrics import MetricsLog
 from .model import flops_per_token
 from .session import DiLoCoSession
 from .settings import WorkerSettings
+from .startup import FirstStep, StartupClock
 from .train import LoopState, make_optimizer, train
 
 log = logging.getLogger("diloco_worker.learner")
@@ -111,22 +112,29 @@ def _unit_checkpoint(store: ObjectStore, unit: Unit) -> Checkpoint | None:
 
 
 def run_learner(
-    settings: WorkerSettings, env: Mapping[str, str], stop: threading.Event, health: Health | None = None
+    settings: WorkerSettings,
+    env: Mapping[str, str],
+    stop: threading.Event,
+    health: Health | None = None,
+    startup: StartupClock | None = None,
 ) -> int:
-    """Train until done or stopped; ``health`` receives the loop's beats (for the probe endpoint)."""
+    """Train until done or stopped; ``health`` receives the loop's beats (for the probe endpoint) and
+    ``startup`` the end of each start-up phase (a clock from now when not given)."""
+    clock = startup or StartupClock.from_now()
     if settings.threads:
         torch.set_num_threads(settings.threads)
     device = pick_device(settings.device, env)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 for the float32 matmuls outside autocast
     unit: Unit = join_unit(env, device)
+    clock.mark("unit")
     try:
-        return _run(settings, unit, stop, health or Health(settings.health_stale_s))
+        return _run(settings, unit, stop, health or Health(settings.health_stale_s), clock)
     finally:
         unit.close()
 
 
-def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: Health) -> int:
+def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: Health, clock: StartupClock) -> int:
     shard = Shard(
         settings.learner_index * unit.world_size + unit.rank,
         settings.num_learners * unit.world_size,
@@ -137,12 +145,15 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: He
     )
     task = load_task(ctx)
     task.model.to(unit.device)
+    clock.mark("task")
     plan = plan_for(task, settings)
     optimizer = make_optimizer(task.model, settings.train, settings.adamw)
     fs = FragmentState.for_model(plan, task.model, functools.partial(
         build_anchor_store, device=unit.device, compute=settings.sync_compute, placement=settings.anchor_memory,
     ))  # fmt: skip
+    clock.mark("optimizer")
     store, state = _resume_if_any(settings, unit, task, optimizer, fs, plan)
+    clock.mark("checkpoint")
     resumed = state.step > 0
     metrics = None
     if settings.metrics_file and unit.is_leader:
@@ -164,6 +175,7 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: He
             health=health,
         )
         session.connect(state, resumed=resumed)
+    clock.mark("register")
     log.info(
         "learner=%s rank=%d/%d device=%s params=%d fragments=%d outer gradients in %s",
         settings.learner_id,
@@ -182,7 +194,7 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: He
             state,
             unit=unit,
             stop=stop,
-            hook=session,
+            hook=FirstStep(session, clock, functools.partial(_report_startup, settings, metrics)),
             save=_saver(store, task, optimizer, fs, plan, settings) if store else None,
             checkpoint_every=settings.checkpoint_every,
             eval_every=settings.eval_every,
@@ -200,6 +212,15 @@ def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: He
         if session:
             session.close()
     return 0
+
+
+def _report_startup(
+    settings: WorkerSettings, metrics: MetricsLog | None, clock: StartupClock, state: LoopState
+) -> None:
+    log.info("learner=%s %s", settings.learner_id, clock.describe())
+    if metrics is not None:
+        # the blocked time this process resumed with: what it adds is the record's blocked_s minus it
+        metrics.note(**clock.to_record(), resumed_blocked_s=state.blocked_s)
 
 
 def _saver(

@@ -15,6 +15,7 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fixed = fixed
         self._extra: dict[str, Any] = {}
+        self._once: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def set(self, **values: Any) -> None:
@@ -22,9 +23,16 @@ class MetricsLog:
         with self._lock:
             self._extra.update(values)
 
+    def note(self, **values: Any) -> None:
+        """Values added to the next record only (the start-up figures, on the first step's record)."""
+        with self._lock:
+            self._once.update(values)
+
     def write(self, **record: Any) -> None:
         with self._lock:
-            line = json.dumps({"time": time.time(), **self._fixed, **self._extra, **record}, sort_keys=True)
+            fields = {"time": time.time(), **self._fixed, **self._extra, **self._once, **record}
+            self._once = {}
+            line = json.dumps(fields, sort_keys=True)
         with self.path.open("a") as f:
             f.write(line + "\n")
 

@@ -23,6 +23,7 @@ import torch
 from diloco_core.config import TrainSettings
 from torch import nn
 
+from .adamw import AdamW
 from .distributed import Unit
 from .entry import TrainingTask
 from .health import Health
@@ -75,13 +76,15 @@ def adamw_impl(device: torch.device, wanted: AdamWImpl = "auto") -> Literal["fus
     return "fused" if device.type == "cuda" else "loop" if device.type == "cpu" else "foreach"
 
 
-def make_optimizer(model: nn.Module, cfg: TrainSettings, impl: AdamWImpl = "auto") -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, cfg: TrainSettings, impl: AdamWImpl = "auto") -> torch.optim.Optimizer:
     """AdamW; no weight decay on biases, norms and other 1-d tensors."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     first = next(iter(decay + no_decay), None)
     chosen = adamw_impl(first.device if first is not None else torch.device("cpu"), impl)
+    if chosen == "loop":  # torch's single-tensor update without its start-up cost (see .adamw)
+        return AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     return torch.optim.AdamW(
         groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=chosen == "fused" or None,
         foreach=chosen == "foreach",
@@ -191,6 +194,7 @@ def train(
     on_cuda = unit.device.type == "cuda"
     clock = StepClock(per_step=not on_cuda, state=state)
     first_step = True
+    first_logged = state.step + 1  # logged in every process: its record carries the start-up figures
     while state.step < cfg.max_steps:
         if health:
             health.beat("training")
@@ -229,7 +233,7 @@ def train(
         stopping = hook.at_boundary(state, step_tokens, asked, clock.step_time(step_time)) if hook else asked
         if eval_every and state.step % eval_every == 0:
             state.eval_loss = evaluate(task.model, task, unit.device)
-        if state.step % log_every == 0 or stopping or state.step >= cfg.max_steps:
+        if state.step % log_every == 0 or stopping or state.step >= cfg.max_steps or state.step == first_logged:
             loss_value = float(loss_sum)
             clock.close_window(state)
             _emit(state, loss_value, step_time, step_tokens, metrics, clock, flops_per_token, peak_flops)
