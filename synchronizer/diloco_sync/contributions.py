@@ -5,7 +5,9 @@ object store, so a crash after the answer never loses it (it is replayed at star
 is down, contributions are held in memory up to the byte budget and answered 202 as well: those are
 written as soon as storage is back, and are lost only if the process dies during the outage.
 Beyond the budget the answer is 503 ``storage_unavailable`` (``retryable``): nothing is dropped
-silently. A learner's newer contribution to the same fragment supersedes its pending one.
+silently. A learner's newer contribution to the same fragment continues or supersedes its pending
+one, and progress of a learner that was merged already is refused (409 ``already_merged``): every
+step of a learner's progress is merged at most once (``FragmentState.overlap``).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class ContributionDesk:
         bound = codec.max_decoded_size(fs.spec) * 101 // 100 + 4096
         return min(self.settings.max_body_bytes, bound)
 
-    def precheck(self, learner_id: str, p: int, base_version: int, seq: int) -> FragmentState:
+    def precheck(self, learner_id: str, p: int, base_version: int, seq: int, since: int = 0) -> FragmentState:
         """The checks that need no body: registration (a learner that left is refused until it
         registers again), fragment, initialisation, staleness.
 
@@ -87,7 +89,13 @@ class ContributionDesk:
             )
         if not fs.is_known(contribution_key(learner_id, p, base_version, seq)):
             self._check_fresh(fs, base_version)
+            self._check_new_progress(fs, learner_id, base_version, since)
         return fs
+
+    def _check_new_progress(self, fs: FragmentState, learner_id: str, base_version: int, since: int) -> None:
+        reason = fs.overlap(learner_id, base_version, since)
+        if reason is not None:
+            raise ApiError(409, "already_merged", reason, current_version=fs.version)
 
     def _check_fresh(self, fs: FragmentState, base_version: int) -> None:
         max_staleness = self.diloco.max_staleness
@@ -106,9 +114,10 @@ class ContributionDesk:
             )  # fmt: skip
 
     async def contribute(
-        self, learner_id: str, p: int, *, base_version: int, steps: int, tokens: int, seq: int, blob: bytes
-    ) -> ContributionResult:
-        fs = self.precheck(learner_id, p, base_version, seq)
+        self, learner_id: str, p: int, *, base_version: int, steps: int, tokens: int, seq: int, blob: bytes,
+        since: int = 0,
+    ) -> ContributionResult:  # fmt: skip
+        fs = self.precheck(learner_id, p, base_version, seq, since)
         key = contribution_key(learner_id, p, base_version, seq)
         if not fs.reserve(key):
             self.metrics.contributions.labels("duplicate").inc()
@@ -116,7 +125,7 @@ class ContributionDesk:
         try:
             meta = PendingMeta(
                 learner_id=learner_id, fragment=p, base_version=base_version, seq=seq, steps=steps,
-                tokens=tokens, received_at=self.clock(),
+                tokens=tokens, received_at=self.clock(), since=since,
             )  # fmt: skip
             taken = await anyio.to_thread.run_sync(self._take, fs, meta, blob, self.guard.ok)
             if taken.failure is not None:
@@ -124,13 +133,14 @@ class ContributionDesk:
                 log.warning("contribution %s kept in memory: %s", key, taken.failure)
             try:
                 self._check_fresh(fs, base_version)  # a round may have moved on meanwhile
+                self._check_new_progress(fs, learner_id, base_version, since)
             except ApiError:
                 self._delete_later([taken.storage_key] if taken.storage_key else [])
                 raise
             c = Contribution(
                 learner_id=learner_id, fragment=p, base_version=base_version, seq=seq, steps=steps,
                 tokens=tokens, tensors=taken.tensors, nbytes=len(blob), received_at=meta.received_at,
-                storage_key=taken.storage_key,
+                storage_key=taken.storage_key, since=since,
             )  # fmt: skip
             if c.storage_key is None:
                 self._hold_in_memory(c, blob)
@@ -188,34 +198,42 @@ class ContributionDesk:
             self.discard(previous)
 
     def forget(self, c: Contribution) -> None:
-        """Drop a contribution from memory only (its stored copy, if any, stays for a restart)."""
-        if c.blob is not None:
-            self.guard.release(len(c.blob))
-            c.blob = None
+        """Drop a contribution from memory only (its stored copies, if any, stay for a restart)."""
+        for part in c.received():
+            if part.blob is not None:
+                self.guard.release(len(part.blob))
+                part.blob = None
 
     def discard(self, c: Contribution) -> None:
         """Forget a contribution that will never be merged (or was merged): free memory and storage."""
         self.forget(c)
-        if c.storage_key is not None:
-            key, c.storage_key = c.storage_key, None
-            self._delete_later([key])
+        for part in c.received():
+            if part.storage_key is not None:
+                key, part.storage_key = part.storage_key, None
+                self._delete_later([key])
 
     def replay(self, pending: list[Contribution]) -> None:
         """Queue contributions found in storage at start-up (in arrival order)."""
         for c in pending:
             fs = self.fragments.find(c.fragment)
-            if fs is not None and not fs.is_known(c.key):
-                self._enqueue(fs, c)
+            if fs is None or fs.is_known(c.key):
+                continue
+            reason = fs.overlap(c.learner_id, c.base_version, c.since)
+            if reason is not None:
+                log.warning("not replaying contribution %s: %s", c.key, reason)
+                self.discard(c)
+                continue
+            self._enqueue(fs, c)
 
     async def flush(self) -> None:
         """Storage is back: write what was held in memory (raises while storage still fails)."""
         for fs in self.fragments:
-            for c in list(fs.pending.values()):
+            for c in [part for pending in list(fs.pending.values()) for part in pending.received()]:
                 blob = c.blob
                 if blob is not None and c.storage_key is None:
                     meta = PendingMeta(
                         learner_id=c.learner_id, fragment=c.fragment, base_version=c.base_version, seq=c.seq,
-                        steps=c.steps, tokens=c.tokens, received_at=c.received_at,
+                        steps=c.steps, tokens=c.tokens, received_at=c.received_at, since=c.since,
                     )  # fmt: skip
                     key = await anyio.to_thread.run_sync(self.store.put_pending, meta, blob)
                     if fs.mark_durable(c, key):

@@ -1,8 +1,9 @@
 """Background communication of one learner: the training thread never waits on the network.
 
-- one slot per fragment: a newer outer gradient of a fragment replaces an unsent older one (bounded
-  memory); a sender thread per synchronizer shard sends the slots of the fragments that shard owns,
-  and retries failures with exponential backoff and jitter;
+- one queue per fragment: every outer gradient is sent, in order (each carries only the progress
+  made since the one before it, so none may be skipped); a sender thread per synchronizer shard
+  sends the queues of the fragments that shard owns, and retries failures with exponential backoff
+  and jitter;
 - one long-poll thread per fragment, asking the fragment's shard, that fetches new global versions
   into an arrivals slot, which the training loop drains at a step boundary; with
   ``announce_rounds`` it also hears when a round on the learner's version opens, and leaves a
@@ -104,10 +105,10 @@ class Communicator:
         self.plan, self.settings = plan, settings
         self.progress = Progress()
         self.bytes_sent = 0
-        self.sent = self.dropped = self.rejected = 0
+        self.sent = self.rejected = 0
         self._on_unknown = on_unknown_learner
         self._stage = stage
-        self._slots: dict[int, Contribution] = {}
+        self._slots: dict[int, list[Contribution]] = {}  # per fragment, oldest first
         self._arrivals: dict[int, tuple[int, Mapping[str, np.ndarray]]] = {}
         self._known = dict(versions)  # newest version each poller has delivered
         self._resync: set[int] = set()
@@ -142,9 +143,7 @@ class Communicator:
     # ---- called by the training thread (never blocks on the network) ----
     def submit(self, c: Contribution) -> None:
         with self._cv:
-            if c.fragment in self._slots:
-                self.dropped += 1  # superseded: the fresher outer gradient replaces it
-            self._slots[c.fragment] = c
+            self._slots.setdefault(c.fragment, []).append(c)
             self._cv.notify_all()
 
     def take_arrivals(self) -> dict[int, tuple[int, Mapping[str, np.ndarray]]]:
@@ -208,14 +207,16 @@ class Communicator:
                 mine = self._mine(shard)
                 if self._stop.is_set() and not mine:
                     return
-                p = min(mine, key=lambda k: self._slots[k].seq)
-                c = self._slots.pop(p)
+                p = min(mine, key=lambda k: self._slots[k][0].seq)
+                c = self._slots[p].pop(0)
+                if not self._slots[p]:
+                    del self._slots[p]
                 self._inflight.add(p)
             ok = self._send_one(client, c)
             with self._cv:
                 self._inflight.discard(p)
-                if not ok and c.fragment not in self._slots:
-                    self._slots[c.fragment] = c  # retry unless a fresher one arrived meanwhile
+                if not ok:
+                    self._slots.setdefault(c.fragment, []).insert(0, c)  # retried before anything newer
                 self._cv.notify_all()
             attempt = 0 if ok else attempt + 1
             if not ok:
@@ -232,7 +233,8 @@ class Communicator:
         self._stop.wait(delay)
         try:
             res = client.contribute(
-                c.fragment, payload, base_version=c.base_version, steps=c.steps, tokens=c.tokens, seq=c.seq
+                c.fragment, payload, base_version=c.base_version, steps=c.steps, tokens=c.tokens, seq=c.seq,
+                since=c.since,
             )
         except SyncUnavailable as exc:
             log.warning(
