@@ -98,17 +98,22 @@ class ContributionDesk:
             raise ApiError(409, "already_merged", reason, current_version=fs.version)
 
     def _check_fresh(self, fs: FragmentState, base_version: int) -> None:
+        """Refuse a base the contribution's round would exclude: while a merge runs, the round it
+        joins is on the version that merge makes, so it is judged against that one (accepting it and
+        excluding it after the commit would lose an acknowledged contribution)."""
         max_staleness = self.diloco.max_staleness
         if base_version > fs.version:
             raise ApiError(
                 409, "stale", f"base version {base_version} is newer than fragment {fs.index}'s {fs.version}: resynchronise",
                 current_version=fs.version,
             )  # fmt: skip
-        if rounds.is_stale(base_version, fs.version, max_staleness):
-            lag = rounds.staleness(base_version, fs.version)
+        round_version = fs.version + 1 if fs.phase == "merging" else fs.version
+        if rounds.is_stale(base_version, round_version, max_staleness):
+            lag = rounds.staleness(base_version, round_version)
+            merging = f" (version {round_version} is being merged)" if round_version != fs.version else ""
             raise ApiError(
                 409, "stale",
-                f"base version {base_version} is {lag} versions behind fragment {fs.index}'s {fs.version} "
+                f"base version {base_version} is {lag} versions behind fragment {fs.index}'s {round_version}{merging} "
                 f"(at most {max_staleness} allowed): fetch the fragment and continue from it",
                 current_version=fs.version,
             )  # fmt: skip
