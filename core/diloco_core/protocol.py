@@ -204,6 +204,9 @@ class FragmentStatus(_Msg):
     version: int
     pending: int
     rounds: int
+    excluded: int = Field(
+        0, description="contributions the rounds' checks excluded since the synchronizer started (see its log)"
+    )
 
 
 class StatusResponse(_Msg):

@@ -43,6 +43,7 @@ import numpy.typing as npt
 from diloco_core import rounds as policy
 from diloco_core.fragments import Fragment
 from diloco_core.outer import OuterState
+from diloco_core.screening import NormHistory
 
 Arrays = dict[str, npt.NDArray[np.float32]]
 News = Literal["version", "round"] | None
@@ -135,6 +136,8 @@ class FragmentState:
         self._reserved: set[str] = set()  # keys being validated/persisted right now
         self._merging: tuple[Contribution, ...] = ()  # the round being merged and committed
         self._merged_through: dict[str, tuple[int, int]] = {}  # learner -> (base version, step) merged
+        self._norms = NormHistory()  # of the rounds merged since start-up
+        self._excluded = 0  # contributions the rounds' checks left out since start-up
         self._changed = asyncio.Event()
 
     @property
@@ -182,6 +185,16 @@ class FragmentState:
     def applied(self) -> tuple[str, ...]:
         """Idempotency keys of contributions merged or superseded, oldest first."""
         return tuple(self._applied)
+
+    @property
+    def norms(self) -> NormHistory:
+        """Norms of the recently merged contributions and updates (the rounds' checks compare with them)."""
+        return self._norms
+
+    @property
+    def excluded(self) -> int:
+        """Contributions the rounds' checks excluded since start-up."""
+        return self._excluded
 
     @property
     def merged_through(self) -> dict[str, tuple[int, int]]:
@@ -326,11 +339,15 @@ class FragmentState:
         return taken
 
     def commit(
-        self, *, version: int, params: Arrays, payload: bytes, outer: OuterState, now: float, quorum: int
-    ) -> None:
+        self, *, version: int, params: Arrays, payload: bytes, outer: OuterState, now: float, quorum: int,
+        norms: NormHistory | None = None, excluded: int = 0,
+    ) -> None:  # fmt: skip
         """The merged version is durable: make it current, wake every long-poll waiting for it, and
-        start the next round with whatever is still pending."""
+        start the next round with whatever is still pending. Every contribution of the merge (those
+        its checks excluded too) is done with: its keys are applied."""
         self._expect("merging")
+        self._norms = norms if norms is not None else self._norms
+        self._excluded += excluded
         self._applied.extend(part.key for c in self._merging for part in c.received())
         self._merged_through.update(merged_through(self._merged_through, self._merging))
         self._outer, self._rounds, self._phase = outer, self.rounds + 1, "committed"
@@ -341,6 +358,15 @@ class FragmentState:
         """After a commit, the fragment's storage is tidy: the next merge may start."""
         self._expect("committed")
         self._merging, self._phase = (), "open"
+
+    def reject(self) -> list[Contribution]:
+        """The round's checks excluded every contribution of the merge: the fragment stays at its
+        version, their keys are applied (a resend is a duplicate); returns them."""
+        self._expect("merging")
+        rejected, self._merging, self._phase = list(self._merging), (), "open"
+        self._applied.extend(part.key for c in rejected for part in c.received())
+        self._excluded += len(rejected)
+        return rejected
 
     def abort(self) -> list[Contribution]:
         """The merge failed: the fragment stays at its version; returns the contributions it held."""

@@ -87,7 +87,8 @@ def test_a_contribution_the_merging_round_would_make_stale_is_refused_not_accept
             await asyncio.sleep(0.01)
             if fs.phase == "open":
                 break
-        assert fs.version == 1 and not fs.pending
+        assert fs.version == 1
+        assert not fs.pending
         assert await sync.contribute("b", base=1) == "accepted"  # from the new version it counts
 
     asyncio.run(scenario())

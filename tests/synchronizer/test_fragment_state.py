@@ -238,7 +238,8 @@ def test_a_continuation_adds_to_the_pending_contribution_and_both_keys_are_known
     assert (pending.since, pending.steps, pending.tokens, pending.through) == (0, 8, 64, 8)
     np.testing.assert_array_equal(pending.tensors["w"], [8.0, 8.0])
     assert [c.key for c in pending.received()] == ["a/0/0/1", "a/0/0/2"]
-    assert fs.is_known("a/0/0/1") and fs.is_known("a/0/0/2")
+    assert fs.is_known("a/0/0/1")
+    assert fs.is_known("a/0/0/2")
 
 
 def test_progress_merged_or_being_merged_is_never_taken_again() -> None:
