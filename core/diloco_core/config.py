@@ -61,6 +61,11 @@ class DiLoCoSettings(_Model):
     def _check(self) -> DiLoCoSettings:
         if self.overlap >= self.inner_steps:
             raise ValueError(f"overlap ({self.overlap}) must be smaller than inner_steps ({self.inner_steps})")
+        if self.fragments > self.inner_steps:
+            raise ValueError(
+                f"fragments ({self.fragments}) must be at most inner_steps ({self.inner_steps}): each fragment "
+                "falls due at its own step offset p*H//P, and with more fragments than steps some would share one"
+            )
         return self
 
 
