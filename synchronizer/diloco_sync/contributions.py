@@ -1,9 +1,11 @@
 """Taking contributions: checks in the order a learner can act on, durability before the answer.
 
-Durability rule: a contribution is answered 202 only after it is written under ``pending/`` in the
-object store, so a crash after the answer never loses it (it is replayed at start-up). While storage
-is down, contributions are held in memory up to the byte budget and answered 202 as well: those are
-written as soon as storage is back, and are lost only if the process dies during the outage.
+Durability rule: a contribution is answered 202 with ``durable: true`` only after it is written
+under ``pending/`` in the object store, so a crash after the answer never loses it (it is replayed
+at start-up). While storage is down, contributions are held in memory up to the byte budget and
+answered 202 with ``durable: false``: those are written as soon as storage is back, and are lost
+if the process dies during the outage, so the learner resends them (same key) until an answer —
+``accepted`` by a restarted synchronizer that lost it, or ``duplicate`` — says ``durable``.
 Beyond the budget the answer is 503 ``storage_unavailable`` (``retryable``): nothing is dropped
 silently. A learner's newer contribution to the same fragment continues or supersedes its pending
 one, and progress of a learner that was merged already is refused (409 ``already_merged``): every
@@ -70,7 +72,9 @@ class ContributionDesk:
         bound = codec.max_decoded_size(fs.spec) * 101 // 100 + 4096
         return min(self.settings.max_body_bytes, bound)
 
-    def precheck(self, learner_id: str, p: int, base_version: int, seq: int, since: int = 0) -> FragmentState:
+    def precheck(
+        self, learner_id: str, p: int, base_version: int, seq: int, since: int = 0, steps: int = 1
+    ) -> FragmentState:
         """The checks that need no body: registration (a learner that left is refused until it
         registers again), fragment, initialisation, staleness.
 
@@ -89,11 +93,13 @@ class ContributionDesk:
             )
         if not fs.is_known(contribution_key(learner_id, p, base_version, seq)):
             self._check_fresh(fs, base_version)
-            self._check_new_progress(fs, learner_id, base_version, since)
+            self._check_new_progress(fs, learner_id, base_version, since, since + steps)
         return fs
 
-    def _check_new_progress(self, fs: FragmentState, learner_id: str, base_version: int, since: int) -> None:
-        reason = fs.overlap(learner_id, base_version, since)
+    def _check_new_progress(
+        self, fs: FragmentState, learner_id: str, base_version: int, since: int, through: int
+    ) -> None:
+        reason = fs.overlap(learner_id, base_version, since, through)
         if reason is not None:
             raise ApiError(409, "already_merged", reason, current_version=fs.version)
 
@@ -122,11 +128,11 @@ class ContributionDesk:
         self, learner_id: str, p: int, *, base_version: int, steps: int, tokens: int, seq: int, blob: bytes,
         since: int = 0,
     ) -> ContributionResult:  # fmt: skip
-        fs = self.precheck(learner_id, p, base_version, seq, since)
+        fs = self.precheck(learner_id, p, base_version, seq, since, steps)
         key = contribution_key(learner_id, p, base_version, seq)
         if not fs.reserve(key):
             self.metrics.contributions.labels("duplicate").inc()
-            return self._result("duplicate", fs, base_version)
+            return self._result("duplicate", fs, base_version, durable=fs.is_durable(key))
         try:
             meta = PendingMeta(
                 learner_id=learner_id, fragment=p, base_version=base_version, seq=seq, steps=steps,
@@ -138,7 +144,7 @@ class ContributionDesk:
                 log.warning("contribution %s kept in memory: %s", key, taken.failure)
             try:
                 self._check_fresh(fs, base_version)  # a round may have moved on meanwhile
-                self._check_new_progress(fs, learner_id, base_version, since)
+                self._check_new_progress(fs, learner_id, base_version, since, since + steps)
             except ApiError:
                 self._delete_later([taken.storage_key] if taken.storage_key else [])
                 raise
@@ -159,10 +165,10 @@ class ContributionDesk:
         self.traffic.received(len(blob))
         self.metrics.contributions.labels("accepted").inc()
         self.wake()
-        return self._result("accepted", fs, base_version)
+        return self._result("accepted", fs, base_version, durable=c.storage_key is not None)
 
     def _result(
-        self, status: Literal["accepted", "duplicate"], fs: FragmentState, base_version: int
+        self, status: Literal["accepted", "duplicate"], fs: FragmentState, base_version: int, *, durable: bool
     ) -> ContributionResult:
         return ContributionResult(
             status=status,
@@ -170,6 +176,7 @@ class ContributionDesk:
             base_version=base_version,
             version=fs.version,
             pending=len(fs.pending),
+            durable=durable,
         )
 
     def _take(self, fs: FragmentState, meta: PendingMeta, blob: bytes, store_it: bool) -> _Taken:
@@ -223,7 +230,7 @@ class ContributionDesk:
             fs = self.fragments.find(c.fragment)
             if fs is None or fs.is_known(c.key):
                 continue
-            reason = fs.overlap(c.learner_id, c.base_version, c.since)
+            reason = fs.overlap(c.learner_id, c.base_version, c.since, c.through)
             if reason is not None:
                 log.warning("not replaying contribution %s: %s", c.key, reason)
                 self.discard(c)

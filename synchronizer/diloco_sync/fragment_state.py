@@ -19,9 +19,9 @@ out, ``mark_durable`` one held in memory once it is written. A key is known (a r
 duplicate) while reserved, pending, merging, or applied.
 
 Exactly once: a contribution covers the steps ``since < step <= through`` of its learner's progress
-on its base version. A later one on the same base that continues it (``since`` at or past the
-pending one's ``through``) is added to the pending one (its parts); one that starts from the base
-again (``since`` 0) supersedes it. Progress already merged, or being merged, is never taken again
+on its base version. One on the same base as the learner's pending one whose steps do not overlap
+it (a continuation, or an earlier one resent after a restart) is added to it (its parts); one that
+covers it (the whole progress from the base again) supersedes it. Progress already merged, or being merged, is never taken again
 (``overlap`` names the conflict; the learner is refused): the fragment remembers, per learner, how
 far its progress on a base was merged (``merged_through``, kept in the manifest).
 
@@ -102,6 +102,19 @@ def fold(earlier: Contribution, later: Contribution) -> Contribution:
 def round_entry(c: Contribution) -> policy.Contribution:
     """What the round policy knows of a contribution."""
     return policy.Contribution(c.learner_id, c.base_version, c.steps, c.tokens, c.received_at)
+
+
+def _relation(
+    pending: Contribution, since: int, through: int
+) -> Literal["after", "before", "covers", "overlaps"]:
+    """Where the steps ``since < step <= through`` lie against a pending contribution's."""
+    if since >= pending.through:
+        return "after"
+    if through <= pending.since:
+        return "before"
+    if since <= pending.since and through >= pending.through:
+        return "covers"
+    return "overlaps"
 
 
 def merged_through(
@@ -216,22 +229,38 @@ class FragmentState:
             or any(part.key == key for c in self._pending.values() for part in c.received())
         )
 
-    def overlap(self, learner_id: str, base_version: int, since: int) -> str | None:
-        """Why a contribution of ``learner_id`` on ``base_version`` starting after step ``since``
-        would take progress a second time (None: it would not)."""
-        base, through = merged_through(self._merged_through, self._merging).get(learner_id, (-1, 0))
-        through = through if base == base_version else 0
-        if since < through:
+    def is_durable(self, key: str) -> bool:
+        """True when the contribution with this key is merged or written to storage (False while it
+        is only buffered in memory, being checked, or unknown)."""
+        if key in self._applied:
+            return True
+        for c in (*self._merging, *self._pending.values()):
+            for part in c.received():
+                if part.key == key:
+                    return part.storage_key is not None
+        return False
+
+    def overlap(self, learner_id: str, base_version: int, since: int, through: int) -> str | None:
+        """Why a contribution of ``learner_id`` on ``base_version`` with the steps after ``since``
+        through ``through`` would take progress a second time (None: it would not)."""
+        base, merged = merged_through(self._merged_through, self._merging).get(learner_id, (-1, 0))
+        merged = merged if base == base_version else 0
+        if since < merged:
             return (
                 f"learner {learner_id}'s progress on version {base_version} of fragment {self.index} "
-                f"through step {through} is merged already (this contribution starts after step {since}): "
-                f"send only the progress after step {through}, or take version {self.version}"
+                f"through step {merged} is merged already (this contribution starts after step {since}): "
+                f"send only the progress after step {merged}, or take version {self.version}"
             )
         previous = self._pending.get(learner_id)
-        if previous is not None and previous.base_version == base_version and 0 < since < previous.through:
+        if (
+            previous is not None
+            and previous.base_version == base_version
+            and _relation(previous, since, through) == "overlaps"
+        ):
             return (
                 f"learner {learner_id}'s pending contribution on version {base_version} of fragment "
-                f"{self.index} reaches step {previous.through}; this one starts after step {since}"
+                f"{self.index} holds steps {previous.since + 1} to {previous.through}; this one holds "
+                f"steps {since + 1} to {through}"
             )
         return None
 
@@ -301,8 +330,12 @@ class FragmentState:
         opens = not self._pending
         if opens:  # a round opens when its first contribution arrives (the fragment fell due)
             self._round = policy.open_round(self.index, self._version, c.received_at)
-        if previous is not None and previous.base_version == c.base_version and c.since > 0:
-            c, previous = fold(previous, c), None
+        if previous is not None and previous.base_version == c.base_version:
+            relation = _relation(previous, c.since, c.through)
+            if relation == "after":
+                c, previous = fold(previous, c), None
+            elif relation == "before":
+                c, previous = fold(c, previous), None
         self._pending[c.learner_id] = c
         self._round = policy.add_contribution(self._round, round_entry(c), quorum=quorum)
         if previous is not None:

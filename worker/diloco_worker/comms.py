@@ -3,7 +3,10 @@
 - one queue per fragment: every outer gradient is sent, in order (each carries only the progress
   made since the one before it, so none may be skipped); a sender thread per synchronizer shard
   sends the queues of the fragments that shard owns, and retries failures with exponential backoff
-  and jitter;
+  and jitter; one answered as only buffered (``durable: false``: the synchronizer's storage is
+  down) is sent again every ``BUFFERED_RESEND_S`` with the same sequence number until an answer says
+  it is durable (a synchronizer that restarted and lost it takes it anew, one that wrote it answers
+  ``duplicate``), or until the learner took a newer version of the fragment (which supersedes it);
 - one long-poll thread per fragment, asking the fragment's shard, that fetches new global versions
   into an arrivals slot, which the training loop drains at a step boundary; with
   ``announce_rounds`` it also hears when a round on the learner's version opens, and leaves a
@@ -34,6 +37,7 @@ from .fragment_state import Contribution
 from .sync_client import RoundOpen, ShardClients, SyncClient, SyncRejected, SyncUnavailable
 
 log = logging.getLogger("diloco_worker.comms")
+BUFFERED_RESEND_S = 5.0  # how often a contribution the synchronizer only buffered is sent again
 
 
 def backoff_delay(attempt: int, rng: random.Random, *, base: float = 0.2, cap: float = 10.0) -> float:
@@ -115,6 +119,7 @@ class Communicator:
         self._requests: dict[int, int] = {}  # fragment → version of a round asking for this learner
         self._announced: dict[int, int] = {}  # fragment → version of the last round heard of
         self._inflight: set[int] = set()  # fragments whose outer gradient is being sent
+        self._buffered: dict[int, list[tuple[float, Contribution]]] = {}  # answered not durable: (resend at, c)
         self._cv = threading.Condition()
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -204,6 +209,7 @@ class Communicator:
             with self._cv:
                 while not self._mine(shard) and not self._stop.is_set():
                     self._cv.wait(timeout=0.5)
+                    self._requeue_buffered(shard)
                 mine = self._mine(shard)
                 if self._stop.is_set() and not mine:
                     return
@@ -221,6 +227,26 @@ class Communicator:
             attempt = 0 if ok else attempt + 1
             if not ok:
                 self._stop.wait(backoff_delay(attempt, self._rng))
+
+    def _requeue_buffered(self, shard: int) -> None:
+        """Queue again the buffered contributions of ``shard``'s fragments that are due for a resend
+        (in sequence order, before anything newer), dropping those a newer version superseded (call
+        with ``_cv`` held)."""
+        now = time.monotonic()
+        for p in [p for p in self._buffered if self.shards.routes.owner(p) == shard]:
+            with self._lock:
+                known = self._known.get(p, -1)
+            due = [c for at, c in self._buffered[p] if at <= now and c.base_version >= known]
+            self._buffered[p] = [(at, c) for at, c in self._buffered[p] if at > now and c.base_version >= known]
+            if not self._buffered[p]:
+                del self._buffered[p]
+            if due:
+                self._slots[p] = sorted([*due, *self._slots.get(p, [])], key=lambda c: c.seq)
+
+    def buffered(self, p: int) -> list[int]:
+        """The sequence numbers of fragment ``p``'s contributions that the synchronizer only buffered."""
+        with self._cv:
+            return [c.seq for _, c in self._buffered.get(p, [])]
 
     def _send_one(self, client: SyncClient, c: Contribution) -> bool:
         """True when the contribution is done with (accepted or refused for good).
@@ -270,6 +296,9 @@ class Communicator:
             res.status,
             res.pending,
         )
+        if not res.durable:  # lost if the synchronizer dies before its storage is back: send it again later
+            with self._cv:
+                self._buffered.setdefault(c.fragment, []).append((time.monotonic() + BUFFERED_RESEND_S, c))
         return True
 
     def _poll_loop(self, p: int) -> None:
