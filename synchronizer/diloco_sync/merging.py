@@ -105,6 +105,7 @@ def round_log(
         "weights": list(outcome.result.weights),
         "base_versions": [c.base_version for c in contributions],
         "keys": [c.key for c in contributions],
+        "merged_keys": [part.key for c in contributions for part in c.received()],  # with those added into them
         "steps": [c.steps for c in contributions],
         "tokens": [c.tokens for c in contributions],
         "excluded": [
