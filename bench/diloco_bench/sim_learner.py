@@ -74,7 +74,9 @@ class SimLearner:
     def contribution(self, p: int) -> tuple[Pending, int]:
         """The outer gradient of fragment ``p`` through the real codec; (decoded, bytes on the wire)."""
         c = self.counters.mark_sent(p)
-        delta = outer_gradient(self.anchors[p], self.fragment_params(p))
+        params = self.fragment_params(p)
+        delta = outer_gradient(self.anchors[p], params)
+        self.anchors[p] = params  # the next send before a new version carries only the progress after this one
         blob = codec.encode(delta, fragment=p, base_version=c.base_version, kind="outer_grad", quantizer=self.method.codec)
         decoded = codec.decode(blob, fragment=self.plan.fragments[p]).tensors
         return Pending(self.index, c.base_version, c.steps, c.tokens, decoded), len(blob)

@@ -51,6 +51,12 @@ class Syncer:
         return {n: self.global_params[n] for n in self.plan.fragments[p].names}
 
     def submit(self, p: int, c: Pending, now: float) -> tuple[int, Arrays] | None:
+        """Queue a contribution (the progress after the learner's previous send on its base: it adds
+        to a pending one on the same base) and merge if the round policy says so."""
+        previous = self.pending[p].get(c.learner)
+        if previous is not None and previous.base_version == c.base_version:
+            summed = {n: previous.tensors[n] + c.tensors[n] for n in c.tensors}
+            c = Pending(c.learner, c.base_version, previous.steps + c.steps, previous.tokens + c.tokens, summed)
         self.pending[p][c.learner] = c
         self._add(p, c, now)
         return self.consider(p, now)

@@ -48,6 +48,13 @@ class DiLoCoSettings(_Model):
     staleness_power: float = Field(0.0, ge=0.0, description="weight x (1+staleness)^-power; 0 disables")
     max_staleness: int = Field(4, ge=0, description="versions behind the newest a contribution may be")
     heartbeat_timeout_s: float = Field(30.0, gt=0.0, description="a learner silent for this long is not alive")
+    max_update_norm_factor: float = Field(
+        10.0,
+        ge=0.0,
+        le=1e6,
+        description="a contribution or merged update whose norm exceeds this many times the median of the "
+        "fragment's recent ones is excluded from its round (0: only finiteness is checked)",
+    )
     fragment_strategy: FragmentStrategy = Field(
         "balanced", description="packing of tensors into fragments: balanced sizes, or layer i in fragment i mod P"
     )
@@ -56,6 +63,11 @@ class DiLoCoSettings(_Model):
     def _check(self) -> DiLoCoSettings:
         if self.overlap >= self.inner_steps:
             raise ValueError(f"overlap ({self.overlap}) must be smaller than inner_steps ({self.inner_steps})")
+        if self.fragments > self.inner_steps:
+            raise ValueError(
+                f"fragments ({self.fragments}) must be at most inner_steps ({self.inner_steps}): each fragment "
+                "falls due at its own step offset p*H//P, and with more fragments than steps some would share one"
+            )
         return self
 
 

@@ -7,11 +7,13 @@ Packing (docs/algorithm.md §3.1, §3.2): embedding tensors get their own fragme
 weighted mean); the other tensors are packed largest first into the currently smallest fragment,
 ties broken by name ("balanced"), or by layer, layer ``i`` going to dense fragment ``i mod P``
 ("strided", Streaming DiLoCo §3). With P = 1 every tensor shares one "dense" fragment, because a
-single fragment cannot keep the embeddings apart.
+single fragment cannot keep the embeddings apart; the fragment lists them (``mean_tensors``) so
+they are still merged with the weighted mean: the merge rule is chosen per tensor.
 
 Schedule: fragment ``p`` has offset ``t_p = p * H // P``; a learner starts fragment ``p``'s step
 counter at ``-t_p`` and sends the fragment when the counter reaches ``H`` (``is_due``), so the
-fragments fall due at different steps.
+fragments fall due at different steps. The offsets are distinct only when P <= H, so a plan
+with more fragments than inner steps is refused.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Fragment:
     kind: FragmentKind
     tensors: tuple[TensorSpec, ...]
     offset: int
+    mean_tensors: tuple[str, ...] = ()  # embeddings in a fragment shared with dense tensors (P = 1)
 
     @property
     def numel(self) -> int:
@@ -78,6 +81,7 @@ class FragmentPlan:
                     "kind": f.kind,
                     "offset": f.offset,
                     "tensors": [[t.name, list(t.shape)] for t in f.tensors],
+                    **({"mean_tensors": list(f.mean_tensors)} if f.mean_tensors else {}),
                 }
                 for f in self.fragments
             ],
@@ -145,7 +149,11 @@ def _fragment_from_dict(i: int, f: Mapping[str, Any]) -> Fragment:
         if not isinstance(name, str) or not name:
             raise ValueError(f"malformed fragment plan: bad tensor name {name!r}")
         tensors.append(TensorSpec(name, tuple(_int(s, 0) for s in shape)))
-    return Fragment(i, kind, tuple(tensors), _int(f["offset"], 0))
+    mean = f.get("mean_tensors", [])
+    names = {t.name for t in tensors}
+    if not isinstance(mean, list) or any(not isinstance(n, str) or n not in names for n in mean):
+        raise ValueError(f"malformed fragment plan: fragment {i}'s mean_tensors {mean!r} are not its tensors")
+    return Fragment(i, kind, tuple(tensors), _int(f["offset"], 0), tuple(sorted(mean)))
 
 
 def layer_index(name: str) -> int | None:
@@ -183,7 +191,10 @@ def build_plan(
                 "empty; use fewer fragments"
             )
     frags = tuple(
-        Fragment(i, kinds[i], tuple(sorted(g, key=lambda s: s.name)), i * inner_steps // num_fragments)
+        Fragment(
+            i, kinds[i], tuple(sorted(g, key=lambda s: s.name)), i * inner_steps // num_fragments,
+            tuple(sorted(s.name for s in g if s.name in embedding_names)) if kinds[i] == "dense" else (),
+        )  # fmt: skip
         for i, g in enumerate(groups)
     )
     return FragmentPlan(frags, inner_steps, overlap, strategy)
@@ -199,6 +210,11 @@ def _validate(
 ) -> list[TensorSpec]:
     if num_fragments < 1:
         raise ValueError(f"num_fragments must be >= 1, got {num_fragments}")
+    if num_fragments > inner_steps:
+        raise ValueError(
+            f"{num_fragments} fragments need at least as many inner steps (got {inner_steps}): "
+            "with fewer, fragments would fall due at the same step"
+        )
     if inner_steps < 1:
         raise ValueError(f"inner_steps must be >= 1, got {inner_steps}")
     if not 0 <= overlap < inner_steps:

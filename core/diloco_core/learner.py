@@ -59,7 +59,7 @@ def apply_global(
     return out
 
 
-_COUNTER_FIELDS = ("base_version", "steps", "tokens", "sent_at", "seq")
+_COUNTER_FIELDS = ("base_version", "steps", "tokens", "sent_at", "sent_tokens", "seq")
 
 
 @dataclass
@@ -70,6 +70,7 @@ class FragmentCounter:
     steps: int = 0  # inner steps since that version (starts at -offset)
     tokens: int = 0  # tokens trained on in those steps (counted once ``steps`` passed zero)
     sent_at: int = 0  # value of ``steps`` at the last send since that version (0: not sent)
+    sent_tokens: int = 0  # value of ``tokens`` at that send
     seq: int = 0  # idempotency sequence of the contributions (never reset)
 
     def to_dict(self) -> dict[str, int]:
@@ -87,6 +88,23 @@ class FragmentCounter:
             raise ValueError(f"malformed fragment counter {dict(d)!r}: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class Sent:
+    """What one send of a fragment carries: the progress since the previous send on the same base
+    version (or since that version, for the first), so no step is ever sent twice."""
+
+    base_version: int
+    since: int  # the step (counted from the base version) of the previous send on it; 0: none
+    steps: int  # inner steps after ``since``
+    tokens: int  # tokens trained on in those steps
+    seq: int
+
+    @property
+    def through(self) -> int:
+        """The step (counted from the base version) this send's progress reaches."""
+        return self.since + self.steps
+
+
 class FragmentCounters:
     """The fragment counters of one learner, and the rules that move them.
 
@@ -95,8 +113,9 @@ class FragmentCounters:
       tokens per step on the first round too.
     - A fragment is due when its H inner steps since the last global version are done, and, once
       sent, again H steps after that send if the merged version has not come back yet (a learner
-      overlaps communication with training; the fresher outer gradient, still relative to the same
-      anchor, supersedes the older one).
+      overlaps communication with training). That second send carries only the progress made
+      since the first (:class:`Sent`; the learner's anchor moved to the sent point), so progress
+      the synchronizer merged already is never sent again.
     - Taking a global version resets the fragment's counters (its ``seq`` goes on).
 
     The counting and due rule of docs/algorithm.md §3.2, used by the worker
@@ -141,16 +160,20 @@ class FragmentCounters:
         c = self._counters[p]
         return c.steps > 0 and c.steps > c.sent_at
 
-    def mark_sent(self, p: int) -> FragmentCounter:
-        """Fragment ``p``'s outer gradient is being sent: its counter, with the send recorded."""
+    def mark_sent(self, p: int) -> Sent:
+        """Fragment ``p``'s progress since its previous send (or its version) is being sent."""
         c = self._counters[p]
-        c.sent_at, c.seq = c.steps, c.seq + 1
-        return c
+        sent = Sent(
+            base_version=c.base_version, since=c.sent_at, steps=c.steps - c.sent_at,
+            tokens=c.tokens - c.sent_tokens, seq=c.seq + 1,
+        )  # fmt: skip
+        c.sent_at, c.sent_tokens, c.seq = c.steps, c.tokens, sent.seq
+        return sent
 
     def reset(self, p: int, base_version: int) -> None:
         """Fragment ``p`` took global version ``base_version``: counting starts again from it."""
         c = self._counters[p]
-        c.base_version, c.steps, c.tokens, c.sent_at = base_version, 0, 0, 0
+        c.base_version, c.steps, c.tokens, c.sent_at, c.sent_tokens = base_version, 0, 0, 0, 0
 
     def set_base(self, p: int, base_version: int) -> None:
         """Fragment ``p`` starts from ``base_version`` without touching its counts (first contact)."""
@@ -161,7 +184,7 @@ class FragmentCounters:
         joins a synchronous job takes its place in the round cycle)."""
         for p, n in steps.items():
             c = self._counters[p]
-            c.steps, c.tokens, c.sent_at = n, 0, 0
+            c.steps, c.tokens, c.sent_at, c.sent_tokens = n, 0, 0, 0
 
     def versions(self) -> dict[int, int]:
         return {i: c.base_version for i, c in enumerate(self._counters)}

@@ -12,7 +12,7 @@ order the contributions are given.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -146,8 +146,10 @@ def merge_fragment(
     *,
     rule: MergeRule,
     kind: str,
+    mean_tensors: Collection[str] = (),
 ) -> dict[str, F32]:
-    """Merge each tensor of the fragment; embedding fragments always use the weighted mean."""
+    """Merge each tensor of the fragment; the tensors of an embedding fragment, and ``mean_tensors``
+    (embeddings sharing a fragment with dense tensors), always with the weighted mean."""
     _normalised(weights, len(deltas))
     if rule not in ("rda", "mean"):
         raise ValueError(f"unknown merge rule {rule!r} (expected 'rda' or 'mean')")
@@ -155,5 +157,8 @@ def merge_fragment(
     for i, d in enumerate(deltas[1:], start=1):
         if set(d) != names:
             raise ValueError(f"contribution {i} has tensors {sorted(d)}, contribution 0 has {sorted(names)}")
-    combine = weighted_mean if rule == "mean" or kind == "embedding" else rda
-    return {name: combine([d[name] for d in deltas], weights) for name in sorted(names)}
+    def combine(name: str) -> F32:
+        mean = rule == "mean" or kind == "embedding" or name in mean_tensors
+        return (weighted_mean if mean else rda)([d[name] for d in deltas], weights)
+
+    return {name: combine(name) for name in sorted(names)}

@@ -157,6 +157,12 @@ class ContributionResult(_Msg):
     base_version: int
     version: int = Field(..., description="the fragment's newest version when the contribution was taken")
     pending: int = Field(..., description="contributions waiting for this fragment's next round")
+    durable: bool = Field(
+        True,
+        description="true: the contribution is in storage (or merged) and survives a restart of the "
+        "synchronizer; false: it is only buffered in memory (storage is down) and is lost if the "
+        "synchronizer dies before storage is back: resend it (same seq) until an answer says durable",
+    )
 
 
 class ErrorBody(_Msg):
@@ -204,6 +210,9 @@ class FragmentStatus(_Msg):
     version: int
     pending: int
     rounds: int
+    excluded: int = Field(
+        0, description="contributions the rounds' checks excluded since the synchronizer started (see its log)"
+    )
 
 
 class StatusResponse(_Msg):

@@ -104,8 +104,9 @@ def merge_round(
     (none, mismatched tensors or shapes)."""
     weights = round_weights(contributions, version, settings)
     update = merge_fragment(
-        [c.tensors for c in contributions], weights, rule=settings.merge_rule, kind=fragment.kind
-    )
+        [c.tensors for c in contributions], weights, rule=settings.merge_rule, kind=fragment.kind,
+        mean_tensors=fragment.mean_tensors,
+    )  # fmt: skip
     new_params, new_outer = outer_optimizer(settings).step(outer, params, update, count=len(contributions))
     return RoundResult(
         version=version + 1,

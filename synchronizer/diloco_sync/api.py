@@ -203,6 +203,14 @@ async def contribute(
     seq: Annotated[
         int, Query(ge=0, le=MAX_SEQ, description="the learner's sequence number (idempotency)")
     ] = 0,
+    since: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=MAX_STEPS,
+            description="the learner's steps on that version already sent: the outer gradient holds the progress after them",
+        ),
+    ] = 0,
 ) -> ContributionResult:
     """Contribute an outer gradient (codec payload, kind "outer_grad") to a fragment's next round."""
     if tokens > steps * MAX_TOKENS_PER_STEP:
@@ -210,11 +218,11 @@ async def contribute(
             400, "bad_request",
             f"{tokens} tokens in {steps} steps is more than {MAX_TOKENS_PER_STEP:.0e} tokens per step",
         )  # fmt: skip
-    desk.precheck(learner_id, p, base_version, seq)
+    desk.precheck(learner_id, p, base_version, seq, since, steps)
     blob = await read_limited_body(request, desk.body_limit(p))
     started = service.clock()
     result = await desk.contribute(
-        learner_id, p, base_version=base_version, steps=steps, tokens=tokens, seq=seq, blob=blob
+        learner_id, p, base_version=base_version, steps=steps, tokens=tokens, seq=seq, blob=blob, since=since
     )
     service.metrics.ingest_seconds.observe(service.clock() - started)
     return result

@@ -16,7 +16,7 @@ from typing import Any
 import anyio.to_thread
 from diloco_core.protocol import RoundRecord
 
-from .fragment_state import Contribution, FragmentState
+from .fragment_state import Contribution, FragmentState, merged_through
 from .layout import FragmentRecord
 from .merging import RoundOutcome, round_log
 from .metrics import Metrics
@@ -58,13 +58,19 @@ class Committer:
     ) -> dict[str, Any]:
         """Write the round's objects and the manifest, retrying through outages; returns the round log."""
         p, layout, version = fs.index, self.store.layout, outcome.result.version
-        keys = [c.key for c in contributions]
+        taken = [*contributions, *(c for c, _ in outcome.excluded)]  # an excluded one is never taken again
+        keys = [part.key for c in taken for part in c.received()]
+        oldest = version - self.max_staleness - 1
         record = FragmentRecord(
             version=version,
             params_key=layout.params(p, version),
             outer_key=layout.outer(p, version),
             rounds=fs.rounds + 1,
             applied=applied_to_keep([*fs.applied, *keys], version, self.max_staleness),
+            merged_through={
+                learner: at for learner, at in merged_through(fs.merged_through, taken).items()
+                if at[0] >= oldest
+            },  # fmt: skip
         )
         log_entry = round_log(p, outcome, contributions, timing)
         started = self.clock()

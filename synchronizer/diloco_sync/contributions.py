@@ -1,11 +1,15 @@
 """Taking contributions: checks in the order a learner can act on, durability before the answer.
 
-Durability rule: a contribution is answered 202 only after it is written under ``pending/`` in the
-object store, so a crash after the answer never loses it (it is replayed at start-up). While storage
-is down, contributions are held in memory up to the byte budget and answered 202 as well: those are
-written as soon as storage is back, and are lost only if the process dies during the outage.
+Durability rule: a contribution is answered 202 with ``durable: true`` only after it is written
+under ``pending/`` in the object store, so a crash after the answer never loses it (it is replayed
+at start-up). While storage is down, contributions are held in memory up to the byte budget and
+answered 202 with ``durable: false``: those are written as soon as storage is back, and are lost
+if the process dies during the outage, so the learner resends them (same key) until an answer —
+``accepted`` by a restarted synchronizer that lost it, or ``duplicate`` — says ``durable``.
 Beyond the budget the answer is 503 ``storage_unavailable`` (``retryable``): nothing is dropped
-silently. A learner's newer contribution to the same fragment supersedes its pending one.
+silently. A learner's newer contribution to the same fragment continues or supersedes its pending
+one, and progress of a learner that was merged already is refused (409 ``already_merged``): every
+step of a learner's progress is merged at most once (``FragmentState.overlap``).
 """
 
 from __future__ import annotations
@@ -68,7 +72,9 @@ class ContributionDesk:
         bound = codec.max_decoded_size(fs.spec) * 101 // 100 + 4096
         return min(self.settings.max_body_bytes, bound)
 
-    def precheck(self, learner_id: str, p: int, base_version: int, seq: int) -> FragmentState:
+    def precheck(
+        self, learner_id: str, p: int, base_version: int, seq: int, since: int = 0, steps: int = 1
+    ) -> FragmentState:
         """The checks that need no body: registration (a learner that left is refused until it
         registers again), fragment, initialisation, staleness.
 
@@ -87,36 +93,50 @@ class ContributionDesk:
             )
         if not fs.is_known(contribution_key(learner_id, p, base_version, seq)):
             self._check_fresh(fs, base_version)
+            self._check_new_progress(fs, learner_id, base_version, since, since + steps)
         return fs
 
+    def _check_new_progress(
+        self, fs: FragmentState, learner_id: str, base_version: int, since: int, through: int
+    ) -> None:
+        reason = fs.overlap(learner_id, base_version, since, through)
+        if reason is not None:
+            raise ApiError(409, "already_merged", reason, current_version=fs.version)
+
     def _check_fresh(self, fs: FragmentState, base_version: int) -> None:
+        """Refuse a base the contribution's round would exclude: while a merge runs, the round it
+        joins is on the version that merge makes, so it is judged against that one (accepting it and
+        excluding it after the commit would lose an acknowledged contribution)."""
         max_staleness = self.diloco.max_staleness
         if base_version > fs.version:
             raise ApiError(
                 409, "stale", f"base version {base_version} is newer than fragment {fs.index}'s {fs.version}: resynchronise",
                 current_version=fs.version,
             )  # fmt: skip
-        if rounds.is_stale(base_version, fs.version, max_staleness):
-            lag = rounds.staleness(base_version, fs.version)
+        round_version = fs.version + 1 if fs.phase == "merging" else fs.version
+        if rounds.is_stale(base_version, round_version, max_staleness):
+            lag = rounds.staleness(base_version, round_version)
+            merging = f" (version {round_version} is being merged)" if round_version != fs.version else ""
             raise ApiError(
                 409, "stale",
-                f"base version {base_version} is {lag} versions behind fragment {fs.index}'s {fs.version} "
+                f"base version {base_version} is {lag} versions behind fragment {fs.index}'s {round_version}{merging} "
                 f"(at most {max_staleness} allowed): fetch the fragment and continue from it",
                 current_version=fs.version,
             )  # fmt: skip
 
     async def contribute(
-        self, learner_id: str, p: int, *, base_version: int, steps: int, tokens: int, seq: int, blob: bytes
-    ) -> ContributionResult:
-        fs = self.precheck(learner_id, p, base_version, seq)
+        self, learner_id: str, p: int, *, base_version: int, steps: int, tokens: int, seq: int, blob: bytes,
+        since: int = 0,
+    ) -> ContributionResult:  # fmt: skip
+        fs = self.precheck(learner_id, p, base_version, seq, since, steps)
         key = contribution_key(learner_id, p, base_version, seq)
         if not fs.reserve(key):
             self.metrics.contributions.labels("duplicate").inc()
-            return self._result("duplicate", fs, base_version)
+            return self._result("duplicate", fs, base_version, durable=fs.is_durable(key))
         try:
             meta = PendingMeta(
                 learner_id=learner_id, fragment=p, base_version=base_version, seq=seq, steps=steps,
-                tokens=tokens, received_at=self.clock(),
+                tokens=tokens, received_at=self.clock(), since=since,
             )  # fmt: skip
             taken = await anyio.to_thread.run_sync(self._take, fs, meta, blob, self.guard.ok)
             if taken.failure is not None:
@@ -124,13 +144,14 @@ class ContributionDesk:
                 log.warning("contribution %s kept in memory: %s", key, taken.failure)
             try:
                 self._check_fresh(fs, base_version)  # a round may have moved on meanwhile
+                self._check_new_progress(fs, learner_id, base_version, since, since + steps)
             except ApiError:
                 self._delete_later([taken.storage_key] if taken.storage_key else [])
                 raise
             c = Contribution(
                 learner_id=learner_id, fragment=p, base_version=base_version, seq=seq, steps=steps,
                 tokens=tokens, tensors=taken.tensors, nbytes=len(blob), received_at=meta.received_at,
-                storage_key=taken.storage_key,
+                storage_key=taken.storage_key, since=since,
             )  # fmt: skip
             if c.storage_key is None:
                 self._hold_in_memory(c, blob)
@@ -144,10 +165,10 @@ class ContributionDesk:
         self.traffic.received(len(blob))
         self.metrics.contributions.labels("accepted").inc()
         self.wake()
-        return self._result("accepted", fs, base_version)
+        return self._result("accepted", fs, base_version, durable=c.storage_key is not None)
 
     def _result(
-        self, status: Literal["accepted", "duplicate"], fs: FragmentState, base_version: int
+        self, status: Literal["accepted", "duplicate"], fs: FragmentState, base_version: int, *, durable: bool
     ) -> ContributionResult:
         return ContributionResult(
             status=status,
@@ -155,6 +176,7 @@ class ContributionDesk:
             base_version=base_version,
             version=fs.version,
             pending=len(fs.pending),
+            durable=durable,
         )
 
     def _take(self, fs: FragmentState, meta: PendingMeta, blob: bytes, store_it: bool) -> _Taken:
@@ -188,34 +210,42 @@ class ContributionDesk:
             self.discard(previous)
 
     def forget(self, c: Contribution) -> None:
-        """Drop a contribution from memory only (its stored copy, if any, stays for a restart)."""
-        if c.blob is not None:
-            self.guard.release(len(c.blob))
-            c.blob = None
+        """Drop a contribution from memory only (its stored copies, if any, stay for a restart)."""
+        for part in c.received():
+            if part.blob is not None:
+                self.guard.release(len(part.blob))
+                part.blob = None
 
     def discard(self, c: Contribution) -> None:
         """Forget a contribution that will never be merged (or was merged): free memory and storage."""
         self.forget(c)
-        if c.storage_key is not None:
-            key, c.storage_key = c.storage_key, None
-            self._delete_later([key])
+        for part in c.received():
+            if part.storage_key is not None:
+                key, part.storage_key = part.storage_key, None
+                self._delete_later([key])
 
     def replay(self, pending: list[Contribution]) -> None:
         """Queue contributions found in storage at start-up (in arrival order)."""
         for c in pending:
             fs = self.fragments.find(c.fragment)
-            if fs is not None and not fs.is_known(c.key):
-                self._enqueue(fs, c)
+            if fs is None or fs.is_known(c.key):
+                continue
+            reason = fs.overlap(c.learner_id, c.base_version, c.since, c.through)
+            if reason is not None:
+                log.warning("not replaying contribution %s: %s", c.key, reason)
+                self.discard(c)
+                continue
+            self._enqueue(fs, c)
 
     async def flush(self) -> None:
         """Storage is back: write what was held in memory (raises while storage still fails)."""
         for fs in self.fragments:
-            for c in list(fs.pending.values()):
+            for c in [part for pending in list(fs.pending.values()) for part in pending.received()]:
                 blob = c.blob
                 if blob is not None and c.storage_key is None:
                     meta = PendingMeta(
                         learner_id=c.learner_id, fragment=c.fragment, base_version=c.base_version, seq=c.seq,
-                        steps=c.steps, tokens=c.tokens, received_at=c.received_at,
+                        steps=c.steps, tokens=c.tokens, received_at=c.received_at, since=c.since,
                     )  # fmt: skip
                     key = await anyio.to_thread.run_sync(self.store.put_pending, meta, blob)
                     if fs.mark_durable(c, key):

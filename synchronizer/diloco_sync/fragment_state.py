@@ -14,9 +14,16 @@ old versions deleted), and the next merge must not write the fragment's objects 
 
 Contributions are taken in every phase from ``open`` on (during a merge they wait for the next
 round): ``reserve`` an idempotency key while a contribution is checked and written, ``release`` it
-after, ``accept`` the contribution into the next round (superseding the learner's earlier one),
-``exclude`` the ones the round policy leaves out, ``mark_durable`` one held in memory once it is
-written. A key is known (a resend is a duplicate) while reserved, pending, merging, or applied.
+after, ``accept`` the contribution into the next round, ``exclude`` the ones the round policy leaves
+out, ``mark_durable`` one held in memory once it is written. A key is known (a resend is a
+duplicate) while reserved, pending, merging, or applied.
+
+Exactly once: a contribution covers the steps ``since < step <= through`` of its learner's progress
+on its base version. One on the same base as the learner's pending one whose steps do not overlap
+it (a continuation, or an earlier one resent after a restart) is added to it (its parts); one that
+covers it (the whole progress from the base again) supersedes it. Progress already merged, or being merged, is never taken again
+(``overlap`` names the conflict; the learner is refused): the fragment remembers, per learner, how
+far its progress on a base was merged (``merged_through``, kept in the manifest).
 
 Mutated only on the event loop; merges run in a worker thread on values handed over to them, and
 hand back new values (the parameters and outer state are never edited in place).
@@ -36,6 +43,7 @@ import numpy.typing as npt
 from diloco_core import rounds as policy
 from diloco_core.fragments import Fragment
 from diloco_core.outer import OuterState
+from diloco_core.screening import NormHistory
 
 Arrays = dict[str, npt.NDArray[np.float32]]
 News = Literal["version", "round"] | None
@@ -62,15 +70,66 @@ class Contribution:
     received_at: float
     storage_key: str | None = None  # None while only in memory (storage was down)
     blob: bytes | None = None  # kept only while not yet written to storage
+    since: int = 0  # the learner's progress on the base before this contribution (in steps)
+    through: int = -1  # how far it reaches (-1: since + steps)
+    parts: tuple[Contribution, ...] = ()  # earlier contributions added into this one, each as received
+
+    def __post_init__(self) -> None:
+        if self.through < 0:
+            self.through = self.since + self.steps
 
     @property
     def key(self) -> str:
         return f"{self.learner_id}/{self.fragment}/{self.base_version}/{self.seq}"
 
+    def received(self) -> tuple[Contribution, ...]:
+        """The contributions as received (their own keys, blobs and stored copies): the parts, then this one."""
+        return (*self.parts, self)
+
+
+def fold(earlier: Contribution, later: Contribution) -> Contribution:
+    """One contribution of a learner's progress on a base from two that follow each other: the sum of
+    the outer gradients, steps and tokens; ``later``'s own key, blob and stored copy stay its own."""
+    tensors = {name: earlier.tensors[name] + later.tensors[name] for name in later.tensors}
+    return Contribution(
+        learner_id=later.learner_id, fragment=later.fragment, base_version=later.base_version, seq=later.seq,
+        steps=earlier.steps + later.steps, tokens=earlier.tokens + later.tokens, tensors=tensors,
+        nbytes=later.nbytes, received_at=earlier.received_at, storage_key=later.storage_key, blob=later.blob,
+        since=earlier.since, through=later.through, parts=(*earlier.received(), *later.parts),
+    )  # fmt: skip
+
 
 def round_entry(c: Contribution) -> policy.Contribution:
     """What the round policy knows of a contribution."""
     return policy.Contribution(c.learner_id, c.base_version, c.steps, c.tokens, c.received_at)
+
+
+def _relation(
+    pending: Contribution, since: int, through: int
+) -> Literal["after", "before", "covers", "overlaps"]:
+    """Where the steps ``since < step <= through`` lie against a pending contribution's."""
+    if since >= pending.through:
+        return "after"
+    if through <= pending.since:
+        return "before"
+    if since <= pending.since and through >= pending.through:
+        return "covers"
+    return "overlaps"
+
+
+def merged_through(
+    known: dict[str, tuple[int, int]], merged: Iterable[Contribution]
+) -> dict[str, tuple[int, int]]:
+    """How far each learner's progress is merged once ``merged`` is: per learner, the newest base
+    version and the furthest step on it."""
+    out = dict(known)
+    for c in merged:
+        base, through = out.get(c.learner_id, (-1, 0))
+        if c.base_version > base:
+            out[c.learner_id] = (c.base_version, c.through)
+        elif c.base_version == base:
+            out[c.learner_id] = (base, max(through, c.through))
+    return out
 
 
 class FragmentState:
@@ -89,6 +148,9 @@ class FragmentState:
         self._applied: deque[str] = deque(maxlen=_APPLIED_KEYS)
         self._reserved: set[str] = set()  # keys being validated/persisted right now
         self._merging: tuple[Contribution, ...] = ()  # the round being merged and committed
+        self._merged_through: dict[str, tuple[int, int]] = {}  # learner -> (base version, step) merged
+        self._norms = NormHistory()  # of the rounds merged since start-up
+        self._excluded = 0  # contributions the rounds' checks left out since start-up
         self._changed = asyncio.Event()
 
     @property
@@ -138,6 +200,22 @@ class FragmentState:
         return tuple(self._applied)
 
     @property
+    def norms(self) -> NormHistory:
+        """Norms of the recently merged contributions and updates (the rounds' checks compare with them)."""
+        return self._norms
+
+    @property
+    def excluded(self) -> int:
+        """Contributions the rounds' checks excluded since start-up."""
+        return self._excluded
+
+    @property
+    def merged_through(self) -> dict[str, tuple[int, int]]:
+        """Per learner, the base version of its newest merged contribution and the step its merged
+        progress on that base reaches."""
+        return dict(self._merged_through)
+
+    @property
     def busy(self) -> bool:
         """True while an init or a merge holds the fragment (no other may start)."""
         return self.phase in ("initialising", "merging", "committed")
@@ -146,10 +224,45 @@ class FragmentState:
         """True when a contribution with this idempotency key was taken already."""
         return (
             key in self._reserved
-            or any(c.key == key for c in self._merging)
+            or any(part.key == key for c in self._merging for part in c.received())
             or key in self._applied
-            or any(c.key == key for c in self._pending.values())
+            or any(part.key == key for c in self._pending.values() for part in c.received())
         )
+
+    def is_durable(self, key: str) -> bool:
+        """True when the contribution with this key is merged or written to storage (False while it
+        is only buffered in memory, being checked, or unknown)."""
+        if key in self._applied:
+            return True
+        for c in (*self._merging, *self._pending.values()):
+            for part in c.received():
+                if part.key == key:
+                    return part.storage_key is not None
+        return False
+
+    def overlap(self, learner_id: str, base_version: int, since: int, through: int) -> str | None:
+        """Why a contribution of ``learner_id`` on ``base_version`` with the steps after ``since``
+        through ``through`` would take progress a second time (None: it would not)."""
+        base, merged = merged_through(self._merged_through, self._merging).get(learner_id, (-1, 0))
+        merged = merged if base == base_version else 0
+        if since < merged:
+            return (
+                f"learner {learner_id}'s progress on version {base_version} of fragment {self.index} "
+                f"through step {merged} is merged already (this contribution starts after step {since}): "
+                f"send only the progress after step {merged}, or take version {self.version}"
+            )
+        previous = self._pending.get(learner_id)
+        if (
+            previous is not None
+            and previous.base_version == base_version
+            and _relation(previous, since, through) == "overlaps"
+        ):
+            return (
+                f"learner {learner_id}'s pending contribution on version {base_version} of fragment "
+                f"{self.index} holds steps {previous.since + 1} to {previous.through}; this one holds "
+                f"steps {since + 1} to {through}"
+            )
+        return None
 
     def _expect(self, *phases: Phase) -> None:
         if self.phase not in phases:
@@ -183,11 +296,13 @@ class FragmentState:
         rounds: int,
         now: float,
         quorum: int,
+        merged_through: dict[str, tuple[int, int]] | None = None,
     ) -> None:
         """Start from the committed state read back from storage."""
         self._expect("uninitialised")
         self._outer, self._rounds, self._phase = outer, rounds, "open"
         self._applied.extend(applied)
+        self._merged_through = dict(merged_through or {})
         self._publish(version, params, payload)
         self._open_round(now, quorum)
 
@@ -206,17 +321,25 @@ class FragmentState:
         self._reserved.discard(key)
 
     def accept(self, c: Contribution, quorum: int) -> Contribution | None:
-        """Queue a contribution for the next round; returns the one it supersedes (same learner),
-        whose key is remembered as applied so that a resend of it is a duplicate."""
+        """Queue a contribution for the next round. The learner's pending one is continued by it
+        (same base, ``c.since`` at or past its ``through``: the two are added up) or superseded by it;
+        returns the one superseded, whose keys are remembered as applied so that a resend of it is
+        a duplicate. The caller checked :meth:`overlap` first."""
         self._expect("open", "merging", "committed")
         previous = self._pending.get(c.learner_id)
         opens = not self._pending
         if opens:  # a round opens when its first contribution arrives (the fragment fell due)
             self._round = policy.open_round(self.index, self._version, c.received_at)
+        if previous is not None and previous.base_version == c.base_version:
+            relation = _relation(previous, c.since, c.through)
+            if relation == "after":
+                c, previous = fold(previous, c), None
+            elif relation == "before":
+                c, previous = fold(c, previous), None
         self._pending[c.learner_id] = c
         self._round = policy.add_contribution(self._round, round_entry(c), quorum=quorum)
         if previous is not None:
-            self._applied.append(previous.key)
+            self._applied.extend(part.key for part in previous.received())
         if opens:
             self._notify()  # learners waiting with announce_rounds hear of it at once
         return previous
@@ -232,7 +355,8 @@ class FragmentState:
     def mark_durable(self, c: Contribution, storage_key: str) -> bool:
         """A contribution held in memory was written under ``storage_key``; False when it is no
         longer pending (merged or superseded meanwhile): that copy is not needed."""
-        if self._pending.get(c.learner_id) is not c or c.blob is None:
+        pending = self._pending.get(c.learner_id)
+        if pending is None or c.blob is None or all(part is not c for part in pending.received()):
             return False
         c.storage_key, c.blob = storage_key, None
         return True
@@ -248,12 +372,17 @@ class FragmentState:
         return taken
 
     def commit(
-        self, *, version: int, params: Arrays, payload: bytes, outer: OuterState, now: float, quorum: int
-    ) -> None:
+        self, *, version: int, params: Arrays, payload: bytes, outer: OuterState, now: float, quorum: int,
+        norms: NormHistory | None = None, excluded: int = 0,
+    ) -> None:  # fmt: skip
         """The merged version is durable: make it current, wake every long-poll waiting for it, and
-        start the next round with whatever is still pending."""
+        start the next round with whatever is still pending. Every contribution of the merge (those
+        its checks excluded too) is done with: its keys are applied."""
         self._expect("merging")
-        self._applied.extend(c.key for c in self._merging)
+        self._norms = norms if norms is not None else self._norms
+        self._excluded += excluded
+        self._applied.extend(part.key for c in self._merging for part in c.received())
+        self._merged_through.update(merged_through(self._merged_through, self._merging))
         self._outer, self._rounds, self._phase = outer, self.rounds + 1, "committed"
         self._publish(version, params, payload)
         self._open_round(now, quorum)
@@ -262,6 +391,15 @@ class FragmentState:
         """After a commit, the fragment's storage is tidy: the next merge may start."""
         self._expect("committed")
         self._merging, self._phase = (), "open"
+
+    def reject(self) -> list[Contribution]:
+        """The round's checks excluded every contribution of the merge: the fragment stays at its
+        version, their keys are applied (a resend is a duplicate); returns them."""
+        self._expect("merging")
+        rejected, self._merging, self._phase = list(self._merging), (), "open"
+        self._applied.extend(part.key for c in rejected for part in c.received())
+        self._excluded += len(rejected)
+        return rejected
 
     def abort(self) -> list[Contribution]:
         """The merge failed: the fragment stays at its version; returns the contributions it held."""

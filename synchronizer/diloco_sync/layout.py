@@ -40,6 +40,10 @@ class FragmentRecord(BaseModel):
     applied: list[str] = Field(
         default_factory=list, description="idempotency keys merged recently, oldest first"
     )
+    merged_through: dict[str, tuple[int, int]] = Field(
+        default_factory=dict,
+        description="per learner: the base version of its newest merged contribution and the step it reaches",
+    )
 
 
 class Manifest(BaseModel):
@@ -83,6 +87,7 @@ class PendingMeta(BaseModel):
     steps: int
     tokens: int
     received_at: float
+    since: int = 0  # the learner's progress on the base before this contribution (in steps)
 
 
 class Layout:

@@ -1,5 +1,6 @@
-"""One round in a worker thread: the round's mathematics (``diloco_core.round_math``), then the blobs
-the commit writes. This module adds only the encoding, the timing and the durable round record.
+"""One round in a worker thread: the round's mathematics with its checks (``diloco_core.screening``
+around ``diloco_core.round_math``), then the blobs the commit writes. This module adds only the
+encoding, the timing and the durable round record.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
 from diloco_core.outer import OuterState
 from diloco_core.protocol import RoundRecord
-from diloco_core.round_math import RoundResult, merge_round
+from diloco_core.round_math import RoundResult
+from diloco_core.screening import NormHistory, screened_round, tensors_norm
 
 from .fragment_state import Arrays, Contribution
 from .ingest import encode_params
 
+NO_HISTORY = NormHistory()
 _OUTER_STATE_LEVEL = -1  # zstd's fast mode: about 5x faster than level 1 on fp32, ~8% larger
 
 
@@ -28,6 +31,16 @@ class RoundOutcome:
     payload: bytes  # the new version as served
     outer_blob: bytes  # the new outer state as stored
     merge_s: float
+    merged: tuple[Contribution, ...] = ()  # in the order of ``result.weights``
+    excluded: tuple[tuple[Contribution, str], ...] = ()  # left out by the checks, with the reason
+    norms: NormHistory = NO_HISTORY  # the fragment's norm history after this round
+
+
+@dataclass(frozen=True)
+class NothingMerged:
+    """Every contribution of the round failed the checks: nothing to commit."""
+
+    excluded: tuple[tuple[Contribution, str], ...]
 
 
 def encode_outer_state(state: OuterState, fragment: int, version: int) -> bytes:
@@ -46,13 +59,21 @@ def run_round(
     version: int,
     contributions: Sequence[Contribution],
     diloco: DiLoCoSettings,
-) -> RoundOutcome:
-    """Merge the contributions into a new version of the fragment, encoded for the commit."""
+    norms: NormHistory = NO_HISTORY,
+) -> RoundOutcome | NothingMerged:
+    """Merge the contributions that pass the checks into a new version of the fragment, encoded for
+    the commit; never raises on a contribution's values (those that fail are excluded)."""
     started = time.perf_counter()
-    result = merge_round(spec, params, outer, version, contributions, diloco)
+    screened = screened_round(spec, params, outer, version, contributions, diloco, norms)
+    result = screened.result
+    if result is None:
+        return NothingMerged(screened.excluded)
     payload = encode_params(result.params, spec.index, result.version)
     outer_blob = encode_outer_state(result.outer, spec.index, result.version)
-    return RoundOutcome(result, payload, outer_blob, merge_s=time.perf_counter() - started)
+    return RoundOutcome(
+        result, payload, outer_blob, merge_s=time.perf_counter() - started, merged=screened.merged,
+        excluded=screened.excluded, norms=norms.after(screened.norms, tensors_norm(result.update)),
+    )  # fmt: skip
 
 
 def recent_round_keys(versions: dict[int, int], n: int) -> list[tuple[int, int]]:
@@ -84,8 +105,12 @@ def round_log(
         "weights": list(outcome.result.weights),
         "base_versions": [c.base_version for c in contributions],
         "keys": [c.key for c in contributions],
+        "merged_keys": [part.key for c in contributions for part in c.received()],  # with those added into them
         "steps": [c.steps for c in contributions],
         "tokens": [c.tokens for c in contributions],
+        "excluded": [
+            {"learner": c.learner_id, "key": c.key, "reason": reason} for c, reason in outcome.excluded
+        ],
         "finished_at": time.time(),
         "merge_s": outcome.merge_s,
         **timing,

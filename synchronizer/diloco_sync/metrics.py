@@ -16,7 +16,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.contributions = Counter(
-            "diloco_sync_contributions", "Contributions by result (accepted, duplicate or an error code)",
+            "diloco_sync_contributions", "Contributions by result (accepted, duplicate, an error code, or excluded from a round by its checks)",
             ["result"], registry=r,
         )  # fmt: skip
         self.bytes_in = Counter("diloco_sync_bytes_in", "Payload bytes received", registry=r)

@@ -97,6 +97,7 @@ def _load_pending(
                 nbytes=len(blob),
                 received_at=meta.received_at,
                 storage_key=key,
+                since=meta.since,
             )
         )
     out.sort(key=lambda c: (c.received_at, c.key))

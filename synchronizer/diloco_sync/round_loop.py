@@ -21,7 +21,7 @@ from diloco_core.config import DiLoCoSettings
 from .commit import Committer
 from .fragment_state import Contribution, FragmentState
 from .fragments import Fragments
-from .merging import RoundOutcome, run_round
+from .merging import NothingMerged, RoundOutcome, run_round
 from .round_policy import RoundPolicy
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,12 @@ class RoundRunner:
         clock: Callable[[], float],
         tick_s: float,
         on_tick: Callable[[], None] = lambda: None,
+        on_excluded: Callable[[int, int], None] = lambda _p, _n: None,
     ) -> None:
         self.diloco, self.fragments, self.policy = diloco, fragments, policy
         self.committer, self.release = committer, release
         self.clock, self.tick_s, self.on_tick = clock, tick_s, on_tick
+        self.on_excluded = on_excluded  # (fragment, how many) contributions a round's checks excluded
         self._wake = asyncio.Event()
         self._stopping = False
         self._merges: set[asyncio.Task[None]] = set()
@@ -114,10 +116,15 @@ class RoundRunner:
         started = self.clock()
         try:
             assert fs.params is not None
-            outcome: RoundOutcome = await anyio.to_thread.run_sync(
-                run_round, fs.spec, fs.params, fs.outer, fs.version, contributions, self.diloco
+            outcome = await anyio.to_thread.run_sync(
+                run_round, fs.spec, fs.params, fs.outer, fs.version, contributions, self.diloco, fs.norms
             )
-            log_entry = await self.committer.write(fs, outcome, contributions, timing)
+            self._report_excluded(fs, outcome.excluded)
+            if isinstance(outcome, NothingMerged):
+                for c in fs.reject():
+                    self.release.discard(c)
+                return
+            log_entry = await self.committer.write(fs, outcome, list(outcome.merged), timing)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -135,6 +142,15 @@ class RoundRunner:
             self.wake()
         self.policy.record_sync_time(self.clock() - started)
 
+    def _report_excluded(self, fs: FragmentState, excluded: tuple[tuple[Contribution, str], ...]) -> None:
+        for c, reason in excluded:
+            log.warning(
+                "fragment %d: contribution %s of learner %s excluded from the round: %s",
+                fs.index, c.key, c.learner_id, reason,
+            )  # fmt: skip
+        if excluded:
+            self.on_excluded(fs.index, len(excluded))
+
     async def _publish(
         self, fs: FragmentState, outcome: RoundOutcome, contributions: list[Contribution], log_entry: dict[str, Any]
     ) -> None:
@@ -142,12 +158,12 @@ class RoundRunner:
         result = outcome.result
         fs.commit(
             version=result.version, params=result.params, payload=outcome.payload, outer=result.outer,
-            now=self.clock(), quorum=self.diloco.quorum,
+            now=self.clock(), quorum=self.diloco.quorum, norms=outcome.norms, excluded=len(outcome.excluded),
         )  # fmt: skip
         try:
             for c in contributions:
                 self.release.discard(c)
-            self.committer.record(fs.index, outcome, contributions, log_entry)
+            self.committer.record(fs.index, outcome, list(outcome.merged), log_entry)
             # the next merge of this fragment waits: it must not write while old versions are deleted
             await self.committer.collect(fs.index)
         finally:

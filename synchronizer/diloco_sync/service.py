@@ -122,6 +122,7 @@ class SyncService:
                 version=lf.record.version, params=lf.params, payload=lf.payload,
                 outer=OuterState.from_arrays(lf.outer) if lf.outer is not None else OuterState(),
                 applied=lf.record.applied, rounds=lf.record.rounds, now=now, quorum=self.diloco.quorum,
+                merged_through=lf.record.merged_through,
             )  # fmt: skip
         log.info(
             "job %s shard %d loaded: plan %s, versions %s, %d learners, %d pending contributions",
@@ -325,6 +326,7 @@ class SyncService:
                     version=versions[p],
                     pending=len(fs.pending) if (fs := self.fragments.find(p)) else 0,
                     rounds=fs.rounds if fs else 0,
+                    excluded=fs.excluded if fs else 0,
                 )
                 for p in self.settings.owned_fragments
             ],

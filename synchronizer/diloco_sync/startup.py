@@ -68,6 +68,7 @@ def build_round_parts(service: SyncService) -> tuple[ContributionDesk, RoundRunn
     runner = RoundRunner(
         service.diloco, service.fragments, service.policy, committer, desk,
         clock=service.clock, tick_s=settings.tick_s, on_tick=service.refresh_gauges,
+        on_excluded=lambda _p, n: service.metrics.contributions.labels("excluded").inc(n),
     )  # fmt: skip
     desk.wake = runner.wake
     return desk, runner

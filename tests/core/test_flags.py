@@ -99,7 +99,9 @@ def test_errors_name_the_setting_and_where_its_value_came_from() -> None:
         load(["--wait", "0"])
     with pytest.raises(SettingsError, match=r"verbose \(DILOCO_VERBOSE='maybe'\)"):
         load([], {"DILOCO_VERBOSE": "maybe"})
-    with pytest.raises(SettingsError, match=r"diloco \(given: --inner-steps=2, --overlap=2\): overlap \(2\) must be"):
+    with pytest.raises(
+        SettingsError, match=r"diloco \(given: --inner-steps=2, --overlap=2\): overlap \(2\) must be"
+    ):
         load(["--inner-steps", "2", "--overlap", "2"])
     with pytest.raises(SettingsError, match=r"diloco.quorum \(from --job-config\)"):
         load([], {}, {"diloco": {"quorum": 0}})
@@ -122,7 +124,9 @@ def test_secret_values_never_appear_in_messages() -> None:
 
 
 def test_settings_go_back_to_flags_and_variables_unchanged() -> None:
-    s = load(["--name", "x", "--urls", "a,b", "--verbose", "--no-weighted", "--inner-steps", "9", "--n-layer", "2"])
+    s = load(
+        ["--name", "x", "--urls", "a,b", "--verbose", "--no-weighted", "--inner-steps", "9", "--n-layer", "2"]
+    )
     again = load(to_argv(FLAGS, s))
     assert again == s.model_copy(update={"secret": None, "token": None})
     assert load([], to_env(FLAGS, s)) == s
@@ -153,3 +157,9 @@ def test_documents_from_json_text_or_a_json_or_yaml_file(tmp_path: Path) -> None
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(SettingsError, match="must be a mapping"):
         read_document(str(tmp_path / "list.yaml"), "x")
+
+
+def test_more_fragments_than_inner_steps_are_refused_in_the_settings() -> None:
+    with pytest.raises(ValueError, match=r"fragments \(4\) must be at most inner_steps \(2\)"):
+        DiLoCoSettings(fragments=4, inner_steps=2, overlap=1)
+    assert DiLoCoSettings(fragments=4, inner_steps=4, overlap=1).fragments == 4

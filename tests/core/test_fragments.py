@@ -51,8 +51,27 @@ def test_single_fragment_holds_everything_and_is_always_dense() -> None:
     assert len(plan.fragments) == 1
     assert plan.fragments[0].kind == "dense"
     assert plan.fragments[0].offset == 0
+    assert plan.fragments[0].mean_tensors == ("wte.weight",)  # still merged as an embedding
+    assert FragmentPlan.from_dict(plan.to_dict()) == plan
     assert not plan.is_due(0, 4)
     assert plan.is_due(0, 5)
+
+
+def test_only_a_fragment_shared_by_embeddings_and_dense_tensors_lists_mean_tensors() -> None:
+    plan = build_plan(GPT, num_fragments=3, inner_steps=4, embedding_names={"wte.weight", "wpe.weight"})
+    assert [f.mean_tensors for f in plan.fragments] == [(), (), ()]
+    assert all("mean_tensors" not in f for f in plan.to_dict()["fragments"])  # hashes of such plans unchanged
+    bad = build_plan(GPT, num_fragments=1, inner_steps=4, embedding_names={"wte.weight"}).to_dict()
+    bad["fragments"][0]["mean_tensors"] = ["nope"]
+    with pytest.raises(ValueError, match="mean_tensors"):
+        FragmentPlan.from_dict(bad)
+
+
+def test_more_fragments_than_inner_steps_are_refused_as_their_offsets_would_collide() -> None:
+    with pytest.raises(ValueError, match="4 fragments need at least as many inner steps"):
+        build_plan(GPT, num_fragments=4, inner_steps=2)  # offsets 0, 0, 1, 1
+    offsets = [f.offset for f in build_plan(GPT, num_fragments=4, inner_steps=4).fragments]
+    assert offsets == [0, 1, 2, 3]
 
 
 def test_plan_round_trips_through_dict_and_hash_detects_changes() -> None:

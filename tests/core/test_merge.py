@@ -150,3 +150,20 @@ def test_merging_never_overflows_whatever_finite_weights_it_is_given(weights: li
     np.testing.assert_allclose(
         weighted_mean([d["w"] for d in deltas], weights), expected, rtol=1e-5, atol=1e-6
     )
+
+
+def test_embeddings_sharing_a_fragment_with_dense_tensors_are_still_merged_with_the_weighted_mean() -> None:
+    rng = np.random.default_rng(7)
+    deltas = [
+        {
+            "wte.weight": rng.standard_normal(8).astype(np.float32),
+            "h.w": rng.standard_normal(8).astype(np.float32),
+        }
+        for _ in range(3)
+    ]
+    weights = [1.0, 2.0, 3.0]
+    merged = merge_fragment(deltas, weights, rule="rda", kind="dense", mean_tensors=("wte.weight",))
+    np.testing.assert_array_equal(
+        merged["wte.weight"], weighted_mean([d["wte.weight"] for d in deltas], weights)
+    )
+    np.testing.assert_array_equal(merged["h.w"], rda([d["h.w"] for d in deltas], weights))

@@ -24,7 +24,16 @@ def test_synchronous_modes_wait_for_every_learner() -> None:
     ddp = parse_settings(["--mode", "ddp", "--learners", "3"]).algorithm()
     assert (ddp.inner_steps, ddp.quorum, ddp.codec) == (1, 1, "fp32")
     # the overlap of the decoupled mode does not apply to the synchronous ones
-    assert parse_settings(["--mode", "diloco-sync", "--inner-steps", "2"]).algorithm().inner_steps == 2
+    assert (
+        parse_settings(["--mode", "diloco-sync", "--inner-steps", "2", "--fragments", "2"])
+        .algorithm()
+        .inner_steps
+        == 2
+    )
+    with pytest.raises(SettingsError, match=r"fragments \(4\) must be at most inner_steps \(2\)"):
+        parse_settings(
+            ["--mode", "diloco-sync", "--inner-steps", "2"]
+        )  # the fragments' offsets would collide
 
 
 def test_the_learners_get_the_runs_model_and_schedule(tmp_path: Path) -> None:
@@ -39,19 +48,34 @@ def test_the_learners_get_the_runs_model_and_schedule(tmp_path: Path) -> None:
 def test_outer_optimizer_per_mode_reaches_the_synchronizer(tmp_path: Path) -> None:
     def sync_flags(argv: list[str]) -> dict[str, str]:
         cmd = build_synchronizer_argv(parse_settings(argv), RunPaths(tmp_path), port=1)
-        return {k: cmd[i + 1] for i, k in enumerate(cmd) if k.startswith("--outer") or k in ("--delayed-nesterov", "--merge-rule")}
+        return {
+            k: cmd[i + 1]
+            for i, k in enumerate(cmd)
+            if k.startswith("--outer") or k in ("--delayed-nesterov", "--merge-rule")
+        }
 
     # decoupled: Delayed Nesterov over one merge per learner by default
     assert sync_flags(["--learners", "3"]) == {
-        "--outer-lr": "0.7", "--outer-momentum": "0.9", "--delayed-nesterov": "3", "--merge-rule": "rda"}
+        "--outer-lr": "0.7",
+        "--outer-momentum": "0.9",
+        "--delayed-nesterov": "3",
+        "--merge-rule": "rda",
+    }
     assert sync_flags(["--delayed-nesterov", "0", "--outer-lr", "0.5"])["--delayed-nesterov"] == "0"
     assert sync_flags(["--delayed-nesterov", "0", "--outer-lr", "0.5"])["--outer-lr"] == "0.5"
     assert sync_flags(["--mode", "diloco-sync", "--learners", "3"])["--delayed-nesterov"] == "0"
     # ddp: the synchronizer's copy is the unit's model itself
     assert sync_flags(["--mode", "ddp"]) == {
-        "--outer-lr": "1.0", "--outer-momentum": "0.0", "--delayed-nesterov": "0", "--merge-rule": "mean"}
-    for bad, match in ((["--outer-lr", "0"], "--outer-lr"), (["--outer-momentum", "1"], "--outer-momentum"),
-                       (["--delayed-nesterov", "-1"], "--delayed-nesterov")):
+        "--outer-lr": "1.0",
+        "--outer-momentum": "0.0",
+        "--delayed-nesterov": "0",
+        "--merge-rule": "mean",
+    }
+    for bad, match in (
+        (["--outer-lr", "0"], "--outer-lr"),
+        (["--outer-momentum", "1"], "--outer-momentum"),
+        (["--delayed-nesterov", "-1"], "--delayed-nesterov"),
+    ):
         with pytest.raises(SettingsError, match=match):
             parse_settings(bad)
 

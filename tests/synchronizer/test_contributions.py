@@ -64,3 +64,31 @@ def test_a_repeat_is_a_duplicate_and_a_newer_contribution_supersedes_the_pending
         assert sync.service.traffic.bytes_in > 0
 
     asyncio.run(scenario())
+
+
+def test_a_contribution_the_merging_round_would_make_stale_is_refused_not_accepted_then_dropped(
+    tmp_path: Path,
+) -> None:
+    """max_staleness 0: while version 1 is being merged, a contribution on version 0 can only join the
+    round on version 1, where it is stale; it is refused at once, never answered 202 and then excluded."""
+    sync = in_process(tmp_path, quorum=1, max_staleness=0, grace_gamma=0.0)
+
+    async def scenario() -> None:
+        await sync.start("ab")
+        fs = sync.service.fragments.get(0)
+        assert await sync.contribute("a") == "accepted"
+        sync.runner.tick()  # the merge of version 1 starts (its task has not run yet)
+        assert fs.phase == "merging"
+        with pytest.raises(ApiError) as info:
+            await sync.contribute("b")
+        assert (info.value.status, info.value.code) == (409, "stale")
+        assert "being merged" in info.value.body.reason
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if fs.phase == "open":
+                break
+        assert fs.version == 1
+        assert not fs.pending
+        assert await sync.contribute("b", base=1) == "accepted"  # from the new version it counts
+
+    asyncio.run(scenario())

@@ -217,3 +217,64 @@ def test_an_opening_round_wakes_the_learners_that_have_not_joined_it() -> None:
         return woke, joined, not_asked, fs.round_open_for("b", 0)
 
     assert asyncio.run(scenario()) == ("round", None, None, False)
+
+
+def progress(seq: int, since: int, value: float, *, steps: int = 4, base: int = 0, at: float = 2.0) -> Contribution:
+    """Learner a's progress after step ``since`` on ``base``: ``steps`` steps, every value ``value``."""
+    return Contribution(
+        learner_id="a", fragment=0, base_version=base, seq=seq, steps=steps, tokens=8 * steps,
+        tensors={"w": np.full(2, value, np.float32)}, nbytes=0, received_at=at + seq, since=since,
+    )  # fmt: skip
+
+
+def test_a_continuation_adds_to_the_pending_contribution_and_both_keys_are_known() -> None:
+    fs = initialised()
+    assert fs.overlap("a", 0, 0, 4) is None
+    fs.accept(progress(1, 0, 4.0), QUORUM)
+    assert fs.overlap("a", 0, 4, 8) is None  # continues it
+    assert fs.overlap("a", 0, 2, 6) is not None  # would take steps 3 and 4 twice
+    assert fs.overlap("a", 0, 0, 8) is None  # covers it: supersedes it
+    assert fs.accept(progress(2, 4, 4.0), QUORUM) is None  # nothing superseded: added up
+    pending = fs.pending["a"]
+    assert (pending.since, pending.steps, pending.tokens, pending.through) == (0, 8, 64, 8)
+    np.testing.assert_array_equal(pending.tensors["w"], [8.0, 8.0])
+    assert [c.key for c in pending.received()] == ["a/0/0/1", "a/0/0/2"]
+    assert fs.is_known("a/0/0/1")
+    assert fs.is_known("a/0/0/2")
+
+
+def test_progress_merged_or_being_merged_is_never_taken_again() -> None:
+    fs = initialised()
+    fs.accept(progress(1, 0, 4.0), QUORUM)
+    fs.start_merge(["a"])
+    assert "merged already" in (fs.overlap("a", 0, 0, 8) or "")  # being merged
+    assert fs.overlap("a", 0, 4, 8) is None
+    fs.commit(version=1, params=initial_params(PLAN, 0), payload=b"v1", outer=OuterState(), now=3.0, quorum=QUORUM)
+    fs.settle()
+    assert fs.merged_through == {"a": (0, 4)}
+    assert "through step 4" in (fs.overlap("a", 0, 0, 8) or "")  # the whole progress from the base again
+    assert fs.overlap("a", 0, 4, 8) is None  # only what followed: a contribution of its own
+    assert fs.overlap("a", 1, 0, 4) is None  # a new base starts afresh
+
+
+def test_a_restarted_fragment_remembers_how_far_each_learner_was_merged() -> None:
+    fs = fresh()
+    fs.restore(
+        version=1, params=initial_params(PLAN, 0), payload=b"v1", outer=OuterState(), applied=["a/0/0/1"],
+        rounds=1, now=1.0, quorum=QUORUM, merged_through={"a": (0, 4)},
+    )  # fmt: skip
+    assert fs.overlap("a", 0, 0, 4) is not None
+    assert fs.overlap("a", 0, 4, 8) is None
+
+
+def test_an_earlier_contribution_resent_after_a_later_one_is_added_to_it() -> None:
+    """After a restart lost a buffered contribution (steps 1-4) but kept the next (steps 5-8), the
+    learner resends the first: the two are added up, in step order, neither supersedes the other."""
+    fs = initialised()
+    fs.accept(progress(2, 4, 3.0), QUORUM)
+    assert fs.overlap("a", 0, 0, 4) is None
+    assert fs.accept(progress(1, 0, 4.0), QUORUM) is None
+    pending = fs.pending["a"]
+    assert (pending.since, pending.through, pending.steps) == (0, 8, 8)
+    np.testing.assert_array_equal(pending.tensors["w"], [7.0, 7.0])
+    assert sorted(c.key for c in pending.received()) == ["a/0/0/1", "a/0/0/2"]

@@ -35,18 +35,17 @@ def _contribution(p: int, seq: int) -> Contribution:
     return Contribution(p, 0, 4 * seq, 100 * seq, seq, {"w": np.zeros(2, dtype=np.float32)})
 
 
-def test_a_fresher_outer_gradient_supersedes_the_unsent_one() -> None:
+def test_every_outer_gradient_is_queued_in_order() -> None:
     plan = build_plan([("w", (2,)), ("v", (2,))], 2, 4, 1)
-    # the threads are not started: this checks the bounded slot on its own, no network involved
+    # the threads are not started: this checks the queues on their own, no network involved
     comm = Communicator(
         SyncClient("http://127.0.0.1:9", "a", "t"), plan, CommSettings(), versions={0: 0, 1: 0}
     )
     comm.submit(_contribution(0, 1))
     comm.submit(_contribution(1, 1))
-    comm.submit(_contribution(0, 2))
-    assert comm.dropped == 1
+    comm.submit(_contribution(0, 2))  # only the progress after the first: both must be sent
     assert sorted(comm._slots) == [0, 1]
-    assert comm._slots[0].seq == 2
+    assert [c.seq for c in comm._slots[0]] == [1, 2]
     assert not comm.flush(0.05)  # nothing can be sent while nobody is listening
 
 

@@ -60,6 +60,10 @@ class AnchorStore(Protocol):
         """``anchor - params`` of fragment ``p`` for a payload in ``quantizer``."""
         ...
 
+    def advance_anchor(self, p: int) -> None:
+        """The anchor of fragment ``p`` becomes its current parameters (its progress was just sent)."""
+        ...
+
     def apply(self, p: int, values: Arrays, alpha: float) -> None:
         """``params <- alpha * params + (1 - alpha) * values; anchor <- values``."""
         ...
@@ -94,6 +98,9 @@ class HostAnchors:
 
     def outer_gradient(self, p: int, quantizer: str) -> Arrays:
         return outer_gradient(self.anchors[p], self.fragment_params(p))
+
+    def advance_anchor(self, p: int) -> None:
+        self.anchors[p] = self.fragment_params(p)
 
     @torch.no_grad()
     def apply(self, p: int, values: Arrays, alpha: float) -> None:
@@ -276,6 +283,10 @@ class DeviceAnchors:
                 done = torch.cuda.Event()
                 done.record(streams[1])
         return DeviceSnapshot(layout, quantizer, values, scales, done)
+
+    def advance_anchor(self, p: int) -> None:
+        # a new buffer, not an overwrite: a queued outer gradient may still be reading the old one
+        self.anchors[p] = self._flat_of_params(p)
 
     def stage(self, p: int, arrays: dict[str, np.ndarray]) -> StagedGlobal:
         """Lay a decoded global version out flat in host memory and start its copy to the device."""

@@ -1,8 +1,12 @@
 """Background communication of one learner: the training thread never waits on the network.
 
-- one slot per fragment: a newer outer gradient of a fragment replaces an unsent older one (bounded
-  memory); a sender thread per synchronizer shard sends the slots of the fragments that shard owns,
-  and retries failures with exponential backoff and jitter;
+- one queue per fragment: every outer gradient is sent, in order (each carries only the progress
+  made since the one before it, so none may be skipped); a sender thread per synchronizer shard
+  sends the queues of the fragments that shard owns, and retries failures with exponential backoff
+  and jitter; one answered as only buffered (``durable: false``: the synchronizer's storage is
+  down) is sent again every ``BUFFERED_RESEND_S`` with the same sequence number until an answer says
+  it is durable (a synchronizer that restarted and lost it takes it anew, one that wrote it answers
+  ``duplicate``), or until the learner took a newer version of the fragment (which supersedes it);
 - one long-poll thread per fragment, asking the fragment's shard, that fetches new global versions
   into an arrivals slot, which the training loop drains at a step boundary; with
   ``announce_rounds`` it also hears when a round on the learner's version opens, and leaves a
@@ -33,6 +37,7 @@ from .fragment_state import Contribution
 from .sync_client import RoundOpen, ShardClients, SyncClient, SyncRejected, SyncUnavailable
 
 log = logging.getLogger("diloco_worker.comms")
+BUFFERED_RESEND_S = 5.0  # how often a contribution the synchronizer only buffered is sent again
 
 
 def backoff_delay(attempt: int, rng: random.Random, *, base: float = 0.2, cap: float = 10.0) -> float:
@@ -104,16 +109,17 @@ class Communicator:
         self.plan, self.settings = plan, settings
         self.progress = Progress()
         self.bytes_sent = 0
-        self.sent = self.dropped = self.rejected = 0
+        self.sent = self.rejected = 0
         self._on_unknown = on_unknown_learner
         self._stage = stage
-        self._slots: dict[int, Contribution] = {}
+        self._slots: dict[int, list[Contribution]] = {}  # per fragment, oldest first
         self._arrivals: dict[int, tuple[int, Mapping[str, np.ndarray]]] = {}
         self._known = dict(versions)  # newest version each poller has delivered
         self._resync: set[int] = set()
         self._requests: dict[int, int] = {}  # fragment → version of a round asking for this learner
         self._announced: dict[int, int] = {}  # fragment → version of the last round heard of
         self._inflight: set[int] = set()  # fragments whose outer gradient is being sent
+        self._buffered: dict[int, list[tuple[float, Contribution]]] = {}  # answered not durable: (resend at, c)
         self._cv = threading.Condition()
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -142,9 +148,7 @@ class Communicator:
     # ---- called by the training thread (never blocks on the network) ----
     def submit(self, c: Contribution) -> None:
         with self._cv:
-            if c.fragment in self._slots:
-                self.dropped += 1  # superseded: the fresher outer gradient replaces it
-            self._slots[c.fragment] = c
+            self._slots.setdefault(c.fragment, []).append(c)
             self._cv.notify_all()
 
     def take_arrivals(self) -> dict[int, tuple[int, Mapping[str, np.ndarray]]]:
@@ -205,21 +209,44 @@ class Communicator:
             with self._cv:
                 while not self._mine(shard) and not self._stop.is_set():
                     self._cv.wait(timeout=0.5)
+                    self._requeue_buffered(shard)
                 mine = self._mine(shard)
                 if self._stop.is_set() and not mine:
                     return
-                p = min(mine, key=lambda k: self._slots[k].seq)
-                c = self._slots.pop(p)
+                p = min(mine, key=lambda k: self._slots[k][0].seq)
+                c = self._slots[p].pop(0)
+                if not self._slots[p]:
+                    del self._slots[p]
                 self._inflight.add(p)
             ok = self._send_one(client, c)
             with self._cv:
                 self._inflight.discard(p)
-                if not ok and c.fragment not in self._slots:
-                    self._slots[c.fragment] = c  # retry unless a fresher one arrived meanwhile
+                if not ok:
+                    self._slots.setdefault(c.fragment, []).insert(0, c)  # retried before anything newer
                 self._cv.notify_all()
             attempt = 0 if ok else attempt + 1
             if not ok:
                 self._stop.wait(backoff_delay(attempt, self._rng))
+
+    def _requeue_buffered(self, shard: int) -> None:
+        """Queue again the buffered contributions of ``shard``'s fragments that are due for a resend
+        (in sequence order, before anything newer), dropping those a newer version superseded (call
+        with ``_cv`` held)."""
+        now = time.monotonic()
+        for p in [p for p in self._buffered if self.shards.routes.owner(p) == shard]:
+            with self._lock:
+                known = self._known.get(p, -1)
+            due = [c for at, c in self._buffered[p] if at <= now and c.base_version >= known]
+            self._buffered[p] = [(at, c) for at, c in self._buffered[p] if at > now and c.base_version >= known]
+            if not self._buffered[p]:
+                del self._buffered[p]
+            if due:
+                self._slots[p] = sorted([*due, *self._slots.get(p, [])], key=lambda c: c.seq)
+
+    def buffered(self, p: int) -> list[int]:
+        """The sequence numbers of fragment ``p``'s contributions that the synchronizer only buffered."""
+        with self._cv:
+            return [c.seq for _, c in self._buffered.get(p, [])]
 
     def _send_one(self, client: SyncClient, c: Contribution) -> bool:
         """True when the contribution is done with (accepted or refused for good).
@@ -233,7 +260,8 @@ class Communicator:
         started = time.monotonic()
         try:
             res = client.contribute(
-                c.fragment, payload, base_version=c.base_version, steps=c.steps, tokens=c.tokens, seq=c.seq
+                c.fragment, payload, base_version=c.base_version, steps=c.steps, tokens=c.tokens, seq=c.seq,
+                since=c.since,
             )
         except SyncUnavailable as exc:
             log.warning(
@@ -270,6 +298,9 @@ class Communicator:
             res.status,
             res.pending,
         )
+        if not res.durable:  # lost if the synchronizer dies before its storage is back: send it again later
+            with self._cv:
+                self._buffered.setdefault(c.fragment, []).append((time.monotonic() + BUFFERED_RESEND_S, c))
         return True
 
     def _poll_loop(self, p: int) -> None:

@@ -1,7 +1,9 @@
 """The learner's side of DiLoCo, per fragment: anchor, base version, counters, and the two moves
 of the algorithm (docs/algorithm.md §3.3):
 
-- when a fragment is due:  delta_p = A_p - theta_p   (sent in the background, training goes on);
+- when a fragment is due:  delta_p = A_p - theta_p   (sent in the background, training goes on),
+  then A_p <- theta_p: a later send before the next global version carries only the progress after
+  this one (``since``), so no progress is sent, or merged, twice;
 - when a global version v of Theta_p arrives (at a step boundary):
   theta_p <- alpha * theta_p + (1 - alpha) * Theta_p;  A_p <- Theta_p;  base_version <- v;  counters <- 0.
 
@@ -38,6 +40,7 @@ class Contribution:
     tokens: int
     seq: int
     tensors: Mapping[str, np.ndarray] | OuterDelta  # float32 arrays, or already quantized (torch path)
+    since: int = 0  # the step of the previous send on this base version (0: none): progress after it
 
     def encode(self, quantizer: str) -> bytes:
         """The payload of this outer gradient (compression, and on the torch path the wait for its
@@ -91,10 +94,12 @@ class FragmentState:
         return self.counters.due()
 
     def take_contribution(self, p: int, quantizer: str = "int4") -> Contribution:
-        """delta_p = A_p - theta_p (for a payload in ``quantizer``), and mark the fragment as sent."""
+        """delta_p = A_p - theta_p (for a payload in ``quantizer``); the fragment is marked as sent and
+        its anchor moves to the sent point."""
         c = self.counters.mark_sent(p)
         delta = self.store.outer_gradient(p, quantizer)
-        return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, delta)
+        self.store.advance_anchor(p)
+        return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, delta, since=c.since)
 
     def apply(self, p: int, version: int, global_params: Mapping[str, np.ndarray], alpha: float) -> None:
         """Take global version ``version`` of fragment ``p`` (mixing factor ``alpha``)."""
@@ -107,8 +112,9 @@ class FragmentState:
         self.counters.set_base(p, version)
 
     def mark_sent(self, p: int) -> None:
-        """What :meth:`take_contribution` does to the counters, for ranks that do not send."""
+        """What :meth:`take_contribution` does to the counters and the anchor, for ranks that do not send."""
         self.counters.mark_sent(p)
+        self.store.advance_anchor(p)
 
     def set_counters(self, steps: Mapping[int, int]) -> None:
         """Put fragments at the given steps since their last sync, nothing sent yet (a learner that

@@ -170,12 +170,16 @@ class SyncClient:
         return proto.FragmentVersionInfo.model_validate(resp.json())
 
     def contribute(
-        self, fragment: int, payload: bytes, *, base_version: int, steps: int, tokens: int, seq: int
-    ) -> proto.ContributionResult:
+        self, fragment: int, payload: bytes, *, base_version: int, steps: int, tokens: int, seq: int,
+        since: int = 0,
+    ) -> proto.ContributionResult:  # fmt: skip
+        params = {"base_version": base_version, "steps": steps, "tokens": tokens, "seq": seq}
+        if since:
+            params["since"] = since
         resp = self._request(
             "POST",
             proto.CONTRIBUTIONS_PATH.format(p=fragment),
-            params={"base_version": base_version, "steps": steps, "tokens": tokens, "seq": seq},
+            params=params,
             content=payload,
             headers={"Content-Type": proto.CONTENT_TYPE},
         )

@@ -1,0 +1,104 @@
+"""The round's checks: a contribution that fails them is excluded with a reason and the others
+merge; the norm checks follow the fragment's recent rounds."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from diloco_core.config import DiLoCoSettings
+from diloco_core.fragments import build_plan
+from diloco_core.outer import OuterState
+from diloco_core.screening import MIN_HISTORY, NormHistory, screened_round, tensors_norm
+
+PLAN = build_plan([("w", (4,))], 1, 4, 1)
+SPEC = PLAN.fragments[0]
+PARAMS = {"w": np.zeros(4, np.float32)}
+
+
+@dataclass(frozen=True)
+class Delta:
+    name: str
+    tensors: dict[str, np.ndarray]
+    base_version: int = 0
+    steps: int = 4
+    tokens: int = 32
+
+
+def delta(name: str, value: float) -> Delta:
+    return Delta(name, {"w": np.full(4, value, np.float32)})
+
+
+def settings(**kw: object) -> DiLoCoSettings:
+    return DiLoCoSettings.model_validate(
+        {"fragments": 1, "inner_steps": 4, "overlap": 1, "merge_rule": "mean", **kw}
+    )
+
+
+def history(norm: float, rounds: int = MIN_HISTORY) -> NormHistory:
+    h = NormHistory()
+    for _ in range(rounds):
+        h = h.after([norm, norm], norm)
+    return h
+
+
+def test_a_contribution_far_beyond_the_parameters_is_excluded_before_any_history() -> None:
+    ones = {"w": np.ones(4, np.float32)}  # norm 2: at most 20 with the default factor 10
+    good, huge = delta("good", 0.5), delta("huge", 3e38)
+    screened = screened_round(SPEC, ones, OuterState(), 0, [huge, good], settings(), NormHistory())
+    assert screened.result is not None
+    assert [c.name for c in screened.merged] == ["good"]
+    ((excluded, reason),) = screened.excluded
+    assert excluded.name == "huge"
+    assert "above the limit 20 (max_update_norm_factor 10)" in reason
+
+
+def test_values_whose_sums_overflow_are_excluded_and_the_others_merge() -> None:
+    good, huge = delta("good", 0.5), delta("huge", 3e38)  # parameters all zero: no norm bound yet
+    screened = screened_round(
+        SPEC, PARAMS, OuterState(), 0, [huge, good, huge], settings(merge_rule="rda"), NormHistory()
+    )
+    assert screened.result is not None
+    assert [c.name for c in screened.merged] == ["good"]
+    assert [c.name for c, _ in screened.excluded] == ["huge", "huge"]
+    assert all("excluded as the largest contribution" in reason for _, reason in screened.excluded)
+    assert np.isfinite(screened.result.params["w"]).all()
+
+
+def test_nothing_is_merged_when_every_contribution_fails() -> None:
+    bad = Delta("nan", {"w": np.array([np.nan, 0, 0, 0], np.float32)})
+    screened = screened_round(SPEC, PARAMS, OuterState(), 0, [bad], settings(), NormHistory())
+    assert screened.result is None
+    assert screened.merged == ()
+    assert screened.excluded == ((bad, "non-finite values in 'w'"),)
+
+
+def test_a_norm_far_above_the_recent_rounds_is_excluded_once_there_is_a_history() -> None:
+    big, usual = delta("big", 100.0), delta("usual", 1.0)
+    usual_norm = tensors_norm(usual.tensors)
+    # too few rounds yet: only finiteness is checked
+    few = screened_round(
+        SPEC, PARAMS, OuterState(), 0, [big, usual], settings(), history(usual_norm, MIN_HISTORY - 1)
+    )
+    assert len(few.merged) == 2
+    screened = screened_round(SPEC, PARAMS, OuterState(), 0, [big, usual], settings(), history(usual_norm))
+    assert [c.name for c in screened.merged] == ["usual"]
+    ((excluded, reason),) = screened.excluded
+    assert excluded.name == "big"
+    assert "max_update_norm_factor 10" in reason
+    # factor 0: no norm check
+    off = screened_round(
+        SPEC, PARAMS, OuterState(), 0, [big, usual], settings(max_update_norm_factor=0), history(usual_norm)
+    )
+    assert len(off.merged) == 2
+
+
+def test_the_norm_history_keeps_the_newest_rounds() -> None:
+    h = NormHistory()
+    assert h.limit(h.updates, 10.0) == math.inf
+    for i in range(40):
+        h = h.after([float(i)], float(i))
+    assert len(h.updates) == 16
+    assert h.updates[-1] == 39.0
+    assert h.limit(h.updates, 2.0) == 2.0 * float(np.median(np.arange(24, 40)))

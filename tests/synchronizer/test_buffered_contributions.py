@@ -1,0 +1,98 @@
+"""A 202 says whether the contribution is durable or only buffered in memory, and a learner resends
+a buffered one until it is durable: kill -9 of the synchronizer during a real S3 outage (SeaweedFS)
+loses nothing the learner does not send again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from diloco_core.auth import learner_token
+from diloco_worker.comms import CommSettings, Communicator
+from diloco_worker.fragment_state import Contribution
+from diloco_worker.sync_client import SyncClient
+
+from tests.support.s3 import S3Server
+from tests.support.waiting import wait_for
+from tests.synchronizer.conftest import SyncFactory
+from tests.synchronizer.helpers import (
+    SECRET,
+    Learner,
+    SyncProcess,
+    encode_grad,
+    initial_params,
+    outer_grad,
+    status,
+    tiny_plan,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+PLAN = tiny_plan()
+ARGS = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--quorum", "2"]  # nothing merges alone
+
+
+def started(sync_factory: SyncFactory, s3: S3Server) -> tuple[SyncProcess, Learner]:
+    sync = sync_factory(f"s3://{s3.new_bucket()}/jobs/buffered", ARGS, s3.env())
+    a = Learner(sync.url, "a", PLAN)
+    assert a.register().status_code == 200
+    for p in (0, 1):
+        assert a.init(p, initial_params(PLAN, p)).status_code == 200
+    return sync, a
+
+
+def restart_through_the_outage(sync: SyncProcess, s3: S3Server) -> None:
+    """kill -9 while storage is down; the new process waits for storage, which then comes back."""
+    sync.kill9()
+    sync.start(wait_loaded=False)
+    s3.start()
+    wait_for(sync._loaded, timeout=60, what="the restarted synchronizer to load its state")
+
+
+def test_the_answer_says_durable_or_buffered_and_a_resend_after_a_restart_is_taken_anew(
+    sync_factory: SyncFactory, s3_server_factory: Callable[[], S3Server]
+) -> None:
+    s3 = s3_server_factory()
+    sync, a = started(sync_factory, s3)
+    blob = encode_grad(outer_grad(PLAN, 0, seed=1), 0, 0)
+    stored = a.contribute(0, 0, blob, seq=1)
+    assert stored.status_code == 202
+    assert (stored.json()["status"], stored.json()["durable"]) == ("accepted", True)
+    assert a.contribute(0, 0, blob, seq=1).json()["durable"] is True  # duplicate of a stored one
+
+    s3.stop()
+    grad = encode_grad(outer_grad(PLAN, 1, seed=2), 1, 0)
+    buffered = a.contribute(1, 0, grad, seq=1)
+    assert buffered.status_code == 202, buffered.text
+    assert (buffered.json()["status"], buffered.json()["durable"]) == ("accepted", False)
+    again = a.contribute(1, 0, grad, seq=1)
+    assert (again.json()["status"], again.json()["durable"]) == ("duplicate", False)
+
+    restart_through_the_outage(sync, s3)
+    assert status(sync.url)["fragments"][1]["pending"] == 0  # type: ignore[index]  # the buffered one was lost
+    assert status(sync.url)["fragments"][0]["pending"] == 1  # type: ignore[index]  # the stored one was not
+    resent = a.contribute(1, 0, grad, seq=1)
+    assert (resent.json()["status"], resent.json()["durable"]) == ("accepted", True)
+    assert status(sync.url)["fragments"][1]["pending"] == 1  # type: ignore[index]
+
+
+def test_the_learner_resends_a_buffered_contribution_until_it_is_durable(
+    sync_factory: SyncFactory, s3_server_factory: Callable[[], S3Server]
+) -> None:
+    s3 = s3_server_factory()
+    sync, _ = started(sync_factory, s3)
+    client = SyncClient(sync.url, "a", learner_token(SECRET, "a"))
+    comm = Communicator(client, PLAN, CommSettings(quantizer="fp32", poll_wait_s=1.0), versions={0: 0, 1: 0})
+    comm.start()
+    try:
+        s3.stop()
+        tensors = outer_grad(PLAN, 0, seed=3)
+        comm.submit(Contribution(0, 0, 4, 32, 1, {n: np.asarray(v) for n, v in tensors.items()}))
+        wait_for(lambda: comm.buffered(0) == [1], timeout=30, what="the answer: buffered")
+        restart_through_the_outage(sync, s3)
+        wait_for(lambda: comm.buffered(0) == [], timeout=60, what="the resend answered durable")
+        assert status(sync.url)["fragments"][0]["pending"] == 1  # type: ignore[index]
+        assert comm.rejected == 0
+    finally:
+        comm.stop()
+        client.close()
