@@ -134,19 +134,46 @@ class OuterOptimizer:
     ) -> tuple[dict[str, F32], OuterState]:
         n = self.delayed_every
         mu, lr, inv_n = np.float32(self.momentum), np.float32(self.lr), np.float32(1.0 / n)
-        apply_momentum = (state.steps + count) // n > state.steps // n
+        segments = delayed_segments(state.steps, count, n)
         momentum, buffer = dict(state.momentum), dict(state.buffer)
         out: dict[str, F32] = {}
         for name in params:
             p = np.asarray(params[name], np.float32)
-            d: F32 = np.asarray(delta[name], np.float32) * np.float32(count)
-            buf: F32 = state.buffer.get(name, np.zeros_like(p)) + d
-            if apply_momentum:
-                u = state.momentum.get(name, np.zeros_like(p)) * mu + buf * inv_n
-                momentum[name] = _frozen(u)
-                out[name] = (p - lr * (mu * u + d * inv_n)).astype(np.float32, copy=False)
-                buffer[name] = _frozen(np.zeros_like(p))
-            else:
+            g = np.asarray(delta[name], np.float32)
+            buf: F32 = state.buffer.get(name, np.zeros_like(p))
+            u: F32 | None = state.momentum.get(name)
+            applied: F32 | None = None  # the sum of the momenta applied by this merge's boundaries
+            for steps, boundary in segments:
+                buf = buf + g * np.float32(steps)
+                if boundary:
+                    u = (np.zeros_like(p) if u is None else u) * mu + buf * inv_n
+                    applied = u if applied is None else applied + u
+                    buf = np.zeros_like(p)
+            d: F32 = g * np.float32(count)
+            if applied is None:
                 out[name] = (p - lr * (d * inv_n)).astype(np.float32, copy=False)
-                buffer[name] = _frozen(buf)
+            else:
+                out[name] = (p - lr * (mu * applied + d * inv_n)).astype(np.float32, copy=False)
+                assert u is not None  # a boundary sets it
+                momentum[name] = _frozen(u)
+            buffer[name] = _frozen(buf)
         return out, OuterState(state.steps + count, momentum, buffer)
+
+
+def delayed_segments(steps: int, count: int, every: int) -> list[tuple[int, bool]]:
+    """A merge of ``count`` contributions after ``steps`` earlier ones, cut where Delayed Nesterov's
+    step counter reaches a multiple of ``every``: ``[(contributions, ends_at_a_boundary), ...]``.
+
+    Async Local-SGD's Algorithm 3 applies one outer gradient per step; a merge of k contributions is
+    k of those steps with the same merged gradient, so the momentum update at a boundary takes the
+    buffer up to that boundary and the rest of the group starts the next buffer."""
+    if count < 1 or every < 1 or steps < 0:
+        raise ValueError(f"bad Delayed Nesterov counts: steps={steps}, count={count}, every={every}")
+    out: list[tuple[int, bool]] = []
+    t, left = steps, count
+    while left:
+        to_boundary = every - t % every
+        take = min(to_boundary, left)
+        out.append((take, take == to_boundary))
+        t, left = t + take, left - take
+    return out

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from diloco_core import codec
-from diloco_core.outer import OuterOptimizer, OuterState
+from diloco_core.outer import OuterOptimizer, OuterState, delayed_segments
 
 Arrays = dict[str, np.ndarray]
 
@@ -134,9 +134,43 @@ def test_delayed_nesterov_counts_every_contribution_of_a_merge() -> None:
     np.testing.assert_allclose(theta["w"], [-1.0])
     theta, state = run(opt, state, theta, {"w": np.array([2.0], np.float32)}, count=2)  # 3 of 4: -= 2*2/4
     np.testing.assert_allclose(theta["w"], [-2.0])
-    # crosses 4: B = 4 + 4 + 8 = 16, u = 16/4 = 4; theta -= 0.5*4 + 2*4/4
+    # steps 4 and 5 with the same gradient; step 4 is the boundary: B = 4 + 4 + 4 = 12, u = 12/4 = 3,
+    # theta -= 0.5*3 + 4/4; step 5 starts the next buffer (B = 4): theta -= 4/4
     theta, state = run(opt, state, theta, {"w": np.array([4.0], np.float32)}, count=2)
-    np.testing.assert_allclose(theta["w"], [-2.0 - 2.0 - 2.0])
+    np.testing.assert_allclose(theta["w"], [-2.0 - 2.5 - 1.0])
+    np.testing.assert_allclose(state.buffer["w"], [4.0])
+    np.testing.assert_allclose(state.momentum["w"], [3.0])
     assert state.steps == 5
     with pytest.raises(ValueError, match="count"):
         opt.step(state, theta, {"w": np.zeros(1, np.float32)}, count=0)
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 4])
+def test_delayed_nesterov_a_merge_of_k_is_k_steps_of_algorithm_3(every: int) -> None:
+    # Async Local-SGD's Algorithm 3 takes one outer gradient per step; a merged round of k
+    # contributions must land exactly where k single steps with the merged gradient land, wherever
+    # the boundaries fall inside the group (including groups that span several boundaries)
+    rng = np.random.default_rng(every)
+    opt = OuterOptimizer(lr=0.7, momentum=0.9, delayed_every=every)
+    grouped_state = single_state = OuterState()
+    grouped = single = {"w": rng.standard_normal(5).astype(np.float32)}
+    for count in (1, 3, 2, 5, 1, 4, 7):
+        d = {"w": rng.standard_normal(5).astype(np.float32)}
+        grouped, grouped_state = run(opt, grouped_state, grouped, d, count=count)
+        for _ in range(count):
+            single, single_state = run(opt, single_state, single, d)
+        for got, want in ((grouped, single), (grouped_state.buffer, single_state.buffer),
+                          (grouped_state.momentum, single_state.momentum)):
+            assert set(got) == set(want)
+            for name in got:
+                np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
+        assert grouped_state.steps == single_state.steps
+
+
+def test_delayed_segments_cut_a_merge_at_every_boundary() -> None:
+    assert delayed_segments(3, 2, 4) == [(1, True), (1, False)]
+    assert delayed_segments(0, 4, 4) == [(4, True)]
+    assert delayed_segments(1, 9, 4) == [(3, True), (4, True), (2, False)]
+    assert delayed_segments(5, 1, 4) == [(1, False)]
+    with pytest.raises(ValueError, match="count"):
+        delayed_segments(0, 0, 4)
