@@ -23,6 +23,7 @@ merged version comes back; that waiting is the idle time that goodput counts as 
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
 import time
 
@@ -64,6 +65,7 @@ def run_data_parallel(method: Method, w: Workload, timing: Timing, corpus: Corpu
     grad_bytes = numel * WIRE_BYTES[method.dp_wire]
     now = busy = idle = 0.0
     step = 0
+    curve: list[tuple[int, float]] = []
     while step < timing.steps and now < timing.time_budget:
         parts = [next(s) for s in streams]
         batch = (torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts]))
@@ -71,12 +73,15 @@ def run_data_parallel(method: Method, w: Workload, timing: Timing, corpus: Corpu
         times = [step_time(r, timing.factor(m), timing.noise) for m, r in enumerate(rngs)]
         slowest = max(times)
         busy, idle, now, step = busy + sum(times), idle + sum(slowest - t for t in times), now + slowest, step + 1
+        if timing.eval_every and step % timing.eval_every == 0 and step < timing.steps:
+            curve.append((step * method.learners * w.batch_size * w.block_size, evaluate(model, corpus.held_out)))
     tokens = step * method.learners * w.batch_size * w.block_size
     M = method.learners
+    loss = evaluate(model, corpus.held_out)
     return RunResult(
-        method.name, seed, evaluate(model, corpus.held_out), tokens, now, busy / max(busy + idle, 1e-9),
+        method.name, seed, loss, tokens, now, busy / max(busy + idle, 1e-9),
         1.0, [grad_bytes * step] * M, [grad_bytes] * M, grad_bytes * step * M, [step] * M,
-        wall_s=time.perf_counter() - started,
+        wall_s=time.perf_counter() - started, curve=[*curve, (tokens, loss)],
     )  # fmt: skip
 
 
@@ -86,6 +91,7 @@ class DiLoCoRun:
     def __init__(self, method: Method, w: Workload, timing: Timing, corpus: Corpus, seed: int) -> None:
         torch.manual_seed(seed)
         self.method, self.timing, self.seed = method, timing, seed
+        self.w, self.corpus = w, corpus
         probe = build_gpt(model_settings(w, seed))
         shapes = [(n, tuple(p.shape)) for n, p in probe.named_parameters()]
         emb = [n for n, _ in shapes if n in EMBEDDING_NAMES]
@@ -95,10 +101,14 @@ class DiLoCoRun:
         self.heap: list[tuple[float, int]] = [(0.0, m) for m in range(method.learners)]
         self.step_times: list[float] = []
         self.partials = 0
+        self.curve: list[tuple[int, float]] = []
+        self.due_evals: list[tuple[float, int]] = []  # (virtual time a checkpoint was reached, tokens)
+        self.learner_steps = 0
 
     def run(self) -> None:
         while True:
             deadline = min(((d, p) for p, d in enumerate(self.syncer.deadlines) if d is not None), default=None)
+            self.evaluate_due(min(self.heap[0][0] if self.heap else math.inf, deadline[0] if deadline else math.inf))
             if self.heap and (deadline is None or self.heap[0][0] < deadline[0]):
                 now, m = heapq.heappop(self.heap)
                 self.boundary(self.learners[m], now)
@@ -135,6 +145,10 @@ class DiLoCoRun:
         if ln.steps >= self.timing.steps or now >= self.timing.time_budget:
             return
         dt = ln.train_step()
+        self.learner_steps += 1
+        every = self.timing.eval_every * self.method.learners
+        if every and self.learner_steps % every == 0 and ln.steps < self.timing.steps:
+            self.due_evals.append((ln.clock, self.learner_steps * ln.tokens_per_step))
         self.step_times.append(dt)
         self.syncer.step_time = statistics.fmean(self.step_times[-64:])
         heapq.heappush(self.heap, (ln.clock, ln.index))
@@ -175,18 +189,31 @@ class DiLoCoRun:
                 ln.waiting_since = None
                 heapq.heappush(self.heap, (now, ln.index))
 
-    def result(self, w: Workload, corpus: Corpus, started: float) -> RunResult:
-        model = build_gpt(model_settings(w, self.seed)).to(w.device)
+    def evaluate_due(self, before: float) -> None:
+        """Evaluate the global model for every checkpoint reached before virtual time ``before``: once
+        every event at the checkpoint's time (the merges the steps up to it cause) has been processed."""
+        while self.due_evals and self.due_evals[0][0] < before:
+            _, tokens = self.due_evals.pop(0)
+            self.curve.append((tokens, self.evaluate_global()))
+
+    def evaluate_global(self) -> float:
+        """Held-out loss of the global model as the synchronizer holds it now."""
+        model = build_gpt(model_settings(self.w, self.seed)).to(self.w.device)
         load_params(model, self.syncer.global_params)
+        return evaluate(model, self.corpus.held_out)
+
+    def result(self, started: float) -> RunResult:
+        w = self.w
         lns, s = self.learners, self.syncer
         busy, idle = sum(ln.busy for ln in lns), sum(ln.idle for ln in lns)
         steps = [ln.steps for ln in lns]
+        tokens, loss = sum(steps) * w.batch_size * w.block_size, self.evaluate_global()
         return RunResult(
-            self.method.name, self.seed, evaluate(model, corpus.held_out), sum(steps) * w.batch_size * w.block_size,
+            self.method.name, self.seed, loss, tokens,
             max(ln.clock for ln in lns), busy / max(busy + idle, 1e-9), s.merged_steps / max(sum(steps), 1),
             [ln.bytes_up for ln in lns], [ln.peak_up for ln in lns], sum(ln.bytes_down for ln in lns), steps,
             rounds=s.rounds, participants=s.participants / max(s.rounds, 1), norm_ratios=list(s.norm_ratios),
-            wall_s=time.perf_counter() - started, partials=self.partials,
+            wall_s=time.perf_counter() - started, partials=self.partials, curve=[*self.curve, (tokens, loss)],
         )  # fmt: skip
 
 
@@ -198,4 +225,4 @@ def run(method: Method, w: Workload, timing: Timing, corpus: Corpus, seed: int) 
     started = time.perf_counter()
     sim = DiLoCoRun(method, w, timing, corpus, seed)
     sim.run()
-    return sim.result(w, corpus, started)
+    return sim.result(started)

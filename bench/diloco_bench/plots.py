@@ -73,6 +73,19 @@ def quality(losses: Mapping[str, Sequence[float]]) -> Figure:
     return fig
 
 
+def loss_curves(curves: Mapping[str, Sequence[tuple[int, float]]], title: str = "Quality: held-out loss over tokens") -> Figure:
+    """Held-out loss of the global model over training tokens, one line per method (mean over seeds)."""
+    fig, (ax,) = _figure(width=8.0)
+    for i, (name, points) in enumerate(curves.items()):
+        ax.plot([t for t, _ in points], [v for _, v in points], "o-", markersize=2, color=COLORS[i % len(COLORS)], label=name)
+    ax.set_xlabel("training tokens (all learners)")
+    ax.set_ylabel("held-out loss (global model)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
+
+
 def bandwidth(per_token: Mapping[str, float], baseline: str) -> Figure:
     """Bytes uploaded per token per method/codec on a log axis, annotated with the ratio to ``baseline``."""
     fig, (ax,) = _figure(width=8.0)

@@ -18,17 +18,20 @@ def main(argv: list[str]) -> int:
     p = experiment.parser("diloco bench quality", __doc__, steps=128, seeds="0,1,2")
     p.add_argument("--learners", type=int, default=4, help="M (default %(default)s)")
     p.add_argument("--inner-steps", type=int, default=16, help="H (default %(default)s)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="also evaluate the global model every this many inner steps per learner (0: at the end)")
+    p.add_argument("--delayed-nesterov", type=int, default=0, help="decoupled's Delayed Nesterov N (0: plain)")
     a = p.parse_args(argv)
     experiment.check_inner_steps(p, a.inner_steps)
     w, seeds = experiment.workload_from(a), experiment.seeds_from(a.seeds)
     methods = [
         runs.data_parallel(a.learners),
         runs.diloco_sync(a.learners, a.inner_steps),
-        runs.decoupled(a.learners, inner_steps=a.inner_steps),
+        runs.decoupled(a.learners, inner_steps=a.inner_steps, delayed_nesterov=a.delayed_nesterov),
     ]
     methods = experiment.with_outer(methods, a)
     corpus = workload.Corpus(w)
-    timing = runs.Timing(steps=a.steps)
+    timing = runs.Timing(steps=a.steps, eval_every=a.eval_every)
     results: dict[str, list[runs.RunResult]] = {m.name: [] for m in methods}
     for seed in seeds:
         for m in methods:
@@ -36,9 +39,34 @@ def main(argv: list[str]) -> int:
             results[m.name].append(r)
             print(f"seed {seed} {m.name:<22} loss {r.eval_loss:.4f}  ({r.wall_s:.0f} s)", flush=True)
     print(report(results))
+    if a.eval_every:
+        print(trend(results))
     experiment.write_json(a.json, results)
     plots.emit(a, "quality", lambda: plots.quality({n: [r.eval_loss for r in rs] for n, rs in results.items()}))
+    if a.eval_every:
+        plots.emit(a, "quality-curve", lambda: plots.loss_curves(mean_curves(results)))
     return 0
+
+
+def mean_curves(results: dict[str, list[runs.RunResult]]) -> dict[str, list[tuple[int, float]]]:
+    """Per method: (tokens, held-out loss averaged over the seeds) at every evaluation point all seeds share."""
+    out = {}
+    for name, rs in results.items():
+        shared = sorted(set.intersection(*(set(t for t, _ in r.curve) for r in rs)))
+        by_seed = [dict(r.curve) for r in rs]
+        out[name] = [(t, statistics.fmean(c[t] for c in by_seed)) for t in shared]
+    return out
+
+
+def trend(results: dict[str, list[runs.RunResult]]) -> str:
+    """The gap to the first method (data-parallel) at every evaluation point: mean loss and ratio."""
+    curves = mean_curves(results)
+    names = list(curves)
+    base = dict(curves[names[0]])
+    points = [t for t, _ in curves[names[0]] if all(t in dict(curves[n]) for n in names)]
+    rows = [[f"{t:,}"] + [f"{dict(curves[n])[t]:.4f}" + ("" if n == names[0] else f" ({dict(curves[n])[t] / base[t]:.4f}x)")
+                          for n in names] for t in points]  # fmt: skip
+    return experiment.table(["tokens", *names], rows)
 
 
 def report(results: dict[str, list[runs.RunResult]]) -> str:

@@ -73,6 +73,7 @@ class Timing:
     speed_factors: tuple[float, ...] = ()  # step-time multiplier per learner (default all 1.0)
     noise: float = 0.0  # relative std of each step time
     time_budget: float = math.inf  # virtual seconds
+    eval_every: int = 0  # evaluate the global model every this many inner steps per learner (0: only at the end)
 
     def factor(self, m: int) -> float:
         return self.speed_factors[m] if m < len(self.speed_factors) else 1.0
@@ -96,6 +97,7 @@ class RunResult:
     norm_ratios: list[float] = field(default_factory=list)  # ||merged|| / mean ||delta_m|| (>= 2 merged)
     wall_s: float = 0.0
     partials: int = 0  # partial outer gradients sent because a round asked for them
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (tokens, held-out loss) along the way
 
     @property
     def bytes_per_token(self) -> float:

@@ -66,6 +66,7 @@ MAX_HEADER_BYTES = 4 << 20
 MAX_HEADER_DEPTH = 4  # header object > tensor list > tensor entry > shape or byte range
 MAX_INTEGER_DIGITS = 20  # a u64
 MAX_DIMS = 32
+MAX_VALUES_PER_BYTE = q.TOPK_MAX_BLOCK // (3 * q.TOPK_PER_BLOCK + 4) + 1  # topk, largest blocks
 _PREFIX = struct.Struct("<4sHQ")
 _HLEN = struct.Struct("<I")
 _KINDS = ("outer_grad", "params")
@@ -171,7 +172,7 @@ def encode_quantized(
             raise UnsupportedFormat(f"tensor {name!r} has dtype {part.dtype}; only floating point is encoded")
         n = prod(part.shape)
         nv, ns = len(memoryview(part.values).cast("B")), len(memoryview(part.scales).cast("B"))
-        if (nv, ns) != (q.data_nbytes(quantizer, n), q.scales_nbytes(quantizer, n, block_size)):
+        if (nv, ns) != (q.data_nbytes(quantizer, n, block_size), q.scales_nbytes(quantizer, n, block_size)):
             raise CodecError(f"tensor {name!r}: {nv} value and {ns} scale bytes do not fit its shape {part.shape}")
         entries.append(
             {
@@ -208,6 +209,8 @@ def _check_encode_args(fragment: int, base_version: int, kind: str, quantizer: s
         raise UnsupportedFormat(f"unknown payload kind {kind!r}; expected one of {_KINDS}")
     if not q.MIN_BLOCK_SIZE <= block_size <= q.MAX_BLOCK_SIZE:
         raise UnsupportedFormat(f"block_size must be in [{q.MIN_BLOCK_SIZE}, {q.MAX_BLOCK_SIZE}]")
+    if quantizer == "topk" and block_size > q.TOPK_MAX_BLOCK:
+        raise UnsupportedFormat(f"topk takes a block size of at most {q.TOPK_MAX_BLOCK}")
     if fragment < 0 or base_version < -1:
         raise UnsupportedFormat(f"bad fragment {fragment} or base version {base_version}")
 
@@ -241,9 +244,12 @@ def decode(blob: bytes, *, fragment: Fragment | None = None, max_bytes: int = DE
     tensors = {}
     for name, shape, (vo, vn), (so, sn) in specs:
         n = prod(shape)
-        flat = q.dequantize(
-            bytes(data[vo : vo + vn]), bytes(data[so : so + sn]), header["quantizer"], n, header["block_size"]
-        )
+        try:
+            flat = q.dequantize(
+                bytes(data[vo : vo + vn]), bytes(data[so : so + sn]), header["quantizer"], n, header["block_size"]
+            )
+        except ValueError as exc:  # only topk's indices can be malformed once the layout is checked
+            raise CorruptPayload(f"tensor {name!r}: {exc}") from exc
         tensors[name] = flat.reshape(shape)
     return Payload(header["fragment"], header["base_version"], header["kind"], header["quantizer"], tensors)
 
@@ -346,6 +352,7 @@ def _parse_header(raw: bytes) -> dict[str, Any]:
         and _is_int(h["block_size"], q.MIN_BLOCK_SIZE)
         and h["block_size"] <= q.MAX_BLOCK_SIZE
         and isinstance(h["tensors"], list)
+        and (h["quantizer"] != "topk" or h["block_size"] <= q.TOPK_MAX_BLOCK)
     )
     if not ok:
         raise CorruptPayload("header has a field of the wrong type or range")
@@ -373,7 +380,7 @@ def _check_layout(header: dict[str, Any], data_len: int) -> list[Spec]:
         if t["dtype"] not in _SOURCE_DTYPES:
             raise UnsupportedFormat(f"tensor {name!r} has unsupported dtype {t['dtype']!r}")
         n = _numel(name, shape, data_len)
-        want = (q.data_nbytes(quant, n), q.scales_nbytes(quant, n, block))
+        want = (q.data_nbytes(quant, n, block), q.scales_nbytes(quant, n, block))
         for r, size in zip(ranges, want, strict=True):
             if not (isinstance(r, list) and len(r) == 2 and r[0] == pos and r[1] == size):
                 raise CorruptPayload(f"tensor {name!r}: byte range {r!r} does not match its shape {shape}")
@@ -388,7 +395,8 @@ def _check_layout(header: dict[str, Any], data_len: int) -> list[Spec]:
 
 def _numel(name: str, shape: list[int], data_len: int) -> int:
     """The number of values of ``shape``, refused once it exceeds what ``data_len`` bytes can hold
-    in any format (half a byte per value) — before it grows into a number no size can be made of."""
+    in any format (``topk`` at its sparsest: 28 bytes per block of ``TOPK_MAX_BLOCK`` values) —
+    before it grows into a number no size can be made of."""
     if len(shape) > MAX_DIMS:
         raise CorruptPayload(f"tensor {name!r} has {len(shape)} dimensions (at most {MAX_DIMS})")
     if 0 in shape:
@@ -396,7 +404,7 @@ def _numel(name: str, shape: list[int], data_len: int) -> int:
     n = 1
     for d in shape:
         n *= d
-        if n > 2 * data_len:
+        if n > MAX_VALUES_PER_BYTE * data_len:
             raise CorruptPayload(
                 f"tensor {name!r}: shape {shape} holds more values than {data_len} bytes of data can"
             )

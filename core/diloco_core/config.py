@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Quantizer = Literal["fp32", "bf16", "fp16", "int8", "int4", "e3m0"]
+Quantizer = Literal["fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2", "int1", "topk"]
 MergeRule = Literal["rda", "mean"]
 FragmentStrategy = Literal["balanced", "strided"]
 # 'builtin', or 'package.module:function' (Python identifiers): what ``diloco_worker.entry`` resolves

@@ -18,7 +18,24 @@ a NaN in ``fp16`` or ``bf16`` keeps its sign and the top bits of its payload and
 a block of ``int8``, ``int4`` or ``e3m0`` holding a NaN or an infinity has the scale NaN
 (``0x7FC00000``) and every value written as 0, so it decodes to NaN throughout.
 
-4-bit codes are packed two per byte, the first value in the low nibble. All byte orders are
+Formats for the lowest budgets (meant to be used with error feedback, ``diloco_core.feedback``):
+
+- ``int2``: per block a float32 scale ``s`` = the block's largest magnitude; each value takes the
+  nearest of the four levels ``{-1, -1/3, 1/3, 1} * s`` (code ``c`` in 0..3 is ``(2c - 3) / 3 * s``).
+  The error is at most ``s / 3``.
+- ``int1`` (scaled sign): per block a float32 scale ``s`` = the mean magnitude of the block; each value
+  is ``+s`` (bit 0) or ``-s`` (bit 1, for a negative value or -0.0). This is the sign compressor of
+  1-bit SGD / EF-SignSGD: unbiased in norm, not in each value, so it needs error feedback.
+- ``topk``: per block the ``TOPK_PER_BLOCK`` values of largest magnitude (ties: the lower index),
+  each as a u16 index in the block (strictly increasing) and an int8 code of the block's largest
+  magnitude ``s``, as in ``int8``; every other value is 0. The density is ``TOPK_PER_BLOCK /
+  block_size``; a block of fewer values keeps them all. The block size is at most ``TOPK_MAX_BLOCK``
+  (a u16 index). Its value bytes are all the indices of the tensor (u16) then all its codes (int8).
+  Decoding refuses an index outside its block or out of order (``ValueError``; the codec reports it
+  as a corrupt payload).
+
+2-bit codes are packed four per byte and 1-bit codes eight per byte, the first value in the lowest
+bits; 4-bit codes are packed two per byte, the first value in the low nibble. All byte orders are
 little-endian. Dequantized values are float32; arithmetic is float32 (scales) and exact integer codes.
 """
 
@@ -30,9 +47,11 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-QuantizerName = Literal["fp32", "bf16", "fp16", "int8", "int4", "e3m0"]
-QUANTIZERS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8", "int4", "e3m0")
-BLOCKED: frozenset[str] = frozenset({"int8", "int4", "e3m0"})
+QuantizerName = Literal["fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2", "int1", "topk"]
+QUANTIZERS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2", "int1", "topk")
+BLOCKED: frozenset[str] = frozenset({"int8", "int4", "e3m0", "int2", "int1", "topk"})
+TOPK_PER_BLOCK = 8
+TOPK_MAX_BLOCK = 1 << 16
 MIN_BLOCK_SIZE = 8
 MAX_BLOCK_SIZE = 1 << 20
 DEFAULT_BLOCK_SIZE = 256
@@ -48,7 +67,7 @@ _E3M0_LEVELS: F32 = np.array(
 )
 
 # the codes of a zero value (what a non-finite block's values are written as)
-ZERO_CODE: dict[str, int] = {"int8": 0, "int4": 8, "e3m0": 0}
+ZERO_CODE: dict[str, int] = {"int8": 0, "int4": 8, "e3m0": 0, "int2": 2, "int1": 0, "topk": 0}
 
 
 def _smallest_float32_above_midpoint(k: int) -> np.float32:
@@ -66,12 +85,24 @@ def _smallest_float32_above_midpoint(k: int) -> np.float32:
 E3M0_THRESHOLDS: F32 = np.array([_smallest_float32_above_midpoint(k) for k in range(7)], dtype=np.float32)
 
 
-def data_nbytes(quantizer: str, n: int) -> int:
+def data_nbytes(quantizer: str, n: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     """Bytes of the quantized values of ``n`` numbers (without scales)."""
     per = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}  # integers: exact for any n
     if quantizer in per:
         return per[quantizer] * n
+    if quantizer == "int2":
+        return (n + 3) // 4
+    if quantizer == "int1":
+        return (n + 7) // 8
+    if quantizer == "topk":
+        return 3 * topk_kept(n, block_size)
     return (n + 1) // 2
+
+
+def topk_kept(n: int, block_size: int) -> int:
+    """How many of ``n`` values ``topk`` keeps: ``TOPK_PER_BLOCK`` per block, all of a smaller block."""
+    full, rest = divmod(n, block_size)
+    return full * min(TOPK_PER_BLOCK, block_size) + min(TOPK_PER_BLOCK, rest)
 
 
 def scales_nbytes(quantizer: str, n: int, block_size: int) -> int:
@@ -95,12 +126,20 @@ def quantize(x: F32, quantizer: str, block_size: int) -> tuple[bytes, bytes]:
 def _quantize_blocked(x: F32, quantizer: str, block_size: int) -> tuple[bytes, bytes]:
     if quantizer not in ZERO_CODE:
         raise ValueError(f"unknown quantizer {quantizer!r}")
+    if quantizer == "topk":
+        return _quantize_topk(x, block_size)
     scales, blocks = _block_scales(x, block_size)
+    if quantizer == "int1":
+        scales = _mean_magnitudes(x, blocks, scales)
     safe = np.where(scales > 0, scales, np.float32(1))[:, None]
     if quantizer == "int8":
         q: npt.NDArray[np.integer] = np.clip(np.rint(blocks / safe * np.float32(127)), -127, 127).astype(np.int8)
     elif quantizer == "int4":
         q = (np.clip(np.rint(blocks / safe * np.float32(7)), -7, 7).astype(np.int16) + 8).astype(np.uint8)
+    elif quantizer == "int2":
+        q = np.clip(np.rint(blocks / safe * np.float32(1.5) + np.float32(1.5)), 0, 3).astype(np.uint8)
+    elif quantizer == "int1":
+        q = np.signbit(blocks).astype(np.uint8)
     else:
         q = _e3m0_codes(blocks, safe)
     bad = ~np.isfinite(scales)
@@ -108,8 +147,49 @@ def _quantize_blocked(x: F32, quantizer: str, block_size: int) -> tuple[bytes, b
         q[bad] = ZERO_CODE[quantizer]
         scales[bad] = np.uint32(CANONICAL_NAN_BITS).view(np.float32)
     flat = q.ravel()[: x.size]
-    codes = flat.tobytes() if quantizer == "int8" else _pack4(flat.astype(np.uint8, copy=False))
+    if quantizer == "int8":
+        codes = flat.tobytes()
+    elif quantizer in ("int2", "int1"):
+        codes = _pack_bits(flat.astype(np.uint8, copy=False), 2 if quantizer == "int2" else 1)
+    else:
+        codes = _pack4(flat.astype(np.uint8, copy=False))
     return codes, scales.astype("<f4").tobytes()
+
+
+def _mean_magnitudes(x: F32, blocks: F32, maxima: F32) -> F32:
+    """Each block's mean magnitude over its real values (the padding of the last block excluded);
+    NaN where the block holds a non-finite value (its maximum is not finite)."""
+    counts = np.full(blocks.shape[0], blocks.shape[1], dtype=np.float32)
+    if counts.size:
+        counts[-1] = x.size - blocks.shape[1] * (blocks.shape[0] - 1)
+    means = (np.abs(blocks).astype(np.float64).sum(axis=1) / counts).astype(np.float32)
+    return np.where(np.isfinite(maxima), means, np.float32(np.nan)).astype(np.float32)
+
+
+def _quantize_topk(x: F32, block_size: int) -> tuple[bytes, bytes]:
+    if block_size > TOPK_MAX_BLOCK:
+        raise ValueError(f"topk takes a block size of at most {TOPK_MAX_BLOCK}, got {block_size}")
+    scales, blocks = _block_scales(x, block_size)
+    indices: list[npt.NDArray[np.uint16]] = []
+    codes: list[npt.NDArray[np.int8]] = []
+    for b in range(blocks.shape[0]):
+        real = min(block_size, x.size - b * block_size)
+        block, s = blocks[b, :real], scales[b]
+        keep = min(TOPK_PER_BLOCK, real)
+        if not np.isfinite(s):
+            idx = np.arange(keep)
+            code = np.zeros(keep, dtype=np.int8)
+            scales[b] = np.uint32(CANONICAL_NAN_BITS).view(np.float32)
+        else:
+            order = np.argsort(-np.abs(block), kind="stable")[:keep]
+            idx = np.sort(order)
+            safe = s if s > 0 else np.float32(1)
+            code = np.clip(np.rint(block[idx] / safe * np.float32(127)), -127, 127).astype(np.int8)
+        indices.append(idx.astype(np.uint16))
+        codes.append(code)
+    flat_idx = np.concatenate(indices) if indices else np.zeros(0, dtype=np.uint16)
+    flat_codes = np.concatenate(codes) if codes else np.zeros(0, dtype=np.int8)
+    return flat_idx.astype("<u2").tobytes() + flat_codes.tobytes(), scales.astype("<f4").tobytes()
 
 
 def dequantize(values: bytes, scales: bytes, quantizer: str, n: int, block_size: int) -> F32:
@@ -122,16 +202,61 @@ def dequantize(values: bytes, scales: bytes, quantizer: str, n: int, block_size:
         bits = np.frombuffer(values, dtype="<u2", count=n).astype(np.uint32) << 16
         return bits.view(np.float32)
     s = np.frombuffer(scales, dtype="<f4").astype(np.float32)
+    if quantizer == "topk":
+        return _dequantize_topk(values, s, n, block_size)
     per_value = np.repeat(s, block_size)[:n]
     if quantizer == "int8":
         q = np.frombuffer(values, dtype=np.int8, count=n).astype(np.float32)
         return q * (per_value / np.float32(127))
+    if quantizer == "int2":
+        return (_unpack_bits(values, n, 2).astype(np.float32) * np.float32(2) - np.float32(3)) / np.float32(3) * per_value
+    if quantizer == "int1":
+        return np.where(_unpack_bits(values, n, 1) == 1, np.float32(-1), np.float32(1)).astype(np.float32) * per_value
     codes = _unpack4(values, n)
     if quantizer == "int4":
         return _INT4_LEVELS[codes] * per_value
     if quantizer == "e3m0":
         return _E3M0_LEVELS[codes] * per_value
     raise ValueError(f"unknown quantizer {quantizer!r}")
+
+
+def _dequantize_topk(values: bytes, s: F32, n: int, block_size: int) -> F32:
+    kept = topk_kept(n, block_size)
+    idx = np.frombuffer(values, dtype="<u2", count=kept).astype(np.int64)
+    codes = np.frombuffer(values, dtype=np.int8, count=kept, offset=2 * kept).astype(np.float32)
+    per_block = np.full(s.size, min(TOPK_PER_BLOCK, block_size), dtype=np.int64)
+    if s.size:
+        per_block[-1] = kept - per_block[0] * (s.size - 1)
+    block_of = np.repeat(np.arange(s.size), per_block)
+    lengths = np.minimum(block_size, n - np.arange(s.size) * block_size)
+    if kept and (np.any(idx >= lengths[block_of]) or np.any((np.diff(idx) <= 0) & (np.diff(block_of) == 0))):
+        raise ValueError("topk index outside its block or not strictly increasing")
+    out = np.zeros(n, dtype=np.float32)
+    out[block_of * block_size + idx] = codes * (s[block_of] / np.float32(127))
+    bad = ~np.isfinite(s)
+    if bad.any():
+        out.reshape(-1)[np.repeat(bad, block_size)[:n]] = np.float32(np.nan)
+    return out
+
+
+def _pack_bits(codes: U8, bits: int) -> bytes:
+    per = 8 // bits
+    padded = np.zeros(-(-codes.size // per) * per, dtype=np.uint8)
+    padded[: codes.size] = codes
+    groups = padded.reshape(-1, per)
+    out = np.zeros(groups.shape[0], dtype=np.uint8)
+    for i in range(per):
+        out |= (groups[:, i] << np.uint8(i * bits)).astype(np.uint8)
+    return out.tobytes()
+
+
+def _unpack_bits(data: bytes, n: int, bits: int) -> U8:
+    per, mask = 8 // bits, np.uint8((1 << bits) - 1)
+    packed = np.frombuffer(data, dtype=np.uint8)
+    out = np.empty((packed.size, per), dtype=np.uint8)
+    for i in range(per):
+        out[:, i] = (packed >> np.uint8(i * bits)) & mask
+    return out.reshape(-1)[:n]
 
 
 def _to_fp16(x: F32) -> npt.NDArray[np.uint16]:

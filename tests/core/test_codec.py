@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 GOLDEN = Path(__file__).parent / "golden"
-QUANTIZERS = ["fp32", "bf16", "fp16", "int8", "int4", "e3m0"]
+QUANTIZERS = ["fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2", "int1", "topk"]
 
 
 def golden_tensors() -> dict[str, np.ndarray]:
@@ -101,6 +101,9 @@ def error_bound(x: np.ndarray, quantizer: str, block: int) -> np.ndarray:
         "int8": s / 254 * 1.0001,
         "int4": s / 14 * 1.0001,
         "e3m0": np.maximum((np.sqrt(2) - 1) * a, s * 2.0**-6.5) * 1.0001,
+        "int2": s / 3 * 1.0001,
+        "int1": (a + s) * 1.0001,  # |x - sign(x) * mean|x||: the residual error feedback carries
+        "topk": np.maximum(a, s / 254 * 1.0001),  # dropped: the value itself; kept: as int8
     }
     return bounds[quantizer].reshape(x.shape) + 1e-30
 
@@ -304,7 +307,7 @@ def test_a_header_larger_than_the_fragment_allows_is_refused() -> None:
 
 def test_encode_refuses_what_it_cannot_represent() -> None:
     with pytest.raises(UnsupportedFormat, match="quantizer"):
-        encode({"a": np.ones(2, np.float32)}, fragment=0, base_version=0, kind="params", quantizer="int2")
+        encode({"a": np.ones(2, np.float32)}, fragment=0, base_version=0, kind="params", quantizer="int3")
     with pytest.raises(UnsupportedFormat, match="dtype"):
         encode({"a": np.ones(2, np.int64)}, fragment=0, base_version=0, kind="params", quantizer="fp32")
     with pytest.raises(UnsupportedFormat, match="block_size"):
@@ -463,3 +466,21 @@ def test_pre_quantized_tensors_encode_to_the_same_payload_and_wrong_sizes_are_re
     short = dict(parts, **{"wte.weight": codec.QuantizedTensor((5, 8), b"\x00" * 19, parts["wte.weight"].scales)})
     with pytest.raises(codec.CodecError, match="'wte.weight': 19 value and 8 scale bytes"):
         codec.encode_quantized(short, **args)  # type: ignore[arg-type]
+
+
+def test_a_topk_payload_with_a_bad_index_is_corrupt() -> None:
+    x = {"t": np.arange(1, 41, dtype=np.float32)}
+    blob = encode(x, fragment=0, base_version=0, kind="outer_grad", quantizer="topk", block_size=16)
+    inner = bytearray(zstandard.ZstdDecompressor().decompress(blob[codec._PREFIX.size :]))
+    (hlen,) = struct.unpack_from("<I", inner)
+    struct.pack_into("<H", inner, 4 + hlen, 16)  # the first index, one past its block
+    frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(bytes(inner))
+    bad = codec._PREFIX.pack(codec.MAGIC, codec.FORMAT_VERSION, len(frame)) + frame
+    with pytest.raises(CorruptPayload, match="topk index"):
+        decode(bad)
+
+
+def test_topk_refuses_a_block_size_its_indices_cannot_address() -> None:
+    with pytest.raises(UnsupportedFormat, match="topk"):
+        encode({"t": np.zeros(4, np.float32)}, fragment=0, base_version=0, kind="outer_grad", quantizer="topk",
+               block_size=q.TOPK_MAX_BLOCK * 2)  # fmt: skip

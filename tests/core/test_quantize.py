@@ -30,7 +30,7 @@ def test_e3m0_takes_the_level_nearest_in_log2_space_exactly_at_the_boundaries() 
     assert np.frombuffer(scales, "<f4").tolist() == [1.0]
 
 
-@pytest.mark.parametrize("quantizer", ["int8", "int4", "e3m0"])
+@pytest.mark.parametrize("quantizer", ["int8", "int4", "e3m0", "int2", "int1", "topk"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_a_block_holding_a_non_finite_value_is_written_as_nan_scale_and_zero_codes(
     quantizer: str, bad: float
@@ -58,3 +58,56 @@ def test_fp16_and_bf16_nan_keep_sign_and_payload_top_and_are_quiet() -> None:
     assert [hex(v) for v in fp16] == ["0x7e00", "0xfe00", "0x7e00", "0x7f00", "0xffff"]
     bf16 = np.frombuffer(q.quantize(x, "bf16", 256)[0], "<u2")
     assert [hex(v) for v in bf16] == ["0x7fc0", "0xffc0", "0x7fc0", "0x7fe0", "0xffff"]
+
+
+def test_int2_takes_the_nearest_of_four_levels_of_the_block_maximum() -> None:
+    x = np.array([3.0, -3.0, 1.0, -1.0, 0.1, -0.1, 2.1, 1.9], dtype=np.float32)
+    values, scales = q.quantize(x, "int2", 8)
+    assert np.frombuffer(scales, "<f4").tolist() == [3.0]
+    y = q.dequantize(values, scales, "int2", x.size, 8)
+    assert y.tolist() == pytest.approx([3.0, -3.0, 1.0, -1.0, 1.0, -1.0, 3.0, 1.0])
+    assert len(values) == 2  # four codes per byte
+
+
+def test_int1_is_the_sign_times_the_mean_magnitude_of_the_real_values() -> None:
+    x = np.array([1.0, -2.0, 3.0, -0.0, 4.0, -5.0, 6.0, 7.0, 8.0, -10.0], dtype=np.float32)
+    values, scales = q.quantize(x, "int1", 8)
+    means = np.frombuffer(scales, "<f4")
+    assert means.tolist() == pytest.approx([28.0 / 8, 18.0 / 2])  # the last block has two values
+    y = q.dequantize(values, scales, "int1", x.size, 8)
+    assert np.sign(y).tolist() == [1, -1, 1, -1, 1, -1, 1, 1, 1, -1]
+    assert len(values) == 2  # eight codes per byte
+
+
+def test_topk_keeps_the_largest_magnitudes_of_each_block_and_zeroes_the_rest() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(100).astype(np.float32)
+    values, scales = q.quantize(x, "topk", 32)
+    assert len(values) == q.data_nbytes("topk", 100, 32) == 3 * (3 * 8 + 4)  # three full blocks, one of 4
+    y = q.dequantize(values, scales, "topk", x.size, 32)
+    for b in range(4):
+        block, out = x[32 * b : 32 * (b + 1)], y[32 * b : 32 * (b + 1)]
+        kept = np.argsort(-np.abs(block), kind="stable")[: min(8, block.size)]
+        dropped = np.setdiff1d(np.arange(block.size), kept)
+        assert not out[dropped].any()
+        assert np.abs(out[kept] - block[kept]).max() <= np.abs(block).max() / 254 * 1.0001
+
+
+@pytest.mark.parametrize("corrupt", ["out_of_block", "repeated", "decreasing"])
+def test_topk_decoding_refuses_indices_outside_their_block_or_out_of_order(corrupt: str) -> None:
+    x = np.arange(1, 21, dtype=np.float32)  # a block of 16 and one of 4
+    values, scales = q.quantize(x, "topk", 16)
+    idx = np.frombuffer(values, "<u2", count=12).copy()
+    if corrupt == "out_of_block":
+        idx[11] = 4  # the last block has four values: indices 0..3
+    elif corrupt == "repeated":
+        idx[1] = idx[0]
+    else:
+        idx[0], idx[1] = idx[1], idx[0]
+    with pytest.raises(ValueError, match="topk index"):
+        q.dequantize(idx.astype("<u2").tobytes() + values[24:], scales, "topk", x.size, 16)
+
+
+def test_topk_block_size_is_bounded_by_its_index_width() -> None:
+    with pytest.raises(ValueError, match="at most"):
+        q.quantize(np.zeros(10, np.float32), "topk", q.TOPK_MAX_BLOCK + 1)

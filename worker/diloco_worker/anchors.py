@@ -36,7 +36,7 @@ from diloco_core.fragments import FragmentPlan
 from diloco_core.learner import apply_global, outer_gradient
 from torch import Tensor
 
-from .torch_quantize import FlatLayout, quantize_flat
+from .torch_quantize import FORMATS, FlatLayout, quantize_flat
 
 log = logging.getLogger("diloco_worker.anchors")
 
@@ -255,9 +255,13 @@ class DeviceAnchors:
         return {s.name: v.numpy().copy() for s, v in zip(layout.specs, layout.views(flat), strict=True)}
 
     @torch.no_grad()
-    def outer_gradient(self, p: int, quantizer: str) -> DeviceSnapshot:
+    def outer_gradient(self, p: int, quantizer: str) -> DeviceSnapshot | Arrays:
         """Queue ``anchor - params`` and its quantization; the training stream only waits (on the
-        device) until the parameters have been read, and the training thread not at all."""
+        device) until the parameters have been read, and the training thread not at all. A format
+        without a torch implementation gets ``anchor - params`` as host arrays (the reference)."""
+        if quantizer not in FORMATS:
+            params = {n: t.detach().float().cpu().numpy() for n, t in zip(self.layouts[p].names, self.params[p], strict=True)}
+            return outer_gradient(self.arrays(p), params)
         layout = self.layouts[p]
         with self._on_side_stream() as streams:
             work = self.work[: layout.total]

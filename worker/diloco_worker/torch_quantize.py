@@ -34,6 +34,9 @@ if sys.byteorder != "little":  # pragma: no cover - every platform PyTorch ships
     raise ImportError("diloco_worker.torch_quantize writes the little-endian wire format in host order")
 
 _VALUE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+# the formats with a torch implementation; the others (int2, int1, topk) are quantized by the numpy
+# reference in the sender thread (``anchors.DeviceAnchors.outer_gradient`` hands over host arrays)
+FORMATS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8", "int4", "e3m0")
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,8 @@ def quantize_flat(flat: Tensor, quantizer: str, layout: FlatLayout) -> Quantized
         return QuantizedFlat(_u16_bytes(_fp16_bits(flat)), empty)
     if quantizer == "bf16":
         return QuantizedFlat(_u16_bytes(_bf16_bits(flat)), empty)
-    if quantizer not in q.BLOCKED:
-        raise ValueError(f"unknown quantizer {quantizer!r}")
+    if quantizer not in FORMATS:
+        raise ValueError(f"no torch implementation of quantizer {quantizer!r}; one of {FORMATS}")
     blocks = flat.view(-1, layout.block_size)
     scales = blocks.abs().amax(dim=1)
     bad = ~torch.isfinite(scales)  # the block holds a NaN or an infinity: written canonically
@@ -203,8 +206,8 @@ def dequantize(values: Tensor, scales: Tensor, quantizer: str, n: int, block_siz
         return values.view(torch.float16)[:n].to(torch.float32)
     if quantizer == "bf16":
         return ((values.view(torch.int16)[:n].to(torch.int32) & 0xFFFF) << 16).view(torch.float32)
-    if quantizer not in q.BLOCKED:
-        raise ValueError(f"unknown quantizer {quantizer!r}")
+    if quantizer not in FORMATS:
+        raise ValueError(f"no torch implementation of quantizer {quantizer!r}; one of {FORMATS}")
     per_value = scales.view(torch.float32).repeat_interleave(block_size)[:n]
     if quantizer == "int8":
         return values.view(torch.int8)[:n].to(torch.float32) * torch.div(per_value, _scalar(127.0, values))
