@@ -29,7 +29,6 @@ import time
 
 import numpy as np
 import torch
-from diloco_core import codec
 from diloco_core.fragments import build_plan
 from diloco_worker.model import EMBEDDING_NAMES, build_gpt
 from diloco_worker.pull import should_send_partial
@@ -37,9 +36,8 @@ from diloco_worker.train import make_optimizer
 
 from diloco_bench.runs import WIRE_BYTES, Method, RunResult, Timing
 from diloco_bench.sim_learner import SimLearner
-from diloco_bench.syncer import Syncer
+from diloco_bench.syncer import Release, Syncer
 from diloco_bench.workload import (
-    Arrays,
     Corpus,
     Workload,
     evaluate,
@@ -96,7 +94,7 @@ class DiLoCoRun:
         shapes = [(n, tuple(p.shape)) for n, p in probe.named_parameters()]
         emb = [n for n, _ in shapes if n in EMBEDDING_NAMES]
         self.plan = build_plan(shapes, method.fragments, method.inner_steps, method.overlap, embedding_names=emb)
-        self.syncer = Syncer(method.settings(), method.learners, self.plan, to_numpy(probe))
+        self.syncer = Syncer(method.settings(), method.learners, self.plan, to_numpy(probe), method.down_codec)
         self.learners = [SimLearner(m, method, w, timing, corpus, self.plan, seed) for m in range(method.learners)]
         self.heap: list[tuple[float, int]] = [(0.0, m) for m in range(method.learners)]
         self.step_times: list[float] = []
@@ -128,7 +126,7 @@ class DiLoCoRun:
                 if ln.counters.unsent(p):
                     self.send(ln, p, end, push_only=True)
         for p in range(len(self.plan.fragments)):
-            self.syncer.flush(p)
+            self.publish(p, self.syncer.flush(p), end)  # the learners receive the final version too
 
     def boundary(self, ln: SimLearner, now: float) -> None:
         ln.clock = now
@@ -174,14 +172,12 @@ class DiLoCoRun:
             self.publish(p, self.syncer.submit(p, contribution, now), now)
         return nbytes
 
-    def publish(self, p: int, merged: tuple[int, Arrays] | None, now: float) -> None:
+    def publish(self, p: int, release: Release | None, now: float) -> None:
         """Deliver a new global version to every learner; release the ones blocked on it."""
-        if merged is None:
+        if release is None:
             return
-        version, values = merged
-        nbytes = len(codec.encode(values, fragment=p, base_version=version, kind="params", quantizer="fp32"))
         for ln in self.learners:
-            ln.deliver(p, version, values, now, nbytes)
+            ln.deliver(p, release, now)
             if ln.waiting_since is not None and all(
                 ln.counters[q].sent_at == 0 or q in ln.inbox for q in range(len(self.plan.fragments))
             ):

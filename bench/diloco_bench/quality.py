@@ -52,7 +52,7 @@ def mean_curves(results: dict[str, list[runs.RunResult]]) -> dict[str, list[tupl
     """Per method: (tokens, held-out loss averaged over the seeds) at every evaluation point all seeds share."""
     out = {}
     for name, rs in results.items():
-        shared = sorted(set.intersection(*(set(t for t, _ in r.curve) for r in rs)))
+        shared = sorted(set.intersection(*({t for t, _ in r.curve} for r in rs)))
         by_seed = [dict(r.curve) for r in rs]
         out[name] = [(t, statistics.fmean(c[t] for c in by_seed)) for t in shared]
     return out

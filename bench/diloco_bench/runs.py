@@ -37,6 +37,8 @@ class Method:
     # an open round pulls the partial progress of the other learners (never in blocking modes); off by
     # default so that the experiments measured without it keep their figures; ``hetero`` turns it on
     partial: bool = False
+    error_feedback: bool = False  # learners carry each fragment's quantization residual into its next outer gradient
+    down_codec: str = "fp32"  # fp32: every new version whole; otherwise its quantized difference to the previous one
 
     def settings(self) -> DiLoCoSettings:
         """The synchronizer's settings for this method (``quorum = 0``: every learner)."""

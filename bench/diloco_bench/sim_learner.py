@@ -5,14 +5,14 @@ its clock and idle time are virtual."""
 from __future__ import annotations
 
 import numpy as np
-from diloco_core import codec
+from diloco_core import codec, downlink, feedback
 from diloco_core.fragments import FragmentPlan
 from diloco_core.learner import FragmentCounters, outer_gradient
 from diloco_worker.model import build_gpt
 from diloco_worker.train import make_optimizer
 
 from diloco_bench.runs import Method, Timing
-from diloco_bench.syncer import Pending
+from diloco_bench.syncer import Pending, Release
 from diloco_bench.workload import (
     Arrays,
     Corpus,
@@ -43,6 +43,8 @@ class SimLearner:
         for f in plan.fragments:  # every learner starts from the global version 0
             self.counters.set_base(f.index, 0)
         self.inbox: dict[int, tuple[float, int, Arrays]] = {}
+        self.known: list[tuple[int, Arrays]] = [(0, a) for a in self.anchors]  # latest global version held
+        self.residuals: list[Arrays | None] = [None] * len(plan.fragments)  # error feedback, per fragment
         self.clock = self.busy = self.idle = 0.0
         self.steps = 0
         self.stepped = False  # a step ended at ``clock`` whose counters are not yet advanced
@@ -53,9 +55,21 @@ class SimLearner:
         named = dict(self.model.named_parameters())
         return {n: named[n].detach().cpu().float().numpy().copy() for n in self.plan.fragments[p].names}
 
-    def deliver(self, p: int, version: int, values: Arrays, at: float, nbytes: int) -> None:
-        self.inbox[p] = (at, version, values)
-        self.bytes_down += nbytes
+    def deliver(self, p: int, release: Release, at: float) -> None:
+        """Receive a new global version: a whole one, or an update the learner applies to its copy of
+        the previous version (a full copy, counted in fp32, when it does not hold that version)."""
+        if release.update:
+            version, known = self.known[p]
+            made = downlink.apply(version, known, release.blob, self.plan.fragments[p])
+            if made is None:  # on demand: the whole version
+                whole = codec.encode(release.params, fragment=p, base_version=release.version, kind="params",
+                                     quantizer="fp32")  # fmt: skip
+                made, self.bytes_down = (release.version, dict(release.params)), self.bytes_down + len(whole)
+            self.known[p] = made
+        else:
+            self.known[p] = (release.version, dict(release.params))
+        self.bytes_down += len(release.blob)
+        self.inbox[p] = (at, *self.known[p])
 
     def apply_arrivals(self) -> None:
         for p in sorted(self.inbox):
@@ -77,7 +91,13 @@ class SimLearner:
         params = self.fragment_params(p)
         delta = outer_gradient(self.anchors[p], params)
         self.anchors[p] = params  # the next send before a new version carries only the progress after this one
-        blob = codec.encode(delta, fragment=p, base_version=c.base_version, kind="outer_grad", quantizer=self.method.codec)
+        if self.method.error_feedback:
+            enc = feedback.encode(delta, self.residuals[p], fragment=p, base_version=c.base_version,
+                                  kind="outer_grad", quantizer=self.method.codec)  # fmt: skip
+            self.residuals[p], blob = enc.residual, enc.blob
+        else:
+            blob = codec.encode(delta, fragment=p, base_version=c.base_version, kind="outer_grad",
+                                quantizer=self.method.codec)  # fmt: skip
         decoded = codec.decode(blob, fragment=self.plan.fragments[p]).tensors
         return Pending(self.index, c.base_version, c.steps, c.tokens, decoded), len(blob)
 

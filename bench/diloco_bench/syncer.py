@@ -9,7 +9,7 @@ import statistics
 from dataclasses import dataclass
 
 import numpy as np
-from diloco_core import rounds
+from diloco_core import codec, downlink, rounds
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import FragmentPlan
 from diloco_core.outer import OuterState
@@ -29,11 +29,22 @@ class Pending:
     tensors: Arrays
 
 
+@dataclass(frozen=True)
+class Release:
+    """A new global version of a fragment: its values and the payload that takes it to the learners."""
+
+    version: int
+    params: Arrays
+    blob: bytes
+    update: bool = False  # the blob is the difference to the previous version (``diloco_core.downlink``)
+
+
 class Syncer:
     """Every fragment's version, outer state, pending contributions and open round; ``alive`` learners."""
 
-    def __init__(self, settings: DiLoCoSettings, alive: int, plan: FragmentPlan, params: Arrays) -> None:
-        self.settings, self.alive, self.plan = settings, alive, plan
+    def __init__(self, settings: DiLoCoSettings, alive: int, plan: FragmentPlan, params: Arrays,
+                 down_codec: str = "fp32") -> None:  # fmt: skip
+        self.settings, self.alive, self.plan, self.down_codec = settings, alive, plan, down_codec
         self.global_params = {n: v.copy() for n, v in params.items()}
         P = len(plan.fragments)
         self.versions = [0] * P
@@ -46,11 +57,12 @@ class Syncer:
         self.participants = 0
         self.merged_steps = 0.0  # learner-steps, weighted by the fragment's share of the model
         self.norm_ratios: list[float] = []
+        self.down_residual: list[Arrays | None] = [None] * P
 
     def fragment(self, p: int) -> Arrays:
         return {n: self.global_params[n] for n in self.plan.fragments[p].names}
 
-    def submit(self, p: int, c: Pending, now: float) -> tuple[int, Arrays] | None:
+    def submit(self, p: int, c: Pending, now: float) -> Release | None:
         """Queue a contribution (the progress after the learner's previous send on its base: it adds
         to a pending one on the same base) and merge if the round policy says so."""
         previous = self.pending[p].get(c.learner)
@@ -61,8 +73,8 @@ class Syncer:
         self._add(p, c, now)
         return self.consider(p, now)
 
-    def consider(self, p: int, now: float) -> tuple[int, Arrays] | None:
-        """Merge fragment ``p`` if the round policy says so; returns the new (version, values)."""
+    def consider(self, p: int, now: float) -> Release | None:
+        """Merge fragment ``p`` if the round policy says so; returns the new version as it goes down."""
         state = self.state[p]
         if state is None:
             return None
@@ -83,7 +95,7 @@ class Syncer:
             return None
         return self._merge(p, [self.pending[p].pop(int(n)) for n in d.participants])
 
-    def flush(self, p: int) -> tuple[int, Arrays] | None:
+    def flush(self, p: int) -> Release | None:
         """At the end of a run: merge whatever fresh contributions are pending, quorum or not."""
         fresh = [c for c in self.pending[p].values()
                  if not rounds.is_stale(c.base_version, self.versions[p], self.settings.max_staleness)]  # fmt: skip
@@ -97,7 +109,7 @@ class Syncer:
             state, entry, quorum=self.settings.quorum, max_staleness=self.settings.max_staleness
         )
 
-    def _merge(self, p: int, contribs: list[Pending]) -> tuple[int, Arrays] | None:
+    def _merge(self, p: int, contribs: list[Pending]) -> Release | None:
         self.deadlines[p], self.state[p] = None, None
         if not contribs:
             return None
@@ -107,12 +119,25 @@ class Syncer:
             mean_norm = statistics.fmean(_norm(c.tensors) for c in contribs)
             if mean_norm > 0:
                 self.norm_ratios.append(_norm(result.update) / mean_norm)
-        self.global_params.update(result.params)
+        release = self._release(p, result.params)
+        self.global_params.update(release.params)
         self.outer[p], self.versions[p] = result.outer, result.version
         self.rounds += 1
         self.participants += len(contribs)
         self.merged_steps += sum(c.steps for c in contribs) * frag.numel / self.plan.num_params
-        return result.version, result.params
+        return release
+
+    def _release(self, p: int, merged: Arrays) -> Release:
+        """The new version as it goes down: whole in fp32, or (``down_codec``) the quantized difference
+        to the previous version with the synchronizer's error feedback (``diloco_core.downlink``)."""
+        version = self.versions[p] + 1
+        if self.down_codec == "fp32":
+            blob = codec.encode(merged, fragment=p, base_version=version, kind="params", quantizer="fp32")
+            return Release(version, dict(merged), blob)
+        out = downlink.publish(self.fragment(p), merged, self.down_residual[p], fragment=p,
+                               version=self.versions[p], quantizer=self.down_codec)  # fmt: skip
+        self.down_residual[p] = out.residual
+        return Release(version, out.params, out.blob, update=True)
 
 
 def _norm(arrays: Arrays) -> float:

@@ -69,10 +69,10 @@ MAX_DIMS = 32
 MAX_VALUES_PER_BYTE = q.TOPK_MAX_BLOCK // (3 * q.TOPK_PER_BLOCK + 4) + 1  # topk, largest blocks
 _PREFIX = struct.Struct("<4sHQ")
 _HLEN = struct.Struct("<I")
-_KINDS = ("outer_grad", "params")
+_KINDS = ("outer_grad", "params", "update")  # update: new version - the version ``base_version``
 _SOURCE_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
-PayloadKind = Literal["outer_grad", "params"]
+PayloadKind = Literal["outer_grad", "params", "update"]
 
 
 class CodecError(ValueError):

@@ -136,3 +136,35 @@ def test_every_method_runs_on_cuda_with_the_same_accounting() -> None:
         assert np.isfinite(on_gpu.eval_loss)
         if method.kind == "dp":
             assert on_gpu.bytes_up == on_cpu.bytes_up
+
+
+def test_compressed_downloads_leave_every_learner_with_the_synchronizers_versions(corpus: workload.Corpus) -> None:
+    method = runs.decoupled(2, inner_steps=4, codec="int1", error_feedback=True, down_codec="int2")
+    sim = harness.DiLoCoRun(method, TINY, runs.Timing(steps=12), corpus, 0)
+    sim.run()
+    for p, version in enumerate(sim.syncer.versions):
+        assert version > 0
+        for ln in sim.learners:
+            known_version, known = ln.known[p]
+            assert known_version == version
+            for name, values in known.items():
+                np.testing.assert_array_equal(values, sim.syncer.global_params[name])
+    assert all(r is not None for ln in sim.learners for r in ln.residuals)
+
+
+def test_low_bit_codecs_and_compressed_downloads_send_fewer_bytes(corpus: workload.Corpus) -> None:
+    timing = runs.Timing(steps=8)
+    int4 = harness.run(runs.decoupled(2, inner_steps=4), TINY, timing, corpus, 0)
+    low = harness.run(runs.decoupled(2, inner_steps=4, codec="topk", error_feedback=True, down_codec="int1"),
+                      TINY, timing, corpus, 0)  # fmt: skip
+    assert sum(low.bytes_up) < sum(int4.bytes_up)
+    assert low.bytes_down * 4 < int4.bytes_down
+    assert np.isfinite(low.eval_loss)
+
+
+def test_the_loss_is_evaluated_along_the_way(corpus: workload.Corpus) -> None:
+    timing = runs.Timing(steps=8, eval_every=4)
+    for method in (runs.data_parallel(2), runs.decoupled(2, inner_steps=4)):
+        r = harness.run(method, TINY, timing, corpus, 0)
+        assert [t for t, _ in r.curve] == [r.tokens // 2, r.tokens]
+        assert r.curve[-1][1] == r.eval_loss

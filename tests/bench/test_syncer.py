@@ -27,7 +27,7 @@ def test_the_harness_merges_reproduce_the_pinned_round_results() -> None:
             merged = syncer.flush(p)  # every pending contribution, in learner order (the cases' order)
             assert merged is not None
             pinned = golden[case.name][version]
-            assert (merged[0], digest(merged[1]), digest(syncer.outer[p].to_arrays())) == (
+            assert (merged.version, digest(merged.params), digest(syncer.outer[p].to_arrays())) == (
                 pinned["version"], pinned["params"], pinned["outer"],
             ), f"{case.name} round {version}"  # fmt: skip
         assert syncer.outer[p] != OuterState()

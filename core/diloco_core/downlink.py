@@ -1,0 +1,66 @@
+"""Compressed global versions: what goes down to the learners is the quantized difference to the
+previous version, and the version *is* the previous one plus that decoded difference.
+
+When fragment ``p`` merges from version ``v`` to ``v + 1`` the synchronizer does not publish the
+merged parameters ``M``; it encodes ``u = M - G_v + r`` (``r``: the residual of its previous update,
+error feedback as in ``diloco_core.feedback``) with a low-bit quantizer and defines the new version
+as ``G_{v+1} = G_v + decode(u)`` — float32 addition, the same on every machine — keeping
+``r <- u - decode(u)``. A learner holding ``G_v`` applies the payload and obtains ``G_{v+1}`` bit for
+bit, so learners and synchronizer never drift apart however many updates they chain. A learner
+that does not hold ``G_v`` (it joined, resumed or missed an update) takes the full version instead,
+on demand (:func:`apply` says when); resume and rejoin stay exact because every version is still a
+definite array the synchronizer stores. The outer optimizer's step is not changed: the residual
+carries the part of it not yet published into the next version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from diloco_core import codec, feedback
+from diloco_core.fragments import Fragment
+
+F32 = npt.NDArray[np.float32]
+Arrays = Mapping[str, npt.NDArray[np.floating]]
+
+
+@dataclass(frozen=True)
+class Published:
+    """Version ``version`` of a fragment as it goes down: the update's bytes, the version's values
+    (previous + decoded update) and the synchronizer's new residual."""
+
+    version: int
+    blob: bytes
+    params: dict[str, F32]
+    residual: dict[str, F32]
+
+
+def publish(
+    previous: Arrays, merged: Arrays, residual: Arrays | None, *, fragment: int, version: int, quantizer: str,
+    block_size: int = codec.q.DEFAULT_BLOCK_SIZE,
+) -> Published:  # fmt: skip
+    """Version ``version + 1`` from version ``version`` (``previous``) and the merge's result."""
+    diff = {n: np.asarray(merged[n], np.float32) - np.asarray(previous[n], np.float32) for n in previous}
+    enc = feedback.encode(diff, residual, fragment=fragment, base_version=version, kind="update",
+                          quantizer=quantizer, block_size=block_size)  # fmt: skip
+    return Published(version + 1, enc.blob, add(previous, enc.decoded), enc.residual)
+
+
+def add(previous: Arrays, update: Arrays) -> dict[str, F32]:
+    """``previous + update`` per tensor in float32: how both sides make the new version."""
+    return {n: np.asarray(previous[n], np.float32) + np.asarray(update[n], np.float32) for n in previous}
+
+
+def apply(known_version: int, known: Arrays, blob: bytes, fragment: Fragment) -> tuple[int, dict[str, F32]] | None:
+    """The version an update payload makes from the learner's copy of version ``known_version``, or
+    None when the update applies to another version (the learner then takes the full version)."""
+    payload = codec.decode(blob, fragment=fragment)
+    if payload.kind != "update":
+        raise codec.UnsupportedFormat(f"expected an update payload, got {payload.kind!r}")
+    if payload.base_version != known_version:
+        return None
+    return known_version + 1, add(known, payload.tensors)

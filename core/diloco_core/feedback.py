@@ -1,0 +1,61 @@
+"""Error feedback: what quantization leaves out of one payload is carried into the next.
+
+A learner with error feedback keeps, per fragment, the residual ``r`` of its last payload. Its next
+outer gradient ``delta`` is sent as ``c = delta + r`` and the new residual is ``c - decode(encode(c))``,
+so over many rounds every part of every outer gradient reaches the synchronizer, only later (EF-SGD,
+1-bit Adam; what makes the 2-bit, 1-bit and top-k formats usable). The residual is learner state:
+it is checkpointed with the learner and restored on resume. The same rule on the synchronizer's side
+compresses what goes down (``diloco_core.downlink``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from diloco_core import codec
+
+F32 = npt.NDArray[np.float32]
+Arrays = Mapping[str, npt.NDArray[np.floating]]
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A payload with error feedback: its bytes, what the receiver decodes, and the new residual."""
+
+    blob: bytes
+    decoded: dict[str, F32]
+    residual: dict[str, F32]
+
+
+def compensate(delta: Arrays, residual: Arrays | None) -> dict[str, F32]:
+    """``delta + residual`` per tensor (``delta`` alone without a residual)."""
+    if residual is not None and set(residual) != set(delta):
+        raise ValueError(f"residual and delta name different tensors: {sorted(set(residual) ^ set(delta))}")
+    out = {}
+    for name, d in delta.items():
+        d32 = np.asarray(d, np.float32)
+        if residual is None:
+            out[name] = d32.copy()
+            continue
+        r = np.asarray(residual[name], np.float32)
+        if r.shape != d32.shape:
+            raise ValueError(f"tensor {name!r}: residual {r.shape} vs delta {d32.shape}")
+        out[name] = d32 + r
+    return out
+
+
+def encode(
+    delta: Arrays, residual: Arrays | None, *, fragment: int, base_version: int, kind: codec.PayloadKind,
+    quantizer: str, block_size: int = codec.q.DEFAULT_BLOCK_SIZE,
+) -> Encoded:  # fmt: skip
+    """Encode ``delta + residual``; the new residual is what the payload does not carry. A non-finite
+    value leaves a non-finite residual, which the merge refuses the next time (``merge.check_finite``)."""
+    c = compensate(delta, residual)
+    blob = codec.encode(c, fragment=fragment, base_version=base_version, kind=kind, quantizer=quantizer,
+                        block_size=block_size)  # fmt: skip
+    decoded = codec.decode(blob).tensors
+    return Encoded(blob, decoded, {n: c[n] - decoded[n] for n in c})

@@ -1,0 +1,54 @@
+"""Compressed global versions: the learner's copy is the synchronizer's version bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from diloco_core import codec, downlink
+from diloco_core.fragments import build_plan
+
+PLAN = build_plan([("w", (16, 24)), ("b", (7,))], num_fragments=1, inner_steps=4, overlap=0)
+
+
+def _params(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"w": rng.standard_normal((16, 24)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float32)}
+
+
+@pytest.mark.parametrize("quantizer", ["int8", "int4", "int2", "int1", "topk"])
+def test_a_chain_of_updates_reproduces_every_version_exactly(quantizer: str) -> None:
+    frag = PLAN.fragments[0]
+    server, learner, residual = _params(0), _params(0), None
+    version = 0
+    for step in range(1, 30):
+        merged = {n: v + 0.01 * _params(step)[n] for n, v in server.items()}  # what the outer step made
+        out = downlink.publish(server, merged, residual, fragment=0, version=version, quantizer=quantizer)
+        made = downlink.apply(version, learner, out.blob, frag)
+        assert made is not None
+        version, learner = made
+        assert version == out.version == step
+        for n in server:
+            np.testing.assert_array_equal(learner[n], out.params[n])
+            # nothing is lost: what is not yet published is carried in the residual
+            carried = 0.0 if residual is None else residual[n]
+            np.testing.assert_allclose(out.params[n] + out.residual[n], merged[n] + carried, atol=1e-5)
+        server, residual = out.params, out.residual
+
+
+def test_an_update_for_another_version_asks_for_the_whole_version() -> None:
+    frag = PLAN.fragments[0]
+    out = downlink.publish(_params(0), _params(1), None, fragment=0, version=5, quantizer="int2")
+    assert downlink.apply(4, _params(0), out.blob, frag) is None
+    assert downlink.apply(5, _params(0), out.blob, frag) is not None
+
+
+def test_a_whole_version_is_not_taken_for_an_update() -> None:
+    blob = codec.encode(_params(0), fragment=0, base_version=1, kind="params", quantizer="fp32")
+    with pytest.raises(codec.UnsupportedFormat, match="update"):
+        downlink.apply(1, _params(0), blob, PLAN.fragments[0])
+
+
+def test_an_update_is_smaller_than_the_whole_version() -> None:
+    out = downlink.publish(_params(0), _params(1), None, fragment=0, version=0, quantizer="int2")
+    whole = codec.encode(out.params, fragment=0, base_version=1, kind="params", quantizer="fp32")
+    assert len(out.blob) * 4 < len(whole)
