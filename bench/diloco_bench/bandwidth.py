@@ -1,65 +1,109 @@
-"""Benchmark `bandwidth`: bytes on the wire per token, mean and peak per learner, per method and codec.
+"""Benchmark `bandwidth`: bytes on the wire per token in both directions, and the held-out loss they
+buy, per method and candidate, against data-parallel with bf16 gradients (the paper's baseline).
 
-Bytes are the real encoded sizes (``diloco_core.codec``, zstd included) of what each learner uploads:
-a gradient every step for data-parallel, an outer gradient per fragment every H steps for DiLoCo.
-Downloads (the merged global fragments, fp32) are shown separately. The paper's headline is
-198 Gbps -> 0.84 Gbps (about 235x) across 8 datacenters.
+Bytes are the real encoded sizes (``diloco_core.codec``, zstd included). Up: what each learner sends
+(a gradient every step for data-parallel, an outer gradient per fragment every H steps for DiLoCo).
+Down: what each learner receives (data-parallel: the reduced gradient every step; DiLoCo: every new
+global version of every fragment, whole in fp32 or, with a download codec, as the quantized
+difference to the previous version, ``diloco_core.downlink``). All methods train the same tokens.
+
+The candidates (one ablation row each, on top of today's decoupled int4 at H): a larger H with its
+own outer learning rate; error feedback (``diloco_core.feedback``) with int4, int2, int1 and top-k;
+compressed downloads; and all of them together. The paper: 198 Gbit/s (data-parallel) -> 0.84 Gbit/s
+(about 235x); Streaming DiLoCo about 400x.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
+from dataclasses import replace
 
 from diloco_bench import experiment, harness, plots, runs, workload
 
 
-def methods(learners: int, inner_steps: int) -> list[runs.Method]:
-    out = [runs.data_parallel(learners, "fp32"), runs.data_parallel(learners, "bf16")]
-    out += [runs.diloco_sync(learners, inner_steps, wire) for wire in ("fp32", "bf16", "int4")]
-    out += [runs.decoupled(learners, wire, inner_steps=inner_steps) for wire in ("fp32", "bf16", "int8", "int4", "e3m0")]
-    return out
+def methods(a: argparse.Namespace) -> list[runs.Method]:
+    """Data-parallel (fp32, bf16), today's decoupled int4 at H, and one row per candidate."""
+    M, H, big = a.learners, a.inner_steps, a.large_h
+    base = replace(runs.decoupled(M, inner_steps=H), outer_lr=a.outer_lr, outer_momentum=a.outer_momentum)
+    ef = {"error_feedback": True}
+    large = {"inner_steps": big, "outer_lr": a.large_h_outer_lr}
+    rows = [
+        replace(base, name=f"H = {big}, outer lr {a.large_h_outer_lr:g} (int4)", **large),
+        replace(base, name="int4 + error feedback", **ef),
+        replace(base, name="int2 + error feedback", codec="int2", **ef),
+        replace(base, name="int1 + error feedback", codec="int1", **ef),
+        replace(base, name=f"top-k (8/{a.quant_block}) + error feedback", codec="topk", block_size=a.quant_block, **ef),
+        replace(base, name=f"int4, down {a.down_codec}", down_codec=a.down_codec),
+        replace(base, name=f"H = {big}: {a.up_codec} + EF up, {a.down_codec} down", codec=a.up_codec,
+                down_codec=a.down_codec, block_size=a.quant_block, **ef, **large),
+    ]  # fmt: skip
+    return [runs.data_parallel(M, "fp32"), runs.data_parallel(M, "bf16"), replace(base, name=f"decoupled (int4), H = {H}"),
+            *rows]  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
-    p = experiment.parser("diloco bench bandwidth", __doc__, steps=32)
+    p = experiment.parser("diloco bench bandwidth", __doc__, steps=128)
     p.add_argument("--learners", type=int, default=4, help="M (default %(default)s)")
-    p.add_argument("--inner-steps", type=int, default=16, help="H (default %(default)s)")
-    p.add_argument("--step-time", type=float, default=1.0, help="seconds per inner step for the Gbit/s column")
+    p.add_argument("--inner-steps", type=int, default=16, help="H of today's run (default %(default)s)")
+    p.add_argument("--large-h", type=int, default=64, help="the larger H candidate (default %(default)s)")
+    p.add_argument("--large-h-outer-lr", type=float, default=0.7, help="its outer learning rate (default %(default)s)")
+    p.add_argument("--up-codec", default="int1", help="upload codec of the combined row (default %(default)s)")
+    p.add_argument("--down-codec", default="int1", help="download codec of the compressed rows (default %(default)s)")
+    p.add_argument("--quant-block", type=int, default=256, help="quantizer block of the top-k and combined rows (default %(default)s)")
+    p.add_argument("--only", default="", help="comma-separated row numbers to run (1 = data-parallel fp32); default all")
+    p.add_argument("--step-time", type=float, default=1.0, help="seconds per inner step for the Mbit/s column")
     a = p.parse_args(argv)
     experiment.check_inner_steps(p, a.inner_steps)
-    if a.steps < a.inner_steps:
-        p.error(f"--steps ({a.steps}) must be at least --inner-steps ({a.inner_steps}) to see a sync")
+    if a.steps < max(a.inner_steps, a.large_h):
+        p.error(f"--steps ({a.steps}) must be at least --inner-steps and --large-h to see a sync")
     w = experiment.workload_from(a)
     corpus = workload.Corpus(w)
     timing = runs.Timing(steps=a.steps)
     seed = experiment.seeds_from(a.seeds)[0]
+    chosen = methods(a)
+    if a.only:
+        keep = {int(i) for i in a.only.split(",") if i.strip()} | {2}  # the bf16 baseline is always run
+        chosen = [m for i, m in enumerate(chosen, start=1) if i in keep]
     results = []
-    for m in experiment.with_outer(methods(a.learners, a.inner_steps), a):
+    for m in chosen:
         r = harness.run(m, w, timing, corpus, seed)
         results.append(r)
-        print(f"{m.name:<22} {r.bytes_per_token:10.2f} B/token  ({r.wall_s:.0f} s)", flush=True)
-    print(report(results, a.step_time))
+        print(f"{m.name:<44} up {r.bytes_per_token:9.3f} B/token, down {down_per_token(r):9.3f}, loss "
+              f"{r.eval_loss:.4f} ({r.wall_s:.0f} s)", flush=True)  # fmt: skip
+    base = next(r for r in results if r.method == "data-parallel (bf16)")
+    print(report(results, base, a.step_time))
     experiment.write_json(a.json, results)
-    plots.emit(a, "bandwidth", lambda: plots.bandwidth({r.method: r.bytes_per_token for r in results}, results[0].method))
+    plots.emit(a, "bandwidth", lambda: plots.codecs(
+        {r.method: (r.bytes_per_token + down_per_token(r), [r.eval_loss]) for r in results},
+        title="Bandwidth: held-out loss vs bytes up + down per token (same tokens)",
+        xlabel="bytes up + down per token, all learners (log)",
+    ))  # fmt: skip
     return 0
 
 
-def report(results: list[runs.RunResult], step_time: float) -> str:
-    base = results[0]
+def down_per_token(r: runs.RunResult) -> float:
+    return r.bytes_down / max(r.tokens, 1)
+
+
+def report(results: list[runs.RunResult], base: runs.RunResult, step_time: float) -> str:
+    """Bytes per token both ways, the ratio to ``base`` (data-parallel bf16) each way, peak, loss."""
     rows = []
+    ref = next((r.eval_loss for r in results if r.method.startswith("decoupled (int4)")), base.eval_loss)
     for r in results:
         per_step = statistics.fmean(b / s for b, s in zip(r.bytes_up, r.steps, strict=True))
-        peak = max(r.peak_up)
         rows.append([
-            r.method, f"{r.bytes_per_token:.3f}", f"{base.bytes_per_token / r.bytes_per_token:.0f}x",
-            experiment.human_bytes(per_step), experiment.human_bytes(peak), f"{max(base.peak_up) / peak:.0f}x",
-            f"{per_step * 8 / step_time / 1e6:.3f}", f"{r.bytes_down / max(r.tokens, 1):.3f}",
+            r.method, f"{r.bytes_per_token:.4f}", f"{base.bytes_per_token / r.bytes_per_token:,.0f}x",
+            f"{down_per_token(r):.4f}", f"{down_per_token(base) / down_per_token(r):,.0f}x",
+            experiment.human_bytes(max(r.peak_up)), f"{per_step * 8 / step_time / 1e6:.4f}",
+            f"{r.eval_loss:.4f}", f"{100 * (r.eval_loss / ref - 1):+.1f}%",
         ])  # fmt: skip
     headers = [
-        "method (wire)", "bytes up / token", "vs DP fp32", "mean up / learner-step", "peak up / learner-step",
-        "peak vs DP fp32", f"mean Mbit/s per learner at {step_time:g} s/step", "bytes down / token",
-    ]
+        "method", "bytes up / token", "up vs DP bf16", "bytes down / token", "down vs DP bf16",
+        "peak up / learner-step", f"mean Mbit/s up per learner at {step_time:g} s/step", "held-out loss",
+        "loss vs decoupled int4",
+    ]  # fmt: skip
     return experiment.table(headers, rows)
 
 

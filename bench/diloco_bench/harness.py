@@ -94,7 +94,8 @@ class DiLoCoRun:
         shapes = [(n, tuple(p.shape)) for n, p in probe.named_parameters()]
         emb = [n for n, _ in shapes if n in EMBEDDING_NAMES]
         self.plan = build_plan(shapes, method.fragments, method.inner_steps, method.overlap, embedding_names=emb)
-        self.syncer = Syncer(method.settings(), method.learners, self.plan, to_numpy(probe), method.down_codec)
+        self.syncer = Syncer(method.settings(), method.learners, self.plan, to_numpy(probe), method.down_codec,
+                             method.block_size)  # fmt: skip
         self.learners = [SimLearner(m, method, w, timing, corpus, self.plan, seed) for m in range(method.learners)]
         self.heap: list[tuple[float, int]] = [(0.0, m) for m in range(method.learners)]
         self.step_times: list[float] = []

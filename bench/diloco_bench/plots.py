@@ -103,17 +103,18 @@ def _kind_color(name: str) -> str:
     return COLORS[0] if name.startswith("data-parallel") else COLORS[1] if name.startswith("DiLoCo") else COLORS[2]
 
 
-def codecs(points: Mapping[str, tuple[float, Sequence[float]]]) -> Figure:
-    """Held-out loss (mean ± std over seeds) vs bytes per token, one point per codec."""
+def codecs(points: Mapping[str, tuple[float, Sequence[float]]], title: str = "Codecs: loss vs bytes on the wire "
+           "(decoupled DiLoCo)", xlabel: str = "bytes up per token (log)") -> Figure:  # fmt: skip
+    """Held-out loss (mean ± std over seeds) vs bytes per token, one point per codec (or candidate)."""
     fig, (ax,) = _figure()
     for i, (codec, (bpt, losses)) in enumerate(points.items()):
         mean, std = _spread(losses)
         ax.errorbar([bpt], [mean], yerr=[std], fmt="o", capsize=4, color=COLORS[i % len(COLORS)], label=codec)
         ax.annotate(codec, (bpt, mean), textcoords="offset points", xytext=(5, 5), fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlabel("bytes up per token (log)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("held-out loss")
-    ax.set_title("Codecs: loss vs bytes on the wire (decoupled DiLoCo)")
+    ax.set_title(title)
     return fig
 
 

@@ -39,6 +39,7 @@ class Method:
     partial: bool = False
     error_feedback: bool = False  # learners carry each fragment's quantization residual into its next outer gradient
     down_codec: str = "fp32"  # fp32: every new version whole; otherwise its quantized difference to the previous one
+    block_size: int = 256  # of the blocked quantizers, both directions (topk keeps 8 values per block)
 
     def settings(self) -> DiLoCoSettings:
         """The synchronizer's settings for this method (``quorum = 0``: every learner)."""

@@ -93,11 +93,12 @@ class SimLearner:
         self.anchors[p] = params  # the next send before a new version carries only the progress after this one
         if self.method.error_feedback:
             enc = feedback.encode(delta, self.residuals[p], fragment=p, base_version=c.base_version,
-                                  kind="outer_grad", quantizer=self.method.codec)  # fmt: skip
+                                  kind="outer_grad", quantizer=self.method.codec,
+                                  block_size=self.method.block_size)  # fmt: skip
             self.residuals[p], blob = enc.residual, enc.blob
         else:
             blob = codec.encode(delta, fragment=p, base_version=c.base_version, kind="outer_grad",
-                                quantizer=self.method.codec)  # fmt: skip
+                                quantizer=self.method.codec, block_size=self.method.block_size)  # fmt: skip
         decoded = codec.decode(blob, fragment=self.plan.fragments[p]).tensors
         return Pending(self.index, c.base_version, c.steps, c.tokens, decoded), len(blob)
 

@@ -43,8 +43,9 @@ class Syncer:
     """Every fragment's version, outer state, pending contributions and open round; ``alive`` learners."""
 
     def __init__(self, settings: DiLoCoSettings, alive: int, plan: FragmentPlan, params: Arrays,
-                 down_codec: str = "fp32") -> None:  # fmt: skip
-        self.settings, self.alive, self.plan, self.down_codec = settings, alive, plan, down_codec
+                 down_codec: str = "fp32", block_size: int = 256) -> None:  # fmt: skip
+        self.settings, self.alive, self.plan = settings, alive, plan
+        self.down_codec, self.block_size = down_codec, block_size
         self.global_params = {n: v.copy() for n, v in params.items()}
         P = len(plan.fragments)
         self.versions = [0] * P
@@ -135,7 +136,8 @@ class Syncer:
             blob = codec.encode(merged, fragment=p, base_version=version, kind="params", quantizer="fp32")
             return Release(version, dict(merged), blob)
         out = downlink.publish(self.fragment(p), merged, self.down_residual[p], fragment=p,
-                               version=self.versions[p], quantizer=self.down_codec)  # fmt: skip
+                               version=self.versions[p], quantizer=self.down_codec,
+                               block_size=self.block_size)  # fmt: skip
         self.down_residual[p] = out.residual
         return Release(version, out.params, out.blob, update=True)
 

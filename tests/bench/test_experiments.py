@@ -55,14 +55,20 @@ def test_quality_prints_one_row_per_method(capsys: pytest.CaptureFixture[str], t
 @pytest.mark.slow
 def test_bandwidth_ranks_data_parallel_as_the_heaviest(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "b.json"
-    argv = [*TINY, "--steps", "4", "--inner-steps", "4", "--learners", "2", "--json", str(out), "--plot-dir", str(tmp_path)]
+    argv = [*TINY, "--steps", "8", "--inner-steps", "4", "--large-h", "8", "--learners", "2", "--json", str(out),
+            "--plot-dir", str(tmp_path)]  # fmt: skip
     assert bandwidth.main(argv) == 0
     assert_png(tmp_path / "bandwidth.png")
     rows = json.loads(out.read_text())
-    per_token = {r["method"]: sum(r["bytes_up"]) / r["tokens"] for r in rows}
-    assert max(per_token, key=per_token.__getitem__) == "data-parallel (fp32)"
-    assert per_token["decoupled (int4)"] < per_token["decoupled (bf16)"] < per_token["decoupled (fp32)"]
-    assert "vs DP fp32" in capsys.readouterr().out
+    up = {r["method"]: sum(r["bytes_up"]) / r["tokens"] for r in rows}
+    down = {r["method"]: r["bytes_down"] / r["tokens"] for r in rows}
+    assert max(up, key=up.__getitem__) == max(down, key=down.__getitem__) == "data-parallel (fp32)"
+    assert up["int1 + error feedback"] < up["int2 + error feedback"] < up["decoupled (int4), H = 4"]
+    assert down["int4, down int1"] * 4 < down["decoupled (int4), H = 4"]
+    combined = "H = 8: int1 + EF up, int1 down"
+    assert up[combined] < up["int1 + error feedback"]
+    assert down[combined] < down["int4, down int1"]
+    assert "down vs DP bf16" in capsys.readouterr().out
 
 
 def test_bandwidth_refuses_a_run_too_short_to_sync() -> None:
