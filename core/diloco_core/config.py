@@ -40,6 +40,10 @@ class DiLoCoSettings(_Model):
     outer_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="mu: momentum of the outer Nesterov optimizer")
     delayed_nesterov: int = Field(0, ge=0, description="apply momentum every N merges (0: plain Nesterov)")
     codec: Quantizer = Field("int4", description="quantization of the outer gradients on the wire")
+    error_feedback: bool = Field(
+        False, description="learners add each fragment's quantization residual to its next outer gradient "
+        "(kept in their checkpoints); for int2, int1 and topk",
+    )
     mixing_alpha: float = Field(0.0, ge=0.0, le=1.0, description="alpha: 0 overwrites local with global")
     merge_rule: MergeRule = Field(
         "rda", description="how contributions are merged: radial-directional averaging or the weighted mean"

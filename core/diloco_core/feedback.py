@@ -29,6 +29,18 @@ class Encoded:
     blob: bytes
     decoded: dict[str, F32]
     residual: dict[str, F32]
+    fragment: int
+    base_version: int
+    quantizer: str
+
+    def encode(self, *, fragment: int, base_version: int, quantizer: str) -> bytes:
+        """The payload, already encoded (the residual depends on it); the arguments must be its own."""
+        if (fragment, base_version, quantizer) != (self.fragment, self.base_version, self.quantizer):
+            raise ValueError(
+                f"payload of fragment {self.fragment} v{self.base_version} in {self.quantizer}, asked for "
+                f"fragment {fragment} v{base_version} in {quantizer}"
+            )
+        return self.blob
 
 
 def compensate(delta: Arrays, residual: Arrays | None) -> dict[str, F32]:
@@ -58,4 +70,4 @@ def encode(
     blob = codec.encode(c, fragment=fragment, base_version=base_version, kind=kind, quantizer=quantizer,
                         block_size=block_size)  # fmt: skip
     decoded = codec.decode(blob).tensors
-    return Encoded(blob, decoded, {n: c[n] - decoded[n] for n in c})
+    return Encoded(blob, decoded, {n: c[n] - decoded[n] for n in c}, fragment, base_version, quantizer)

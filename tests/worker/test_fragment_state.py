@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from diloco_core.fragments import build_plan
+from diloco_core.storage import FilesystemStore
+from diloco_worker.checkpoint import load_latest, restore, save_checkpoint
 from diloco_worker.fragment_state import FragmentState
 from diloco_worker.model import EMBEDDING_NAMES, build_gpt
+from diloco_worker.train import make_optimizer
 
-from tests.worker.helpers import TINY
+from tests.worker.helpers import TINY, tiny_train
 
 
 def _state(h: int = 4, p: int = 2) -> tuple[FragmentState, torch.nn.Module]:
@@ -87,3 +92,51 @@ def test_checkpoint_meta_round_trip() -> None:
     assert other.meta() == fs.meta()
     with pytest.raises(ValueError, match="checkpoint has 1 fragments"):
         other.load_meta(fs.meta()[:1], {})
+
+
+def _contribution_blob(fs: FragmentState, model: torch.nn.Module, p: int, shift: float) -> bytes:
+    g = torch.Generator().manual_seed(int(shift * 1000))  # the same training for every copy
+    with torch.no_grad():
+        for t in model.parameters():
+            t.add_(shift * torch.randn(t.shape, generator=g))
+    for _ in range(4):
+        fs.advance(5)
+    return fs.take_contribution(p, "int1", error_feedback=True).tensors.encode(
+        fragment=p, base_version=fs.counters[p].base_version, quantizer="int1"
+    )
+
+
+def test_error_feedback_resumes_from_a_checkpoint_with_its_residuals(tmp_path: Path) -> None:
+    fs, model = _state()
+    for p in range(len(fs.plan.fragments)):
+        fs.set_base(p, 0, fs.anchors[p])
+    opt = make_optimizer(model, tiny_train())
+    _contribution_blob(fs, model, 0, 0.013)
+    assert any(np.abs(r).max() > 0 for r in fs.residuals[0].values())
+    store = FilesystemStore(tmp_path)
+    save_checkpoint(store, model=model, optimizer=opt, anchors=fs.anchors, meta={"step": 4}, residuals=fs.residuals)
+
+    resumed, other_model = _state()
+    ckpt = load_latest(store)
+    assert ckpt is not None
+    restore(ckpt, other_model, make_optimizer(other_model, tiny_train()))
+    resumed.load_meta(fs.meta(), ckpt.anchors(), ckpt.residuals())
+    forgetful, third_model = _state()
+    restore(ckpt, third_model, make_optimizer(third_model, tiny_train()))
+    forgetful.load_meta(fs.meta(), ckpt.anchors())  # the residual lost
+
+    expected = _contribution_blob(fs, model, 0, 0.007)
+    assert _contribution_blob(resumed, other_model, 0, 0.007) == expected
+    assert _contribution_blob(forgetful, third_model, 0, 0.007) != expected
+    for name, r in fs.residuals[0].items():
+        np.testing.assert_array_equal(resumed.residuals[0][name], r)
+
+
+def test_without_error_feedback_no_residual_is_kept() -> None:
+    fs, model = _state()
+    for p in range(len(fs.plan.fragments)):
+        fs.set_base(p, 0, fs.anchors[p])
+    for _ in range(4):
+        fs.advance(5)
+    fs.take_contribution(0, "int1")
+    assert fs.residuals == {}

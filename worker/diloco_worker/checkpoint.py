@@ -1,7 +1,7 @@
 """Learner checkpoints: tensors in safetensors, everything else in JSON (no pickle anywhere).
 
 Layout under the checkpoint location (a local folder, ``file:///path`` or ``s3://bucket/prefix``):
-``ckpt-<step>/tensors.safetensors`` (parameters, AdamW state, anchors, the torch CPU generator and,
+``ckpt-<step>/tensors.safetensors`` (parameters, AdamW state, anchors, error-feedback residuals, the torch CPU generator and,
 with CUDA, every visible GPU's generator) and ``ckpt-<step>/meta.json`` (step, tokens, data cursor,
 fragment counters, optimizer hyper-parameters, config, Python's ``random`` state).
 ``meta.json`` is written last, so a checkpoint without it is incomplete and ignored.
@@ -48,9 +48,16 @@ class Checkpoint:
         return int(self.meta["step"])
 
     def anchors(self) -> dict[int, dict[str, np.ndarray]]:
+        return self._per_fragment("anchor/")
+
+    def residuals(self) -> dict[int, dict[str, np.ndarray]]:
+        """The error-feedback residuals (none in a checkpoint written without error feedback)."""
+        return self._per_fragment("residual/")
+
+    def _per_fragment(self, prefix: str) -> dict[int, dict[str, np.ndarray]]:
         out: dict[int, dict[str, np.ndarray]] = {}
         for key, t in self.tensors.items():
-            if key.startswith("anchor/"):
+            if key.startswith(prefix):
                 _, p, name = key.split("/", 2)
                 out.setdefault(int(p), {})[name] = t.numpy()
         return out
@@ -68,17 +75,19 @@ def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tens
 
 
 def build_tensors(
-    model: nn.Module, opt: torch.optim.Optimizer, anchors: Mapping[int, Mapping[str, np.ndarray]]
-) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    model: nn.Module, opt: torch.optim.Optimizer, anchors: Mapping[int, Mapping[str, np.ndarray]],
+    residuals: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:  # fmt: skip
     """Everything tensor-shaped, as independent contiguous CPU tensors keyed by role."""
     tensors = {f"param/{n}": p.detach().cpu().clone().contiguous() for n, p in model.named_parameters()}
     tensors.update({f"buffer/{n}": b.detach().cpu().clone().contiguous() for n, b in model.named_buffers()})
     opt_tensors, groups = _optimizer_tensors(opt)
     tensors.update(opt_tensors)
-    for p, frag in anchors.items():
-        tensors.update(
-            {f"anchor/{p}/{n}": torch.from_numpy(np.ascontiguousarray(a)) for n, a in frag.items()}
-        )
+    for role, per_fragment in (("anchor", anchors), ("residual", residuals or {})):
+        for p, frag in per_fragment.items():
+            tensors.update(
+                {f"{role}/{p}/{n}": torch.from_numpy(np.ascontiguousarray(a)) for n, a in frag.items()}
+            )
     tensors.update(build_rng_tensors())
     return tensors, groups
 
@@ -130,10 +139,11 @@ def save_checkpoint(
     anchors: Mapping[int, Mapping[str, np.ndarray]],
     meta: Mapping[str, Any],
     keep: int = 2,
+    residuals: Mapping[int, Mapping[str, np.ndarray]] | None = None,
 ) -> str:
     """Write a checkpoint for ``meta['step']``, then delete all but the newest ``keep``."""
     step = int(meta["step"])
-    tensors, groups = build_tensors(model, optimizer, anchors)
+    tensors, groups = build_tensors(model, optimizer, anchors, residuals)
     prefix = f"ckpt-{step:010d}/"
     store.put(prefix + "tensors.safetensors", st_save(tensors))
     full_meta = {"format": FORMAT, **meta, "optimizer_groups": groups, "rng": python_rng_meta()}

@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from diloco_core import feedback
 from diloco_core.codec import encode
 from diloco_core.fragments import FragmentPlan
-from diloco_core.learner import FragmentCounters
+from diloco_core.learner import FragmentCounters, outer_gradient
 from torch import nn
 
 from .anchors import AnchorStore, HostAnchors, OuterDelta
@@ -70,6 +71,8 @@ class FragmentState:
         self.params = dict(params)
         self.counters = FragmentCounters(plan)
         self.store = store(plan, self.params)
+        # error feedback: per fragment, what the last payload did not carry (docs/algorithm.md §3.9)
+        self.residuals: dict[int, dict[str, np.ndarray]] = {}
 
     @classmethod
     def for_model(
@@ -93,13 +96,24 @@ class FragmentState:
         """Fragments whose outer gradient should be sent now."""
         return self.counters.due()
 
-    def take_contribution(self, p: int, quantizer: str = "int4") -> Contribution:
+    def take_contribution(self, p: int, quantizer: str = "int4", error_feedback: bool = False) -> Contribution:
         """delta_p = A_p - theta_p (for a payload in ``quantizer``); the fragment is marked as sent and
-        its anchor moves to the sent point."""
+        its anchor moves to the sent point.
+
+        With ``error_feedback`` the payload is ``delta_p`` plus the fragment's residual, encoded here
+        (on the calling thread: the next residual depends on it), and the residual becomes what the
+        payload leaves out (``diloco_core.feedback``)."""
         c = self.counters.mark_sent(p)
-        delta = self.store.outer_gradient(p, quantizer)
+        if not error_feedback:
+            delta = self.store.outer_gradient(p, quantizer)
+            self.store.advance_anchor(p)
+            return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, delta, since=c.since)
+        params = {n: self.params[n].detach().float().cpu().numpy() for n in self.plan.fragments[p].names}
+        enc = feedback.encode(outer_gradient(self.store.arrays(p), params), self.residuals.get(p), fragment=p,
+                              base_version=c.base_version, kind="outer_grad", quantizer=quantizer)  # fmt: skip
+        self.residuals[p] = enc.residual
         self.store.advance_anchor(p)
-        return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, delta, since=c.since)
+        return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, enc, since=c.since)
 
     def apply(self, p: int, version: int, global_params: Mapping[str, np.ndarray], alpha: float) -> None:
         """Take global version ``version`` of fragment ``p`` (mixing factor ``alpha``)."""
@@ -127,9 +141,14 @@ class FragmentState:
     def meta(self) -> list[dict[str, Any]]:
         return self.counters.to_list()
 
-    def load_meta(self, meta: list[dict[str, Any]], anchors: Mapping[int, Mapping[str, np.ndarray]]) -> None:
+    def load_meta(
+        self, meta: list[dict[str, Any]], anchors: Mapping[int, Mapping[str, np.ndarray]],
+        residuals: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+    ) -> None:  # fmt: skip
+        """Counters, anchors and (error feedback) residuals from a checkpoint."""
         if len(meta) != len(self.counters):
             raise ValueError(f"checkpoint has {len(meta)} fragments, the plan has {len(self.counters)}")
         self.counters = FragmentCounters.from_list(self.plan, meta)
         for p, tensors in anchors.items():
             self.store.load(p, tensors)
+        self.residuals = {p: {n: np.array(v, dtype=np.float32) for n, v in r.items()} for p, r in (residuals or {}).items()}

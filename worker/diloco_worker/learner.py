@@ -73,7 +73,7 @@ def _resume(
             "use a fresh --checkpoint-dir or the job's original settings"
         )
     restore(ckpt, task.model, opt)
-    fs.load_meta(ckpt.meta["fragments"], ckpt.anchors())
+    fs.load_meta(ckpt.meta["fragments"], ckpt.anchors(), ckpt.residuals())
     loop: dict[str, Any] = ckpt.meta["loop"]
     return LoopState(**loop)
 
@@ -241,7 +241,7 @@ def _saver(
             "plan_hash": plan.hash(),
             "config": config,
         }
-        save_checkpoint(store, model=task.model, optimizer=opt, anchors=fs.anchors, meta=meta)
+        save_checkpoint(store, model=task.model, optimizer=opt, anchors=fs.anchors, meta=meta, residuals=fs.residuals)
         log.info("learner=%s step=%d checkpoint written", settings.learner_id, state.step)
 
     return save

@@ -71,7 +71,7 @@ class DiLoCoSession:
         self.settings, self.plan, self.fs, self.unit = settings, plan, fragments, unit
         self.tokens_per_step, self.stop, self.metrics, self.health = tokens_per_step, stop, metrics, health
         self.alpha, self.quantizer, self.heartbeat_interval_s = 0.0, "int4", 2.0
-        self.quorum = 1
+        self.quorum, self.error_feedback = 1, False
         self._short_of_learners = False
         self.client: SyncClient | None = None  # the synchronizer (shard) the learner was given
         self.shards: ShardClients | None = None  # every shard, once the home one has answered
@@ -112,6 +112,7 @@ class DiLoCoSession:
         known = {k: v for k, v in resp.diloco.items() if k in DiLoCoSettings.model_fields}
         job = DiLoCoSettings.model_validate(known)
         self.alpha, self.quantizer, self.quorum = job.mixing_alpha, job.codec, job.quorum
+        self.error_feedback = job.error_feedback
         self.heartbeat_interval_s = resp.heartbeat_interval_s
         for p in resp.needs_init:
             self._upload_init(client, p)
@@ -276,7 +277,7 @@ class DiLoCoSession:
         due = self.fs.due()
         for p in due:
             if self.comm:
-                c = self.fs.take_contribution(p, self.quantizer)
+                c = self.fs.take_contribution(p, self.quantizer, self.error_feedback)
                 self.comm.submit(c)
                 log.info(
                     "learner=%s step=%d fragment=%d version=%d outer gradient queued (%d steps)",
@@ -310,7 +311,7 @@ class DiLoCoSession:
             if self.comm is None:
                 self.fs.mark_sent(p)
                 continue
-            contribution = self.fs.take_contribution(p, self.quantizer)
+            contribution = self.fs.take_contribution(p, self.quantizer, self.error_feedback)
             self.comm.submit(contribution)
             self.comm.answered(p)
             log.info(
