@@ -27,17 +27,17 @@ def methods(a: argparse.Namespace) -> list[runs.Method]:
     """Data-parallel (fp32, bf16), today's decoupled int4 at H, and one row per candidate."""
     M, H, big = a.learners, a.inner_steps, a.large_h
     base = replace(runs.decoupled(M, inner_steps=H), outer_lr=a.outer_lr, outer_momentum=a.outer_momentum)
-    ef = {"error_feedback": True}
-    large = {"inner_steps": big, "outer_lr": a.large_h_outer_lr}
+    lr = a.large_h_outer_lr
     rows = [
-        replace(base, name=f"H = {big}, outer lr {a.large_h_outer_lr:g} (int4)", **large),
-        replace(base, name="int4 + error feedback", **ef),
-        replace(base, name="int2 + error feedback", codec="int2", **ef),
-        replace(base, name="int1 + error feedback", codec="int1", **ef),
-        replace(base, name=f"top-k (8/{a.quant_block}) + error feedback", codec="topk", block_size=a.quant_block, **ef),
+        replace(base, name=f"H = {big}, outer lr {lr:g} (int4)", inner_steps=big, outer_lr=lr),
+        replace(base, name="int4 + error feedback", error_feedback=True),
+        replace(base, name="int2 + error feedback", codec="int2", error_feedback=True),
+        replace(base, name="int1 + error feedback", codec="int1", error_feedback=True),
+        replace(base, name=f"top-k (8/{a.quant_block}) + error feedback", codec="topk", block_size=a.quant_block,
+                error_feedback=True),
         replace(base, name=f"int4, down {a.down_codec}", down_codec=a.down_codec),
         replace(base, name=f"H = {big}: {a.up_codec} + EF up, {a.down_codec} down", codec=a.up_codec,
-                down_codec=a.down_codec, block_size=a.quant_block, **ef, **large),
+                down_codec=a.down_codec, block_size=a.quant_block, error_feedback=True, inner_steps=big, outer_lr=lr),
     ]  # fmt: skip
     return [runs.data_parallel(M, "fp32"), runs.data_parallel(M, "bf16"), replace(base, name=f"decoupled (int4), H = {H}"),
             *rows]  # fmt: skip

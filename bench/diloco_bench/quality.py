@@ -8,8 +8,11 @@ The paper reports near-parity (64.1% vs 64.4% benchmark accuracy for Decoupled v
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import sys
+from pathlib import Path
 
 from diloco_bench import experiment, harness, plots, runs, workload
 
@@ -21,7 +24,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--eval-every", type=int, default=0,
                    help="also evaluate the global model every this many inner steps per learner (0: at the end)")
     p.add_argument("--delayed-nesterov", type=int, default=0, help="decoupled's Delayed Nesterov N (0: plain)")
+    p.add_argument("--combine", type=Path, nargs="+", default=None,
+                   help="run nothing: report on the --json files of earlier runs (e.g. one per seed, run in parallel)")
     a = p.parse_args(argv)
+    if a.combine:
+        return summarize(a, combine(a.combine))
     experiment.check_inner_steps(p, a.inner_steps)
     w, seeds = experiment.workload_from(a), experiment.seeds_from(a.seeds)
     methods = [
@@ -38,14 +45,31 @@ def main(argv: list[str]) -> int:
             r = harness.run(m, w, timing, corpus, seed)
             results[m.name].append(r)
             print(f"seed {seed} {m.name:<22} loss {r.eval_loss:.4f}  ({r.wall_s:.0f} s)", flush=True)
+    return summarize(a, results)
+
+
+def summarize(a: argparse.Namespace, results: dict[str, list[runs.RunResult]]) -> int:
+    """Print the tables, write the JSON and the plots (the loss curve when the runs have one)."""
     print(report(results))
-    if a.eval_every:
+    curves = all(len(r.curve) > 1 for rs in results.values() for r in rs)
+    if curves:
         print(trend(results))
     experiment.write_json(a.json, results)
     plots.emit(a, "quality", lambda: plots.quality({n: [r.eval_loss for r in rs] for n, rs in results.items()}))
-    if a.eval_every:
+    if curves:
         plots.emit(a, "quality-curve", lambda: plots.loss_curves(mean_curves(results)))
     return 0
+
+
+def combine(paths: list[Path]) -> dict[str, list[runs.RunResult]]:
+    """The results of several ``--json`` files, per method, in file order."""
+    out: dict[str, list[runs.RunResult]] = {}
+    for path in paths:
+        for name, rows in json.loads(path.read_text()).items():
+            for row in rows:
+                row["curve"] = [tuple(point) for point in row.get("curve", [])]
+                out.setdefault(name, []).append(runs.RunResult(**row))
+    return out
 
 
 def mean_curves(results: dict[str, list[runs.RunResult]]) -> dict[str, list[tuple[int, float]]]:
