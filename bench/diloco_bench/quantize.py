@@ -102,7 +102,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--params", type=int, default=28_000_000, help="values in the fragment")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (numpy uses one); 0: PyTorch's default")
-    ap.add_argument("--formats", default=",".join(q.QUANTIZERS))
+    ap.add_argument("--formats", default=",".join(tq.FORMATS), help="the formats with a torch implementation")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return ap.parse_args(argv)
 
@@ -113,9 +113,10 @@ def main(argv: list[str]) -> int:
     if device is None:
         return 0
     formats = [f for f in a.formats.split(",") if f]
-    unknown = [f for f in formats if f not in q.QUANTIZERS]
+    unknown = [f for f in formats if f not in tq.FORMATS]
     if unknown:
-        print(f"diloco bench quantize: unknown formats {unknown}; expected some of {q.QUANTIZERS}", file=sys.stderr)
+        print(f"diloco bench quantize: formats without a torch implementation {unknown}; expected some of {tq.FORMATS}",
+              file=sys.stderr)  # fmt: skip
         return 2
     rows = measure(a.params, device, a.repeats, formats)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} torch threads"
