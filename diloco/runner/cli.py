@@ -83,9 +83,10 @@ def parse_settings(argv: list[str], count_gpus: Callable[[], int] = visible_gpus
     if any(f < 1.0 for f in speeds):
         raise SettingsError("speed factors must be >= 1 (a learner can be slowed down, not sped up)")
     bandwidth = parse_bandwidth(a.bandwidth_limit, settings.learners) if a.bandwidth_limit else ()
-    return settings.model_copy(
+    out: RunSettings = settings.model_copy(
         update={"speed_factors": speeds, "bandwidth_limits": bandwidth, "python": sys.executable}
     )
+    return out
 
 
 def new_run_paths(runs_dir: Path, now: float) -> RunPaths:

@@ -78,7 +78,7 @@ class RunSettings(BaseModel):
 
     @property
     def tokens_per_step(self) -> int:
-        return self.train.batch_size * self.train.grad_accum * self.model.block_size
+        return int(self.train.batch_size * self.train.grad_accum * self.model.block_size)
 
     @property
     def blocking_sync(self) -> bool:
