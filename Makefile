@@ -36,6 +36,7 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy core worker synchronizer operator diloco

@@ -12,7 +12,10 @@ import sys
 from collections.abc import Sequence
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("diloco.runner.cli", "run a local job: a synchronizer and N learners on this machine, with chaos"),
+    "run": (
+        "diloco.runner.cli",
+        "run a local job: a synchronizer and N learners on this machine, with chaos",
+    ),
     "simulate": ("diloco.simulate.cli", "simulate goodput of data-parallel vs decoupled training at scale"),
     "synchronizer": ("diloco_sync.cli", "start the synchronizer service"),
     "worker": ("diloco_worker.cli", "start a learner"),

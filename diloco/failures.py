@@ -51,7 +51,9 @@ class FailureModel:
         if self.learners < 1:
             raise ValueError(f"a job needs at least one learner, got {self.learners}")
         if not self.mtbf_s >= 0 or not self.repair_s >= 0:
-            raise ValueError(f"MTBF and repair time must be >= 0 seconds, got {self.mtbf_s} and {self.repair_s}")
+            raise ValueError(
+                f"MTBF and repair time must be >= 0 seconds, got {self.mtbf_s} and {self.repair_s}"
+            )
         if not 1 <= self.quorum <= self.learners:
             raise ValueError(f"the quorum must be between 1 and {self.learners} learners, got {self.quorum}")
 
@@ -108,7 +110,15 @@ def add_failure_flags(group: argparse._ArgumentGroup | argparse.ArgumentParser, 
     group.add_argument("--mtbf", type=float, default=mtbf_s,
                        help="mean seconds between failures of each learner while it is up (Poisson); 0 disables "
                        "failures (default %(default)s)")  # fmt: skip
-    group.add_argument("--repair", type=float, default=repair_s,
-                       help="seconds a failed learner stays down before it is started again (default %(default)s)")
-    group.add_argument("--seed", type=int, default=seed,
-                       help="seed of the failure instants (and of the model) (default %(default)s)")
+    group.add_argument(
+        "--repair",
+        type=float,
+        default=repair_s,
+        help="seconds a failed learner stays down before it is started again (default %(default)s)",
+    )
+    group.add_argument(
+        "--seed",
+        type=int,
+        default=seed,
+        help="seed of the failure instants (and of the model) (default %(default)s)",
+    )

@@ -44,7 +44,9 @@ Ctrl-C stops the cluster and removes everything it made.
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="make cluster", description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", required=True, help="the file printed by scripts/build-test-images.sh")
-    parser.add_argument("--dir", default=None, help="where the kubeconfig and logs go (default: a new temporary folder)")
+    parser.add_argument(
+        "--dir", default=None, help="where the kubeconfig and logs go (default: a new temporary folder)"
+    )
     args = parser.parse_args(argv)
     workdir = Path(args.dir or tempfile.mkdtemp(prefix="diloco-cluster-"))
     images = load_image_set(args.images)

@@ -48,12 +48,27 @@ def main(argv: list[str]) -> int:
     p.add_argument("--learners", type=int, default=4, help="M (default %(default)s)")
     p.add_argument("--inner-steps", type=int, default=16, help="H of today's run (default %(default)s)")
     p.add_argument("--large-h", type=int, default=64, help="the larger H candidate (default %(default)s)")
-    p.add_argument("--large-h-outer-lr", type=float, default=0.7, help="its outer learning rate (default %(default)s)")
-    p.add_argument("--up-codec", default="int1", help="upload codec of the combined row (default %(default)s)")
-    p.add_argument("--down-codec", default="int1", help="download codec of the compressed rows (default %(default)s)")
-    p.add_argument("--quant-block", type=int, default=256, help="quantizer block of the top-k and combined rows (default %(default)s)")
-    p.add_argument("--only", default="", help="comma-separated row numbers to run (1 = data-parallel fp32); default all")
-    p.add_argument("--step-time", type=float, default=1.0, help="seconds per inner step for the Mbit/s column")
+    p.add_argument(
+        "--large-h-outer-lr", type=float, default=0.7, help="its outer learning rate (default %(default)s)"
+    )
+    p.add_argument(
+        "--up-codec", default="int1", help="upload codec of the combined row (default %(default)s)"
+    )
+    p.add_argument(
+        "--down-codec", default="int1", help="download codec of the compressed rows (default %(default)s)"
+    )
+    p.add_argument(
+        "--quant-block",
+        type=int,
+        default=256,
+        help="quantizer block of the top-k and combined rows (default %(default)s)",
+    )
+    p.add_argument(
+        "--only", default="", help="comma-separated row numbers to run (1 = data-parallel fp32); default all"
+    )
+    p.add_argument(
+        "--step-time", type=float, default=1.0, help="seconds per inner step for the Mbit/s column"
+    )
     a = p.parse_args(argv)
     experiment.check_inner_steps(p, a.inner_steps)
     if a.steps < max(a.inner_steps, a.large_h):

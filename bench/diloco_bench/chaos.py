@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repair", type=float, default=6.0, help="seconds a killed learner stays down")
     p.add_argument("--seed", type=int, default=0, help="seed of the failure schedule and the model")
     p.add_argument("--time-limit", type=float, default=300.0, help="seconds per run at most")
-    p.add_argument("--runs-dir", type=Path, default=None, help="keep the run folders here (default: a temp dir)")
+    p.add_argument(
+        "--runs-dir", type=Path, default=None, help="keep the run folders here (default: a temp dir)"
+    )
     experiment.output_flags(p)
     p.add_argument("extra", nargs="*", help="more `diloco run` flags, after --")
     return p

@@ -13,22 +13,51 @@ import sys
 from collections.abc import Sequence
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "codec": ("diloco_bench.codec", "bytes/param, throughput and error of each quantizer on real outer gradients"),
-    "sync-ingest": ("diloco_bench.sync_ingest", "synchronizer ingest throughput, latency, merge time vs raw baseline"),
+    "codec": (
+        "diloco_bench.codec",
+        "bytes/param, throughput and error of each quantizer on real outer gradients",
+    ),
+    "sync-ingest": (
+        "diloco_bench.sync_ingest",
+        "synchronizer ingest throughput, latency, merge time vs raw baseline",
+    ),
     "worker": ("diloco_bench.worker", "learner tokens/s with DiLoCo vs a plain training loop; blocked time"),
-    "startup": ("diloco_bench.startup", "seconds from a learner's launch to its first step, per phase, vs import torch"),
+    "startup": (
+        "diloco_bench.startup",
+        "seconds from a learner's launch to its first step, per phase, vs import torch",
+    ),
     "simulate": ("diloco_bench.simulate", "the paper's Table 1 next to the simulator's"),
-    "quality": ("diloco_bench.quality", "E1: held-out loss of data-parallel vs synchronous DiLoCo vs decoupled"),
-    "bandwidth": ("diloco_bench.bandwidth", "E2: bytes on the wire per token, mean and peak, vs data-parallel"),
+    "quality": (
+        "diloco_bench.quality",
+        "E1: held-out loss of data-parallel vs synchronous DiLoCo vs decoupled",
+    ),
+    "bandwidth": (
+        "diloco_bench.bandwidth",
+        "E2: bytes on the wire per token, mean and peak, vs data-parallel",
+    ),
     "codecs": ("diloco_bench.codecs", "E3: loss vs bytes for fp32/bf16/int8/int4/e3m0 outer gradients"),
     "hetero": ("diloco_bench.hetero", "E4: mixed hardware, K=all vs K=1 vs K=1 + grace: goodput and loss"),
-    "chaos": ("diloco_bench.chaos", "E5: goodput and loss under learner failures, real processes: decoupled vs diloco-sync vs ddp"),
-    "goodput": ("diloco_bench.goodput", "goodput of real processes under failures vs the simulator's prediction, per mode"),
+    "chaos": (
+        "diloco_bench.chaos",
+        "E5: goodput and loss under learner failures, real processes: decoupled vs diloco-sync vs ddp",
+    ),
+    "goodput": (
+        "diloco_bench.goodput",
+        "goodput of real processes under failures vs the simulator's prediction, per mode",
+    ),
     "merge-rule": ("diloco_bench.merge_rule", "E7: mean vs RDA at M = 4, 8, 16: merged norm and loss"),
-    "operator": ("diloco_bench.operator_scale",
-                 "a big job's status next to its pods on the test control plane: lag, going back, work done twice"),
-    "gpu": ("diloco_bench.gpu", "inner step tokens/s and MFU (eager, compiled), the device sync boundary, a short run"),
-    "quantize": ("diloco_bench.quantize", "numpy vs torch quantizers, encode and decode, G params/s, bytes identical"),
+    "operator": (
+        "diloco_bench.operator_scale",
+        "a big job's status next to its pods on the test control plane: lag, going back, work done twice",
+    ),
+    "gpu": (
+        "diloco_bench.gpu",
+        "inner step tokens/s and MFU (eager, compiled), the device sync boundary, a short run",
+    ),
+    "quantize": (
+        "diloco_bench.quantize",
+        "numpy vs torch quantizers, encode and decode, G params/s, bytes identical",
+    ),
 }
 
 

@@ -19,7 +19,9 @@ PAPER = {"bf16": "55.4", "int4": "55.3", "2-bit": "42.6", "1-bit": "37.3"}
 def main(argv: list[str]) -> int:
     p = experiment.parser("diloco bench codecs", __doc__, steps=128, seeds="0")
     p.add_argument("--learners", type=int, default=4, help="M (default %(default)s)")
-    p.add_argument("--codecs", default=",".join(CODECS), help="comma-separated quantizers (default %(default)s)")
+    p.add_argument(
+        "--codecs", default=",".join(CODECS), help="comma-separated quantizers (default %(default)s)"
+    )
     a = p.parse_args(argv)
     codecs = [c.strip() for c in a.codecs.split(",") if c.strip()]
     unknown = sorted(set(codecs) - set(CODECS) - {"fp16"})
@@ -44,7 +46,10 @@ def main(argv: list[str]) -> int:
 
 def points(results: dict[str, list[runs.RunResult]]) -> dict[str, tuple[float, list[float]]]:
     """Per codec: (mean bytes per token, held-out loss per seed)."""
-    return {c: (statistics.fmean(r.bytes_per_token for r in rs), [r.eval_loss for r in rs]) for c, rs in results.items()}
+    return {
+        c: (statistics.fmean(r.bytes_per_token for r in rs), [r.eval_loss for r in rs])
+        for c, rs in results.items()
+    }
 
 
 def report(results: dict[str, list[runs.RunResult]]) -> str:

@@ -27,10 +27,16 @@ def parser(prog: str, description: str | None, *, steps: int, seeds: str = "0") 
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per learner step")
     p.add_argument("--lr", type=float, default=d.lr, help="inner AdamW peak learning rate")
     p.add_argument("--corpus", default=d.corpus, help="'stdlib' or a local file/folder")
-    p.add_argument("--device", default=d.device, help="cpu or cuda: where every learner and the data-parallel "
-                   "baseline train (bf16 autocast on CUDA)")
+    p.add_argument(
+        "--device",
+        default=d.device,
+        help="cpu or cuda: where every learner and the data-parallel "
+        "baseline train (bf16 autocast on CUDA)",
+    )
     p.add_argument("--outer-lr", type=float, default=Method.outer_lr, help="outer SGD learning rate")
-    p.add_argument("--outer-momentum", type=float, default=Method.outer_momentum, help="outer Nesterov momentum")
+    p.add_argument(
+        "--outer-momentum", type=float, default=Method.outer_momentum, help="outer Nesterov momentum"
+    )
     output_flags(p)
     return p
 
@@ -57,7 +63,9 @@ def with_outer(methods: Sequence[Method], a: argparse.Namespace) -> list[Method]
 def check_inner_steps(p: argparse.ArgumentParser, inner_steps: int) -> None:
     """Decoupled runs use P = 4 fragments with distinct offsets and overlap 2: H must be at least 4."""
     if inner_steps < Method.fragments:
-        p.error(f"--inner-steps must be at least {Method.fragments} (one offset per fragment), got {inner_steps}")
+        p.error(
+            f"--inner-steps must be at least {Method.fragments} (one offset per fragment), got {inner_steps}"
+        )
 
 
 def seeds_from(text: str) -> list[int]:

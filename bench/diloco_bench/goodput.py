@@ -47,12 +47,16 @@ PAPER = {"decoupled": 88.0, "ddp": 27.0}  # Decoupled DiLoCo, Table 1 at 1.2M ch
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="diloco bench goodput", description=__doc__.splitlines()[0])
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated (default %(default)s)")
-    p.add_argument("--learners", type=int, default=4, help="learner processes (ddp: ranks) (default %(default)s)")
+    p.add_argument(
+        "--learners", type=int, default=4, help="learner processes (ddp: ranks) (default %(default)s)"
+    )
     p.add_argument("--mtbf", type=float, default=120.0, help="mean seconds between failures of each learner")
     p.add_argument("--repair", type=float, default=2.0, help="seconds a failed learner stays down")
     p.add_argument("--seeds", default="0,1", help="seeds of the failure instants, one run per mode each")
     p.add_argument("--time-limit", type=float, default=360.0, help="seconds each run lasts")
-    p.add_argument("--runs-dir", type=Path, default=None, help="keep the run folders here (default: a temp dir)")
+    p.add_argument(
+        "--runs-dir", type=Path, default=None, help="keep the run folders here (default: a temp dir)"
+    )
     experiment.output_flags(p)
     p.add_argument("extra", nargs="*", help="more `diloco run` flags, after --")
     return p
@@ -81,7 +85,9 @@ def all_training_windows(intervals: Sequence[Interval], learners: int) -> list[t
     return windows
 
 
-def blocked_fraction(records: Sequence[dict[str, Any]], windows: Sequence[tuple[float, float]], t0_wall: float) -> float:
+def blocked_fraction(
+    records: Sequence[dict[str, Any]], windows: Sequence[tuple[float, float]], t0_wall: float
+) -> float:
     """Blocked seconds per second between consecutive records of one process (cumulative ``blocked_s``,
     wall-clock ``time``) that both fall in the same window."""
     blocked = elapsed = 0.0
@@ -192,7 +198,10 @@ def summary(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def render_summary(s: dict[str, Any]) -> str:
-    lines = ["", "steady-state goodput per mode, mean over seeds (measured / predicted, spread of the measured):"]
+    lines = [
+        "",
+        "steady-state goodput per mode, mean over seeds (measured / predicted, spread of the measured):",
+    ]
     for mode, x in s.items():
         paper = f"; paper {PAPER[mode]:.0f}%" if mode in PAPER else ""
         lines.append(f"  {mode:<12} {_pct(x['measured_steady'])} / {_pct(x['predicted_steady'])} (spread "
@@ -238,7 +247,10 @@ def main(argv: list[str]) -> int:
     except ValueError:
         seeds = []
     if not modes or set(modes) - set(MODES) or not seeds:
-        print(f"diloco bench goodput: choose modes from {', '.join(MODES)} and give integer --seeds", file=sys.stderr)
+        print(
+            f"diloco bench goodput: choose modes from {', '.join(MODES)} and give integer --seeds",
+            file=sys.stderr,
+        )
         return 2
     started = time.perf_counter()
     results = []
@@ -248,8 +260,13 @@ def main(argv: list[str]) -> int:
             for mode in modes:
                 r = run_one(mode, seed, a, root)
                 results.append(r)
-                outcome = r["error"] if "error" in r else (
-                    f"steady {_pct(r['measured']['steady_goodput'])} vs predicted {_pct(r['predicted']['steady_goodput'])}")
+                outcome = (
+                    r["error"]
+                    if "error" in r
+                    else (
+                        f"steady {_pct(r['measured']['steady_goodput'])} vs predicted {_pct(r['predicted']['steady_goodput'])}"
+                    )
+                )
                 print(f"{mode} seed {seed}: {outcome} ({r['wall_s']:.0f} s)", flush=True)
     print(report(results))
     s = summary(results)

@@ -60,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codec", default="int4", help="quantizer of the boundary measurement")
     p.add_argument("--boundaries", type=int, default=5, help="boundaries timed per fragment")
     p.add_argument("--train-steps", type=int, default=0, help="steps of a short training run (0: none)")
-    p.add_argument("--peak-tflops", type=float, default=0.0, help="peak TFLOP/s for MFU (default: known GPUs)")
+    p.add_argument(
+        "--peak-tflops", type=float, default=0.0, help="peak TFLOP/s for MFU (default: known GPUs)"
+    )
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: PyTorch's default)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return p
@@ -109,7 +111,9 @@ def _median_ms(samples: list[float]) -> float:
     return 1000 * statistics.median(samples)
 
 
-def time_boundaries(a: argparse.Namespace, model: torch.nn.Module, device: torch.device) -> list[dict[str, Any]]:
+def time_boundaries(
+    a: argparse.Namespace, model: torch.nn.Module, device: torch.device
+) -> list[dict[str, Any]]:
     """Per fragment: the device path's and the numpy path's costs at a step boundary."""
     named = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
     plan = build_plan(named, a.fragments, 16, 1, embedding_names=EMBEDDING_NAMES)
@@ -142,7 +146,9 @@ def time_boundaries(a: argparse.Namespace, model: torch.nn.Module, device: torch
             t0 = time.perf_counter()
             delta = host.outer_gradient(f.index, a.codec)
             t1 = time.perf_counter()
-            codec.encode(delta, fragment=f.index, base_version=0, kind="outer_grad", quantizer=a.codec, level=1)
+            codec.encode(
+                delta, fragment=f.index, base_version=0, kind="outer_grad", quantizer=a.codec, level=1
+            )
             t2 = time.perf_counter()
             to_host.append(t1 - t0)
             encode.append(t2 - t1)
@@ -157,7 +163,9 @@ def time_boundaries(a: argparse.Namespace, model: torch.nn.Module, device: torch
 
 
 @torch.no_grad()
-def held_out_loss(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> float:
+def held_out_loss(
+    model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device
+) -> float:
     model.eval()
     with autocast_for(device):
         losses = [float(lm_loss(model, b)) for b in batches]
@@ -199,7 +207,11 @@ def main(argv: list[str]) -> int:
     model = build_gpt(ms).to(device)
     fpt, peak = flops_per_token(model), peak_flops(device, a.peak_tflops)
     n_params = sum(p.numel() for p in model.parameters())
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU ({torch.get_num_threads()} threads)"
+    )
     print(f"device: {name}; PyTorch {torch.__version__}; model {a.n_layer}x{a.n_embd}, context {a.block_size}, "
           f"batch {a.batch_size}: {n_params:,} parameters, {fpt / 1e6:,.1f} MFLOP per token")  # fmt: skip
     figures: dict[str, Any] = {"device": name, "params": n_params, "flops_per_token": fpt, "peak_flops": peak}
@@ -217,8 +229,10 @@ def main(argv: list[str]) -> int:
     rows = time_boundaries(a, model, device)
     figures["boundary"] = rows
     print(f"\nstep boundary, {a.codec}, P = {a.fragments} (medians of {a.boundaries}; ms):")
-    print("| fragment | params | anchors | device path: training thread | until in pinned memory | quantizer G params/s "
-          "| apply: staging (poller) | apply: training thread | numpy path: training thread | numpy: quantize + zstd (sender) |")
+    print(
+        "| fragment | params | anchors | device path: training thread | until in pinned memory | quantizer G params/s "
+        "| apply: staging (poller) | apply: training thread | numpy path: training thread | numpy: quantize + zstd (sender) |"
+    )
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['fragment']} | {r['params']:,} | {r['anchor_memory']} | {r['device_queue_ms']:.2f} | "

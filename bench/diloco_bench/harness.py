@@ -70,9 +70,16 @@ def run_data_parallel(method: Method, w: Workload, timing: Timing, corpus: Corpu
         inner_step(model, opt, batch, step, cfg)
         times = [step_time(r, timing.factor(m), timing.noise) for m, r in enumerate(rngs)]
         slowest = max(times)
-        busy, idle, now, step = busy + sum(times), idle + sum(slowest - t for t in times), now + slowest, step + 1
+        busy, idle, now, step = (
+            busy + sum(times),
+            idle + sum(slowest - t for t in times),
+            now + slowest,
+            step + 1,
+        )
         if timing.eval_every and step % timing.eval_every == 0 and step < timing.steps:
-            curve.append((step * method.learners * w.batch_size * w.block_size, evaluate(model, corpus.held_out)))
+            curve.append(
+                (step * method.learners * w.batch_size * w.block_size, evaluate(model, corpus.held_out))
+            )
     tokens = step * method.learners * w.batch_size * w.block_size
     M = method.learners
     loss = evaluate(model, corpus.held_out)
@@ -93,10 +100,14 @@ class DiLoCoRun:
         probe = build_gpt(model_settings(w, seed))
         shapes = [(n, tuple(p.shape)) for n, p in probe.named_parameters()]
         emb = [n for n, _ in shapes if n in EMBEDDING_NAMES]
-        self.plan = build_plan(shapes, method.fragments, method.inner_steps, method.overlap, embedding_names=emb)
+        self.plan = build_plan(
+            shapes, method.fragments, method.inner_steps, method.overlap, embedding_names=emb
+        )
         self.syncer = Syncer(method.settings(), method.learners, self.plan, to_numpy(probe), method.down_codec,
                              method.block_size)  # fmt: skip
-        self.learners = [SimLearner(m, method, w, timing, corpus, self.plan, seed) for m in range(method.learners)]
+        self.learners = [
+            SimLearner(m, method, w, timing, corpus, self.plan, seed) for m in range(method.learners)
+        ]
         self.heap: list[tuple[float, int]] = [(0.0, m) for m in range(method.learners)]
         self.step_times: list[float] = []
         self.partials = 0
@@ -106,8 +117,12 @@ class DiLoCoRun:
 
     def run(self) -> None:
         while True:
-            deadline = min(((d, p) for p, d in enumerate(self.syncer.deadlines) if d is not None), default=None)
-            self.evaluate_due(min(self.heap[0][0] if self.heap else math.inf, deadline[0] if deadline else math.inf))
+            deadline = min(
+                ((d, p) for p, d in enumerate(self.syncer.deadlines) if d is not None), default=None
+            )
+            self.evaluate_due(
+                min(self.heap[0][0] if self.heap else math.inf, deadline[0] if deadline else math.inf)
+            )
             if self.heap and (deadline is None or self.heap[0][0] < deadline[0]):
                 now, m = heapq.heappop(self.heap)
                 self.boundary(self.learners[m], now)

@@ -21,8 +21,12 @@ PAPER = {"K=all": ("84%", "54.4"), "K=1, no grace": ("100%", "51.4"), "K=1 + gra
 
 def policies(learners: int, inner_steps: int, partial: bool = True) -> list[runs.Method]:
     return [
-        runs.decoupled(learners, name="K=all", quorum=0, blocking=True, inner_steps=inner_steps, partial=partial),
-        runs.decoupled(learners, name="K=1, no grace", grace_gamma=0.0, inner_steps=inner_steps, partial=partial),
+        runs.decoupled(
+            learners, name="K=all", quorum=0, blocking=True, inner_steps=inner_steps, partial=partial
+        ),
+        runs.decoupled(
+            learners, name="K=1, no grace", grace_gamma=0.0, inner_steps=inner_steps, partial=partial
+        ),
         runs.decoupled(learners, name="K=1 + grace", inner_steps=inner_steps, partial=partial),
     ]
 
@@ -54,7 +58,11 @@ def main(argv: list[str]) -> int:
     print(report(results))
     experiment.write_json(a.json, results)
     goodput = {n: [r.goodput for r in rs] for n, rs in results.items()}
-    plots.emit(a, "hetero", lambda: plots.hetero(goodput, {n: [r.eval_loss for r in rs] for n, rs in results.items()}))
+    plots.emit(
+        a,
+        "hetero",
+        lambda: plots.hetero(goodput, {n: [r.eval_loss for r in rs] for n, rs in results.items()}),
+    )
     return 0
 
 

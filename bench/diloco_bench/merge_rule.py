@@ -37,7 +37,9 @@ def main(argv: list[str]) -> int:
     for m in sizes:
         for rule in ("mean", "rda"):
             for seed in seeds:
-                method = runs.decoupled(m, name=f"{rule} M={m}", quorum=0, merge_rule=rule, inner_steps=a.inner_steps)
+                method = runs.decoupled(
+                    m, name=f"{rule} M={m}", quorum=0, merge_rule=rule, inner_steps=a.inner_steps
+                )
                 (method,) = experiment.with_outer([method], a)
                 r = harness.run(method, w, timing, corpus, seed)
                 results.setdefault((rule, m), []).append(r)

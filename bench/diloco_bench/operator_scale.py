@@ -105,24 +105,40 @@ class RunResult:
 class Watcher:
     """A watch in a thread, feeding each event to ``on_event`` with the time since ``t0``."""
 
-    def __init__(self, list_fn: Callable[..., Any], on_event: Callable[[float, dict[str, Any], str], None],
-                 t0: float, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        list_fn: Callable[..., Any],
+        on_event: Callable[[float, dict[str, Any], str], None],
+        t0: float,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
         from kubernetes import watch
 
         self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._run, args=(list_fn, on_event, t0, args, kwargs), daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(list_fn, on_event, t0, args, kwargs), daemon=True
+        )
         self.error: Exception | None = None
         self.restarts = 0
         self._stopped = False
 
-    def _run(self, list_fn: Callable[..., Any], on_event: Callable[[float, dict[str, Any], str], None], t0: float,
-             args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _run(
+        self,
+        list_fn: Callable[..., Any],
+        on_event: Callable[[float, dict[str, Any], str], None],
+        t0: float,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
         while not self._stopped:  # a stream that ends or breaks is opened again (a fresh listing)
             try:
                 # The objects as the apiserver sends them (JSON, camelCase): the client's typed
                 # models cost milliseconds per pod, and a watch that falls behind on a busy machine
                 # would make reality look later than it was.
-                for ev in self._watch.stream(list_fn, *args, timeout_seconds=3600, deserialize=False, **kwargs):
+                for ev in self._watch.stream(
+                    list_fn, *args, timeout_seconds=3600, deserialize=False, **kwargs
+                ):
                     on_event(time.monotonic() - t0, ev["object"], ev["type"])
             except Exception as exc:  # kept for the report, and the watch restarts
                 self.error = exc
@@ -166,14 +182,20 @@ class PodReality:
 def job_manifest(units: int, pods: int) -> dict[str, Any]:
     unit_resources = {"requests": {"cpu": "10m", "memory": "16Mi"}}
     return {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "DiLoCoJob", "metadata": {"name": JOB},
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "DiLoCoJob",
+        "metadata": {"name": JOB},
         "spec": {
-            "images": {"worker": "example.invalid/worker:bench", "synchronizer": "example.invalid/sync:bench"},
+            "images": {
+                "worker": "example.invalid/worker:bench",
+                "synchronizer": "example.invalid/sync:bench",
+            },
             "storage": {"bucket": "diloco-bench"},
             "diloco": {"quorum": 1},
             "synchronizer": {"resources": {"requests": {"cpu": "10m"}}},
-            "learnerUnits": [{"name": f"u{i:03d}", "replicas": pods, "resources": unit_resources}
-                             for i in range(units)],
+            "learnerUnits": [
+                {"name": f"u{i:03d}", "replicas": pods, "resources": unit_resources} for i in range(units)
+            ],
         },
     }
 
@@ -196,7 +218,9 @@ def wait(probe: Callable[[], bool], timeout: float, what: str, *watchers: Watche
     while not probe():
         if time.monotonic() > deadline:
             errors = "; ".join(f"{w.restarts} restart(s), last: {w.error!r}" for w in watchers if w.error)
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}" + (f" ({errors})" if errors else ""))
+            raise TimeoutError(
+                f"timed out after {timeout:.0f}s waiting for {what}" + (f" ({errors})" if errors else "")
+            )
         time.sleep(0.2)
 
 
@@ -224,8 +248,9 @@ def control_plane(args: argparse.Namespace) -> Iterator[Any]:
             core = k8s.CoreV1Api(api)
             per_node = 500
             for i in range((args.units * args.pods + 20) // per_node + 1):
-                node = kwok.FakeNode(f"kwok-bench-{i}", "region-a", "region-a-1", cpu="1000", memory="4Ti",
-                                     pods=str(per_node))
+                node = kwok.FakeNode(
+                    f"kwok-bench-{i}", "region-a", "region-a-1", cpu="1000", memory="4Ti", pods=str(per_node)
+                )
                 core.create_node(kwok.node_manifest(node))
             ext = k8s.ApiextensionsV1Api(api)
             import yaml
@@ -233,9 +258,17 @@ def control_plane(args: argparse.Namespace) -> Iterator[Any]:
             for path in (ROOT / "crds").glob("*.yaml"):
                 for doc in yaml.safe_load_all(path.read_text()):
                     ext.create_custom_resource_definition(doc)
-            wait(lambda: all(any(c.type == "Established" and c.status == "True" for c in
-                                 (ext.read_custom_resource_definition(n).status.conditions or []))
-                             for n in ("dilocojobs.diloco.dev",)), 60, "the CRD")
+            wait(
+                lambda: all(
+                    any(
+                        c.type == "Established" and c.status == "True"
+                        for c in (ext.read_custom_resource_definition(n).status.conditions or [])
+                    )
+                    for n in ("dilocojobs.diloco.dev",)
+                ),
+                60,
+                "the CRD",
+            )
         yield plane
         done = True
     finally:
@@ -246,7 +279,9 @@ def control_plane(args: argparse.Namespace) -> Iterator[Any]:
             print(f"[bench] logs kept in {workdir}")
 
 
-def run_once(plane: Any, args: argparse.Namespace, operator: str, package_dir: str | None, run: int) -> RunResult:
+def run_once(
+    plane: Any, args: argparse.Namespace, operator: str, package_dir: str | None, run: int
+) -> RunResult:
     from kubernetes import client as k8s
 
     sys.path.insert(0, str(ROOT))
@@ -256,12 +291,20 @@ def run_once(plane: Any, args: argparse.Namespace, operator: str, package_dir: s
     ns = plane.create_namespace(f"bench-{operator}-{run}")
     metrics_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DILOCO_OPERATOR_")}
-    env.update({"KUBECONFIG": plane.kubeconfig, "DILOCO_OPERATOR_RESYNC_SECONDS": str(args.resync_seconds),
-                "DILOCO_OPERATOR_METRICS_PORT": str(metrics_port), "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9"})
+    env.update(
+        {
+            "KUBECONFIG": plane.kubeconfig,
+            "DILOCO_OPERATOR_RESYNC_SECONDS": str(args.resync_seconds),
+            "DILOCO_OPERATOR_METRICS_PORT": str(metrics_port),
+            "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9",
+        }
+    )
     if package_dir:
         env["PYTHONPATH"] = os.pathsep.join([package_dir, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     argv = [sys.executable, "-m", "diloco", "operator", "--standalone", f"--namespace={ns}", "--liveness="]
-    proc = ManagedProcess(f"operator-{operator}", argv, Path(plane.workdir) / f"operator-{operator}-{run}.log", env=env)
+    proc = ManagedProcess(
+        f"operator-{operator}", argv, Path(plane.workdir) / f"operator-{operator}-{run}.log", env=env
+    )
     reality = PodReality(args.pods)
     status = Timeline()
     updates = [0]
@@ -278,13 +321,28 @@ def run_once(plane: Any, args: argparse.Namespace, operator: str, package_dir: s
         try:
             wait(lambda: "operator started" in proc.log_path.read_text(errors="replace"), 120, "the operator")
             t0 = time.monotonic()
-            pods_watch = Watcher(core.list_namespaced_pod, reality.on_event, t0, ns,
-                                 label_selector=f"diloco.dev/job={JOB},app.kubernetes.io/component=learner").start()
-            job_watch = Watcher(custom.list_namespaced_custom_object, on_job, t0, GROUP, VERSION, ns, PLURAL).start()
-            custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job_manifest(args.units, args.pods))
+            pods_watch = Watcher(
+                core.list_namespaced_pod,
+                reality.on_event,
+                t0,
+                ns,
+                label_selector=f"diloco.dev/job={JOB},app.kubernetes.io/component=learner",
+            ).start()
+            job_watch = Watcher(
+                custom.list_namespaced_custom_object, on_job, t0, GROUP, VERSION, ns, PLURAL
+            ).start()
+            custom.create_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, job_manifest(args.units, args.pods)
+            )
             n = args.units
-            wait(lambda: reality.timeline.first_at_least(n) is not None and status.first_at_least(n) is not None,
-                 args.timeout, f"{n}/{n} units ready in reality and in the status", pods_watch, job_watch)
+            wait(
+                lambda: reality.timeline.first_at_least(n) is not None
+                and status.first_at_least(n) is not None,
+                args.timeout,
+                f"{n}/{n} units ready in reality and in the status",
+                pods_watch,
+                job_watch,
+            )
             ready_at = max(reality.timeline.first_at_least(n) or 0.0, status.first_at_least(n) or 0.0)
             created, restored = scrape_children(metrics_port)
             loss_after, before_recovery = None, None
@@ -301,8 +359,14 @@ def run_once(plane: Any, args: argparse.Namespace, operator: str, package_dir: s
                 for name in victims:
                     core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
                 wait(lambda: reality.timeline.first_below(n, t_delete) is not None, 60, "the loss in reality")
-                wait(lambda: (reality.timeline.first_at_least(n, reality.timeline.first_below(n, t_delete) or 0.0)
-                              is not None), args.timeout, "the units back in reality")
+                wait(
+                    lambda: (
+                        reality.timeline.first_at_least(n, reality.timeline.first_below(n, t_delete) or 0.0)
+                        is not None
+                    ),
+                    args.timeout,
+                    "the units back in reality",
+                )
                 time.sleep(2 * args.resync_seconds + 2)  # room for a status that only moves on a timer
                 dropped = reality.timeline.first_below(n, t_delete) or t_delete
                 recovered = reality.timeline.first_at_least(n, dropped) or dropped
@@ -313,12 +377,20 @@ def run_once(plane: Any, args: argparse.Namespace, operator: str, package_dir: s
             job_watch.stop()
             lag = lags(reality.timeline, status, n)
             return RunResult(
-                operator=operator, run=run, units=n, pods=args.pods,
-                reality_ready_s=reality.timeline.first_at_least(n), status_ready_s=status.first_at_least(n),
-                lag_median_s=statistics.median(lag) if lag else None, lag_max_s=max(lag) if lag else None,
-                backwards=status.backwards(ready_at), status_updates=updates[0],
-                children_created=created, children_restored=restored,
-                loss_shown_after_s=loss_after, loss_shown_before_recovery=before_recovery,
+                operator=operator,
+                run=run,
+                units=n,
+                pods=args.pods,
+                reality_ready_s=reality.timeline.first_at_least(n),
+                status_ready_s=status.first_at_least(n),
+                lag_median_s=statistics.median(lag) if lag else None,
+                lag_max_s=max(lag) if lag else None,
+                backwards=status.backwards(ready_at),
+                status_updates=updates[0],
+                children_created=created,
+                children_restored=restored,
+                loss_shown_after_s=loss_after,
+                loss_shown_before_recovery=before_recovery,
                 reality=[(round(t, 3), c) for t, c in reality.timeline.points],
                 status=[(round(t, 3), c) for t, c in status.points],
             )
@@ -332,14 +404,18 @@ def fmt(v: float | None) -> str:
 
 
 def table(results: Sequence[RunResult]) -> str:
-    head = ("| operator | run | reality N/N s | status N/N s | lag median / max s | went back | "
-            "job updates | children created / restored | loss shown after s | before recovery |")
+    head = (
+        "| operator | run | reality N/N s | status N/N s | lag median / max s | went back | "
+        "job updates | children created / restored | loss shown after s | before recovery |"
+    )
     rows = [head, "|" + "---|" * 10]
     for r in results:
-        rows.append(f"| {r.operator} | {r.run} | {fmt(r.reality_ready_s)} | {fmt(r.status_ready_s)} | "
-                    f"{fmt(r.lag_median_s)} / {fmt(r.lag_max_s)} | {r.backwards} | {r.status_updates} | "
-                    f"{fmt(r.children_created)} / {fmt(r.children_restored)} | {fmt(r.loss_shown_after_s)} | "
-                    f"{'-' if r.loss_shown_before_recovery is None else 'yes' if r.loss_shown_before_recovery else 'no'} |")
+        rows.append(
+            f"| {r.operator} | {r.run} | {fmt(r.reality_ready_s)} | {fmt(r.status_ready_s)} | "
+            f"{fmt(r.lag_median_s)} / {fmt(r.lag_max_s)} | {r.backwards} | {r.status_updates} | "
+            f"{fmt(r.children_created)} / {fmt(r.children_restored)} | {fmt(r.loss_shown_after_s)} | "
+            f"{'-' if r.loss_shown_before_recovery is None else 'yes' if r.loss_shown_before_recovery else 'no'} |"
+        )
     return "\n".join(rows)
 
 
@@ -348,10 +424,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--units", type=int, default=100, help="learner units of the job")
     ap.add_argument("--pods", type=int, default=8, help="pods per learner unit")
     ap.add_argument("--runs", type=int, default=3, help="runs per operator")
-    ap.add_argument("--resync-seconds", type=float, default=15.0, help="the operator's resync (the chart's: 15)")
-    ap.add_argument("--deletions", type=int, default=10, help="learner pods of different units deleted at once")
-    ap.add_argument("--controller-manager-qps", type=int, default=0,
-                    help="the controller-manager's client rate (0: its default, 20/s)")
+    ap.add_argument(
+        "--resync-seconds", type=float, default=15.0, help="the operator's resync (the chart's: 15)"
+    )
+    ap.add_argument(
+        "--deletions", type=int, default=10, help="learner pods of different units deleted at once"
+    )
+    ap.add_argument(
+        "--controller-manager-qps",
+        type=int,
+        default=0,
+        help="the controller-manager's client rate (0: its default, 20/s)",
+    )
     ap.add_argument("--baseline", help="a folder holding another diloco_operator package, run the same way")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take to reach N/N")
     ap.add_argument("--json", help="also write the figures to this file")
@@ -365,8 +449,10 @@ def main(argv: list[str]) -> int:
                 result = run_once(plane, args, name, package, run)
                 results.append(result)
                 print(table([result]).splitlines()[-1], flush=True)
-    print(f"\n{args.units} units x {args.pods} pods, resync {args.resync_seconds:g}s, controller-manager qps "
-          f"{args.controller_manager_qps or 'default'}\n")
+    print(
+        f"\n{args.units} units x {args.pods} pods, resync {args.resync_seconds:g}s, controller-manager qps "
+        f"{args.controller_manager_qps or 'default'}\n"
+    )
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2))

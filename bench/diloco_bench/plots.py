@@ -73,11 +73,20 @@ def quality(losses: Mapping[str, Sequence[float]]) -> Figure:
     return fig
 
 
-def loss_curves(curves: Mapping[str, Sequence[tuple[int, float]]], title: str = "Quality: held-out loss over tokens") -> Figure:
+def loss_curves(
+    curves: Mapping[str, Sequence[tuple[int, float]]], title: str = "Quality: held-out loss over tokens"
+) -> Figure:
     """Held-out loss of the global model over training tokens, one line per method (mean over seeds)."""
     fig, (ax,) = _figure(width=8.0)
     for i, (name, points) in enumerate(curves.items()):
-        ax.plot([t for t, _ in points], [v for _, v in points], "o-", markersize=2, color=COLORS[i % len(COLORS)], label=name)
+        ax.plot(
+            [t for t, _ in points],
+            [v for _, v in points],
+            "o-",
+            markersize=2,
+            color=COLORS[i % len(COLORS)],
+            label=name,
+        )
     ax.set_xlabel("training tokens (all learners)")
     ax.set_ylabel("held-out loss (global model)")
     ax.set_title(title)
@@ -100,7 +109,13 @@ def bandwidth(per_token: Mapping[str, float], baseline: str) -> Figure:
 
 
 def _kind_color(name: str) -> str:
-    return COLORS[0] if name.startswith("data-parallel") else COLORS[1] if name.startswith("DiLoCo") else COLORS[2]
+    return (
+        COLORS[0]
+        if name.startswith("data-parallel")
+        else COLORS[1]
+        if name.startswith("DiLoCo")
+        else COLORS[2]
+    )
 
 
 def codecs(points: Mapping[str, tuple[float, Sequence[float]]], title: str = "Codecs: loss vs bytes on the wire "
@@ -143,7 +158,9 @@ def chaos(runs: Sequence[tuple[str, Sequence[tuple[float, float]], Sequence[floa
         ax.plot([t for t, _ in samples], [v for _, v in samples], "o-", markersize=3, color=color,
                 label=f"{mode} ({len(kills)} kills)")  # fmt: skip
         strip = 0.04 + 0.05 * (len(runs) - 1 - i)  # axes fraction: one row of kill marks per mode
-        ax.plot(kills, [strip] * len(kills), "x", color=color, markersize=7, transform=ax.get_xaxis_transform())
+        ax.plot(
+            kills, [strip] * len(kills), "x", color=color, markersize=7, transform=ax.get_xaxis_transform()
+        )
     lo, hi = ax.get_ylim()
     ax.set_ylim(lo - 0.06 * len(runs) * (hi - lo), hi)  # room for the kill strips under the curves
     ax.set_xlabel("wall-clock seconds since the run started")
@@ -153,7 +170,9 @@ def chaos(runs: Sequence[tuple[str, Sequence[tuple[float, float]], Sequence[floa
     return fig
 
 
-def simulate(chips: Sequence[int], rows: Sequence[tuple[str, Sequence[float], Sequence[float | None]]]) -> Figure:
+def simulate(
+    chips: Sequence[int], rows: Sequence[tuple[str, Sequence[float], Sequence[float | None]]]
+) -> Figure:
     """Goodput vs chips per method: ours as lines, the paper's Table 1 as markers of the same colour."""
     fig, (ax,) = _figure(width=8.0)
     for i, (label, ours, paper) in enumerate(rows):
@@ -169,7 +188,9 @@ def simulate(chips: Sequence[int], rows: Sequence[tuple[str, Sequence[float], Se
     return fig
 
 
-def merge_rule(ratios: Mapping[str, Mapping[int, float]], losses: Mapping[str, Mapping[int, Sequence[float]]]) -> Figure:
+def merge_rule(
+    ratios: Mapping[str, Mapping[int, float]], losses: Mapping[str, Mapping[int, Sequence[float]]]
+) -> Figure:
     """Left: merged norm / mean norm vs M per rule next to 1/sqrt(M); right: held-out loss vs M."""
     fig, (left, right) = _figure(ncols=2, width=9.0)
     sizes = sorted({m for by_m in ratios.values() for m in by_m})

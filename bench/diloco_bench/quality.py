@@ -21,11 +21,22 @@ def main(argv: list[str]) -> int:
     p = experiment.parser("diloco bench quality", __doc__, steps=128, seeds="0,1,2")
     p.add_argument("--learners", type=int, default=4, help="M (default %(default)s)")
     p.add_argument("--inner-steps", type=int, default=16, help="H (default %(default)s)")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="also evaluate the global model every this many inner steps per learner (0: at the end)")
-    p.add_argument("--delayed-nesterov", type=int, default=0, help="decoupled's Delayed Nesterov N (0: plain)")
-    p.add_argument("--combine", type=Path, nargs="+", default=None,
-                   help="run nothing: report on the --json files of earlier runs (e.g. one per seed, run in parallel)")
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="also evaluate the global model every this many inner steps per learner (0: at the end)",
+    )
+    p.add_argument(
+        "--delayed-nesterov", type=int, default=0, help="decoupled's Delayed Nesterov N (0: plain)"
+    )
+    p.add_argument(
+        "--combine",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="run nothing: report on the --json files of earlier runs (e.g. one per seed, run in parallel)",
+    )
     a = p.parse_args(argv)
     if a.combine:
         return summarize(a, combine(a.combine))
@@ -55,7 +66,9 @@ def summarize(a: argparse.Namespace, results: dict[str, list[runs.RunResult]]) -
     if curves:
         print(trend(results))
     experiment.write_json(a.json, results)
-    plots.emit(a, "quality", lambda: plots.quality({n: [r.eval_loss for r in rs] for n, rs in results.items()}))
+    plots.emit(
+        a, "quality", lambda: plots.quality({n: [r.eval_loss for r in rs] for n, rs in results.items()})
+    )
     if curves:
         plots.emit(a, "quality-curve", lambda: plots.loss_curves(mean_curves(results)))
     return 0

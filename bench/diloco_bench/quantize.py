@@ -49,7 +49,9 @@ def measure(n: int, device: torch.device, repeats: int, formats: list[str]) -> l
     return [measure_format(name, x, flat, layout, repeats) for name in formats]
 
 
-def measure_format(name: str, x: np.ndarray, flat: torch.Tensor, layout: tq.FlatLayout, repeats: int) -> dict[str, Any]:
+def measure_format(
+    name: str, x: np.ndarray, flat: torch.Tensor, layout: tq.FlatLayout, repeats: int
+) -> dict[str, Any]:
     """One format's four figures (G parameters/s) and whether both wrote the same bytes."""
     device, n = flat.device, x.size
 
@@ -70,7 +72,9 @@ def measure_format(name: str, x: np.ndarray, flat: torch.Tensor, layout: tq.Flat
         host_s.copy_(got.scales, non_blocking=True)
 
     def as_tensor(b: bytes) -> torch.Tensor:
-        return (torch.frombuffer(bytearray(b), dtype=torch.uint8) if b else torch.empty(0, dtype=torch.uint8)).to(device)
+        return (
+            torch.frombuffer(bytearray(b), dtype=torch.uint8) if b else torch.empty(0, dtype=torch.uint8)
+        ).to(device)
 
     dv, ds = as_tensor(values), as_tensor(scales)
     timings = {
@@ -96,12 +100,16 @@ def table(rows: list[dict[str, Any]], device: torch.device) -> str:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="diloco bench quantize", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="diloco bench quantize",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--device", default="cpu", help="where the torch quantizers run: cpu or cuda")
     ap.add_argument("--params", type=int, default=28_000_000, help="values in the fragment")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (numpy uses one); 0: PyTorch's default")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (numpy uses one); 0: PyTorch's default"
+    )
     ap.add_argument("--formats", default=",".join(tq.FORMATS), help="the formats with a torch implementation")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return ap.parse_args(argv)
@@ -119,7 +127,11 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     rows = measure(a.params, device, a.repeats, formats)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} torch threads"
+    where = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU, {torch.get_num_threads()} torch threads"
+    )
     print(f"fragment of {a.params:,} float32 values; torch on {where}; PyTorch {torch.__version__}\n")
     print(table(rows, device))
     if a.json:

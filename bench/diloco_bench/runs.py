@@ -37,8 +37,12 @@ class Method:
     # an open round pulls the partial progress of the other learners (never in blocking modes); off by
     # default so that the experiments measured without it keep their figures; ``hetero`` turns it on
     partial: bool = False
-    error_feedback: bool = False  # learners carry each fragment's quantization residual into its next outer gradient
-    down_codec: str = "fp32"  # fp32: every new version whole; otherwise its quantized difference to the previous one
+    error_feedback: bool = (
+        False  # learners carry each fragment's quantization residual into its next outer gradient
+    )
+    down_codec: str = (
+        "fp32"  # fp32: every new version whole; otherwise its quantized difference to the previous one
+    )
     block_size: int = 256  # of the blocked quantizers, both directions (topk keeps 8 values per block)
 
     def settings(self) -> DiLoCoSettings:
@@ -76,7 +80,9 @@ class Timing:
     speed_factors: tuple[float, ...] = ()  # step-time multiplier per learner (default all 1.0)
     noise: float = 0.0  # relative std of each step time
     time_budget: float = math.inf  # virtual seconds
-    eval_every: int = 0  # evaluate the global model every this many inner steps per learner (0: only at the end)
+    eval_every: int = (
+        0  # evaluate the global model every this many inner steps per learner (0: only at the end)
+    )
 
     def factor(self, m: int) -> float:
         return self.speed_factors[m] if m < len(self.speed_factors) else 1.0

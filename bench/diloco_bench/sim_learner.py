@@ -90,7 +90,9 @@ class SimLearner:
         c = self.counters.mark_sent(p)
         params = self.fragment_params(p)
         delta = outer_gradient(self.anchors[p], params)
-        self.anchors[p] = params  # the next send before a new version carries only the progress after this one
+        self.anchors[p] = (
+            params  # the next send before a new version carries only the progress after this one
+        )
         if self.method.error_feedback:
             enc = feedback.encode(delta, self.residuals[p], fragment=p, base_version=c.base_version,
                                   kind="outer_grad", quantizer=self.method.codec,

@@ -48,7 +48,9 @@ SECRET = "bench-startup-secret"
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="diloco bench startup", description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3, help="starts and restarts of a learner (default %(default)s)")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="starts and restarts of a learner (default %(default)s)"
+    )
     model = RunSettings().model  # diloco run's default model
     p.add_argument("--n-layer", type=int, default=model.n_layer)
     p.add_argument("--n-embd", type=int, default=model.n_embd)
@@ -125,7 +127,9 @@ class Learners:
         code = child.popen.wait(timeout=600)
         records = startup_records(self.paths.metrics_file(learner))
         if code != 0 or child.pid not in records:
-            raise RuntimeError(f"learner {learner} exited with {code} without a start-up record:\n{child.log_tail()}")
+            raise RuntimeError(
+                f"learner {learner} exited with {code} without a start-up record:\n{child.log_tail()}"
+            )
         return records[child.pid]
 
     def close(self) -> None:

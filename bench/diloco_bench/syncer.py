@@ -69,7 +69,9 @@ class Syncer:
         previous = self.pending[p].get(c.learner)
         if previous is not None and previous.base_version == c.base_version:
             summed = {n: previous.tensors[n] + c.tensors[n] for n in c.tensors}
-            c = Pending(c.learner, c.base_version, previous.steps + c.steps, previous.tokens + c.tokens, summed)
+            c = Pending(
+                c.learner, c.base_version, previous.steps + c.steps, previous.tokens + c.tokens, summed
+            )
         self.pending[p][c.learner] = c
         self._add(p, c, now)
         return self.consider(p, now)
@@ -143,4 +145,8 @@ class Syncer:
 
 
 def _norm(arrays: Arrays) -> float:
-    return math.sqrt(sum(float(np.dot(v.ravel().astype(np.float64), v.ravel().astype(np.float64))) for v in arrays.values()))
+    return math.sqrt(
+        sum(
+            float(np.dot(v.ravel().astype(np.float64), v.ravel().astype(np.float64))) for v in arrays.values()
+        )
+    )

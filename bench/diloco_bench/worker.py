@@ -121,7 +121,9 @@ def measure(metrics: Path, warmup: int) -> dict[str, float]:
         "blocked_fraction": (last["blocked_s"] - first["blocked_s"]) / elapsed,
         "bytes_sent": float(last.get("bytes_sent", 0)),
         "steps": float(last["step"] - first["step"]),
-        "mfu": statistics.median(r["mfu"] for r in recs[1:]) if "mfu" in last and len(recs) > 1 else float("nan"),
+        "mfu": statistics.median(r["mfu"] for r in recs[1:])
+        if "mfu" in last and len(recs) > 1
+        else float("nan"),
     }
 
 
@@ -148,7 +150,9 @@ def _percent(x: float) -> str:
 
 
 def table(rows: list[tuple[str, dict[str, float]]]) -> str:
-    head = f"{'run':<12} {'tokens/s':>10} {'tokens/CPU-s':>13} {'blocked %':>10} {'bytes sent':>12} {'MFU %':>6}"
+    head = (
+        f"{'run':<12} {'tokens/s':>10} {'tokens/CPU-s':>13} {'blocked %':>10} {'bytes sent':>12} {'MFU %':>6}"
+    )
     lines = [head, "-" * len(head)]
     for name, r in rows:
         blocked = f"{100 * r['blocked_fraction']:.3f}" if name.startswith("diloco") else "-"
@@ -178,10 +182,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--codec", default="int4")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: PyTorch's default)")
     ap.add_argument("--log-every", type=int, default=5, help="steps between the learners' logged steps")
-    ap.add_argument("--sync-compute", default="auto", choices=["auto", "numpy", "torch"],
-                    help="the learners' outer-gradient path (auto: torch on CUDA, numpy on a CPU)")
+    ap.add_argument(
+        "--sync-compute",
+        default="auto",
+        choices=["auto", "numpy", "torch"],
+        help="the learners' outer-gradient path (auto: torch on CUDA, numpy on a CPU)",
+    )
     ap.add_argument("--compile", action="store_true", help="learners run the model through torch.compile")
-    ap.add_argument("--peak-tflops", type=float, default=0.0, help="peak TFLOP/s for MFU (default: known GPUs)")
+    ap.add_argument(
+        "--peak-tflops", type=float, default=0.0, help="peak TFLOP/s for MFU (default: known GPUs)"
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args(argv)
     if args.steps <= args.warmup + 2 * args.log_every:

@@ -36,11 +36,15 @@ class Workload:
 
 
 def model_settings(w: Workload, seed: int) -> ModelSettings:
-    return ModelSettings(n_layer=w.n_layer, n_head=w.n_head, n_embd=w.n_embd, block_size=w.block_size, seed=seed)
+    return ModelSettings(
+        n_layer=w.n_layer, n_head=w.n_head, n_embd=w.n_embd, block_size=w.block_size, seed=seed
+    )
 
 
 def train_settings(w: Workload, steps: int) -> TrainSettings:
-    return TrainSettings(batch_size=w.batch_size, lr=w.lr, warmup_steps=w.warmup_steps, max_steps=max(steps, 1))
+    return TrainSettings(
+        batch_size=w.batch_size, lr=w.lr, warmup_steps=w.warmup_steps, max_steps=max(steps, 1)
+    )
 
 
 class Corpus:
@@ -52,7 +56,9 @@ class Corpus:
         self.held_out = eval_batches(held, batch_size=16, block_size=w.block_size, max_batches=w.eval_batches,
                                      device=torch.device(w.device))  # fmt: skip
 
-    def stream(self, w: Workload, m: int, count: int, seed: int, batch_size: int | None = None) -> BatchStream:
+    def stream(
+        self, w: Workload, m: int, count: int, seed: int, batch_size: int | None = None
+    ) -> BatchStream:
         return BatchStream(
             self.train, Shard(m, count, "bench"), batch_size=batch_size or w.batch_size,
             block_size=w.block_size, seed=seed, device=torch.device(w.device),

@@ -173,7 +173,9 @@ def encode_quantized(
         n = prod(part.shape)
         nv, ns = len(memoryview(part.values).cast("B")), len(memoryview(part.scales).cast("B"))
         if (nv, ns) != (q.data_nbytes(quantizer, n, block_size), q.scales_nbytes(quantizer, n, block_size)):
-            raise CodecError(f"tensor {name!r}: {nv} value and {ns} scale bytes do not fit its shape {part.shape}")
+            raise CodecError(
+                f"tensor {name!r}: {nv} value and {ns} scale bytes do not fit its shape {part.shape}"
+            )
         entries.append(
             {
                 "name": name,
@@ -246,7 +248,11 @@ def decode(blob: bytes, *, fragment: Fragment | None = None, max_bytes: int = DE
         n = prod(shape)
         try:
             flat = q.dequantize(
-                bytes(data[vo : vo + vn]), bytes(data[so : so + sn]), header["quantizer"], n, header["block_size"]
+                bytes(data[vo : vo + vn]),
+                bytes(data[so : so + sn]),
+                header["quantizer"],
+                n,
+                header["block_size"],
             )
         except ValueError as exc:  # only topk's indices can be malformed once the layout is checked
             raise CorruptPayload(f"tensor {name!r}: {exc}") from exc

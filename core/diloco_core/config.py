@@ -36,12 +36,17 @@ class DiLoCoSettings(_Model):
     quorum: int = Field(1, ge=1, description="K: minimum learners merged in a round")
     grace_gamma: float = Field(0.5, ge=0.0, le=1.0, description="gamma: share of the slack spent waiting")
     grace_cap_steps: float = Field(1.0, ge=0.0, description="upper bound of the grace window, in step times")
-    outer_lr: float = Field(0.7, gt=0.0, le=10.0, description="eta: learning rate of the outer Nesterov optimizer")
-    outer_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="mu: momentum of the outer Nesterov optimizer")
+    outer_lr: float = Field(
+        0.7, gt=0.0, le=10.0, description="eta: learning rate of the outer Nesterov optimizer"
+    )
+    outer_momentum: float = Field(
+        0.9, ge=0.0, lt=1.0, description="mu: momentum of the outer Nesterov optimizer"
+    )
     delayed_nesterov: int = Field(0, ge=0, description="apply momentum every N merges (0: plain Nesterov)")
     codec: Quantizer = Field("int4", description="quantization of the outer gradients on the wire")
     error_feedback: bool = Field(
-        False, description="learners add each fragment's quantization residual to its next outer gradient "
+        False,
+        description="learners add each fragment's quantization residual to its next outer gradient "
         "(kept in their checkpoints); for int2, int1 and topk",
     )
     mixing_alpha: float = Field(0.0, ge=0.0, le=1.0, description="alpha: 0 overwrites local with global")
@@ -51,7 +56,9 @@ class DiLoCoSettings(_Model):
     token_weighting: bool = Field(True, description="weight contributions by tokens x tokens per step")
     staleness_power: float = Field(0.0, ge=0.0, description="weight x (1+staleness)^-power; 0 disables")
     max_staleness: int = Field(4, ge=0, description="versions behind the newest a contribution may be")
-    heartbeat_timeout_s: float = Field(30.0, gt=0.0, description="a learner silent for this long is not alive")
+    heartbeat_timeout_s: float = Field(
+        30.0, gt=0.0, description="a learner silent for this long is not alive"
+    )
     max_update_norm_factor: float = Field(
         10.0,
         ge=0.0,
@@ -60,13 +67,16 @@ class DiLoCoSettings(_Model):
         "fragment's recent ones is excluded from its round (0: only finiteness is checked)",
     )
     fragment_strategy: FragmentStrategy = Field(
-        "balanced", description="packing of tensors into fragments: balanced sizes, or layer i in fragment i mod P"
+        "balanced",
+        description="packing of tensors into fragments: balanced sizes, or layer i in fragment i mod P",
     )
 
     @model_validator(mode="after")
     def _check(self) -> DiLoCoSettings:
         if self.overlap >= self.inner_steps:
-            raise ValueError(f"overlap ({self.overlap}) must be smaller than inner_steps ({self.inner_steps})")
+            raise ValueError(
+                f"overlap ({self.overlap}) must be smaller than inner_steps ({self.inner_steps})"
+            )
         if self.fragments > self.inner_steps:
             raise ValueError(
                 f"fragments ({self.fragments}) must be at most inner_steps ({self.inner_steps}): each fragment "
@@ -95,8 +105,10 @@ class ModelSettings(_Model):
     @model_validator(mode="after")
     def _check(self) -> ModelSettings:
         if self.entry_point == "builtin" and self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head}): the built-in "
-                             "model splits the embedding width among the heads")
+            raise ValueError(
+                f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head}): the built-in "
+                "model splits the embedding width among the heads"
+            )
         return self
 
 
@@ -121,7 +133,9 @@ class DataSettings(_Model):
     """The training corpus."""
 
     corpus: str = Field("stdlib", description="'stdlib', a local folder/file, or s3://bucket/prefix")
-    eval_fraction: float = Field(0.02, gt=0.0, lt=0.5, description="share of the corpus held out for evaluation")
+    eval_fraction: float = Field(
+        0.02, gt=0.0, lt=0.5, description="share of the corpus held out for evaluation"
+    )
     non_iid: bool = Field(False, description="give each learner a distinct part of the corpus (non-IID data)")
 
 

@@ -55,7 +55,9 @@ def add(previous: Arrays, update: Arrays) -> dict[str, F32]:
     return {n: np.asarray(previous[n], np.float32) + np.asarray(update[n], np.float32) for n in previous}
 
 
-def apply(known_version: int, known: Arrays, blob: bytes, fragment: Fragment) -> tuple[int, dict[str, F32]] | None:
+def apply(
+    known_version: int, known: Arrays, blob: bytes, fragment: Fragment
+) -> tuple[int, dict[str, F32]] | None:
     """The version an update payload makes from the learner's copy of version ``known_version``, or
     None when the update applies to another version (the learner then takes the full version)."""
     payload = codec.decode(blob, fragment=fragment)

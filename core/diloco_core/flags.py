@@ -163,9 +163,11 @@ def derive_flags(
     for section_path, names in include.items():
         cls, section_default = _walk(model, section_path)
         prefix: FieldPath = tuple(p for p in section_path.split(".") if p)
-        chosen = names if names is not None else [
-            n for n, f in cls.model_fields.items() if _section(f.annotation) is None
-        ]
+        chosen = (
+            names
+            if names is not None
+            else [n for n, f in cls.model_fields.items() if _section(f.annotation) is None]
+        )
         for name in chosen:
             info = cls.model_fields[name]
             path = (*prefix, name)
@@ -180,7 +182,9 @@ def derive_flags(
     names_seen = [f.name for f in flags]
     twice = sorted({n for n in names_seen if names_seen.count(n) > 1})
     if twice:
-        raise ValueError(f"two settings would share the flag(s) {', '.join(twice)}: rename one with Cli(name=...)")
+        raise ValueError(
+            f"two settings would share the flag(s) {', '.join(twice)}: rename one with Cli(name=...)"
+        )
     return tuple(flags)
 
 
@@ -189,9 +193,13 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flags: 
     for f in flags:
         names = [f.option, *([f.short] if f.short else [])]
         if f.kind == "bool":
-            parser.add_argument(*names, dest=f.dest, action=argparse.BooleanOptionalAction, default=None, help=f.help)
+            parser.add_argument(
+                *names, dest=f.dest, action=argparse.BooleanOptionalAction, default=None, help=f.help
+            )
         elif f.kind == "list":
-            parser.add_argument(*names, dest=f.dest, action="append", default=None, metavar="A,B", help=f.help)
+            parser.add_argument(
+                *names, dest=f.dest, action="append", default=None, metavar="A,B", help=f.help
+            )
         else:
             parser.add_argument(*names, dest=f.dest, default=None, help=f.help)
 
@@ -219,7 +227,9 @@ class Given:
         return path in self.sources
 
 
-def option_or_env(args: argparse.Namespace, environ: Mapping[str, str], name: str, prefix: str = ENV_PREFIX) -> Any:
+def option_or_env(
+    args: argparse.Namespace, environ: Mapping[str, str], name: str, prefix: str = ENV_PREFIX
+) -> Any:
     """The value of a plain argument ``--name`` (not a settings field), else of its variable."""
     value = getattr(args, name.replace("-", "_"), None)
     if value is not None:
@@ -259,7 +269,9 @@ def _from_env(f: Flag, environ: Mapping[str, str]) -> tuple[Any, str]:
     return None, ""
 
 
-def unknown_variables(flags: Iterable[Flag], environ: Mapping[str, str], prefix: str, known: Collection[str] = ()) -> list[str]:
+def unknown_variables(
+    flags: Iterable[Flag], environ: Mapping[str, str], prefix: str, known: Collection[str] = ()
+) -> list[str]:
     """Variables with ``prefix`` that no flag reads (a misspelt setting), besides ``known`` ones."""
     read_by = {name for f in flags for name in (f.env, f.negative_env)} | set(known)
     return sorted(k for k in environ if k.startswith(prefix) and k not in read_by)
@@ -278,7 +290,9 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 def _declared_defaults(model: type[BaseModel]) -> dict[str, Any]:
     """The sections whose default the model declares (``diloco: DiLoCoSettings = DiLoCoSettings(H=16)``),
     so that setting one field of such a section keeps the declared values of the others."""
-    return {n: f.default.model_dump() for n, f in model.model_fields.items() if isinstance(f.default, BaseModel)}
+    return {
+        n: f.default.model_dump() for n, f in model.model_fields.items() if isinstance(f.default, BaseModel)
+    }
 
 
 def _lookup(values: Mapping[str, Any], path: FieldPath) -> bool:

@@ -192,7 +192,10 @@ def build_plan(
             )
     frags = tuple(
         Fragment(
-            i, kinds[i], tuple(sorted(g, key=lambda s: s.name)), i * inner_steps // num_fragments,
+            i,
+            kinds[i],
+            tuple(sorted(g, key=lambda s: s.name)),
+            i * inner_steps // num_fragments,
             tuple(sorted(s.name for s in g if s.name in embedding_names)) if kinds[i] == "dense" else (),
         )  # fmt: skip
         for i, g in enumerate(groups)

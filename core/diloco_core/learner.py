@@ -125,10 +125,14 @@ class FragmentCounters:
 
     def __init__(self, plan: FragmentPlan, counters: Sequence[FragmentCounter] | None = None) -> None:
         if counters is not None and len(counters) != len(plan.fragments):
-            raise ValueError(f"{len(counters)} fragment counters for a plan of {len(plan.fragments)} fragments")
+            raise ValueError(
+                f"{len(counters)} fragment counters for a plan of {len(plan.fragments)} fragments"
+            )
         self.plan = plan
         self._counters = (
-            list(counters) if counters is not None else [FragmentCounter(steps=-f.offset) for f in plan.fragments]
+            list(counters)
+            if counters is not None
+            else [FragmentCounter(steps=-f.offset) for f in plan.fragments]
         )
 
     def __getitem__(self, p: int) -> FragmentCounter:
@@ -152,7 +156,9 @@ class FragmentCounters:
     def due(self) -> list[int]:
         """The fragments whose outer gradient should be sent now."""
         return [
-            i for i, c in enumerate(self._counters) if c.steps > 0 and self.plan.is_due(i, c.steps - c.sent_at)
+            i
+            for i, c in enumerate(self._counters)
+            if c.steps > 0 and self.plan.is_due(i, c.steps - c.sent_at)
         ]
 
     def unsent(self, p: int) -> bool:

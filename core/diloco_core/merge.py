@@ -157,6 +157,7 @@ def merge_fragment(
     for i, d in enumerate(deltas[1:], start=1):
         if set(d) != names:
             raise ValueError(f"contribution {i} has tensors {sorted(d)}, contribution 0 has {sorted(names)}")
+
     def combine(name: str) -> F32:
         mean = rule == "mean" or kind == "embedding" or name in mean_tensors
         return (weighted_mean if mean else rda)([d[name] for d in deltas], weights)

@@ -121,8 +121,12 @@ class RegisterResponse(_Msg):
         description="the job's fragment plan (FragmentPlan.to_dict(): tensor names, shapes, fragment "
         "assignment, H, overlap); its hash is plan_hash. Absent from synchronizers older than this field",
     )
-    versions: dict[FragmentKey, int] = fragment_map("fragment → newest global version (-1: none yet)", required=True)
-    needs_init: list[int] = Field(default_factory=list, description="fragments this learner must upload with /init")
+    versions: dict[FragmentKey, int] = fragment_map(
+        "fragment → newest global version (-1: none yet)", required=True
+    )
+    needs_init: list[int] = Field(
+        default_factory=list, description="fragments this learner must upload with /init"
+    )
     diloco: dict[str, Any] = Field(..., description="the job's DiLoCoSettings")
     shards: list[ShardInfo] = Field(default_factory=list)
     heartbeat_interval_s: float
@@ -134,7 +138,11 @@ class Heartbeat(_Msg):
     step: Steps
     tokens: Tokens = Field(..., description="tokens trained on in total")
     step_time_s: float = Field(
-        ..., ge=0.0, le=MAX_STEP_TIME_S, allow_inf_nan=False, description="recent inner step time (0: not measured)"
+        ...,
+        ge=0.0,
+        le=MAX_STEP_TIME_S,
+        allow_inf_nan=False,
+        description="recent inner step time (0: not measured)",
     )
     state: LearnerState = "training"
     fragment_steps: dict[FragmentKey, Annotated[int, Field(ge=-MAX_STEPS, le=MAX_STEPS)]] = fragment_map(
@@ -147,7 +155,9 @@ class Heartbeat(_Msg):
 
 
 class HeartbeatResponse(_Msg):
-    versions: dict[FragmentKey, int] = fragment_map("fragment → newest global version (-1: none yet)", required=True)
+    versions: dict[FragmentKey, int] = fragment_map(
+        "fragment → newest global version (-1: none yet)", required=True
+    )
     alive_learners: int
 
 
@@ -211,7 +221,8 @@ class FragmentStatus(_Msg):
     pending: int
     rounds: int
     excluded: int = Field(
-        0, description="contributions the rounds' checks excluded since the synchronizer started (see its log)"
+        0,
+        description="contributions the rounds' checks excluded since the synchronizer started (see its log)",
     )
 
 

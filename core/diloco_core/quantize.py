@@ -133,7 +133,9 @@ def _quantize_blocked(x: F32, quantizer: str, block_size: int) -> tuple[bytes, b
         scales = _mean_magnitudes(x, blocks, scales)
     safe = np.where(scales > 0, scales, np.float32(1))[:, None]
     if quantizer == "int8":
-        q: npt.NDArray[np.integer] = np.clip(np.rint(blocks / safe * np.float32(127)), -127, 127).astype(np.int8)
+        q: npt.NDArray[np.integer] = np.clip(np.rint(blocks / safe * np.float32(127)), -127, 127).astype(
+            np.int8
+        )
     elif quantizer == "int4":
         q = (np.clip(np.rint(blocks / safe * np.float32(7)), -7, 7).astype(np.int16) + 8).astype(np.uint8)
     elif quantizer == "int2":
@@ -209,9 +211,16 @@ def dequantize(values: bytes, scales: bytes, quantizer: str, n: int, block_size:
         q = np.frombuffer(values, dtype=np.int8, count=n).astype(np.float32)
         return q * (per_value / np.float32(127))
     if quantizer == "int2":
-        return (_unpack_bits(values, n, 2).astype(np.float32) * np.float32(2) - np.float32(3)) / np.float32(3) * per_value
+        return (
+            (_unpack_bits(values, n, 2).astype(np.float32) * np.float32(2) - np.float32(3))
+            / np.float32(3)
+            * per_value
+        )
     if quantizer == "int1":
-        return np.where(_unpack_bits(values, n, 1) == 1, np.float32(-1), np.float32(1)).astype(np.float32) * per_value
+        return (
+            np.where(_unpack_bits(values, n, 1) == 1, np.float32(-1), np.float32(1)).astype(np.float32)
+            * per_value
+        )
     codes = _unpack4(values, n)
     if quantizer == "int4":
         return _INT4_LEVELS[codes] * per_value

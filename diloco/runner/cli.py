@@ -46,10 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="diloco run", description=__doc__)
     add_flags(p, FLAGS)
     chaos = p.add_argument_group("heterogeneity")
-    chaos.add_argument("--speed-factors", default=None, help="step-time multiplier per learner, e.g. 1,1,1.18,1.18")
-    chaos.add_argument("--slow", default=None, help="FRACTION:FACTOR, e.g. 0.5:1.18 slows the last half by 18%%")
-    chaos.add_argument("--bandwidth-limit", default=None,
-                       help="upload rate of learners in bytes/s: one for all (500k) or one each (1M,-,-,200k)")
+    chaos.add_argument(
+        "--speed-factors", default=None, help="step-time multiplier per learner, e.g. 1,1,1.18,1.18"
+    )
+    chaos.add_argument(
+        "--slow", default=None, help="FRACTION:FACTOR, e.g. 0.5:1.18 slows the last half by 18%%"
+    )
+    chaos.add_argument(
+        "--bandwidth-limit",
+        default=None,
+        help="upload rate of learners in bytes/s: one for all (500k) or one each (1M,-,-,200k)",
+    )
     return p
 
 
@@ -66,13 +73,20 @@ def parse_settings(argv: list[str], count_gpus: Callable[[], int] = visible_gpus
     if given.values.get("mode", "decoupled") != "decoupled":
         given.set(("diloco", "overlap"), 0, "--mode")  # no overlap in the synchronous modes
     if given.values.get("device") == "cuda":  # a GPU-sized model unless the flags say otherwise
-        for path, value in [*((("model", k), v) for k, v in GPU_MODEL.items()), (("train", "batch_size"), GPU_BATCH_SIZE)]:
+        for path, value in [
+            *((("model", k), v) for k, v in GPU_MODEL.items()),
+            (("train", "batch_size"), GPU_BATCH_SIZE),
+        ]:
             if not given.has(path):
                 given.set(path, value, "--device cuda")
     settings = validate(RunSettings, given, what="run settings")
-    settings = settings.model_copy(update={"gpus": resolve_gpus(settings, count_gpus() if settings.device == "cuda" else 0)})
+    settings = settings.model_copy(
+        update={"gpus": resolve_gpus(settings, count_gpus() if settings.device == "cuda" else 0)}
+    )
     warmup = min(20, settings.train.max_steps // 10)
-    settings = settings.model_copy(update={"train": settings.train.model_copy(update={"warmup_steps": warmup})})
+    settings = settings.model_copy(
+        update={"train": settings.train.model_copy(update={"warmup_steps": warmup})}
+    )
     if a.speed_factors and a.slow:
         raise SettingsError("give either --speed-factors or --slow, not both")
     speeds: tuple[float, ...] = ()
@@ -120,7 +134,10 @@ def main(argv: list[str]) -> int:
         orchestrator = Orchestrator(settings, paths, view)
         with orchestrator.catching_signals():  # from the first line on, Ctrl-C ends in a report
             where = f" on GPUs {','.join(map(str, settings.gpus))}" if settings.device == "cuda" else ""
-            print(f"diloco run: {settings.mode}, {settings.learners} learners{where}; run folder {paths.root}", flush=True)
+            print(
+                f"diloco run: {settings.mode}, {settings.learners} learners{where}; run folder {paths.root}",
+                flush=True,
+            )
             try:
                 record = orchestrator.run()
             except RunError as exc:

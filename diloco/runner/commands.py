@@ -72,26 +72,41 @@ def build_synchronizer_argv(settings: RunSettings, paths: RunPaths, *, port: int
 
 def build_worker_argv(settings: RunSettings, paths: RunPaths, learner: int, *, sync_url: str) -> list[str]:
     argv = [
-        settings.python, "-m", "diloco_worker",
-        "--sync-url", sync_url,
-        "--learner-id", learner_id(settings, learner),
-        "--learner-index", str(0 if settings.mode == "ddp" else learner),
-        "--num-learners", str(1 if settings.mode == "ddp" else settings.learners),
+        settings.python,
+        "-m",
+        "diloco_worker",
+        "--sync-url",
+        sync_url,
+        "--learner-id",
+        learner_id(settings, learner),
+        "--learner-index",
+        str(0 if settings.mode == "ddp" else learner),
+        "--num-learners",
+        str(1 if settings.mode == "ddp" else settings.learners),
         *to_argv(PLAN_FLAGS, settings.algorithm()),
         *to_argv(MODEL_FLAGS, settings.model),
         *to_argv(TRAIN_FLAGS, settings.train),
         *to_argv(DATA_FLAGS, settings.data),
-        "--corpus-max-bytes", str(CORPUS_BYTES[settings.device]),
-        "--checkpoint-dir", str(paths.checkpoint_dir(learner).resolve()),
-        "--checkpoint-every", str(CHECKPOINT_EVERY),
-        "--metrics-file", str(paths.metrics_file(learner).resolve()),
-        "--eval-every", str(settings.eval_every),
+        "--corpus-max-bytes",
+        str(CORPUS_BYTES[settings.device]),
+        "--checkpoint-dir",
+        str(paths.checkpoint_dir(learner).resolve()),
+        "--checkpoint-every",
+        str(CHECKPOINT_EVERY),
+        "--metrics-file",
+        str(paths.metrics_file(learner).resolve()),
+        "--eval-every",
+        str(settings.eval_every),
         # every step on a CPU, so the step a learner was killed at is the last one in its metrics file; on a
         # GPU every 5 (reading a step's loss waits for the device)
-        "--log-every", "5" if settings.device == "cuda" else "1",
-        "--device", "cuda:0" if settings.device == "cuda" else "cpu",  # on a GPU it sees only its own
-        "--poll-wait", "2",
-        "--speed-factor", str(settings.speed_of(learner)),
+        "--log-every",
+        "5" if settings.device == "cuda" else "1",
+        "--device",
+        "cuda:0" if settings.device == "cuda" else "cpu",  # on a GPU it sees only its own
+        "--poll-wait",
+        "2",
+        "--speed-factor",
+        str(settings.speed_of(learner)),
     ]
     if settings.mode == "diloco-sync":
         argv.append("--blocking-sync")
@@ -121,7 +136,10 @@ def build_worker_env(
     machine), on GPUs the one GPU it sees (``CUDA_VISIBLE_DEVICES``), and in ddp mode the
     torch.distributed rendezvous of the unit."""
     env = dict(base) | {
-        "DILOCO_JOB_SECRET": job_secret, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+        "DILOCO_JOB_SECRET": job_secret,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
     }
     gpu = settings.gpu_of(learner)
     if gpu is not None:

@@ -31,8 +31,17 @@ class GlobalEvaluator:
     """Evaluates the synchronizer's global parameters (needs PyTorch and ``diloco_worker``)."""
 
     def __init__(
-        self, *, sync_url: str, job_secret: str, model: ModelSettings, corpus: str, eval_fraction: float,
-        batch_size: int, fragments: int, corpus_max_bytes: int, device: str = "cpu",
+        self,
+        *,
+        sync_url: str,
+        job_secret: str,
+        model: ModelSettings,
+        corpus: str,
+        eval_fraction: float,
+        batch_size: int,
+        fragments: int,
+        corpus_max_bytes: int,
+        device: str = "cpu",
     ) -> None:
         """``device``: where the model is evaluated (a GPU under bf16 autocast, as the learners
         train there); ``corpus_max_bytes`` as the learners read it, so the held-out split is theirs."""
@@ -51,7 +60,9 @@ class GlobalEvaluator:
         self._batches = eval_batches(
             held_out, batch_size=batch_size, block_size=model.block_size, device=self._device
         )
-        self._client = SyncClient(sync_url, EVALUATOR_ID, learner_token(job_secret, EVALUATOR_ID), timeout_s=10.0)
+        self._client = SyncClient(
+            sync_url, EVALUATOR_ID, learner_token(job_secret, EVALUATOR_ID), timeout_s=10.0
+        )
         self._fragments = fragments
         self.num_params = sum(p.numel() for p in self._model.parameters())
 

@@ -128,7 +128,9 @@ class Learners:
                 slot.state = "failed"
                 self.record.timeline.leave(slot.index, now)
                 log_path = slot.child.log_path if slot.child else ""
-                self.note(f"[{now:6.1f}s] learner {slot.index} failed {slot.crashes + 1} times; see {log_path}")
+                self.note(
+                    f"[{now:6.1f}s] learner {slot.index} failed {slot.crashes + 1} times; see {log_path}"
+                )
 
     # ---- what the synchronizer says ---------------------------------------------------------------
 
@@ -222,7 +224,11 @@ class Learners:
             tokens = counts.tokens // self.s.learners if self.ddp else counts.tokens
             sent = counts.bytes_sent if not self.ddp or slot.index == 0 else 0
             # a ddp unit's rate is its ranks' together: each rank's share; its MFU is each rank's
-            tokens_per_s = counts.tokens_per_s / self.s.learners if self.ddp and counts.tokens_per_s else counts.tokens_per_s
+            tokens_per_s = (
+                counts.tokens_per_s / self.s.learners
+                if self.ddp and counts.tokens_per_s
+                else counts.tokens_per_s
+            )
             mfu = counts.mfu
         return LearnerTotals(
             learner=slot.index, learner_id=slot.learner_id, speed_factor=slot.speed_factor,

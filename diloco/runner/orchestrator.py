@@ -39,14 +39,21 @@ class RunError(RuntimeError):
 
 class Orchestrator:
     def __init__(
-        self, settings: RunSettings, paths: RunPaths, view: ProgressView, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: RunSettings,
+        paths: RunPaths,
+        view: ProgressView,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.s, self.paths, self.view, self.clock = settings, paths, view, clock
         self.secret = secrets.token_hex(16)
         self.port = settings.port or free_port(settings.host)
         self.sync_url = f"http://{settings.host}:{self.port}"
         self.record = RunRecord(
-            run_dir=str(paths.root), mode=settings.mode, settings=_settings_dict(settings), started_at=time.time(),
+            run_dir=str(paths.root),
+            mode=settings.mode,
+            settings=_settings_dict(settings),
+            started_at=time.time(),
             tokens_per_step=settings.tokens_per_step,
         )
         self._notes: list[str] = []
@@ -131,7 +138,9 @@ class Orchestrator:
             if self._fetch_status() is not None:
                 return
             time.sleep(0.2)
-        raise RunError(f"the synchronizer did not answer on {self.sync_url} within 60 s; see {self.sync.log_path}")
+        raise RunError(
+            f"the synchronizer did not answer on {self.sync_url} within 60 s; see {self.sync.log_path}"
+        )
 
     def _shutdown(self) -> None:
         now = self.now()
@@ -174,7 +183,11 @@ class Orchestrator:
     def _stop_reason(self, now: float) -> str | None:
         slots = self.learners.slots
         if all(slot.state in ("finished", "failed") for slot in slots):
-            return "every learner reached --max-steps" if any(s.state == "finished" for s in slots) else "every learner failed"
+            return (
+                "every learner reached --max-steps"
+                if any(s.state == "finished" for s in slots)
+                else "every learner failed"
+            )
         if self.s.token_budget is not None and sum(slot.tokens for slot in slots) >= self.s.token_budget:
             return f"token budget of {self.s.token_budget:,} reached"
         if now >= self.s.time_limit_s:
@@ -253,5 +266,7 @@ class Orchestrator:
 
 def _settings_dict(settings: RunSettings) -> dict[str, object]:
     data = settings.model_dump(mode="json")
-    data["algorithm"] = settings.algorithm().model_dump(mode="json") | {"blocking_sync": settings.blocking_sync}
+    data["algorithm"] = settings.algorithm().model_dump(mode="json") | {
+        "blocking_sync": settings.blocking_sync
+    }
     return data

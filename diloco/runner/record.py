@@ -85,7 +85,9 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
-        plain = {k: v for k, v in data.items() if k not in ("timeline", "learners", "kills", "losses", "versions")}
+        plain = {
+            k: v for k, v in data.items() if k not in ("timeline", "learners", "kills", "losses", "versions")
+        }
         record = cls(**plain)
         record.learners = [LearnerTotals(**x) for x in data["learners"]]
         record.kills = [KillRecord(**x) for x in data["kills"]]

@@ -109,7 +109,9 @@ def render_markdown(report: Report) -> str:
     ]
     lines += _chaos_lines(report)
     lines += [
-        "", "## Learners", "",
+        "",
+        "## Learners",
+        "",
         "| learner | speed | steps | tokens | tokens/s | MFU | bytes sent | launches | finished |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -126,9 +128,11 @@ def _device_line(r: RunRecord) -> str:
     gpus = sorted({x.gpu for x in r.learners if x.gpu is not None})
     if not gpus:
         return "CPU (MFU n/a: no known peak)"
-    return f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} (learner → GPU: " + ", ".join(
-        f"{x.learner}→{x.gpu}" for x in r.learners
-    ) + "); MFU against the GPU's dense bf16 peak"
+    return (
+        f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))} (learner → GPU: "
+        + ", ".join(f"{x.learner}→{x.gpu}" for x in r.learners)
+        + "); MFU against the GPU's dense bf16 peak"
+    )
 
 
 def _startup_lines(report: Report) -> list[str]:
@@ -161,7 +165,12 @@ def _chaos_lines(report: Report) -> list[str]:
     kills = report.record.kills
     if not kills:
         return ["No learner was killed."]
-    lines = [f"{len(kills)} kills of learners {report.killed_learners}.", "", "| learner | killed at | step | restarted | rejoined |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"{len(kills)} kills of learners {report.killed_learners}.",
+        "",
+        "| learner | killed at | step | restarted | rejoined |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for k in kills:
         lines.append(
             f"| {k.learner} | {k.at_s:.1f} s | {k.step} | {_fmt(k.restarted_at_s, '.1f')} | {_rejoined(k)} |"

@@ -38,8 +38,12 @@ class RunSettings(BaseModel):
         description="decoupled (K=1, grace, overlap), diloco-sync (K=all, no overlap) or ddp (data-parallel every step)",
     )
     learners: int = Field(4, ge=1, description="learner processes")
-    token_budget: int | None = Field(None, ge=1, description="stop once all learners processed this many tokens")
-    time_limit_s: Annotated[float, Cli("time-limit")] = Field(900.0, gt=0.0, description="stop after this many seconds")
+    token_budget: int | None = Field(
+        None, ge=1, description="stop once all learners processed this many tokens"
+    )
+    time_limit_s: Annotated[float, Cli("time-limit")] = Field(
+        900.0, gt=0.0, description="stop after this many seconds"
+    )
     diloco: DiLoCoSettings = DiLoCoSettings(inner_steps=16, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
     delayed_nesterov: int | None = Field(
         None,
@@ -53,9 +57,12 @@ class RunSettings(BaseModel):
     data: DataSettings = DataSettings()
     eval_every: int = Field(25, ge=0, description="learners' local evaluation interval in steps")
     mtbf_s: Annotated[float, Cli("mtbf")] = Field(
-        60.0, ge=0.0, description="mean seconds between failures of each learner while it is up (Poisson); 0 disables failures"
+        60.0,
+        ge=0.0,
+        description="mean seconds between failures of each learner while it is up (Poisson); 0 disables failures",
     )
-    repair_s: Annotated[float, Cli("repair")] = Field(8.0, ge=0.0, description="seconds a failed learner stays down before it is started again"
+    repair_s: Annotated[float, Cli("repair")] = Field(
+        8.0, ge=0.0, description="seconds a failed learner stays down before it is started again"
     )
     speed_factors: tuple[float, ...] = ()  # step-time multiplier per learner (--speed-factors, --slow)
     bandwidth_limits: tuple[float | None, ...] = ()  # bytes/s per learner (--bandwidth-limit)
@@ -73,7 +80,9 @@ class RunSettings(BaseModel):
         description="cpu, or cuda: learners on this machine's GPUs, each process seeing its own (round robin: "
         "more learners than GPUs share them), a GPU-sized default model (12 x 768, context 1024, batch 16)",
     )
-    gpus: tuple[int, ...] = Field((), description="with --device cuda: the GPUs to use, e.g. 0,1 (default: all)")
+    gpus: tuple[int, ...] = Field(
+        (), description="with --device cuda: the GPUs to use, e.g. 0,1 (default: all)"
+    )
     python: str = ""
 
     @property

@@ -87,7 +87,11 @@ class Timeline:
             start, train = self.intervals[a], self.intervals[b]
             if start.phase != "starting" or start.start_s != launched_at_s:
                 continue
-            if train.phase == "training" and train.start_s == start.end_s and start.start_s <= first_step_s <= train.end_s:
+            if (
+                train.phase == "training"
+                and train.start_s == start.end_s
+                and start.start_s <= first_step_s <= train.end_s
+            ):
                 self.intervals[a] = Interval(learner, "starting", start.start_s, first_step_s)
                 self.intervals[b] = Interval(learner, "training", first_step_s, train.end_s)
             return
@@ -106,7 +110,8 @@ class Timeline:
             "intervals": [vars(i) | {"duration_s": i.duration_s} for i in self.intervals],
             "rollbacks": [vars(r) | {"lost_s": r.lost_s} for r in self.rollbacks],
             "blocked_s": [
-                {"learner": learner, "incarnation": n, "blocked_s": s} for (learner, n), s in self.blocked_s.items()
+                {"learner": learner, "incarnation": n, "blocked_s": s}
+                for (learner, n), s in self.blocked_s.items()
             ],
         }
 
@@ -114,13 +119,22 @@ class Timeline:
     def from_dict(cls, data: Mapping[str, Any]) -> Timeline:
         timeline = cls()
         timeline.intervals = [
-            Interval(int(i["learner"]), i["phase"], float(i["start_s"]), float(i["end_s"])) for i in data["intervals"]
+            Interval(int(i["learner"]), i["phase"], float(i["start_s"]), float(i["end_s"]))
+            for i in data["intervals"]
         ]
         timeline.rollbacks = [
-            Rollback(int(r["learner"]), float(r["at_s"]), int(r["from_step"]), int(r["to_step"]), float(r["step_time_s"]))
+            Rollback(
+                int(r["learner"]),
+                float(r["at_s"]),
+                int(r["from_step"]),
+                int(r["to_step"]),
+                float(r["step_time_s"]),
+            )
             for r in data["rollbacks"]
         ]
-        timeline.blocked_s = {(int(b["learner"]), int(b["incarnation"])): float(b["blocked_s"]) for b in data["blocked_s"]}
+        timeline.blocked_s = {
+            (int(b["learner"]), int(b["incarnation"])): float(b["blocked_s"]) for b in data["blocked_s"]
+        }
         return timeline
 
 

@@ -37,13 +37,20 @@ class Snapshot:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-_STATE_STYLE = {"training": "green", "down": "red", "rejoining": "yellow", "starting": "yellow", "finished": "blue"}
+_STATE_STYLE = {
+    "training": "green",
+    "down": "red",
+    "rejoining": "yellow",
+    "starting": "yellow",
+    "finished": "blue",
+}
 
 
 def render_line(s: Snapshot) -> str:
     """One plain line: the global progress, then per learner ``id=state@step tok/s=N stale=N``."""
     learners = " ".join(
-        f"{r.learner_id}={r.state}@{r.step} tok/s={r.tokens_per_s:.0f} stale={r.staleness}" for r in s.learners
+        f"{r.learner_id}={r.state}@{r.step} tok/s={r.tokens_per_s:.0f} stale={r.staleness}"
+        for r in s.learners
     )
     loss = "n/a" if s.loss is None else f"{s.loss:.3f}"
     return (

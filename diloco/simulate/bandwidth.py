@@ -41,8 +41,10 @@ class LinkSettings:
         for name, ok in checks.items():
             value = getattr(self, name)
             if not ok or (isinstance(value, float) and not math.isfinite(value)):
-                raise ValueError(f"invalid {name}={value!r}: need params, step time, bytes and bits > 0, "
-                                 f"1 <= fragments <= inner_steps, 1 <= overlap <= inner_steps / fragments")
+                raise ValueError(
+                    f"invalid {name}={value!r}: need params, step time, bytes and bits > 0, "
+                    f"1 <= fragments <= inner_steps, 1 <= overlap <= inner_steps / fragments"
+                )
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(float(v)) for v in text.replace("_", "").split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of integers, got {text!r}"
+        ) from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
     return values
@@ -42,30 +44,63 @@ def _positive(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diloco simulate", description=__doc__.splitlines()[0])
-    parser.add_argument("--chips", type=_int_list, default=list(PAPER_CHIPS),
-                        help="comma-separated chip counts (default: the paper's 150k..2.4M)")
-    parser.add_argument("--learners", type=_int_list, default=[2, 4, 8, 16],
-                        help="comma-separated numbers of decoupled learners M (default 2,4,8,16)")
-    parser.add_argument("--mtbi-years", type=_positive, default=1.0,
-                        help="mean time between interruptions of one chip, in years (default 1)")
+    parser.add_argument(
+        "--chips",
+        type=_int_list,
+        default=list(PAPER_CHIPS),
+        help="comma-separated chip counts (default: the paper's 150k..2.4M)",
+    )
+    parser.add_argument(
+        "--learners",
+        type=_int_list,
+        default=[2, 4, 8, 16],
+        help="comma-separated numbers of decoupled learners M (default 2,4,8,16)",
+    )
+    parser.add_argument(
+        "--mtbi-years",
+        type=_positive,
+        default=1.0,
+        help="mean time between interruptions of one chip, in years (default 1)",
+    )
     parser.add_argument("--no-failures", action="store_true", help="disable failures (goodput must be 100%%)")
-    parser.add_argument("--seeds", type=_int_list, default=[1, 2, 3], help="comma-separated seeds (default 1,2,3)")
-    parser.add_argument("--horizon-days", type=_positive, default=7.0,
-                        help="simulated time per run, in days (default 7)")
-    parser.add_argument("--slice-chips", type=int, default=SimParams().slice_chips,
-                        help="chips per elastic slice (default 256)")
+    parser.add_argument(
+        "--seeds", type=_int_list, default=[1, 2, 3], help="comma-separated seeds (default 1,2,3)"
+    )
+    parser.add_argument(
+        "--horizon-days", type=_positive, default=7.0, help="simulated time per run, in days (default 7)"
+    )
+    parser.add_argument(
+        "--slice-chips",
+        type=int,
+        default=SimParams().slice_chips,
+        help="chips per elastic slice (default 256)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     link = parser.add_argument_group("bandwidth estimate")
-    link.add_argument("--params", type=_positive, default=LinkSettings.params, help="model parameters (default 12e9)")
-    link.add_argument("--step-time", type=_positive, default=LinkSettings.step_time_s,
-                      help="seconds per inner step (default 1)")
-    link.add_argument("--bytes-per-value", type=_positive, default=LinkSettings.bytes_per_value,
-                      help="bytes per gradient value for data-parallel (default 2, bf16)")
+    link.add_argument(
+        "--params", type=_positive, default=LinkSettings.params, help="model parameters (default 12e9)"
+    )
+    link.add_argument(
+        "--step-time",
+        type=_positive,
+        default=LinkSettings.step_time_s,
+        help="seconds per inner step (default 1)",
+    )
+    link.add_argument(
+        "--bytes-per-value",
+        type=_positive,
+        default=LinkSettings.bytes_per_value,
+        help="bytes per gradient value for data-parallel (default 2, bf16)",
+    )
     link.add_argument("--inner-steps", type=int, default=LinkSettings.inner_steps, help="H (default 100)")
     link.add_argument("--fragments", type=int, default=LinkSettings.fragments, help="P (default 4)")
     link.add_argument("--overlap", type=int, default=LinkSettings.overlap, help="tau, steps (default 1)")
-    link.add_argument("--quantizer-bits", type=_positive, default=LinkSettings.quantizer_bits,
-                      help="bits per outer-gradient value (default 4)")
+    link.add_argument(
+        "--quantizer-bits",
+        type=_positive,
+        default=LinkSettings.quantizer_bits,
+        help="bits per outer-gradient value (default 4)",
+    )
     return parser
 
 
@@ -80,7 +115,9 @@ def render_table(table: Table) -> str:
     header = f"{'goodput %, ours / paper':<24}" + "".join(f"{_chips_label(c):>13}" for c in table.chips)
     lines = [header, "-" * len(header)]
     for row in table.rows:
-        lines.append(f"{row.label:<24}" + "".join(f"{_cell_text(table, row.key, c):>13}" for c in table.chips))
+        lines.append(
+            f"{row.label:<24}" + "".join(f"{_cell_text(table, row.key, c):>13}" for c in table.chips)
+        )
     return "\n".join(lines)
 
 
@@ -119,27 +156,45 @@ def simulate(argv: list[str]) -> tuple[str, dict[str, object]]:
     args = build_parser().parse_args(argv)
     mtbi = float("inf") if args.no_failures else args.mtbi_years * SECONDS_PER_YEAR
     params = replace(SimParams(), mtbi_s=mtbi, slice_chips=args.slice_chips)
-    link = LinkSettings(args.params, args.step_time, args.bytes_per_value, args.inner_steps,
-                        args.fragments, args.overlap, args.quantizer_bits)
+    link = LinkSettings(
+        args.params,
+        args.step_time,
+        args.bytes_per_value,
+        args.inner_steps,
+        args.fragments,
+        args.overlap,
+        args.quantizer_bits,
+    )
     if any(m > c for m in args.learners for c in args.chips):
         raise ValueError("every learner count must be <= every chip count")
     started = time.perf_counter()
-    table = goodput_table(args.chips, default_rows(tuple(args.learners)), params, args.horizon_days * 86400,
-                          args.seeds)
+    table = goodput_table(
+        args.chips, default_rows(tuple(args.learners)), params, args.horizon_days * 86400, args.seeds
+    )
     elapsed = time.perf_counter() - started
     bandwidth = estimate_bandwidth(link)
-    doc = {"params": _params_dict(params), "horizon_days": args.horizon_days, "seeds": args.seeds,
-           "goodput": table.to_dict(), "bandwidth": [asdict(b) for b in bandwidth],
-           "link": asdict(link), "elapsed_s": round(elapsed, 3)}
+    doc = {
+        "params": _params_dict(params),
+        "horizon_days": args.horizon_days,
+        "seeds": args.seeds,
+        "goodput": table.to_dict(),
+        "bandwidth": [asdict(b) for b in bandwidth],
+        "link": asdict(link),
+        "elapsed_s": round(elapsed, 3),
+    }
     lines = [render_table(table)]
     headline = _headline(table)
     if headline:
         lines.append(headline)
     decoupled = [r.key for r in table.rows if r.mode == "decoupled"]
-    lines.append(f"max |ours - paper|: data-parallel rows {table.max_error(['dp', 'elastic']):.1f} points "
-                 f"(calibrated), decoupled rows {table.max_error(decoupled):.1f} points (not fitted)")
-    lines.append(f"({len(args.seeds)} seed(s) x {args.horizon_days:g} simulated days per cell, {elapsed:.1f} s; "
-                 f"MTBI {'none' if args.no_failures else f'{args.mtbi_years:g} year(s)'} per chip)\n")
+    lines.append(
+        f"max |ours - paper|: data-parallel rows {table.max_error(['dp', 'elastic']):.1f} points "
+        f"(calibrated), decoupled rows {table.max_error(decoupled):.1f} points (not fitted)"
+    )
+    lines.append(
+        f"({len(args.seeds)} seed(s) x {args.horizon_days:g} simulated days per cell, {elapsed:.1f} s; "
+        f"MTBI {'none' if args.no_failures else f'{args.mtbi_years:g} year(s)'} per chip)\n"
+    )
     lines.append(render_bandwidth(bandwidth, link))
     return "\n".join(lines), doc
 

@@ -101,16 +101,18 @@ class _Draws:
     repairs: np.ndarray
 
 
-def _elastic_draws(slices: int, slice_chips: float, params: SimParams, horizon: float,
-                   rng: np.random.Generator) -> _Draws:
+def _elastic_draws(
+    slices: int, slice_chips: float, params: SimParams, horizon: float, rng: np.random.Generator
+) -> _Draws:
     # Candidate failures at the rate of all slices; a candidate hits a training slice with
     # probability (training slices / all slices) -- thinning keeps each slice's rate exact.
     times = _arrivals(slices * slice_chips / params.mtbi_s, horizon, rng)
     return _Draws(times, rng.random(len(times)) * slices, params.slice_repair.sample(rng, len(times)))
 
 
-def simulate_elastic_learner(chips: float, params: SimParams, horizon: float,
-                             rng: np.random.Generator) -> Tally:
+def simulate_elastic_learner(
+    chips: float, params: SimParams, horizon: float, rng: np.random.Generator
+) -> Tally:
     """An elastic data-parallel job (also one decoupled learner) of ``chips`` chips.
 
     The job is k = max(1, round(chips / slice_chips)) equal slices. A failure of a training slice

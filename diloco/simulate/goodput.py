@@ -72,10 +72,12 @@ def simulate_once(row: Row, chips: int, params: SimParams, horizon_s: float, see
     if learners < 1 or learners > chips:
         raise ValueError(f"learners must be between 1 and the chip count {chips}, got {learners}")
     per_learner = chips / learners
-    return _combine([
-        simulate_elastic_learner(per_learner, params, horizon_s, _rng(seed, row, chips, m))
-        for m in range(learners)
-    ])
+    return _combine(
+        [
+            simulate_elastic_learner(per_learner, params, horizon_s, _rng(seed, row, chips, m))
+            for m in range(learners)
+        ]
+    )
 
 
 def simulate_cell(row: Row, chips: int, params: SimParams, horizon_s: float, seeds: Sequence[int]) -> Cell:
@@ -104,8 +106,11 @@ class Table:
 
     def max_error(self, keys: Sequence[str]) -> float:
         """Largest |ours - paper| in points over the rows with these keys (0 if no paper cells)."""
-        errors = [abs(c.error_points) for (k, _), c in self.cells.items()
-                  if k in keys and c.error_points is not None]
+        errors = [
+            abs(c.error_points)
+            for (k, _), c in self.cells.items()
+            if k in keys and c.error_points is not None
+        ]
         return max(errors, default=0.0)
 
     def to_dict(self) -> dict[str, object]:
@@ -133,7 +138,8 @@ class Table:
         }
 
 
-def goodput_table(chips: Sequence[int], rows: Sequence[Row], params: SimParams, horizon_s: float,
-                  seeds: Sequence[int]) -> Table:
+def goodput_table(
+    chips: Sequence[int], rows: Sequence[Row], params: SimParams, horizon_s: float, seeds: Sequence[int]
+) -> Table:
     cells = {(row.key, c): simulate_cell(row, c, params, horizon_s, seeds) for row in rows for c in chips}
     return Table(tuple(chips), tuple(rows), cells)

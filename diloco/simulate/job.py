@@ -42,7 +42,9 @@ class JobTiming:
     blocked_fraction: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (self.restart_s >= 0 and self.step_time_s > 0 and (self.startup_s is None or self.startup_s >= 0)):
+        if not (
+            self.restart_s >= 0 and self.step_time_s > 0 and (self.startup_s is None or self.startup_s >= 0)
+        ):
             raise ValueError(
                 f"restart and start-up times must be >= 0 and the step time > 0 seconds, got restart "
                 f"{self.restart_s}, start-up {self.startup_s}, step {self.step_time_s}"
@@ -128,7 +130,9 @@ def _progressing(learners: list[_Learner], quorum: int) -> bool:
     return training > 0 and training >= min(quorum, in_job)
 
 
-def _phase_ends(learners: list[_Learner], timeline: Timeline, timing: JobTiming, now: float, max_steps: int) -> None:
+def _phase_ends(
+    learners: list[_Learner], timeline: Timeline, timing: JobTiming, now: float, max_steps: int
+) -> None:
     for i, x in enumerate(learners):
         if x.phase == "training" and x.steps >= max_steps - 1e-9:
             x.phase = None

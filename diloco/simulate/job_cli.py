@@ -33,13 +33,24 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--restart", type=float, required=True,
                    help="measured seconds from a relaunched learner's launch to its first step")  # fmt: skip
-    p.add_argument("--startup", type=float, default=None,
-                   help="measured seconds from a learner's first launch to its first step (default: --restart)")
+    p.add_argument(
+        "--startup",
+        type=float,
+        default=None,
+        help="measured seconds from a learner's first launch to its first step (default: --restart)",
+    )
     p.add_argument("--step-time", type=float, required=True, help="measured seconds per training step")
-    p.add_argument("--blocked-fraction", type=float, default=0.0,
-                   help="measured share of training time spent syncing while every learner trains (default 0)")
-    p.add_argument("--seeds", default=None,
-                   help="comma-separated seeds of the failure instants, averaged (default: the run's --seed)")
+    p.add_argument(
+        "--blocked-fraction",
+        type=float,
+        default=0.0,
+        help="measured share of training time spent syncing while every learner trains (default 0)",
+    )
+    p.add_argument(
+        "--seeds",
+        default=None,
+        help="comma-separated seeds of the failure instants, averaged (default: the run's --seed)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     return p
 
@@ -49,7 +60,9 @@ def predict(settings: RunSettings, timing: JobTiming, seeds: list[int]) -> list[
     out = []
     for seed in seeds:
         model = replace(settings.failures, seed=seed)
-        job = simulate_job(model, timing, time_limit_s=settings.time_limit_s, max_steps=settings.train.max_steps)
+        job = simulate_job(
+            model, timing, time_limit_s=settings.time_limit_s, max_steps=settings.train.max_steps
+        )
         g = goodput_of(job.timeline)
         out.append({"seed": seed, "kills": job.kills, "absorbed": job.absorbed, "goodput": g.to_dict()})
     return out
@@ -73,7 +86,9 @@ def render(settings: RunSettings, timing: JobTiming, runs: list[dict[str, Any]])
                      f"{_pct(g['startup_s'] / g['total_s']):>10}{g['blocked_s']:>9.0f}s{g['lost_s']:>7.0f}s"
                      f"{run['kills']:>7}")  # fmt: skip
     if len(runs) > 1:
-        mean = {k: statistics.fmean(r["goodput"][k] or 0.0 for r in runs) for k in ("goodput", "steady_goodput")}
+        mean = {
+            k: statistics.fmean(r["goodput"][k] or 0.0 for r in runs) for k in ("goodput", "steady_goodput")
+        }
         lines.append(f"{'mean':>6}{_pct(mean['goodput']):>10}{_pct(mean['steady_goodput']):>10}")
     lines.append("(goodput = useful / allocated learner-time; steady = after each learner's first start-up)")
     return "\n".join(lines)
@@ -88,9 +103,13 @@ def simulate_run(argv: list[str]) -> tuple[str, dict[str, Any]]:
     (or ``ValueError``) for flags that cannot work."""
     extra, rest = build_parser().parse_known_args(argv)
     settings = parse_settings(rest)
-    timing = JobTiming(extra.restart, extra.step_time, extra.startup, CHECKPOINT_EVERY, extra.blocked_fraction)
+    timing = JobTiming(
+        extra.restart, extra.step_time, extra.startup, CHECKPOINT_EVERY, extra.blocked_fraction
+    )
     try:
-        seeds = [int(s) for s in extra.seeds.split(",") if s.strip()] if extra.seeds else [settings.model.seed]
+        seeds = (
+            [int(s) for s in extra.seeds.split(",") if s.strip()] if extra.seeds else [settings.model.seed]
+        )
     except ValueError:
         raise SettingsError(f"--seeds: expected comma-separated integers, got {extra.seeds!r}") from None
     runs = predict(settings, timing, seeds)

@@ -242,7 +242,9 @@ def sync_ca_volumes(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:
 
 
 def sync_ca_mounts(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:
-    return [{"name": "sync-ca", "mountPath": env.SYNC_CA_DIR, "readOnly": True}] if spec.synchronizer.ca else []
+    return (
+        [{"name": "sync-ca", "mountPath": env.SYNC_CA_DIR, "readOnly": True}] if spec.synchronizer.ca else []
+    )
 
 
 def http_probe(path: str, port: str, period: int, failures: int, scheme: str = "HTTP") -> dict[str, Any]:

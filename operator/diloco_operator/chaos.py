@@ -43,13 +43,22 @@ def chaos_gate(chaos: ChaosSpec, allowed: bool) -> Gate | None:
     fills the defaults in, so "set" can only mean "not the default").
     """
     if chaos.enabled and allowed:
-        return Gate(True, "Enabled", f"chaos kills learner pods, mean time between failures {chaos.mtbf_seconds:g}s")
+        return Gate(
+            True, "Enabled", f"chaos kills learner pods, mean time between failures {chaos.mtbf_seconds:g}s"
+        )
     if chaos.enabled:
-        return Gate(False, "NotAllowed", "spec.chaos.enabled is true but this operator does not allow chaos "
-                    "(start it with --allow-chaos, or the chart with operator.allowChaos=true); no pod is killed")
+        return Gate(
+            False,
+            "NotAllowed",
+            "spec.chaos.enabled is true but this operator does not allow chaos "
+            "(start it with --allow-chaos, or the chart with operator.allowChaos=true); no pod is killed",
+        )
     if chaos.model_dump(exclude={"enabled"}) != ChaosSpec().model_dump(exclude={"enabled"}):
-        return Gate(False, "NotEnabled", "spec.chaos sets failure parameters but not enabled: true; "
-                    "chaos is off and no pod is killed")
+        return Gate(
+            False,
+            "NotEnabled",
+            "spec.chaos sets failure parameters but not enabled: true; " "chaos is off and no pod is killed",
+        )
     return None
 
 

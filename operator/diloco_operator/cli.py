@@ -28,8 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.splitlines()[0] + " Every flag can also be set as DILOCO_OPERATOR_<FLAG>.",
     )
     add_flags(p, FLAGS)
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the children of the DiLoCoJobs in -f as YAML, without a cluster, and exit")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the children of the DiLoCoJobs in -f as YAML, without a cluster, and exit",
+    )
     p.add_argument("-f", "--filename", help="DiLoCoJob manifest(s) for --dry-run ('-': standard input)")
     return p
 
@@ -49,7 +52,7 @@ def dry_run(filename: str | None) -> int:
         print("diloco operator: --dry-run needs -f FILE (a DiLoCoJob manifest, or '-')", file=sys.stderr)
         return 2
     try:
-        with (open(filename, encoding="utf-8") if filename != "-" else sys.stdin) as f:
+        with open(filename, encoding="utf-8") if filename != "-" else sys.stdin as f:
             documents = list(yaml.safe_load_all(f))
         print(render_children(documents), end="")
     except (OSError, yaml.YAMLError, SpecError) as exc:
@@ -91,13 +94,15 @@ def run(settings: OperatorSettings) -> None:
 
     identity = detect_own_id(manual=False)
     namespaces = list(settings.namespace)
-    asyncio.run(kopf.operator(
-        identity=identity,
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        liveness_endpoint=settings.liveness or None,
-        peering_name=None if settings.standalone else settings.peering,
-        standalone=settings.standalone,
-        priority=settings.priority,
-        memo=kopf.Memo(namespaces=namespaces, identity=str(identity)),  # for liveness
-    ))
+    asyncio.run(
+        kopf.operator(
+            identity=identity,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=settings.liveness or None,
+            peering_name=None if settings.standalone else settings.peering,
+            standalone=settings.standalone,
+            priority=settings.priority,
+            memo=kopf.Memo(namespaces=namespaces, identity=str(identity)),  # for liveness
+        )
+    )

@@ -37,7 +37,9 @@ def render_children(documents: Iterable[Any]) -> str:
         validate_job(job.name, spec)
         header = f"# DiLoCoJob {job.namespace}/{job.name}"
         if spec.synchronizer.external is None:
-            header += f"; also Secret {secret_name(job.name)} (the job secret, generated when the job is created)"
+            header += (
+                f"; also Secret {secret_name(job.name)} (the job secret, generated when the job is created)"
+            )
         body = yaml.safe_dump_all(build_children(job, spec), sort_keys=False)
         out.append(f"{header}\n{body}")
     return "---\n".join(out)

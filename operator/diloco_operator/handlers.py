@@ -82,9 +82,19 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if ours.metrics_port:
         metrics.serve(ours.metrics_port)
     kube = Kube(new_api_client(ours.apply_concurrency + PASS_THREADS))
-    ctx = Context(ours, kube, http_fetcher(ours.status_timeout_seconds), metrics, random.Random(ours.chaos_seed),
-                  PodCache(), PodWatch(), WatchState(), namespaces,
-                  ThreadPoolExecutor(ours.apply_concurrency, thread_name_prefix="apply"), INSTANCE)
+    ctx = Context(
+        ours,
+        kube,
+        http_fetcher(ours.status_timeout_seconds),
+        metrics,
+        random.Random(ours.chaos_seed),
+        PodCache(),
+        PodWatch(),
+        WatchState(),
+        namespaces,
+        ThreadPoolExecutor(ours.apply_concurrency, thread_name_prefix="apply"),
+        INSTANCE,
+    )
     passes = ThreadPoolExecutor(PASS_THREADS, thread_name_prefix="pass")
 
     async def reconcile(state: JobState, req: Request) -> None:
@@ -95,17 +105,25 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
     if namespaces and await asyncio.to_thread(kube.get_cluster, f"/apis/{GROUP}/{VERSION}") is None:
         # kopf discovers the resources once when it does not scan: it would wait for them in silence
-        raise kopf.PermanentError(f"the DiLoCoJob CRD ({PLURAL}.{GROUP}/{VERSION}) is not served: install it "
-                                  "(kubectl apply -f crds/) and start the operator again")
+        raise kopf.PermanentError(
+            f"the DiLoCoJob CRD ({PLURAL}.{GROUP}/{VERSION}) is not served: install it "
+            "(kubectl apply -f crds/) and start the operator again"
+        )
     memo.ctx = ctx
     memo.jobs = JobRegistry(reconcile, refresh, debounce=DEBOUNCE_SECONDS, backoff=BACKOFF_SECONDS)
     memo.passes = passes
     if not settings.peering.standalone:
-        await asyncio.to_thread(ensure_peering, kube, settings.peering.name, namespaces, settings.peering.priority)
+        await asyncio.to_thread(
+            ensure_peering, kube, settings.peering.name, namespaces, settings.peering.priority
+        )
     memo.resync = asyncio.create_task(resync_loop(ctx, memo.jobs, settings, str(memo.get("identity", ""))))
-    log.info("operator started: %s, resync every %gs, metrics port %s, chaos %s",
-             f"namespaces {', '.join(namespaces)}" if namespaces else "all namespaces", ours.resync_seconds,
-             ours.metrics_port, "allowed" if ours.allow_chaos else "not allowed")
+    log.info(
+        "operator started: %s, resync every %gs, metrics port %s, chaos %s",
+        f"namespaces {', '.join(namespaces)}" if namespaces else "all namespaces",
+        ours.resync_seconds,
+        ours.metrics_port,
+        "allowed" if ours.allow_chaos else "not allowed",
+    )
 
 
 @kopf.on.cleanup()
@@ -122,7 +140,9 @@ async def resync_loop(ctx: Context, jobs: JobRegistry, settings: kopf.OperatorSe
         await asyncio.sleep(ctx.settings.resync_seconds)
         if not settings.peering.standalone:
             try:
-                peering = await asyncio.to_thread(ctx.kube.get_cluster, peering_path(settings, ctx.namespaces))
+                peering = await asyncio.to_thread(
+                    ctx.kube.get_cluster, peering_path(settings, ctx.namespaces)
+                )
             except Exception as exc:  # (the API is away: try again next round)
                 log.warning("resync skipped: cannot read the peering object: %s", api_error(exc))
                 continue
@@ -160,10 +180,19 @@ async def on_job_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
 def drop_legacy_finalizer(kube: Kube, body: dict[str, Any]) -> None:
     finalizers = list(body["metadata"].get("finalizers") or [])
     kept = [f for f in finalizers if f != LEGACY_FINALIZER]
-    if kube.patch_json(body, [{"op": "test", "path": "/metadata/finalizers", "value": finalizers},
-                              {"op": "replace", "path": "/metadata/finalizers", "value": kept}]):
-        log.info("job %s/%s: removed the finalizer %s (the operator no longer needs one)",
-                 body["metadata"]["namespace"], body["metadata"]["name"], LEGACY_FINALIZER)
+    if kube.patch_json(
+        body,
+        [
+            {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+            {"op": "replace", "path": "/metadata/finalizers", "value": kept},
+        ],
+    ):
+        log.info(
+            "job %s/%s: removed the finalizer %s (the operator no longer needs one)",
+            body["metadata"]["namespace"],
+            body["metadata"]["name"],
+            LEGACY_FINALIZER,
+        )
 
 
 @kopf.on.event("", "v1", "pods", labels=MANAGED)
@@ -183,8 +212,13 @@ async def on_pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     if labels.get(COMPONENT_LABEL) != "learner":
         return
     pod = observe_pod(obj)
-    ev = ctx.losses.observe(f"{meta.get('namespace')}/{meta.get('name')}", labels.get(UNIT_LABEL, ""),
-                            phase=pod.phase, ready=pod.ready, deleted=deleted or pod.deleting)
+    ev = ctx.losses.observe(
+        f"{meta.get('namespace')}/{meta.get('name')}",
+        labels.get(UNIT_LABEL, ""),
+        phase=pod.phase,
+        ready=pod.ready,
+        deleted=deleted or pod.deleting,
+    )
     if ev is not None:
         await asyncio.to_thread(post_events, ctx.kube, worker.state.body, [ev], ctx.instance)
 
@@ -213,11 +247,17 @@ def probe(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> str:
     ctx: Context = memo.ctx
     try:
         listed = ctx.kube.job_versions(ctx.namespaces)
-        peering = None if settings.peering.standalone else ctx.kube.get_cluster(peering_path(settings, ctx.namespaces))
+        peering = (
+            None
+            if settings.peering.standalone
+            else ctx.kube.get_cluster(peering_path(settings, ctx.namespaces))
+        )
     except Exception as exc:
         raise kopf.PermanentError(f"API unreachable: {api_error(exc)}") from exc
     own_id = str(memo.get("identity", ""))
-    if not settings.peering.standalone and paused_by_peers(peering, settings.peering.priority, datetime.now(UTC), own_id):
+    if not settings.peering.standalone and paused_by_peers(
+        peering, settings.peering.priority, datetime.now(UTC), own_id
+    ):
         ctx.watch.pause()
         return "paused"
     now = time.monotonic()
@@ -225,7 +265,8 @@ def probe(memo: kopf.Memo, settings: kopf.OperatorSettings, **_: Any) -> str:
     if not watch_is_alive(due, now, ctx.settings.watch_stale_seconds):
         raise kopf.PermanentError(
             f"the DiLoCoJob watch has not delivered {len(due)} job change(s) for over "
-            f"{ctx.settings.watch_stale_seconds:g}s")
+            f"{ctx.settings.watch_stale_seconds:g}s"
+        )
     return "ok"
 
 
@@ -235,4 +276,3 @@ def peering_path(settings: kopf.OperatorSettings, namespaces: list[str]) -> str:
     if settings.peering.clusterwide or not namespaces:
         return f"/apis/kopf.dev/v1/clusterkopfpeerings/{name}"
     return f"/apis/kopf.dev/v1/namespaces/{namespaces[0]}/kopfpeerings/{name}"
-

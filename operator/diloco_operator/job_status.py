@@ -95,7 +95,9 @@ class JobStatus(_Status):
 
     def merged(self, patch: Mapping[str, Any]) -> JobStatus:
         """The status the apiserver stores when ``patch`` (a JSON merge patch) is written over this one."""
-        return JobStatus.read(merge_patch(self.model_dump(mode="json", by_alias=True, exclude_none=True), patch))
+        return JobStatus.read(
+            merge_patch(self.model_dump(mode="json", by_alias=True, exclude_none=True), patch)
+        )
 
     def condition(self, ctype: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == ctype), None)

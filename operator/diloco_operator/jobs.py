@@ -39,9 +39,13 @@ class Request:
     trigger: str = "watch"  # what asked first, for the metrics and the log
 
     def merge(self, other: Request) -> Request:
-        return replace(self, reconcile=self.reconcile or other.reconcile, chaos=self.chaos or other.chaos,
-                       fetch=self.fetch or other.fetch,
-                       trigger=self.trigger if self.reconcile or not other.reconcile else other.trigger)
+        return replace(
+            self,
+            reconcile=self.reconcile or other.reconcile,
+            chaos=self.chaos or other.chaos,
+            fetch=self.fetch or other.fetch,
+            trigger=self.trigger if self.reconcile or not other.reconcile else other.trigger,
+        )
 
 
 @dataclass
@@ -50,7 +54,9 @@ class SyncView:
 
     status: StatusResponse | None = None
     problem: str | None = None  # why its answer is not used (it serves another job)
-    ready: bool | None = None  # readiness decided by its answer (external or wrong job); None: its pods decide
+    ready: bool | None = (
+        None  # readiness decided by its answer (external or wrong job); None: its pods decide
+    )
 
 
 @dataclass
@@ -66,7 +72,9 @@ class JobState:
     requested_generation: int | None = None  # the newest generation a reconcile was asked for
     reconciled_generation: int | None = None
     validated_generation: int | None = None
-    invalid: tuple[int | None, str] | None = None  # (generation, why) when the last reconcile found the spec invalid
+    invalid: tuple[int | None, str] | None = (
+        None  # (generation, why) when the last reconcile found the spec invalid
+    )
     learners_stopped: bool = False  # the learners were scaled down because the job Succeeded
 
     def current_status(self) -> JobStatus:
@@ -84,8 +92,9 @@ class Lane:
     fails is retried after ``backoff`` seconds.
     """
 
-    def __init__(self, name: str, run: Callable[[Request], Awaitable[None]], *, debounce: float,
-                 backoff: float) -> None:
+    def __init__(
+        self, name: str, run: Callable[[Request], Awaitable[None]], *, debounce: float, backoff: float
+    ) -> None:
         self.name = name
         self._run = run
         self._debounce = debounce
@@ -141,8 +150,9 @@ class Lane:
 class JobWorker:
     """The two lanes of one job: reconciles (each followed by a refresh) and status refreshes."""
 
-    def __init__(self, state: JobState, reconcile: Reconcile, refresh: Refresh, *, debounce: float,
-                 backoff: float) -> None:
+    def __init__(
+        self, state: JobState, reconcile: Reconcile, refresh: Refresh, *, debounce: float, backoff: float
+    ) -> None:
         self.state = state
         where = f"job {state.ref.namespace}/{state.ref.name}"
 
@@ -188,8 +198,9 @@ class JobRegistry:
         worker = self.workers.get(uid)
         if worker is None:
             state = JobState(JobRef(meta["name"], meta["namespace"], uid), body)
-            worker = self.workers[uid] = JobWorker(state, self._reconcile, self._refresh, debounce=self._debounce,
-                                                   backoff=self._backoff)
+            worker = self.workers[uid] = JobWorker(
+                state, self._reconcile, self._refresh, debounce=self._debounce, backoff=self._backoff
+            )
             self._by_name[(state.ref.namespace, state.ref.name)] = uid
         else:
             worker.state.body = body

@@ -62,8 +62,14 @@ class Kube:
     ) -> dict[str, Any]:
         headers = {"Accept": accept, "Content-Type": content_type}
         resp = self.api.call_api(
-            path, method, query_params=query or [], header_params=headers, body=body,
-            auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+            path,
+            method,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
             _request_timeout=30,
         )
         data = resp.data
@@ -74,11 +80,14 @@ class Kube:
 
         The same ``list`` permission as the operator's watch; only the objects' metadata comes back.
         """
-        paths = ([f"/apis/diloco.dev/v1alpha1/namespaces/{ns}/dilocojobs" for ns in namespaces]
-                 or ["/apis/diloco.dev/v1alpha1/dilocojobs"])
+        paths = [f"/apis/diloco.dev/v1alpha1/namespaces/{ns}/dilocojobs" for ns in namespaces] or [
+            "/apis/diloco.dev/v1alpha1/dilocojobs"
+        ]
         versions: dict[str, str] = {}
         for path in paths:
-            for item in self._call("GET", path, accept=PARTIAL_METADATA).get("items") or []:  # null when empty
+            for item in (
+                self._call("GET", path, accept=PARTIAL_METADATA).get("items") or []
+            ):  # null when empty
                 meta = item.get("metadata") or {}
                 versions[str(meta.get("uid"))] = str(meta.get("resourceVersion"))
         return versions
@@ -95,7 +104,9 @@ class Kube:
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get_cluster(f"{collection_path(api_version, kind, namespace)}/{name}")
 
-    def list(self, api_version: str, kind: str, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+    def list(
+        self, api_version: str, kind: str, namespace: str, selector: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
         query = [("labelSelector", ",".join(f"{k}={v}" for k, v in sorted(selector.items())))]
         items = self._call("GET", collection_path(api_version, kind, namespace), query=query).get("items", [])
         for item in items:  # list items carry no apiVersion/kind
@@ -112,15 +123,23 @@ class Kube:
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
         if dry_run:
             query.append(("dryRun", "All"))
-        return self._call("PATCH", object_path(obj), query=query, body=dict(obj),
-                          content_type="application/apply-patch+yaml")
+        return self._call(
+            "PATCH",
+            object_path(obj),
+            query=query,
+            body=dict(obj),
+            content_type="application/apply-patch+yaml",
+        )
 
-    def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
-                     patch: Mapping[str, Any]) -> bool:
+    def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> bool:
         """JSON merge patch of the status subresource; False when the object is gone."""
         path = f"{collection_path(api_version, kind, namespace)}/{name}/status"
         try:
-            self._call("PATCH", path, body={"status": dict(patch)}, content_type="application/merge-patch+json")
+            self._call(
+                "PATCH", path, body={"status": dict(patch)}, content_type="application/merge-patch+json"
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return False
@@ -131,7 +150,12 @@ class Kube:
         """JSON patch (RFC 6902) of an object; False when it is gone or a ``test`` operation failed
         (it changed meanwhile)."""
         try:
-            self._call("PATCH", object_path(obj), body=[dict(op) for op in operations], content_type="application/json-patch+json")
+            self._call(
+                "PATCH",
+                object_path(obj),
+                body=[dict(op) for op in operations],
+                content_type="application/json-patch+json",
+            )
         except ApiException as exc:
             if exc.status in (404, 409, 422):
                 return False
@@ -142,15 +166,27 @@ class Kube:
         """Create; None when it already exists."""
         meta = obj["metadata"]
         try:
-            return self._call("POST", collection_path(obj["apiVersion"], obj["kind"], meta.get("namespace", "")),
-                              query=[("fieldManager", FIELD_MANAGER)], body=dict(obj))
+            return self._call(
+                "POST",
+                collection_path(obj["apiVersion"], obj["kind"], meta.get("namespace", "")),
+                query=[("fieldManager", FIELD_MANAGER)],
+                body=dict(obj),
+            )
         except ApiException as exc:
             if exc.status == 409:
                 return None
             raise
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str, *, grace: int | None = None,
-               uid: str | None = None) -> bool:
+    def delete(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        *,
+        grace: int | None = None,
+        uid: str | None = None,
+    ) -> bool:
         """Delete (children in the background); False when it was already gone.
 
         With ``uid``, only that object: one that was replaced meanwhile (same name, new uid) stays.

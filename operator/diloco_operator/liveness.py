@@ -66,8 +66,9 @@ class WatchState:
             self.due = {}
 
 
-def lagging(listed: Mapping[str, str], seen: Mapping[str, str], due: Mapping[str, float],
-            now: float) -> dict[str, float]:
+def lagging(
+    listed: Mapping[str, str], seen: Mapping[str, str], due: Mapping[str, float], now: float
+) -> dict[str, float]:
     """The jobs of a LIST (uid -> resourceVersion) whose version the watch has not delivered.
 
     A job keeps the time it was first found behind until the watch delivers an event for it; jobs
@@ -91,8 +92,11 @@ def paused_by_peers(peering: Mapping[str, Any] | None, priority: int, now: datet
     """
     if peering is None:
         return True
-    others = [p for peer_id, p in (peering.get("status") or {}).items()
-              if peer_id != own_id and isinstance(p, Mapping) and _is_live(p, now)]
+    others = [
+        p
+        for peer_id, p in (peering.get("status") or {}).items()
+        if peer_id != own_id and isinstance(p, Mapping) and _is_live(p, now)
+    ]
     return any(int(p.get("priority", 0)) >= priority for p in others)
 
 

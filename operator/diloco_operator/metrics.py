@@ -13,17 +13,35 @@ from diloco_operator.status import UNIT_STATES
 class OperatorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.reconciles = Counter("diloco_operator_reconciles_total", "Reconciliations by trigger and result",
-                                  ["trigger", "result"], registry=self.registry)
-        self.children = Counter("diloco_operator_children_total", "Children created, restored or deleted",
-                                ["action"], registry=self.registry)
-        self.chaos_kills = Counter("diloco_operator_chaos_kills_total", "Learner pods killed by built-in chaos",
-                                   registry=self.registry)
-        self.jobs = Gauge("diloco_operator_job_phase", "1 for the phase each job is in",
-                          ["namespace", "job", "phase"], registry=self.registry)
-        self.units = Gauge("diloco_operator_learner_units",
-                           "Learner units of each job by state (ready, not_ready, lost)",
-                           ["namespace", "job", "state"], registry=self.registry)
+        self.reconciles = Counter(
+            "diloco_operator_reconciles_total",
+            "Reconciliations by trigger and result",
+            ["trigger", "result"],
+            registry=self.registry,
+        )
+        self.children = Counter(
+            "diloco_operator_children_total",
+            "Children created, restored or deleted",
+            ["action"],
+            registry=self.registry,
+        )
+        self.chaos_kills = Counter(
+            "diloco_operator_chaos_kills_total",
+            "Learner pods killed by built-in chaos",
+            registry=self.registry,
+        )
+        self.jobs = Gauge(
+            "diloco_operator_job_phase",
+            "1 for the phase each job is in",
+            ["namespace", "job", "phase"],
+            registry=self.registry,
+        )
+        self.units = Gauge(
+            "diloco_operator_learner_units",
+            "Learner units of each job by state (ready, not_ready, lost)",
+            ["namespace", "job", "state"],
+            registry=self.registry,
+        )
 
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)
@@ -44,4 +62,3 @@ class OperatorMetrics:
         for state in UNIT_STATES.values():
             with contextlib.suppress(KeyError):
                 self.units.remove(namespace, job, state)
-

@@ -63,8 +63,13 @@ def post_events(kube: Kube, job: dict[str, Any], events: list[Event], instance: 
         try:
             kube.create(status.event_object(job, ev, now, instance))
         except Exception as exc:  # (events are auxiliary: never fail a pass for one)
-            log.warning("could not post event %s %s on %s: %s", ev.type, ev.reason,
-                        job["metadata"].get("name"), api_error(exc))
+            log.warning(
+                "could not post event %s %s on %s: %s",
+                ev.type,
+                ev.reason,
+                job["metadata"].get("name"),
+                api_error(exc),
+            )
 
 
 def write_status(ctx: Context, state: JobState, new: JobStatus, events: list[Event]) -> None:
@@ -73,8 +78,9 @@ def write_status(ctx: Context, state: JobState, new: JobStatus, events: list[Eve
     job = state.ref
     patch = new.to_patch()
     after = old.merged(patch)
-    if (state.status is None or after != old) and \
-            not ctx.kube.patch_status(API_VERSION, KIND, job.namespace, job.name, patch):
+    if (state.status is None or after != old) and not ctx.kube.patch_status(
+        API_VERSION, KIND, job.namespace, job.name, patch
+    ):
         return  # the job is gone
     state.status = after
     post_events(ctx.kube, state.body, events, ctx.instance)
@@ -106,29 +112,47 @@ def reconcile(ctx: Context, state: JobState, spec: DiLoCoJobSpec, req: Request, 
         victims, down = run_chaos(ctx.kube, job, spec, down, previous.last_tick or epoch, epoch, ctx.rng)
     stopped = old.phase == "Succeeded"
     outcome, desired = reconcile_children(
-        ctx.kube, job, spec, validate=state.validated_generation != generation, learners_stopped=stopped,
-        down=down, pool=ctx.pool)
+        ctx.kube,
+        job,
+        spec,
+        validate=state.validated_generation != generation,
+        learners_stopped=stopped,
+        down=down,
+        pool=ctx.pool,
+    )
     state.validated_generation = state.reconciled_generation = generation
     state.learners_stopped = stopped
     state.templates = {
         obj["metadata"]["labels"]["diloco.dev/unit"]: obj["spec"]["template"]["metadata"]["annotations"][
-            TEMPLATE_HASH_ANNOTATION]
-        for obj in desired if obj["kind"] == "StatefulSet"
+            TEMPLATE_HASH_ANNOTATION
+        ]
+        for obj in desired
+        if obj["kind"] == "StatefulSet"
     }
     state.chaos = ChaosStatus(
         kills=previous.kills + len(victims),
         down_until={k: down.get(k) for k in {*previous.down_until, *down}},  # None removes (merge patch)
         last_tick=epoch if active else None,
     )
-    for action, n in (("created", outcome.created), ("restored", outcome.repaired), ("deleted", outcome.deleted)):
+    for action, n in (
+        ("created", outcome.created),
+        ("restored", outcome.repaired),
+        ("deleted", outcome.deleted),
+    ):
         if n:
             ctx.metrics.children.labels(action).inc(n)
     ctx.metrics.chaos_kills.inc(len(victims))
     return [Event("Warning", "ChaosKill", f"chaos killed pod {v.pod} of unit {v.unit}") for v in victims]
 
 
-def read_synchronizer(fetch: StatusFetcher, override: str | None, job: JobRef, spec: DiLoCoJobSpec,
-                      sync_ready: bool, ca_pem: str | None) -> SyncView:
+def read_synchronizer(
+    fetch: StatusFetcher,
+    override: str | None,
+    job: JobRef,
+    spec: DiLoCoJobSpec,
+    sync_ready: bool,
+    ca_pem: str | None,
+) -> SyncView:
     """The synchronizer's answer, from its in-cluster URL or ``override`` (``--sync-url``, with
     ``{name}`` and ``{namespace}`` replaced by the job's), an https one checked against ``ca_pem``;
     asked only when it can answer."""
@@ -141,7 +165,9 @@ def read_synchronizer(fetch: StatusFetcher, override: str | None, job: JobRef, s
     return SyncView(sync, problem, (sync is not None) if (external or problem) else None)
 
 
-def compute(ctx: Context, state: JobState, spec: DiLoCoJobSpec, now: datetime) -> tuple[JobStatus, list[Event]]:
+def compute(
+    ctx: Context, state: JobState, spec: DiLoCoJobSpec, now: datetime
+) -> tuple[JobStatus, list[Event]]:
     """The job's status from the pods the watch saw and the synchronizer's last answer (pure but for
     the reads of the cache); its events are the differences from the last status."""
     job, old = state.ref, state.current_status()
@@ -151,13 +177,23 @@ def compute(ctx: Context, state: JobState, spec: DiLoCoJobSpec, now: datetime) -
     sync_ready = view.ready if view.ready is not None else pods_sync_ready
     chaos_status = state.chaos or old.chaos or ChaosStatus()
     down = {k: float(v) for k, v in chaos_status.down_until.items() if v is not None}
-    obs = status.Observed(unit_observations(spec, pods), sync_ready, view.status, chaos_status.kills, down,
-                          job=job.name, sync_problem=view.problem, sync_unschedulable=sync_unschedulable)
+    obs = status.Observed(
+        unit_observations(spec, pods),
+        sync_ready,
+        view.status,
+        chaos_status.kills,
+        down,
+        job=job.name,
+        sync_problem=view.problem,
+        sync_unschedulable=sync_unschedulable,
+    )
     new = status.compute_status(spec, obs, old, now, state.body["metadata"].get("generation"))
     gate = chaos.chaos_gate(spec.chaos, ctx.settings.allow_chaos)
     conditions = new.conditions
     if gate is not None:
-        conditions += (status.condition(old.conditions, "Chaos", gate.active, gate.reason, gate.message, now),)
+        conditions += (
+            status.condition(old.conditions, "Chaos", gate.active, gate.reason, gate.message, now),
+        )
     new = new.model_copy(update={"message": None, "chaos": chaos_status, "conditions": conditions})
     events = status.diff_events(old, new)
     if gate is not None:
@@ -174,12 +210,24 @@ def restart_outdated(ctx: Context, state: JobState, spec: DiLoCoJobSpec) -> list
     for unit, pods in sorted(outdated_pods(ctx.pods.pods(job.namespace, job.name), state.templates).items()):
         deleted = [p.name for p in pods if ctx.kube.delete("v1", "Pod", job.namespace, p.name, uid=p.uid)]
         if deleted:
-            log.info("job %s/%s: unit %s restarts together for its new pod template: %s", job.namespace,
-                     job.name, unit, ", ".join(deleted))
-            events.append(Event("Normal", "UnitRestart", (
-                f"unit {unit}: the pod template changed, so its pods restart together ({', '.join(deleted)}): "
-                f"the {replicas.get(unit, 0)} pod(s) of a unit form one torch.distributed group, whose size "
-                "is in every pod's environment, and start and stop as one")))
+            log.info(
+                "job %s/%s: unit %s restarts together for its new pod template: %s",
+                job.namespace,
+                job.name,
+                unit,
+                ", ".join(deleted),
+            )
+            events.append(
+                Event(
+                    "Normal",
+                    "UnitRestart",
+                    (
+                        f"unit {unit}: the pod template changed, so its pods restart together ({', '.join(deleted)}): "
+                        f"the {replicas.get(unit, 0)} pod(s) of a unit form one torch.distributed group, whose size "
+                        "is in every pod's environment, and start and stop as one"
+                    ),
+                )
+            )
     return events
 
 
@@ -190,7 +238,11 @@ def reconcile_pass(ctx: Context, state: JobState, req: Request) -> None:
         return  # the garbage collector is removing the children: do not recreate them
     # on the freshest spec, and not for a job deleted meanwhile
     fresh = ctx.kube.get(API_VERSION, KIND, state.ref.namespace, state.ref.name)
-    if fresh is None or fresh["metadata"].get("uid") != state.ref.uid or fresh["metadata"].get("deletionTimestamp"):
+    if (
+        fresh is None
+        or fresh["metadata"].get("uid") != state.ref.uid
+        or fresh["metadata"].get("deletionTimestamp")
+    ):
         return
     state.body = fresh
     generation = fresh["metadata"].get("generation")

@@ -26,8 +26,10 @@ def peering_objects(name: str, namespaces: list[str]) -> list[dict[str, Any]]:
     every namespace, else a KopfPeering in each namespace it watches."""
     if not namespaces:
         return [{"apiVersion": PEERING_API, "kind": "ClusterKopfPeering", "metadata": {"name": name}}]
-    return [{"apiVersion": PEERING_API, "kind": "KopfPeering", "metadata": {"name": name, "namespace": ns}}
-            for ns in namespaces]
+    return [
+        {"apiVersion": PEERING_API, "kind": "KopfPeering", "metadata": {"name": name, "namespace": ns}}
+        for ns in namespaces
+    ]
 
 
 def describe(obj: dict[str, Any]) -> str:
@@ -49,10 +51,18 @@ def ensure_peering(kube: Kube, name: str, namespaces: list[str], priority: int) 
                 created.append(what)
                 log.info("created the peering object %s", what)
         except ApiException as exc:
-            log.error("cannot create the peering object %s (%s): kopf keeps this operator paused until it "
-                      "exists; create it (operator/peering.yaml) or run with --standalone", what, api_error(exc))
+            log.error(
+                "cannot create the peering object %s (%s): kopf keeps this operator paused until it "
+                "exists; create it (operator/peering.yaml) or run with --standalone",
+                what,
+                api_error(exc),
+            )
     joined = ", ".join(describe(o) for o in peering_objects(name, namespaces))
-    log.info("peering: this operator joins %s with priority %d; only the live member with the highest "
-             "priority handles jobs (members of equal priority all pause); --peering and --priority change "
-             "it, --standalone turns peering off", joined, priority)
+    log.info(
+        "peering: this operator joins %s with priority %d; only the live member with the highest "
+        "priority handles jobs (members of equal priority all pause); --peering and --priority change "
+        "it, --standalone turns peering off",
+        joined,
+        priority,
+    )
     return created

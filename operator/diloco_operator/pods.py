@@ -47,9 +47,16 @@ def observe_pod(obj: Mapping[str, Any]) -> PodObserved:
     status: Mapping[str, Any] = obj.get("status") or {}
     conditions = status.get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    unschedulable = next((str(c.get("message") or "the scheduler cannot place it") for c in conditions
-                          if c.get("type") == "PodScheduled" and c.get("status") == "False"
-                          and c.get("reason") == "Unschedulable"), "")
+    unschedulable = next(
+        (
+            str(c.get("message") or "the scheduler cannot place it")
+            for c in conditions
+            if c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ),
+        "",
+    )
     return PodObserved(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
@@ -118,10 +125,15 @@ def unit_observations(spec: DiLoCoJobSpec, pods: Iterable[PodObserved]) -> list[
     for unit in spec.learner_units:
         mine = by_unit.get(unit.name, [])
         live = [p for p in mine if not p.deleting]
-        out.append(UnitObserved(
-            unit.name, len(live), sum(1 for p in live if p.ready), exists=bool(mine),
-            unschedulable=next((p.unschedulable for p in live if p.unschedulable), ""),
-        ))
+        out.append(
+            UnitObserved(
+                unit.name,
+                len(live),
+                sum(1 for p in live if p.ready),
+                exists=bool(mine),
+                unschedulable=next((p.unschedulable for p in live if p.unschedulable), ""),
+            )
+        )
     return out
 
 

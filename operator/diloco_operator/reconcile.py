@@ -41,8 +41,12 @@ from diloco_operator.status import Event
 log = logging.getLogger(__name__)
 
 StatusFetcher = Callable[[str, str | None], StatusResponse | None]  # (URL, CA bundle PEM or None)
-PRUNED_KINDS = (("apps/v1", "StatefulSet"), ("policy/v1", "PodDisruptionBudget"), ("v1", "Service"),
-                ("apps/v1", "Deployment"))
+PRUNED_KINDS = (
+    ("apps/v1", "StatefulSet"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("v1", "Service"),
+    ("apps/v1", "Deployment"),
+)
 # Children whose content comes partly from free-form fields of the spec (resources, tolerations,
 # affinity, node selectors): the apiserver validates them by a dry run before anything is applied.
 VALIDATED_KINDS = ("StatefulSet", "Deployment")
@@ -68,7 +72,9 @@ def check_spec(kube: Kube, job: JobRef, raw: Mapping[str, Any]) -> DiLoCoJobSpec
         for name, key in references:
             found = kube.get("v1", kind, job.namespace, name)
             if found is None:
-                raise SpecError(f"{kind} '{name}' referenced by the spec does not exist in namespace {job.namespace}")
+                raise SpecError(
+                    f"{kind} '{name}' referenced by the spec does not exist in namespace {job.namespace}"
+                )
             if key not in (found.get("data") or {}):
                 raise SpecError(f"{kind} '{name}' has no key '{key}' that the spec refers to")
     return spec
@@ -111,8 +117,9 @@ def validate_children(kube: Kube, desired: list[dict[str, Any]]) -> None:
             kube.apply(obj, dry_run=True)
         except ApiException as exc:
             if exc.status in INVALID:
-                raise SpecError(f"the spec makes an invalid {obj['kind']} {obj['metadata']['name']}: "
-                                f"{api_error(exc)}") from None
+                raise SpecError(
+                    f"the spec makes an invalid {obj['kind']} {obj['metadata']['name']}: " f"{api_error(exc)}"
+                ) from None
             raise
 
 
@@ -145,17 +152,26 @@ def apply_one(kube: Kube, obj: dict[str, Any], current: dict[str, Any] | None) -
         kube.apply(obj)
     except ApiException as exc:
         if exc.status in INVALID:
-            raise SpecError(f"the spec makes an invalid {obj['kind']} {meta['name']}: {api_error(exc)}") from None
+            raise SpecError(
+                f"the spec makes an invalid {obj['kind']} {meta['name']}: {api_error(exc)}"
+            ) from None
         raise
     action = "created" if current is None else "restored"
     log.info("%s %s %s", action, obj["kind"], meta["name"])
     return action
 
 
-def apply_children(kube: Kube, job: JobRef, desired: list[dict[str, Any]], listed: dict[str, dict[str, Any]],
-                   outcome: Outcome, pool: ThreadPoolExecutor) -> None:
+def apply_children(
+    kube: Kube,
+    job: JobRef,
+    desired: list[dict[str, Any]],
+    listed: dict[str, dict[str, Any]],
+    outcome: Outcome,
+    pool: ThreadPoolExecutor,
+) -> None:
     """Apply every child that is missing or drifted (the job's ConfigMap first: every pod mounts
     it), the rest ``pool``'s workers at a time."""
+
     def current(obj: dict[str, Any]) -> dict[str, Any] | None:
         key = f"{obj['kind']}/{obj['metadata']['name']}"
         if key in listed or any(kind == obj["kind"] for _, kind in PRUNED_KINDS):
@@ -169,7 +185,9 @@ def apply_children(kube: Kube, job: JobRef, desired: list[dict[str, Any]], liste
     outcome.repaired += actions.count("restored")
 
 
-def prune(kube: Kube, job: JobRef, keep: set[str], listed: dict[str, dict[str, Any]], outcome: Outcome) -> None:
+def prune(
+    kube: Kube, job: JobRef, keep: set[str], listed: dict[str, dict[str, Any]], outcome: Outcome
+) -> None:
     """Delete our children that the spec no longer asks for (a removed unit, fewer shards)."""
     for key, obj in listed.items():
         kind, name = key.split("/", 1)
@@ -182,7 +200,12 @@ def prune(kube: Kube, job: JobRef, keep: set[str], listed: dict[str, dict[str, A
 
 
 def run_chaos(
-    kube: Kube, job: JobRef, spec: DiLoCoJobSpec, down: dict[str, float], last_tick: float, now: float,
+    kube: Kube,
+    job: JobRef,
+    spec: DiLoCoJobSpec,
+    down: dict[str, float],
+    last_tick: float,
+    now: float,
     rng: random.Random,
 ) -> tuple[list[chaos.Victim], dict[str, float]]:
     """Kill the pods chaos picks (grace 0, like a crash); returns the victims and units under repair."""
@@ -190,9 +213,14 @@ def run_chaos(
     if not units:
         return [], down
     pods = [
-        chaos.PodRef(p["metadata"]["name"], p["metadata"].get("labels", {}).get(UNIT_LABEL, ""),
-                     (p.get("status") or {}).get("phase") == "Running")
-        for p in kube.list("v1", "Pod", job.namespace, {JOB_LABEL: job.name, "app.kubernetes.io/component": "learner"})
+        chaos.PodRef(
+            p["metadata"]["name"],
+            p["metadata"].get("labels", {}).get(UNIT_LABEL, ""),
+            (p.get("status") or {}).get("phase") == "Running",
+        )
+        for p in kube.list(
+            "v1", "Pod", job.namespace, {JOB_LABEL: job.name, "app.kubernetes.io/component": "learner"}
+        )
     ]
     victims = chaos.pick_victims(units, pods, now, rng, last_tick=last_tick)
     down = dict(down)
@@ -204,8 +232,14 @@ def run_chaos(
 
 
 def reconcile_children(
-    kube: Kube, job: JobRef, spec: DiLoCoJobSpec, *, validate: bool, learners_stopped: bool,
-    down: dict[str, float], pool: ThreadPoolExecutor,
+    kube: Kube,
+    job: JobRef,
+    spec: DiLoCoJobSpec,
+    *,
+    validate: bool,
+    learners_stopped: bool,
+    down: dict[str, float],
+    pool: ThreadPoolExecutor,
 ) -> tuple[Outcome, list[dict[str, Any]]]:
     """Bring the job's children to the spec (``down``: units chaos keeps scaled to zero); returns
     what was done and the desired children. ``validate``: dry-run the children first (a new

@@ -25,25 +25,38 @@ class OperatorSettings(BaseModel):
         (), description="watch only these namespaces (repeatable); default: all namespaces"
     )
     liveness: str = Field("http://0.0.0.0:8080/healthz", description="liveness endpoint URL ('' disables)")
-    peering: str = Field("diloco", description="name of the kopf peering object (the chart's default too, so an "
-                         "operator run by hand and the chart's pause for each other); created when missing")
+    peering: str = Field(
+        "diloco",
+        description="name of the kopf peering object (the chart's default too, so an "
+        "operator run by hand and the chart's pause for each other); created when missing",
+    )
     priority: int = Field(0, description="peering priority of this replica")
     standalone: bool = Field(False, description="no peering: for a single replica or tests")
     verbose: Annotated[bool, Cli(short="-v")] = Field(False, description="debug logging")
     resync_seconds: float = Field(
-        15.0, gt=0.0, description="interval of the timer that repairs drift, reads the synchronizers' status and "
-        "drives chaos (the status follows the pods as they change, not this timer)")
+        15.0,
+        gt=0.0,
+        description="interval of the timer that repairs drift, reads the synchronizers' status and "
+        "drives chaos (the status follows the pods as they change, not this timer)",
+    )
     apply_concurrency: int = Field(16, ge=1, le=256, description="children of a job applied at once")
     metrics_port: int = Field(9090, ge=0, le=65535, description="Prometheus metrics port; 0 disables")
     status_timeout_seconds: float = Field(2.0, gt=0.0, description="timeout of GET /v1/status calls")
     sync_url: str | None = Field(
-        None, description="override of the synchronizer URL the operator reads status from; "
-        "'{name}' and '{namespace}' are replaced (for operators running outside the cluster)")
+        None,
+        description="override of the synchronizer URL the operator reads status from; "
+        "'{name}' and '{namespace}' are replaced (for operators running outside the cluster)",
+    )
     watch_stale_seconds: float = Field(
-        60.0, gt=0.0, description="liveness fails once the API has held a job version that the watch has not "
-        "delivered for this long")
+        60.0,
+        gt=0.0,
+        description="liveness fails once the API has held a job version that the watch has not "
+        "delivered for this long",
+    )
     allow_chaos: bool = Field(False, description="let jobs with spec.chaos.enabled kill their learner pods")
-    chaos_seed: int | None = Field(None, description="seed of the chaos random generator (reproducible game days)")
+    chaos_seed: int | None = Field(
+        None, description="seed of the chaos random generator (reproducible game days)"
+    )
 
 
 FLAGS = derive_flags(OperatorSettings, {"": None}, env_prefix=PREFIX)

@@ -93,8 +93,13 @@ def event_object(job: Mapping[str, Any], ev: Event, now: datetime, instance: str
         "action": "Reconcile",
         "reportingController": REPORTING_CONTROLLER,
         "reportingInstance": instance[:128],
-        "regarding": {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": meta["name"],
-                      "namespace": meta["namespace"], "uid": meta.get("uid", "")},
+        "regarding": {
+            "apiVersion": job["apiVersion"],
+            "kind": job["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid", ""),
+        },
     }
 
 
@@ -141,7 +146,11 @@ def learners_dead(progress: Mapping[str, int]) -> bool:
 
 
 def unit_status(
-    spec_unit_replicas: int, seen: UnitObserved, old: UnitStatus | None, sync: StatusResponse | None, now: datetime,
+    spec_unit_replicas: int,
+    seen: UnitObserved,
+    old: UnitStatus | None,
+    sync: StatusResponse | None,
+    now: datetime,
     job: str = "",
 ) -> UnitStatus:
     pods_ready = seen.exists and spec_unit_replicas > 0 and seen.ready_replicas >= spec_unit_replicas
@@ -151,8 +160,15 @@ def unit_status(
     since: dict[str, Any] = {}
     if not ready:
         since["not_ready_since"] = (old.not_ready_since if old else None) or iso(now)
-    reason: UnitReason = "Ready" if ready else "LearnersDead" if dead else \
-        "Unschedulable" if seen.unschedulable else "PodsNotReady"
+    reason: UnitReason = (
+        "Ready"
+        if ready
+        else "LearnersDead"
+        if dead
+        else "Unschedulable"
+        if seen.unschedulable
+        else "PodsNotReady"
+    )
     if reason == "Unschedulable":
         since["message"] = seen.unschedulable
     return UnitStatus(
@@ -229,11 +245,24 @@ def compute_status(
     conditions = [
         condition(prev, "SpecValid", True, "Valid", "the spec is valid", now),
         sync_condition(prev, obs, now),
-        condition(prev, "QuorumMet", ready >= quorum, "Quorum" if ready >= quorum else "BelowQuorum",
-                  f"{ready} of {len(units)} units ready, quorum {quorum}", now),
-        condition(prev, "UnitsHealthy", not gone, "UnitGone" if gone else "AllUnitsPresent",
-                  f"units down for more than {spec.unit_lost_after_seconds:g}s: {', '.join(gone)}" if gone
-                  else "no unit is gone", now),
+        condition(
+            prev,
+            "QuorumMet",
+            ready >= quorum,
+            "Quorum" if ready >= quorum else "BelowQuorum",
+            f"{ready} of {len(units)} units ready, quorum {quorum}",
+            now,
+        ),
+        condition(
+            prev,
+            "UnitsHealthy",
+            not gone,
+            "UnitGone" if gone else "AllUnitsPresent",
+            f"units down for more than {spec.unit_lost_after_seconds:g}s: {', '.join(gone)}"
+            if gone
+            else "no unit is gone",
+            now,
+        ),
         learners_condition(prev, obs.sync, units, now),
         scheduled_condition(prev, units, obs.sync_unschedulable, now),
         condition(prev, "Ready", phase == "Running", phase, f"job is {phase}", now),
@@ -255,8 +284,14 @@ def compute_status(
 def sync_condition(prev: Sequence[Condition], obs: Observed, now: datetime) -> Condition:
     if obs.sync_problem:
         return condition(prev, "SynchronizerReady", False, "WrongJob", obs.sync_problem, now)
-    return condition(prev, "SynchronizerReady", obs.sync_ready, "Available" if obs.sync_ready else "NotAvailable",
-                     "synchronizer available" if obs.sync_ready else "synchronizer not available", now)
+    return condition(
+        prev,
+        "SynchronizerReady",
+        obs.sync_ready,
+        "Available" if obs.sync_ready else "NotAvailable",
+        "synchronizer available" if obs.sync_ready else "synchronizer not available",
+        now,
+    )
 
 
 def learners_condition(
@@ -264,12 +299,24 @@ def learners_condition(
 ) -> Condition:
     """Whether the synchronizer hears from every unit it knows (Unknown without its status)."""
     if sync is None:
-        return condition(prev, "LearnersAlive", None, "NoSynchronizerStatus",
-                         "the synchronizer's status is not available", now)
+        return condition(
+            prev,
+            "LearnersAlive",
+            None,
+            "NoSynchronizerStatus",
+            "the synchronizer's status is not available",
+            now,
+        )
     dead = [u.name for u in units if u.reason == "LearnersDead"]
     if dead:
-        return condition(prev, "LearnersAlive", False, "LearnersDead",
-                         f"the synchronizer reports the learners of units {', '.join(dead)} dead", now)
+        return condition(
+            prev,
+            "LearnersAlive",
+            False,
+            "LearnersDead",
+            f"the synchronizer reports the learners of units {', '.join(dead)} dead",
+            now,
+        )
     return condition(prev, "LearnersAlive", True, "Alive", "no unit's learners are dead", now)
 
 
@@ -341,8 +388,13 @@ def diff_events(old: JobStatus, new: JobStatus) -> list[Event]:
         events.append(Event("Warning", "UnitGone", _msg(new, "UnitsHealthy")))
     newly_dead = [u for u in _dead_units(new) if u not in _dead_units(old)]
     if newly_dead and not stopped:
-        events.append(Event("Warning", "LearnersDead",
-                            f"the synchronizer reports the learners of units {', '.join(newly_dead)} dead"))
+        events.append(
+            Event(
+                "Warning",
+                "LearnersDead",
+                f"the synchronizer reports the learners of units {', '.join(newly_dead)} dead",
+            )
+        )
     events += unschedulable_events(old, new)
     if old.phase != new.phase and new.phase in ("Succeeded", "Suspended", "Running"):
         events.append(Event("Normal", str(new.phase), f"job is {new.phase}"))

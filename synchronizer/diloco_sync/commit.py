@@ -68,7 +68,8 @@ class Committer:
             rounds=fs.rounds + 1,
             applied=applied_to_keep([*fs.applied, *keys], version, self.max_staleness),
             merged_through={
-                learner: at for learner, at in merged_through(fs.merged_through, taken).items()
+                learner: at
+                for learner, at in merged_through(fs.merged_through, taken).items()
                 if at[0] >= oldest
             },  # fmt: skip
         )

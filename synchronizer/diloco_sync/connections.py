@@ -314,7 +314,9 @@ def server_tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     try:
         context.load_cert_chain(cert_file, key_file)
     except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"cannot use the TLS certificate {cert_file} with the key {key_file}: {exc}") from exc
+        raise ValueError(
+            f"cannot use the TLS certificate {cert_file} with the key {key_file}: {exc}"
+        ) from exc
     return context
 
 
@@ -328,7 +330,12 @@ class ServerCertificate:
         self, cert_file: str, key_file: str, *, check_every_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
-        self.cert_file, self.key_file, self.check_every_s, self._clock = cert_file, key_file, check_every_s, clock
+        self.cert_file, self.key_file, self.check_every_s, self._clock = (
+            cert_file,
+            key_file,
+            check_every_s,
+            clock,
+        )
         self._context = server_tls_context(cert_file, key_file)
         self._stamp = self._files()
         self._next_check = clock() + check_every_s

@@ -28,7 +28,11 @@ class Fragments:
     def check_plan(self, plan: FragmentPlan) -> None:
         """409 ``plan_mismatch`` when ``plan`` does not fit the job's settings."""
         d = self.settings.job.diloco
-        if len(plan.fragments) != d.fragments or plan.inner_steps != d.inner_steps or plan.overlap != d.overlap:
+        if (
+            len(plan.fragments) != d.fragments
+            or plan.inner_steps != d.inner_steps
+            or plan.overlap != d.overlap
+        ):
             raise ApiError(
                 409,
                 "plan_mismatch",

@@ -87,7 +87,9 @@ def rounds_from_logs(entries: Sequence[dict[str, Any]], n: int) -> list[RoundRec
     rounds: list[RoundRecord] = []
     for entry in entries:
         try:
-            rounds.append(RoundRecord.model_validate({field: entry[field] for field in RoundRecord.model_fields}))
+            rounds.append(
+                RoundRecord.model_validate({field: entry[field] for field in RoundRecord.model_fields})
+            )
         except (KeyError, ValueError):
             continue
     rounds.sort(key=lambda r: (r.finished_at, r.fragment, r.version))
@@ -105,7 +107,9 @@ def round_log(
         "weights": list(outcome.result.weights),
         "base_versions": [c.base_version for c in contributions],
         "keys": [c.key for c in contributions],
-        "merged_keys": [part.key for c in contributions for part in c.received()],  # with those added into them
+        "merged_keys": [
+            part.key for c in contributions for part in c.received()
+        ],  # with those added into them
         "steps": [c.steps for c in contributions],
         "tokens": [c.tokens for c in contributions],
         "excluded": [

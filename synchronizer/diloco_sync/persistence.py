@@ -102,13 +102,16 @@ class StateStore:
         A version without a log (the initial upload is not a round) or with an unreadable one is
         left out: the logs only feed the status's recent rounds.
         """
+
         def one(fragment: int, version: int) -> dict[str, Any] | None:
             try:
                 entry = json.loads(self.store.get(self.layout.round_log(fragment, version)))
             except ObjectNotFound:
                 return None
             except ValueError:
-                log.warning("round log of fragment %d version %d is not valid JSON; skipped", fragment, version)
+                log.warning(
+                    "round log of fragment %d version %d is not valid JSON; skipped", fragment, version
+                )
                 return None
             return entry if isinstance(entry, dict) else None
 

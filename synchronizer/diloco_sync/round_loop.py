@@ -152,7 +152,11 @@ class RoundRunner:
             self.on_excluded(fs.index, len(excluded))
 
     async def _publish(
-        self, fs: FragmentState, outcome: RoundOutcome, contributions: list[Contribution], log_entry: dict[str, Any]
+        self,
+        fs: FragmentState,
+        outcome: RoundOutcome,
+        contributions: list[Contribution],
+        log_entry: dict[str, Any],
     ) -> None:
         """The round is durable: make it current, record it, then tidy the fragment's storage."""
         result = outcome.result

@@ -178,7 +178,9 @@ class SyncService:
             ) from exc
         if self.fragments.plan is None:  # another registration may have adopted one meanwhile
             self.fragments.adopt(plan)
-            log.info("adopted fragment plan %s from learner %s", self.fragments.plan_hash[:12], req.learner_id)
+            log.info(
+                "adopted fragment plan %s from learner %s", self.fragments.plan_hash[:12], req.learner_id
+            )
 
     async def save_registry(self) -> None:
         try:

@@ -35,7 +35,9 @@ class SyncSettings(BaseModel):
     plan_path: Annotated[str | None, Cli("plan")] = Field(
         None, description="fragment plan JSON; default: adopt the first learner's"
     )
-    shard_index: int = Field(0, ge=0, description="this replica's shard (fragment p belongs to shard p % num_shards)")
+    shard_index: int = Field(
+        0, ge=0, description="this replica's shard (fragment p belongs to shard p % num_shards)"
+    )
     num_shards: int = Field(1, ge=1, description="number of synchronizer replicas")
     shard_urls: tuple[str, ...] = Field((), description="base URLs of all shards, in shard order")
     tls_cert: str | None = Field(None, description="TLS certificate file (PEM)")

@@ -40,7 +40,19 @@ def assert_png(path: Path) -> None:
 @pytest.mark.slow
 def test_quality_prints_one_row_per_method(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "q.json"
-    argv = [*TINY, "--steps", "8", "--inner-steps", "4", "--seeds", "0,1", "--json", str(out), "--plot-dir", str(tmp_path)]
+    argv = [
+        *TINY,
+        "--steps",
+        "8",
+        "--inner-steps",
+        "4",
+        "--seeds",
+        "0,1",
+        "--json",
+        str(out),
+        "--plot-dir",
+        str(tmp_path),
+    ]
     assert quality.main(argv) == 0
     text = capsys.readouterr().out
     assert_png(tmp_path / "quality.png")
@@ -53,7 +65,9 @@ def test_quality_prints_one_row_per_method(capsys: pytest.CaptureFixture[str], t
 
 
 @pytest.mark.slow
-def test_bandwidth_ranks_data_parallel_as_the_heaviest(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_bandwidth_ranks_data_parallel_as_the_heaviest(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     out = tmp_path / "b.json"
     argv = [*TINY, "--steps", "8", "--inner-steps", "4", "--large-h", "8", "--learners", "2", "--json", str(out),
             "--plot-dir", str(tmp_path)]  # fmt: skip
@@ -77,7 +91,9 @@ def test_bandwidth_refuses_a_run_too_short_to_sync() -> None:
 
 
 @pytest.mark.slow
-def test_codecs_table_lists_the_unmeasured_low_bit_rows(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_codecs_table_lists_the_unmeasured_low_bit_rows(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     argv = [*TINY, "--steps", "4", "--learners", "2", "--codecs", "fp32,int4", "--plot-dir", str(tmp_path)]
     assert codecs.main(argv) == 0
     assert_png(tmp_path / "codecs.png")
@@ -111,7 +127,12 @@ def test_hetero_lock_step_loses_goodput(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_merge_rule_reports_norm_ratios(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert merge_rule.main([*TINY, "--steps", "8", "--inner-steps", "4", "--learners", "2,4", "--plot-dir", str(tmp_path)]) == 0
+    assert (
+        merge_rule.main(
+            [*TINY, "--steps", "8", "--inner-steps", "4", "--learners", "2,4", "--plot-dir", str(tmp_path)]
+        )
+        == 0
+    )
     assert_png(tmp_path / "merge-rule.png")
     text = capsys.readouterr().out
     assert "| rda | 4 | 1.000 |" in text
@@ -187,9 +208,24 @@ def test_simulate_writes_its_json_file_and_plot(capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.slow
-def test_codec_writes_its_json_file_and_prints_the_table(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_codec_writes_its_json_file_and_prints_the_table(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     out = tmp_path / "codec.json"
-    argv = ["--width", "16", "--warmup", "1", "--inner-steps", "1", "--batch", "2", "--repeats", "1", "--json", str(out)]
+    argv = [
+        "--width",
+        "16",
+        "--warmup",
+        "1",
+        "--inner-steps",
+        "1",
+        "--batch",
+        "2",
+        "--repeats",
+        "1",
+        "--json",
+        str(out),
+    ]
     assert codec.main(argv) == 0
     assert "int4" in capsys.readouterr().out
     assert {r["format"] for r in json.loads(out.read_text())["rows"]} >= {"fp32", "int4"}
@@ -218,7 +254,9 @@ def test_gpu_skips_with_a_clear_message(capsys: pytest.CaptureFixture[str]) -> N
     assert "no CUDA device" in capsys.readouterr().out
 
 
-def test_gpu_runs_every_part_on_the_cpu_at_a_tiny_size(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_gpu_runs_every_part_on_the_cpu_at_a_tiny_size(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     out = tmp_path / "gpu.json"
     argv = ["--device", "cpu", *TINY, "--timed-steps", "2", "--warmup-steps", "1", "--no-compile",
             "--boundaries", "1", "--fragments", "2", "--train-steps", "2", "--threads", "1",
@@ -233,7 +271,9 @@ def test_gpu_runs_every_part_on_the_cpu_at_a_tiny_size(capsys: pytest.CaptureFix
     assert all(r["device_gparams_per_s"] > 0 for r in figures["boundary"])
 
 
-def test_quantize_compares_numpy_and_torch_and_checks_the_bytes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_quantize_compares_numpy_and_torch_and_checks_the_bytes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     out = tmp_path / "quantize.json"
     assert quantize.main(["--params", "5000", "--repeats", "1", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]

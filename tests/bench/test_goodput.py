@@ -88,14 +88,19 @@ def test_the_summary_gives_each_modes_mean_spread_and_decoupleds_ratio_to_ddp(tm
     text = goodput.render_summary(s)
     assert "decoupled / ddp (steady state, measured): 3.48x" in text
     table = goodput.report(results)
-    assert "| decoupled | 0 | 86.0% | 84.0% | +2.0 | 88.0% | 86.0% | +2.0 | 2.5% | 3 / 3 | 4.0 / 5.0 / 0.100 / 3.0% |" in table
+    assert (
+        "| decoupled | 0 | 86.0% | 84.0% | +2.0 | 88.0% | 86.0% | +2.0 | 2.5% | 3 / 3 | 4.0 / 5.0 / 0.100 / 3.0% |"
+        in table
+    )
     assert "did not run" in table
     a = goodput.build_parser().parse_args(["--plot-dir", str(tmp_path)])
     assert plots.emit(a, "goodput", lambda: goodput.figure(results)) == tmp_path / "goodput.png"
     assert_png(tmp_path / "goodput.png")
 
 
-def test_both_commands_get_the_same_flags_and_bad_choices_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+def test_both_commands_get_the_same_flags_and_bad_choices_are_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     a = goodput.build_parser().parse_args(["--learners", "3", "--mtbf", "50", "--", "--inner-steps", "8"])
     flags = goodput.run_flags("ddp", 4, a)
     assert flags[:2] == ["--mode", "ddp"]

@@ -11,7 +11,9 @@ from diloco_worker.model import build_gpt
 
 pytestmark = pytest.mark.slow
 
-TINY = workload.Workload(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=2, corpus_bytes=200_000, eval_batches=1)
+TINY = workload.Workload(
+    n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=2, corpus_bytes=200_000, eval_batches=1
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +69,18 @@ def test_rda_keeps_the_norm_and_the_mean_shrinks_it(corpus: workload.Corpus) -> 
     assert all(r < 1.0 for r in mean.norm_ratios)
 
 
-def _reference_diloco(corpus: workload.Corpus, learners: int, inner: int, rounds: int, seed: int) -> dict[str, np.ndarray]:
+def _reference_diloco(
+    corpus: workload.Corpus, learners: int, inner: int, rounds: int, seed: int
+) -> dict[str, np.ndarray]:
     """Synchronous DiLoCo written directly in torch: average outer gradient, SGD with Nesterov."""
     torch.manual_seed(seed)
     global_model = build_gpt(workload.model_settings(TINY, seed))
-    outer = torch.optim.SGD(global_model.parameters(), lr=runs.Method.outer_lr, momentum=runs.Method.outer_momentum, nesterov=True)
-    cfg = TrainSettings(batch_size=TINY.batch_size, lr=TINY.lr, warmup_steps=TINY.warmup_steps, max_steps=inner * rounds)
+    outer = torch.optim.SGD(
+        global_model.parameters(), lr=runs.Method.outer_lr, momentum=runs.Method.outer_momentum, nesterov=True
+    )
+    cfg = TrainSettings(
+        batch_size=TINY.batch_size, lr=TINY.lr, warmup_steps=TINY.warmup_steps, max_steps=inner * rounds
+    )
     from diloco_worker.train import make_optimizer
 
     locals_ = [build_gpt(workload.model_settings(TINY, seed)) for _ in range(learners)]
@@ -84,7 +92,12 @@ def _reference_diloco(corpus: workload.Corpus, learners: int, inner: int, rounds
             model.load_state_dict(global_model.state_dict())
             for s in range(inner):
                 workload.inner_step(model, opt, next(stream), r * inner + s, cfg)
-            deltas.append([g.detach() - p.detach() for g, p in zip(global_model.parameters(), model.parameters(), strict=True)])
+            deltas.append(
+                [
+                    g.detach() - p.detach()
+                    for g, p in zip(global_model.parameters(), model.parameters(), strict=True)
+                ]
+            )
         for i, p in enumerate(global_model.parameters()):
             p.grad = torch.stack([d[i] for d in deltas]).mean(0)
         outer.step()
@@ -112,7 +125,9 @@ def test_an_open_round_pulls_the_partial_progress_of_slower_learners(corpus: wor
     # the slow half's steps reach the global model instead of being overwritten before they are sent
     assert pulled.merged_share > alone.merged_share
     assert pulled.participants > alone.participants
-    no_grace = harness.run(runs.decoupled(4, inner_steps=8, partial=True, grace_gamma=0.0), TINY, timing, corpus, 0)
+    no_grace = harness.run(
+        runs.decoupled(4, inner_steps=8, partial=True, grace_gamma=0.0), TINY, timing, corpus, 0
+    )
     assert no_grace.partials == 0  # a round without a grace window merges before anyone can answer
 
 
@@ -129,7 +144,11 @@ def test_every_method_runs_on_cuda_with_the_same_accounting() -> None:
     cuda = workload.Workload(**{**TINY.__dict__, "device": "cuda"})
     corpus = workload.Corpus(cuda)
     timing = runs.Timing(steps=8)
-    for method in (runs.data_parallel(2), runs.diloco_sync(2, inner_steps=4), runs.decoupled(2, inner_steps=4)):
+    for method in (
+        runs.data_parallel(2),
+        runs.diloco_sync(2, inner_steps=4),
+        runs.decoupled(2, inner_steps=4),
+    ):
         on_cpu = harness.run(method, TINY, timing, workload.Corpus(TINY), 0)
         on_gpu = harness.run(method, cuda, timing, corpus, 0)
         assert on_gpu.steps == on_cpu.steps
@@ -138,7 +157,9 @@ def test_every_method_runs_on_cuda_with_the_same_accounting() -> None:
             assert on_gpu.bytes_up == on_cpu.bytes_up
 
 
-def test_compressed_downloads_leave_every_learner_with_the_synchronizers_versions(corpus: workload.Corpus) -> None:
+def test_compressed_downloads_leave_every_learner_with_the_synchronizers_versions(
+    corpus: workload.Corpus,
+) -> None:
     method = runs.decoupled(2, inner_steps=4, codec="int1", error_feedback=True, down_codec="int2")
     sim = harness.DiLoCoRun(method, TINY, runs.Timing(steps=12), corpus, 0)
     sim.run()

@@ -32,9 +32,14 @@ def test_lag_is_per_count_reached() -> None:
 
 
 def pod(name: str, unit: str, ready: bool, deleting: bool = False) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": {"diloco.dev/unit": unit},
-                         "deletionTimestamp": "now" if deleting else None},
-            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"diloco.dev/unit": unit},
+            "deletionTimestamp": "now" if deleting else None,
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
 
 
 def test_reality_counts_units_whose_pods_are_all_ready() -> None:

@@ -238,7 +238,9 @@ def test_install_creates_the_watched_namespaces_that_do_not_exist_and_keeps_them
     missing = f"{namespace[:50]}-ml"
     release = f"ns-{namespace[-8:]}"
     env = kube.env()
-    values = values_args(tmp_path, {"watchNamespaces": [missing, second_namespace], "operator": {"replicas": 0}})
+    values = values_args(
+        tmp_path, {"watchNamespaces": [missing, second_namespace], "operator": {"replicas": 0}}
+    )
     try:
         with kube.api_client() as api:
             assert _namespace(api, missing) is None
@@ -254,8 +256,17 @@ def test_install_creates_the_watched_namespaces_that_do_not_exist_and_keeps_them
             rbac = k8s.RbacAuthorizationV1Api(api)
             for ns in (missing, second_namespace):
                 assert _exists(rbac.read_namespaced_role, f"{release}-diloco-operator", ns)
-            upgraded = helm("upgrade", release, str(CHART), "--namespace", namespace, *values,
-                            "--set", "operator.verbose=true", env=env)
+            upgraded = helm(
+                "upgrade",
+                release,
+                str(CHART),
+                "--namespace",
+                namespace,
+                *values,
+                "--set",
+                "operator.verbose=true",
+                env=env,
+            )
             assert upgraded.returncode == 0, upgraded.stderr
             assert _namespace(api, missing) is not None
             removed = helm("uninstall", release, "--namespace", namespace, "--wait", env=env)
@@ -274,8 +285,9 @@ def test_watched_namespaces_required_to_exist_fail_the_install_before_anything_i
     missing = f"{namespace[:50]}-ml"
     release = f"req-{namespace[-8:]}"
     env = kube.env()
-    values = values_args(tmp_path, {"watchNamespaces": [missing], "createWatchNamespaces": False,
-                                    "operator": {"replicas": 0}})
+    values = values_args(
+        tmp_path, {"watchNamespaces": [missing], "createWatchNamespaces": False, "operator": {"replicas": 0}}
+    )
     failed = helm("install", release, str(CHART), "--namespace", namespace, *values, env=env)
     assert failed.returncode != 0
     assert f"namespace(s) {missing} do not exist" in failed.stderr

@@ -456,14 +456,15 @@ def test_any_header_decodes_or_raises_a_codec_error(header: dict[str, object], d
     else:
         assert all(t.dtype == np.float32 for t in outcome.tensors.values())
 
+
 def test_pre_quantized_tensors_encode_to_the_same_payload_and_wrong_sizes_are_refused() -> None:
     arrays = golden_tensors()
-    parts = {
-        n: codec.QuantizedTensor(a.shape, *q.quantize(a, "int4", 32)) for n, a in arrays.items()
-    }
+    parts = {n: codec.QuantizedTensor(a.shape, *q.quantize(a, "int4", 32)) for n, a in arrays.items()}
     args = {"fragment": 2, "base_version": 7, "kind": "outer_grad", "quantizer": "int4", "block_size": 32}
     assert codec.encode_quantized(parts, **args) == encode(arrays, **args)  # type: ignore[arg-type]
-    short = dict(parts, **{"wte.weight": codec.QuantizedTensor((5, 8), b"\x00" * 19, parts["wte.weight"].scales)})
+    short = dict(
+        parts, **{"wte.weight": codec.QuantizedTensor((5, 8), b"\x00" * 19, parts["wte.weight"].scales)}
+    )
     with pytest.raises(codec.CodecError, match="'wte.weight': 19 value and 8 scale bytes"):
         codec.encode_quantized(short, **args)  # type: ignore[arg-type]
 

@@ -20,8 +20,20 @@ def test_entry_points_that_can_be_resolved(entry: str) -> None:
     assert ModelSettings(entry_point=entry).entry_point == entry
 
 
-@pytest.mark.parametrize("entry", ["", "user_model", "user_model.build", "my model:build", "a:b:c", "1mod:f",
-                                   "pkg.:f", "mod:f()", "Builtin"])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "",
+        "user_model",
+        "user_model.build",
+        "my model:build",
+        "a:b:c",
+        "1mod:f",
+        "pkg.:f",
+        "mod:f()",
+        "Builtin",
+    ],
+)
 def test_entry_points_that_cannot(entry: str) -> None:
     with pytest.raises(ValidationError, match="entry_point"):
         ModelSettings(entry_point=entry)

@@ -12,7 +12,10 @@ PLAN = build_plan([("w", (16, 24)), ("b", (7,))], num_fragments=1, inner_steps=4
 
 def _params(seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {"w": rng.standard_normal((16, 24)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float32)}
+    return {
+        "w": rng.standard_normal((16, 24)).astype(np.float32),
+        "b": rng.standard_normal(7).astype(np.float32),
+    }
 
 
 @pytest.mark.parametrize("quantizer", ["int8", "int4", "int2", "int1", "topk"])

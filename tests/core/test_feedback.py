@@ -9,7 +9,10 @@ from diloco_core import codec, feedback
 
 def _delta(seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {"w": rng.standard_normal((8, 32)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32)}
+    return {
+        "w": rng.standard_normal((8, 32)).astype(np.float32),
+        "b": rng.standard_normal(5).astype(np.float32),
+    }
 
 
 @pytest.mark.parametrize("quantizer", ["int4", "int2", "int1", "topk"])
@@ -17,7 +20,9 @@ def test_payload_plus_residual_is_what_was_to_be_sent(quantizer: str) -> None:
     residual = None
     for seed in range(3):
         delta = _delta(seed)
-        enc = feedback.encode(delta, residual, fragment=0, base_version=seed, kind="outer_grad", quantizer=quantizer)
+        enc = feedback.encode(
+            delta, residual, fragment=0, base_version=seed, kind="outer_grad", quantizer=quantizer
+        )
         wanted = feedback.compensate(delta, residual)
         assert codec.decode(enc.blob).tensors.keys() == delta.keys()
         for n in delta:

@@ -61,7 +61,10 @@ def test_a_sent_fragment_falls_due_again_h_steps_after_the_send_until_a_version_
             sent = counters.mark_sent(p)  # no global version comes back
             # each send carries only the 4 steps (and their tokens) after the previous one
             assert (sent.since, sent.steps, sent.tokens, sent.seq) == (
-                counters[p].sent_at - 4 if due_at[p][1:] else 0, 4, 40, len(due_at[p])
+                counters[p].sent_at - 4 if due_at[p][1:] else 0,
+                4,
+                40,
+                len(due_at[p]),
             )
             assert counters[p].sent_at == sent.through
     assert due_at == {0: [4, 8, 12], 1: [6, 10]}
@@ -80,7 +83,14 @@ def test_counters_round_trip_through_their_checkpoint_form() -> None:
         counters.advance(7)
     counters.mark_sent(0)
     meta = counters.to_list()
-    assert meta[0] == {"base_version": -1, "steps": 5, "tokens": 35, "sent_at": 5, "sent_tokens": 35, "seq": 1}
+    assert meta[0] == {
+        "base_version": -1,
+        "steps": 5,
+        "tokens": 35,
+        "sent_at": 5,
+        "sent_tokens": 35,
+        "seq": 1,
+    }
     again = FragmentCounters.from_list(plan, meta)
     assert again.to_list() == meta
     assert FragmentCounters.from_list(plan, [{"steps": 2}, {}])[0] == FragmentCounter(steps=2)

@@ -159,8 +159,11 @@ def test_delayed_nesterov_a_merge_of_k_is_k_steps_of_algorithm_3(every: int) -> 
         grouped, grouped_state = run(opt, grouped_state, grouped, d, count=count)
         for _ in range(count):
             single, single_state = run(opt, single_state, single, d)
-        for got, want in ((grouped, single), (grouped_state.buffer, single_state.buffer),
-                          (grouped_state.momentum, single_state.momentum)):
+        for got, want in (
+            (grouped, single),
+            (grouped_state.buffer, single_state.buffer),
+            (grouped_state.momentum, single_state.momentum),
+        ):
             assert set(got) == set(want)
             for name in got:
                 np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)

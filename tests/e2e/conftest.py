@@ -47,7 +47,9 @@ def jobs_namespace(e2e: E2ECluster) -> str:
 
 
 @pytest.fixture(scope="package")
-def storage_secret(e2e: E2ECluster, api: k8s.ApiClient, s3_credentials: S3Credentials, jobs_namespace: str) -> str:
+def storage_secret(
+    e2e: E2ECluster, api: k8s.ApiClient, s3_credentials: S3Credentials, jobs_namespace: str
+) -> str:
     """The Secret ``diloco-s3`` the examples name, in ``jobs_namespace``, and the bucket ``diloco``."""
     storage_secret_and_bucket(e2e, api, jobs_namespace, s3_credentials)
     return "diloco-s3"

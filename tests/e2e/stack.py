@@ -78,10 +78,13 @@ def deploy_seaweedfs(e2e: E2ECluster, api: k8s.ApiClient) -> S3Credentials:
                      "volumes": [{"name": "data", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
                                  {"name": "identities", "secret": {"secretName": "seaweedfs-identities"}}]}}},
     })  # fmt: skip
-    core.create_namespaced_service(ns, {
-        "metadata": {"name": "seaweedfs"},
-        "spec": {"selector": labels, "ports": [{"name": "s3", "port": S3_PORT, "targetPort": "s3"}]},
-    })
+    core.create_namespaced_service(
+        ns,
+        {
+            "metadata": {"name": "seaweedfs"},
+            "spec": {"selector": labels, "ports": [{"name": "s3", "port": S3_PORT, "targetPort": "s3"}]},
+        },
+    )
     wait_for(lambda: (apps.read_namespaced_deployment(name="seaweedfs", namespace=ns).status.ready_replicas or 0) >= 1,
              timeout=180, what="SeaweedFS ready", interval=1)  # fmt: skip
     return creds
@@ -120,7 +123,9 @@ def storage_secret_and_bucket(e2e: E2ECluster, api: k8s.ApiClient, ns: str, cred
     core.delete_namespaced_pod("make-bucket", ns)
 
 
-def create_tls_secret(api: k8s.ApiClient, ns: str, name: str, ca: Ca, names: list[str], workdir: Path) -> None:
+def create_tls_secret(
+    api: k8s.ApiClient, ns: str, name: str, ca: Ca, names: list[str], workdir: Path
+) -> None:
     """A Secret of type kubernetes.io/tls as cert-manager writes it (tls.crt, tls.key, ca.crt): a
     serving certificate for ``names`` signed by ``ca``."""
     cert, key = issue_server_cert(ca, workdir, name, names)
@@ -207,14 +212,18 @@ class Synchronizer:
                    "X-DiLoCo-Learner": "e2e-observer"}  # fmt: skip
         out: dict[str, np.ndarray] = {}
         for p in self.versions():
-            r = self.get(f"/v1/fragments/{p}", params={"newer_than": -1, "wait": 0}, headers=headers, timeout=30)
+            r = self.get(
+                f"/v1/fragments/{p}", params={"newer_than": -1, "wait": 0}, headers=headers, timeout=30
+            )
             assert r.status_code == 200, r.text
             out.update(decode(r.content).tensors)
         return out
 
 
 def job_status(api: k8s.ApiClient, ns: str, name: str) -> dict[str, Any]:
-    obj = k8s.CustomObjectsApi(api).get_namespaced_custom_object("diloco.dev", "v1alpha1", ns, "dilocojobs", name)
+    obj = k8s.CustomObjectsApi(api).get_namespaced_custom_object(
+        "diloco.dev", "v1alpha1", ns, "dilocojobs", name
+    )
     return dict(obj.get("status") or {})
 
 

@@ -53,7 +53,10 @@ def _children_built(api: k8s.ApiClient, ns: str, job: dict[str, Any]) -> bool:
     apps = k8s.AppsV1Api(api)
     name = job["metadata"]["name"]
     units = {f"{name}-{u['name']}" for u in job["spec"]["learnerUnits"]}
-    sets = {s.metadata.name for s in apps.list_namespaced_stateful_set(ns, label_selector=f"diloco.dev/job={name}").items}
+    sets = {
+        s.metadata.name
+        for s in apps.list_namespaced_stateful_set(ns, label_selector=f"diloco.dev/job={name}").items
+    }
     return units <= sets
 
 
@@ -64,7 +67,9 @@ def test_single_region_example_is_built_and_its_synchronizer_serves(
     (job,) = yaml.safe_load_all((EXAMPLES / "single-region.yaml").read_text())
     assert job["spec"]["storage"]["endpoint"] == LOCAL_S3  # the example's storage is the one deployed here
     assert job["spec"]["storage"]["credentialsSecretRef"]["name"] == storage_secret
-    job["spec"]["synchronizer"]["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}  # 2 cores here
+    job["spec"]["synchronizer"]["resources"] = {
+        "requests": {"cpu": "100m", "memory": "256Mi"}
+    }  # 2 cores here
     path = _apply(e2e, jobs_namespace, [_with_test_images(e2e, job)], tmp_path)
     name = job["metadata"]["name"]
     wait_for(lambda: _children_built(api, jobs_namespace, job), timeout=120, what="the example's children")
@@ -110,7 +115,11 @@ def test_multi_region_example_region_b_reports_region_a_synchronizer(
                       and s, timeout=180, what="region B reads region A's synchronizer over HTTPS",
                       describe=lambda: str(job_status(api, jobs_namespace, b)))  # fmt: skip
     assert "version" in status, status  # the global version of the whole job, from A's synchronizer
-    assert not k8s.AppsV1Api(api).list_namespaced_deployment(jobs_namespace, label_selector=f"diloco.dev/job={b}").items
+    assert (
+        not k8s.AppsV1Api(api)
+        .list_namespaced_deployment(jobs_namespace, label_selector=f"diloco.dev/job={b}")
+        .items
+    )
     run_tool("kubectl", "delete", "-n", jobs_namespace, "-f", str(path_b / "jobs.yaml"), "--wait=true",
              env=e2e.kube.env())  # fmt: skip
     run_tool("kubectl", "delete", "-n", jobs_namespace, "-f", str(path), "--wait=true", env=e2e.kube.env())

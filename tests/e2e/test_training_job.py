@@ -112,7 +112,6 @@ def _steps(sync: Synchronizer) -> dict[str, int]:
     return {lr["learner_id"]: lr["step"] for lr in sync.status()["learners"]}
 
 
-
 @pytest.mark.timeout(2400)
 def test_a_job_applied_with_kubectl_trains_survives_failures_and_finishes_cleanly(
     e2e: E2ECluster, api: k8s.ApiClient, storage_secret: str, jobs_namespace: str, operator: str, tmp_path: Path,
@@ -130,14 +129,19 @@ def test_a_job_applied_with_kubectl_trains_survives_failures_and_finishes_cleanl
     watch.until("phase Running, 2/2 units", lambda: watch.sample()["PHASE"] == "Running"
                 and watch.columns[-1]["UNITS"] == "2/2")  # fmt: skip
     versions = watch.sync.versions()
-    watch.until("global versions advance", lambda: all(v > versions[p] for p, v in watch.sync.versions().items()))
+    watch.until(
+        "global versions advance", lambda: all(v > versions[p] for p, v in watch.sync.versions().items())
+    )
 
     # a learner pod deleted: it comes back, resumes from its checkpoint and rejoins; the other unit goes on
     solo = _learner_pods(api, ns, "solo")[0]
     steps = _steps(watch.sync)
     k8s.CoreV1Api(api).delete_namespaced_pod(solo.metadata.name, ns)
     pair_before = steps[f"{JOB}-pair-0"]
-    watch.until("the pair unit trains while solo is away", lambda: _steps(watch.sync)[f"{JOB}-pair-0"] > pair_before + 8)
+    watch.until(
+        "the pair unit trains while solo is away",
+        lambda: _steps(watch.sync)[f"{JOB}-pair-0"] > pair_before + 8,
+    )
     watch.until("solo back and ready", lambda: any(
         p.metadata.uid != solo.metadata.uid and p.status.phase == "Running"
         and all(c.ready for c in p.status.container_statuses or [])
@@ -166,12 +170,18 @@ def test_a_job_applied_with_kubectl_trains_survives_failures_and_finishes_cleanl
     before_suspend = watch.sync.versions()
     final_step = max(_steps(watch.sync).values()) + TAIL_STEPS  # past where the learners will stop
     _patch(api, ns, {"suspend": True})
-    watch.until("phase Suspended with no pods", lambda: watch.sample()["PHASE"] == "Suspended"
-                and not k8s.CoreV1Api(api).list_namespaced_pod(ns, label_selector=f"diloco.dev/job={JOB}").items)
+    watch.until(
+        "phase Suspended with no pods",
+        lambda: watch.sample()["PHASE"] == "Suspended"
+        and not k8s.CoreV1Api(api).list_namespaced_pod(ns, label_selector=f"diloco.dev/job={JOB}").items,
+    )
     _patch(api, ns, {"suspend": False, "budget": {"steps": final_step}})
     watch.until("running again", lambda: watch.sample()["PHASE"] in ("Running", "Succeeded"))
     resumed_versions = watch.sync.versions()
-    assert all(resumed_versions[p] >= v for p, v in before_suspend.items()), (before_suspend, resumed_versions)
+    assert all(resumed_versions[p] >= v for p, v in before_suspend.items()), (
+        before_suspend,
+        resumed_versions,
+    )
     watch.until("solo resumed after the suspension", lambda: "resumed from checkpoint" in pod_logs(
         k8s.CoreV1Api(api), ns, f"{JOB}-solo-0"))  # fmt: skip
 
@@ -191,8 +201,10 @@ def test_a_job_applied_with_kubectl_trains_survives_failures_and_finishes_cleanl
     assert cols["PHASE"] == "Succeeded", cols
     assert int(cols["TOKENS"]) == status["tokens"], cols
     end_loss = held_out_loss(watch.sync.global_params(), _model_settings())
-    print(f"\n[e2e] held-out loss {start_loss:.3f} -> {end_loss:.3f}; first merged round {first_round_s:.0f}s "
-          f"after kubectl apply, Succeeded after {succeeded_s:.0f}s; {len(watch.columns)} status samples")
+    print(
+        f"\n[e2e] held-out loss {start_loss:.3f} -> {end_loss:.3f}; first merged round {first_round_s:.0f}s "
+        f"after kubectl apply, Succeeded after {succeeded_s:.0f}s; {len(watch.columns)} status samples"
+    )
     assert end_loss < start_loss - 0.3, (start_loss, end_loss)
     assert watch.restarts, "no pod was seen"
     assert watch.restarts == dict.fromkeys(watch.restarts, 0), watch.restarts  # through the whole run

@@ -140,7 +140,9 @@ def goodput(lr: dict[str, Any]) -> float:
     return compute / (compute + lr["blocked_s"]) if compute + lr["blocked_s"] > 0 else 0.0
 
 
-def until(what: str, probe: Callable[[], Any], timeout: float = 300, describe: Callable[[], str] | None = None) -> Any:
+def until(
+    what: str, probe: Callable[[], Any], timeout: float = 300, describe: Callable[[], str] | None = None
+) -> Any:
     return wait_for(probe, timeout=timeout, what=what, interval=2, describe=describe)
 
 
@@ -153,20 +155,29 @@ def test_two_regions_train_together_over_a_thin_link_and_survive_a_cut(
         pytest.skip("two regions need the test control plane's real node (a second node instance joins it)")
     t_start = time.monotonic()
     ns_a = jobs_namespace
-    with second_region(real_node, test_logs_dir / "region-b", tmp_path / "helm-b", rate=RATE) as (region, wan):
+    with second_region(real_node, test_logs_dir / "region-b", tmp_path / "helm-b", rate=RATE) as (
+        region,
+        wan,
+    ):
         set_up_s = time.monotonic() - t_start
         _train_together(e2e, api, ns_a, region, wan, tmp_path)
-    print(f"\n[two-regions] region B set up in {set_up_s:.0f}s; the whole test took {time.monotonic() - t_start:.0f}s")
+    print(
+        f"\n[two-regions] region B set up in {set_up_s:.0f}s; the whole test took {time.monotonic() - t_start:.0f}s"
+    )
 
 
-def _train_together(e2e: E2ECluster, api: k8s.ApiClient, ns_a: str, region: Region, wan: Wan, tmp: Path) -> None:
+def _train_together(
+    e2e: E2ECluster, api: k8s.ApiClient, ns_a: str, region: Region, wan: Wan, tmp: Path
+) -> None:
     core_a, core_b = k8s.CoreV1Api(api), k8s.CoreV1Api(region.api)
     ns_b = region.jobs_namespace
 
     # -- TLS: a CA made here; region A's synchronizer gets a certificate for its Service and for the
     # address region B reaches it at; region B gets the CA certificate alone
     ca = make_ca(tmp / "ca")
-    create_tls_secret(api, ns_a, f"{A_JOB}-sync-tls", ca, [f"{A_JOB}-sync.{ns_a}.svc", wan.a.address], tmp / "pki")
+    create_tls_secret(
+        api, ns_a, f"{A_JOB}-sync-tls", ca, [f"{A_JOB}-sync.{ns_a}.svc", wan.a.address], tmp / "pki"
+    )
     create_ca_config_map(region.api, ns_b, f"{A_JOB}-sync-ca", ca)
 
     # -- region A: the synchronizer (HTTPS) and one learner; exposed to region B's address only
@@ -176,11 +187,15 @@ def _train_together(e2e: E2ECluster, api: k8s.ApiClient, ns_a: str, region: Regi
     expose(api, ns_a, wan)
     sync = Synchronizer(api, ns_a, A_JOB, ca=ca.cert)
     until("region A's synchronizer serving HTTPS", lambda: sync.status()["job_id"] == A_JOB)
-    until("region B's address reaching the load balancer", lambda: wan.connects(LB_PORT, source=wan.b.address))
+    until(
+        "region B's address reaching the load balancer", lambda: wan.connects(LB_PORT, source=wan.b.address)
+    )
     assert not wan.connects(LB_PORT, source=wan.outsider)  # another address of region B's network
 
     # -- region B: the job secret copied, the job pointed at region A's synchronizer
-    secret = base64.b64decode(core_a.read_namespaced_secret(f"{A_JOB}-secret", ns_a).data["job-secret"]).decode()
+    secret = base64.b64decode(
+        core_a.read_namespaced_secret(f"{A_JOB}-secret", ns_a).data["job-secret"]
+    ).decode()
     core_b.create_namespaced_secret(ns_b, {"metadata": {"name": f"{A_JOB}-job-secret"},
                                            "stringData": {"job-secret": secret}})  # fmt: skip
     path_b = apply(region.e2e, ns_b, job(region.e2e, B_JOB, "b", {"external": {
@@ -189,12 +204,20 @@ def _train_together(e2e: E2ECluster, api: k8s.ApiClient, ns_a: str, region: Regi
         "ca": {"configMapName": f"{A_JOB}-sync-ca"}}), tmp)  # fmt: skip
 
     # 1. both regions' learners merge into the same global versions
-    until("rounds merging the learners of both regions", lambda: {A_LEARNER, B_LEARNER} <= merged_by(sync),
-          timeout=900, describe=lambda: f"{learners(sync)}; region B: {job_status(region.api, ns_b, B_JOB)}")
-    b_status = until("region B's operator reading region A's synchronizer over the link",
-                     lambda: (s := job_status(region.api, ns_b, B_JOB)).get("version") is not None and s)
-    print(f"\n[two-regions] global version {job_status(api, ns_a, A_JOB).get('version')} in region A's status, "
-          f"{b_status['version']} in region B's")
+    until(
+        "rounds merging the learners of both regions",
+        lambda: {A_LEARNER, B_LEARNER} <= merged_by(sync),
+        timeout=900,
+        describe=lambda: f"{learners(sync)}; region B: {job_status(region.api, ns_b, B_JOB)}",
+    )
+    b_status = until(
+        "region B's operator reading region A's synchronizer over the link",
+        lambda: (s := job_status(region.api, ns_b, B_JOB)).get("version") is not None and s,
+    )
+    print(
+        f"\n[two-regions] global version {job_status(api, ns_a, A_JOB).get('version')} in region A's status, "
+        f"{b_status['version']} in region B's"
+    )
 
     # 2. region B's uploads are throttled (from its start) and it does not wait for them
     until("region B sending a dozen outer gradients", lambda: _uploads(core_b, ns_b)[0] >= 12, timeout=600)
@@ -202,9 +225,11 @@ def _train_together(e2e: E2ECluster, api: k8s.ApiClient, ns_a: str, region: Regi
     sent, seconds = _uploads(core_b, ns_b)[1:]
     b_rate, a_rate = sent / seconds, _upload_rate(core_a, ns_a)
     shaper = wan.counters()["b"]
-    print(f"[two-regions] region B uploads at {b_rate * 8 / 1e6:.2f} Mbit/s (link {RATE}; region A's at "
-          f"{a_rate * 8 / 1e6:.2f} Mbit/s), its shaper held packets back {shaper.overlimits} times; blocked "
-          f"{b['blocked_s']:.2f}s in {b['step']} steps of {b['step_time_s']:.3f}s (goodput {goodput(b):.3f})")
+    print(
+        f"[two-regions] region B uploads at {b_rate * 8 / 1e6:.2f} Mbit/s (link {RATE}; region A's at "
+        f"{a_rate * 8 / 1e6:.2f} Mbit/s), its shaper held packets back {shaper.overlimits} times; blocked "
+        f"{b['blocked_s']:.2f}s in {b['step']} steps of {b['step_time_s']:.3f}s (goodput {goodput(b):.3f})"
+    )
     assert shaper.overlimits > 0, shaper  # the shaper did hold region B's traffic back
     assert b_rate <= 1.5 * RATE_BYTES_S, (b_rate, RATE_BYTES_S)  # its uploads ran at the link's rate
     assert goodput(b) >= 0.95, b  # blocked time about 0
@@ -223,24 +248,33 @@ def _train_together(e2e: E2ECluster, api: k8s.ApiClient, ns_a: str, region: Regi
     rate_before = step_rate(progress, t_cut - CUT_S, t_cut)
     rate_during = step_rate(progress, t_cut, t_restore)
     a_blocked = a_at_restore["blocked_s"] - a_at_cut["blocked_s"]
-    print(f"[two-regions] region A: {rate_before:.2f} steps/s before the cut, {rate_during:.2f} during it "
-          f"(ratio {rate_during / rate_before:.2f}), blocked {a_blocked:.2f}s of {t_restore - t_cut:.0f}s; "
-          f"versions {versions_at_cut} -> {versions_at_restore}")
+    print(
+        f"[two-regions] region A: {rate_before:.2f} steps/s before the cut, {rate_during:.2f} during it "
+        f"(ratio {rate_during / rate_before:.2f}), blocked {a_blocked:.2f}s of {t_restore - t_cut:.0f}s; "
+        f"versions {versions_at_cut} -> {versions_at_restore}"
+    )
     assert rate_during >= 0.5 * rate_before, (rate_before, rate_during)
     assert a_blocked <= 0.05 * (t_restore - t_cut), a_blocked
-    assert all(versions_at_restore[p] > v for p, v in versions_at_cut.items()), (versions_at_cut, versions_at_restore)
+    assert all(versions_at_restore[p] > v for p, v in versions_at_cut.items()), (
+        versions_at_cut,
+        versions_at_restore,
+    )
 
     # 4. the link back: region B rejoins, takes what was merged meanwhile and is merged again
     until("region B alive again", lambda: learners(sync)[B_LEARNER]["state"] == "training", timeout=180)
     until("region B merged again", lambda: B_LEARNER in merged_by(sync, since=t_restore), timeout=300)
     b_logs = pod_logs(core_b, ns_b, B_LEARNER)
-    stepped = [int(m["step"]) for t, m in log_records(b_logs, r"step=(?P<step>\d+) loss=") if t_cut < t < t_restore]
+    stepped = [
+        int(m["step"]) for t, m in log_records(b_logs, r"step=(?P<step>\d+) loss=") if t_cut < t < t_restore
+    ]
     assert len(stepped) >= 2, "region B did not train while it was cut off"
     applied = until("region B applying the versions merged while it was away", lambda: (
         got := _applied_since(core_b, ns_b, t_restore)).keys() == versions_at_restore.keys()
         and all(got[p] >= v for p, v in versions_at_restore.items()) and got, timeout=300)  # fmt: skip
-    print(f"[two-regions] region B trained from step {stepped[0]} to {stepped[-1]} while cut off; after the cut it "
-          f"applied versions {applied} (merged meanwhile: {versions_at_restore})")
+    print(
+        f"[two-regions] region B trained from step {stepped[0]} to {stepped[-1]} while cut off; after the cut it "
+        f"applied versions {applied} (merged meanwhile: {versions_at_restore})"
+    )
 
     _report(sync, wan, learners(sync))
     run_tool("kubectl", "delete", "-n", ns_b, "-f", str(path_b), "--wait=true", env=region.e2e.kube.env())
@@ -251,12 +285,16 @@ def _train_together(e2e: E2ECluster, api: k8s.ApiClient, ns_a: str, region: Regi
 
 def _uploads(core: k8s.CoreV1Api, ns: str) -> tuple[int, int, float]:
     """(count, bytes, seconds) of the outer gradients region B's learner has sent."""
-    sends = log_records(pod_logs(core, ns, B_LEARNER), r"sent (?P<n>\d+) bytes \(\d+ inner steps\) in (?P<s>[\d.]+)s")
+    sends = log_records(
+        pod_logs(core, ns, B_LEARNER), r"sent (?P<n>\d+) bytes \(\d+ inner steps\) in (?P<s>[\d.]+)s"
+    )
     return len(sends), sum(int(m["n"]) for _, m in sends), sum(float(m["s"]) for _, m in sends) or 1e-9
 
 
 def _upload_rate(core: k8s.CoreV1Api, ns: str) -> float:
-    sends = log_records(pod_logs(core, ns, A_LEARNER), r"sent (?P<n>\d+) bytes \(\d+ inner steps\) in (?P<s>[\d.]+)s")
+    sends = log_records(
+        pod_logs(core, ns, A_LEARNER), r"sent (?P<n>\d+) bytes \(\d+ inner steps\) in (?P<s>[\d.]+)s"
+    )
     return sum(int(m["n"]) for _, m in sends) / (sum(float(m["s"]) for _, m in sends) or 1e-9)
 
 
@@ -273,9 +311,13 @@ def _report(sync: Synchronizer, wan: Wan, now: dict[str, dict[str, Any]]) -> Non
     """Bytes and goodput of each region, as the synchronizer and the link count them."""
     status, link = sync.status(), wan.counters()
     a, b = now[A_LEARNER], now[B_LEARNER]
-    print(f"[two-regions] bytes: region A's learner sent {a['bytes_sent']:,} B of outer gradients; region B's sent "
-          f"{b['bytes_sent']:,} B; the link carried {link['b'].sent_bytes:,} B from B to A and "
-          f"{link['a'].sent_bytes:,} B from A to B (every byte between the regions); the synchronizer received "
-          f"{status['bytes_in']:,} B and sent {status['bytes_out']:,} B in all")
-    print(f"[two-regions] goodput: region A {goodput(a):.3f} ({a['step']} steps, {a['tokens']:,} tokens), region B "
-          f"{goodput(b):.3f} ({b['step']} steps, {b['tokens']:,} tokens); the job {status.get('goodput')}")
+    print(
+        f"[two-regions] bytes: region A's learner sent {a['bytes_sent']:,} B of outer gradients; region B's sent "
+        f"{b['bytes_sent']:,} B; the link carried {link['b'].sent_bytes:,} B from B to A and "
+        f"{link['a'].sent_bytes:,} B from A to B (every byte between the regions); the synchronizer received "
+        f"{status['bytes_in']:,} B and sent {status['bytes_out']:,} B in all"
+    )
+    print(
+        f"[two-regions] goodput: region A {goodput(a):.3f} ({a['step']} steps, {a['tokens']:,} tokens), region B "
+        f"{goodput(b):.3f} ({b['step']} steps, {b['tokens']:,} tokens); the job {status.get('goodput')}"
+    )

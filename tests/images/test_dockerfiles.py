@@ -316,7 +316,9 @@ def test_install_step_is_held_to_the_image_constraints_file_copied_before_it(ima
     assert in_image in copied, f"{image}: {constraints[0]} is not copied before line {install.line}"
     assert copied[in_image] == ROOT / CONSTRAINTS[image]
     # pip itself, installed before the project, is pinned on its own line
-    pips = [p for i in stage.instructions if i.keyword == "RUN" for p in pip_installs(i) if p.line != install.line]
+    pips = [
+        p for i in stage.instructions if i.keyword == "RUN" for p in pip_installs(i) if p.line != install.line
+    ]
     assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][A-Za-z0-9.]*", t) for p in pips for t in p.targets), pips
 
 

@@ -28,7 +28,9 @@ def version_output(binary: str, *args: str) -> str:
     return result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("binary", ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy"])
+@pytest.mark.parametrize(
+    "binary", ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy"]
+)
 def test_kubernetes_binaries_report_pinned_version(binary: str) -> None:
     assert version_output(binary, "--version").strip() == f"Kubernetes {pinned('K8S_VERSION')}"
 

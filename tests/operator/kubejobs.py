@@ -67,7 +67,12 @@ def job_manifest(name: str, units: list[dict[str, Any]], **spec: Any) -> dict[st
 
 
 def unit(name: str, replicas: int = 1, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "replicas": replicas, "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}, **extra}
+    return {
+        "name": name,
+        "replicas": replicas,
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+        **extra,
+    }
 
 
 def create_job(api: k8s.ApiClient, ns: str, manifest: dict[str, Any]) -> None:
@@ -92,21 +97,34 @@ def children(api: k8s.ApiClient, ns: str, job: str) -> dict[str, list[str]]:
     core, apps, policy = k8s.CoreV1Api(api), k8s.AppsV1Api(api), k8s.PolicyV1Api(api)
     return {
         "Secret": sorted(o.metadata.name for o in core.list_namespaced_secret(ns, label_selector=sel).items),
-        "ConfigMap": sorted(o.metadata.name for o in core.list_namespaced_config_map(ns, label_selector=sel).items),
-        "Service": sorted(o.metadata.name for o in core.list_namespaced_service(ns, label_selector=sel).items),
-        "Deployment": sorted(o.metadata.name for o in apps.list_namespaced_deployment(ns, label_selector=sel).items),
-        "StatefulSet": sorted(o.metadata.name for o in apps.list_namespaced_stateful_set(ns, label_selector=sel).items),
+        "ConfigMap": sorted(
+            o.metadata.name for o in core.list_namespaced_config_map(ns, label_selector=sel).items
+        ),
+        "Service": sorted(
+            o.metadata.name for o in core.list_namespaced_service(ns, label_selector=sel).items
+        ),
+        "Deployment": sorted(
+            o.metadata.name for o in apps.list_namespaced_deployment(ns, label_selector=sel).items
+        ),
+        "StatefulSet": sorted(
+            o.metadata.name for o in apps.list_namespaced_stateful_set(ns, label_selector=sel).items
+        ),
         "PodDisruptionBudget": sorted(
-            o.metadata.name for o in policy.list_namespaced_pod_disruption_budget(ns, label_selector=sel).items),
+            o.metadata.name
+            for o in policy.list_namespaced_pod_disruption_budget(ns, label_selector=sel).items
+        ),
     }
 
 
 def expected_children(job: str, units: list[str]) -> dict[str, list[str]]:
     names = sorted(f"{job}-{u}" for u in units)
     return {
-        "Secret": [f"{job}-secret"], "ConfigMap": [f"{job}-config"],
-        "Service": sorted([*names, f"{job}-sync"]), "Deployment": [f"{job}-sync"],
-        "StatefulSet": names, "PodDisruptionBudget": names,
+        "Secret": [f"{job}-secret"],
+        "ConfigMap": [f"{job}-config"],
+        "Service": sorted([*names, f"{job}-sync"]),
+        "Deployment": [f"{job}-sync"],
+        "StatefulSet": names,
+        "PodDisruptionBudget": names,
     }
 
 
@@ -120,7 +138,8 @@ def learner_pods(api: k8s.ApiClient, ns: str, job: str, unit_name: str | None = 
 def running_on_kwok(pods: list[k8s.V1Pod], count: int) -> bool:
     live = [p for p in pods if p.metadata.deletion_timestamp is None]
     return len(live) == count and all(
-        p.status.phase == "Running" and (p.spec.node_name or "").startswith("kwok-") for p in live)
+        p.status.phase == "Running" and (p.spec.node_name or "").startswith("kwok-") for p in live
+    )
 
 
 def events(api: k8s.ApiClient, ns: str, job: str) -> list[str]:
@@ -146,15 +165,23 @@ class PodDeletions:
         rv = core.list_namespaced_pod(ns, label_selector=selector).metadata.resource_version
         self._started.set()
         try:
-            for ev in self._watch.stream(core.list_namespaced_pod, ns, label_selector=selector,
-                                         resource_version=rv, timeout_seconds=300):
+            for ev in self._watch.stream(
+                core.list_namespaced_pod,
+                ns,
+                label_selector=selector,
+                resource_version=rv,
+                timeout_seconds=300,
+            ):
                 pod = ev["object"]
                 ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
-                self.timeline.append((pod.metadata.name, pod.metadata.uid, pod.metadata.deletion_timestamp is not None,
-                                      ready))
+                self.timeline.append(
+                    (pod.metadata.name, pod.metadata.uid, pod.metadata.deletion_timestamp is not None, ready)
+                )
                 if pod.metadata.deletion_timestamp is not None:
                     self.seen.setdefault(pod.metadata.name, pod.metadata.deletion_grace_period_seconds)
-        except Exception as exc:  # the stream closed under it (stopped, namespace deleted): kept for the report
+        except (
+            Exception
+        ) as exc:  # the stream closed under it (stopped, namespace deleted): kept for the report
             self.error = exc
 
     def __enter__(self) -> PodDeletions:

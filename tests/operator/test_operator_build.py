@@ -53,8 +53,11 @@ def test_external_synchronizer_golden() -> None:
 def test_suspended_and_down_units_golden() -> None:
     _, spec = example("single-region.yaml")
     suspended = spec.model_copy(update={"suspend": True})
-    check_golden("suspended", by_kind(build_children(JOB, suspended), "StatefulSet")
-                 + by_kind(build_children(JOB, suspended), "Deployment"))
+    check_golden(
+        "suspended",
+        by_kind(build_children(JOB, suspended), "StatefulSet")
+        + by_kind(build_children(JOB, suspended), "Deployment"),
+    )
 
 
 def test_children_per_unit_and_owner_references() -> None:
@@ -62,14 +65,24 @@ def test_children_per_unit_and_owner_references() -> None:
     children = build_children(JOB, spec)
     names = sorted((c["kind"], c["metadata"]["name"]) for c in children)
     units = [u.name for u in spec.learner_units]
-    expected = [("ConfigMap", "gpt-small-config"), ("Deployment", "gpt-small-sync"), ("Service", "gpt-small-sync")]
+    expected = [
+        ("ConfigMap", "gpt-small-config"),
+        ("Deployment", "gpt-small-sync"),
+        ("Service", "gpt-small-sync"),
+    ]
     for unit in units:
         expected += [(k, f"gpt-small-{unit}") for k in ("PodDisruptionBudget", "Service", "StatefulSet")]
     assert names == sorted(expected)
     for child in children:
         (owner,) = child["metadata"]["ownerReferences"]
-        assert owner == {"apiVersion": "diloco.dev/v1alpha1", "kind": "DiLoCoJob", "name": "gpt-small",
-                         "uid": JOB.uid, "controller": True, "blockOwnerDeletion": True}
+        assert owner == {
+            "apiVersion": "diloco.dev/v1alpha1",
+            "kind": "DiLoCoJob",
+            "name": "gpt-small",
+            "uid": JOB.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
         assert child["metadata"]["namespace"] == "research"
 
 
@@ -91,7 +104,9 @@ def test_learner_pods_identity_token_and_placement() -> None:
     assert env["DILOCO_LEARNER_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["DILOCO_SYNC_URL"] == "http://gpt-small-sync.research.svc:8080"
     assert env["DILOCO_JOB_SECRET"] == {"secretKeyRef": {"name": "gpt-small-secret", "key": "job-secret"}}
-    assert env["AWS_SECRET_ACCESS_KEY"] == {"secretKeyRef": {"name": "diloco-s3", "key": "AWS_SECRET_ACCESS_KEY"}}
+    assert env["AWS_SECRET_ACCESS_KEY"] == {
+        "secretKeyRef": {"name": "diloco-s3", "key": "AWS_SECRET_ACCESS_KEY"}
+    }
     pod = a100["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -120,20 +135,26 @@ def test_external_synchronizer_starts_no_synchronizer() -> None:
     assert env["DILOCO_JOB_SECRET"] == {"secretKeyRef": {"name": "llm-a-job-secret", "key": "job-secret"}}
 
 
-@pytest.mark.parametrize(("suspend", "stopped", "down", "expected"), [
-    (False, False, frozenset(), {"a100": 2, "h100": 1, "cpu": 1, "sync": 1}),
-    (True, False, frozenset(), {"a100": 0, "h100": 0, "cpu": 0, "sync": 0}),
-    (False, True, frozenset(), {"a100": 0, "h100": 0, "cpu": 0, "sync": 1}),
-    (False, False, frozenset({"h100"}), {"a100": 2, "h100": 0, "cpu": 1, "sync": 1}),
-])
+@pytest.mark.parametrize(
+    ("suspend", "stopped", "down", "expected"),
+    [
+        (False, False, frozenset(), {"a100": 2, "h100": 1, "cpu": 1, "sync": 1}),
+        (True, False, frozenset(), {"a100": 0, "h100": 0, "cpu": 0, "sync": 0}),
+        (False, True, frozenset(), {"a100": 0, "h100": 0, "cpu": 0, "sync": 1}),
+        (False, False, frozenset({"h100"}), {"a100": 2, "h100": 0, "cpu": 1, "sync": 1}),
+    ],
+)
 def test_replicas_follow_suspend_finish_and_repair(
     suspend: bool, stopped: bool, down: frozenset[str], expected: dict[str, int]
 ) -> None:
     _, spec = example("single-region.yaml")
     spec = spec.model_copy(update={"suspend": suspend})
     children = build_children(JOB, spec, learners_stopped=stopped, down_units=down)
-    got = {c["metadata"]["name"].removeprefix("gpt-small-"): c["spec"]["replicas"]
-           for c in children if c["kind"] in ("StatefulSet", "Deployment")}
+    got = {
+        c["metadata"]["name"].removeprefix("gpt-small-"): c["spec"]["replicas"]
+        for c in children
+        if c["kind"] in ("StatefulSet", "Deployment")
+    }
     assert got == expected
 
 
@@ -143,38 +164,63 @@ def test_config_change_rolls_pods() -> None:
     changed = spec.model_copy(update={"diloco": spec.diloco.model_copy(update={"outer_lr": 0.5})})
     after = by_kind(build_children(JOB, changed), "StatefulSet")[0]
     key = "diloco.dev/config-hash"
-    assert before["spec"]["template"]["metadata"]["annotations"][key] != \
-        after["spec"]["template"]["metadata"]["annotations"][key]
+    assert (
+        before["spec"]["template"]["metadata"]["annotations"][key]
+        != after["spec"]["template"]["metadata"]["annotations"][key]
+    )
 
 
 def test_shards_get_their_own_deployment_and_service() -> None:
     _, spec = example("single-region.yaml")
     spec = spec.model_copy(update={"synchronizer": spec.synchronizer.model_copy(update={"shards": 3})})
     deployments = by_kind(build_children(JOB, spec), "Deployment")
-    assert [d["metadata"]["name"] for d in deployments] == ["gpt-small-sync", "gpt-small-sync-1", "gpt-small-sync-2"]
+    assert [d["metadata"]["name"] for d in deployments] == [
+        "gpt-small-sync",
+        "gpt-small-sync-1",
+        "gpt-small-sync-2",
+    ]
     env = env_of(deployments[2])
     assert env["DILOCO_SHARD_INDEX"] == "2"
     assert env["DILOCO_SHARD_URLS"].count(",") == 2
 
 
-@pytest.mark.parametrize(("given", "expected"), [
-    ({}, {"requests": {"cpu": "1", "memory": "2Gi"}}),  # never BestEffort
-    ({"requests": {"cpu": "4"}}, {"requests": {"cpu": "4", "memory": "2Gi"}}),
-    ({"limits": {"memory": "1Gi"}}, {"limits": {"memory": "1Gi"}, "requests": {"cpu": "1"}}),  # limit only: kept
-    ({"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}},
-     {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}),
-], ids=["none", "cpu-only", "memory-limit-only", "complete"])
-def test_default_requests_fill_what_the_spec_leaves_out(given: dict[str, Any], expected: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, {"requests": {"cpu": "1", "memory": "2Gi"}}),  # never BestEffort
+        ({"requests": {"cpu": "4"}}, {"requests": {"cpu": "4", "memory": "2Gi"}}),
+        (
+            {"limits": {"memory": "1Gi"}},
+            {"limits": {"memory": "1Gi"}, "requests": {"cpu": "1"}},
+        ),  # limit only: kept
+        (
+            {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}},
+            {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}},
+        ),
+    ],
+    ids=["none", "cpu-only", "memory-limit-only", "complete"],
+)
+def test_default_requests_fill_what_the_spec_leaves_out(
+    given: dict[str, Any], expected: dict[str, Any]
+) -> None:
     assert with_default_requests(given, LEARNER_DEFAULT_REQUESTS) == expected
 
 
 def test_learners_and_synchronizer_without_resources_get_default_requests() -> None:
-    spec = parse_spec({"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"},
-                       "learnerUnits": [{"name": "a", "gpus": 1}]})
+    spec = parse_spec(
+        {
+            "images": {"worker": "w", "synchronizer": "s"},
+            "storage": {"bucket": "bkt"},
+            "learnerUnits": [{"name": "a", "gpus": 1}],
+        }
+    )
     children = build_children(JOB, spec)
     (sts,), (deploy,) = by_kind(children, "StatefulSet"), by_kind(children, "Deployment")
     learner = sts["spec"]["template"]["spec"]["containers"][0]["resources"]
-    assert learner == {"requests": {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}
+    assert learner == {
+        "requests": {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": 1},
+        "limits": {"nvidia.com/gpu": 1},
+    }
     sync = deploy["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert sync == {"requests": SYNC_DEFAULT_REQUESTS}
 
@@ -186,28 +232,50 @@ def test_synchronizer_stays_reachable_while_not_ready() -> None:
     (service,) = [s for s in by_kind(children, "Service") if s["metadata"]["name"] == "gpt-small-sync"]
     assert service["spec"]["publishNotReadyAddresses"] is True
     (deploy,) = by_kind(children, "Deployment")
-    assert deploy["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert (
+        deploy["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    )
 
 
 def test_a_dry_run_validates_one_child_per_distinct_pod_spec() -> None:
     units = [{"name": f"u{i}", "replicas": 8} for i in range(100)] + [
         {"name": "big", "resources": {"requests": {"cpu": "8"}}},
-        {"name": "tainted", "tolerations": [{"key": "gpu", "operator": "Exists"}]}]
-    spec = parse_spec({"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"},
-                       "learnerUnits": units, "synchronizer": {"shards": 3}})
+        {"name": "tainted", "tolerations": [{"key": "gpu", "operator": "Exists"}]},
+    ]
+    spec = parse_spec(
+        {
+            "images": {"worker": "w", "synchronizer": "s"},
+            "storage": {"bucket": "bkt"},
+            "learnerUnits": units,
+            "synchronizer": {"shards": 3},
+        }
+    )
     sample = validation_sample(build_children(JOB, spec))
     assert [(o["kind"], o["metadata"]["name"]) for o in sample] == [
-        ("Deployment", "gpt-small-sync"), ("StatefulSet", "gpt-small-u0"), ("StatefulSet", "gpt-small-big"),
-        ("StatefulSet", "gpt-small-tainted")]
+        ("Deployment", "gpt-small-sync"),
+        ("StatefulSet", "gpt-small-u0"),
+        ("StatefulSet", "gpt-small-big"),
+        ("StatefulSet", "gpt-small-tainted"),
+    ]
 
 
 def test_a_units_pods_carry_the_hash_of_their_template_and_restart_together() -> None:
     name, spec = example("single-region.yaml")
-    resized = spec.model_copy(update={"learner_units": [
-        u.model_copy(update={"replicas": u.replicas + 1}) if i == 0 else u for i, u in enumerate(spec.learner_units)]})
-    before, after = (by_kind(build_children(JobRef(name, "ns", "uid"), s), "StatefulSet") for s in (spec, resized))
-    hashes = [[s["spec"]["template"]["metadata"]["annotations"]["diloco.dev/template-hash"] for s in b]
-              for b in (before, after)]
+    resized = spec.model_copy(
+        update={
+            "learner_units": [
+                u.model_copy(update={"replicas": u.replicas + 1}) if i == 0 else u
+                for i, u in enumerate(spec.learner_units)
+            ]
+        }
+    )
+    before, after = (
+        by_kind(build_children(JobRef(name, "ns", "uid"), s), "StatefulSet") for s in (spec, resized)
+    )
+    hashes = [
+        [s["spec"]["template"]["metadata"]["annotations"]["diloco.dev/template-hash"] for s in b]
+        for b in (before, after)
+    ]
     assert hashes[0][0] != hashes[1][0]  # the resized unit's world size is in its pods' environment
     assert hashes[0][1:] == hashes[1][1:]  # the other units' pods are untouched
     assert {s["spec"]["updateStrategy"]["type"] for s in before} == {"OnDelete"}

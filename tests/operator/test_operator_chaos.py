@@ -25,8 +25,14 @@ PODS = [PodRef(f"j-{u}-{i}", u, True) for u in ("a", "b") for i in range(2)]
 
 
 def spec(chaos: dict[str, object]) -> object:
-    return parse_spec({"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"},
-                       "learnerUnits": [{"name": "a"}, {"name": "b"}], "chaos": chaos})
+    return parse_spec(
+        {
+            "images": {"worker": "w", "synchronizer": "s"},
+            "storage": {"bucket": "bkt"},
+            "learnerUnits": [{"name": "a"}, {"name": "b"}],
+            "chaos": chaos,
+        }
+    )
 
 
 def test_off_by_default_and_unless_enabled() -> None:
@@ -73,19 +79,36 @@ def test_units_under_repair_or_without_pods_are_spared() -> None:
     assert repaired({"a": 20.0, "b": 5.0}, 10.0) == {"a": 20.0}
 
 
-@pytest.mark.parametrize(("chaos", "allowed", "expected"), [
-    ({}, False, None),  # nothing asked
-    ({}, True, None),
-    ({"enabled": False, "mtbfSeconds": 600, "repairSeconds": 0}, True, None),  # the CRD's defaults, filled in
-    ({"enabled": True, "mtbfSeconds": 30}, True, (True, "Enabled")),  # both keys
-    ({"enabled": True}, False, (False, "NotAllowed")),  # the operator's key missing
-    ({"mtbfSeconds": 30}, True, (False, "NotEnabled")),  # the job's key missing
-    ({"units": ["a"]}, False, (False, "NotEnabled")),
-    ({"enabled": False, "repairSeconds": 60}, True, (False, "NotEnabled")),
-], ids=["none", "none-allowed", "crd-defaults", "both", "operator-refuses", "mtbf-not-enabled",
-        "units-not-enabled", "repair-not-enabled"])
-def test_chaos_runs_only_with_both_keys(chaos: dict[str, Any], allowed: bool,
-                                        expected: tuple[bool, str] | None) -> None:
+@pytest.mark.parametrize(
+    ("chaos", "allowed", "expected"),
+    [
+        ({}, False, None),  # nothing asked
+        ({}, True, None),
+        (
+            {"enabled": False, "mtbfSeconds": 600, "repairSeconds": 0},
+            True,
+            None,
+        ),  # the CRD's defaults, filled in
+        ({"enabled": True, "mtbfSeconds": 30}, True, (True, "Enabled")),  # both keys
+        ({"enabled": True}, False, (False, "NotAllowed")),  # the operator's key missing
+        ({"mtbfSeconds": 30}, True, (False, "NotEnabled")),  # the job's key missing
+        ({"units": ["a"]}, False, (False, "NotEnabled")),
+        ({"enabled": False, "repairSeconds": 60}, True, (False, "NotEnabled")),
+    ],
+    ids=[
+        "none",
+        "none-allowed",
+        "crd-defaults",
+        "both",
+        "operator-refuses",
+        "mtbf-not-enabled",
+        "units-not-enabled",
+        "repair-not-enabled",
+    ],
+)
+def test_chaos_runs_only_with_both_keys(
+    chaos: dict[str, Any], allowed: bool, expected: tuple[bool, str] | None
+) -> None:
     gate = chaos_gate(ChaosSpec.model_validate(chaos), allowed)
     assert (None if gate is None else (gate.active, gate.reason)) == expected
 

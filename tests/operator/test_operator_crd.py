@@ -53,7 +53,9 @@ def schema() -> dict[str, Any]:
 def example_docs() -> list[tuple[str, dict[str, Any]]]:
     docs = []
     for path in sorted((ROOT / "examples").glob("*.yaml")):
-        docs += [(f"{path.name}:{d['metadata']['name']}", d) for d in yaml.safe_load_all(path.read_text()) if d]
+        docs += [
+            (f"{path.name}:{d['metadata']['name']}", d) for d in yaml.safe_load_all(path.read_text()) if d
+        ]
     return docs
 
 
@@ -88,8 +90,13 @@ def test_every_field_is_described() -> None:
 
 def test_schema_is_structural() -> None:
     """Every node has a type (or preserves unknown fields / is int-or-string)."""
-    untyped = [p for p, node in walk(schema()) if "type" not in node
-               and not node.get("x-kubernetes-int-or-string") and not node.get("x-kubernetes-preserve-unknown-fields")]
+    untyped = [
+        p
+        for p, node in walk(schema())
+        if "type" not in node
+        and not node.get("x-kubernetes-int-or-string")
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ]
     assert untyped == []
 
 
@@ -146,7 +153,9 @@ def compare_model(model: type[BaseModel], node: dict[str, Any], path: str, probl
             if "default" in sub and field.default != sub["default"]:
                 problems.append(f"{path}.{alias}: default {field.default!r} vs CRD {sub['default']!r}")
             if typing.get_origin(ann) is typing.Literal and list(typing.get_args(ann)) != sub.get("enum"):
-                problems.append(f"{path}.{alias}: values {typing.get_args(ann)} vs CRD enum {sub.get('enum')}")
+                problems.append(
+                    f"{path}.{alias}: values {typing.get_args(ann)} vs CRD enum {sub.get('enum')}"
+                )
 
 
 def test_model_matches_the_crd() -> None:
@@ -184,7 +193,9 @@ def test_every_core_setting_has_a_crd_field_or_a_documented_reason() -> None:
         for section, name, _ in core_settings()
         if crd_name(name) not in crd_section(section) and (section, name) not in NO_CRD_FIELD
     ]
-    assert missing == [], "add a CRD field (crds/, then scripts/sync-chart-crd.sh) or a reason to NO_CRD_FIELD"
+    assert (
+        missing == []
+    ), "add a CRD field (crds/, then scripts/sync-chart-crd.sh) or a reason to NO_CRD_FIELD"
     stale = [key for key in NO_CRD_FIELD if crd_name(key[1]) in crd_section(key[0])]
     assert stale == [], "these settings have a CRD field now: remove them from NO_CRD_FIELD"
     assert all(reason for reason in NO_CRD_FIELD.values())
@@ -194,9 +205,15 @@ def bounds(info: FieldInfo) -> dict[str, float]:
     out: dict[str, float] = {}
     for m in info.metadata:
         if isinstance(m, annotated_types.Ge | annotated_types.Gt):
-            out["min"], out["min_excl"] = float(getattr(m, "ge", getattr(m, "gt", 0))), float(isinstance(m, annotated_types.Gt))
+            out["min"], out["min_excl"] = (
+                float(getattr(m, "ge", getattr(m, "gt", 0))),
+                float(isinstance(m, annotated_types.Gt)),
+            )
         if isinstance(m, annotated_types.Le | annotated_types.Lt):
-            out["max"], out["max_excl"] = float(getattr(m, "le", getattr(m, "lt", 0))), float(isinstance(m, annotated_types.Lt))
+            out["max"], out["max_excl"] = (
+                float(getattr(m, "le", getattr(m, "lt", 0))),
+                float(isinstance(m, annotated_types.Lt)),
+            )
     return out
 
 
@@ -232,17 +249,23 @@ def patterns(info: FieldInfo) -> list[str]:
 
 
 def test_the_crd_checks_the_patterns_the_core_settings_declare() -> None:
-    problems = [f"{section}.{name}"
-                for section, name, info in core_settings()
-                if (node := crd_section(section).get(crd_name(name))) is not None
-                and patterns(info) and node.get("pattern") != patterns(info)[0]]
+    problems = [
+        f"{section}.{name}"
+        for section, name, info in core_settings()
+        if (node := crd_section(section).get(crd_name(name))) is not None
+        and patterns(info)
+        and node.get("pattern") != patterns(info)[0]
+    ]
     assert problems == []
     assert crd_section("model")["entryPoint"]["pattern"] == ENTRY_POINT_PATTERN
 
 
 def quantity_nodes() -> list[tuple[str, dict[str, Any]]]:
-    return [(path, node) for path, node in walk(schema())
-            if path.endswith(("resources.requests", "resources.limits"))]
+    return [
+        (path, node)
+        for path, node in walk(schema())
+        if path.endswith(("resources.requests", "resources.limits"))
+    ]
 
 
 def test_every_resource_quantity_is_checked_at_admission() -> None:
@@ -254,10 +277,24 @@ def test_every_resource_quantity_is_checked_at_admission() -> None:
         assert value["pattern"] == QUANTITY_PATTERN
 
 
-@pytest.mark.parametrize(("value", "ok"), [
-    ("500m", True), ("2", True), ("16Gi", True), ("1.5", True), ("1e3", True), ("+1", True), (8, True),
-    ("lots", False), ("-1", False), ("2 Gi", False), ("", False), ("1.5.2", False), ("Gi", False),
-])
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("500m", True),
+        ("2", True),
+        ("16Gi", True),
+        ("1.5", True),
+        ("1e3", True),
+        ("+1", True),
+        (8, True),
+        ("lots", False),
+        ("-1", False),
+        ("2 Gi", False),
+        ("", False),
+        ("1.5.2", False),
+        ("Gi", False),
+    ],
+)
 def test_quantities(value: Any, ok: bool) -> None:
     base = {"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"}}
     doc = {**base, "learnerUnits": [{"name": "a", "resources": {"requests": {"cpu": value}}}]}
@@ -272,7 +309,11 @@ def test_quantities(value: Any, ok: bool) -> None:
 
 @pytest.mark.parametrize("entry", ["builtin", "user_model:build", "pkg.sub_2.mod:make_task"])
 def test_entry_points_that_can_work(entry: str) -> None:
-    base = {"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"}, "learnerUnits": [{"name": "a"}]}
+    base = {
+        "images": {"worker": "w", "synchronizer": "s"},
+        "storage": {"bucket": "bkt"},
+        "learnerUnits": [{"name": "a"}],
+    }
     assert parse_spec({**base, "model": {"entryPoint": entry}}).model.entry_point == entry
 
 
@@ -280,8 +321,16 @@ def test_entry_points_that_can_work(entry: str) -> None:
 # quantity that is not one (the StatefulSet would be refused), an embedding the built-in model's
 # heads cannot split, an entry point that is no 'package.module:function'.
 REFUSED = [
-    ("quantity", {"learnerUnits": [{"name": "a", "resources": {"requests": {"cpu": "lots"}}}]}, "learnerUnits[0].resources.requests.cpu"),
-    ("sync-quantity", {"synchronizer": {"resources": {"limits": {"memory": "a lot"}}}}, "synchronizer.resources.limits.memory"),
+    (
+        "quantity",
+        {"learnerUnits": [{"name": "a", "resources": {"requests": {"cpu": "lots"}}}]},
+        "learnerUnits[0].resources.requests.cpu",
+    ),
+    (
+        "sync-quantity",
+        {"synchronizer": {"resources": {"limits": {"memory": "a lot"}}}},
+        "synchronizer.resources.limits.memory",
+    ),
     ("heads", {"model": {"nHead": 3, "nEmbd": 128}}, "model.nEmbd must be a multiple of model.nHead"),
     ("entry-point", {"model": {"entryPoint": "my model.py"}}, "spec.model.entryPoint"),
 ]
@@ -312,8 +361,15 @@ def test_a_user_entry_point_and_a_user_models_heads_are_admitted(api: Any, names
 
     from tests.operator.kubejobs import GROUP, PLURAL, VERSION, job_manifest, unit
 
-    manifest = job_manifest("user", [unit("a", resources={"requests": {"cpu": "1500m", "memory": 1073741824}})])
-    manifest["spec"]["model"] = {"entryPoint": "user_model:build", "nHead": 3, "nEmbd": 128}  # not the built-in
-    created = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest,
-                                                                        dry_run="All")
+    manifest = job_manifest(
+        "user", [unit("a", resources={"requests": {"cpu": "1500m", "memory": 1073741824}})]
+    )
+    manifest["spec"]["model"] = {
+        "entryPoint": "user_model:build",
+        "nHead": 3,
+        "nEmbd": 128,
+    }  # not the built-in
+    created = k8s.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, manifest, dry_run="All"
+    )
     assert created["spec"]["model"]["entryPoint"] == "user_model:build"

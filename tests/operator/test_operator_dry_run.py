@@ -50,7 +50,9 @@ def test_prints_what_the_operator_would_apply(capsys: pytest.CaptureFixture[str]
     assert "Secret" not in kinds
 
 
-def test_every_job_of_a_file_and_standard_input(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_job_of_a_file_and_standard_input(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     text = (EXAMPLES / "multi-region.yaml").read_text()
     monkeypatch.setattr(sys, "stdin", io.StringIO(text))
     code, out, _ = dry_run(capsys, "-f", "-")
@@ -62,14 +64,23 @@ def test_every_job_of_a_file_and_standard_input(capsys: pytest.CaptureFixture[st
     assert not any(c["kind"] == "Deployment" for c in expected(region_b))
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "document 1 is a ConfigMap, not a diloco.dev/v1alpha1 DiLoCoJob"),
-    ("apiVersion: diloco.dev/v1alpha1\nkind: DiLoCoJob\nmetadata: {name: j}\nspec: {}\n", "spec.images"),
-    ("apiVersion: diloco.dev/v1alpha1\nkind: DiLoCoJob\nmetadata: {name: j}\nspec:\n"
-     "  images: {worker: w, synchronizer: s}\n  storage: {bucket: bkt}\n  learnerUnits: [{name: a}]\n"
-     "  diloco: {quorum: 2}\n", "spec.diloco.quorum (2) exceeds the number of learner units (1)"),
-    ("a: [", "while parsing"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+            "document 1 is a ConfigMap, not a diloco.dev/v1alpha1 DiLoCoJob",
+        ),
+        ("apiVersion: diloco.dev/v1alpha1\nkind: DiLoCoJob\nmetadata: {name: j}\nspec: {}\n", "spec.images"),
+        (
+            "apiVersion: diloco.dev/v1alpha1\nkind: DiLoCoJob\nmetadata: {name: j}\nspec:\n"
+            "  images: {worker: w, synchronizer: s}\n  storage: {bucket: bkt}\n  learnerUnits: [{name: a}]\n"
+            "  diloco: {quorum: 2}\n",
+            "spec.diloco.quorum (2) exceeds the number of learner units (1)",
+        ),
+        ("a: [", "while parsing"),
+    ],
+)
 def test_a_spec_that_can_never_work_is_refused(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, message: str
 ) -> None:
@@ -93,7 +104,11 @@ def test_needs_no_cluster(tmp_path: Path) -> None:
     env["KUBECONFIG"] = str(tmp_path / "no-such-kubeconfig")
     proc = subprocess.run(
         [sys.executable, "-m", "diloco", "operator", "--dry-run", "-f", str(EXAMPLES / "single-region.yaml")],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert list(yaml.safe_load_all(proc.stdout)) == expected(jobs("single-region.yaml")[0])

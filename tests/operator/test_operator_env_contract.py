@@ -46,7 +46,9 @@ def resolve_env(container: dict[str, Any], pod_name: str, config_files: dict[str
         else:
             ref = item["valueFrom"]
             if "fieldRef" in ref:
-                value = {"metadata.name": pod_name, "metadata.namespace": NAMESPACE}[ref["fieldRef"]["fieldPath"]]
+                value = {"metadata.name": pod_name, "metadata.namespace": NAMESPACE}[
+                    ref["fieldRef"]["fieldPath"]
+                ]
             else:
                 secret = ref["secretKeyRef"]
                 value = _secret_value(secret["name"], secret["key"])
@@ -77,7 +79,9 @@ def container_of(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("example", "index"), [("single-region.yaml", 0), ("multi-region.yaml", 1)])
-def test_learner_environment_parses_into_the_workers_settings(example: str, index: int, tmp_path: Path) -> None:
+def test_learner_environment_parses_into_the_workers_settings(
+    example: str, index: int, tmp_path: Path
+) -> None:
     _, children = children_of(example, index)
     files = mounted_config(children, tmp_path)
     doc = [d for d in yaml.safe_load_all((EXAMPLES / example).read_text()) if d][index]
@@ -107,7 +111,9 @@ def test_every_learner_variable_is_read_by_the_worker_or_named_informational() -
         assert names - read - LEARNER_INFORMATIONAL == set(), "set by the operator, ignored by the worker"
 
 
-def test_synchronizer_environment_parses_into_its_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_synchronizer_environment_parses_into_its_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     job, children = children_of("single-region.yaml")
     files = mounted_config(children, tmp_path)
     deployments = [c for c in children if c["kind"] == "Deployment"]

@@ -18,8 +18,13 @@ class Passes:
     """Reconcile and refresh passes that take some time and record what they were asked, and
     whether two of the same kind (of one job) ever ran at once."""
 
-    def __init__(self, reconcile_s: float = 0.05, refresh_s: float = 0.01, fail: int = 0,
-                 follow_up: Request | None = None) -> None:
+    def __init__(
+        self,
+        reconcile_s: float = 0.05,
+        refresh_s: float = 0.01,
+        fail: int = 0,
+        follow_up: Request | None = None,
+    ) -> None:
         self.reconcile_s, self.refresh_s = reconcile_s, refresh_s
         self.fail = fail
         self.follow_up = follow_up
@@ -98,8 +103,11 @@ def test_refreshes_are_debounced_and_run_while_a_long_reconcile_does() -> None:
 
     passes = asyncio.run(scenario())
     assert not passes.overlapped
-    during = [label for _, label, start in passes.log if label == "refresh"
-              and start < passes.log[0][2] + passes.reconcile_s]
+    during = [
+        label
+        for _, label, start in passes.log
+        if label == "refresh" and start < passes.log[0][2] + passes.reconcile_s
+    ]
     assert len(during) == 3  # one per burst, before the reconcile ended
     assert passes.of("j") == ["reconcile:create", "refresh", "refresh", "refresh", "refresh"]
 
@@ -133,7 +141,13 @@ def test_a_failed_pass_is_retried_a_refresh_may_ask_for_a_reconcile_and_a_forgot
 
     passes = asyncio.run(scenario())
     # the create failed and was retried; its refresh asked for a reconcile (the job finished)
-    assert passes.of("j") == ["reconcile:create", "reconcile:create", "refresh", "reconcile:succeeded", "refresh"]
+    assert passes.of("j") == [
+        "reconcile:create",
+        "reconcile:create",
+        "refresh",
+        "reconcile:succeeded",
+        "refresh",
+    ]
 
 
 def test_the_registry_keeps_the_latest_body_and_finds_jobs_by_name() -> None:
@@ -153,6 +167,9 @@ def test_the_registry_keeps_the_latest_body_and_finds_jobs_by_name() -> None:
 
 def test_peering_objects_cluster_wide_or_one_per_watched_namespace() -> None:
     assert peering_objects("diloco", []) == [
-        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "diloco"}}]
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "diloco"}}
+    ]
     assert [(o["kind"], o["metadata"]) for o in peering_objects("p", ["a", "b"])] == [
-        ("KopfPeering", {"name": "p", "namespace": "a"}), ("KopfPeering", {"name": "p", "namespace": "b"})]
+        ("KopfPeering", {"name": "p", "namespace": "a"}),
+        ("KopfPeering", {"name": "p", "namespace": "b"}),
+    ]

@@ -43,13 +43,27 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 
-def test_job_creates_children_pods_run_and_status_fills(api: k8s.ApiClient, namespace: str, operator: KopfRunner) -> None:
+def test_job_creates_children_pods_run_and_status_fills(
+    api: k8s.ApiClient, namespace: str, operator: KopfRunner
+) -> None:
     create_job(api, namespace, job_manifest("alpha", [unit("a", 2), unit("b", 1, region="region-b")]))
-    wait_for(lambda: children(api, namespace, "alpha") == expected_children("alpha", ["a", "b"]),
-             timeout=60, what="all children", describe=lambda: str(children(api, namespace, "alpha")))
-    wait_for(lambda: running_on_kwok(learner_pods(api, namespace, "alpha"), 3), timeout=90, what="3 learner pods Running")
-    wait_for(lambda: phase_is(api, namespace, "alpha", "Running", "2/2"), timeout=60, what="phase Running",
-             describe=lambda: str(get_job(api, namespace, "alpha").get("status")))
+    wait_for(
+        lambda: children(api, namespace, "alpha") == expected_children("alpha", ["a", "b"]),
+        timeout=60,
+        what="all children",
+        describe=lambda: str(children(api, namespace, "alpha")),
+    )
+    wait_for(
+        lambda: running_on_kwok(learner_pods(api, namespace, "alpha"), 3),
+        timeout=90,
+        what="3 learner pods Running",
+    )
+    wait_for(
+        lambda: phase_is(api, namespace, "alpha", "Running", "2/2"),
+        timeout=60,
+        what="phase Running",
+        describe=lambda: str(get_job(api, namespace, "alpha").get("status")),
+    )
     (b_pod,) = learner_pods(api, namespace, "alpha", "b")
     node = k8s.CoreV1Api(api).read_node(b_pod.spec.node_name)
     assert node.metadata.labels["topology.kubernetes.io/region"] == "region-b"
@@ -86,16 +100,21 @@ def test_failed_learner_pod_is_replaced_and_job_keeps_running(
     create_job(api, namespace, job_manifest("heal", [unit("a", 2), unit("b", 1)]))
     wait_for(lambda: phase_is(api, namespace, "heal", "Running", "2/2"), timeout=90, what="phase Running")
     victim = learner_pods(api, namespace, "heal", "a")[0]
-    k8s.CoreV1Api(api).patch_namespaced_pod(victim.metadata.name, namespace,
-                                            {"metadata": {"labels": {FAIL_LABEL: "true"}}})
+    k8s.CoreV1Api(api).patch_namespaced_pod(
+        victim.metadata.name, namespace, {"metadata": {"labels": {FAIL_LABEL: "true"}}}
+    )
 
     def replaced() -> bool:
         pods = learner_pods(api, namespace, "heal", "a")
         return running_on_kwok(pods, 2) and victim.metadata.uid not in {p.metadata.uid for p in pods}
 
     wait_for(replaced, timeout=60, what="the failed pod replaced by its StatefulSet")
-    wait_for(lambda: {"UnitLost", "UnitRejoined"} <= set(events(api, namespace, "heal")), timeout=30,
-             what="UnitLost and UnitRejoined events", describe=lambda: str(events(api, namespace, "heal")))
+    wait_for(
+        lambda: {"UnitLost", "UnitRejoined"} <= set(events(api, namespace, "heal")),
+        timeout=30,
+        what="UnitLost and UnitRejoined events",
+        describe=lambda: str(events(api, namespace, "heal")),
+    )
     wait_for(lambda: phase_is(api, namespace, "heal", "Running", "2/2"), timeout=30, what="still Running")
     assert get_job(api, namespace, "heal")["status"]["phase"] != "Failed"
 
@@ -104,20 +123,35 @@ def test_add_and_remove_a_unit_live(api: k8s.ApiClient, namespace: str, operator
     create_job(api, namespace, job_manifest("live", [unit("a")]))
     wait_for(lambda: phase_is(api, namespace, "live", "Running", "1/1"), timeout=90, what="phase Running")
     patch_spec(api, namespace, "live", {"learnerUnits": [unit("a"), unit("b", 2)]})
-    wait_for(lambda: running_on_kwok(learner_pods(api, namespace, "live", "b"), 2), timeout=60, what="unit b running")
+    wait_for(
+        lambda: running_on_kwok(learner_pods(api, namespace, "live", "b"), 2),
+        timeout=60,
+        what="unit b running",
+    )
     wait_for(lambda: phase_is(api, namespace, "live", "Running", "2/2"), timeout=30, what="2/2 units ready")
     (a_pod,) = (p.metadata.name for p in learner_pods(api, namespace, "live", "a"))
     with PodDeletions(api, namespace, "diloco.dev/job=live,diloco.dev/unit=a") as deletions:
         patch_spec(api, namespace, "live", {"learnerUnits": [unit("b", 3)]})
-        wait_for(lambda: children(api, namespace, "live") == expected_children("live", ["b"]), timeout=60,
-                 what="unit a removed", describe=lambda: str(children(api, namespace, "live")))
-        wait_for(lambda: running_on_kwok(learner_pods(api, namespace, "live", "b"), 3), timeout=60,
-                 what="b scaled to 3")
+        wait_for(
+            lambda: children(api, namespace, "live") == expected_children("live", ["b"]),
+            timeout=60,
+            what="unit a removed",
+            describe=lambda: str(children(api, namespace, "live")),
+        )
+        wait_for(
+            lambda: running_on_kwok(learner_pods(api, namespace, "live", "b"), 3),
+            timeout=60,
+            what="b scaled to 3",
+        )
         wait_for(lambda: not learner_pods(api, namespace, "live", "a"), timeout=60, what="unit a's pods gone")
         # Drained, not killed: the removed unit's pod was deleted with its full grace period (the
         # learner's SIGTERM handler leaves the job cleanly), never forced.
-        wait_for(lambda: a_pod in deletions.seen, timeout=30, what="the deletion of unit a's pod observed",
-                 describe=lambda: f"{deletions.seen}, watch error {deletions.error!r}")
+        wait_for(
+            lambda: a_pod in deletions.seen,
+            timeout=30,
+            what="the deletion of unit a's pod observed",
+            describe=lambda: f"{deletions.seen}, watch error {deletions.error!r}",
+        )
     assert deletions.seen == {a_pod: TERMINATION_GRACE_SECONDS}
     assert TERMINATION_GRACE_SECONDS > 0
 
@@ -136,26 +170,40 @@ def test_suspend_and_resume(api: k8s.ApiClient, namespace: str, operator: KopfRu
     wait_for(lambda: phase_is(api, namespace, "nap", "Running", "1/1"), timeout=30, what="Running again")
 
 
-def test_deleting_the_job_removes_everything(api: k8s.ApiClient, namespace: str, operator: KopfRunner) -> None:
+def test_deleting_the_job_removes_everything(
+    api: k8s.ApiClient, namespace: str, operator: KopfRunner
+) -> None:
     create_job(api, namespace, job_manifest("gone", [unit("a"), unit("b")]))
-    wait_for(lambda: children(api, namespace, "gone") == expected_children("gone", ["a", "b"]), timeout=60,
-             what="children")
+    wait_for(
+        lambda: children(api, namespace, "gone") == expected_children("gone", ["a", "b"]),
+        timeout=60,
+        what="children",
+    )
     k8s.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "gone")
     empty = {k: [] for k in expected_children("gone", [])}
-    wait_for(lambda: children(api, namespace, "gone") == empty, timeout=90, what="garbage collection",
-             describe=lambda: str(children(api, namespace, "gone")))
+    wait_for(
+        lambda: children(api, namespace, "gone") == empty,
+        timeout=90,
+        what="garbage collection",
+        describe=lambda: str(children(api, namespace, "gone")),
+    )
     wait_for(lambda: not learner_pods(api, namespace, "gone"), timeout=60, what="pods gone")
 
 
-def test_invalid_spec_reports_and_creates_nothing(api: k8s.ApiClient, namespace: str, operator: KopfRunner) -> None:
+def test_invalid_spec_reports_and_creates_nothing(
+    api: k8s.ApiClient, namespace: str, operator: KopfRunner
+) -> None:
     storage = {"bucket": "diloco-test", "credentialsSecretRef": {"name": "missing-creds"}}
     create_job(api, namespace, job_manifest("bad", [unit("a")], storage=storage))
 
     def failed() -> bool:
         status = get_job(api, namespace, "bad").get("status") or {}
         valid = {c["type"]: c for c in status.get("conditions", [])}.get("SpecValid", {})
-        return status.get("phase") == "Failed" and valid.get("reason") == "InvalidSpec" and \
-            "missing-creds" in valid.get("message", "")
+        return (
+            status.get("phase") == "Failed"
+            and valid.get("reason") == "InvalidSpec"
+            and "missing-creds" in valid.get("message", "")
+        )
 
     wait_for(failed, timeout=30, what="Failed with an InvalidSpec condition")
     wait_for(lambda: "InvalidSpec" in events(api, namespace, "bad"), timeout=30, what="InvalidSpec event")
@@ -163,11 +211,16 @@ def test_invalid_spec_reports_and_creates_nothing(api: k8s.ApiClient, namespace:
     assert children(api, namespace, "bad") == {k: [] for k in expected_children("bad", [])}
     assert not operator.future.done()  # no crash
     # Fixing the reference makes the job valid without touching it again.
-    k8s.CoreV1Api(api).create_namespaced_secret(namespace, {
-        "metadata": {"name": "missing-creds"},
-        "stringData": {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"},
-    })
-    wait_for(lambda: phase_is(api, namespace, "bad", "Running"), timeout=90, what="Running once the Secret exists")
+    k8s.CoreV1Api(api).create_namespaced_secret(
+        namespace,
+        {
+            "metadata": {"name": "missing-creds"},
+            "stringData": {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"},
+        },
+    )
+    wait_for(
+        lambda: phase_is(api, namespace, "bad", "Running"), timeout=90, what="Running once the Secret exists"
+    )
 
 
 def test_schema_rejects_impossible_settings(api: k8s.ApiClient, namespace: str) -> None:
@@ -184,15 +237,18 @@ def test_examples_are_accepted_by_the_apiserver(api: k8s.ApiClient, namespace: s
     for path in sorted((ROOT / "examples").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
-                created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, doc,
-                                                                 dry_run="All")
+                created = custom.create_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, doc, dry_run="All"
+                )
                 assert created["spec"]["diloco"]["codec"] == "int4"  # defaults applied
 
 
 def test_restarting_the_operator_makes_no_duplicates(api: k8s.ApiClient, namespace: str) -> None:
     with start_operator() as first:
         create_job(api, namespace, job_manifest("twice", [unit("a", 2), unit("b")]))
-        wait_for(lambda: phase_is(api, namespace, "twice", "Running", "2/2"), timeout=90, what="phase Running")
+        wait_for(
+            lambda: phase_is(api, namespace, "twice", "Running", "2/2"), timeout=90, what="phase Running"
+        )
     assert first.exception is None
     before = children(api, namespace, "twice")
     secret = k8s.CoreV1Api(api).read_namespaced_secret("twice-secret", namespace).data
@@ -212,13 +268,21 @@ def test_liveness_and_metrics(api: k8s.ApiClient, namespace: str, monkeypatch: p
     with start_operator(f"--liveness=http://127.0.0.1:{live_port}/healthz") as runner:
         create_job(api, namespace, job_manifest("seen", [unit("a")]))
         wait_for(lambda: phase_is(api, namespace, "seen", "Running"), timeout=90, what="phase Running")
-        live = wait_for(lambda: httpx.get(f"http://127.0.0.1:{live_port}/healthz", timeout=5), timeout=30,
-                        what="liveness endpoint")
+        live = wait_for(
+            lambda: httpx.get(f"http://127.0.0.1:{live_port}/healthz", timeout=5),
+            timeout=30,
+            what="liveness endpoint",
+        )
         assert live.status_code == 200
         assert live.json()["api"] == "ok"
         text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
-        running = [line for line in text.splitlines() if line.startswith("diloco_operator_job_phase{")
-                   and 'job="seen"' in line and 'phase="Running"' in line]
+        running = [
+            line
+            for line in text.splitlines()
+            if line.startswith("diloco_operator_job_phase{")
+            and 'job="seen"' in line
+            and 'phase="Running"' in line
+        ]
         assert running == [running[0]]
         assert running[0].endswith(" 1.0")
         assert 'diloco_operator_children_total{action="created"}' in text
@@ -232,15 +296,29 @@ def test_chaos_kills_learner_pods_and_counts_them(
     with start_operator() as runner:
         chaos = {"enabled": True, "mtbfSeconds": 1, "units": ["a"]}
         create_job(api, namespace, job_manifest("game", [unit("a"), unit("b")], chaos=chaos))
-        wait_for(lambda: (get_job(api, namespace, "game").get("status") or {}).get("chaos", {}).get("kills", 0) >= 2,
-                 timeout=60, what="two chaos kills")
-        wait_for(lambda: "ChaosKill" in events(api, namespace, "game"), timeout=30, what="ChaosKill event",
-                 describe=lambda: str(events(api, namespace, "game")))
+        wait_for(
+            lambda: (get_job(api, namespace, "game").get("status") or {}).get("chaos", {}).get("kills", 0)
+            >= 2,
+            timeout=60,
+            what="two chaos kills",
+        )
+        wait_for(
+            lambda: "ChaosKill" in events(api, namespace, "game"),
+            timeout=30,
+            what="ChaosKill event",
+            describe=lambda: str(events(api, namespace, "game")),
+        )
         assert condition(get_job(api, namespace, "game"), "Chaos")[:2] == ("True", "Enabled")
         (b_pod,) = learner_pods(api, namespace, "game", "b")
         patch_spec(api, namespace, "game", {"chaos": {"enabled": False}})
-        wait_for(lambda: running_on_kwok(learner_pods(api, namespace, "game"), 2), timeout=60, what="both units back")
-        assert learner_pods(api, namespace, "game", "b")[0].metadata.uid == b_pod.metadata.uid  # unit b untouched
+        wait_for(
+            lambda: running_on_kwok(learner_pods(api, namespace, "game"), 2),
+            timeout=60,
+            what="both units back",
+        )
+        assert (
+            learner_pods(api, namespace, "game", "b")[0].metadata.uid == b_pod.metadata.uid
+        )  # unit b untouched
     assert runner.exception is None
 
 
@@ -251,14 +329,24 @@ def condition(job: dict[str, Any], ctype: str) -> tuple[str, str, str] | None:
     return None
 
 
-def test_chaos_is_refused_unless_the_operator_allows_it(api: k8s.ApiClient, namespace: str, operator: KopfRunner) -> None:
+def test_chaos_is_refused_unless_the_operator_allows_it(
+    api: k8s.ApiClient, namespace: str, operator: KopfRunner
+) -> None:
     chaos = {"enabled": True, "mtbfSeconds": 0.001}  # would kill a pod on every resync
     create_job(api, namespace, job_manifest("nogame", [unit("a")], chaos=chaos))
     wait_for(lambda: phase_is(api, namespace, "nogame", "Running", "1/1"), timeout=90, what="phase Running")
-    wait_for(lambda: (condition(get_job(api, namespace, "nogame"), "Chaos") or ("",))[:2] == ("False", "NotAllowed"),
-             timeout=30, what="the Chaos condition NotAllowed")
-    wait_for(lambda: "ChaosRefused" in events(api, namespace, "nogame"), timeout=30, what="the ChaosRefused event",
-             describe=lambda: str(events(api, namespace, "nogame")))
+    wait_for(
+        lambda: (condition(get_job(api, namespace, "nogame"), "Chaos") or ("",))[:2]
+        == ("False", "NotAllowed"),
+        timeout=30,
+        what="the Chaos condition NotAllowed",
+    )
+    wait_for(
+        lambda: "ChaosRefused" in events(api, namespace, "nogame"),
+        timeout=30,
+        what="the ChaosRefused event",
+        describe=lambda: str(events(api, namespace, "nogame")),
+    )
     (pod,) = learner_pods(api, namespace, "nogame")
     time.sleep(5)  # two resync periods, each of which would have killed the pod
     assert [p.metadata.uid for p in learner_pods(api, namespace, "nogame")] == [pod.metadata.uid]
@@ -268,9 +356,17 @@ def test_chaos_is_refused_unless_the_operator_allows_it(api: k8s.ApiClient, name
     assert events(api, namespace, "nogame").count("ChaosRefused") == 1
     # Failure parameters without enabled: true: said so, and still nothing killed.
     patch_spec(api, namespace, "nogame", {"chaos": {"enabled": False, "mtbfSeconds": 5}})
-    wait_for(lambda: (condition(get_job(api, namespace, "nogame"), "Chaos") or ("",))[:2] == ("False", "NotEnabled"),
-             timeout=30, what="the Chaos condition NotEnabled")
-    wait_for(lambda: "ChaosNotEnabled" in events(api, namespace, "nogame"), timeout=30, what="ChaosNotEnabled event")
+    wait_for(
+        lambda: (condition(get_job(api, namespace, "nogame"), "Chaos") or ("",))[:2]
+        == ("False", "NotEnabled"),
+        timeout=30,
+        what="the Chaos condition NotEnabled",
+    )
+    wait_for(
+        lambda: "ChaosNotEnabled" in events(api, namespace, "nogame"),
+        timeout=30,
+        what="ChaosNotEnabled event",
+    )
     assert [p.metadata.uid for p in learner_pods(api, namespace, "nogame")] == [pod.metadata.uid]
 
 
@@ -281,8 +377,13 @@ def test_fifty_units_reconcile_completely(
     units = [unit(f"u{i:02d}") for i in range(50)]
     started = time.monotonic()
     create_job(api, namespace, job_manifest("big", units, diloco={"quorum": 25}))
-    wait_for(lambda: phase_is(api, namespace, "big", "Running", "50/50"), timeout=300, what="50/50 units ready",
-             interval=1.0, describe=lambda: str((get_job(api, namespace, "big").get("status") or {}).get("unitsReady")))
+    wait_for(
+        lambda: phase_is(api, namespace, "big", "Running", "50/50"),
+        timeout=300,
+        what="50/50 units ready",
+        interval=1.0,
+        describe=lambda: str((get_job(api, namespace, "big").get("status") or {}).get("unitsReady")),
+    )
     elapsed = time.monotonic() - started
     # KopfRunner's click runner swaps sys.stdout while the operator runs: report on the real one.
     sys.__stdout__.write(f"\n[scale] 50 learner units reconciled and ready in {elapsed:.1f} s\n")
@@ -295,20 +396,33 @@ def test_events_posted_by_the_operator_client_show_on_the_job(api: k8s.ApiClient
     """``events.k8s.io/v1`` Events created through ``Kube`` are listed on the job by the core API."""
     create_job(api, namespace, job_manifest("ev", [unit("a")]))
     job = get_job(api, namespace, "ev")
-    post_events(Kube(api), job, [Event("Warning", "QuorumLost", "quorum lost"), Event("Normal", "Running", "ok")],
-                "test")
+    post_events(
+        Kube(api),
+        job,
+        [Event("Warning", "QuorumLost", "quorum lost"), Event("Normal", "Running", "ok")],
+        "test",
+    )
     items = k8s.CoreV1Api(api).list_namespaced_event(namespace, field_selector="involvedObject.name=ev").items
-    assert sorted((e.reason, e.message, e.involved_object.uid) for e in items) == \
-        [("QuorumLost", "quorum lost", job["metadata"]["uid"]), ("Running", "ok", job["metadata"]["uid"])]
+    assert sorted((e.reason, e.message, e.involved_object.uid) for e in items) == [
+        ("QuorumLost", "quorum lost", job["metadata"]["uid"]),
+        ("Running", "ok", job["metadata"]["uid"]),
+    ]
     # Gone before the namespace is: operators of later tests watch every namespace.
     k8s.CustomObjectsApi(api).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "ev")
-    wait_for(lambda: not k8s.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"],
-             timeout=30, what="the job deleted")
+    wait_for(
+        lambda: not k8s.CustomObjectsApi(api).list_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL
+        )["items"],
+        timeout=30,
+        what="the job deleted",
+    )
 
 
 def test_api_error_is_one_line_with_the_apiservers_message() -> None:
     exc = ApiException(status=422, reason="Unprocessable Entity")
     exc.body = b'{"kind":"Status","message":"Event \\"x\\" is invalid"}'
     assert api_error(exc) == 'HTTP 422: Event "x" is invalid'
-    assert api_error(ApiException(status=503, reason="Service Unavailable")) == "HTTP 503: Service Unavailable"
+    assert (
+        api_error(ApiException(status=503, reason="Service Unavailable")) == "HTTP 503: Service Unavailable"
+    )
     assert api_error(TimeoutError("read timed out")) == "TimeoutError: read timed out"

@@ -23,27 +23,36 @@ from tests.operator.kubejobs import GROUP, PLURAL, VERSION, create_job, get_job,
 NOW = 1000.0
 
 
-@pytest.mark.parametrize(("listed", "seen", "due", "expected"), [
-    ({}, {}, {}, {}),  # idle: no jobs, nothing due
-    ({"a": "5"}, {"a": "5"}, {}, {}),  # the watch delivered what the API holds
-    ({"a": "6"}, {"a": "5"}, {}, {"a": NOW}),  # a newer version: due from now
-    ({"a": "7"}, {"a": "5"}, {"a": 900.0}, {"a": 900.0}),  # still behind: keeps the first time
-    ({"a": "7"}, {"a": "7"}, {"a": 900.0}, {}),  # caught up
-    ({}, {"a": "5"}, {"a": 900.0}, {}),  # deleted: nothing more to deliver
-    ({"b": "1"}, {}, {}, {"b": NOW}),  # created, never delivered
-], ids=["idle", "caught-up", "newer", "still-behind", "caught-up-later", "deleted", "never-seen"])
-def test_lagging(listed: dict[str, str], seen: dict[str, str], due: dict[str, float],
-                 expected: dict[str, float]) -> None:
+@pytest.mark.parametrize(
+    ("listed", "seen", "due", "expected"),
+    [
+        ({}, {}, {}, {}),  # idle: no jobs, nothing due
+        ({"a": "5"}, {"a": "5"}, {}, {}),  # the watch delivered what the API holds
+        ({"a": "6"}, {"a": "5"}, {}, {"a": NOW}),  # a newer version: due from now
+        ({"a": "7"}, {"a": "5"}, {"a": 900.0}, {"a": 900.0}),  # still behind: keeps the first time
+        ({"a": "7"}, {"a": "7"}, {"a": 900.0}, {}),  # caught up
+        ({}, {"a": "5"}, {"a": 900.0}, {}),  # deleted: nothing more to deliver
+        ({"b": "1"}, {}, {}, {"b": NOW}),  # created, never delivered
+    ],
+    ids=["idle", "caught-up", "newer", "still-behind", "caught-up-later", "deleted", "never-seen"],
+)
+def test_lagging(
+    listed: dict[str, str], seen: dict[str, str], due: dict[str, float], expected: dict[str, float]
+) -> None:
     assert lagging(listed, seen, due, NOW) == expected
 
 
-@pytest.mark.parametrize(("due", "threshold", "alive"), [
-    ({}, 60.0, True),  # an idle operator is live however long it has heard nothing
-    ({"a": NOW}, 60.0, True),  # just found behind: the event may be on its way
-    ({"a": NOW - 60.0}, 60.0, True),
-    ({"a": NOW - 61.0}, 60.0, False),
-    ({"a": NOW - 1.0, "b": NOW - 120.0}, 60.0, False),  # one stream dead among several
-], ids=["idle", "just-due", "at-threshold", "past-threshold", "one-of-two"])
+@pytest.mark.parametrize(
+    ("due", "threshold", "alive"),
+    [
+        ({}, 60.0, True),  # an idle operator is live however long it has heard nothing
+        ({"a": NOW}, 60.0, True),  # just found behind: the event may be on its way
+        ({"a": NOW - 60.0}, 60.0, True),
+        ({"a": NOW - 61.0}, 60.0, False),
+        ({"a": NOW - 1.0, "b": NOW - 120.0}, 60.0, False),  # one stream dead among several
+    ],
+    ids=["idle", "just-due", "at-threshold", "past-threshold", "one-of-two"],
+)
 def test_watch_is_alive(due: dict[str, float], threshold: float, alive: bool) -> None:
     assert watch_is_alive(due, NOW, threshold) is alive
 
@@ -68,19 +77,33 @@ def peer(priority: int, age: float = 1.0, lifetime: int = 60) -> dict[str, Any]:
     return {"priority": priority, "lifetime": lifetime, "lastseen": (T - timedelta(seconds=age)).isoformat()}
 
 
-@pytest.mark.parametrize(("peers", "priority", "paused"), [
-    ({"me": peer(10)}, 10, False),  # alone
-    ({"me": peer(10), "other": peer(5)}, 10, False),  # the other one waits
-    ({"me": peer(5), "other": peer(10)}, 5, True),  # outranked
-    ({"me": peer(5), "other": peer(10, age=120)}, 5, False),  # the higher one is dead
-    ({"me": peer(5), "other": peer(5)}, 5, True),  # same priority: kopf pauses both
-    ({"me": {"priority": 5}}, 5, False),  # no lastseen: counted as seen now
-    ({"other": peer(5)}, 5, True),  # own entry not written yet: the other one still counts
-    ({"me": peer(5, age=120), "other": peer(5)}, 5, True),  # own keepalive late: same as kopf
-    ({"me": peer(10, age=120)}, 10, False),  # own entry stale, nobody else: not paused
-    ({"other": peer(5, age=120)}, 5, False),  # only a dead peer
-], ids=["alone", "highest", "outranked", "outranker-dead", "tie", "no-lastseen", "own-missing",
-        "own-stale-tie", "own-stale-alone", "dead-peer"])
+@pytest.mark.parametrize(
+    ("peers", "priority", "paused"),
+    [
+        ({"me": peer(10)}, 10, False),  # alone
+        ({"me": peer(10), "other": peer(5)}, 10, False),  # the other one waits
+        ({"me": peer(5), "other": peer(10)}, 5, True),  # outranked
+        ({"me": peer(5), "other": peer(10, age=120)}, 5, False),  # the higher one is dead
+        ({"me": peer(5), "other": peer(5)}, 5, True),  # same priority: kopf pauses both
+        ({"me": {"priority": 5}}, 5, False),  # no lastseen: counted as seen now
+        ({"other": peer(5)}, 5, True),  # own entry not written yet: the other one still counts
+        ({"me": peer(5, age=120), "other": peer(5)}, 5, True),  # own keepalive late: same as kopf
+        ({"me": peer(10, age=120)}, 10, False),  # own entry stale, nobody else: not paused
+        ({"other": peer(5, age=120)}, 5, False),  # only a dead peer
+    ],
+    ids=[
+        "alone",
+        "highest",
+        "outranked",
+        "outranker-dead",
+        "tie",
+        "no-lastseen",
+        "own-missing",
+        "own-stale-tie",
+        "own-stale-alone",
+        "dead-peer",
+    ],
+)
 def test_paused_by_peers(peers: dict[str, Any], priority: int, paused: bool) -> None:
     assert paused_by_peers({"status": peers}, priority, T, "me") is paused
 
@@ -94,9 +117,22 @@ def test_probe_fails_when_the_watch_does_not_deliver_a_job(api: k8s.ApiClient, n
     """The probe handler against a real apiserver, without kopf: nothing feeds ``WatchState`` here,
     which is exactly what a dead watch looks like (a hung stream cannot be produced on demand
     without breaking the shared control plane), then the events a live watch would deliver."""
-    settings = settings_from_env({"DILOCO_OPERATOR_WATCH_STALE_SECONDS": "0.001", "DILOCO_OPERATOR_METRICS_PORT": "0"})
-    ctx = Context(settings, Kube(api), lambda url: None, OperatorMetrics(), random.Random(0), PodCache(), PodWatch(),
-                  WatchState(), [namespace], ThreadPoolExecutor(1), "test")
+    settings = settings_from_env(
+        {"DILOCO_OPERATOR_WATCH_STALE_SECONDS": "0.001", "DILOCO_OPERATOR_METRICS_PORT": "0"}
+    )
+    ctx = Context(
+        settings,
+        Kube(api),
+        lambda url: None,
+        OperatorMetrics(),
+        random.Random(0),
+        PodCache(),
+        PodWatch(),
+        WatchState(),
+        [namespace],
+        ThreadPoolExecutor(1),
+        "test",
+    )
     memo = kopf.Memo(ctx=ctx)
     kopf_settings = kopf.OperatorSettings()
     kopf_settings.peering.standalone = True

@@ -31,37 +31,51 @@ def test_parse_uses_camel_case_and_defaults() -> None:
     assert spec.learner_units[0].replicas == 1
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"diloco": {"codec": "int3"}}, "spec.diloco.codec"),
-    ({"learnerUnits": []}, "spec.learnerUnits"),
-    ({"learnerUnits": [{"name": "Bad_Name"}]}, "spec.learnerUnits.0.name"),
-    ({"surprise": 1}, "spec.surprise"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"diloco": {"codec": "int3"}}, "spec.diloco.codec"),
+        ({"learnerUnits": []}, "spec.learnerUnits"),
+        ({"learnerUnits": [{"name": "Bad_Name"}]}, "spec.learnerUnits.0.name"),
+        ({"surprise": 1}, "spec.surprise"),
+    ],
+)
 def test_parse_errors_name_the_field(extra: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message.replace(".", r"\.")):
         parse_spec(raw(**extra))
 
 
-@pytest.mark.parametrize(("name", "extra", "message"), [
-    ("j", {"diloco": {"innerSteps": 4, "overlap": 4}}, "overlap"),
-    ("j", {"diloco": {"quorum": 3}}, "quorum"),
-    ("j", {"learnerUnits": [{"name": "a"}, {"name": "a"}]}, "unique"),
-    ("j" * 40, {"learnerUnits": [{"name": "u" * 20}]}, "at most 52"),
-    ("j", {"chaos": {"enabled": True, "units": ["zz"]}}, "zz"),
-])
+@pytest.mark.parametrize(
+    ("name", "extra", "message"),
+    [
+        ("j", {"diloco": {"innerSteps": 4, "overlap": 4}}, "overlap"),
+        ("j", {"diloco": {"quorum": 3}}, "quorum"),
+        ("j", {"learnerUnits": [{"name": "a"}, {"name": "a"}]}, "unique"),
+        ("j" * 40, {"learnerUnits": [{"name": "u" * 20}]}, "at most 52"),
+        ("j", {"chaos": {"enabled": True, "units": ["zz"]}}, "zz"),
+    ],
+)
 def test_validate_job(name: str, extra: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         validate_job(name, parse_spec(raw(**extra)))
 
 
 def test_valid_job_passes_and_lists_secret_references() -> None:
-    spec = parse_spec(raw(synchronizer={"external": {"url": "https://s", "tokenSecretRef": {"name": "t", "key": "k"}}}))
+    spec = parse_spec(
+        raw(synchronizer={"external": {"url": "https://s", "tokenSecretRef": {"name": "t", "key": "k"}}})
+    )
     validate_job("j", spec)
-    assert secret_references(spec) == [("creds", "AWS_ACCESS_KEY_ID"), ("creds", "AWS_SECRET_ACCESS_KEY"), ("t", "k")]
+    assert secret_references(spec) == [
+        ("creds", "AWS_ACCESS_KEY_ID"),
+        ("creds", "AWS_SECRET_ACCESS_KEY"),
+        ("t", "k"),
+    ]
 
 
 def test_settings_from_env() -> None:
-    s = settings_from_env({"DILOCO_OPERATOR_RESYNC_SECONDS": "2", "DILOCO_OPERATOR_METRICS_PORT": "0", "HOME": "/"})
+    s = settings_from_env(
+        {"DILOCO_OPERATOR_RESYNC_SECONDS": "2", "DILOCO_OPERATOR_METRICS_PORT": "0", "HOME": "/"}
+    )
     assert (s.resync_seconds, s.metrics_port, s.sync_url) == (2.0, 0, None)
     with pytest.raises(ValueError, match="DILOCO_OPERATOR_RESYNC_SECONDS"):
         settings_from_env({"DILOCO_OPERATOR_RESYNC_SECONDS": "-1"})
@@ -76,7 +90,11 @@ def test_cli_arguments() -> None:
 
 
 def test_every_setting_is_a_flag_and_a_variable_and_the_flag_wins() -> None:
-    env = {"DILOCO_OPERATOR_RESYNC_SECONDS": "2", "DILOCO_OPERATOR_NAMESPACE": "x,y", "DILOCO_OPERATOR_ALLOW_CHAOS": "1"}
+    env = {
+        "DILOCO_OPERATOR_RESYNC_SECONDS": "2",
+        "DILOCO_OPERATOR_NAMESPACE": "x,y",
+        "DILOCO_OPERATOR_ALLOW_CHAOS": "1",
+    }
     s = parse_args(["--resync-seconds", "3", "--no-allow-chaos"], env)
     assert (s.resync_seconds, s.namespace, s.allow_chaos) == (3.0, ("x", "y"), False)
     with pytest.raises(SettingsError, match=r"resync_seconds \(--resync-seconds=0\)"):
@@ -88,14 +106,17 @@ def test_namespace_patterns_are_refused(capsys: pytest.CaptureFixture[str]) -> N
     assert "not patterns: team-*" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("desired", "actual", "same"), [
-    ({"a": 1}, {"a": 1, "b": 2}, True),
-    ({"a": {"b": [1, 2]}}, {"a": {"b": [1, 2], "c": 0}}, True),
-    ({"a": {"b": [1, 2]}}, {"a": {"b": [1]}}, False),
-    ({"a": [{"name": "x"}]}, {"a": [{"name": "x", "protocol": "TCP"}]}, True),
-    ({"gpu": 1}, {"gpu": "1"}, True),
-    ({"replicas": 2}, {"replicas": 3}, False),
-    ({"a": 1}, {}, False),
-])
+@pytest.mark.parametrize(
+    ("desired", "actual", "same"),
+    [
+        ({"a": 1}, {"a": 1, "b": 2}, True),
+        ({"a": {"b": [1, 2]}}, {"a": {"b": [1, 2], "c": 0}}, True),
+        ({"a": {"b": [1, 2]}}, {"a": {"b": [1]}}, False),
+        ({"a": [{"name": "x"}]}, {"a": [{"name": "x", "protocol": "TCP"}]}, True),
+        ({"gpu": 1}, {"gpu": "1"}, True),
+        ({"replicas": 2}, {"replicas": 3}, False),
+        ({"a": 1}, {}, False),
+    ],
+)
 def test_is_subset(desired: Any, actual: Any, same: bool) -> None:
     assert is_subset(desired, actual) is same

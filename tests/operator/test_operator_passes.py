@@ -49,8 +49,15 @@ class StatusRecorder:
         api, ns, name = self._args
         custom = k8s.CustomObjectsApi(api)
         try:
-            for ev in self._watch.stream(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL,
-                                         field_selector=f"metadata.name={name}", timeout_seconds=600):
+            for ev in self._watch.stream(
+                custom.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                ns,
+                PLURAL,
+                field_selector=f"metadata.name={name}",
+                timeout_seconds=600,
+            ):
                 ready = (ev["object"].get("status") or {}).get("readyUnits")
                 if ready is not None and (not self.ready or self.ready[-1] != ready):
                     self.ready.append(int(ready))
@@ -73,9 +80,13 @@ def test_status_counts_units_up_and_never_back_while_a_job_is_created(
     units = [unit(f"u{i:02d}", 2) for i in range(40)]
     with StatusRecorder(api, namespace, "grow") as seen:
         create_job(api, namespace, job_manifest("grow", units, diloco={"quorum": 20}))
-        wait_for(lambda: phase_is(api, namespace, "grow", "Running", "40/40"), timeout=300, interval=1.0,
-                 what="40/40 units ready",
-                 describe=lambda: f"{(get_job(api, namespace, 'grow').get('status') or {}).get('unitsReady')}")
+        wait_for(
+            lambda: phase_is(api, namespace, "grow", "Running", "40/40"),
+            timeout=300,
+            interval=1.0,
+            what="40/40 units ready",
+            describe=lambda: f"{(get_job(api, namespace, 'grow').get('status') or {}).get('unitsReady')}",
+        )
         wait_for(lambda: seen.ready and seen.ready[-1] == 40, timeout=30, what="the watch to deliver 40")
     assert seen.error is None
     backwards = [(a, b) for a, b in zip(seen.ready, seen.ready[1:], strict=False) if b < a]
@@ -87,49 +98,79 @@ def test_a_suspended_job_raises_no_warning(api: k8s.ApiClient, namespace: str, o
     create_job(api, namespace, job_manifest("rest", [unit("a", 2), unit("b")], diloco={"quorum": 2}))
     wait_for(lambda: phase_is(api, namespace, "rest", "Running", "2/2"), timeout=90, what="phase Running")
     patch_spec(api, namespace, "rest", {"suspend": True})
-    wait_for(lambda: phase_is(api, namespace, "rest", "Suspended", "0/2"), timeout=60, what="Suspended, 0/2",
-             describe=lambda: str(get_job(api, namespace, "rest").get("status")))
+    wait_for(
+        lambda: phase_is(api, namespace, "rest", "Suspended", "0/2"),
+        timeout=60,
+        what="Suspended, 0/2",
+        describe=lambda: str(get_job(api, namespace, "rest").get("status")),
+    )
     wait_for(lambda: not learner_pods(api, namespace, "rest"), timeout=60, what="learner pods gone")
-    quorum = next(c for c in get_job(api, namespace, "rest")["status"]["conditions"] if c["type"] == "QuorumMet")
+    quorum = next(
+        c for c in get_job(api, namespace, "rest")["status"]["conditions"] if c["type"] == "QuorumMet"
+    )
     assert quorum["status"] == "False"  # the units are down, on purpose
-    events = k8s.CoreV1Api(api).list_namespaced_event(namespace, field_selector="involvedObject.name=rest").items
+    events = (
+        k8s.CoreV1Api(api).list_namespaced_event(namespace, field_selector="involvedObject.name=rest").items
+    )
     assert [(e.type, e.reason) for e in events if e.type == "Warning"] == []
     assert "Suspended" in [e.reason for e in events]
 
 
 def kubectl(kube: Cluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     assert kube.bin_dir is not None
-    return subprocess.run([str(kube.bin_dir / "kubectl"), *args], capture_output=True, text=True,
-                          env=kube.env(), timeout=timeout, check=False)
+    return subprocess.run(
+        [str(kube.bin_dir / "kubectl"), *args],
+        capture_output=True,
+        text=True,
+        env=kube.env(),
+        timeout=timeout,
+        check=False,
+    )
 
 
-def test_kubectl_delete_does_not_wait_for_the_operator(kube: Cluster, api: k8s.ApiClient, namespace: str) -> None:
+def test_kubectl_delete_does_not_wait_for_the_operator(
+    kube: Cluster, api: k8s.ApiClient, namespace: str
+) -> None:
     """No finalizer on the job: with the operator stopped, ``kubectl delete`` returns and the garbage
     collector removes the children (owner references)."""
     with start_operator() as runner:
         create_job(api, namespace, job_manifest("bye", [unit("a")]))
-        wait_for(lambda: children(api, namespace, "bye") == expected_children("bye", ["a"]), timeout=90,
-                 what="children")
-        wait_for(lambda: running_on_kwok(learner_pods(api, namespace, "bye"), 1), timeout=90, what="pod Running")
+        wait_for(
+            lambda: children(api, namespace, "bye") == expected_children("bye", ["a"]),
+            timeout=90,
+            what="children",
+        )
+        wait_for(
+            lambda: running_on_kwok(learner_pods(api, namespace, "bye"), 1), timeout=90, what="pod Running"
+        )
     assert runner.exception is None
     assert not get_job(api, namespace, "bye")["metadata"].get("finalizers")
     done = kubectl(kube, "delete", "dilocojob", "bye", "-n", namespace, "--timeout=30s")
     assert done.returncode == 0, done.stderr
     empty = {k: [] for k in expected_children("bye", [])}
-    wait_for(lambda: children(api, namespace, "bye") == empty, timeout=90, what="garbage collection",
-             describe=lambda: str(children(api, namespace, "bye")))
+    wait_for(
+        lambda: children(api, namespace, "bye") == empty,
+        timeout=90,
+        what="garbage collection",
+        describe=lambda: str(children(api, namespace, "bye")),
+    )
 
 
-def test_the_finalizer_of_an_earlier_operator_is_removed(api: k8s.ApiClient, namespace: str,
-                                                         operator: KopfRunner) -> None:
+def test_the_finalizer_of_an_earlier_operator_is_removed(
+    api: k8s.ApiClient, namespace: str, operator: KopfRunner
+) -> None:
     manifest: dict[str, Any] = job_manifest("old", [unit("a")])
     manifest["metadata"]["finalizers"] = ["diloco.dev/operator", "example.com/keep"]
     create_job(api, namespace, manifest)
-    wait_for(lambda: get_job(api, namespace, "old")["metadata"].get("finalizers") == ["example.com/keep"],
-             timeout=60, what="the earlier operator's finalizer removed, another one kept")
+    wait_for(
+        lambda: get_job(api, namespace, "old")["metadata"].get("finalizers") == ["example.com/keep"],
+        timeout=60,
+        what="the earlier operator's finalizer removed, another one kept",
+    )
     wait_for(lambda: phase_is(api, namespace, "old", "Running"), timeout=90, what="phase Running")
-    k8s.CustomObjectsApi(api).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "old",
-                                                             {"metadata": {"finalizers": None}})
+    k8s.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "old", {"metadata": {"finalizers": None}}
+    )
 
 
 def test_a_spec_that_makes_an_invalid_pod_fails_once_and_creates_nothing(
@@ -144,21 +185,40 @@ def test_a_spec_that_makes_an_invalid_pod_fails_once_and_creates_nothing(
         status = get_job(api, namespace, "half").get("status") or {}
         return next((c for c in status.get("conditions") or [] if c["type"] == "SpecValid"), {})
 
-    cond = wait_for(lambda: (c := spec_valid()).get("status") == "False" and c, timeout=60, what="SpecValid False",
-                    describe=lambda: str(get_job(api, namespace, "half").get("status")))
+    cond = wait_for(
+        lambda: (c := spec_valid()).get("status") == "False" and c,
+        timeout=60,
+        what="SpecValid False",
+        describe=lambda: str(get_job(api, namespace, "half").get("status")),
+    )
     assert cond["reason"] == "InvalidSpec"
     assert "StatefulSet half-a" in cond["message"]
-    assert "Unsupported value: \"Sometimes\"" in cond["message"]
+    assert 'Unsupported value: "Sometimes"' in cond["message"]
     status = get_job(api, namespace, "half")["status"]
     assert status["phase"] == "Failed"
     assert status["message"] == cond["message"]
     time.sleep(5)  # two resync periods
-    items = k8s.CoreV1Api(api).list_namespaced_event(namespace, field_selector="involvedObject.name=half").items
+    items = (
+        k8s.CoreV1Api(api).list_namespaced_event(namespace, field_selector="involvedObject.name=half").items
+    )
     assert [(e.type, e.reason, e.message) for e in items] == [("Warning", "InvalidSpec", cond["message"])]
     assert children(api, namespace, "half") == {k: [] for k in expected_children("half", [])}
     # Fixed: the job starts from scratch.
-    patch_spec(api, namespace, "half", {"learnerUnits": [unit("a", tolerations=[
-        {"key": "dedicated", "operator": "Equal", "value": "ml"}]), unit("b")]})
-    wait_for(lambda: phase_is(api, namespace, "half", "Running", "2/2"), timeout=90, what="Running once fixed",
-             describe=lambda: str(get_job(api, namespace, "half").get("status")))
+    patch_spec(
+        api,
+        namespace,
+        "half",
+        {
+            "learnerUnits": [
+                unit("a", tolerations=[{"key": "dedicated", "operator": "Equal", "value": "ml"}]),
+                unit("b"),
+            ]
+        },
+    )
+    wait_for(
+        lambda: phase_is(api, namespace, "half", "Running", "2/2"),
+        timeout=90,
+        what="Running once fixed",
+        describe=lambda: str(get_job(api, namespace, "half").get("status")),
+    )
     assert get_job(api, namespace, "half")["status"].get("message") is None

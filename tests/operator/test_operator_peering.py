@@ -42,7 +42,9 @@ pytestmark = pytest.mark.integration
 
 PEERINGS = ("kopf.dev", "v1", "clusterkopfpeerings")
 # The operator's own lines about a child it wrote.
-ACTED = re.compile(r"(?:created|restored|deleted) (?:Secret|ConfigMap|Service|Deployment|StatefulSet|PodDisruptionBudget) ")
+ACTED = re.compile(
+    r"(?:created|restored|deleted) (?:Secret|ConfigMap|Service|Deployment|StatefulSet|PodDisruptionBudget) "
+)
 
 
 @pytest.fixture
@@ -50,8 +52,9 @@ def peering(api: k8s.ApiClient) -> Iterator[str]:
     """A ClusterKopfPeering of its own (operator/peering.yaml's kind), removed afterwards."""
     name = f"diloco-operator-{secrets.token_hex(4)}"
     custom = k8s.CustomObjectsApi(api)
-    custom.create_cluster_custom_object(*PEERINGS, {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-                                                    "metadata": {"name": name}})
+    custom.create_cluster_custom_object(
+        *PEERINGS, {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
+    )
     try:
         yield name
     finally:
@@ -63,22 +66,36 @@ def peering(api: k8s.ApiClient) -> Iterator[str]:
 
 
 def replica(kube: Cluster, logs: Path, peering: str, priority: int) -> tuple[ManagedProcess, int]:
-    return operator_process(kube, logs / "operator-peering" / f"{peering}-{priority}.log",
-                            [f"--peering={peering}", f"--priority={priority}"])
+    return operator_process(
+        kube,
+        logs / "operator-peering" / f"{peering}-{priority}.log",
+        [f"--peering={peering}", f"--priority={priority}"],
+    )
 
 
 def operator_process(kube: Cluster, log: Path, args: list[str]) -> tuple[ManagedProcess, int]:
     """``diloco operator ARGS`` as a process against ``kube`` (its own liveness port, no metrics)."""
     live_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DILOCO_OPERATOR_", "KUBERNETES_SERVICE"))}
-    env.update({
-        "KUBECONFIG": str(kube.kubeconfig),
-        "DILOCO_OPERATOR_RESYNC_SECONDS": "2",
-        "DILOCO_OPERATOR_METRICS_PORT": "0",
-        "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9",  # no synchronizer runs on kwok
-    })
-    argv = [sys.executable, "-m", "diloco", "operator", "--verbose", *args,
-            f"--liveness=http://127.0.0.1:{live_port}/healthz"]
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DILOCO_OPERATOR_", "KUBERNETES_SERVICE"))
+    }
+    env.update(
+        {
+            "KUBECONFIG": str(kube.kubeconfig),
+            "DILOCO_OPERATOR_RESYNC_SECONDS": "2",
+            "DILOCO_OPERATOR_METRICS_PORT": "0",
+            "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9",  # no synchronizer runs on kwok
+        }
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "diloco",
+        "operator",
+        "--verbose",
+        *args,
+        f"--liveness=http://127.0.0.1:{live_port}/healthz",
+    ]
     proc = ManagedProcess(log.stem, argv, log, env=env)
     proc.start()
     return proc, live_port
@@ -94,27 +111,49 @@ def liveness(port: int) -> tuple[int, Any]:
 
 
 def test_only_the_highest_priority_replica_acts_and_the_other_takes_over(
-    kube: Cluster, api: k8s.ApiClient, namespace: str, peering: str, test_logs_dir: Path,
+    kube: Cluster,
+    api: k8s.ApiClient,
+    namespace: str,
+    peering: str,
+    test_logs_dir: Path,
 ) -> None:
     high, high_port = replica(kube, test_logs_dir, peering, 100)
     low: ManagedProcess | None = None
     try:
-        wait_for(lambda: any(p.get("priority") == 100 for p in peers(api, peering).values()), timeout=60,
-                 what="the first replica in the peering", describe=high.log_tail)
+        wait_for(
+            lambda: any(p.get("priority") == 100 for p in peers(api, peering).values()),
+            timeout=60,
+            what="the first replica in the peering",
+            describe=high.log_tail,
+        )
         low, low_port = replica(kube, test_logs_dir, peering, 50)
         # kopf starts a replica paused until its peering says it may act; this one never may.
-        wait_for(lambda: any(p.get("priority") == 50 for p in peers(api, peering).values()), timeout=60,
-                 what="the second replica in the peering", describe=low.log_tail)
+        wait_for(
+            lambda: any(p.get("priority") == 50 for p in peers(api, peering).values()),
+            timeout=60,
+            what="the second replica in the peering",
+            describe=low.log_tail,
+        )
         create_job(api, namespace, job_manifest("peer", [unit("a", 2), unit("b")]))
-        wait_for(lambda: children(api, namespace, "peer") == expected_children("peer", ["a", "b"]), timeout=90,
-                 what="all children", describe=high.log_tail)
-        wait_for(lambda: phase_is(api, namespace, "peer", "Running", "2/2"), timeout=90, what="phase Running",
-                 describe=high.log_tail)
+        wait_for(
+            lambda: children(api, namespace, "peer") == expected_children("peer", ["a", "b"]),
+            timeout=90,
+            what="all children",
+            describe=high.log_tail,
+        )
+        wait_for(
+            lambda: phase_is(api, namespace, "peer", "Running", "2/2"),
+            timeout=90,
+            what="phase Running",
+            describe=high.log_tail,
+        )
         wait_for(lambda: "Running" in events(api, namespace, "peer"), timeout=30, what="the Running event")
         # Both are live: the paused one says why, and a healthy idle watch is not taken for a dead one.
         assert liveness(high_port) == (200, "ok")
-        assert wait_for(lambda: liveness(low_port), timeout=30, what="the paused replica's liveness") == \
-            (200, "paused")
+        assert wait_for(lambda: liveness(low_port), timeout=30, what="the paused replica's liveness") == (
+            200,
+            "paused",
+        )
 
         high_log = high.log_path.read_text(errors="replace")
         low_log = low.log_path.read_text(errors="replace")
@@ -126,19 +165,35 @@ def test_only_the_highest_priority_replica_acts_and_the_other_takes_over(
         assert twice == [], events(api, namespace, "peer")
 
         high.stop()  # a graceful exit takes it out of the peering: the other resumes
-        wait_for(lambda: "Resuming operations" in low.log_path.read_text(errors="replace"), timeout=90,
-                 what="the low-priority replica resumed", describe=low.log_tail)
+        wait_for(
+            lambda: "Resuming operations" in low.log_path.read_text(errors="replace"),
+            timeout=90,
+            what="the low-priority replica resumed",
+            describe=low.log_tail,
+        )
         k8s.CoreV1Api(api).delete_namespaced_service("peer-a", namespace)
-        wait_for(lambda: k8s.CoreV1Api(api).read_namespaced_service("peer-a", namespace), timeout=60,
-                 what="the deleted Service recreated by the remaining replica", describe=low.log_tail)
+        wait_for(
+            lambda: k8s.CoreV1Api(api).read_namespaced_service("peer-a", namespace),
+            timeout=60,
+            what="the deleted Service recreated by the remaining replica",
+            describe=low.log_tail,
+        )
         assert "Service peer-a" in low.log_path.read_text(errors="replace")
-        wait_for(lambda: liveness(low_port) == (200, "ok"), timeout=30, what="the remaining replica live, not paused")
+        wait_for(
+            lambda: liveness(low_port) == (200, "ok"),
+            timeout=30,
+            what="the remaining replica live, not paused",
+        )
         assert low.running(), low.failure_report()
         # Deleted while a replica runs to take its finalizer off: the namespace then goes cleanly.
         custom = k8s.CustomObjectsApi(api)
         custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "peer")
-        wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"],
-                 timeout=60, what="the job deleted", describe=low.log_tail)
+        wait_for(
+            lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"],
+            timeout=60,
+            what="the job deleted",
+            describe=low.log_tail,
+        )
     finally:
         for proc in (low, high):
             if proc is not None:
@@ -146,7 +201,11 @@ def test_only_the_highest_priority_replica_acts_and_the_other_takes_over(
 
 
 def test_an_operator_run_by_hand_and_the_charts_pause_for_each_other(
-    kube: Cluster, api: k8s.ApiClient, namespace: str, test_logs_dir: Path, tmp_path: Path,
+    kube: Cluster,
+    api: k8s.ApiClient,
+    namespace: str,
+    test_logs_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """The chart's operator (its Deployment's arguments) and one started by hand with no peering flag
     join the same peering, which the first one creates: the one of higher priority works, the other
@@ -158,36 +217,64 @@ def test_an_operator_run_by_hand_and_the_charts_pause_for_each_other(
         if exc.status != 404:
             raise
     (deployment,) = [m for m in render(tmp_path) if m["kind"] == "Deployment"]
-    chart_args = [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-                  if not a.startswith("--liveness=")]
+    chart_args = [
+        a
+        for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        if not a.startswith("--liveness=")
+    ]
     assert "--peering=diloco" in chart_args
     logs = test_logs_dir / "operator-peering"
     chart, _ = operator_process(kube, logs / f"chart-{namespace}.log", chart_args)
     by_hand: ManagedProcess | None = None
     try:
-        wait_for(lambda: any(p.get("priority") == 0 for p in peers(api, "diloco").values()), timeout=60,
-                 what="the chart's operator in the peering it created", describe=chart.log_tail)
+        wait_for(
+            lambda: any(p.get("priority") == 0 for p in peers(api, "diloco").values()),
+            timeout=60,
+            what="the chart's operator in the peering it created",
+            describe=chart.log_tail,
+        )
         log = chart.log_path.read_text(errors="replace")
         assert "created the peering object ClusterKopfPeering 'diloco'" in log
         assert "peering: this operator joins ClusterKopfPeering 'diloco' with priority 0" in log
         create_job(api, namespace, job_manifest("hand", [unit("a")]))
-        wait_for(lambda: phase_is(api, namespace, "hand", "Running", "1/1"), timeout=90, what="phase Running",
-                 describe=chart.log_tail)
+        wait_for(
+            lambda: phase_is(api, namespace, "hand", "Running", "1/1"),
+            timeout=90,
+            what="phase Running",
+            describe=chart.log_tail,
+        )
 
-        by_hand, _ = operator_process(kube, logs / f"by-hand-{namespace}.log", ["--priority=10"])  # no --peering
-        wait_for(lambda: "Pausing operations" in chart.log_path.read_text(errors="replace"), timeout=90,
-                 what="the chart's operator paused for the one run by hand", describe=chart.log_tail)
+        by_hand, _ = operator_process(
+            kube, logs / f"by-hand-{namespace}.log", ["--priority=10"]
+        )  # no --peering
+        wait_for(
+            lambda: "Pausing operations" in chart.log_path.read_text(errors="replace"),
+            timeout=90,
+            what="the chart's operator paused for the one run by hand",
+            describe=chart.log_tail,
+        )
         hand_log = by_hand.log_path.read_text(errors="replace")
         assert "peering: this operator joins ClusterKopfPeering 'diloco' with priority 10" in hand_log
         k8s.CoreV1Api(api).delete_namespaced_service("hand-a", namespace)
-        wait_for(lambda: "restored Service hand-a" in by_hand.log_path.read_text(errors="replace")
-                 or "created Service hand-a" in by_hand.log_path.read_text(errors="replace"), timeout=60,
-                 what="the operator run by hand at work", describe=by_hand.log_tail)
-        assert "Service hand-a" not in chart.log_path.read_text(errors="replace").split("Pausing operations")[-1]
+        wait_for(
+            lambda: "restored Service hand-a" in by_hand.log_path.read_text(errors="replace")
+            or "created Service hand-a" in by_hand.log_path.read_text(errors="replace"),
+            timeout=60,
+            what="the operator run by hand at work",
+            describe=by_hand.log_tail,
+        )
+        assert (
+            "Service hand-a" not in chart.log_path.read_text(errors="replace").split("Pausing operations")[-1]
+        )
 
         by_hand.stop()  # it leaves the peering: the chart's operator resumes
-        wait_for(lambda: "Resuming operations" in chart.log_path.read_text(errors="replace").split(
-            "Pausing operations")[-1], timeout=90, what="the chart's operator resumed", describe=chart.log_tail)
+        wait_for(
+            lambda: "Resuming operations"
+            in chart.log_path.read_text(errors="replace").split("Pausing operations")[-1],
+            timeout=90,
+            what="the chart's operator resumed",
+            describe=chart.log_tail,
+        )
     finally:
         for proc in (by_hand, chart):
             if proc is not None:

@@ -33,21 +33,47 @@ from tests.operator.kubejobs import (
 )
 from tests.support.waiting import wait_for
 
-SPEC = parse_spec({"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"},
-                   "learnerUnits": [{"name": "a", "replicas": 2}, {"name": "b"}], "synchronizer": {"shards": 2}})
-UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                 "message": "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."}
+SPEC = parse_spec(
+    {
+        "images": {"worker": "w", "synchronizer": "s"},
+        "storage": {"bucket": "bkt"},
+        "learnerUnits": [{"name": "a", "replicas": 2}, {"name": "b"}],
+        "synchronizer": {"shards": 2},
+    }
+)
+UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector.",
+}
 
 
-def pod(name: str, *, unit: str = "", shard: str = "", ready: bool = True, deleting: bool = False,
-        conditions: list[dict[str, Any]] | None = None, template: str = "t1", uid: str = "") -> dict[str, Any]:
+def pod(
+    name: str,
+    *,
+    unit: str = "",
+    shard: str = "",
+    ready: bool = True,
+    deleting: bool = False,
+    conditions: list[dict[str, Any]] | None = None,
+    template: str = "t1",
+    uid: str = "",
+) -> dict[str, Any]:
     labels = {"diloco.dev/job": "j", "app.kubernetes.io/component": "learner" if unit else "synchronizer"}
     labels |= {"diloco.dev/unit": unit} if unit else {"diloco.dev/shard": shard}
-    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": uid or f"uid-{name}", "labels": labels,
-                            "annotations": {"diloco.dev/template-hash": template}}
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "ns",
+        "uid": uid or f"uid-{name}",
+        "labels": labels,
+        "annotations": {"diloco.dev/template-hash": template},
+    }
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    conds = conditions if conditions is not None else [{"type": "Ready", "status": "True" if ready else "False"}]
+    conds = (
+        conditions if conditions is not None else [{"type": "Ready", "status": "True" if ready else "False"}]
+    )
     return {"metadata": meta, "status": {"phase": "Running" if ready else "Pending", "conditions": conds}}
 
 
@@ -59,11 +85,16 @@ def test_observe_pod_reads_readiness_the_schedulers_message_and_the_template() -
 
 
 def test_units_and_synchronizer_as_their_pods_show_them() -> None:
-    pods = [observe_pod(p) for p in (
-        pod("j-a-0", unit="a"), pod("j-a-1", unit="a", ready=False),
-        pod("j-b-0", unit="b", ready=False, conditions=[UNSCHEDULABLE]),
-        pod("j-sync-0", shard="0"), pod("j-sync-1", shard="1", deleting=True),
-    )]
+    pods = [
+        observe_pod(p)
+        for p in (
+            pod("j-a-0", unit="a"),
+            pod("j-a-1", unit="a", ready=False),
+            pod("j-b-0", unit="b", ready=False, conditions=[UNSCHEDULABLE]),
+            pod("j-sync-0", shard="0"),
+            pod("j-sync-1", shard="1", deleting=True),
+        )
+    ]
     a, b = unit_observations(SPEC, pods)
     assert (a.name, a.ready_replicas, a.exists, a.unschedulable) == ("a", 1, True, "")
     assert (b.ready_replicas, b.unschedulable[:4]) == (0, "0/4 ")
@@ -73,11 +104,16 @@ def test_units_and_synchronizer_as_their_pods_show_them() -> None:
 
 
 def test_outdated_pods_are_those_of_another_template_not_yet_deleted() -> None:
-    pods = [observe_pod(p) for p in (
-        pod("j-a-0", unit="a", template="old"), pod("j-a-1", unit="a", template="new"),
-        pod("j-a-2", unit="a", template="old", deleting=True), pod("j-b-0", unit="b", template="old"),
-        pod("j-sync-0", shard="0", template="old"),
-    )]
+    pods = [
+        observe_pod(p)
+        for p in (
+            pod("j-a-0", unit="a", template="old"),
+            pod("j-a-1", unit="a", template="new"),
+            pod("j-a-2", unit="a", template="old", deleting=True),
+            pod("j-b-0", unit="b", template="old"),
+            pod("j-sync-0", shard="0", template="old"),
+        )
+    ]
     out = outdated_pods(pods, {"a": "new", "b": "old"})
     assert {u: [p.name for p in ps] for u, ps in out.items()} == {"a": ["j-a-0"]}
 
@@ -107,7 +143,10 @@ def test_pod_watch_reports_lost_and_rejoined() -> None:
     assert see("Running", False) == "UnitLost"  # crashed: ready no more, not being deleted
     assert see("Running", True) == "UnitRejoined"
     # Scaling down, suspending or restarting for a new template deletes healthy pods: no loss.
-    assert [see("Running", True, deleted=True, key="ns/j-a-1"), see("Running", False, deleted=True)] == [None, None]
+    assert [see("Running", True, deleted=True, key="ns/j-a-1"), see("Running", False, deleted=True)] == [
+        None,
+        None,
+    ]
 
 
 @pytest.mark.integration
@@ -123,8 +162,12 @@ def test_a_unit_no_node_can_take_says_unschedulable_with_the_schedulers_reason(
                 return c["status"], c["reason"], c["message"]
         return None
 
-    cond = wait_for(lambda: (c := scheduled()) and c[0] == "False" and c, timeout=90,
-                    what="PodsScheduled False", describe=lambda: str(get_job(api, namespace, "stuck").get("status")))
+    cond = wait_for(
+        lambda: (c := scheduled()) and c[0] == "False" and c,
+        timeout=90,
+        what="PodsScheduled False",
+        describe=lambda: str(get_job(api, namespace, "stuck").get("status")),
+    )
     assert cond[1] == "Unschedulable"
     assert cond[2].startswith("unit gpu: 0/")
     assert "didn't match Pod's node affinity/selector" in cond[2]
@@ -132,16 +175,32 @@ def test_a_unit_no_node_can_take_says_unschedulable_with_the_schedulers_reason(
     assert (units["gpu"]["reason"], units["gpu"]["state"]) == ("Unschedulable", "NotReady")
     assert "didn't match" in units["gpu"]["message"]
     assert units["a"]["reason"] == "Ready"
-    wait_for(lambda: "Unschedulable" in events(api, namespace, "stuck"), timeout=30, what="the Unschedulable event")
-    notes = [e.message for e in k8s.CoreV1Api(api).list_namespaced_event(
-        namespace, field_selector="involvedObject.name=stuck").items if e.reason == "Unschedulable"]
+    wait_for(
+        lambda: "Unschedulable" in events(api, namespace, "stuck"), timeout=30, what="the Unschedulable event"
+    )
+    notes = [
+        e.message
+        for e in k8s.CoreV1Api(api)
+        .list_namespaced_event(namespace, field_selector="involvedObject.name=stuck")
+        .items
+        if e.reason == "Unschedulable"
+    ]
     assert notes == [cond[2]]
     wait_for(lambda: phase_is(api, namespace, "stuck", "Running", "1/2"), timeout=30, what="Running 1/2")
     time.sleep(5)  # two resync periods, and the pod events between them: still one event, not one per pass
     assert events(api, namespace, "stuck").count("Unschedulable") == 1
     # A node selector that matches: the unit is placed and the condition clears.
-    patch_spec(api, namespace, "stuck", {"learnerUnits": [unit("a"), unit("gpu", 1, nodeSelector={
-        "topology.kubernetes.io/region": "region-a"})]})
+    patch_spec(
+        api,
+        namespace,
+        "stuck",
+        {
+            "learnerUnits": [
+                unit("a"),
+                unit("gpu", 1, nodeSelector={"topology.kubernetes.io/region": "region-a"}),
+            ]
+        },
+    )
     wait_for(lambda: (c := scheduled()) and c[0] == "True", timeout=90, what="PodsScheduled True")
     wait_for(lambda: phase_is(api, namespace, "stuck", "Running", "2/2"), timeout=60, what="Running 2/2")
 
@@ -153,8 +212,14 @@ def test_resizing_a_unit_restarts_its_pods_together_and_no_other(
     create_job(api, namespace, job_manifest("grow", [unit("a", 2), unit("b", 1)], diloco={"quorum": 2}))
     wait_for(lambda: phase_is(api, namespace, "grow", "Running", "2/2"), timeout=90, what="phase Running")
     before = {p.metadata.name: p.metadata.uid for p in learner_pods(api, namespace, "grow")}
-    sync_pods = {p.metadata.uid for p in k8s.CoreV1Api(api).list_namespaced_pod(
-        namespace, label_selector="diloco.dev/job=grow,app.kubernetes.io/component=synchronizer").items}
+    sync_pods = {
+        p.metadata.uid
+        for p in k8s.CoreV1Api(api)
+        .list_namespaced_pod(
+            namespace, label_selector="diloco.dev/job=grow,app.kubernetes.io/component=synchronizer"
+        )
+        .items
+    }
     with PodDeletions(api, namespace, "diloco.dev/job=grow,diloco.dev/unit=a") as deletions:
         patch_spec(api, namespace, "grow", {"learnerUnits": [unit("a", 3), unit("b", 1)]})
 
@@ -162,19 +227,37 @@ def test_resizing_a_unit_restarts_its_pods_together_and_no_other(
             pods = learner_pods(api, namespace, "grow", "a")
             return running_on_kwok(pods, 3) and not {p.metadata.uid for p in pods} & set(before.values())
 
-        wait_for(resized, timeout=90, what="unit a: 3 pods, none of the old ones",
-                 describe=lambda: str([(p.metadata.name, p.status.phase) for p in learner_pods(api, namespace, "grow")]))
-        wait_for(lambda: {"grow-a-0", "grow-a-1"} <= set(deletions.seen), timeout=30, what="both deletions seen")
+        wait_for(
+            resized,
+            timeout=90,
+            what="unit a: 3 pods, none of the old ones",
+            describe=lambda: str(
+                [(p.metadata.name, p.status.phase) for p in learner_pods(api, namespace, "grow")]
+            ),
+        )
+        wait_for(
+            lambda: {"grow-a-0", "grow-a-1"} <= set(deletions.seen), timeout=30, what="both deletions seen"
+        )
     # Together: both old pods were deleted, with their grace period, before the replacement of either
     # was ready (a rolling update deletes one, waits for its replacement to be ready, then the next).
     assert deletions.seen == {"grow-a-0": 120, "grow-a-1": 120}
     old = set(before.values())
-    last_deleted = max(i for i, (_, uid, deleting, _) in enumerate(deletions.timeline) if deleting and uid in old)
-    first_ready = min(i for i, (name, uid, _, ready) in enumerate(deletions.timeline)
-                      if ready and uid not in old and name in ("grow-a-0", "grow-a-1"))
+    last_deleted = max(
+        i for i, (_, uid, deleting, _) in enumerate(deletions.timeline) if deleting and uid in old
+    )
+    first_ready = min(
+        i
+        for i, (name, uid, _, ready) in enumerate(deletions.timeline)
+        if ready and uid not in old and name in ("grow-a-0", "grow-a-1")
+    )
     assert last_deleted < first_ready, deletions.timeline
-    restarts = [e for e in k8s.CoreV1Api(api).list_namespaced_event(
-        namespace, field_selector="involvedObject.name=grow").items if e.reason == "UnitRestart"]
+    restarts = [
+        e
+        for e in k8s.CoreV1Api(api)
+        .list_namespaced_event(namespace, field_selector="involvedObject.name=grow")
+        .items
+        if e.reason == "UnitRestart"
+    ]
     assert len(restarts) == 1
     assert restarts[0].type == "Normal"
     assert restarts[0].message.startswith("unit a: ")
@@ -182,6 +265,12 @@ def test_resizing_a_unit_restarts_its_pods_together_and_no_other(
     assert "torch.distributed group" in restarts[0].message
     # The other unit and the synchronizer kept their pods.
     assert [p.metadata.uid for p in learner_pods(api, namespace, "grow", "b")] == [before["grow-b-0"]]
-    assert {p.metadata.uid for p in k8s.CoreV1Api(api).list_namespaced_pod(
-        namespace, label_selector="diloco.dev/job=grow,app.kubernetes.io/component=synchronizer").items} == sync_pods
+    assert {
+        p.metadata.uid
+        for p in k8s.CoreV1Api(api)
+        .list_namespaced_pod(
+            namespace, label_selector="diloco.dev/job=grow,app.kubernetes.io/component=synchronizer"
+        )
+        .items
+    } == sync_pods
     wait_for(lambda: phase_is(api, namespace, "grow", "Running", "2/2"), timeout=60, what="Running again")

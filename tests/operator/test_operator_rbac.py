@@ -72,9 +72,12 @@ def jobs_namespace(kube: Cluster) -> Iterator[str]:
 
 
 def token_kubeconfig(kube: Cluster, api: k8s.ApiClient, namespace: str, account: str, path: Path) -> Path:
-    request = k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[AUDIENCE],
-                                                                          expiration_seconds=3600))
-    token = k8s.CoreV1Api(api).create_namespaced_service_account_token(account, namespace, request).status.token
+    request = k8s.AuthenticationV1TokenRequest(
+        spec=k8s.V1TokenRequestSpec(audiences=[AUDIENCE], expiration_seconds=3600)
+    )
+    token = (
+        k8s.CoreV1Api(api).create_namespaced_service_account_token(account, namespace, request).status.token
+    )
     config = yaml.safe_load(Path(kube.kubeconfig).read_text())
     config["users"] = [{"name": "operator", "user": {"token": token}}]
     for ctx in config["contexts"]:
@@ -84,36 +87,69 @@ def token_kubeconfig(kube: Cluster, api: k8s.ApiClient, namespace: str, account:
 
 
 @pytest.fixture(params=["every-namespace", "named-namespaces"])
-def chart_operator(request: pytest.FixtureRequest, kube: Cluster, api: k8s.ApiClient, namespace: str,
-                   jobs_namespace: str, tmp_path: Path, test_logs_dir: Path) -> Iterator[ChartOperator]:
+def chart_operator(
+    request: pytest.FixtureRequest,
+    kube: Cluster,
+    api: k8s.ApiClient,
+    namespace: str,
+    jobs_namespace: str,
+    tmp_path: Path,
+    test_logs_dir: Path,
+) -> Iterator[ChartOperator]:
     """The chart installed in ``namespace`` (its RBAC, no operator pod), and ``diloco operator`` run
     as the chart's ServiceAccount with the chart's Deployment's arguments and variables."""
     named = request.param == "named-namespaces"
     release = f"rbac-{secrets.token_hex(3)}"
-    values = {"operator": {"replicas": 0}, "peering": {"name": f"rbac-{secrets.token_hex(4)}"},
-              "watchNamespaces": [jobs_namespace] if named else []}
-    installed = helm("install", release, str(CHART), "--namespace", namespace, *values_args(tmp_path, values),
-                     env=kube.env())
+    values = {
+        "operator": {"replicas": 0},
+        "peering": {"name": f"rbac-{secrets.token_hex(4)}"},
+        "watchNamespaces": [jobs_namespace] if named else [],
+    }
+    installed = helm(
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        *values_args(tmp_path, values),
+        env=kube.env(),
+    )
     assert installed.returncode == 0, installed.stderr
     proc = None
     try:
         fullname = f"{release}-diloco"
-        container = k8s.AppsV1Api(api).read_namespaced_deployment(
-            f"{fullname}-operator", namespace).spec.template.spec.containers[0]
+        container = (
+            k8s.AppsV1Api(api)
+            .read_namespaced_deployment(f"{fullname}-operator", namespace)
+            .spec.template.spec.containers[0]
+        )
         live_port = free_port()
         args = [a for a in container.args if not a.startswith("--liveness=")]
         chart_env = {e.name: e.value for e in container.env if e.name.startswith("DILOCO_OPERATOR_")}
         kubeconfig = token_kubeconfig(kube, api, namespace, fullname, tmp_path / "operator-kubeconfig.yaml")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DILOCO_OPERATOR_", "KUBERNETES_SERVICE"))}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("DILOCO_OPERATOR_", "KUBERNETES_SERVICE"))
+        }
         env.update(chart_env)
-        env.update({
-            "KUBECONFIG": str(kubeconfig),
-            "DILOCO_OPERATOR_RESYNC_SECONDS": "2",
-            "DILOCO_OPERATOR_METRICS_PORT": "0",
-            "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9",  # no synchronizer runs on kwok
-        })
-        argv = [sys.executable, "-m", "diloco", "operator", *args, "--verbose",
-                f"--liveness=http://127.0.0.1:{live_port}/healthz"]
+        env.update(
+            {
+                "KUBECONFIG": str(kubeconfig),
+                "DILOCO_OPERATOR_RESYNC_SECONDS": "2",
+                "DILOCO_OPERATOR_METRICS_PORT": "0",
+                "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9",  # no synchronizer runs on kwok
+            }
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "diloco",
+            "operator",
+            *args,
+            "--verbose",
+            f"--liveness=http://127.0.0.1:{live_port}/healthz",
+        ]
         proc = ManagedProcess("operator", argv, test_logs_dir / "operator-rbac" / f"{release}.log", env=env)
         proc.start()
         yield ChartOperator(proc, live_port, kubeconfig, f"{namespace}/{fullname}", jobs_namespace)
@@ -124,8 +160,7 @@ def chart_operator(request: pytest.FixtureRequest, kube: Cluster, api: k8s.ApiCl
 
 
 def refused_lines(proc: ManagedProcess) -> list[str]:
-    return [line for line in proc.log_path.read_text(errors="replace").splitlines()
-            if REFUSED.search(line)]
+    return [line for line in proc.log_path.read_text(errors="replace").splitlines() if REFUSED.search(line)]
 
 
 def may(api: k8s.ApiClient, account: str, verb: str, resource: str, namespace: str | None = None) -> bool:
@@ -133,14 +168,22 @@ def may(api: k8s.ApiClient, account: str, verb: str, resource: str, namespace: s
     ``plural`` or ``plural.group``."""
     ns, name = account.split("/")
     plural, _, group = resource.partition(".")
-    review = k8s.V1SubjectAccessReview(spec=k8s.V1SubjectAccessReviewSpec(
-        user=f"system:serviceaccount:{ns}:{name}", groups=["system:serviceaccounts", "system:authenticated"],
-        resource_attributes=k8s.V1ResourceAttributes(verb=verb, resource=plural, group=group, namespace=namespace)))
+    review = k8s.V1SubjectAccessReview(
+        spec=k8s.V1SubjectAccessReviewSpec(
+            user=f"system:serviceaccount:{ns}:{name}",
+            groups=["system:serviceaccounts", "system:authenticated"],
+            resource_attributes=k8s.V1ResourceAttributes(
+                verb=verb, resource=plural, group=group, namespace=namespace
+            ),
+        )
+    )
     return bool(k8s.AuthorizationV1Api(api).create_subject_access_review(review).status.allowed)
 
 
 def test_operator_reconciles_with_exactly_the_charts_rules(
-    api: k8s.ApiClient, namespace: str, chart_operator: ChartOperator,
+    api: k8s.ApiClient,
+    namespace: str,
+    chart_operator: ChartOperator,
 ) -> None:
     proc, ns = chart_operator.proc, chart_operator.jobs
     # The token really is the ServiceAccount's: what the rules do not grant is refused.
@@ -155,30 +198,51 @@ def test_operator_reconciles_with_exactly_the_charts_rules(
         assert not may(api, account, "watch", "dilocojobs.diloco.dev", namespace)
         assert not may(api, account, "list", "customresourcedefinitions.apiextensions.k8s.io")
         bindings = k8s.RbacAuthorizationV1Api(api).list_cluster_role_binding().items
-        assert not [b.metadata.name for b in bindings
-                    if any(s.name == account.split("/")[1] for s in b.subjects or [])]
+        assert not [
+            b.metadata.name
+            for b in bindings
+            if any(s.name == account.split("/")[1] for s in b.subjects or [])
+        ]
 
     core = k8s.CoreV1Api(api)
-    core.create_namespaced_secret(ns, {
-        "metadata": {"name": "s3-creds"},
-        "stringData": {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"},
-    })
+    core.create_namespaced_secret(
+        ns,
+        {
+            "metadata": {"name": "s3-creds"},
+            "stringData": {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"},
+        },
+    )
     storage = {"bucket": "diloco-test", "credentialsSecretRef": {"name": "s3-creds"}}
     create_job(api, ns, job_manifest("least", [unit("a", 2), unit("b")], storage=storage))
-    wait_for(lambda: children(api, ns, "least") == expected_children("least", ["a", "b"]), timeout=90,
-             what="all children", describe=lambda: f"{children(api, ns, 'least')}\n{proc.log_tail()}")
+    wait_for(
+        lambda: children(api, ns, "least") == expected_children("least", ["a", "b"]),
+        timeout=90,
+        what="all children",
+        describe=lambda: f"{children(api, ns, 'least')}\n{proc.log_tail()}",
+    )
     wait_for(lambda: running_on_kwok(learner_pods(api, ns, "least"), 3), timeout=90, what="3 pods Running")
-    wait_for(lambda: phase_is(api, ns, "least", "Running", "2/2"), timeout=60, what="phase Running",
-             describe=lambda: f"{get_job(api, ns, 'least').get('status')}\n{proc.log_tail()}")
+    wait_for(
+        lambda: phase_is(api, ns, "least", "Running", "2/2"),
+        timeout=60,
+        what="phase Running",
+        describe=lambda: f"{get_job(api, ns, 'least').get('status')}\n{proc.log_tail()}",
+    )
     wait_for(lambda: "Running" in events(api, ns, "least"), timeout=30, what="the Running event")
-    live = wait_for(lambda: httpx.get(f"http://127.0.0.1:{chart_operator.live_port}/healthz", timeout=5),
-                    timeout=30, what="the liveness endpoint")
+    live = wait_for(
+        lambda: httpx.get(f"http://127.0.0.1:{chart_operator.live_port}/healthz", timeout=5),
+        timeout=30,
+        what="the liveness endpoint",
+    )
     assert (live.status_code, live.json().get("api")) == (200, "ok")
 
     # A live change: unit b removed (list and delete), a deleted child restored (get and patch).
     patch_spec(api, ns, "least", {"learnerUnits": [unit("a", 2)]})
-    wait_for(lambda: children(api, ns, "least") == expected_children("least", ["a"]), timeout=60,
-             what="unit b pruned", describe=lambda: f"{children(api, ns, 'least')}\n{proc.log_tail()}")
+    wait_for(
+        lambda: children(api, ns, "least") == expected_children("least", ["a"]),
+        timeout=60,
+        what="unit b pruned",
+        describe=lambda: f"{children(api, ns, 'least')}\n{proc.log_tail()}",
+    )
     core.delete_namespaced_service("least-a", ns)
     wait_for(lambda: core.read_namespaced_service("least-a", ns), timeout=30, what="Service restored")
     wait_for(lambda: phase_is(api, ns, "least", "Running", "1/1"), timeout=60, what="Running 1/1")

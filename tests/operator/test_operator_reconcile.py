@@ -27,8 +27,16 @@ SYNCHRONIZER = {
     [
         (None, None, "Secret 'home-token' referenced by the spec does not exist in namespace {ns}"),
         ({"other": "x"}, None, "Secret 'home-token' has no key 'job-secret' that the spec refers to"),
-        ({"job-secret": "x"}, None, "ConfigMap 'home-ca' referenced by the spec does not exist in namespace {ns}"),
-        ({"job-secret": "x"}, {"other": "x"}, "ConfigMap 'home-ca' has no key 'ca.crt' that the spec refers to"),
+        (
+            {"job-secret": "x"},
+            None,
+            "ConfigMap 'home-ca' referenced by the spec does not exist in namespace {ns}",
+        ),
+        (
+            {"job-secret": "x"},
+            {"other": "x"},
+            "ConfigMap 'home-ca' has no key 'ca.crt' that the spec refers to",
+        ),
         ({"job-secret": "x"}, {"ca.crt": "x"}, None),
     ],
 )

@@ -25,13 +25,15 @@ NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def spec(quorum: int = 2, units: int = 3, **extra: Any) -> DiLoCoJobSpec:
-    return parse_spec({
-        "images": {"worker": "w", "synchronizer": "s"},
-        "storage": {"bucket": "bkt"},
-        "diloco": {"quorum": quorum},
-        "learnerUnits": [{"name": f"u{i}", "replicas": 2} for i in range(units)],
-        **extra,
-    })
+    return parse_spec(
+        {
+            "images": {"worker": "w", "synchronizer": "s"},
+            "storage": {"bucket": "bkt"},
+            "diloco": {"quorum": quorum},
+            "learnerUnits": [{"name": f"u{i}", "replicas": 2} for i in range(units)],
+            **extra,
+        }
+    )
 
 
 def observed(ready: list[int], sync_ready: bool = True, sync: StatusResponse | None = None) -> Observed:
@@ -39,31 +41,55 @@ def observed(ready: list[int], sync_ready: bool = True, sync: StatusResponse | N
 
 
 def learner(lid: str, unit: str, step: int, tokens: int, staleness: int) -> LearnerStatus:
-    return LearnerStatus(learner_id=lid, unit=unit, state="training", alive=True, step=step, tokens=tokens,
-                         step_time_s=0.1, staleness=staleness, last_seen_s=0.5)
+    return LearnerStatus(
+        learner_id=lid,
+        unit=unit,
+        state="training",
+        alive=True,
+        step=step,
+        tokens=tokens,
+        step_time_s=0.1,
+        staleness=staleness,
+        last_seen_s=0.5,
+    )
 
 
 def sync_status(tokens: int = 1000, steps: int = 10) -> StatusResponse:
     return StatusResponse(
-        job_id="j", shard=0, num_shards=1,
-        learners=[learner("j-u0-0", "u0", steps, tokens // 2, 1), learner("j-u1-0", "u1", steps + 2, tokens // 2, 0)],
-        fragments=[FragmentStatus(fragment=0, version=7, pending=0, rounds=7),
-                   FragmentStatus(fragment=1, version=6, pending=1, rounds=6)],
-        rounds=13, recent_rounds=[], bytes_in=0, bytes_out=0, tokens=tokens, goodput=0.97,
+        job_id="j",
+        shard=0,
+        num_shards=1,
+        learners=[
+            learner("j-u0-0", "u0", steps, tokens // 2, 1),
+            learner("j-u1-0", "u1", steps + 2, tokens // 2, 0),
+        ],
+        fragments=[
+            FragmentStatus(fragment=0, version=7, pending=0, rounds=7),
+            FragmentStatus(fragment=1, version=6, pending=1, rounds=6),
+        ],
+        rounds=13,
+        recent_rounds=[],
+        bytes_in=0,
+        bytes_out=0,
+        tokens=tokens,
+        goodput=0.97,
     )
 
 
-@pytest.mark.parametrize(("ready", "sync_ready", "old_phase", "suspend", "phase"), [
-    ([0, 0, 0], False, None, False, "Pending"),
-    ([2, 2, 0], False, None, False, "Pending"),
-    ([2, 2, 0], True, None, False, "Running"),
-    ([2, 1, 0], True, None, False, "Pending"),
-    ([2, 1, 0], True, "Running", False, "Degraded"),
-    ([2, 2, 2], False, "Running", False, "Degraded"),
-    ([2, 2, 2], True, "Degraded", False, "Running"),
-    ([2, 2, 2], True, "Running", True, "Suspended"),
-    ([0, 0, 0], True, "Succeeded", False, "Succeeded"),
-])
+@pytest.mark.parametrize(
+    ("ready", "sync_ready", "old_phase", "suspend", "phase"),
+    [
+        ([0, 0, 0], False, None, False, "Pending"),
+        ([2, 2, 0], False, None, False, "Pending"),
+        ([2, 2, 0], True, None, False, "Running"),
+        ([2, 1, 0], True, None, False, "Pending"),
+        ([2, 1, 0], True, "Running", False, "Degraded"),
+        ([2, 2, 2], False, "Running", False, "Degraded"),
+        ([2, 2, 2], True, "Degraded", False, "Running"),
+        ([2, 2, 2], True, "Running", True, "Suspended"),
+        ([0, 0, 0], True, "Succeeded", False, "Succeeded"),
+    ],
+)
 def test_phase(ready: list[int], sync_ready: bool, old_phase: str | None, suspend: bool, phase: str) -> None:
     old = JobStatus(phase=old_phase) if old_phase else JobStatus()
     s = compute_status(spec(suspend=suspend), observed(ready, sync_ready), old, NOW)
@@ -74,16 +100,24 @@ def test_phase(ready: list[int], sync_ready: bool, old_phase: str | None, suspen
 
 
 def test_budget_in_tokens_means_succeeded() -> None:
-    s = compute_status(spec(budget={"tokens": 1000}), observed([2, 2, 2], sync=sync_status(tokens=1000)), JobStatus(), NOW)
+    s = compute_status(
+        spec(budget={"tokens": 1000}), observed([2, 2, 2], sync=sync_status(tokens=1000)), JobStatus(), NOW
+    )
     assert s.phase == "Succeeded"
-    s = compute_status(spec(budget={"tokens": 1001}), observed([2, 2, 2], sync=sync_status(tokens=1000)), JobStatus(), NOW)
+    s = compute_status(
+        spec(budget={"tokens": 1001}), observed([2, 2, 2], sync=sync_status(tokens=1000)), JobStatus(), NOW
+    )
     assert s.phase == "Running"
 
 
 def test_budget_in_steps_needs_every_learner() -> None:
-    s = compute_status(spec(budget={"steps": 12}), observed([2, 2, 2], sync=sync_status(steps=10)), JobStatus(), NOW)
+    s = compute_status(
+        spec(budget={"steps": 12}), observed([2, 2, 2], sync=sync_status(steps=10)), JobStatus(), NOW
+    )
     assert s.phase == "Running"
-    s = compute_status(spec(budget={"steps": 10}), observed([2, 2, 2], sync=sync_status(steps=10)), JobStatus(), NOW)
+    s = compute_status(
+        spec(budget={"steps": 10}), observed([2, 2, 2], sync=sync_status(steps=10)), JobStatus(), NOW
+    )
     assert s.phase == "Succeeded"
 
 
@@ -149,11 +183,19 @@ def test_invalid_status() -> None:
 
 
 def test_event_object_regards_the_job_and_bounds_the_note() -> None:
-    job = {"apiVersion": "diloco.dev/v1alpha1", "kind": "DiLoCoJob",
-           "metadata": {"name": "j", "namespace": "ns", "uid": "u-1"}}
+    job = {
+        "apiVersion": "diloco.dev/v1alpha1",
+        "kind": "DiLoCoJob",
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u-1"},
+    }
     obj = event_object(job, Event("Warning", "QuorumLost", "x" * 5000), NOW, "op-0")
-    assert obj["regarding"] == {"apiVersion": "diloco.dev/v1alpha1", "kind": "DiLoCoJob", "name": "j",
-                                "namespace": "ns", "uid": "u-1"}
+    assert obj["regarding"] == {
+        "apiVersion": "diloco.dev/v1alpha1",
+        "kind": "DiLoCoJob",
+        "name": "j",
+        "namespace": "ns",
+        "uid": "u-1",
+    }
     assert obj["metadata"] == {"generateName": "j-", "namespace": "ns"}
     assert (obj["type"], obj["reason"], obj["reportingInstance"]) == ("Warning", "QuorumLost", "op-0")
     assert len(obj["note"]) == EVENT_NOTE_LIMIT
@@ -164,13 +206,38 @@ def test_event_object_regards_the_job_and_bounds_the_note() -> None:
 def test_the_status_is_a_merge_patch_in_the_crds_names() -> None:
     running = compute_status(spec(), observed([2, 2, 0], sync=sync_status()), JobStatus(), NOW, generation=3)
     patch = running.to_patch()
-    assert set(patch) == {"phase", "conditions", "units", "readyUnits", "totalUnits", "unitsReady", "chaos",
-                          "observedGeneration", "rounds", "tokens", "version", "goodput"}
-    assert patch["units"][2] == {"name": "u2", "replicas": 2, "readyReplicas": 0, "ready": False, "state": "NotReady",
-                                 "reason": "PodsNotReady", "everReady": False, "notReadySince": "2026-01-01T12:00:00Z"}
+    assert set(patch) == {
+        "phase",
+        "conditions",
+        "units",
+        "readyUnits",
+        "totalUnits",
+        "unitsReady",
+        "chaos",
+        "observedGeneration",
+        "rounds",
+        "tokens",
+        "version",
+        "goodput",
+    }
+    assert patch["units"][2] == {
+        "name": "u2",
+        "replicas": 2,
+        "readyReplicas": 0,
+        "ready": False,
+        "state": "NotReady",
+        "reason": "PodsNotReady",
+        "everReady": False,
+        "notReadySince": "2026-01-01T12:00:00Z",
+    }
     assert "notReadySince" not in patch["units"][0]
-    assert patch["conditions"][0] == {"type": "SpecValid", "status": "True", "reason": "Valid",
-                                      "message": "the spec is valid", "lastTransitionTime": "2026-01-01T12:00:00Z"}
+    assert patch["conditions"][0] == {
+        "type": "SpecValid",
+        "status": "True",
+        "reason": "Valid",
+        "message": "the spec is valid",
+        "lastTransitionTime": "2026-01-01T12:00:00Z",
+    }
     assert patch["chaos"] == {"kills": 0, "downUntil": {}}
     # without the synchronizer's status the stored progress stays: it is not in the patch
     assert "rounds" not in compute_status(spec(), observed([2, 2, 2]), JobStatus(), NOW).to_patch()
@@ -192,8 +259,9 @@ def test_units_scaled_down_on_purpose_raise_no_warning(phase: str) -> None:
     running = compute_status(spec(), observed([2, 2, 2], sync=sync_status(steps=5)), JobStatus(), NOW)
     stopping = compute_status(job, observed([2, 2, 2], sync=sync_status(steps=10)), running, NOW)
     down = compute_status(job, observed([0, 0, 0], sync=sync_status(steps=10)), stopping, NOW)
-    much_later = compute_status(job, observed([0, 0, 0], sync=sync_status(steps=10)), down,
-                                NOW + timedelta(hours=1))
+    much_later = compute_status(
+        job, observed([0, 0, 0], sync=sync_status(steps=10)), down, NOW + timedelta(hours=1)
+    )
     assert [s.phase for s in (stopping, down, much_later)] == [phase] * 3
     events = [*diff_events(running, stopping), *diff_events(stopping, down), *diff_events(down, much_later)]
     assert [(e.type, e.reason) for e in events] == [("Normal", phase)]
@@ -203,8 +271,10 @@ def test_units_scaled_down_on_purpose_raise_no_warning(phase: str) -> None:
 def test_a_unit_the_scheduler_cannot_place_says_why_once() -> None:
     msg = "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
     placed = Observed([UnitObserved(f"u{i}", 2, 2) for i in range(3)], True)
-    stuck = Observed([UnitObserved("u0", 2, 2), UnitObserved("u1", 2, 0, unschedulable=msg),
-                      UnitObserved("u2", 2, 2)], True)
+    stuck = Observed(
+        [UnitObserved("u0", 2, 2), UnitObserved("u1", 2, 0, unschedulable=msg), UnitObserved("u2", 2, 2)],
+        True,
+    )
     running = compute_status(spec(), placed, JobStatus(), NOW)
     scheduled = next(c for c in running.conditions if c.type == "PodsScheduled")
     assert (scheduled.status, scheduled.reason) == ("True", "Scheduled")
@@ -213,20 +283,34 @@ def test_a_unit_the_scheduler_cannot_place_says_why_once() -> None:
     assert (u1.state, u1.reason, u1.message) == ("NotReady", "Unschedulable", msg)
     cond = next(c for c in waiting.conditions if c.type == "PodsScheduled")
     assert (cond.status, cond.reason, cond.message) == ("False", "Unschedulable", f"unit u1: {msg}")
-    assert [(e.type, e.reason, e.message) for e in diff_events(running, waiting)] == \
-        [("Warning", "Unschedulable", f"unit u1: {msg}")]
+    assert [(e.type, e.reason, e.message) for e in diff_events(running, waiting)] == [
+        ("Warning", "Unschedulable", f"unit u1: {msg}")
+    ]
     assert diff_events(waiting, compute_status(spec(), stuck, waiting, NOW)) == []  # once, not per pass
-    both = Observed([UnitObserved("u0", 2, 2), UnitObserved("u1", 2, 0, unschedulable=msg),
-                     UnitObserved("u2", 2, 0, unschedulable=msg)], True, sync_unschedulable="no room")
+    both = Observed(
+        [
+            UnitObserved("u0", 2, 2),
+            UnitObserved("u1", 2, 0, unschedulable=msg),
+            UnitObserved("u2", 2, 0, unschedulable=msg),
+        ],
+        True,
+        sync_unschedulable="no room",
+    )
     worse = compute_status(spec(), both, waiting, NOW)
-    assert [(e.reason, e.message) for e in diff_events(waiting, worse)] == \
-        [("QuorumLost", "1 of 3 units ready, quorum 2"), ("Unschedulable", f"unit u2: {msg}")]  # the newcomer only
-    assert next(c for c in worse.conditions if c.type == "PodsScheduled").message.endswith("; synchronizer: no room")
+    assert [(e.reason, e.message) for e in diff_events(waiting, worse)] == [
+        ("QuorumLost", "1 of 3 units ready, quorum 2"),
+        ("Unschedulable", f"unit u2: {msg}"),
+    ]  # the newcomer only
+    assert next(c for c in worse.conditions if c.type == "PodsScheduled").message.endswith(
+        "; synchronizer: no room"
+    )
     assert unit_state_counts(worse)["not_ready"] == 2
 
 
 def test_a_merge_patch_is_what_the_apiserver_stores() -> None:
     stored = JobStatus(phase="Running", message="x", chaos=ChaosStatus(kills=1, down_until={"a": 5.0}))
-    after = stored.merged({"message": None, "chaos": {"downUntil": {"a": None, "b": 9.0}}, "phase": "Degraded"})
+    after = stored.merged(
+        {"message": None, "chaos": {"downUntil": {"a": None, "b": 9.0}}, "phase": "Degraded"}
+    )
     assert after == JobStatus(phase="Degraded", chaos=ChaosStatus(kills=1, down_until={"b": 9.0}))
     assert merge_patch({"a": {"b": 1}}, {"a": {"c": None, "d": {"e": None}}}) == {"a": {"b": 1, "d": {}}}

@@ -46,8 +46,22 @@ pytestmark = pytest.mark.integration
 JOB = "prog"
 UNITS = ("a", "b", "c")
 STEPS = {"a": 40, "b": 30, "c": 20}
-SYNC_ARGS = ["--job-id", JOB, "--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--quorum", "3",
-             "--heartbeat-timeout-s", "3", "--heartbeat-interval-s", "0.5"]
+SYNC_ARGS = [
+    "--job-id",
+    JOB,
+    "--fragments",
+    "2",
+    "--inner-steps",
+    "4",
+    "--overlap",
+    "1",
+    "--quorum",
+    "3",
+    "--heartbeat-timeout-s",
+    "3",
+    "--heartbeat-interval-s",
+    "0.5",
+]
 
 
 class UnitLearner(Learner):
@@ -58,8 +72,13 @@ class UnitLearner(Learner):
         self.unit = unit_name
 
     def register(self) -> httpx.Response:
-        body = {"learner_id": self.id, "unit": self.unit, "plan": self.plan.to_dict(),
-                "plan_hash": self.plan.hash(), "tokens_per_step": self.tokens_per_step}
+        body = {
+            "learner_id": self.id,
+            "unit": self.unit,
+            "plan": self.plan.to_dict(),
+            "plan_hash": self.plan.hash(),
+            "tokens_per_step": self.tokens_per_step,
+        }
         return self.client.post("/v1/learners/register", json=body)
 
 
@@ -153,53 +172,98 @@ def test_status_shows_the_synchronizers_progress_and_dead_learners(
     learners = start_training(synchronizer.url)
     with Heartbeats(learners) as beats, start_operator() as runner:
         create_job(api, namespace, job_manifest(JOB, [unit(u) for u in UNITS], diloco={"quorum": 2}))
-        wait_for(lambda: running_on_kwok(learner_pods(api, namespace, JOB), 3), timeout=90, what="3 pods Running")
-        wait_for(lambda: phase_is(api, namespace, JOB, "Running", "3/3") and
-                 all(units_of(api, namespace)[u].get("step") == STEPS[u] for u in UNITS),
-                 timeout=60, what="Running with the synchronizer's steps", describe=lambda: str(status_of(api, namespace)))
+        wait_for(
+            lambda: running_on_kwok(learner_pods(api, namespace, JOB), 3), timeout=90, what="3 pods Running"
+        )
+        wait_for(
+            lambda: phase_is(api, namespace, JOB, "Running", "3/3")
+            and all(units_of(api, namespace)[u].get("step") == STEPS[u] for u in UNITS),
+            timeout=60,
+            what="Running with the synchronizer's steps",
+            describe=lambda: str(status_of(api, namespace)),
+        )
 
         truth = sync_status(synchronizer.url)
         assert truth.job_id == JOB
         status = status_of(api, namespace)
-        assert (status["version"], status["rounds"], status["tokens"]) == \
-            (max(f.version for f in truth.fragments), truth.rounds, truth.tokens)
+        assert (status["version"], status["rounds"], status["tokens"]) == (
+            max(f.version for f in truth.fragments),
+            truth.rounds,
+            truth.tokens,
+        )
         assert status["version"] == 1  # the round the three learners contributed to
         assert status["tokens"] > 0
         units = units_of(api, namespace)
         for learner in truth.learners:
             seen = units[learner.unit]
-            assert (seen["step"], seen["tokens"], seen["staleness"], seen["aliveLearners"]) == \
-                (learner.step, learner.tokens, learner.staleness, 1), learner.learner_id
+            assert (seen["step"], seen["tokens"], seen["staleness"], seen["aliveLearners"]) == (
+                learner.step,
+                learner.tokens,
+                learner.staleness,
+                1,
+            ), learner.learner_id
             assert (seen["state"], seen["reason"]) == ("Ready", "Ready")
         assert conditions_of(api, namespace)["LearnersAlive"]["status"] == "True"
-        wait_for(lambda: units_gauge(metrics_url) == {"ready": 3.0, "not_ready": 0.0, "lost": 0.0},
-                 timeout=30, what="units gauge: 3 ready", describe=lambda: str(units_gauge(metrics_url)))
+        wait_for(
+            lambda: units_gauge(metrics_url) == {"ready": 3.0, "not_ready": 0.0, "lost": 0.0},
+            timeout=30,
+            what="units gauge: 3 ready",
+            describe=lambda: str(units_gauge(metrics_url)),
+        )
 
         # Units b and c stop reporting: the synchronizer declares their learners dead, their pods
         # stay Ready, and the job drops below its quorum of 2.
         beats.alive -= {"b", "c"}
-        wait_for(lambda: phase_is(api, namespace, JOB, "Degraded", "1/3"), timeout=60, what="Degraded 1/3",
-                 describe=lambda: str(status_of(api, namespace)))
+        wait_for(
+            lambda: phase_is(api, namespace, JOB, "Degraded", "1/3"),
+            timeout=60,
+            what="Degraded 1/3",
+            describe=lambda: str(status_of(api, namespace)),
+        )
         units = units_of(api, namespace)
-        assert [(units[u]["state"], units[u]["reason"]) for u in UNITS] == \
-            [("Ready", "Ready"), ("NotReady", "LearnersDead"), ("NotReady", "LearnersDead")]
-        assert (units["b"]["readyReplicas"], units["b"]["aliveLearners"], units["b"]["deadLearners"]) == (1, 0, 1)
-        assert {lr.learner_id for lr in sync_status(synchronizer.url).learners if lr.state == "dead"} == \
-            {f"{JOB}-b-0", f"{JOB}-c-0"}
+        assert [(units[u]["state"], units[u]["reason"]) for u in UNITS] == [
+            ("Ready", "Ready"),
+            ("NotReady", "LearnersDead"),
+            ("NotReady", "LearnersDead"),
+        ]
+        assert (units["b"]["readyReplicas"], units["b"]["aliveLearners"], units["b"]["deadLearners"]) == (
+            1,
+            0,
+            1,
+        )
+        assert {lr.learner_id for lr in sync_status(synchronizer.url).learners if lr.state == "dead"} == {
+            f"{JOB}-b-0",
+            f"{JOB}-c-0",
+        }
         conds = conditions_of(api, namespace)
         assert (conds["QuorumMet"]["status"], conds["QuorumMet"]["reason"]) == ("False", "BelowQuorum")
-        assert (conds["LearnersAlive"]["status"], conds["LearnersAlive"]["reason"]) == ("False", "LearnersDead")
+        assert (conds["LearnersAlive"]["status"], conds["LearnersAlive"]["reason"]) == (
+            "False",
+            "LearnersDead",
+        )
         assert "b, c" in conds["LearnersAlive"]["message"]
         assert running_on_kwok(learner_pods(api, namespace, JOB), 3)  # Kubernetes sees nothing wrong
-        wait_for(lambda: {"QuorumLost", "LearnersDead"} <= set(events(api, namespace, JOB)), timeout=30,
-                 what="QuorumLost and LearnersDead events", describe=lambda: str(events(api, namespace, JOB)))
-        wait_for(lambda: units_gauge(metrics_url) == {"ready": 1.0, "not_ready": 2.0, "lost": 0.0},
-                 timeout=30, what="units gauge: 1 ready, 2 not ready", describe=lambda: str(units_gauge(metrics_url)))
+        wait_for(
+            lambda: {"QuorumLost", "LearnersDead"} <= set(events(api, namespace, JOB)),
+            timeout=30,
+            what="QuorumLost and LearnersDead events",
+            describe=lambda: str(events(api, namespace, JOB)),
+        )
+        wait_for(
+            lambda: units_gauge(metrics_url) == {"ready": 1.0, "not_ready": 2.0, "lost": 0.0},
+            timeout=30,
+            what="units gauge: 1 ready, 2 not ready",
+            describe=lambda: str(units_gauge(metrics_url)),
+        )
 
         # Unit b reports again: back to quorum.
         beats.alive.add("b")
-        wait_for(lambda: phase_is(api, namespace, JOB, "Running", "2/3"), timeout=60, what="Running 2/3 again",
-                 describe=lambda: str(status_of(api, namespace)))
+        wait_for(
+            lambda: phase_is(api, namespace, JOB, "Running", "2/3"),
+            timeout=60,
+            what="Running 2/3 again",
+            describe=lambda: str(status_of(api, namespace)),
+        )
         assert units_of(api, namespace)["c"]["reason"] == "LearnersDead"
         assert beats.errors == []
     assert runner.exception is None, runner.output

@@ -14,9 +14,18 @@ import pytest
 from diloco_core.protocol import FragmentStatus, StatusResponse
 from diloco_operator.syncstatus import http_fetcher
 
-STATUS = StatusResponse(job_id="j", shard=0, num_shards=1, learners=[],
-                        fragments=[FragmentStatus(fragment=0, version=3, pending=0, rounds=3)],
-                        rounds=3, recent_rounds=[], bytes_in=10, bytes_out=20, tokens=4096)
+STATUS = StatusResponse(
+    job_id="j",
+    shard=0,
+    num_shards=1,
+    learners=[],
+    fragments=[FragmentStatus(fragment=0, version=3, pending=0, rounds=3)],
+    rounds=3,
+    recent_rounds=[],
+    bytes_in=10,
+    bytes_out=20,
+    tokens=4096,
+)
 
 
 class Handler(BaseHTTPRequestHandler):

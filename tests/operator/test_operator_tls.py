@@ -72,13 +72,18 @@ def test_a_synchronizer_with_a_certificate_serves_https_to_learners_that_trust_i
 
 def test_learners_of_an_external_https_synchronizer_trust_a_config_map_bundle() -> None:
     external = {"url": "https://10.236.0.1:8443", "jobId": "ra", "tokenSecretRef": {"name": "t", "key": "k"}}
-    spec = parse_spec(raw(synchronizer={"external": external, "ca": {"configMapName": "ra-ca", "key": "bundle.pem"}}))
+    spec = parse_spec(
+        raw(synchronizer={"external": external, "ca": {"configMapName": "ra-ca", "key": "bundle.pem"}})
+    )
     children = build_children(JobRef("rb", "ml", "u"), spec)
     assert not by_kind(children, "Deployment")
     sts = by_kind(children, "StatefulSet")[0]
     assert env_of(sts)["DILOCO_SYNC_URL"] == "https://10.236.0.1:8443"
     assert env_of(sts)["DILOCO_SYNC_CA_FILE"] == "/etc/diloco-sync-ca/ca.crt"
-    assert _volumes(sts)["sync-ca"]["configMap"] == {"name": "ra-ca", "items": [{"key": "bundle.pem", "path": "ca.crt"}]}
+    assert _volumes(sts)["sync-ca"]["configMap"] == {
+        "name": "ra-ca",
+        "items": [{"key": "bundle.pem", "path": "ca.crt"}],
+    }
     assert config_map_references(spec) == [("ra-ca", "bundle.pem")]
 
 
@@ -133,7 +138,9 @@ def https_server(tmp_path: Path) -> Iterator[tuple[str, str]]:
 
 
 @pytest.mark.integration
-def test_the_operator_reads_an_https_status_with_the_bundle_only(https_server: tuple[str, str], tmp_path: Path) -> None:
+def test_the_operator_reads_an_https_status_with_the_bundle_only(
+    https_server: tuple[str, str], tmp_path: Path
+) -> None:
     url, ca_pem = https_server
     fetch = http_fetcher(timeout=5.0)
     assert fetch(f"{url}/ok", ca_pem) == STATUS

@@ -20,25 +20,45 @@ JOB = JobRef("j", "ns", "uid-1")
 
 
 def spec(quorum: int = 2, units: int = 3, **extra: Any) -> DiLoCoJobSpec:
-    return parse_spec({
-        "images": {"worker": "w", "synchronizer": "s"},
-        "storage": {"bucket": "bkt"},
-        "diloco": {"quorum": quorum},
-        "learnerUnits": [{"name": f"u{i}", "replicas": 2} for i in range(units)],
-        **extra,
-    })
+    return parse_spec(
+        {
+            "images": {"worker": "w", "synchronizer": "s"},
+            "storage": {"bucket": "bkt"},
+            "diloco": {"quorum": quorum},
+            "learnerUnits": [{"name": f"u{i}", "replicas": 2} for i in range(units)],
+            **extra,
+        }
+    )
 
 
 def learner(lid: str, unit: str, *, state: LearnerState = "training", step: int = 10) -> LearnerStatus:
     alive = state not in ("dead", "left")
-    return LearnerStatus(learner_id=lid, unit=unit, state=state, alive=alive, step=step, tokens=100 * step,
-                         step_time_s=0.1, staleness=1, last_seen_s=0.5 if alive else 30.0)
+    return LearnerStatus(
+        learner_id=lid,
+        unit=unit,
+        state=state,
+        alive=alive,
+        step=step,
+        tokens=100 * step,
+        step_time_s=0.1,
+        staleness=1,
+        last_seen_s=0.5 if alive else 30.0,
+    )
 
 
 def sync(*learners: LearnerStatus, job: str = "j") -> StatusResponse:
-    return StatusResponse(job_id=job, shard=0, num_shards=1, learners=list(learners),
-                          fragments=[FragmentStatus(fragment=0, version=5, pending=0, rounds=5)],
-                          rounds=5, recent_rounds=[], bytes_in=0, bytes_out=0, tokens=3000)
+    return StatusResponse(
+        job_id=job,
+        shard=0,
+        num_shards=1,
+        learners=list(learners),
+        fragments=[FragmentStatus(fragment=0, version=5, pending=0, rounds=5)],
+        rounds=5,
+        recent_rounds=[],
+        bytes_in=0,
+        bytes_out=0,
+        tokens=3000,
+    )
 
 
 def observed(status: StatusResponse | None, ready: tuple[int, ...] = (2, 2, 2)) -> Observed:
@@ -54,8 +74,9 @@ def test_learners_reported_dead_make_the_unit_not_ready_and_the_job_degraded() -
     running = compute_status(spec(), observed(healthy), JobStatus(), NOW)
     assert running.phase == "Running"
     assert conditions(running)["LearnersAlive"].status == "True"
-    two_dead = sync(learner("j-u0-0", "u0"), learner("j-u1-0", "u1", state="dead"),
-                    learner("j-u2-0", "u2", state="dead"))
+    two_dead = sync(
+        learner("j-u0-0", "u0"), learner("j-u1-0", "u1", state="dead"), learner("j-u2-0", "u2", state="dead")
+    )
     degraded = compute_status(spec(), observed(two_dead), running, NOW + timedelta(seconds=5))
     assert degraded.phase == "Degraded"
     u0, u1, u2 = degraded.units
@@ -80,8 +101,9 @@ def test_learners_reported_dead_make_the_unit_not_ready_and_the_job_degraded() -
 
 
 def test_a_unit_with_one_live_learner_or_a_clean_leave_is_not_dead() -> None:
-    status = sync(learner("j-u0-0", "u0", state="dead"), learner("j-u0-1", "u0"),
-                  learner("j-u1-0", "u1", state="left"))
+    status = sync(
+        learner("j-u0-0", "u0", state="dead"), learner("j-u0-1", "u0"), learner("j-u1-0", "u1", state="left")
+    )
     s = compute_status(spec(), observed(status), JobStatus(), NOW)
     assert [u.reason for u in s.units] == ["Ready", "Ready", "Ready"]
     assert conditions(s)["LearnersAlive"].status == "True"
@@ -89,8 +111,10 @@ def test_a_unit_with_one_live_learner_or_a_clean_leave_is_not_dead() -> None:
 
 def test_without_synchronizer_status_learners_alive_is_unknown() -> None:
     s = compute_status(spec(), observed(None), JobStatus(), NOW)
-    assert (conditions(s)["LearnersAlive"].status, conditions(s)["LearnersAlive"].reason) == \
-        ("Unknown", "NoSynchronizerStatus")
+    assert (conditions(s)["LearnersAlive"].status, conditions(s)["LearnersAlive"].reason) == (
+        "Unknown",
+        "NoSynchronizerStatus",
+    )
     assert s.phase == "Running"  # pods ready, nothing says otherwise
 
 
@@ -119,7 +143,8 @@ def test_units_gauge() -> None:
 
     def value(state: str) -> float | None:
         found = metrics.registry.get_sample_value(
-            "diloco_operator_learner_units", {"namespace": "ns", "job": "j", "state": state})
+            "diloco_operator_learner_units", {"namespace": "ns", "job": "j", "state": state}
+        )
         return None if found is None else float(found)
 
     assert (value("ready"), value("not_ready"), value("lost")) == (2.0, 0.0, 1.0)
@@ -139,8 +164,10 @@ def test_job_id_of_the_learners() -> None:
     assert job_id(JOB, external()) == "j"
     ext = external(jobId="llm-a")
     assert job_id(JOB, ext) == "llm-a"
-    config, sts = next(c for c in build_children(JOB, ext) if c["kind"] == "ConfigMap"), \
-        next(c for c in build_children(JOB, ext) if c["kind"] == "StatefulSet")
+    config, sts = (
+        next(c for c in build_children(JOB, ext) if c["kind"] == "ConfigMap"),
+        next(c for c in build_children(JOB, ext) if c["kind"] == "StatefulSet"),
+    )
     assert '"job_id": "llm-a"' in config["data"]["job.json"]
     env = {e["name"]: e.get("value") for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["DILOCO_JOB_ID"] == "llm-a"
@@ -150,15 +177,23 @@ def test_status_of_another_job_is_refused() -> None:
     url = "http://sync"
     assert wrong_job(sync(job="j"), JOB, spec(), url) is None
     assert wrong_job(None, JOB, spec(), url) is None
-    assert wrong_job(sync(job="x"), JOB, spec(), url) == "the synchronizer at http://sync serves job 'x', not 'j'"
+    assert (
+        wrong_job(sync(job="x"), JOB, spec(), url)
+        == "the synchronizer at http://sync serves job 'x', not 'j'"
+    )
     assert wrong_job(sync(job="llm-a"), JOB, external(jobId="llm-a"), url) is None
     assert "not 'llm-a'" in str(wrong_job(sync(job="llm-b"), JOB, external(jobId="llm-a"), url))
     assert wrong_job(sync(job="anything"), JOB, external(), url) is None  # no jobId: not checked
 
 
 def test_wrong_job_condition() -> None:
-    obs = Observed([UnitObserved(f"u{i}", 2, 2) for i in range(3)], False, None, job="j",
-                   sync_problem="the synchronizer at http://sync serves job 'x', not 'j'")
+    obs = Observed(
+        [UnitObserved(f"u{i}", 2, 2) for i in range(3)],
+        False,
+        None,
+        job="j",
+        sync_problem="the synchronizer at http://sync serves job 'x', not 'j'",
+    )
     s = compute_status(spec(), obs, JobStatus(), NOW)
     ready = conditions(s)["SynchronizerReady"]
     assert (ready.status, ready.reason) == ("False", "WrongJob")
@@ -173,12 +208,18 @@ def test_the_synchronizer_is_read_from_its_service_or_from_the_sync_url_given() 
         asked.append((url, ca_pem))
         return sync(job="j")
 
-    assert read_synchronizer(fetch, None, JOB, spec(), sync_ready=False, ca_pem=None).status is None  # not asked
+    assert (
+        read_synchronizer(fetch, None, JOB, spec(), sync_ready=False, ca_pem=None).status is None
+    )  # not asked
     assert read_synchronizer(fetch, None, JOB, spec(), sync_ready=True, ca_pem="PEM").status is not None
     proxy = "http://127.0.0.1:8001/api/v1/namespaces/{namespace}/services/{name}-sync:http/proxy"
-    view = read_synchronizer(fetch, proxy, JOB, spec(), sync_ready=False, ca_pem=None)  # from outside: always asked
-    assert asked == [("http://j-sync.ns.svc:8080", "PEM"),
-                     ("http://127.0.0.1:8001/api/v1/namespaces/ns/services/j-sync:http/proxy", None)]
+    view = read_synchronizer(
+        fetch, proxy, JOB, spec(), sync_ready=False, ca_pem=None
+    )  # from outside: always asked
+    assert asked == [
+        ("http://j-sync.ns.svc:8080", "PEM"),
+        ("http://127.0.0.1:8001/api/v1/namespaces/ns/services/j-sync:http/proxy", None),
+    ]
     assert (view.status is not None, view.problem, view.ready) == (True, None, None)
     wrong = read_synchronizer(lambda url, ca: sync(job="x"), None, JOB, spec(), sync_ready=True, ca_pem=None)
     assert (wrong.status, wrong.ready) == (None, False)

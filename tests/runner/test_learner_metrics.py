@@ -48,7 +48,9 @@ def test_ddp_notes_name_the_rank_of_the_unit() -> None:
 
 def test_the_step_a_restarted_learner_resumed_from_is_read_from_its_newest_launch() -> None:
     first = "\n=== 10:00:00 launch: python -m diloco_worker\nINFO step=5 loss=3.1\n"
-    second = "\n=== 10:01:00 launch: python -m diloco_worker\nINFO learner=l step=40 resumed from checkpoint\n"
+    second = (
+        "\n=== 10:01:00 launch: python -m diloco_worker\nINFO learner=l step=40 resumed from checkpoint\n"
+    )
     third = "\n=== 10:02:00 launch: python -m diloco_worker\nINFO step=1 loss=5.0\n"
     assert resumed_step("") is None
     assert resumed_step(first) == 0  # no checkpoint: started from scratch
@@ -69,8 +71,13 @@ def test_each_process_reports_its_first_step_and_the_blocked_time_it_added(tmp_p
     path = tmp_path / "learner-0.jsonl"
     first = {"pid": 7, "step": 1, "blocked_s": 0.1, "resumed_blocked_s": 0.0, "first_step_at": 100.0}
     again = {"pid": 8, "step": 31, "blocked_s": 4.2, "resumed_blocked_s": 4.0, "first_step_at": 150.5}
-    lines = [first, {"pid": 7, "step": 2, "blocked_s": 4.5}, again, {"pid": 8, "step": 32, "blocked_s": 5.5},
-             {"pid": 9, "step": 33, "blocked_s": 9.0}]  # fmt: skip  (pid 9: no start-up record)
+    lines = [
+        first,
+        {"pid": 7, "step": 2, "blocked_s": 4.5},
+        again,
+        {"pid": 8, "step": 32, "blocked_s": 5.5},
+        {"pid": 9, "step": 33, "blocked_s": 9.0},
+    ]  # fmt: skip  (pid 9: no start-up record)
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     facts = read_processes(path)
     assert set(facts) == {7, 8}

@@ -23,16 +23,27 @@ def synthetic_record(run_dir: Path) -> RunRecord:
     timeline.record_blocked(1, 0, 1.0)
     timeline.rollbacks.append(Rollback(1, 55.0, from_step=120, to_step=110, step_time_s=0.3))
     timeline.close(100.0)
-    record = RunRecord(run_dir=str(run_dir), mode="decoupled", settings={"learners": 2}, started_at=0.0,
-                       duration_s=100.0, stop_reason="every learner reached --max-steps", num_params=1000,
-                       tokens_per_step=512)
+    record = RunRecord(
+        run_dir=str(run_dir),
+        mode="decoupled",
+        settings={"learners": 2},
+        started_at=0.0,
+        duration_s=100.0,
+        stop_reason="every learner reached --max-steps",
+        num_params=1000,
+        tokens_per_step=512,
+    )
     record.timeline = timeline
     record.learners = [
         LearnerTotals(0, "learner-0", 1.0, None, steps=300, tokens=300 * 512, launches=1, finished=True),
         LearnerTotals(1, "learner-1", 1.18, 5e5, steps=250, tokens=250 * 512, launches=2, finished=True),
     ]
     record.kills = [KillRecord(1, 40.0, 120, restarted_at_s=50.0, rejoined_at_s=55.0)]
-    record.losses = [LossSample(6.0, 1000, 5.5), LossSample(50.0, 100_000, 3.0), LossSample(100.0, 281_600, 2.5)]
+    record.losses = [
+        LossSample(6.0, 1000, 5.5),
+        LossSample(50.0, 100_000, 3.0),
+        LossSample(100.0, 281_600, 2.5),
+    ]
     record.sent_bytes, record.received_bytes, record.rounds = 44_000, 400_000, 40
     return record
 
@@ -67,8 +78,10 @@ def test_a_learner_whose_last_kill_never_rejoined_is_reported(tmp_path: Path) ->
 
 def test_a_kill_during_the_comeback_is_shown_as_killed_again(tmp_path: Path) -> None:
     record = synthetic_record(tmp_path)
-    record.kills = [KillRecord(1, 40.0, 120, restarted_at_s=50.0, killed_again_at_s=52.0),
-                    KillRecord(1, 52.0, 120, restarted_at_s=62.0, rejoined_at_s=70.0)]
+    record.kills = [
+        KillRecord(1, 40.0, 120, restarted_at_s=50.0, killed_again_at_s=52.0),
+        KillRecord(1, 52.0, 120, restarted_at_s=62.0, rejoined_at_s=70.0),
+    ]
     report = build_report(record)
     assert report.unrejoined == []
     text = render_markdown(report)
@@ -79,7 +92,10 @@ def test_a_kill_during_the_comeback_is_shown_as_killed_again(tmp_path: Path) -> 
 def test_markdown_summarises_goodput_bytes_loss_and_chaos(tmp_path: Path) -> None:
     text = render_markdown(build_report(synthetic_record(tmp_path)))
     assert "**84.5%**" in text
-    assert "start-up (each learner's first launch to its first step, failures during it included): 10.0 s" in text
+    assert (
+        "start-up (each learner's first launch to its first step, failures during it included): 10.0 s"
+        in text
+    )
     assert "steady state (everything after it): **88.9%** = useful 169.0 s / 190.0 s" in text
     assert "5.0 s on average at start (2 launches), 5.0 s on restarts (1)" in text
     assert "first: 5.5000, final: 2.5000" in text

@@ -23,10 +23,31 @@ def test_local_job_with_chaos_heals_and_reports(tmp_path: Path) -> None:
     early = {e.learner for e in failure_schedule(model, 8.0)}
     assert len(early) >= 2
     argv = [
-        sys.executable, "-m", "diloco", "run", "--learners", "3", "--max-steps", "200",
-        "--inner-steps", "8", "--fragments", "2", "--overlap", "1",
-        "--mtbf", str(MTBF_S), "--repair", str(REPAIR_S), "--seed", str(SEED),
-        "--time-limit", "420", "--plain", "--runs-dir", str(tmp_path),
+        sys.executable,
+        "-m",
+        "diloco",
+        "run",
+        "--learners",
+        "3",
+        "--max-steps",
+        "200",
+        "--inner-steps",
+        "8",
+        "--fragments",
+        "2",
+        "--overlap",
+        "1",
+        "--mtbf",
+        str(MTBF_S),
+        "--repair",
+        str(REPAIR_S),
+        "--seed",
+        str(SEED),
+        "--time-limit",
+        "420",
+        "--plain",
+        "--runs-dir",
+        str(tmp_path),
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=560)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -56,12 +77,16 @@ def test_local_job_with_chaos_heals_and_reports(tmp_path: Path) -> None:
     assert summary["final_loss"] < summary["first_loss"] - 0.3
 
     # goodput comes from what happened: below 1 with kills, and equal to the timeline's numbers
-    intervals = [Interval(i["learner"], i["phase"], i["start_s"], i["end_s"]) for i in record["timeline"]["intervals"]]
+    intervals = [
+        Interval(i["learner"], i["phase"], i["start_s"], i["end_s"]) for i in record["timeline"]["intervals"]
+    ]
     down = sum(i.duration_s for i in intervals if i.phase == "down")
     assert down >= REPAIR_S * len(record["kills"]) * 0.9
     blocked = {(b["learner"], b["incarnation"]): b["blocked_s"] for b in record["timeline"]["blocked_s"]}
-    rollbacks = [Rollback(r["learner"], r["at_s"], r["from_step"], r["to_step"], r["step_time_s"])
-                 for r in record["timeline"]["rollbacks"]]
+    rollbacks = [
+        Rollback(r["learner"], r["at_s"], r["from_step"], r["to_step"], r["step_time_s"])
+        for r in record["timeline"]["rollbacks"]
+    ]
     recomputed = compute_goodput(intervals, blocked, rollbacks)
     assert summary["goodput"]["goodput"] == pytest.approx(recomputed.goodput)
     assert 0.0 < summary["goodput"]["goodput"] < 1.0

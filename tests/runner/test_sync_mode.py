@@ -37,7 +37,8 @@ def _recomputed_goodput(record: dict[str, Any]) -> float | None:
     intervals = [Interval(i["learner"], i["phase"], i["start_s"], i["end_s"]) for i in timeline["intervals"]]
     blocked = {(b["learner"], b["incarnation"]): b["blocked_s"] for b in timeline["blocked_s"]}
     rollbacks = [
-        Rollback(r["learner"], r["at_s"], r["from_step"], r["to_step"], r["step_time_s"]) for r in timeline["rollbacks"]
+        Rollback(r["learner"], r["at_s"], r["from_step"], r["to_step"], r["step_time_s"])
+        for r in timeline["rollbacks"]
     ]
     return compute_goodput(intervals, blocked, rollbacks).goodput
 

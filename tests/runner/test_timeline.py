@@ -112,10 +112,15 @@ def test_a_launch_trains_from_the_first_step_its_process_reported() -> None:
     timeline.move_training_start(0, 22.0, 45.0)  # outside the two intervals: ignored
     timeline.move_training_start(1, 0.0, 3.0)  # never trained: nothing to move
     assert [(i.phase, i.start_s, i.end_s) for i in timeline.intervals if i.learner == 0] == [
-        ("starting", 0.0, 4.5), ("training", 4.5, 20.0), ("down", 20.0, 22.0), ("starting", 22.0, 27.0),
+        ("starting", 0.0, 4.5),
+        ("training", 4.5, 20.0),
+        ("down", 20.0, 22.0),
+        ("starting", 22.0, 27.0),
         ("training", 27.0, 40.0),
     ]
-    assert [(i.phase, i.start_s, i.end_s) for i in timeline.intervals if i.learner == 1] == [("starting", 0.0, 40.0)]
+    assert [(i.phase, i.start_s, i.end_s) for i in timeline.intervals if i.learner == 1] == [
+        ("starting", 0.0, 40.0)
+    ]
 
 
 def test_launch_durations_count_only_launches_that_reached_training() -> None:

@@ -6,8 +6,13 @@ from diloco.runner.view import LearnerRow, ProgressView, Snapshot, render_line, 
 
 
 def snapshot(elapsed: float) -> Snapshot:
-    rows = (LearnerRow("learner-0", "training", 42, 8000.0, 1, 1.0), LearnerRow("learner-1", "down", 30, 0.0, 0, 1.18))
-    return Snapshot("decoupled", elapsed, rows, version=7, rounds=12, loss=3.25, bytes_sent=2048, tokens=36_864)
+    rows = (
+        LearnerRow("learner-0", "training", 42, 8000.0, 1, 1.0),
+        LearnerRow("learner-1", "down", 30, 0.0, 0, 1.18),
+    )
+    return Snapshot(
+        "decoupled", elapsed, rows, version=7, rounds=12, loss=3.25, bytes_sent=2048, tokens=36_864
+    )
 
 
 def test_plain_line_shows_learner_states_and_global_progress() -> None:

@@ -17,8 +17,15 @@ def test_data_parallel_sends_the_full_gradient_every_step() -> None:
 
 
 def test_decoupled_mean_is_h_times_bits_lower_and_peak_p_times_lower_than_diloco() -> None:
-    link = LinkSettings(params=1e9, step_time_s=0.5, bytes_per_value=4.0, inner_steps=64, fragments=8,
-                        overlap=2, quantizer_bits=4.0)
+    link = LinkSettings(
+        params=1e9,
+        step_time_s=0.5,
+        bytes_per_value=4.0,
+        inner_steps=64,
+        fragments=8,
+        overlap=2,
+        quantizer_bits=4.0,
+    )
     dp, diloco, decoupled = estimate_bandwidth(link)
     assert dp.mean_gbps / decoupled.mean_gbps == pytest.approx(64 * 32 / 4)
     assert diloco.mean_gbps == pytest.approx(decoupled.mean_gbps)
@@ -34,8 +41,14 @@ def test_one_fragment_gives_one_outer_row() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"params": 0.0}, {"step_time_s": -1.0}, {"fragments": 200}, {"overlap": 0}, {"overlap": 50},
-     {"quantizer_bits": 0.0}],
+    [
+        {"params": 0.0},
+        {"step_time_s": -1.0},
+        {"fragments": 200},
+        {"overlap": 0},
+        {"overlap": 50},
+        {"quantizer_bits": 0.0},
+    ],
 )
 def test_bad_link_settings_are_rejected(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="invalid"):

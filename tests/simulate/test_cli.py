@@ -21,8 +21,28 @@ def test_prints_table_with_paper_values_and_bandwidth(capsys: pytest.CaptureFixt
 
 
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--json", "--chips", "300000", "--learners", "2,8", "--seeds", "1,2", "--horizon-days", "1",
-                 "--params", "1e9", "--step-time", "0.1", "--bytes-per-value", "4"]) == 0
+    assert (
+        main(
+            [
+                "--json",
+                "--chips",
+                "300000",
+                "--learners",
+                "2,8",
+                "--seeds",
+                "1,2",
+                "--horizon-days",
+                "1",
+                "--params",
+                "1e9",
+                "--step-time",
+                "0.1",
+                "--bytes-per-value",
+                "4",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     labels = [r["label"] for r in doc["goodput"]["rows"]]
     assert labels == ["DP, no elasticity", "DP, elastic", "Decoupled M=2", "Decoupled M=8"]

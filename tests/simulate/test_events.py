@@ -17,8 +17,10 @@ DAY = 86400.0
 def test_no_failures_means_all_chip_time_is_useful() -> None:
     params = replace(SimParams(), mtbi_s=math.inf)
     rng = np.random.default_rng(0)
-    for tally in (simulate_restart_job(1_200_000, params, DAY, rng),
-                  simulate_elastic_learner(1_200_000, params, DAY, rng)):
+    for tally in (
+        simulate_restart_job(1_200_000, params, DAY, rng),
+        simulate_elastic_learner(1_200_000, params, DAY, rng),
+    ):
         assert tally.goodput == 1.0
         assert tally.failures == 0
         assert tally.paused_s == 0.0
@@ -39,8 +41,9 @@ def test_checkpoint_interval_costs_half_an_interval_per_failure() -> None:
     chips, horizon = 150_000, 20 * DAY
     rate = chips / base.mtbi_s
     without = simulate_restart_job(chips, base, horizon, np.random.default_rng(2)).goodput
-    with_ckpt = simulate_restart_job(chips, replace(base, checkpoint_interval_s=20.0), horizon,
-                                     np.random.default_rng(2)).goodput
+    with_ckpt = simulate_restart_job(
+        chips, replace(base, checkpoint_interval_s=20.0), horizon, np.random.default_rng(2)
+    ).goodput
     # Same random stream: the only difference is the lost work, about interval / 2 per failure.
     assert without - with_ckpt == pytest.approx(rate * 10.0 / (1 + rate * 30.0), rel=0.15)
 
@@ -48,8 +51,9 @@ def test_checkpoint_interval_costs_half_an_interval_per_failure() -> None:
 def test_elastic_learner_matches_pause_formula() -> None:
     # Short repairs, admissions one by one, failures rare enough that pauses seldom overlap: every
     # failure costs one T_down and one T_up pause of the whole job: goodput ~ 1 / (1 + rate (Td + Tu)).
-    params = replace(SimParams(), slice_repair=Distribution("fixed", 60.0), admit_window_s=0.0,
-                     t_down_s=20.0, t_up_s=10.0)
+    params = replace(
+        SimParams(), slice_repair=Distribution("fixed", 60.0), admit_window_s=0.0, t_down_s=20.0, t_up_s=10.0
+    )
     chips = 20_000
     rate = chips / params.mtbi_s
     tally = simulate_elastic_learner(chips, params, 20 * DAY, np.random.default_rng(3))
@@ -58,8 +62,9 @@ def test_elastic_learner_matches_pause_formula() -> None:
 
 def test_return_during_a_pause_is_absorbed() -> None:
     # A repair of zero seconds returns the slice inside its own T_down pause: no T_up pause at all.
-    params = replace(SimParams(), slice_repair=Distribution("fixed", 0.0), admit_window_s=0.0,
-                     t_down_s=20.0, t_up_s=10.0)
+    params = replace(
+        SimParams(), slice_repair=Distribution("fixed", 0.0), admit_window_s=0.0, t_down_s=20.0, t_up_s=10.0
+    )
     chips = 20_000
     rate = chips / params.mtbi_s
     tally = simulate_elastic_learner(chips, params, 20 * DAY, np.random.default_rng(3))
@@ -69,8 +74,13 @@ def test_return_during_a_pause_is_absorbed() -> None:
 def test_elastic_learner_loses_capacity_while_slices_repair() -> None:
     # No pauses; only training slices fail, so in steady state the training fraction u satisfies
     # 1 - u = u * slice_chips * repair / MTBI: goodput = 1 / (1 + slice_chips * repair / MTBI).
-    params = replace(SimParams(), t_down_s=0.0, t_up_s=0.0, admit_window_s=0.0,
-                     slice_repair=Distribution("fixed", 6 * 3600.0))
+    params = replace(
+        SimParams(),
+        t_down_s=0.0,
+        t_up_s=0.0,
+        admit_window_s=0.0,
+        slice_repair=Distribution("fixed", 6 * 3600.0),
+    )
     tally = simulate_elastic_learner(100_000, params, 30 * DAY, np.random.default_rng(4))
     expected = 1 / (1 + params.slice_chips * 6 * 3600.0 / params.mtbi_s)
     assert tally.goodput == pytest.approx(expected, abs=0.003)
@@ -81,8 +91,9 @@ def test_batched_admission_pauses_less_than_one_pause_per_return() -> None:
     base = replace(SimParams(), admit_window_s=0.0)
     chips, horizon = 2_400_000, 2 * DAY
     one_by_one = simulate_elastic_learner(chips, base, horizon, np.random.default_rng(5))
-    batched = simulate_elastic_learner(chips, replace(base, admit_window_s=300.0), horizon,
-                                       np.random.default_rng(5))
+    batched = simulate_elastic_learner(
+        chips, replace(base, admit_window_s=300.0), horizon, np.random.default_rng(5)
+    )
     assert batched.paused_s < one_by_one.paused_s
 
 

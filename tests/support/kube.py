@@ -103,13 +103,17 @@ class ControlPlane(Cluster):
 
     has_kwok = True
 
-    def __init__(self, workdir: Path, *, with_kwok: bool = True, extra_args: dict[str, list[str]] | None = None) -> None:
+    def __init__(
+        self, workdir: Path, *, with_kwok: bool = True, extra_args: dict[str, list[str]] | None = None
+    ) -> None:
         super().__init__(workdir / "kubeconfig.yaml")
         self.extra_args = dict(extra_args or {})
         self.workdir = workdir
         self.bin_dir = bin_dir()
         self.has_kwok = with_kwok
-        names = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler") + (("kwok",) * with_kwok)
+        names = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler") + (
+            ("kwok",) * with_kwok
+        )
         self.binaries = {name: require_binary(name) for name in names}
         names = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "scheduler")
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))
@@ -149,7 +153,9 @@ class ControlPlane(Cluster):
         return proc
 
     def _await(self, proc: ManagedProcess, probe: Any, what: str) -> None:
-        await_started(proc, probe, what=what, timeout=START_TIMEOUT, failure="the test control plane did not start")
+        await_started(
+            proc, probe, what=what, timeout=START_TIMEOUT, failure="the test control plane did not start"
+        )
 
     def _write_kubeconfig(self, pki: Pki) -> None:
         (self.workdir / "tokens.csv").write_text(f'{self.token},diloco-test-admin,1000,"system:masters"\n')

@@ -50,7 +50,9 @@ from kubernetes.client.rest import ApiException
 from .prereq import require_binary, unavailable
 from .process import ManagedProcess, await_started, stop_all
 
-SETUP_HINT = "run scripts/setup-system.sh as root (containerd, runc, CNI plugins, iptables, podman, mmdebstrap)"
+SETUP_HINT = (
+    "run scripts/setup-system.sh as root (containerd, runc, CNI plugins, iptables, podman, mmdebstrap)"
+)
 IMAGES_HINT = "run scripts/build-test-images.sh and set DILOCO_TEST_IMAGES to the file it prints"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 LOCK_DIR = Path("/run/diloco-node")
@@ -168,7 +170,9 @@ def _cgroup_dirs(inst: Instance) -> list[Path]:
     for hierarchy in CGROUP_ROOT.iterdir():
         top = hierarchy / inst.name
         if top.is_dir():
-            dirs.extend(sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True))
+            dirs.extend(
+                sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+            )
             dirs.append(top)
     return dirs
 
@@ -283,7 +287,11 @@ def kubeconfig_for(server: str, ca_cert: Path, token: str) -> dict[str, Any]:
     """A kubeconfig that reaches the apiserver at ``server`` and checks it by its service name
     (the serving certificate names 127.0.0.1 and kubernetes.default.svc, not the relay address)."""
     ca = base64.b64encode(ca_cert.read_bytes()).decode()
-    cluster = {"server": server, "certificate-authority-data": ca, "tls-server-name": "kubernetes.default.svc"}
+    cluster = {
+        "server": server,
+        "certificate-authority-data": ca,
+        "tls-server-name": "kubernetes.default.svc",
+    }
     return {
         "apiVersion": "v1",
         "kind": "Config",
@@ -384,7 +392,9 @@ class RealNode:
 
     # -- pieces --------------------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str], *, netns: bool = True, cwd: Path | None = None) -> ManagedProcess:
+    def _spawn(
+        self, name: str, argv: list[str], *, netns: bool = True, cwd: Path | None = None
+    ) -> ManagedProcess:
         assert self.inst is not None
         proc = ManagedProcess(name, in_netns(self.inst, argv) if netns else argv, self.workdir / f"{name}.log",
                               cwd=cwd)  # fmt: skip
@@ -396,7 +406,19 @@ class RealNode:
         inst = self.inst
         assert inst is not None
         _run("ip", "netns", "add", inst.netns)
-        _run("ip", "link", "add", inst.host_if, "type", "veth", "peer", "name", inst.node_if, "netns", inst.netns)
+        _run(
+            "ip",
+            "link",
+            "add",
+            inst.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            inst.node_if,
+            "netns",
+            inst.netns,
+        )
         _run("ip", "addr", "add", f"{inst.host_ip}/24", "dev", inst.host_if)
         _run("ip", "link", "set", inst.host_if, "up")
         ns = ("ip", "-n", inst.netns)
@@ -592,7 +614,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "metricsBindAddress": f"{inst.node_ip}:10249",
             "iptables": {"masqueradeAll": True},
             # leave this machine's conntrack settings alone
-            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
         }
         path = self.conf_dir / "kube-proxy.yaml"
         path.write_text(yaml.safe_dump(config))

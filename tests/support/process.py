@@ -117,7 +117,9 @@ def exists(pid: int) -> bool:
     return True
 
 
-def await_started(proc: ManagedProcess, probe: Callable[[], Any], *, what: str, timeout: float, failure: str) -> None:
+def await_started(
+    proc: ManagedProcess, probe: Callable[[], Any], *, what: str, timeout: float, failure: str
+) -> None:
     """Wait until ``probe()`` holds while ``proc`` runs; otherwise fail (or skip, see prereq) with
     ``failure``, the reason and the process's report."""
 

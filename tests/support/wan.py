@@ -80,7 +80,9 @@ class Wan:
 
     def open(self) -> None:
         a, b = self.a, self.b
-        _run("ip", "-n", a.netns, "link", "add", a.dev, "type", "veth", "peer", "name", b.dev, "netns", b.netns)
+        _run(
+            "ip", "-n", a.netns, "link", "add", a.dev, "type", "veth", "peer", "name", b.dev, "netns", b.netns
+        )
         for end in (a, b):
             _run("ip", "-n", end.netns, "addr", "add", f"{end.address}/29", "dev", end.dev)
             _run("ip", "-n", end.netns, "link", "set", end.dev, "up")
@@ -120,13 +122,17 @@ class Wan:
         for end in (self.a, self.b):
             subprocess.run(["ip", "-n", end.netns, "route", "del", "blackhole", WAN_NET], capture_output=True,
                            check=False)  # fmt: skip
-        subprocess.run(["ip", "-n", self.a.netns, "link", "del", self.a.dev], capture_output=True, check=False)
+        subprocess.run(
+            ["ip", "-n", self.a.netns, "link", "del", self.a.dev], capture_output=True, check=False
+        )
 
 
 def _counters(end: WanEnd) -> EndCounters:
     (link,) = json.loads(_run("ip", "-n", end.netns, "-s", "-j", "link", "show", "dev", end.dev))
     stats = link["stats64"]
-    qdiscs: list[dict[str, Any]] = json.loads(_run("tc", "-n", end.netns, "-s", "-j", "qdisc", "show", "dev", end.dev))
+    qdiscs: list[dict[str, Any]] = json.loads(
+        _run("tc", "-n", end.netns, "-s", "-j", "qdisc", "show", "dev", end.dev)
+    )
     tbf = next((q for q in qdiscs if q.get("kind") == "tbf"), {})
     return EndCounters(
         sent_bytes=int(stats["tx"]["bytes"]), received_bytes=int(stats["rx"]["bytes"]),

@@ -30,7 +30,9 @@ def _handshake(server: ssl.SSLContext, ca: Path) -> None:
     client's ``SSLCertVerificationError`` when it refuses the certificate."""
     to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
     client_out, server_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-    client = ssl.create_default_context(cafile=str(ca)).wrap_bio(to_client, client_out, server_hostname="127.0.0.1")
+    client = ssl.create_default_context(cafile=str(ca)).wrap_bio(
+        to_client, client_out, server_hostname="127.0.0.1"
+    )
     served = server.wrap_bio(to_server, server_out, server_side=True)
     pending = [client, served]
     for _ in range(20):

@@ -219,7 +219,9 @@ def test_an_opening_round_wakes_the_learners_that_have_not_joined_it() -> None:
     assert asyncio.run(scenario()) == ("round", None, None, False)
 
 
-def progress(seq: int, since: int, value: float, *, steps: int = 4, base: int = 0, at: float = 2.0) -> Contribution:
+def progress(
+    seq: int, since: int, value: float, *, steps: int = 4, base: int = 0, at: float = 2.0
+) -> Contribution:
     """Learner a's progress after step ``since`` on ``base``: ``steps`` steps, every value ``value``."""
     return Contribution(
         learner_id="a", fragment=0, base_version=base, seq=seq, steps=steps, tokens=8 * steps,
@@ -249,7 +251,9 @@ def test_progress_merged_or_being_merged_is_never_taken_again() -> None:
     fs.start_merge(["a"])
     assert "merged already" in (fs.overlap("a", 0, 0, 8) or "")  # being merged
     assert fs.overlap("a", 0, 4, 8) is None
-    fs.commit(version=1, params=initial_params(PLAN, 0), payload=b"v1", outer=OuterState(), now=3.0, quorum=QUORUM)
+    fs.commit(
+        version=1, params=initial_params(PLAN, 0), payload=b"v1", outer=OuterState(), now=3.0, quorum=QUORUM
+    )
     fs.settle()
     assert fs.merged_through == {"a": (0, 4)}
     assert "through step 4" in (fs.overlap("a", 0, 0, 8) or "")  # the whole progress from the base again

@@ -110,7 +110,14 @@ def test_a_round_whose_only_contribution_cannot_merge_excludes_it_and_leaves_the
         sync.runner.tick()
         assert fs.phase == "merging"
         await settled(sync)
-        assert (fs.version, fs.params, fs.outer, fs.rounds, fs.pending, fs.excluded) == (version, params, outer, 1, {}, 1)
+        assert (fs.version, fs.params, fs.outer, fs.rounds, fs.pending, fs.excluded) == (
+            version,
+            params,
+            outer,
+            1,
+            {},
+            1,
+        )
         assert await sync.contribute("a", base=1, seq=2) == "duplicate"  # it was answered; it is done with
         for _ in range(200):  # its stored copy is deleted in the background: a restart does not replay it
             if not sync.pending_objects():

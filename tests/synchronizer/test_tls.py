@@ -55,9 +55,10 @@ def test_connections_are_held_to_the_limits_from_the_tcp_accept(tmp_path: Path, 
 
         # after the handshake, a head that stalls is answered 408 over TLS and closed
         client = ssl.create_default_context(cafile=str(ca.cert))
-        with socket.create_connection(("127.0.0.1", sync.port), timeout=30) as raw, client.wrap_socket(
-            raw, server_hostname="127.0.0.1"
-        ) as tls:
+        with (
+            socket.create_connection(("127.0.0.1", sync.port), timeout=30) as raw,
+            client.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
             tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: synchronizer\r\n")  # and never the blank line
             answer = tls.recv(4096)
         assert answer.startswith(b"HTTP/1.1 408 "), answer
@@ -68,11 +69,15 @@ def test_connections_are_held_to_the_limits_from_the_tcp_accept(tmp_path: Path, 
         sync.stop()
     log = sync.log_path.read_text(errors="replace")
     assert "serving HTTPS with the certificate" in log
-    assert "did not finish its TLS handshake" in log or "closed the connection waiting longest" in log, log[-3000:]
+    assert "did not finish its TLS handshake" in log or "closed the connection waiting longest" in log, log[
+        -3000:
+    ]
 
 
 @pytest.mark.parametrize("broken", ["missing key", "key of another certificate"])
-def test_a_certificate_that_cannot_be_used_stops_the_start_with_the_reason(tmp_path: Path, broken: str) -> None:
+def test_a_certificate_that_cannot_be_used_stops_the_start_with_the_reason(
+    tmp_path: Path, broken: str
+) -> None:
     ca = make_ca(tmp_path / "ca")
     cert, key = issue_server_cert(ca, tmp_path / "pki", "sync", ["127.0.0.1"])
     if broken == "missing key":

@@ -68,10 +68,14 @@ def test_its_state_dict_has_torch_adamw_layout_and_values() -> None:
 def test_a_state_saved_by_one_resumes_in_the_other_exactly(direction: str) -> None:
     first, second, straight = build_gpt(TINY), build_gpt(TINY), build_gpt(TINY)
     train(straight, make_optimizer(straight, CFG), range(20))
-    opt_a: torch.optim.Optimizer = reference(first) if direction == "torch to ours" else make_optimizer(first, CFG)
+    opt_a: torch.optim.Optimizer = (
+        reference(first) if direction == "torch to ours" else make_optimizer(first, CFG)
+    )
     train(first, opt_a, range(10))
     second.load_state_dict(first.state_dict())
-    opt_b: torch.optim.Optimizer = make_optimizer(second, CFG) if direction == "torch to ours" else reference(second)
+    opt_b: torch.optim.Optimizer = (
+        make_optimizer(second, CFG) if direction == "torch to ours" else reference(second)
+    )
     opt_b.load_state_dict(opt_a.state_dict())
     train(second, opt_b, range(10, 20))
     assert_same(second, straight)

@@ -130,7 +130,9 @@ GiB = 1 << 30
 def test_anchors_go_to_pinned_host_memory_when_they_do_not_fit(
     anchor: int, params: int, free: int, total: int, where: str
 ) -> None:
-    got = choose_placement(anchor_bytes=anchor, param_bytes=params, work_bytes=0, free_bytes=free, total_bytes=total)
+    got = choose_placement(
+        anchor_bytes=anchor, param_bytes=params, work_bytes=0, free_bytes=free, total_bytes=total
+    )
     assert got == where
 
 
@@ -145,7 +147,9 @@ def test_on_cuda_the_side_stream_path_sends_the_reference_payloads(memory: str, 
                       embedding_names=EMBEDDING_NAMES)  # fmt: skip
     ref = FragmentState.for_model(plan, ref_model)
     dev = FragmentState.for_model(
-        plan, cuda_model, lambda plan, params: DeviceAnchors(plan, params, torch.device("cuda"), memory)  # type: ignore[arg-type]
+        plan,
+        cuda_model,
+        lambda plan, params: DeviceAnchors(plan, params, torch.device("cuda"), memory),  # type: ignore[arg-type]
     )
     assert isinstance(dev.store, DeviceAnchors)
     assert dev.store.placement == memory

@@ -56,7 +56,10 @@ def _run(tmp: Path, name: str, compute: str, codec: str, *, split_at: int = 0) -
     try:
         ckpt = folder / "ckpt"
         if split_at:
-            assert run_learner(_settings(sync.url, ckpt, compute, stop_at_step=split_at), {}, threading.Event()) == 0
+            assert (
+                run_learner(_settings(sync.url, ckpt, compute, stop_at_step=split_at), {}, threading.Event())
+                == 0
+            )
         assert run_learner(_settings(sync.url, ckpt, compute), {}, threading.Event()) == 0
         assert min(sync.versions().values()) >= 2  # every fragment went through rounds
     finally:
@@ -74,7 +77,9 @@ def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None
 
 
 @pytest.mark.parametrize("codec", ["int4", "e3m0"])
-def test_the_device_path_trains_exactly_as_the_reference_and_resumes_exactly(tmp_path: Path, codec: str) -> None:
+def test_the_device_path_trains_exactly_as_the_reference_and_resumes_exactly(
+    tmp_path: Path, codec: str
+) -> None:
     reference = _run(tmp_path, "numpy", "numpy", codec)
     device = _run(tmp_path, "torch", "torch", codec)
     _assert_same(reference, device)

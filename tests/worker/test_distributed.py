@@ -76,8 +76,12 @@ def test_the_ranks_of_a_unit_resume_from_the_same_checkpoint(
     """Two real processes in a gloo group, each with its own checkpoint folder."""
     port = str(free_port())
     procs = [
-        subprocess.Popen([sys.executable, "-c", _AGREE, str(tmp_path), str(rank), steps, port],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _AGREE, str(tmp_path), str(rank), steps, port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for rank, steps in enumerate(rank_steps)
     ]
     outputs = [p.communicate(timeout=180)[0] for p in procs]

@@ -114,7 +114,9 @@ def test_error_feedback_resumes_from_a_checkpoint_with_its_residuals(tmp_path: P
     _contribution_blob(fs, model, 0, 0.013)
     assert any(np.abs(r).max() > 0 for r in fs.residuals[0].values())
     store = FilesystemStore(tmp_path)
-    save_checkpoint(store, model=model, optimizer=opt, anchors=fs.anchors, meta={"step": 4}, residuals=fs.residuals)
+    save_checkpoint(
+        store, model=model, optimizer=opt, anchors=fs.anchors, meta={"step": 4}, residuals=fs.residuals
+    )
 
     resumed, other_model = _state()
     ckpt = load_latest(store)

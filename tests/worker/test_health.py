@@ -24,9 +24,15 @@ def test_liveness_follows_the_age_of_the_newest_beat() -> None:
 
 
 def test_readiness_needs_training_and_a_fresh_beat() -> None:
-    assert probe_answer("/readyz", beat_age_s=0.0, stale_after_s=5, ready=False, phase="starting").status == 503
-    assert probe_answer("/readyz", beat_age_s=0.0, stale_after_s=5, ready=True, phase="training").status == 200
-    assert probe_answer("/readyz/", beat_age_s=9.0, stale_after_s=5, ready=True, phase="training").status == 503
+    assert (
+        probe_answer("/readyz", beat_age_s=0.0, stale_after_s=5, ready=False, phase="starting").status == 503
+    )
+    assert (
+        probe_answer("/readyz", beat_age_s=0.0, stale_after_s=5, ready=True, phase="training").status == 200
+    )
+    assert (
+        probe_answer("/readyz/", beat_age_s=9.0, stale_after_s=5, ready=True, phase="training").status == 503
+    )
 
 
 def test_unknown_path_is_404_with_the_known_ones_named() -> None:
@@ -65,8 +71,18 @@ def test_server_answers_from_the_beats_of_the_loop() -> None:
 
 
 def _worker(tmp: Path, port: int, flags: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
-    argv = [sys.executable, "-m", "diloco_worker", *TINY_FLAGS, "--metrics-file", str(tmp / "m.jsonl"), *flags]
-    return ManagedProcess("learner", argv, tmp / "learner.log", env=clean_env({"DILOCO_HEALTH_PORT": str(port)} | (env or {})))
+    argv = [
+        sys.executable,
+        "-m",
+        "diloco_worker",
+        *TINY_FLAGS,
+        "--metrics-file",
+        str(tmp / "m.jsonl"),
+        *flags,
+    ]
+    return ManagedProcess(
+        "learner", argv, tmp / "learner.log", env=clean_env({"DILOCO_HEALTH_PORT": str(port)} | (env or {}))
+    )
 
 
 @pytest.mark.integration
@@ -77,7 +93,12 @@ def test_a_training_learner_is_alive_and_ready(tmp_path: Path) -> None:
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5)
     try:
         proc.start()
-        wait_for(lambda: metric_step(tmp_path / "m.jsonl") >= 3, timeout=120, what="training", describe=proc.failure_report)
+        wait_for(
+            lambda: metric_step(tmp_path / "m.jsonl") >= 3,
+            timeout=120,
+            what="training",
+            describe=proc.failure_report,
+        )
         ready = http.get("/readyz")
         assert ready.status_code == 200, ready.text
         assert ready.json()["phase"] == "training"
@@ -119,7 +140,16 @@ def test_health_port_already_taken_is_a_clear_error(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        argv = [sys.executable, "-m", "diloco_worker", "--standalone", "--health-host", "127.0.0.1", "--health-port", str(port)]
+        argv = [
+            sys.executable,
+            "-m",
+            "diloco_worker",
+            "--standalone",
+            "--health-host",
+            "127.0.0.1",
+            "--health-port",
+            str(port),
+        ]
         proc = subprocess.run(argv, capture_output=True, text=True, env=clean_env(), timeout=120)
     assert proc.returncode == 2
     assert "--health-port / DILOCO_HEALTH_PORT" in proc.stderr

@@ -65,7 +65,9 @@ def test_a_learner_that_does_not_trust_the_certificate_stops_with_what_to_set(
     try:
         assert _exit_code(learner) == 3
         log = "\n".join(iter_logs(learner))
-        assert f"the TLS certificate of the synchronizer at {sync.url} is not trusted: {reason}" in log, log[-3000:]
+        assert f"the TLS certificate of the synchronizer at {sync.url} is not trusted: {reason}" in log, log[
+            -3000:
+        ]
         assert "--sync-ca-file / DILOCO_SYNC_CA_FILE" in log, log[-3000:]
         assert "retrying" not in log, log[-3000:]  # refused for good at once, not retried
         assert sync.status()["learners"] == []

@@ -46,7 +46,9 @@ def test_one_tensor_quantizes_to_the_reference_bytes(quantizer: str, x: np.ndarr
 @pytest.mark.parametrize("quantizer", QUANTIZERS)
 @settings(max_examples=60, deadline=None)
 @given(
-    shapes=st.lists(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=13), min_size=1, max_size=5),
+    shapes=st.lists(
+        hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=13), min_size=1, max_size=5
+    ),
     block_size=block_sizes,
     seed=st.integers(0, 2**32 - 1),
     special=st.sampled_from([None, np.nan, np.inf, -np.inf, 0.0, 7e4]),
@@ -68,7 +70,13 @@ def test_a_fragment_in_one_flat_buffer_encodes_to_the_reference_payload(
         view.copy_(torch.from_numpy(arrays[name]))
     out = tq.quantize_flat(flat, quantizer, layout)
     parts = layout.parts(quantizer, out.values.numpy(), out.scales.numpy())
-    args = {"fragment": 3, "base_version": 5, "kind": "outer_grad", "quantizer": quantizer, "block_size": block_size}
+    args = {
+        "fragment": 3,
+        "base_version": 5,
+        "kind": "outer_grad",
+        "quantizer": quantizer,
+        "block_size": block_size,
+    }
     assert codec.encode_quantized(parts, **args) == codec.encode(arrays, **args)  # type: ignore[arg-type]
 
 
@@ -132,4 +140,6 @@ def test_cuda_kernels_write_the_reference_bytes_for_a_large_fragment(quantizer: 
     """A few million values: the vectorised and tail paths of the kernels, many blocks."""
     rng = np.random.default_rng(1)
     x = (rng.standard_normal(3_000_001) * rng.lognormal(0, 4, 3_000_001)).astype(np.float32)
-    assert tq.quantize(torch.from_numpy(x).cuda(), quantizer) == q.quantize(x, quantizer, q.DEFAULT_BLOCK_SIZE)
+    assert tq.quantize(torch.from_numpy(x).cuda(), quantizer) == q.quantize(
+        x, quantizer, q.DEFAULT_BLOCK_SIZE
+    )

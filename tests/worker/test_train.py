@@ -59,7 +59,9 @@ def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None
 
 
 @pytest.mark.parametrize("adamw", ["fused", "foreach"])
-def test_fused_and_foreach_adamw_with_the_loss_read_every_few_steps_resume_exactly(tmp_path: Path, adamw: str) -> None:
+def test_fused_and_foreach_adamw_with_the_loss_read_every_few_steps_resume_exactly(
+    tmp_path: Path, adamw: str
+) -> None:
     a, b = _straight_and_split(tmp_path, adamw=adamw, log_every=4)
     _assert_same(a, b)
 
@@ -147,7 +149,9 @@ def test_no_peak_on_a_cpu_unless_configured() -> None:
 def test_cuda_batches_come_from_pinned_memory_and_equal_the_cpu_ones() -> None:
     data = load_corpus("stdlib", CORPUS_BYTES)
     cpu = BatchStream(data, Shard(0, 1, "a"), batch_size=4, block_size=32, seed=0)
-    cuda = BatchStream(data, Shard(0, 1, "a"), batch_size=4, block_size=32, seed=0, device=torch.device("cuda"))
+    cuda = BatchStream(
+        data, Shard(0, 1, "a"), batch_size=4, block_size=32, seed=0, device=torch.device("cuda")
+    )
     for _ in range(3):
         (x, y), (cx, cy) = next(cpu), next(cuda)
         assert cx.is_cuda
@@ -158,7 +162,10 @@ def test_cuda_batches_come_from_pinned_memory_and_equal_the_cpu_ones() -> None:
 @pytest.mark.gpu
 def test_a_learner_on_cuda_trains_with_fused_adamw_and_reports_mfu_on_a_known_gpu(tmp_path: Path) -> None:
     ckpt = tmp_path / "cuda"
-    assert run_learner(_settings(ckpt, device="cuda", log_every=4, peak_tflops=100.0), {}, threading.Event()) == 0
+    assert (
+        run_learner(_settings(ckpt, device="cuda", log_every=4, peak_tflops=100.0), {}, threading.Event())
+        == 0
+    )
     records = read_metrics(tmp_path / "cuda.jsonl")
     assert [r["step"] for r in records] == [4, 8, 12]
     assert all(0 < r["mfu"] < 1 and r["tokens_per_s"] > 0 for r in records)

@@ -30,7 +30,9 @@ FLAGS = ["--inner-steps", "4", "--fragments", "2", "--overlap", "1", "--max-step
     ("wait", False, True),
     ("wait", True, False),  # asked to stop (SIGTERM) before the end: leave as usual
 ])  # fmt: skip
-def test_only_a_learner_that_finished_in_wait_mode_stays_up(when_done: str, stopped: bool, waits: bool) -> None:
+def test_only_a_learner_that_finished_in_wait_mode_stays_up(
+    when_done: str, stopped: bool, waits: bool
+) -> None:
     from diloco_worker.cli import waits_when_done
 
     assert waits_when_done(when_done, stopped=stopped) is waits  # type: ignore[arg-type]
@@ -52,14 +54,21 @@ def test_a_learner_started_again_after_the_end_reports_its_final_progress(tmp_pa
     again = learner_process(tmp_path, "a", sync.url, flags)
     try:
         first.start()
-        wait_for(lambda: not first.running(), timeout=300, what="a trains to the end", describe=first.failure_report)
+        wait_for(
+            lambda: not first.running(),
+            timeout=300,
+            what="a trains to the end",
+            describe=first.failure_report,
+        )
         assert first.returncode() == 0, first.failure_report()
         (done,) = sync.status()["learners"]
         assert (done["state"], done["step"]) == ("left", 12)
         assert done["tokens"] > 0
 
         again.start()  # what a StatefulSet does with a learner that exited
-        wait_for(lambda: not again.running(), timeout=300, what="a exits again", describe=again.failure_report)
+        wait_for(
+            lambda: not again.running(), timeout=300, what="a exits again", describe=again.failure_report
+        )
         assert any("resumed from checkpoint" in ln for ln in iter_logs(again))
         (after,) = sync.status()["learners"]
         assert (after["state"], after["step"], after["tokens"]) == ("left", 12, done["tokens"])

@@ -42,7 +42,9 @@ class AdamW(torch.optim.Optimizer):
         weight_decay: float = 1e-2,
     ) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"invalid AdamW settings: lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay}")
+            raise ValueError(
+                f"invalid AdamW settings: lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay}"
+            )
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, **FIXED_OPTIONS}
         super().__init__(params, defaults)
 
@@ -76,7 +78,9 @@ class AdamW(torch.optim.Optimizer):
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                _update(param, param.grad, state, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=decay)
+                _update(
+                    param, param.grad, state, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=decay
+                )
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -130,7 +134,14 @@ class AdamW(torch.optim.Optimizer):
 
 
 def _update(
-    param: Tensor, grad: Tensor, state: dict[str, Tensor], *, lr: float, beta1: float, beta2: float, eps: float,
+    param: Tensor,
+    grad: Tensor,
+    state: dict[str, Tensor],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
     weight_decay: float,
 ) -> None:
     """One AdamW update of one parameter: torch's ``_single_tensor_adam`` with decoupled weight decay,

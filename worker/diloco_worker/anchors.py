@@ -260,7 +260,10 @@ class DeviceAnchors:
         device) until the parameters have been read, and the training thread not at all. A format
         without a torch implementation gets ``anchor - params`` as host arrays (the reference)."""
         if quantizer not in FORMATS:
-            params = {n: t.detach().float().cpu().numpy() for n, t in zip(self.layouts[p].names, self.params[p], strict=True)}
+            params = {
+                n: t.detach().float().cpu().numpy()
+                for n, t in zip(self.layouts[p].names, self.params[p], strict=True)
+            }
             return outer_gradient(self.arrays(p), params)
         layout = self.layouts[p]
         with self._on_side_stream() as streams:

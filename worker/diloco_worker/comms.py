@@ -119,7 +119,9 @@ class Communicator:
         self._requests: dict[int, int] = {}  # fragment → version of a round asking for this learner
         self._announced: dict[int, int] = {}  # fragment → version of the last round heard of
         self._inflight: set[int] = set()  # fragments whose outer gradient is being sent
-        self._buffered: dict[int, list[tuple[float, Contribution]]] = {}  # answered not durable: (resend at, c)
+        self._buffered: dict[
+            int, list[tuple[float, Contribution]]
+        ] = {}  # answered not durable: (resend at, c)
         self._cv = threading.Condition()
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -237,7 +239,9 @@ class Communicator:
             with self._lock:
                 known = self._known.get(p, -1)
             due = [c for at, c in self._buffered[p] if at <= now and c.base_version >= known]
-            self._buffered[p] = [(at, c) for at, c in self._buffered[p] if at > now and c.base_version >= known]
+            self._buffered[p] = [
+                (at, c) for at, c in self._buffered[p] if at > now and c.base_version >= known
+            ]
             if not self._buffered[p]:
                 del self._buffered[p]
             if due:
@@ -260,7 +264,12 @@ class Communicator:
         started = time.monotonic()
         try:
             res = client.contribute(
-                c.fragment, payload, base_version=c.base_version, steps=c.steps, tokens=c.tokens, seq=c.seq,
+                c.fragment,
+                payload,
+                base_version=c.base_version,
+                steps=c.steps,
+                tokens=c.tokens,
+                seq=c.seq,
                 since=c.since,
             )
         except SyncUnavailable as exc:

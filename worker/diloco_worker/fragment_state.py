@@ -51,7 +51,9 @@ class Contribution:
                 self.tensors, fragment=self.fragment, base_version=self.base_version, kind="outer_grad",
                 quantizer=quantizer,
             )  # fmt: skip
-        return self.tensors.encode(fragment=self.fragment, base_version=self.base_version, quantizer=quantizer)
+        return self.tensors.encode(
+            fragment=self.fragment, base_version=self.base_version, quantizer=quantizer
+        )
 
 
 class FragmentState:
@@ -96,7 +98,9 @@ class FragmentState:
         """Fragments whose outer gradient should be sent now."""
         return self.counters.due()
 
-    def take_contribution(self, p: int, quantizer: str = "int4", error_feedback: bool = False) -> Contribution:
+    def take_contribution(
+        self, p: int, quantizer: str = "int4", error_feedback: bool = False
+    ) -> Contribution:
         """delta_p = A_p - theta_p (for a payload in ``quantizer``); the fragment is marked as sent and
         its anchor moves to the sent point.
 
@@ -151,4 +155,6 @@ class FragmentState:
         self.counters = FragmentCounters.from_list(self.plan, meta)
         for p, tensors in anchors.items():
             self.store.load(p, tensors)
-        self.residuals = {p: {n: np.array(v, dtype=np.float32) for n, v in r.items()} for p, r in (residuals or {}).items()}
+        self.residuals = {
+            p: {n: np.array(v, dtype=np.float32) for n, v in r.items()} for p, r in (residuals or {}).items()
+        }

@@ -106,7 +106,9 @@ def _unit_checkpoint(store: ObjectStore, unit: Unit) -> Checkpoint | None:
     step = common_step(unit.gather_ints(steps, CHECKPOINTS_SHARED))
     ckpt = load_at(store, step) if step > 0 else None
     if step > 0 and unit.all_min(int(ckpt is not None)) == 0:
-        log.warning("rank %d: a rank cannot read its checkpoint of step %d; the unit starts afresh", unit.rank, step)
+        log.warning(
+            "rank %d: a rank cannot read its checkpoint of step %d; the unit starts afresh", unit.rank, step
+        )
         return None
     return ckpt
 
@@ -134,7 +136,9 @@ def run_learner(
         unit.close()
 
 
-def _run(settings: WorkerSettings, unit: Unit, stop: threading.Event, health: Health, clock: StartupClock) -> int:
+def _run(
+    settings: WorkerSettings, unit: Unit, stop: threading.Event, health: Health, clock: StartupClock
+) -> int:
     shard = Shard(
         settings.learner_index * unit.world_size + unit.rank,
         settings.num_learners * unit.world_size,
@@ -241,7 +245,9 @@ def _saver(
             "plan_hash": plan.hash(),
             "config": config,
         }
-        save_checkpoint(store, model=task.model, optimizer=opt, anchors=fs.anchors, meta=meta, residuals=fs.residuals)
+        save_checkpoint(
+            store, model=task.model, optimizer=opt, anchors=fs.anchors, meta=meta, residuals=fs.residuals
+        )
         log.info("learner=%s step=%d checkpoint written", settings.learner_id, state.step)
 
     return save

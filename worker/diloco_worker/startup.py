@@ -23,7 +23,10 @@ PHASES: tuple[str, ...] = ("imports", "unit", "task", "optimizer", "checkpoint",
 
 
 def process_started_at(
-    now: Callable[[], float] = time.time, *, stat_path: str = "/proc/self/stat", uptime_path: str = "/proc/uptime"
+    now: Callable[[], float] = time.time,
+    *,
+    stat_path: str = "/proc/self/stat",
+    uptime_path: str = "/proc/uptime",
 ) -> float | None:
     """Wall-clock time at which this process was created, from ``/proc`` (None where there is none).
 
@@ -104,8 +107,10 @@ class StartupClock:
     def describe(self) -> str:
         cpu = self.phases(cpu=True)
         parts = ", ".join(f"{phase} {s:.2f} ({cpu[phase]:.2f} CPU)" for phase, s in self.phases().items())
-        return (f"start-up took {self.total_s:.2f} s ({self.total_cpu_s:.2f} CPU-s) to the end of the first "
-                f"step: {parts}")
+        return (
+            f"start-up took {self.total_s:.2f} s ({self.total_cpu_s:.2f} CPU-s) to the end of the first "
+            f"step: {parts}"
+        )
 
 
 class _Hook(Protocol):
@@ -117,7 +122,9 @@ class FirstStep:
     and hands the clock and the loop's state to ``report``, before the boundary's own work (sync, a
     blocking wait), so the state's counters are still those the process resumed with."""
 
-    def __init__(self, inner: _Hook | None, clock: StartupClock, report: Callable[[StartupClock, Any], None]) -> None:
+    def __init__(
+        self, inner: _Hook | None, clock: StartupClock, report: Callable[[StartupClock, Any], None]
+    ) -> None:
         self.inner, self.clock, self.report = inner, clock, report
 
     def at_boundary(self, state: Any, step_tokens: int, stop: bool, step_time: float) -> bool:

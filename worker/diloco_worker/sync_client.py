@@ -91,7 +91,9 @@ def tls_verify(ca_file: str | None) -> ssl.SSLContext | bool:
     try:
         context = ssl.create_default_context(cafile=ca_file)
     except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"cannot read the CA bundle {ca_file} (--sync-ca-file / DILOCO_SYNC_CA_FILE): {exc}") from exc
+        raise ValueError(
+            f"cannot read the CA bundle {ca_file} (--sync-ca-file / DILOCO_SYNC_CA_FILE): {exc}"
+        ) from exc
     context.verify_flags |= ssl.VERIFY_X509_STRICT
     return context
 
@@ -235,7 +237,9 @@ class ShardClients:
     def connect(cls, routes: Routes, home: SyncClient, token: str) -> ShardClients:
         """Clients for ``routes``: ``home`` serves the home shard, a new client each other shard."""
         clients = {
-            s.index: home if s.index == routes.home else SyncClient(s.url, home.learner_id, token, verify=home.verify)
+            s.index: home
+            if s.index == routes.home
+            else SyncClient(s.url, home.learner_id, token, verify=home.verify)
             for s in routes.shards
         }
         return cls(routes, clients)

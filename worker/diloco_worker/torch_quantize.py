@@ -51,7 +51,9 @@ class FlatLayout:
     @classmethod
     def of(cls, specs: Sequence[TensorSpec], block_size: int = q.DEFAULT_BLOCK_SIZE) -> FlatLayout:
         if not q.MIN_BLOCK_SIZE <= block_size <= q.MAX_BLOCK_SIZE:
-            raise ValueError(f"block_size must be in [{q.MIN_BLOCK_SIZE}, {q.MAX_BLOCK_SIZE}], got {block_size}")
+            raise ValueError(
+                f"block_size must be in [{q.MIN_BLOCK_SIZE}, {q.MAX_BLOCK_SIZE}], got {block_size}"
+            )
         # even offsets keep two 4-bit codes of one tensor in each byte, whatever the block size
         align = block_size if block_size % 2 == 0 else 2 * block_size
         offsets, pos = [], 0
@@ -71,9 +73,7 @@ class FlatLayout:
 
     def views(self, flat: Tensor) -> list[Tensor]:
         """Each tensor's region of ``flat``, in its shape (views: writing them writes ``flat``)."""
-        return [
-            flat[o : o + s.numel].view(s.shape) for s, o in zip(self.specs, self.offsets, strict=True)
-        ]
+        return [flat[o : o + s.numel].view(s.shape) for s, o in zip(self.specs, self.offsets, strict=True)]
 
     def odd_pads(self) -> list[int]:
         """The padding positions that share a byte with a tensor's last 4-bit code: the reference
@@ -107,7 +107,9 @@ class QuantizedFlat:
 def quantize_flat(flat: Tensor, quantizer: str, layout: FlatLayout) -> QuantizedFlat:
     """Quantize a flat float32 buffer laid out as ``layout`` (padding zero) on its own device."""
     if flat.dtype != torch.float32 or flat.dim() != 1 or flat.numel() != layout.total:
-        raise ValueError(f"expected a flat float32 buffer of {layout.total} values, got {flat.dtype} {tuple(flat.shape)}")
+        raise ValueError(
+            f"expected a flat float32 buffer of {layout.total} values, got {flat.dtype} {tuple(flat.shape)}"
+        )
     empty = torch.empty(0, dtype=torch.uint8, device=flat.device)
     if quantizer == "fp32":
         return QuantizedFlat(flat.view(torch.uint8), empty)

@@ -227,13 +227,20 @@ def train(
         if first_step and compile_model:
             if on_cuda:
                 torch.cuda.synchronize(unit.device)
-            log.info("torch.compile: the first step took %.1f s (compilation included)", time.perf_counter() - t0)
+            log.info(
+                "torch.compile: the first step took %.1f s (compilation included)", time.perf_counter() - t0
+            )
         first_step = False
         asked = stop.is_set() or (stop_at_step > 0 and state.step >= stop_at_step)
         stopping = hook.at_boundary(state, step_tokens, asked, clock.step_time(step_time)) if hook else asked
         if eval_every and state.step % eval_every == 0:
             state.eval_loss = evaluate(task.model, task, unit.device)
-        if state.step % log_every == 0 or stopping or state.step >= cfg.max_steps or state.step == first_logged:
+        if (
+            state.step % log_every == 0
+            or stopping
+            or state.step >= cfg.max_steps
+            or state.step == first_logged
+        ):
             loss_value = float(loss_sum)
             clock.close_window(state)
             _emit(state, loss_value, step_time, step_tokens, metrics, clock, flops_per_token, peak_flops)
