@@ -152,6 +152,7 @@ class DiLoCoRun:
         if self.method.blocking and due:
             ln.waiting_since = now  # released (and rescheduled) by publish() once the merge comes back
         asked = self.asked(ln) if self.method.partial and not self.method.blocking else []
+        asked = [p for p in asked if p not in due]  # a due fragment's send answers its round too
         self.partials += len(asked)
         ln.peak_up = max(ln.peak_up, sum(self.send(ln, p, now) for p in [*due, *asked]))
         if self.method.blocking and due:
@@ -183,7 +184,7 @@ class DiLoCoRun:
         contribution, nbytes = ln.contribution(p)
         ln.bytes_up += nbytes
         if push_only:
-            self.syncer.pending[p][ln.index] = contribution
+            self.syncer.queue(p, contribution)
         else:
             self.publish(p, self.syncer.submit(p, contribution, now), now)
         return nbytes

@@ -66,6 +66,14 @@ class Syncer:
     def submit(self, p: int, c: Pending, now: float) -> Release | None:
         """Queue a contribution (the progress after the learner's previous send on its base: it adds
         to a pending one on the same base) and merge if the round policy says so."""
+        c = self.queue(p, c)
+        self._add(p, c, now)
+        return self.consider(p, now)
+
+    def queue(self, p: int, c: Pending) -> Pending:
+        """Put a contribution among fragment ``p``'s pending ones without asking the round policy
+        (the final flush); a pending one of the same learner on the same base takes it as a
+        continuation. Returns what is now pending for that learner."""
         previous = self.pending[p].get(c.learner)
         if previous is not None and previous.base_version == c.base_version:
             summed = {n: previous.tensors[n] + c.tensors[n] for n in c.tensors}
@@ -73,8 +81,7 @@ class Syncer:
                 c.learner, c.base_version, previous.steps + c.steps, previous.tokens + c.tokens, summed
             )
         self.pending[p][c.learner] = c
-        self._add(p, c, now)
-        return self.consider(p, now)
+        return c
 
     def consider(self, p: int, now: float) -> Release | None:
         """Merge fragment ``p`` if the round policy says so; returns the new version as it goes down."""
