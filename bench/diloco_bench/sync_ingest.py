@@ -131,14 +131,30 @@ async def setup_learners(url: str, plan: FragmentPlan, clients: int) -> list[htt
     return out
 
 
+STEPS_PER_SEND = 4
+
+
 async def post_contribution(
-    client: httpx.AsyncClient, blobs: list[bytes], p: int, seq: int, res: Result
+    client: httpx.AsyncClient,
+    blobs: list[bytes],
+    p: int,
+    seq: int,
+    res: Result,
+    sent: dict[int, tuple[int, int]],
+    base_version: int = 0,
 ) -> float:
-    """Contribute fragment ``p``'s payload once, record its latency and size; returns the start time."""
+    """Contribute fragment ``p``'s payload once, record its latency and size; returns the start time.
+
+    ``sent`` holds, per fragment, (base version, steps sent on it): a learner's next send on the same
+    base continues its progress (``since``), as a worker's does, so the synchronizer adds it to the
+    pending one or takes it after the merged point instead of refusing it as already merged."""
+    base, through = sent.get(p, (base_version, 0))
+    since = through if base == base_version else 0
     t0 = time.perf_counter()
-    params = {"base_version": 0, "steps": 4, "tokens": 32, "seq": seq}
+    params = {"base_version": base_version, "since": since, "steps": STEPS_PER_SEND, "tokens": 32, "seq": seq}
     r = await client.post(f"/v1/fragments/{p}/contributions", params=params, content=blobs[p])
     r.raise_for_status()
+    sent[p] = (base_version, since + STEPS_PER_SEND)
     res.contribute_ms.append(1000 * (time.perf_counter() - t0))
     res.contributions += 1
     res.payload_bytes += len(blobs[p])
@@ -149,11 +165,12 @@ async def learner_loop(
     client: httpx.AsyncClient, blobs: list[bytes], plan: FragmentPlan, stop_at: float, res: Result
 ) -> None:
     known = {f.index: 0 for f in plan.fragments}
+    sent: dict[int, tuple[int, int]] = {}
     seq = 0
     while time.perf_counter() < stop_at:
         p = seq % len(plan.fragments)
         seq += 1
-        t0 = await post_contribution(client, blobs, p, seq, res)
+        t0 = await post_contribution(client, blobs, p, seq, res, sent, base_version=known[p])
         # wait for the round that merges it, but not past the end of the run (the others have stopped)
         wait = min(60.0, max(stop_at - time.perf_counter(), 0.0))
         g = await client.get(f"/v1/fragments/{p}", params={"newer_than": known[p], "wait": wait})
@@ -165,12 +182,13 @@ async def learner_loop(
 async def streaming_loop(
     client: httpx.AsyncClient, blobs: list[bytes], plan: FragmentPlan, stop_at: float, res: Result
 ) -> None:
-    """Contribute back to back (a newer contribution supersedes a pending one); never wait for rounds."""
+    """Contribute back to back (each continues the learner's progress on its base); never wait for rounds."""
+    sent: dict[int, tuple[int, int]] = {}
     seq = 0
     while time.perf_counter() < stop_at:
         p = seq % len(plan.fragments)
         seq += 1
-        await post_contribution(client, blobs, p, seq, res)
+        await post_contribution(client, blobs, p, seq, res, sent)
 
 
 async def long_poll_loop(client: httpx.AsyncClient, p: int, stop_at: float, res: Result) -> None:
