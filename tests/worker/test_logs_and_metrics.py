@@ -47,7 +47,9 @@ ABOUT_A_FRAGMENT = {
     "queued": re.compile(
         r"learner=lg step=\d+ fragment=\d version=-?\d+ outer gradient queued \(\d+ steps\)"
     ),
-    "sent": re.compile(r"step=\d+ fragment=\d version=-?\d+ sent \d+ bytes \(\d+ inner steps\): "),
+    "sent": re.compile(
+        r"step=\d+ fragment=\d version=-?\d+ sent \d+ bytes \(\d+ inner steps\) in \d+\.\d+s: "
+    ),
     "applied": re.compile(r"learner=lg step=\d+ fragment=\d version=\d+ applied"),
 }
 
