@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from diloco_core.config import DiLoCoSettings, Quantizer
+from diloco_core.learner import Schedule
 
 WIRE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -39,6 +40,9 @@ class Method:
     partial: bool = False
     error_feedback: bool = (
         False  # learners carry each fragment's quantization residual into its next outer gradient
+    )
+    schedule: Schedule = (
+        "fixed"  # the papers' (t mod H = t_p); "after-version": H steps after the version came
     )
     down_codec: str = (
         "fp32"  # fp32: every new version whole; otherwise its quantized difference to the previous one

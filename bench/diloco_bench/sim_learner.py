@@ -39,7 +39,7 @@ class SimLearner:
         self.tokens_per_step = w.batch_size * w.block_size
         params = to_numpy(self.model)
         self.anchors = [{n: params[n].copy() for n in f.names} for f in plan.fragments]
-        self.counters = FragmentCounters(plan)
+        self.counters = FragmentCounters(plan, schedule=method.schedule)
         for f in plan.fragments:  # every learner starts from the global version 0
             self.counters.set_base(f.index, 0)
         self.inbox: dict[int, tuple[float, int, Arrays]] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +17,7 @@ import numpy.typing as npt
 from diloco_core.fragments import FragmentPlan
 
 F32 = npt.NDArray[np.float32]
+Schedule = Literal["after-version", "fixed"]
 
 
 def outer_gradient(
@@ -59,7 +60,7 @@ def apply_global(
     return out
 
 
-_COUNTER_FIELDS = ("base_version", "steps", "tokens", "sent_at", "sent_tokens", "seq")
+_COUNTER_FIELDS = ("base_version", "steps", "tokens", "sent_at", "sent_tokens", "seq", "since_send")
 
 
 @dataclass
@@ -72,6 +73,7 @@ class FragmentCounter:
     sent_at: int = 0  # value of ``steps`` at the last send since that version (0: not sent)
     sent_tokens: int = 0  # value of ``tokens`` at that send
     seq: int = 0  # idempotency sequence of the contributions (never reset)
+    since_send: int = 0  # inner steps since the fragment's last send, whatever arrived (starts at -offset)
 
     def to_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in _COUNTER_FIELDS}
@@ -111,28 +113,39 @@ class FragmentCounters:
     - Every counter starts at ``-offset``, so the fragments fall due at different steps; tokens are
       counted only for steps after the counter passed zero, so ``tokens / steps`` is the learner's
       tokens per step on the first round too.
-    - A fragment is due when its H inner steps since the last global version are done, and, once
-      sent, again H steps after that send if the merged version has not come back yet (a learner
-      overlaps communication with training). That second send carries only the progress made
-      since the first (:class:`Sent`; the learner's anchor moved to the sent point), so progress
-      the synchronizer merged already is never sent again.
-    - Taking a global version resets the fragment's counters (its ``seq`` goes on).
+    - Fragment p is due when the learner's step t satisfies ``t mod H = t_p`` (counted per fragment
+      as ``since_send``, the steps since its last send, which a new version does not reset), and it
+      has progress since its last send or version: the papers' schedule, whenever the merged version
+      of the previous send arrives. A send before the merged version came back carries only the
+      progress made since the previous send (:class:`Sent`; the learner's anchor moved to the sent
+      point), so progress the synchronizer merged already is never sent again.
+    - Taking a global version resets the fragment's other counters (its ``seq`` goes on).
+    - ``schedule="after-version"`` is the alternative the benchmark harness compares it with
+      (``diloco bench quality --after-version-schedule``): due H steps after the new version
+      arrived, so a fragment's period is H plus the delay (docs/algorithm.md §3.2).
 
     The counting and due rule of docs/algorithm.md §3.2, used by the worker
     (``diloco_worker.fragment_state``, which adds the tensors) and by the benchmark harness's
     simulated learners.
     """
 
-    def __init__(self, plan: FragmentPlan, counters: Sequence[FragmentCounter] | None = None) -> None:
+    def __init__(
+        self,
+        plan: FragmentPlan,
+        counters: Sequence[FragmentCounter] | None = None,
+        schedule: Schedule = "fixed",
+    ) -> None:
         if counters is not None and len(counters) != len(plan.fragments):
             raise ValueError(
                 f"{len(counters)} fragment counters for a plan of {len(plan.fragments)} fragments"
             )
-        self.plan = plan
+        if schedule not in ("after-version", "fixed"):
+            raise ValueError(f"unknown schedule {schedule!r} (after-version or fixed)")
+        self.plan, self.schedule = plan, schedule
         self._counters = (
             list(counters)
             if counters is not None
-            else [FragmentCounter(steps=-f.offset) for f in plan.fragments]
+            else [FragmentCounter(steps=-f.offset, since_send=-f.offset) for f in plan.fragments]
         )
 
     def __getitem__(self, p: int) -> FragmentCounter:
@@ -150,11 +163,19 @@ class FragmentCounters:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
         for c in self._counters:
             c.steps += 1
+            c.since_send += 1
             if c.steps > 0:
                 c.tokens += tokens
 
     def due(self) -> list[int]:
         """The fragments whose outer gradient should be sent now."""
+        if self.schedule == "fixed":
+            h = self.plan.inner_steps
+            return [
+                i
+                for i, c in enumerate(self._counters)
+                if c.since_send > 0 and c.since_send % h == 0 and self.unsent(i)
+            ]
         return [
             i
             for i, c in enumerate(self._counters)
@@ -173,7 +194,7 @@ class FragmentCounters:
             base_version=c.base_version, since=c.sent_at, steps=c.steps - c.sent_at,
             tokens=c.tokens - c.sent_tokens, seq=c.seq + 1,
         )  # fmt: skip
-        c.sent_at, c.sent_tokens, c.seq = c.steps, c.tokens, sent.seq
+        c.sent_at, c.sent_tokens, c.seq, c.since_send = c.steps, c.tokens, sent.seq, 0
         return sent
 
     def reset(self, p: int, base_version: int) -> None:
@@ -190,7 +211,7 @@ class FragmentCounters:
         joins a synchronous job takes its place in the round cycle)."""
         for p, n in steps.items():
             c = self._counters[p]
-            c.steps, c.tokens, c.sent_at, c.sent_tokens = n, 0, 0, 0
+            c.steps, c.tokens, c.sent_at, c.sent_tokens, c.since_send = n, 0, 0, 0, n
 
     def versions(self) -> dict[int, int]:
         return {i: c.base_version for i, c in enumerate(self._counters)}

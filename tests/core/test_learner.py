@@ -90,6 +90,7 @@ def test_counters_round_trip_through_their_checkpoint_form() -> None:
         "sent_at": 5,
         "sent_tokens": 35,
         "seq": 1,
+        "since_send": 0,
     }
     again = FragmentCounters.from_list(plan, meta)
     assert again.to_list() == meta
@@ -98,3 +99,56 @@ def test_counters_round_trip_through_their_checkpoint_form() -> None:
         FragmentCounters.from_list(plan, [{"steps": 1, "colour": 3}, {}])
     with pytest.raises(ValueError, match="1 fragment counters for a plan of 2"):
         FragmentCounters.from_list(plan, meta[:1])
+
+
+def _due_steps(counters: FragmentCounters, steps: int, arrivals: dict[int, int]) -> dict[int, list[int]]:
+    """Run ``steps`` inner steps; fragment p's new version arrives ``arrivals[p]`` steps after each send."""
+    due: dict[int, list[int]] = {p: [] for p in range(len(counters))}
+    arrive_at: dict[int, int] = {}
+    for t in range(1, steps + 1):
+        counters.advance(10)
+        for p, at in list(arrive_at.items()):
+            if at == t:
+                counters.reset(p, counters[p].base_version + 1)
+                del arrive_at[p]
+        for p in counters.due():
+            counters.mark_sent(p)
+            due[p].append(t)
+            arrive_at[p] = t + arrivals[p]
+    return due
+
+
+def test_the_after_version_schedule_sends_h_steps_after_the_new_version_arrived() -> None:
+    plan = build_plan([("h.0.w", (4,)), ("h.1.w", (4,))], num_fragments=2, inner_steps=4, overlap=1)
+    due = _due_steps(FragmentCounters(plan, schedule="after-version"), 20, arrivals={0: 2, 1: 2})
+    assert due == {0: [4, 10, 16], 1: [6, 12, 18]}  # period H + delay = 6
+
+
+def test_the_schedule_sends_at_t_mod_h_equal_to_the_offset_whatever_the_delay() -> None:
+    plan = build_plan([("h.0.w", (4,)), ("h.1.w", (4,))], num_fragments=2, inner_steps=4, overlap=1)
+    due = _due_steps(FragmentCounters(plan), 20, arrivals={0: 2, 1: 2})
+    assert due == {0: [4, 8, 12, 16, 20], 1: [6, 10, 14, 18]}  # offsets 0 and 2, period H
+    # a version that arrives after the next due step: the send there carries the progress since the
+    # previous send on the same base (nothing is sent twice)
+    counters = FragmentCounters(plan)
+    for _ in range(4):
+        counters.advance(10)
+    assert counters.due() == [0]
+    first = counters.mark_sent(0)
+    for _ in range(4):
+        counters.advance(10)
+    assert counters.due() == [0]
+    second = counters.mark_sent(0)
+    assert (first.since, first.steps, second.since, second.steps) == (0, 4, 4, 4)
+    # a version that arrives exactly at a due step leaves nothing to send there: the next send is
+    # one period later, not at the next step
+    counters = FragmentCounters(plan)
+    for t in range(1, 13):
+        counters.advance(10)
+        if t == 8:
+            counters.reset(0, 1)
+        if 0 in counters.due():
+            assert t in (4, 12), t
+            counters.mark_sent(0)
+    with pytest.raises(ValueError, match="schedule"):
+        FragmentCounters(plan, schedule="sometimes")  # type: ignore[arg-type]
