@@ -41,9 +41,7 @@ class Method:
     error_feedback: bool = (
         False  # learners carry each fragment's quantization residual into its next outer gradient
     )
-    schedule: Schedule = (
-        "fixed"  # the papers' (t mod H = t_p); "after-version": H steps after the version came
-    )
+    schedule: Schedule = "after-version"  # "fixed": the papers' (t mod H = t_p)
     down_codec: str = (
         "fp32"  # fp32: every new version whole; otherwise its quantized difference to the previous one
     )

@@ -10,9 +10,9 @@ ties broken by name ("balanced"), or by layer, layer ``i`` going to dense fragme
 single fragment cannot keep the embeddings apart; the fragment lists them (``mean_tensors``) so
 they are still merged with the weighted mean: the merge rule is chosen per tensor.
 
-Schedule: fragment ``p`` has offset ``t_p = p * H // P``; a learner sends fragment ``p`` at the
-steps ``t`` with ``t mod H = t_p`` (after its first H steps), so the fragments fall due at
-different steps (``diloco_core.learner.FragmentCounters.due``). The offsets are distinct only when P <= H, so a plan
+Schedule: fragment ``p`` has offset ``t_p = p * H // P``; a learner starts fragment ``p``'s step
+counter at ``-t_p`` and sends the fragment when the counter reaches ``H`` (``is_due``), so the
+fragments fall due at different steps (``diloco_core.learner.FragmentCounters.due``). The offsets are distinct only when P <= H, so a plan
 with more fragments than inner steps is refused.
 """
 

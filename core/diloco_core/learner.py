@@ -113,16 +113,16 @@ class FragmentCounters:
     - Every counter starts at ``-offset``, so the fragments fall due at different steps; tokens are
       counted only for steps after the counter passed zero, so ``tokens / steps`` is the learner's
       tokens per step on the first round too.
-    - Fragment p is due when the learner's step t satisfies ``t mod H = t_p`` (counted per fragment
-      as ``since_send``, the steps since its last send, which a new version does not reset), and it
-      has progress since its last send or version: the papers' schedule, whenever the merged version
-      of the previous send arrives. A send before the merged version came back carries only the
-      progress made since the previous send (:class:`Sent`; the learner's anchor moved to the sent
-      point), so progress the synchronizer merged already is never sent again.
-    - Taking a global version resets the fragment's other counters (its ``seq`` goes on).
-    - ``schedule="after-version"`` is the alternative the benchmark harness compares it with
-      (``diloco bench quality --after-version-schedule``): due H steps after the new version
-      arrived, so a fragment's period is H plus the delay (docs/algorithm.md §3.2).
+    - A fragment is due when its H inner steps since the last global version are done, and, once
+      sent, again H steps after that send if the merged version has not come back yet (a learner
+      overlaps communication with training). That second send carries only the progress made
+      since the first (:class:`Sent`; the learner's anchor moved to the sent point), so progress
+      the synchronizer merged already is never sent again.
+    - Taking a global version resets the fragment's counters but ``since_send`` (its ``seq`` goes on).
+    - ``schedule="fixed"`` is the papers' schedule (fragment p due when the learner's step t
+      satisfies ``t mod H = t_p``, counted per fragment by ``since_send``, whenever its new version
+      arrived), which the benchmark harness compares with the default
+      (``diloco bench quality --fixed-schedule``, docs/algorithm.md §3.2).
 
     The counting and due rule of docs/algorithm.md §3.2, used by the worker
     (``diloco_worker.fragment_state``, which adds the tensors) and by the benchmark harness's
@@ -133,7 +133,7 @@ class FragmentCounters:
         self,
         plan: FragmentPlan,
         counters: Sequence[FragmentCounter] | None = None,
-        schedule: Schedule = "fixed",
+        schedule: Schedule = "after-version",
     ) -> None:
         if counters is not None and len(counters) != len(plan.fragments):
             raise ValueError(
