@@ -170,12 +170,14 @@ class Learner:
         steps: int = 4,
         tokens: int | None = None,
         seq: int | None = None,
+        since: int = 0,
     ) -> httpx.Response:
         if seq is None:
             self.seq += 1
             seq = self.seq
         params = {
             "base_version": base,
+            "since": since,
             "steps": steps,
             "tokens": tokens if tokens is not None else steps * 8,
             "seq": seq,

@@ -86,9 +86,10 @@ def test_learner_loss_tokens_and_contribution_staleness_are_exported(sync_factor
     for i, learner in enumerate((a, b)):
         assert learner.contribute(0, 0, encode_grad(outer_grad(plan, 0, seed=i), 0, 0)).status_code == 202
     assert a.fetch(0, newer_than=0, wait=30) is not None
-    # round 2 at version 1: a is current, b still sends a gradient based on version 0 (staleness 1)
+    # round 2 at version 1: a is current, b still sends a gradient based on version 0 (staleness 1):
+    # its progress after the 4 steps merged in round 1
     assert a.contribute(0, 1, encode_grad(outer_grad(plan, 0, seed=2), 0, 1)).status_code == 202
-    assert b.contribute(0, 0, encode_grad(outer_grad(plan, 0, seed=3), 0, 0)).status_code == 202
+    assert b.contribute(0, 0, encode_grad(outer_grad(plan, 0, seed=3), 0, 0), since=4).status_code == 202
     got = a.fetch(0, newer_than=1, wait=30)
     assert got is not None
     assert got[0] == 2
