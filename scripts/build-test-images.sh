@@ -164,10 +164,13 @@ build_project_image sync Dockerfile.sync
 make_base base-torch trixie python3,python3-venv,python-is-python3,ca-certificates,python3-torch USE_LIBUV=0
 build_project_image worker Dockerfile.worker --build-arg WORKER_EXTRA=worker-base-torch \
   --build-arg VENV_OPTIONS=--system-site-packages
-# Archives of other builds go once unused for two days (a build per change of the code: they add up);
-# those of this set are touched, so that other checkouts' recent builds stay.
+# Each change of the code is a new build of a GB or more: of each image, the archives of this set
+# (touched here) and of the one most recently used before it stay, and older ones go.
 for entry in "${entries[@]}"; do touch "$(echo "$entry" | sed -E 's/.*"archive": "([^"]+)".*/\1/')"; done
-find "$CACHE" -maxdepth 1 \( -name '*.tar' -o -name 'set-*.json' \) -mtime +2 -delete
+for name in pause seaweedfs base base-torch sync worker; do
+  ls -t "$CACHE/$name"-????????????????.tar 2>/dev/null | tail -n +3 | xargs -r rm -f
+done
+ls -t "$CACHE"/set-*.json 2>/dev/null | tail -n +5 | xargs -r rm -f
 set_key="$(printf '%s\n' "${entries[@]}" | hash_of)"
 out="$CACHE/set-$set_key.json"
 (IFS=,; printf '{%s}\n' "${entries[*]}") > "$out"

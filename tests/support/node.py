@@ -518,11 +518,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def _import_images(self) -> None:
         """Import the images this run uses; drop the project's images of other builds (this
         instance's containerd keeps its images between runs, and each build's are a GB or more)."""
-        present = set(self.ctr("images", "list", "--quiet").stdout.split())
+        targets = {}  # reference -> digest of its manifest
+        for line in self.ctr("images", "list").stdout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 3:
+                targets[fields[0]] = fields[2]
+        present = set(targets)
         wanted = {image.image for image in self.images.values()}
-        stale = sorted(ref for ref in present if ref.startswith("diloco.local/") and ref not in wanted)
+        kept = {digest for ref, digest in targets.items()
+                if ref in wanted or not ref.startswith(("diloco.local/", "sha256:"))}  # fmt: skip
+        # the CRI also names each image by its ID (sha256:...): that name holds its layers too
+        stale = sorted(ref for ref, digest in targets.items()
+                       if (ref.startswith("diloco.local/") and ref not in wanted)
+                       or (ref.startswith("sha256:") and digest not in kept))  # fmt: skip
         if stale:
-            self.ctr("images", "remove", *stale, check=False)
+            self.ctr("images", "remove", "--sync", *stale, check=False)
         for name, image in sorted(self.images.items()):
             if image.image in present:
                 continue
