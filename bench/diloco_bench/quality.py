@@ -32,10 +32,10 @@ def main(argv: list[str]) -> int:
         "--delayed-nesterov", type=int, default=0, help="decoupled's Delayed Nesterov N (0: plain)"
     )
     p.add_argument(
-        "--fixed-schedule",
+        "--after-version-schedule",
         action="store_true",
-        help="add a decoupled row whose fragments fall due at t mod H = t_p (the papers' schedule) "
-        "next to the default one (H steps after the new version arrived)",
+        help="add a decoupled row whose fragments fall due H steps after their new version arrived "
+        "next to the default one (t mod H = t_p, the papers' schedule)",
     )
     p.add_argument(
         "--combine",
@@ -54,8 +54,10 @@ def main(argv: list[str]) -> int:
         runs.diloco_sync(a.learners, a.inner_steps),
         runs.decoupled(a.learners, inner_steps=a.inner_steps, delayed_nesterov=a.delayed_nesterov),
     ]
-    if a.fixed_schedule:
-        methods.append(replace(methods[-1], name=f"{methods[-1].name}, fixed schedule", schedule="fixed"))
+    if a.after_version_schedule:
+        methods.append(
+            replace(methods[-1], name=f"{methods[-1].name}, after-version schedule", schedule="after-version")
+        )
     methods = experiment.with_outer(methods, a)
     corpus = workload.Corpus(w)
     timing = runs.Timing(steps=a.steps, eval_every=a.eval_every)

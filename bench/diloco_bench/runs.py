@@ -6,8 +6,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from diloco_core.config import DiLoCoSettings, Quantizer
-from diloco_core.learner import Schedule
+from diloco_core.config import DiLoCoSettings, Quantizer, Schedule
 
 WIRE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -41,7 +40,7 @@ class Method:
     error_feedback: bool = (
         False  # learners carry each fragment's quantization residual into its next outer gradient
     )
-    schedule: Schedule = "after-version"  # "fixed": the papers' (t mod H = t_p)
+    schedule: Schedule = "fixed"  # the papers' (t mod H = t_p); or "after-version"
     down_codec: str = (
         "fp32"  # fp32: every new version whole; otherwise its quantized difference to the previous one
     )

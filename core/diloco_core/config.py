@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Quantizer = Literal["fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2", "int1", "topk"]
 MergeRule = Literal["rda", "mean"]
 FragmentStrategy = Literal["balanced", "strided"]
+# when a learner sends a fragment (docs/algorithm.md §3.2)
+Schedule = Literal["fixed", "after-version"]
+SCHEDULES: tuple[Schedule, ...] = ("fixed", "after-version")
 # 'builtin', or 'package.module:function' (Python identifiers): what ``diloco_worker.entry`` resolves
 ENTRY_POINT_PATTERN = r"^(builtin|[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
 
@@ -69,6 +72,12 @@ class DiLoCoSettings(_Model):
     fragment_strategy: FragmentStrategy = Field(
         "balanced",
         description="packing of tensors into fragments: balanced sizes, or layer i in fragment i mod P",
+    )
+    schedule: Schedule = Field(
+        "fixed",
+        description="when a learner sends fragment p: 'fixed', at its steps t with t mod H = t_p whenever "
+        "the merged version arrived (the papers' schedule), or 'after-version', H steps after its newest "
+        "global version arrived",
     )
 
     @model_validator(mode="after")

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from diloco_core.config import SCHEDULES, Schedule
 from diloco_core.fragments import FragmentPlan
 
 F32 = npt.NDArray[np.float32]
-Schedule = Literal["after-version", "fixed"]
 
 
 def outer_gradient(
@@ -113,16 +113,17 @@ class FragmentCounters:
     - Every counter starts at ``-offset``, so the fragments fall due at different steps; tokens are
       counted only for steps after the counter passed zero, so ``tokens / steps`` is the learner's
       tokens per step on the first round too.
-    - A fragment is due when its H inner steps since the last global version are done, and, once
-      sent, again H steps after that send if the merged version has not come back yet (a learner
-      overlaps communication with training). That second send carries only the progress made
-      since the first (:class:`Sent`; the learner's anchor moved to the sent point), so progress
-      the synchronizer merged already is never sent again.
+    - ``schedule="fixed"`` (the default, the papers' schedule): fragment p is due when the learner's
+      step t satisfies ``t mod H = t_p`` (counted per fragment by ``since_send``), whenever its
+      merged version arrived.
+    - ``schedule="after-version"``: a fragment is due when its H inner steps since the last global
+      version are done, and, once sent, again H steps after that send if the merged version has not
+      come back yet (``diloco bench quality --after-version-schedule`` compares the two,
+      docs/algorithm.md §3.2).
+    - Either way a send carries only the progress made since the previous send on the same base
+      (:class:`Sent`; the learner's anchor moved to the sent point), so progress the synchronizer
+      merged already is never sent again, and nothing is sent when there is no new progress.
     - Taking a global version resets the fragment's counters but ``since_send`` (its ``seq`` goes on).
-    - ``schedule="fixed"`` is the papers' schedule (fragment p due when the learner's step t
-      satisfies ``t mod H = t_p``, counted per fragment by ``since_send``, whenever its new version
-      arrived), which the benchmark harness compares with the default
-      (``diloco bench quality --fixed-schedule``, docs/algorithm.md §3.2).
 
     The counting and due rule of docs/algorithm.md §3.2, used by the worker
     (``diloco_worker.fragment_state``, which adds the tensors) and by the benchmark harness's
@@ -133,14 +134,14 @@ class FragmentCounters:
         self,
         plan: FragmentPlan,
         counters: Sequence[FragmentCounter] | None = None,
-        schedule: Schedule = "after-version",
+        schedule: Schedule = "fixed",
     ) -> None:
         if counters is not None and len(counters) != len(plan.fragments):
             raise ValueError(
                 f"{len(counters)} fragment counters for a plan of {len(plan.fragments)} fragments"
             )
-        if schedule not in ("after-version", "fixed"):
-            raise ValueError(f"unknown schedule {schedule!r} (after-version or fixed)")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r} ({' or '.join(SCHEDULES)})")
         self.plan, self.schedule = plan, schedule
         self._counters = (
             list(counters)
@@ -221,5 +222,7 @@ class FragmentCounters:
         return [c.to_dict() for c in self._counters]
 
     @classmethod
-    def from_list(cls, plan: FragmentPlan, meta: Sequence[Mapping[str, Any]]) -> FragmentCounters:
-        return cls(plan, [FragmentCounter.from_dict(m) for m in meta])
+    def from_list(
+        cls, plan: FragmentPlan, meta: Sequence[Mapping[str, Any]], schedule: Schedule = "fixed"
+    ) -> FragmentCounters:
+        return cls(plan, [FragmentCounter.from_dict(m) for m in meta], schedule)

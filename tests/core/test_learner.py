@@ -118,15 +118,15 @@ def _due_steps(counters: FragmentCounters, steps: int, arrivals: dict[int, int])
     return due
 
 
-def test_the_default_schedule_sends_h_steps_after_the_new_version_arrived() -> None:
+def test_the_after_version_schedule_sends_h_steps_after_the_new_version_arrived() -> None:
     plan = build_plan([("h.0.w", (4,)), ("h.1.w", (4,))], num_fragments=2, inner_steps=4, overlap=1)
-    due = _due_steps(FragmentCounters(plan), 20, arrivals={0: 2, 1: 2})
+    due = _due_steps(FragmentCounters(plan, schedule="after-version"), 20, arrivals={0: 2, 1: 2})
     assert due == {0: [4, 10, 16], 1: [6, 12, 18]}  # period H + delay = 6
 
 
-def test_the_fixed_schedule_sends_at_t_mod_h_equal_to_the_offset_whatever_the_delay() -> None:
+def test_the_default_schedule_sends_at_t_mod_h_equal_to_the_offset_whatever_the_delay() -> None:
     plan = build_plan([("h.0.w", (4,)), ("h.1.w", (4,))], num_fragments=2, inner_steps=4, overlap=1)
-    due = _due_steps(FragmentCounters(plan, schedule="fixed"), 20, arrivals={0: 2, 1: 2})
+    due = _due_steps(FragmentCounters(plan), 20, arrivals={0: 2, 1: 2})
     assert due == {0: [4, 8, 12, 16, 20], 1: [6, 10, 14, 18]}  # offsets 0 and 2, period H
     # a version that arrives after the next due step: the send there carries the progress since the
     # previous send on the same base (nothing is sent twice)

@@ -1,5 +1,6 @@
 """Partial contributions (the synchronizer pulls a round's ready learners, docs/algorithm.md §3.4) with real
-learner processes against a real synchronizer: a much slower learner is merged only thanks to the pull."""
+learner processes against a real synchronizer: under the after-version schedule a much slower learner is
+merged only thanks to the pull; under the papers' schedule (the default, §3.2) it also sends on its own."""
 
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ def _slow_reported_a_step_time(sync: Synchronizer, slow: ManagedProcess) -> bool
     return any(lr["learner_id"] == "slow" and lr["step_time_s"] > 0 for lr in sync.status()["learners"])
 
 
-def _run(tmp: Path, *, pull: bool) -> list[dict[str, Any]]:
+def _run(tmp: Path, *, pull: bool, schedule: str) -> list[dict[str, Any]]:
     tmp.mkdir(parents=True)
-    sync = Synchronizer(tmp, inner_steps=H, fragments=P, overlap=OVERLAP, quorum=1)
+    sync = Synchronizer(
+        tmp, inner_steps=H, fragments=P, overlap=OVERLAP, quorum=1, extra=["--schedule", schedule]
+    )
     sync.start()
     env = None if pull else {"DILOCO_PARTIAL_CONTRIBUTIONS": "0"}
     # the sleeps of --speed-factor make the steps long against the HTTP and merge latencies; 3x slower.
@@ -67,9 +70,13 @@ def _share_with(rounds: list[dict[str, Any]], learner: str) -> float:
     return sum(learner in r["participants"] for r in rounds) / max(len(rounds), 1)
 
 
+def _steps_of(rounds: list[dict[str, Any]], learner: str) -> list[int]:
+    return [s for r in rounds for who, s in zip(r["participants"], r["steps"], strict=True) if who == learner]
+
+
 def test_a_slow_learner_is_merged_only_when_rounds_pull_its_partial_progress(tmp_path: Path) -> None:
-    pulled = _while_both_train(_run(tmp_path / "pull", pull=True))
-    alone = _while_both_train(_run(tmp_path / "no-pull", pull=False))
+    pulled = _while_both_train(_run(tmp_path / "pull", pull=True, schedule="after-version"))
+    alone = _while_both_train(_run(tmp_path / "no-pull", pull=False, schedule="after-version"))
     share_pulled, share_alone = _share_with(pulled, "slow"), _share_with(alone, "slow")
     print(f"rounds with the slow learner: {share_pulled:.0%} of {len(pulled)} with the pull, "
           f"{share_alone:.0%} of {len(alone)} without")  # fmt: skip
@@ -79,11 +86,27 @@ def test_a_slow_learner_is_merged_only_when_rounds_pull_its_partial_progress(tmp
     assert share_pulled >= 0.2
     assert share_pulled > 2 * share_alone
     # its pulled contributions are partial: fewer steps than H, and weighted by the tokens they carry
-    slow_steps = [
-        s for r in pulled for who, s in zip(r["participants"], r["steps"], strict=True) if who == "slow"
-    ]
+    slow_steps = _steps_of(pulled, "slow")
     assert slow_steps
     assert min(slow_steps) < H
     assert "partial outer gradient queued" in (tmp_path / "pull" / "slow.log").read_text()
     no_pull_logs = (tmp_path / "no-pull" / "slow.log").read_text()
     assert "partial outer gradient queued" not in no_pull_logs
+
+
+def test_under_the_papers_schedule_a_slow_learner_sends_at_its_own_steps_without_the_pull(
+    tmp_path: Path,
+) -> None:
+    alone = _while_both_train(_run(tmp_path / "fixed", pull=False, schedule="fixed"))
+    share = _share_with(alone, "slow")
+    print(f"rounds with the slow learner, no pull, the papers' schedule: {share:.0%} of {len(alone)}")
+    assert len(alone) >= 6
+    # it sends every H of its own steps, whatever versions arrived in between: about one round in
+    # three of the fast learner's (a third of the speed), each with its progress since its newest version
+    assert share >= 0.15
+    slow_steps = _steps_of(alone, "slow")
+    assert slow_steps
+    assert max(slow_steps) <= H
+    logs = (tmp_path / "fixed" / "slow.log").read_text()
+    assert "outer gradient queued" in logs
+    assert "partial outer gradient queued" not in logs

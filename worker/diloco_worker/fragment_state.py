@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from diloco_core import feedback
 from diloco_core.codec import encode
+from diloco_core.config import Schedule
 from diloco_core.fragments import FragmentPlan
 from diloco_core.learner import FragmentCounters, outer_gradient
 from torch import nn
@@ -71,7 +72,7 @@ class FragmentState:
             raise ValueError(f"the model has no parameters named {missing[:5]} that the fragment plan lists")
         self.plan = plan
         self.params = dict(params)
-        self.counters = FragmentCounters(plan)
+        self.counters = FragmentCounters(plan)  # the papers' schedule until the job says otherwise
         self.store = store(plan, self.params)
         # error feedback: per fragment, what the last payload did not carry (docs/algorithm.md §3.9)
         self.residuals: dict[int, dict[str, np.ndarray]] = {}
@@ -139,6 +140,10 @@ class FragmentState:
         joins a synchronous job takes its place in the round cycle: :mod:`.lockstep`)."""
         self.counters.set_steps(steps)
 
+    def set_schedule(self, schedule: Schedule) -> None:
+        """When fragments fall due (the job's ``schedule``, docs/algorithm.md §3.2)."""
+        self.counters.schedule = schedule
+
     def versions(self) -> dict[int, int]:
         return self.counters.versions()
 
@@ -152,7 +157,7 @@ class FragmentState:
         """Counters, anchors and (error feedback) residuals from a checkpoint."""
         if len(meta) != len(self.counters):
             raise ValueError(f"checkpoint has {len(meta)} fragments, the plan has {len(self.counters)}")
-        self.counters = FragmentCounters.from_list(self.plan, meta)
+        self.counters = FragmentCounters.from_list(self.plan, meta, self.counters.schedule)
         for p, tensors in anchors.items():
             self.store.load(p, tensors)
         self.residuals = {

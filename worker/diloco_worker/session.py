@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from diloco_core import protocol as proto
 from diloco_core.codec import decode, encode
-from diloco_core.config import DiLoCoSettings
+from diloco_core.config import SCHEDULES, DiLoCoSettings, Schedule
 from diloco_core.fragments import FragmentPlan
 
 from .comms import CommSettings, Communicator, backoff_delay
@@ -72,6 +72,7 @@ class DiLoCoSession:
         self.tokens_per_step, self.stop, self.metrics, self.health = tokens_per_step, stop, metrics, health
         self.alpha, self.quantizer, self.heartbeat_interval_s = 0.0, "int4", 2.0
         self.quorum, self.error_feedback = 1, False
+        self.schedule: Schedule = "fixed"  # the job's, from the synchronizer (rank 0 tells the others)
         self._short_of_learners = False
         self.client: SyncClient | None = None  # the synchronizer (shard) the learner was given
         self.shards: ShardClients | None = None  # every shard, once the home one has answered
@@ -112,7 +113,7 @@ class DiLoCoSession:
         known = {k: v for k, v in resp.diloco.items() if k in DiLoCoSettings.model_fields}
         job = DiLoCoSettings.model_validate(known)
         self.alpha, self.quantizer, self.quorum = job.mixing_alpha, job.codec, job.quorum
-        self.error_feedback = job.error_feedback
+        self.error_feedback, self.schedule = job.error_feedback, job.schedule
         self.heartbeat_interval_s = resp.heartbeat_interval_s
         for p in resp.needs_init:
             self._upload_init(client, p)
@@ -202,6 +203,8 @@ class DiLoCoSession:
             if versions is not None:
                 arrivals = self._first_globals(versions)
         _, arrivals = self.unit.boundary(False, arrivals, self.plan)
+        # every rank of the unit counts, so every rank follows the job's schedule
+        self.fs.set_schedule(SCHEDULES[self.unit.share_int(SCHEDULES.index(self.schedule))])
         for p, (version, tensors) in sorted(arrivals.items()):
             if resumed:
                 self.fs.apply(p, version, tensors, self.alpha)
