@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,8 @@ from kubernetes import client as k8s
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
+from tests.support.ports import free_port
+from tests.support.process import ManagedProcess
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,3 +196,26 @@ class PodDeletions:
 
     def __exit__(self, *_: object) -> None:
         self._watch.stop()
+
+
+def operator_process(
+    name: str, kubeconfig: str | Path, args: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+) -> tuple[ManagedProcess, int]:
+    """``diloco operator ARGS`` as a process (not yet started) with ``kubeconfig``, on its own liveness
+    port (returned), without metrics, with a 2 s resync and ``env`` (e.g. the chart's variables)."""
+    live_port = free_port()
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DILOCO_OPERATOR_", "KUBERNETES_SERVICE"))
+    }
+    environ.update(env or {})
+    environ.update(
+        {
+            "KUBECONFIG": str(kubeconfig),
+            "DILOCO_OPERATOR_RESYNC_SECONDS": "2",
+            "DILOCO_OPERATOR_METRICS_PORT": "0",
+            "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9",  # no synchronizer runs on kwok
+        }
+    )
+    argv = [sys.executable, "-m", "diloco", "operator", "--verbose", *args,
+            f"--liveness=http://127.0.0.1:{live_port}/healthz"]  # fmt: skip
+    return ManagedProcess(name, argv, log, env=environ), live_port

@@ -6,10 +6,8 @@ stays 200); once the active one stops, the other takes over and repairs drift on
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,11 +28,11 @@ from tests.operator.kubejobs import (
     events,
     expected_children,
     job_manifest,
+    operator_process,
     phase_is,
     unit,
 )
 from tests.support.kube import Cluster
-from tests.support.ports import free_port
 from tests.support.process import ManagedProcess
 from tests.support.waiting import wait_for
 
@@ -66,37 +64,16 @@ def peering(api: k8s.ApiClient) -> Iterator[str]:
 
 
 def replica(kube: Cluster, logs: Path, peering: str, priority: int) -> tuple[ManagedProcess, int]:
-    return operator_process(
+    return started_operator(
         kube,
         logs / "operator-peering" / f"{peering}-{priority}.log",
         [f"--peering={peering}", f"--priority={priority}"],
     )
 
 
-def operator_process(kube: Cluster, log: Path, args: list[str]) -> tuple[ManagedProcess, int]:
-    """``diloco operator ARGS`` as a process against ``kube`` (its own liveness port, no metrics)."""
-    live_port = free_port()
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("DILOCO_OPERATOR_", "KUBERNETES_SERVICE"))
-    }
-    env.update(
-        {
-            "KUBECONFIG": str(kube.kubeconfig),
-            "DILOCO_OPERATOR_RESYNC_SECONDS": "2",
-            "DILOCO_OPERATOR_METRICS_PORT": "0",
-            "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9",  # no synchronizer runs on kwok
-        }
-    )
-    argv = [
-        sys.executable,
-        "-m",
-        "diloco",
-        "operator",
-        "--verbose",
-        *args,
-        f"--liveness=http://127.0.0.1:{live_port}/healthz",
-    ]
-    proc = ManagedProcess(log.stem, argv, log, env=env)
+def started_operator(kube: Cluster, log: Path, args: list[str]) -> tuple[ManagedProcess, int]:
+    """``diloco operator ARGS`` started against ``kube`` (its own liveness port, no metrics)."""
+    proc, live_port = operator_process(log.stem, kube.kubeconfig, args, log)
     proc.start()
     return proc, live_port
 
@@ -224,7 +201,7 @@ def test_an_operator_run_by_hand_and_the_charts_pause_for_each_other(
     ]
     assert "--peering=diloco" in chart_args
     logs = test_logs_dir / "operator-peering"
-    chart, _ = operator_process(kube, logs / f"chart-{namespace}.log", chart_args)
+    chart, _ = started_operator(kube, logs / f"chart-{namespace}.log", chart_args)
     by_hand: ManagedProcess | None = None
     try:
         wait_for(
@@ -244,7 +221,7 @@ def test_an_operator_run_by_hand_and_the_charts_pause_for_each_other(
             describe=chart.log_tail,
         )
 
-        by_hand, _ = operator_process(
+        by_hand, _ = started_operator(
             kube, logs / f"by-hand-{namespace}.log", ["--priority=10"]
         )  # no --peering
         wait_for(

@@ -11,10 +11,8 @@ and the operator's log must show no request refused for lack of permission, nor 
 from __future__ import annotations
 
 import base64
-import os
 import re
 import secrets
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +33,13 @@ from tests.operator.kubejobs import (
     get_job,
     job_manifest,
     learner_pods,
+    operator_process,
     patch_spec,
     phase_is,
     running_on_kwok,
     unit,
 )
 from tests.support.kube import Cluster
-from tests.support.ports import free_port
 from tests.support.process import ManagedProcess
 from tests.support.waiting import wait_for
 
@@ -123,34 +121,11 @@ def chart_operator(
             .read_namespaced_deployment(f"{fullname}-operator", namespace)
             .spec.template.spec.containers[0]
         )
-        live_port = free_port()
         args = [a for a in container.args if not a.startswith("--liveness=")]
         chart_env = {e.name: e.value for e in container.env if e.name.startswith("DILOCO_OPERATOR_")}
         kubeconfig = token_kubeconfig(kube, api, namespace, fullname, tmp_path / "operator-kubeconfig.yaml")
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("DILOCO_OPERATOR_", "KUBERNETES_SERVICE"))
-        }
-        env.update(chart_env)
-        env.update(
-            {
-                "KUBECONFIG": str(kubeconfig),
-                "DILOCO_OPERATOR_RESYNC_SECONDS": "2",
-                "DILOCO_OPERATOR_METRICS_PORT": "0",
-                "DILOCO_OPERATOR_SYNC_URL": "http://127.0.0.1:9",  # no synchronizer runs on kwok
-            }
-        )
-        argv = [
-            sys.executable,
-            "-m",
-            "diloco",
-            "operator",
-            *args,
-            "--verbose",
-            f"--liveness=http://127.0.0.1:{live_port}/healthz",
-        ]
-        proc = ManagedProcess("operator", argv, test_logs_dir / "operator-rbac" / f"{release}.log", env=env)
+        log = test_logs_dir / "operator-rbac" / f"{release}.log"
+        proc, live_port = operator_process("operator", kubeconfig, args, log, chart_env)
         proc.start()
         yield ChartOperator(proc, live_port, kubeconfig, f"{namespace}/{fullname}", jobs_namespace)
     finally:
