@@ -48,6 +48,16 @@ podman_cmd() {
 
 hash_of() { sha256sum | cut -c1-16; }
 
+# keep_newest N FILE...: remove all but the N most recently modified of the FILEs that exist
+# (an unmatched pattern stays a word of its own, which is no file)
+keep_newest() {
+  local n="$1" f files=()
+  shift
+  for f in "$@"; do [ -f "$f" ] && files+=("$f"); done
+  [ "${#files[@]}" -gt "$n" ] || return 0
+  ls -t -- "${files[@]}" | tail -n +"$((n + 1))" | xargs -r -d '\n' rm -f --
+}
+
 # The files a Dockerfile copies from the build context, hashed with the Dockerfile itself.
 context_hash() {
   local dockerfile="$1"
@@ -168,11 +178,11 @@ build_project_image worker Dockerfile.worker --build-arg WORKER_EXTRA=worker-bas
 # (touched here) and of the one most recently used before it stay, and older ones go.
 for entry in "${entries[@]}"; do touch "$(echo "$entry" | sed -E 's/.*"archive": "([^"]+)".*/\1/')"; done
 for name in pause seaweedfs base base-torch sync worker; do
-  ls -t "$CACHE/$name"-????????????????.tar 2>/dev/null | tail -n +3 | xargs -r rm -f
+  keep_newest 2 "$CACHE/$name"-????????????????.tar
 done
-ls -t "$CACHE"/set-*.json 2>/dev/null | tail -n +5 | xargs -r rm -f
 set_key="$(printf '%s\n' "${entries[@]}" | hash_of)"
 out="$CACHE/set-$set_key.json"
 (IFS=,; printf '{%s}\n' "${entries[*]}") > "$out"
+keep_newest 4 "$CACHE"/set-*.json
 log "images ready: $out"
 echo "$out"
