@@ -2,7 +2,8 @@
 # Runs the integration tests against a kind cluster (needs Docker and kind) instead of the test
 # control plane that the fixtures otherwise start. Only the cluster differs: the same tests run,
 # pointed at it through DILOCO_TEST_KUBECONFIG; the end-to-end tests (tests/e2e) run the images
-# built here, loaded into kind, on kind's nodes.
+# built here, loaded into kind, on kind's nodes. The tests marked `kwok` (pods that must run on the
+# test control plane's fake nodes whatever their image) skip on kind.
 #
 #   scripts/test-kind.sh [pytest args]      # KIND_CLUSTER_NAME (default diloco-test); KEEP_CLUSTER=1 keeps it
 set -euo pipefail

@@ -127,6 +127,16 @@ def s3_server_factory(test_logs_dir: Path) -> Iterator[Callable[[], S3Server]]:
 
 
 GPU_SKIP_REASON = "needs a CUDA GPU; PyTorch sees none on this machine (tests marked gpu are skipped)"
+KWOK_SKIP_REASON = (
+    "waits for pods on the test control plane's kwok nodes (which run no process and take any image); "
+    "an existing cluster (DILOCO_TEST_KUBECONFIG) has none"
+)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked ``kwok`` are skipped on an existing cluster."""
+    if item.get_closest_marker("kwok") is not None and os.environ.get("DILOCO_TEST_KUBECONFIG"):
+        pytest.skip(KWOK_SKIP_REASON)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

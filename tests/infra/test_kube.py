@@ -85,6 +85,7 @@ def _wait_running(core: k8s.CoreV1Api, namespace: str, name: str, replicas: int)
     )
 
 
+@pytest.mark.kwok
 def test_statefulset_pods_run_on_kwok_nodes(
     kube: Cluster, core: k8s.CoreV1Api, apps: k8s.AppsV1Api, namespace: str
 ) -> None:

@@ -40,7 +40,7 @@ from tests.support.kwok import FAIL_LABEL
 from tests.support.ports import free_port
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kwok]
 
 
 def test_job_creates_children_pods_run_and_status_fills(

@@ -32,7 +32,7 @@ from tests.operator.kubejobs import (
 from tests.support.kube import Cluster
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kwok]
 
 
 class StatusRecorder:

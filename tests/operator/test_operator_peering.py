@@ -36,7 +36,7 @@ from tests.support.kube import Cluster
 from tests.support.process import ManagedProcess
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kwok]
 
 PEERINGS = ("kopf.dev", "v1", "clusterkopfpeerings")
 # The operator's own lines about a child it wrote.

@@ -150,6 +150,7 @@ def test_pod_watch_reports_lost_and_rejoined() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.kwok  # the other unit's pods must run whatever their image
 def test_a_unit_no_node_can_take_says_unschedulable_with_the_schedulers_reason(
     api: k8s.ApiClient, namespace: str, operator: KopfRunner
 ) -> None:
@@ -206,6 +207,7 @@ def test_a_unit_no_node_can_take_says_unschedulable_with_the_schedulers_reason(
 
 
 @pytest.mark.integration
+@pytest.mark.kwok
 def test_resizing_a_unit_restarts_its_pods_together_and_no_other(
     api: k8s.ApiClient, namespace: str, operator: KopfRunner
 ) -> None:

@@ -43,7 +43,7 @@ from tests.support.kube import Cluster
 from tests.support.process import ManagedProcess
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kwok]
 
 AUDIENCE = "https://kubernetes.default.svc.cluster.local"  # the test apiserver's issuer
 # a 403 status as the clients log it ("(403)", "HTTP 403:", "Code: 403"), not digits of a

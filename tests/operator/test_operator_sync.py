@@ -41,7 +41,7 @@ from tests.synchronizer.helpers import (
     tiny_plan,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kwok]
 
 JOB = "prog"
 UNITS = ("a", "b", "c")
