@@ -243,10 +243,15 @@ def test_resizing_a_unit_restarts_its_pods_together_and_no_other(
     # Together: both old pods were deleted, with their grace period, before the replacement of either
     # was ready (a rolling update deletes one, waits for its replacement to be ready, then the next).
     assert deletions.seen == {"grow-a-0": 120, "grow-a-1": 120}
-    old = set(before.values())
-    last_deleted = max(
-        i for i, (_, uid, deleting, _) in enumerate(deletions.timeline) if deleting and uid in old
-    )
+    old = {before["grow-a-0"], before["grow-a-1"]}
+    # when each old pod was asked to go: its first event with a deletionTimestamp (a terminating pod
+    # goes on sending events until it is gone, which may be after a replacement is ready)
+    asked = {}
+    for i, (_, uid, deleting, _) in enumerate(deletions.timeline):
+        if deleting and uid in old:
+            asked.setdefault(uid, i)
+    assert set(asked) == old, deletions.timeline
+    last_deleted = max(asked.values())
     first_ready = min(
         i
         for i, (name, uid, _, ready) in enumerate(deletions.timeline)
