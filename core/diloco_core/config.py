@@ -8,7 +8,7 @@ point (flags, environment, the operator's ConfigMap) and stored in checkpoints.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -17,7 +17,7 @@ MergeRule = Literal["rda", "mean"]
 FragmentStrategy = Literal["balanced", "strided"]
 # when a learner sends a fragment (docs/algorithm.md §3.2)
 Schedule = Literal["fixed", "after-version"]
-SCHEDULES: tuple[Schedule, ...] = ("fixed", "after-version")
+SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
 # 'builtin', or 'package.module:function' (Python identifiers): what ``diloco_worker.entry`` resolves
 ENTRY_POINT_PATTERN = r"^(builtin|[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
 

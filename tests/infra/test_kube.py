@@ -136,11 +136,10 @@ def _watch_phases(
                 stream.stop()
 
 
+@pytest.mark.kwok  # kwok's failure stage exists only in the test control plane
 def test_failed_pod_is_replaced(
     kube: Cluster, core: k8s.CoreV1Api, apps: k8s.AppsV1Api, namespace: str
 ) -> None:
-    if not kube.has_kwok:
-        pytest.skip("kwok's failure stage exists only in the test control plane, not in an existing cluster")
     _create_statefulset(apps, core, namespace, "victim", replicas=2)
     _wait_running(core, namespace, "victim", replicas=2)
     old = core.read_namespaced_pod("victim-1", namespace)

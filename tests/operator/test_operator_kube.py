@@ -329,24 +329,28 @@ def condition(job: dict[str, Any], ctype: str) -> tuple[str, str, str] | None:
     return None
 
 
+def _await_chaos_said(api: k8s.ApiClient, namespace: str, job: str, reason: str, event: str) -> None:
+    """The job's Chaos condition is False with ``reason``, and the ``event`` was posted."""
+    wait_for(
+        lambda: (condition(get_job(api, namespace, job), "Chaos") or ("",))[:2] == ("False", reason),
+        timeout=30,
+        what=f"the Chaos condition {reason}",
+    )
+    wait_for(
+        lambda: event in events(api, namespace, job),
+        timeout=30,
+        what=f"the {event} event",
+        describe=lambda: str(events(api, namespace, job)),
+    )
+
+
 def test_chaos_is_refused_unless_the_operator_allows_it(
     api: k8s.ApiClient, namespace: str, operator: KopfRunner
 ) -> None:
     chaos = {"enabled": True, "mtbfSeconds": 0.001}  # would kill a pod on every resync
     create_job(api, namespace, job_manifest("nogame", [unit("a")], chaos=chaos))
     wait_for(lambda: phase_is(api, namespace, "nogame", "Running", "1/1"), timeout=90, what="phase Running")
-    wait_for(
-        lambda: (condition(get_job(api, namespace, "nogame"), "Chaos") or ("",))[:2]
-        == ("False", "NotAllowed"),
-        timeout=30,
-        what="the Chaos condition NotAllowed",
-    )
-    wait_for(
-        lambda: "ChaosRefused" in events(api, namespace, "nogame"),
-        timeout=30,
-        what="the ChaosRefused event",
-        describe=lambda: str(events(api, namespace, "nogame")),
-    )
+    _await_chaos_said(api, namespace, "nogame", "NotAllowed", "ChaosRefused")
     (pod,) = learner_pods(api, namespace, "nogame")
     time.sleep(5)  # two resync periods, each of which would have killed the pod
     assert [p.metadata.uid for p in learner_pods(api, namespace, "nogame")] == [pod.metadata.uid]
@@ -356,17 +360,7 @@ def test_chaos_is_refused_unless_the_operator_allows_it(
     assert events(api, namespace, "nogame").count("ChaosRefused") == 1
     # Failure parameters without enabled: true: said so, and still nothing killed.
     patch_spec(api, namespace, "nogame", {"chaos": {"enabled": False, "mtbfSeconds": 5}})
-    wait_for(
-        lambda: (condition(get_job(api, namespace, "nogame"), "Chaos") or ("",))[:2]
-        == ("False", "NotEnabled"),
-        timeout=30,
-        what="the Chaos condition NotEnabled",
-    )
-    wait_for(
-        lambda: "ChaosNotEnabled" in events(api, namespace, "nogame"),
-        timeout=30,
-        what="ChaosNotEnabled event",
-    )
+    _await_chaos_said(api, namespace, "nogame", "NotEnabled", "ChaosNotEnabled")
     assert [p.metadata.uid for p in learner_pods(api, namespace, "nogame")] == [pod.metadata.uid]
 
 
