@@ -19,6 +19,9 @@ import argparse
 import statistics
 import sys
 from dataclasses import replace
+from typing import get_args
+
+from diloco_core.config import Quantizer
 
 from diloco_bench import experiment, harness, plots, runs, workload
 
@@ -55,7 +58,10 @@ def main(argv: list[str]) -> int:
         "--up-codec", default="int1", help="upload codec of the combined row (default %(default)s)"
     )
     p.add_argument(
-        "--down-codec", default="int1", help="download codec of the compressed rows (default %(default)s)"
+        "--down-codec",
+        default="int1",
+        choices=get_args(Quantizer),
+        help="download codec of the compressed rows (default %(default)s)",
     )
     p.add_argument(
         "--quant-block",

@@ -103,8 +103,9 @@ class DiLoCoRun:
         self.plan = build_plan(
             shapes, method.fragments, method.inner_steps, method.overlap, embedding_names=emb
         )
-        self.syncer = Syncer(method.settings(), method.learners, self.plan, to_numpy(probe), method.down_codec,
-                             method.block_size)  # fmt: skip
+        self.syncer = Syncer(
+            method.settings(), method.learners, self.plan, to_numpy(probe), method.block_size
+        )
         self.learners = [
             SimLearner(m, method, w, timing, corpus, self.plan, seed) for m in range(method.learners)
         ]

@@ -38,6 +38,12 @@ def main(argv: list[str]) -> int:
         "next to the default one (t mod H = t_p, the papers' schedule)",
     )
     p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated methods to run, of dp, sync, decoupled (default all); with --combine, "
+        "a data-parallel run's JSON stays the baseline of the tables",
+    )
+    p.add_argument(
         "--combine",
         type=Path,
         nargs="+",
@@ -49,15 +55,20 @@ def main(argv: list[str]) -> int:
         return summarize(a, combine(a.combine))
     experiment.check_inner_steps(p, a.inner_steps)
     w, seeds = experiment.workload_from(a), experiment.seeds_from(a.seeds)
-    methods = [
-        runs.data_parallel(a.learners),
-        runs.diloco_sync(a.learners, a.inner_steps),
-        runs.decoupled(a.learners, inner_steps=a.inner_steps, delayed_nesterov=a.delayed_nesterov),
-    ]
+    decoupled = runs.decoupled(a.learners, inner_steps=a.inner_steps, delayed_nesterov=a.delayed_nesterov)
+    by_key = {
+        "dp": [runs.data_parallel(a.learners)],
+        "sync": [runs.diloco_sync(a.learners, a.inner_steps)],
+        "decoupled": [decoupled],
+    }
     if a.after_version_schedule:
-        methods.append(
-            replace(methods[-1], name=f"{methods[-1].name}, after-version schedule", schedule="after-version")
+        by_key["decoupled"].append(
+            replace(decoupled, name=f"{decoupled.name}, after-version schedule", schedule="after-version")
         )
+    keys = [k.strip() for k in a.only.split(",") if k.strip()] or list(by_key)
+    if unknown := sorted(set(keys) - set(by_key)):
+        p.error(f"--only: unknown methods {unknown}; choose from {sorted(by_key)}")
+    methods = [m for k in by_key if k in keys for m in by_key[k]]
     methods = experiment.with_outer(methods, a)
     corpus = workload.Corpus(w)
     timing = runs.Timing(steps=a.steps, eval_every=a.eval_every)
@@ -118,16 +129,21 @@ def trend(results: dict[str, list[runs.RunResult]]) -> str:
 
 
 def report(results: dict[str, list[runs.RunResult]]) -> str:
-    base = statistics.fmean(r.eval_loss for r in next(iter(results.values())))
+    """One row per method; the ratio column when the first method is data-parallel (the baseline)."""
+    first = next(iter(results))
+    base = (
+        statistics.fmean(r.eval_loss for r in results[first]) if first.startswith("data-parallel") else None
+    )
     rows = []
     for name, rs in results.items():
         losses = [r.eval_loss for r in rs]
+        ratio = [] if base is None else [f"{100 * (statistics.fmean(losses) / base - 1):+.1f}%"]
         rows.append([
-            name, experiment.mean_std(losses), f"{100 * (statistics.fmean(losses) / base - 1):+.1f}%",
-            f"{rs[0].tokens:,}", f"{statistics.fmean(r.goodput for r in rs):.0%}",
-            f"{statistics.fmean(r.wall_s for r in rs):.0f}",
+            name, experiment.mean_std(losses), *ratio, f"{rs[0].tokens:,}",
+            f"{statistics.fmean(r.goodput for r in rs):.0%}", f"{statistics.fmean(r.wall_s for r in rs):.0f}",
         ])  # fmt: skip
-    headers = ["method", "held-out loss (mean ± std)", "vs data-parallel", "tokens", "goodput", "wall s/run"]
+    headers = ["method", "held-out loss (mean ± std)", *([] if base is None else ["vs data-parallel"]),
+               "tokens", "goodput", "wall s/run"]  # fmt: skip
     return experiment.table(headers, rows)
 
 

@@ -41,7 +41,7 @@ class Method:
         False  # learners carry each fragment's quantization residual into its next outer gradient
     )
     schedule: Schedule = "fixed"  # the papers' (t mod H = t_p); or "after-version"
-    down_codec: str = (
+    down_codec: Quantizer = (
         "fp32"  # fp32: every new version whole; otherwise its quantized difference to the previous one
     )
     block_size: int = 256  # of the blocked quantizers, both directions (topk keeps 8 values per block)
@@ -52,7 +52,8 @@ class Method:
             inner_steps=self.inner_steps, fragments=self.fragments, overlap=self.overlap,
             quorum=self.quorum or self.learners, grace_gamma=self.grace_gamma,
             grace_cap_steps=self.grace_cap_steps, outer_lr=self.outer_lr, outer_momentum=self.outer_momentum,
-            delayed_nesterov=self.delayed_nesterov, codec=self.codec, merge_rule=self.merge_rule,
+            delayed_nesterov=self.delayed_nesterov, codec=self.codec, down_codec=self.down_codec,
+            merge_rule=self.merge_rule,
             token_weighting=self.token_weighting, staleness_power=self.staleness_power,
             max_staleness=self.max_staleness,
         )  # fmt: skip

@@ -9,11 +9,11 @@ import statistics
 from dataclasses import dataclass
 
 import numpy as np
-from diloco_core import codec, downlink, rounds
+from diloco_core import codec, rounds
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import FragmentPlan
 from diloco_core.outer import OuterState
-from diloco_core.round_math import merge_round
+from diloco_core.round_math import RoundResult, merge_round
 
 Arrays = dict[str, np.ndarray]
 
@@ -43,9 +43,10 @@ class Syncer:
     """Every fragment's version, outer state, pending contributions and open round; ``alive`` learners."""
 
     def __init__(self, settings: DiLoCoSettings, alive: int, plan: FragmentPlan, params: Arrays,
-                 down_codec: str = "fp32", block_size: int = 256) -> None:  # fmt: skip
+                 block_size: int = codec.q.DEFAULT_BLOCK_SIZE) -> None:  # fmt: skip
+        """``block_size``: the block of a blocked download codec (``settings.down_codec``)."""
         self.settings, self.alive, self.plan = settings, alive, plan
-        self.down_codec, self.block_size = down_codec, block_size
+        self.block_size = block_size
         self.global_params = {n: v.copy() for n, v in params.items()}
         P = len(plan.fragments)
         self.versions = [0] * P
@@ -58,7 +59,6 @@ class Syncer:
         self.participants = 0
         self.merged_steps = 0.0  # learner-steps, weighted by the fragment's share of the model
         self.norm_ratios: list[float] = []
-        self.down_residual: list[Arrays | None] = [None] * P
 
     def fragment(self, p: int) -> Arrays:
         return {n: self.global_params[n] for n in self.plan.fragments[p].names}
@@ -124,12 +124,13 @@ class Syncer:
         if not contribs:
             return None
         frag = self.plan.fragments[p]
-        result = merge_round(frag, self.fragment(p), self.outer[p], self.versions[p], contribs, self.settings)
+        result = merge_round(frag, self.fragment(p), self.outer[p], self.versions[p], contribs, self.settings,
+                             down_block_size=self.block_size)  # fmt: skip
         if len(contribs) > 1 and frag.kind == "dense":
             mean_norm = statistics.fmean(_norm(c.tensors) for c in contribs)
             if mean_norm > 0:
                 self.norm_ratios.append(_norm(result.update) / mean_norm)
-        release = self._release(p, result.params)
+        release = self._release(p, result)
         self.global_params.update(release.params)
         self.outer[p], self.versions[p] = result.outer, result.version
         self.rounds += 1
@@ -137,18 +138,14 @@ class Syncer:
         self.merged_steps += sum(c.steps for c in contribs) * frag.numel / self.plan.num_params
         return release
 
-    def _release(self, p: int, merged: Arrays) -> Release:
-        """The new version as it goes down: whole in fp32, or (``down_codec``) the quantized difference
-        to the previous version with the synchronizer's error feedback (``diloco_core.downlink``)."""
-        version = self.versions[p] + 1
-        if self.down_codec == "fp32":
-            blob = codec.encode(merged, fragment=p, base_version=version, kind="params", quantizer="fp32")
-            return Release(version, dict(merged), blob)
-        out = downlink.publish(self.fragment(p), merged, self.down_residual[p], fragment=p,
-                               version=self.versions[p], quantizer=self.down_codec,
-                               block_size=self.block_size)  # fmt: skip
-        self.down_residual[p] = out.residual
-        return Release(version, out.params, out.blob, update=True)
+    def _release(self, p: int, result: RoundResult) -> Release:
+        """The new version as it goes down: whole in fp32, or (``down_codec``) the update from the
+        previous version that the round published (``diloco_core.downlink``)."""
+        if result.down_blob is None:
+            blob = codec.encode(result.params, fragment=p, base_version=result.version, kind="params",
+                                quantizer="fp32")  # fmt: skip
+            return Release(result.version, dict(result.params), blob)
+        return Release(result.version, result.params, result.down_blob, update=True)
 
 
 def _norm(arrays: Arrays) -> float:

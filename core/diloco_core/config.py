@@ -52,6 +52,12 @@ class DiLoCoSettings(_Model):
         description="learners add each fragment's quantization residual to its next outer gradient "
         "(kept in their checkpoints); for int2, int1 and topk",
     )
+    down_codec: Quantizer = Field(
+        "fp32",
+        description="what goes down to the learners: fp32, every new version whole; otherwise the "
+        "version's difference to the previous one in this quantization, with the synchronizer's error "
+        "feedback (a learner that does not hold the previous version gets the whole version)",
+    )
     mixing_alpha: float = Field(0.0, ge=0.0, le=1.0, description="alpha: 0 overwrites local with global")
     merge_rule: MergeRule = Field(
         "rda", description="how contributions are merged: radial-directional averaging or the weighted mean"

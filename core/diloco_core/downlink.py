@@ -60,7 +60,13 @@ def apply(
 ) -> tuple[int, dict[str, F32]] | None:
     """The version an update payload makes from the learner's copy of version ``known_version``, or
     None when the update applies to another version (the learner then takes the full version)."""
-    payload = codec.decode(blob, fragment=fragment)
+    return apply_decoded(known_version, known, codec.decode(blob, fragment=fragment))
+
+
+def apply_decoded(
+    known_version: int, known: Arrays, payload: codec.Payload
+) -> tuple[int, dict[str, F32]] | None:
+    """:func:`apply` on a payload already decoded (and checked against its fragment)."""
     if payload.kind != "update":
         raise codec.UnsupportedFormat(f"expected an update payload, got {payload.kind!r}")
     if payload.base_version != known_version:

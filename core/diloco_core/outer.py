@@ -29,6 +29,7 @@ F32 = npt.NDArray[np.float32]
 _STEP_KEY = "__step__"
 _MOMENTUM = "momentum/"
 _BUFFER = "delayed/"
+_RESIDUAL = "downlink/"
 
 
 def _frozen(a: F32) -> F32:
@@ -38,17 +39,22 @@ def _frozen(a: F32) -> F32:
 
 @dataclass(frozen=True)
 class OuterState:
-    """Per-tensor momentum ``u`` and Delayed Nesterov buffer ``B`` (created on first use), and the
-    number of outer steps taken (Delayed Nesterov counts every merged contribution as one)."""
+    """Per-tensor momentum ``u`` and Delayed Nesterov buffer ``B`` (created on first use), the
+    number of outer steps taken (Delayed Nesterov counts every merged contribution as one), and with
+    compressed downloads the residual: what the outer steps made that the published version does
+    not carry yet (``diloco_core.downlink``; kept with this state so that a restart loses none of it)."""
 
     steps: int = 0
     momentum: Mapping[str, F32] = field(default_factory=dict)
     buffer: Mapping[str, F32] = field(default_factory=dict)
+    residual: Mapping[str, F32] = field(default_factory=dict)
 
     def to_arrays(self) -> dict[str, F32]:
-        """The state as float32 arrays (``momentum/NAME``, ``delayed/NAME``, ``__step__``), for storage."""
+        """The state as float32 arrays (``momentum/NAME``, ``delayed/NAME``, ``downlink/NAME``,
+        ``__step__``), for storage."""
         state = {_MOMENTUM + n: u for n, u in self.momentum.items()}
         state.update({_BUFFER + n: b for n, b in self.buffer.items()})
+        state.update({_RESIDUAL + n: r for n, r in self.residual.items()})
         # float32 counts outer steps exactly up to 2**24, far beyond any run's number of rounds
         state[_STEP_KEY] = np.array([self.steps], dtype=np.float32)
         return state
@@ -58,6 +64,7 @@ class OuterState:
         """The state that :meth:`to_arrays` wrote; raises ``ValueError`` on unknown keys."""
         u: dict[str, F32] = {}
         buf: dict[str, F32] = {}
+        residual: dict[str, F32] = {}
         steps = 0
         for key, value in d.items():
             arr = _frozen(np.array(value, dtype=np.float32))
@@ -69,9 +76,11 @@ class OuterState:
                 u[key[len(_MOMENTUM) :]] = arr
             elif key.startswith(_BUFFER):
                 buf[key[len(_BUFFER) :]] = arr
+            elif key.startswith(_RESIDUAL):
+                residual[key[len(_RESIDUAL) :]] = arr
             else:
                 raise ValueError(f"unknown outer optimizer state key {key!r}")
-        return cls(steps, u, buf)
+        return cls(steps, u, buf, residual)
 
 
 @dataclass(frozen=True)
@@ -117,7 +126,7 @@ class OuterOptimizer:
             out[n], momentum[n] = self._nesterov(
                 state.momentum.get(n), np.asarray(params[n], np.float32), np.asarray(delta[n], np.float32)
             )
-        return out, OuterState(state.steps + 1, momentum, state.buffer)
+        return out, OuterState(state.steps + 1, momentum, state.buffer, state.residual)
 
     def _nesterov(self, u: F32 | None, p: F32, d: F32) -> tuple[F32, F32]:
         mu, lr = np.float32(self.momentum), np.float32(self.lr)
@@ -157,7 +166,7 @@ class OuterOptimizer:
                 assert u is not None  # a boundary sets it
                 momentum[name] = _frozen(u)
             buffer[name] = _frozen(buf)
-        return out, OuterState(state.steps + count, momentum, buffer)
+        return out, OuterState(state.steps + count, momentum, buffer, state.residual)
 
 
 def delayed_segments(steps: int, count: int, every: int) -> list[tuple[int, bool]]:

@@ -12,7 +12,10 @@ test all run this function, so they run the same algorithm:
 2. merge: RDA per tensor, or the weighted mean (always for an embedding fragment)
    (:func:`diloco_core.merge.merge_fragment`);
 3. outer step: Nesterov or Delayed Nesterov on the merged Δ, counting every contribution
-   (:class:`diloco_core.outer.OuterOptimizer`).
+   (:class:`diloco_core.outer.OuterOptimizer`);
+4. publication: with compressed downloads (``settings.down_codec``), the new version is the previous
+   one plus the quantized difference, and the rest waits in the state's residual
+   (:func:`diloco_core.downlink.publish`); otherwise the new version is the outer step's result.
 
 Checks of the inputs before step 1 and of the merged update between steps 2 and 3 belong here too:
 the result carries the update so that such a check can read it.
@@ -21,12 +24,13 @@ the result carries the update so that such a check can read it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from diloco_core import downlink
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
 from diloco_core.merge import contribution_weight, merge_fragment
@@ -62,6 +66,7 @@ class RoundResult:
     update: dict[str, F32]  # the merged outer gradient Δ the outer step took
     weights: tuple[float, ...]
     staleness: tuple[int, ...]  # versions each contribution's base is behind the round's version
+    down_blob: bytes | None = None  # with compressed downloads: the update from the previous version
 
 
 def outer_optimizer(settings: DiLoCoSettings) -> OuterOptimizer:
@@ -98,16 +103,28 @@ def merge_round(
     version: int,
     contributions: Sequence[MergeInput],
     settings: DiLoCoSettings,
+    *,
+    down_block_size: int = downlink.codec.q.DEFAULT_BLOCK_SIZE,
 ) -> RoundResult:
     """Version ``version + 1`` of ``fragment`` from version ``version`` (``params``, ``outer``) and
     the contributions merged into it; raises ``ValueError`` on inputs that cannot be merged
-    (none, mismatched tensors or shapes)."""
+    (none, mismatched tensors or shapes). ``down_block_size``: the block of a blocked download codec."""
     weights = round_weights(contributions, version, settings)
     update = merge_fragment(
         [c.tensors for c in contributions], weights, rule=settings.merge_rule, kind=fragment.kind,
         mean_tensors=fragment.mean_tensors,
     )  # fmt: skip
     new_params, new_outer = outer_optimizer(settings).step(outer, params, update, count=len(contributions))
+    down_blob = None
+    if settings.down_codec == "fp32":
+        new_outer = replace(new_outer, residual={})
+    else:
+        published = downlink.publish(
+            params, new_params, outer.residual or None, fragment=fragment.index, version=version,
+            quantizer=settings.down_codec, block_size=down_block_size,
+        )  # fmt: skip
+        new_params, down_blob = published.params, published.blob
+        new_outer = replace(new_outer, residual=published.residual)
     return RoundResult(
         version=version + 1,
         params=new_params,
@@ -115,4 +132,5 @@ def merge_round(
         update=update,
         weights=tuple(weights),
         staleness=tuple(staleness(c.base_version, version) for c in contributions),
+        down_blob=down_blob,
     )

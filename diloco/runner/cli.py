@@ -29,7 +29,15 @@ FLAGS = derive_flags(
     RunSettings,
     {
         "": None,
-        "diloco": ("inner_steps", "fragments", "overlap", "codec", "outer_lr", "outer_momentum"),
+        "diloco": (
+            "inner_steps",
+            "fragments",
+            "overlap",
+            "codec",
+            "down_codec",
+            "outer_lr",
+            "outer_momentum",
+        ),
         "model": ("n_layer", "n_head", "n_embd", "block_size", "seed"),
         "train": ("batch_size", "max_steps"),
     },

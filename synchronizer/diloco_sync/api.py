@@ -276,10 +276,19 @@ async def fetch_fragment(
         bool,
         Query(description="answer 204 when a round on newer_than opens that this learner has not joined"),
     ] = False,
+    have: Annotated[
+        int,
+        Query(
+            ge=-1,
+            le=MAX_VERSION,
+            description="the version this learner holds exactly: with the job's down_codec, the next "
+            "version comes as the update from it (a codec payload of kind 'update'; -1: send it whole)",
+        ),
+    ] = -1,
 ) -> Response:
     """The newest version of a fragment, with ``X-DiLoCo-Version``; 304 if none newer arrives in time;
     204 with ``X-DiLoCo-Round-Open`` when asked to announce a round this learner should join."""
-    found = await service.fetch(learner_id, p, newer_than, wait, announce_rounds=announce_rounds)
+    found = await service.fetch(learner_id, p, newer_than, wait, announce_rounds=announce_rounds, have=have)
     if isinstance(found, RoundOpen):
         headers = {ROUND_OPEN_HEADER: str(found.version), FRAGMENT_HEADER: str(p)}
         if found.deadline_s is not None:

@@ -141,6 +141,7 @@ class FragmentState:
         self._version = -1
         self._params: Arrays | None = None
         self._payload: bytes | None = None  # the current version, encoded once for every reader
+        self._update: bytes | None = None  # with compressed downloads: the current version's update
         self._rounds = 0
         self._phase: Phase = "uninitialised"
         self._round = policy.open_round(spec.index, -1, 0.0)
@@ -172,6 +173,14 @@ class FragmentState:
 
     @property
     def payload(self) -> bytes | None:
+        return self._payload
+
+    def payload_for(self, have: int) -> bytes | None:
+        """What takes a reader holding version ``have`` exactly to the current version: the update
+        from the previous version (compressed downloads, ``diloco_core.downlink``) when ``have`` is
+        that version and the update is known, the whole version otherwise (None: no version yet)."""
+        if self._update is not None and have == self._version - 1:
+            return self._update
         return self._payload
 
     @property
@@ -373,18 +382,19 @@ class FragmentState:
 
     def commit(
         self, *, version: int, params: Arrays, payload: bytes, outer: OuterState, now: float, quorum: int,
-        norms: NormHistory | None = None, excluded: int = 0,
+        norms: NormHistory | None = None, excluded: int = 0, update: bytes | None = None,
     ) -> None:  # fmt: skip
         """The merged version is durable: make it current, wake every long-poll waiting for it, and
         start the next round with whatever is still pending. Every contribution of the merge (those
-        its checks excluded too) is done with: its keys are applied."""
+        its checks excluded too) is done with: its keys are applied. ``update``: the version as the
+        update from the previous one (compressed downloads)."""
         self._expect("merging")
         self._norms = norms if norms is not None else self._norms
         self._excluded += excluded
         self._applied.extend(part.key for c in self._merging for part in c.received())
         self._merged_through.update(merged_through(self._merged_through, self._merging))
         self._outer, self._rounds, self._phase = outer, self.rounds + 1, "committed"
-        self._publish(version, params, payload)
+        self._publish(version, params, payload, update)
         self._open_round(now, quorum)
 
     def settle(self) -> None:
@@ -426,9 +436,9 @@ class FragmentState:
             and learner_id not in self._pending
         )
 
-    def _publish(self, version: int, params: Arrays, payload: bytes) -> None:
+    def _publish(self, version: int, params: Arrays, payload: bytes, update: bytes | None = None) -> None:
         """Make a new version current and wake every long-poll waiting for it."""
-        self._version, self._params, self._payload = version, params, payload
+        self._version, self._params, self._payload, self._update = version, params, payload, update
         self._notify()
 
     def _notify(self) -> None:

@@ -163,6 +163,7 @@ class RoundRunner:
         fs.commit(
             version=result.version, params=result.params, payload=outcome.payload, outer=result.outer,
             now=self.clock(), quorum=self.diloco.quorum, norms=outcome.norms, excluded=len(outcome.excluded),
+            update=result.down_blob,
         )  # fmt: skip
         try:
             for c in contributions:

@@ -274,12 +274,15 @@ class SyncService:
             )
 
     async def fetch(
-        self, learner_id: str, p: int, newer_than: int, wait: float, *, announce_rounds: bool = False
-    ) -> tuple[int, bytes] | RoundOpen | None:
+        self, learner_id: str, p: int, newer_than: int, wait: float, *, announce_rounds: bool = False,
+        have: int = -1,
+    ) -> tuple[int, bytes] | RoundOpen | None:  # fmt: skip
         """The newest version if newer than ``newer_than`` (waiting up to ``wait`` s), else None.
 
         With ``announce_rounds``, a round on version ``newer_than`` that this learner has not joined
-        answers early with :class:`RoundOpen`: the learner is asked for its partial progress.
+        answers early with :class:`RoundOpen`: the learner is asked for its partial progress. A
+        learner that holds version ``have`` exactly gets, with compressed downloads, the update from
+        it when the new version is the next one (``FragmentState.payload_for``).
         """
         fs = self.fragments.get(p)
         news = await fs.wait_newer(
@@ -287,13 +290,14 @@ class SyncService:
         )
         if news == "round":
             return RoundOpen(newer_than, self.policy.grace_left(fs.round, self.clock()))
-        if news is None or fs.payload is None:
+        payload = fs.payload_for(have)
+        if news is None or payload is None:
             return None
         learner = self.registry.get(learner_id)
         if learner is not None:
             learner.base_versions[p] = fs.version
-        self.traffic.served(len(fs.payload))
-        return fs.version, fs.payload
+        self.traffic.served(len(payload))
+        return fs.version, payload
 
     # -- views -----------------------------------------------------------------------------------
 

@@ -280,3 +280,18 @@ def test_quantize_compares_numpy_and_torch_and_checks_the_bytes(
     assert [r["format"] for r in rows] == ["fp32", "bf16", "fp16", "int8", "int4", "e3m0"]
     assert all(r["identical"] and r["torch_decode"] > 0 for r in rows)
     assert "| int4 |" in capsys.readouterr().out
+
+
+def test_quality_runs_only_the_methods_asked_for(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    argv = [*TINY, "--steps", "4", "--inner-steps", "4", "--seeds", "0", "--only", "decoupled", "--no-plot"]
+    assert quality.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "| decoupled (int4) |" in text
+    assert "data-parallel" not in text
+    assert "DiLoCo sync" not in text
+
+
+def test_quality_rejects_an_unknown_method(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        quality.main(["--only", "decoupled,zero"])
+    assert "unknown methods ['zero']" in capsys.readouterr().err

@@ -90,6 +90,7 @@ def cases() -> list[Case]:
             "dense-mean-unweighted", dense, 4, merge_rule="mean", token_weighting=False, outer_momentum=0.5
         ),
         _case("embedding-delayed-2", embedding, 5, delayed_nesterov=2, outer_lr=1.0, staleness_power=1.0),
+        _case("dense-rda-nesterov-down-int2", dense, 1, down_codec="int2"),
     ]
 
 

@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from diloco_core import downlink
 from diloco_core.config import DiLoCoSettings
 from diloco_core.outer import OuterState
 from diloco_core.round_math import merge_round, round_weights
@@ -45,6 +46,38 @@ def test_a_round_edits_nothing_it_is_given() -> None:
         assert digest(again.params) == digest(result.params)  # a dropped result can simply be recomputed
         params, outer = result.params, result.outer
     assert outer.steps == 1 + 3 + 2
+
+
+def test_compressed_downloads_lose_nothing_the_outer_steps_made() -> None:
+    """With ``down_codec`` each version is the previous one plus the decoded update, and the
+    residual carries the rest: version + residual follows the uncompressed run's versions (the outer
+    step depends on the contributions and the momentum only), and the update payload makes the
+    version from the previous one bit for bit."""
+    plain, down = cases()[0], cases()[-1]
+    assert down.settings.down_codec == "int2"
+    exact, exact_outer = dict(plain.params), OuterState()
+    params, outer = dict(down.params), OuterState()
+    for version, given in enumerate(down.rounds):
+        ref = merge_round(plain.fragment, exact, exact_outer, version, given, plain.settings)
+        result = merge_round(down.fragment, params, outer, version, given, down.settings)
+        assert ref.down_blob is None
+        assert not ref.outer.residual
+        assert result.down_blob is not None
+        made = downlink.apply(version, params, result.down_blob, down.fragment)
+        assert made is not None
+        assert made[0] == result.version
+        for name in params:
+            np.testing.assert_array_equal(made[1][name], result.params[name])
+            np.testing.assert_allclose(
+                result.params[name] + result.outer.residual[name], ref.params[name], atol=1e-5
+            )
+            assert not np.array_equal(result.params[name], ref.params[name])  # int2 really is lossy
+            np.testing.assert_array_equal(result.outer.momentum[name], ref.outer.momentum[name])
+        exact, exact_outer, params, outer = ref.params, ref.outer, result.params, result.outer
+    restored = OuterState.from_arrays(outer.to_arrays())  # the residual is stored with the outer state
+    assert restored.residual.keys() == outer.residual.keys()
+    for name, value in outer.residual.items():
+        np.testing.assert_array_equal(restored.residual[name], value)
 
 
 def _given(base: int, steps: int, tokens: int) -> Given:

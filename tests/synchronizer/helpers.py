@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from diloco_core import codec
+from diloco_core import codec, downlink
 from diloco_core.auth import learner_token
 from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.protocol import LEARNER_HEADER, VERSION_HEADER
@@ -147,6 +147,7 @@ class Learner:
         self.tokens_per_step = tokens_per_step
         self.client = httpx.Client(base_url=base_url, headers=auth_headers(learner_id), timeout=30)
         self.seq = 0
+        self.updates = 0  # versions that came as updates (compressed downloads)
 
     def register(self) -> httpx.Response:
         body = {
@@ -189,17 +190,30 @@ class Learner:
         return self.client.post(f"/v1/learners/{self.id}/heartbeat", json=body)
 
     def fetch(
-        self, p: int, newer_than: int = -1, wait: float = 0.0
+        self,
+        p: int,
+        newer_than: int = -1,
+        wait: float = 0.0,
+        have: tuple[int, Mapping[str, np.ndarray]] | None = None,
     ) -> tuple[int, dict[str, np.ndarray]] | None:
-        r = self.client.get(
-            f"/v1/fragments/{p}", params={"newer_than": newer_than, "wait": wait}, timeout=wait + 30
-        )
+        """The newest version if newer than ``newer_than``; ``have``: the version held exactly, to
+        which an update payload (compressed downloads) is applied. ``self.updates`` counts those."""
+        params = {"newer_than": newer_than, "wait": wait, **({"have": have[0]} if have else {})}
+        r = self.client.get(f"/v1/fragments/{p}", params=params, timeout=wait + 30)
         if r.status_code == 304:
             return None
         r.raise_for_status()
+        version = int(r.headers[VERSION_HEADER])
         payload = codec.decode(r.content, fragment=self.plan.fragments[p])
+        if payload.kind == "update":
+            assert have is not None, "an update payload to a learner that holds no version"
+            made = downlink.apply_decoded(have[0], have[1], payload)
+            assert made is not None
+            assert made[0] == version
+            self.updates += 1
+            return made
         assert payload.kind == "params"
-        return int(r.headers[VERSION_HEADER]), payload.tensors
+        return version, payload.tensors
 
     def close(self) -> None:
         self.client.close()

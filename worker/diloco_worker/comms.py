@@ -28,9 +28,9 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from diloco_core import bounds
+from diloco_core import bounds, downlink
 from diloco_core import protocol as proto
-from diloco_core.codec import CodecError, decode
+from diloco_core.codec import CodecError, Payload, decode
 from diloco_core.fragments import FragmentPlan
 
 from .fragment_state import Contribution
@@ -87,6 +87,9 @@ class CommSettings:
     poll_wait_s: float = 10.0
     bandwidth_limit: float = 0.0
     announce_rounds: bool = False  # ask to hear of rounds this learner should join (partial progress)
+    # keep each fragment's newest version in host memory, so that the next one can come as the update
+    # from it (the job's ``down_codec``, ``diloco_core.downlink``)
+    hold_versions: bool = False
 
 
 class Communicator:
@@ -110,11 +113,13 @@ class Communicator:
         self.progress = Progress()
         self.bytes_sent = 0
         self.sent = self.rejected = 0
+        self.updates = 0  # global versions that came as updates to the copy held (compressed downloads)
         self._on_unknown = on_unknown_learner
         self._stage = stage
         self._slots: dict[int, list[Contribution]] = {}  # per fragment, oldest first
         self._arrivals: dict[int, tuple[int, Mapping[str, np.ndarray]]] = {}
         self._known = dict(versions)  # newest version each poller has delivered
+        self._held: dict[int, tuple[int, dict[str, np.ndarray]]] = {}  # hold_versions: version, values
         self._resync: set[int] = set()
         self._requests: dict[int, int] = {}  # fragment → version of a round asking for this learner
         self._announced: dict[int, int] = {}  # fragment → version of the last round heard of
@@ -184,6 +189,7 @@ class Communicator:
         with self._lock:
             self._resync.add(p)
             self._known[p] = -1
+            self._held.pop(p, None)
 
     # ---- shutdown ----
     def flush(self, timeout_s: float) -> bool:
@@ -318,9 +324,10 @@ class Communicator:
             with self._lock:
                 known = self._known.get(p, -1)
                 announce = self.settings.announce_rounds and known >= 0 and self._announced.get(p) != known
+                have = self._held[p][0] if p in self._held else -1
             try:
                 got = client.fetch(
-                    p, newer_than=known, wait_s=self.settings.poll_wait_s, announce_rounds=announce
+                    p, newer_than=known, wait_s=self.settings.poll_wait_s, announce_rounds=announce, have=have
                 )
                 attempt = 0
             except (SyncUnavailable, SyncRejected) as exc:
@@ -335,10 +342,14 @@ class Communicator:
                 self._round_opened(p, got)
                 continue
             try:
-                tensors = decode(got.payload, fragment=self.plan.fragments[p]).tensors
+                tensors = self._version_from(
+                    p, got.version, decode(got.payload, fragment=self.plan.fragments[p])
+                )
             except CodecError as exc:
                 log.error("fragment=%d version=%d undecodable global payload: %s", p, got.version, exc)
                 self._stop.wait(backoff_delay(attempt + 3, self._rng))
+                continue
+            if tensors is None:  # an update from a version this learner does not hold: take it whole
                 continue
             staged = self._stage(p, tensors)
             with self._lock:
@@ -350,6 +361,26 @@ class Communicator:
                         del self._requests[p]  # that round is over
                     self._arrivals[p] = (got.version, staged)
                     self._arrived.notify_all()
+
+    def _version_from(self, p: int, version: int, payload: Payload) -> dict[str, np.ndarray] | None:
+        """A new global version's values: the payload's (a whole version), or the learner's copy of
+        the previous version plus the payload (an update); None when the update does not fit the
+        copy held, which is then dropped so that the next poll asks for the whole version."""
+        with self._lock:
+            held = self._held.pop(p, None)
+        if payload.kind == "update":
+            made = None if held is None else downlink.apply_decoded(held[0], held[1], payload)
+            if made is None or made[0] != version:
+                log.warning("fragment=%d version=%d: update for another version, taking it whole", p, version)
+                return None
+            tensors: dict[str, np.ndarray] = made[1]
+            self.updates += 1
+        else:
+            tensors = dict(payload.tensors)
+        if self.settings.hold_versions:
+            with self._lock:
+                self._held[p] = (version, tensors)
+        return tensors
 
     def _round_opened(self, p: int, r: RoundOpen) -> None:
         """Leave a request for the training loop; the next polls wait for the version only."""

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from diloco_core import protocol as proto
 from diloco_core.codec import decode, encode
-from diloco_core.config import SCHEDULES, DiLoCoSettings, Schedule
+from diloco_core.config import SCHEDULES, DiLoCoSettings, Quantizer, Schedule
 from diloco_core.fragments import FragmentPlan
 
 from .comms import CommSettings, Communicator, backoff_delay
@@ -73,6 +73,7 @@ class DiLoCoSession:
         self.alpha, self.quantizer, self.heartbeat_interval_s = 0.0, "int4", 2.0
         self.quorum, self.error_feedback = 1, False
         self.schedule: Schedule = "fixed"  # the job's, from the synchronizer (rank 0 tells the others)
+        self.down_codec: Quantizer = "fp32"  # the job's: whether to keep versions for their updates
         self._short_of_learners = False
         self.client: SyncClient | None = None  # the synchronizer (shard) the learner was given
         self.shards: ShardClients | None = None  # every shard, once the home one has answered
@@ -114,6 +115,7 @@ class DiLoCoSession:
         job = DiLoCoSettings.model_validate(known)
         self.alpha, self.quantizer, self.quorum = job.mixing_alpha, job.codec, job.quorum
         self.error_feedback, self.schedule = job.error_feedback, job.schedule
+        self.down_codec = job.down_codec
         self.heartbeat_interval_s = resp.heartbeat_interval_s
         for p in resp.needs_init:
             self._upload_init(client, p)
@@ -226,6 +228,7 @@ class DiLoCoSession:
                 poll_wait_s=self.settings.poll_wait_s,
                 bandwidth_limit=self.settings.bandwidth_limit,
                 announce_rounds=self.partial_contributions,
+                hold_versions=self.down_codec != "fp32",
             )
             self.comm = Communicator(
                 self.shards,

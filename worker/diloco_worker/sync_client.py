@@ -188,13 +188,17 @@ class SyncClient:
         return proto.ContributionResult.model_validate(resp.json())
 
     def fetch(
-        self, fragment: int, *, newer_than: int, wait_s: float, announce_rounds: bool = False
+        self, fragment: int, *, newer_than: int, wait_s: float, announce_rounds: bool = False, have: int = -1
     ) -> GlobalFragment | RoundOpen | None:
         """The newest global version of ``fragment`` if newer than ``newer_than`` (long-poll ``wait_s``);
-        with ``announce_rounds``, a :class:`RoundOpen` when a round on ``newer_than`` asks for this learner."""
+        with ``announce_rounds``, a :class:`RoundOpen` when a round on ``newer_than`` asks for this learner.
+        ``have``: the version this learner holds exactly, from which the job's compressed downloads
+        may send the next one as an update payload (-1: none)."""
         params: dict[str, str | int | float] = {"newer_than": newer_than, "wait": wait_s}
         if announce_rounds:
             params["announce_rounds"] = "true"
+        if have >= 0:
+            params["have"] = have
         resp = self._request(
             "GET",
             proto.FRAGMENT_PATH.format(p=fragment),

@@ -1,0 +1,85 @@
+"""Compressed downloads against a real synchronizer: a learner's poller applies each update to the
+copy of the previous version it holds and gets the synchronizer's version bit for bit; a learner
+that holds nothing, or the wrong version, gets the whole version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from diloco_core import protocol as proto
+from diloco_core.auth import learner_token
+from diloco_core.codec import decode, encode
+from diloco_core.fragments import build_plan
+from diloco_worker.comms import CommSettings, Communicator
+from diloco_worker.sync_client import GlobalFragment, SyncClient
+
+from tests.support.waiting import wait_for
+from tests.worker.helpers import SECRET, Synchronizer
+
+pytestmark = pytest.mark.integration
+PLAN = build_plan([("w", (64, 32)), ("b", (32,))], 1, 4, 1)
+
+
+def _client(sync: Synchronizer, name: str) -> SyncClient:
+    client = SyncClient(sync.url, name, learner_token(SECRET, name))
+    req = proto.RegisterRequest(
+        learner_id=name, plan=PLAN.to_dict(), plan_hash=PLAN.hash(), tokens_per_step=4
+    )
+    reg = client.register(req)
+    assert reg.diloco["down_codec"] == "int2"
+    return client
+
+
+def _whole(client: SyncClient) -> tuple[int, dict[str, np.ndarray]]:
+    got = client.fetch(0, newer_than=-1, wait_s=0)
+    assert isinstance(got, GlobalFragment)
+    payload = decode(got.payload, fragment=PLAN.fragments[0])
+    assert payload.kind == "params"
+    return got.version, payload.tensors
+
+
+def test_the_learner_follows_every_version_through_updates_bit_for_bit(tmp_path: Path) -> None:
+    sync = Synchronizer(tmp_path, inner_steps=4, fragments=1, extra=["--down-codec", "int2"])
+    sync.start()
+    rng = np.random.default_rng(0)
+    try:
+        x, y = _client(sync, "x"), _client(sync, "y")
+        init = {"w": rng.standard_normal((64, 32)).astype(np.float32), "b": np.zeros(32, np.float32)}
+        x.init_fragment(0, encode(init, fragment=0, base_version=-1, kind="params", quantizer="fp32"))
+        comm = Communicator(
+            x, PLAN, CommSettings(quantizer="fp32", poll_wait_s=1.0, hold_versions=True), versions={0: 0}
+        )
+        comm.start()
+        try:
+            for r in range(6):
+                delta = {n: 0.01 * rng.standard_normal(v.shape).astype(np.float32) for n, v in init.items()}
+                blob = encode(delta, fragment=0, base_version=r, kind="outer_grad", quantizer="fp32")
+                y.contribute(0, blob, base_version=r, steps=4, tokens=16, seq=r + 1)
+                version, tensors = wait_for(comm.take_arrivals, timeout=30, what=f"version {r + 1}")[0]
+                assert version == r + 1
+                whole_version, whole = _whole(y)
+                assert whole_version == version
+                for name, value in whole.items():
+                    np.testing.assert_array_equal(tensors[name], value)
+            # the first new version came whole (the poller held nothing yet), every later one as an update
+            assert comm.updates == 5
+        finally:
+            comm.stop()
+
+        # an update is smaller than the version; a learner holding another version gets the whole one
+        assert x.fetch(0, newer_than=6, wait_s=0, have=6) is None  # nothing newer than 6 yet
+        delta = {n: 0.01 * rng.standard_normal(v.shape).astype(np.float32) for n, v in init.items()}
+        y.contribute(0, encode(delta, fragment=0, base_version=6, kind="outer_grad", quantizer="fp32"),
+                     base_version=6, steps=4, tokens=16, seq=7)  # fmt: skip
+        wait_for(lambda: sync.versions()[0] == 7, timeout=30, what="version 7")
+        as_update = x.fetch(0, newer_than=6, wait_s=0, have=6)
+        as_whole = x.fetch(0, newer_than=6, wait_s=0, have=3)
+        assert isinstance(as_update, GlobalFragment)
+        assert isinstance(as_whole, GlobalFragment)
+        assert decode(as_update.payload).kind == "update"
+        assert decode(as_whole.payload).kind == "params"
+        assert len(as_update.payload) * 8 < len(as_whole.payload)
+    finally:
+        sync.stop()
