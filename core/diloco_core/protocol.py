@@ -200,6 +200,9 @@ class LearnerStatus(_Msg):
     eval_loss: float | None = None
     contributions: int = 0
     bytes_sent: int = 0
+    bytes_received: int = Field(
+        0, description="global-version bytes served to this learner since the synchronizer started"
+    )
     blocked_s: float = 0.0
 
 

@@ -217,7 +217,9 @@ class Orchestrator:
         self.status = status
         self.learners.update({ls.learner_id: ls for ls in status.learners}, self.now())
         self.record.sent_bytes = max(self.record.sent_bytes, status.bytes_in)
-        self.record.received_bytes = max(self.record.received_bytes, status.bytes_out)
+        # what the learners received (the evaluation's own fetches of the global model are not theirs)
+        received = sum(ls.bytes_received for ls in status.learners)
+        self.record.received_bytes = max(self.record.received_bytes, received)
         self.record.rounds = status.rounds
         self.record.versions = {f.fragment: f.version for f in status.fragments}
 

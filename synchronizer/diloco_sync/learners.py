@@ -55,6 +55,7 @@ class Learner:
     step_time_s: float = 0.0
     eval_loss: float | None = None
     bytes_sent: int = 0
+    bytes_received: int = 0  # global versions served to it since start-up
     blocked_s: float = 0.0
     contributions: int = 0
     base_versions: dict[int, int] = field(default_factory=dict)
@@ -181,6 +182,7 @@ class LearnerRegistry:
                     eval_loss=lr.eval_loss,
                     contributions=lr.contributions,
                     bytes_sent=lr.bytes_sent,
+                    bytes_received=lr.bytes_received,
                     blocked_s=lr.blocked_s,
                 )
             )

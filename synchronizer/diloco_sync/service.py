@@ -296,6 +296,7 @@ class SyncService:
         learner = self.registry.get(learner_id)
         if learner is not None:
             learner.base_versions[p] = fs.version
+            learner.bytes_received += len(payload)
         self.traffic.served(len(payload))
         return fs.version, payload
 

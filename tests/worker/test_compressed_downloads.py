@@ -48,9 +48,9 @@ def test_the_learner_follows_every_version_through_updates_bit_for_bit(tmp_path:
         x, y = _client(sync, "x"), _client(sync, "y")
         init = {"w": rng.standard_normal((64, 32)).astype(np.float32), "b": np.zeros(32, np.float32)}
         x.init_fragment(0, encode(init, fragment=0, base_version=-1, kind="params", quantizer="fp32"))
-        comm = Communicator(
-            x, PLAN, CommSettings(quantizer="fp32", poll_wait_s=1.0, hold_versions=True), versions={0: 0}
-        )
+        _, version0 = _whole(x)  # as the learner takes it at start
+        settings = CommSettings(quantizer="fp32", poll_wait_s=1.0, hold_versions=True)
+        comm = Communicator(x, PLAN, settings, versions={0: 0}, held={0: (0, version0)})
         comm.start()
         try:
             for r in range(6):
@@ -63,8 +63,10 @@ def test_the_learner_follows_every_version_through_updates_bit_for_bit(tmp_path:
                 assert whole_version == version
                 for name, value in whole.items():
                     np.testing.assert_array_equal(tensors[name], value)
-            # the first new version came whole (the poller held nothing yet), every later one as an update
-            assert comm.updates == 5
+            assert comm.updates == 6  # every version came as an update
+            whole_size = len(encode(version0, fragment=0, base_version=0, kind="params", quantizer="fp32"))
+            received = {x["learner_id"]: x["bytes_received"] for x in sync.status()["learners"]}
+            assert 0 < received["x"] - whole_size < 6 * whole_size / 8  # its first fetch, then 6 updates
         finally:
             comm.stop()
 

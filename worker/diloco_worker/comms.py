@@ -102,10 +102,13 @@ class Communicator:
         versions: dict[int, int],
         on_unknown_learner: Callable[[int], None] = lambda shard: None,
         stage: Callable[[int, dict[str, np.ndarray]], Mapping[str, np.ndarray]] = lambda p, arrays: arrays,
+        held: Mapping[int, tuple[int, dict[str, np.ndarray]]] | None = None,
     ) -> None:
         """``client``: one synchronizer, or the clients of every shard; ``on_unknown_learner(shard)``
         is called when a shard no longer knows this learner (it registers again there); ``stage(p,
-        arrays)`` prepares a decoded global version in the poller thread (the learner's device copy)."""
+        arrays)`` prepares a decoded global version in the poller thread (the learner's device copy);
+        ``held``: global versions the learner holds exactly, whole as decoded (with ``hold_versions``,
+        the next versions of those fragments can come as updates)."""
         self.shards = (
             client if isinstance(client, ShardClients) else ShardClients.single(client, len(plan.fragments))
         )
@@ -119,7 +122,10 @@ class Communicator:
         self._slots: dict[int, list[Contribution]] = {}  # per fragment, oldest first
         self._arrivals: dict[int, tuple[int, Mapping[str, np.ndarray]]] = {}
         self._known = dict(versions)  # newest version each poller has delivered
-        self._held: dict[int, tuple[int, dict[str, np.ndarray]]] = {}  # hold_versions: version, values
+        # with hold_versions: per fragment, the newest version held exactly and its values
+        self._held: dict[int, tuple[int, dict[str, np.ndarray]]] = (
+            dict(held or {}) if settings.hold_versions else {}
+        )
         self._resync: set[int] = set()
         self._requests: dict[int, int] = {}  # fragment → version of a round asking for this learner
         self._announced: dict[int, int] = {}  # fragment → version of the last round heard of

@@ -204,6 +204,7 @@ class DiLoCoSession:
             versions = self._join()
             if versions is not None:
                 arrivals = self._first_globals(versions)
+        first = {p: (version, dict(tensors)) for p, (version, tensors) in arrivals.items()}  # as decoded
         _, arrivals = self.unit.boundary(False, arrivals, self.plan)
         # every rank of the unit counts, so every rank follows the job's schedule
         self.fs.set_schedule(SCHEDULES[self.unit.share_int(SCHEDULES.index(self.schedule))])
@@ -237,6 +238,7 @@ class DiLoCoSession:
                 versions=self.fs.versions(),
                 on_unknown_learner=self._reregister,
                 stage=self.fs.store.stage,
+                held=first,
             )
             # a resumed learner reports where its checkpoint left it from the first heartbeat on (one
             # that resumed at the end of training leaves before it steps: it reports nothing else)
