@@ -55,3 +55,16 @@ def test_an_update_is_smaller_than_the_whole_version() -> None:
     out = downlink.publish(_params(0), _params(1), None, fragment=0, version=0, quantizer="int2")
     whole = codec.encode(out.params, fragment=0, base_version=1, kind="params", quantizer="fp32")
     assert len(out.blob) * 4 < len(whole)
+
+
+def test_a_damaged_or_foreign_update_is_refused_before_anything_is_applied() -> None:
+    """The decode is the codec's bounded one: a truncated, oversized or other-shaped update raises."""
+    frag = PLAN.fragments[0]
+    out = downlink.publish(_params(0), _params(1), None, fragment=0, version=2, quantizer="int4")
+    with pytest.raises(codec.CodecError):
+        downlink.apply(2, _params(0), out.blob[:-7], frag)
+    other = build_plan([("w", (16, 25)), ("b", (7,))], num_fragments=1, inner_steps=4, overlap=0)
+    with pytest.raises(codec.ShapeMismatch):
+        downlink.apply(2, _params(0), out.blob, other.fragments[0])
+    with pytest.raises(codec.OversizedPayload):
+        codec.decode(out.blob, fragment=frag, max_bytes=len(out.blob) - 1)

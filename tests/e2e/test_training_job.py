@@ -54,7 +54,7 @@ def job_manifest(e2e: E2ECluster) -> dict[str, Any]:
             "train": {"lr": 3e-3, "warmupSteps": 10},
             "storage": {"endpoint": f"http://seaweedfs.{STORAGE_NAMESPACE}.svc:8333", "bucket": BUCKET,
                         "prefix": f"jobs/{JOB}", "credentialsSecretRef": {"name": "diloco-s3"}},
-            "diloco": {"innerSteps": 8, "fragments": 2, "overlap": 1, "quorum": 1, "codec": "int8"},
+            "diloco": {"innerSteps": 8, "fragments": 2, "overlap": 1, "quorum": 1, "codec": "int8", "downCodec": "int4"},
             "learnerUnits": [
                 {"name": "pair", "replicas": 2, "batchSize": 4, "resources": SMALL},
                 {"name": "solo", "replicas": 1, "batchSize": 8, "resources": SMALL},
