@@ -29,7 +29,7 @@ from diloco_bench import experiment, harness, plots, runs, workload
 def methods(a: argparse.Namespace) -> list[runs.Method]:
     """Data-parallel (fp32, bf16), today's decoupled int4 at H, and one row per candidate."""
     M, H, big = a.learners, a.inner_steps, a.large_h
-    base = replace(runs.decoupled(M, inner_steps=H), outer_lr=a.outer_lr, outer_momentum=a.outer_momentum)
+    base = experiment.with_outer([runs.decoupled(M, inner_steps=H)], a)[0]
     lr = a.large_h_outer_lr
     rows = [
         replace(base, name=f"H = {big}, outer lr {lr:g} (int4)", inner_steps=big, outer_lr=lr),

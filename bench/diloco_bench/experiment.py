@@ -37,6 +37,12 @@ def parser(prog: str, description: str | None, *, steps: int, seeds: str = "0") 
     p.add_argument(
         "--outer-momentum", type=float, default=Method.outer_momentum, help="outer Nesterov momentum"
     )
+    p.add_argument(
+        "--outer-warmup",
+        type=int,
+        default=Method.outer_warmup,
+        help="outer steps per fragment over which the outer learning rate rises to --outer-lr (0: none)",
+    )
     output_flags(p)
     return p
 
@@ -57,7 +63,10 @@ def workload_from(a: argparse.Namespace) -> Workload:
 
 def with_outer(methods: Sequence[Method], a: argparse.Namespace) -> list[Method]:
     """The DiLoCo methods with the outer optimizer of the flags."""
-    return [replace(m, outer_lr=a.outer_lr, outer_momentum=a.outer_momentum) for m in methods]
+    return [
+        replace(m, outer_lr=a.outer_lr, outer_momentum=a.outer_momentum, outer_warmup=a.outer_warmup)
+        for m in methods
+    ]
 
 
 def check_inner_steps(p: argparse.ArgumentParser, inner_steps: int) -> None:

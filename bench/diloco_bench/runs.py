@@ -31,6 +31,7 @@ class Method:
     outer_lr: float = 0.7
     outer_momentum: float = 0.5  # 0.9 in the papers' long runs; 0.5 does better over ~8 outer steps
     delayed_nesterov: int = 0  # apply the outer momentum every N contributions (0: plain Nesterov)
+    outer_warmup: int = 0  # outer steps over which the outer learning rate rises to outer_lr
     staleness_power: float = 0.0  # weight x (1 + staleness)^-power
     max_staleness: int = 4
     dp_wire: str = "fp32"
@@ -52,7 +53,7 @@ class Method:
             inner_steps=self.inner_steps, fragments=self.fragments, overlap=self.overlap,
             quorum=self.quorum or self.learners, grace_gamma=self.grace_gamma,
             grace_cap_steps=self.grace_cap_steps, outer_lr=self.outer_lr, outer_momentum=self.outer_momentum,
-            delayed_nesterov=self.delayed_nesterov, codec=self.codec, down_codec=self.down_codec,
+            delayed_nesterov=self.delayed_nesterov, outer_warmup=self.outer_warmup, codec=self.codec, down_codec=self.down_codec,
             merge_rule=self.merge_rule,
             token_weighting=self.token_weighting, staleness_power=self.staleness_power,
             max_staleness=self.max_staleness,

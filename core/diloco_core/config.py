@@ -46,6 +46,13 @@ class DiLoCoSettings(_Model):
         0.9, ge=0.0, lt=1.0, description="mu: momentum of the outer Nesterov optimizer"
     )
     delayed_nesterov: int = Field(0, ge=0, description="apply momentum every N merges (0: plain Nesterov)")
+    outer_warmup: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="the outer learning rate rises linearly to outer_lr over a fragment's first this many "
+        "outer steps (contributions with Delayed Nesterov); 0: no warm-up",
+    )
     codec: Quantizer = Field("int4", description="quantization of the outer gradients on the wire")
     error_feedback: bool = Field(
         False,

@@ -91,13 +91,21 @@ class OuterOptimizer:
     momentum: float = 0.9
     nesterov: bool = True
     delayed_every: int = 0
+    warmup: int = 0  # the learning rate rises linearly to ``lr`` over this many steps of the state
 
     def __post_init__(self) -> None:
-        if not self.lr > 0 or not 0 <= self.momentum < 1 or self.delayed_every < 0:
+        if not self.lr > 0 or not 0 <= self.momentum < 1 or self.delayed_every < 0 or self.warmup < 0:
             raise ValueError(
                 f"bad outer optimizer settings lr={self.lr} momentum={self.momentum} "
-                f"delayed_every={self.delayed_every}"
+                f"delayed_every={self.delayed_every} warmup={self.warmup}"
             )
+
+    def lr_at(self, steps: int) -> np.float32:
+        """The learning rate of the step after ``steps`` earlier ones: ``lr * (steps + 1) / warmup``
+        during the warm-up, ``lr`` after it (and always without one)."""
+        if steps >= self.warmup:
+            return np.float32(self.lr)
+        return np.float32(self.lr * (steps + 1) / self.warmup)
 
     def step(
         self,
@@ -124,12 +132,13 @@ class OuterOptimizer:
         out: dict[str, F32] = {}
         for n in params:
             out[n], momentum[n] = self._nesterov(
-                state.momentum.get(n), np.asarray(params[n], np.float32), np.asarray(delta[n], np.float32)
-            )
+                state.momentum.get(n), np.asarray(params[n], np.float32), np.asarray(delta[n], np.float32),
+                self.lr_at(state.steps),
+            )  # fmt: skip
         return out, OuterState(state.steps + 1, momentum, state.buffer, state.residual)
 
-    def _nesterov(self, u: F32 | None, p: F32, d: F32) -> tuple[F32, F32]:
-        mu, lr = np.float32(self.momentum), np.float32(self.lr)
+    def _nesterov(self, u: F32 | None, p: F32, d: F32, lr: np.float32) -> tuple[F32, F32]:
+        mu = np.float32(self.momentum)
         u = d.copy() if u is None else u * mu + d
         g = d + mu * u if self.nesterov else u
         return p - lr * g, _frozen(u)
@@ -142,7 +151,7 @@ class OuterOptimizer:
         count: int,
     ) -> tuple[dict[str, F32], OuterState]:
         n = self.delayed_every
-        mu, lr, inv_n = np.float32(self.momentum), np.float32(self.lr), np.float32(1.0 / n)
+        mu, lr, inv_n = np.float32(self.momentum), self.lr_at(state.steps), np.float32(1.0 / n)
         segments = delayed_segments(state.steps, count, n)
         momentum, buffer = dict(state.momentum), dict(state.buffer)
         out: dict[str, F32] = {}

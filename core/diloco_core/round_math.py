@@ -75,6 +75,7 @@ def outer_optimizer(settings: DiLoCoSettings) -> OuterOptimizer:
         momentum=settings.outer_momentum,
         nesterov=True,
         delayed_every=settings.delayed_nesterov,
+        warmup=settings.outer_warmup,
     )
 
 

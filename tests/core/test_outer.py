@@ -177,3 +177,22 @@ def test_delayed_segments_cut_a_merge_at_every_boundary() -> None:
     assert delayed_segments(5, 1, 4) == [(1, False)]
     with pytest.raises(ValueError, match="count"):
         delayed_segments(0, 0, 4)
+
+
+def test_the_warm_up_raises_the_learning_rate_linearly_then_keeps_it() -> None:
+    """``lr * (steps + 1) / warmup`` for the first ``warmup`` steps of the state, ``lr`` after; a
+    step with the warm-up's rate is the plain step with that rate, momentum included."""
+    opt = OuterOptimizer(lr=0.8, momentum=0.5, warmup=4)
+    assert [float(opt.lr_at(s)) for s in range(6)] == pytest.approx([0.2, 0.4, 0.6, 0.8, 0.8, 0.8])
+    assert OuterOptimizer(lr=0.8).lr_at(0) == np.float32(0.8)
+    p = {"w": np.ones(3, np.float32)}
+    d = {"w": np.array([0.1, -0.2, 0.3], np.float32)}
+    state = OuterState()
+    for s in range(6):
+        got, new_state = opt.step(state, p, d)
+        want, want_state = OuterOptimizer(lr=float(opt.lr_at(s)), momentum=0.5).step(state, p, d)
+        np.testing.assert_array_equal(got["w"], want["w"])
+        np.testing.assert_array_equal(new_state.momentum["w"], want_state.momentum["w"])
+        state = new_state
+    with pytest.raises(ValueError, match="warmup"):
+        OuterOptimizer(warmup=-1)
