@@ -37,6 +37,7 @@ FLAGS = derive_flags(
             "down_codec",
             "outer_lr",
             "outer_momentum",
+            "outer_warmup",
         ),
         "model": ("n_layer", "n_head", "n_embd", "block_size", "seed"),
         "train": ("batch_size", "max_steps"),

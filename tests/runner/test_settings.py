@@ -23,6 +23,11 @@ def test_synchronous_modes_wait_for_every_learner() -> None:
     # the ranks of the one unit are one learner to the synchronizer
     ddp = parse_settings(["--mode", "ddp", "--learners", "3"]).algorithm()
     assert (ddp.inner_steps, ddp.quorum, ddp.codec) == (1, 1, "fp32")
+    # its outer step is a copy of the unit's model: nothing compressed, nothing warmed up
+    ddp = parse_settings(["--mode", "ddp", "--down-codec", "int4", "--outer-warmup", "5"]).algorithm()
+    assert (ddp.down_codec, ddp.outer_warmup, ddp.outer_lr) == ("fp32", 0, 1.0)
+    decoupled = parse_settings(["--down-codec", "int2", "--outer-warmup", "5"]).algorithm()
+    assert (decoupled.down_codec, decoupled.outer_warmup) == ("int2", 5)
     # the overlap of the decoupled mode does not apply to the synchronous ones
     assert (
         parse_settings(["--mode", "diloco-sync", "--inner-steps", "2", "--fragments", "2"])
