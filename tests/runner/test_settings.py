@@ -63,6 +63,7 @@ def test_outer_optimizer_per_mode_reaches_the_synchronizer(tmp_path: Path) -> No
     assert sync_flags(["--learners", "3"]) == {
         "--outer-lr": "0.7",
         "--outer-momentum": "0.9",
+        "--outer-warmup": "0",
         "--delayed-nesterov": "3",
         "--merge-rule": "rda",
     }
@@ -73,6 +74,7 @@ def test_outer_optimizer_per_mode_reaches_the_synchronizer(tmp_path: Path) -> No
     assert sync_flags(["--mode", "ddp"]) == {
         "--outer-lr": "1.0",
         "--outer-momentum": "0.0",
+        "--outer-warmup": "0",
         "--delayed-nesterov": "0",
         "--merge-rule": "mean",
     }
