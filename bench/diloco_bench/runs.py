@@ -53,9 +53,8 @@ class Method:
             inner_steps=self.inner_steps, fragments=self.fragments, overlap=self.overlap,
             quorum=self.quorum or self.learners, grace_gamma=self.grace_gamma,
             grace_cap_steps=self.grace_cap_steps, outer_lr=self.outer_lr, outer_momentum=self.outer_momentum,
-            delayed_nesterov=self.delayed_nesterov, outer_warmup=self.outer_warmup, codec=self.codec, down_codec=self.down_codec,
-            merge_rule=self.merge_rule,
-            token_weighting=self.token_weighting, staleness_power=self.staleness_power,
+            delayed_nesterov=self.delayed_nesterov, outer_warmup=self.outer_warmup, codec=self.codec,
+            down_codec=self.down_codec, merge_rule=self.merge_rule, token_weighting=self.token_weighting, staleness_power=self.staleness_power,
             max_staleness=self.max_staleness,
         )  # fmt: skip
 

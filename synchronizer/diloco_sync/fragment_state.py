@@ -171,10 +171,6 @@ class FragmentState:
     def params(self) -> Arrays | None:
         return self._params
 
-    @property
-    def payload(self) -> bytes | None:
-        return self._payload
-
     def payload_for(self, have: int) -> bytes | None:
         """What takes a reader holding version ``have`` exactly to the current version: the update
         from the previous version (compressed downloads, ``diloco_core.downlink``) when ``have`` is

@@ -47,7 +47,7 @@ def test_initial_parameters_are_taken_once_and_a_failed_init_can_be_retried() ->
     assert (fs.phase, fs.version) == ("uninitialised", -1)
     fs.begin_init()
     fs.finish_init(initial_params(PLAN, 0), b"v0", 5.0, QUORUM)
-    assert (fs.phase, fs.version, fs.payload) == ("open", 0, b"v0")
+    assert (fs.phase, fs.version, fs.payload_for(-1)) == ("open", 0, b"v0")
     assert (fs.round.version, fs.round.opened_at) == (0, 5.0)
     with pytest.raises(TransitionError):
         fs.begin_init()
@@ -130,8 +130,17 @@ def test_merge_then_commit_publishes_the_version_and_settle_frees_the_fragment()
         outer=new_outer,
         now=4.0,
         quorum=QUORUM,
+        update=b"u1",
     )
-    assert (fs.phase, fs.version, fs.payload, fs.rounds, fs.outer) == ("committed", 1, b"v1", 1, new_outer)
+    assert (fs.phase, fs.version, fs.payload_for(-1), fs.rounds, fs.outer) == (
+        "committed",
+        1,
+        b"v1",
+        1,
+        new_outer,
+    )
+    # compressed downloads: the update only to a reader holding the previous version exactly
+    assert (fs.payload_for(0), fs.payload_for(1), fs.payload_for(-1)) == (b"u1", b"v1", b"v1")
     assert fs.applied[-2:] == (b.key, a.key)
     assert (fs.round.version, fs.round.opened_at) == (1, 3.0)  # the next round holds the late one
     with pytest.raises(TransitionError):
