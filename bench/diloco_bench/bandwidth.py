@@ -30,9 +30,11 @@ def methods(a: argparse.Namespace) -> list[runs.Method]:
     """Data-parallel (fp32, bf16), today's decoupled int4 at H, and one row per candidate."""
     M, H, big = a.learners, a.inner_steps, a.large_h
     base = experiment.with_outer([runs.decoupled(M, inner_steps=H)], a)[0]
-    lr = a.large_h_outer_lr
+    lr, mom = a.large_h_outer_lr, a.large_h_outer_momentum
+    mom = base.outer_momentum if mom is None else mom
+    outer = f"outer lr {lr:g}" + (f", momentum {mom:g}" if mom != base.outer_momentum else "")
     rows = [
-        replace(base, name=f"H = {big}, outer lr {lr:g} (int4)", inner_steps=big, outer_lr=lr),
+        replace(base, name=f"H = {big}, {outer} (int4)", inner_steps=big, outer_lr=lr, outer_momentum=mom),
         replace(base, name="int4 + error feedback", error_feedback=True),
         replace(base, name="int2 + error feedback", codec="int2", error_feedback=True),
         replace(base, name="int1 + error feedback", codec="int1", error_feedback=True),
@@ -40,13 +42,15 @@ def methods(a: argparse.Namespace) -> list[runs.Method]:
                 error_feedback=True),
         replace(base, name=f"int4, down {a.down_codec}", down_codec=a.down_codec),
         replace(base, name=f"H = {big}: {a.up_codec} + EF up, {a.down_codec} down", codec=a.up_codec,
-                down_codec=a.down_codec, block_size=a.quant_block, error_feedback=True, inner_steps=big, outer_lr=lr),
+                down_codec=a.down_codec, block_size=a.quant_block, error_feedback=True, inner_steps=big, outer_lr=lr,
+                outer_momentum=mom),
     ]  # fmt: skip
     return [runs.data_parallel(M, "fp32"), runs.data_parallel(M, "bf16"), replace(base, name=f"decoupled (int4), H = {H}"),
             *rows]  # fmt: skip
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The experiment's flags: the common ones, the candidates' settings, the rows to run."""
     p = experiment.parser("diloco bench bandwidth", __doc__, steps=128)
     p.add_argument("--learners", type=int, default=4, help="M (default %(default)s)")
     p.add_argument("--inner-steps", type=int, default=16, help="H of today's run (default %(default)s)")
@@ -54,6 +58,10 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--large-h-outer-lr", type=float, default=0.7, help="its outer learning rate (default %(default)s)"
     )
+    p.add_argument(
+        "--large-h-outer-momentum", type=float, default=None,
+        help="its outer momentum (default: --outer-momentum, as for today's run)",
+    )  # fmt: skip
     p.add_argument(
         "--up-codec", default="int1", help="upload codec of the combined row (default %(default)s)"
     )
@@ -75,6 +83,11 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--step-time", type=float, default=1.0, help="seconds per inner step for the Mbit/s column"
     )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = parser()
     a = p.parse_args(argv)
     experiment.check_inner_steps(p, a.inner_steps)
     if a.steps < max(a.inner_steps, a.large_h):

@@ -295,3 +295,17 @@ def test_quality_rejects_an_unknown_method(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit):
         quality.main(["--only", "decoupled,zero"])
     assert "unknown methods ['zero']" in capsys.readouterr().err
+
+
+def test_bandwidth_larger_h_rows_take_their_own_outer_optimizer() -> None:
+    a = bandwidth.parser().parse_args(["--outer-momentum", "0.8", "--large-h", "64", "--large-h-outer-lr", "1.0",
+                                       "--large-h-outer-momentum", "0.7"])  # fmt: skip
+    rows = {m.name: m for m in bandwidth.methods(a)}
+    big = rows["H = 64, outer lr 1, momentum 0.7 (int4)"]
+    combined = rows["H = 64: int1 + EF up, int1 down"]
+    assert (big.inner_steps, big.outer_lr, big.outer_momentum) == (64, 1.0, 0.7)
+    assert (combined.inner_steps, combined.outer_lr, combined.outer_momentum) == (64, 1.0, 0.7)
+    today = rows["decoupled (int4), H = 16"]
+    assert (today.inner_steps, today.outer_momentum) == (16, 0.8)
+    same = {m.name: m for m in bandwidth.methods(bandwidth.parser().parse_args(["--outer-momentum", "0.8"]))}
+    assert same["H = 64, outer lr 0.7 (int4)"].outer_momentum == 0.8
