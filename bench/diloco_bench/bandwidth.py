@@ -27,23 +27,25 @@ from diloco_bench import experiment, harness, plots, runs, workload
 
 
 def methods(a: argparse.Namespace) -> list[runs.Method]:
-    """Data-parallel (fp32, bf16), today's decoupled int4 at H, and one row per candidate."""
-    M, H, big = a.learners, a.inner_steps, a.large_h
+    """Data-parallel (fp32, bf16), today's decoupled int4 at H, and one row per candidate; the larger-H
+    row and the combined row once per value of ``--large-h``, in its order."""
+    M, H = a.learners, a.inner_steps
     base = experiment.with_outer([runs.decoupled(M, inner_steps=H)], a)[0]
     lr, mom = a.large_h_outer_lr, a.large_h_outer_momentum
     mom = base.outer_momentum if mom is None else mom
     outer = f"outer lr {lr:g}" + (f", momentum {mom:g}" if mom != base.outer_momentum else "")
     rows = [
-        replace(base, name=f"H = {big}, {outer} (int4)", inner_steps=big, outer_lr=lr, outer_momentum=mom),
+        *(replace(base, name=f"H = {big}, {outer} (int4)", inner_steps=big, outer_lr=lr, outer_momentum=mom)
+          for big in a.large_h),
         replace(base, name="int4 + error feedback", error_feedback=True),
         replace(base, name="int2 + error feedback", codec="int2", error_feedback=True),
         replace(base, name="int1 + error feedback", codec="int1", error_feedback=True),
         replace(base, name=f"top-k (8/{a.quant_block}) + error feedback", codec="topk", block_size=a.quant_block,
                 error_feedback=True),
         replace(base, name=f"int4, down {a.down_codec}", down_codec=a.down_codec),
-        replace(base, name=f"H = {big}: {a.up_codec} + EF up, {a.down_codec} down", codec=a.up_codec,
-                down_codec=a.down_codec, block_size=a.quant_block, error_feedback=True, inner_steps=big, outer_lr=lr,
-                outer_momentum=mom),
+        *(replace(base, name=f"H = {big}: {a.up_codec} + EF up, {a.down_codec} down", codec=a.up_codec,
+                  down_codec=a.down_codec, block_size=a.quant_block, error_feedback=True, inner_steps=big,
+                  outer_lr=lr, outer_momentum=mom) for big in a.large_h),
     ]  # fmt: skip
     return [runs.data_parallel(M, "fp32"), runs.data_parallel(M, "bf16"), replace(base, name=f"decoupled (int4), H = {H}"),
             *rows]  # fmt: skip
@@ -54,7 +56,11 @@ def parser() -> argparse.ArgumentParser:
     p = experiment.parser("diloco bench bandwidth", __doc__, steps=128)
     p.add_argument("--learners", type=int, default=4, help="M (default %(default)s)")
     p.add_argument("--inner-steps", type=int, default=16, help="H of today's run (default %(default)s)")
-    p.add_argument("--large-h", type=int, default=64, help="the larger H candidate (default %(default)s)")
+    p.add_argument(
+        "--large-h", type=_counts, default=(64,),
+        help="the larger H candidate, or several comma-separated: one larger-H row and one combined row each "
+        "(default 64)",
+    )  # fmt: skip
     p.add_argument(
         "--large-h-outer-lr", type=float, default=0.7, help="its outer learning rate (default %(default)s)"
     )
@@ -78,7 +84,9 @@ def parser() -> argparse.ArgumentParser:
         help="quantizer block of the top-k and combined rows (default %(default)s)",
     )
     p.add_argument(
-        "--only", default="", help="comma-separated row numbers to run (1 = data-parallel fp32); default all"
+        "--only",
+        default="",
+        help="comma-separated row numbers to run, in the order of the table (1 = data-parallel fp32); default all",
     )
     p.add_argument(
         "--step-time", type=float, default=1.0, help="seconds per inner step for the Mbit/s column"
@@ -90,7 +98,11 @@ def main(argv: list[str]) -> int:
     p = parser()
     a = p.parse_args(argv)
     experiment.check_inner_steps(p, a.inner_steps)
-    if a.steps < max(a.inner_steps, a.large_h):
+    if min(a.large_h) < runs.Method.fragments:
+        p.error(
+            f"--large-h must be at least {runs.Method.fragments} (one offset per fragment), got {a.large_h}"
+        )
+    if a.steps < max(a.inner_steps, *a.large_h):
         p.error(f"--steps ({a.steps}) must be at least --inner-steps and --large-h to see a sync")
     w = experiment.workload_from(a)
     corpus = workload.Corpus(w)
@@ -115,6 +127,17 @@ def main(argv: list[str]) -> int:
         xlabel="bytes up + down per token, all learners (log)",
     ))  # fmt: skip
     return 0
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """``"32,64"`` -> ``(32, 64)``: positive integers, at least one."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
 
 
 def down_per_token(r: runs.RunResult) -> float:

@@ -309,3 +309,14 @@ def test_bandwidth_larger_h_rows_take_their_own_outer_optimizer() -> None:
     assert (today.inner_steps, today.outer_momentum) == (16, 0.8)
     same = {m.name: m for m in bandwidth.methods(bandwidth.parser().parse_args(["--outer-momentum", "0.8"]))}
     assert same["H = 64, outer lr 0.7 (int4)"].outer_momentum == 0.8
+
+
+def test_bandwidth_takes_several_larger_h_values_one_row_each_in_order() -> None:
+    a = bandwidth.parser().parse_args(["--large-h", "32,128", "--up-codec", "int2", "--down-codec", "int2"])
+    names = [m.name for m in bandwidth.methods(a)]
+    assert names[3:5] == ["H = 32, outer lr 0.7 (int4)", "H = 128, outer lr 0.7 (int4)"]
+    assert names[-2:] == ["H = 32: int2 + EF up, int2 down", "H = 128: int2 + EF up, int2 down"]
+    assert [m.inner_steps for m in bandwidth.methods(a)][-2:] == [32, 128]
+    for bad in (["--large-h", "32,x"], ["--large-h", "0"], ["--large-h", ","], ["--large-h", "2"]):
+        with pytest.raises(SystemExit):
+            bandwidth.main(bad)
