@@ -34,6 +34,7 @@ FLAGS = derive_flags(
             "fragments",
             "overlap",
             "codec",
+            "error_feedback",
             "down_codec",
             "outer_lr",
             "outer_momentum",

@@ -135,7 +135,7 @@ def build_algorithm(s: RunSettings) -> DiLoCoSettings:
     # one unit (one learner to the synchronizer) whose ranks average gradients every step; the
     # synchronizer only keeps the global copy (and the checkpoint of record): its outer step is a copy
     return s.diloco.model_copy(
-        update={"inner_steps": 1, "fragments": 1, "overlap": 0, "quorum": 1, "codec": "fp32", "down_codec": "fp32",
+        update={"inner_steps": 1, "fragments": 1, "overlap": 0, "quorum": 1, "codec": "fp32", "error_feedback": False, "down_codec": "fp32",
                 "outer_lr": 1.0, "outer_warmup": 0, "outer_momentum": 0.0, "delayed_nesterov": 0, "merge_rule": "mean"}
     )  # fmt: skip
 

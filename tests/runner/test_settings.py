@@ -24,10 +24,12 @@ def test_synchronous_modes_wait_for_every_learner() -> None:
     ddp = parse_settings(["--mode", "ddp", "--learners", "3"]).algorithm()
     assert (ddp.inner_steps, ddp.quorum, ddp.codec) == (1, 1, "fp32")
     # its outer step is a copy of the unit's model: nothing compressed, nothing warmed up
-    ddp = parse_settings(["--mode", "ddp", "--down-codec", "int4", "--outer-warmup", "5"]).algorithm()
-    assert (ddp.down_codec, ddp.outer_warmup, ddp.outer_lr) == ("fp32", 0, 1.0)
-    decoupled = parse_settings(["--down-codec", "int2", "--outer-warmup", "5"]).algorithm()
-    assert (decoupled.down_codec, decoupled.outer_warmup) == ("int2", 5)
+    flags = ["--down-codec", "int4", "--outer-warmup", "5", "--error-feedback"]
+    ddp = parse_settings(["--mode", "ddp", *flags]).algorithm()
+    assert (ddp.down_codec, ddp.outer_warmup, ddp.outer_lr, ddp.error_feedback) == ("fp32", 0, 1.0, False)
+    decoupled = parse_settings(flags).algorithm()
+    assert (decoupled.down_codec, decoupled.outer_warmup, decoupled.error_feedback) == ("int4", 5, True)
+    assert parse_settings([]).algorithm().error_feedback is False
     # the overlap of the decoupled mode does not apply to the synchronous ones
     assert (
         parse_settings(["--mode", "diloco-sync", "--inner-steps", "2", "--fragments", "2"])
@@ -85,6 +87,15 @@ def test_outer_optimizer_per_mode_reaches_the_synchronizer(tmp_path: Path) -> No
     ):
         with pytest.raises(SettingsError, match=match):
             parse_settings(bad)
+
+
+def test_error_feedback_reaches_the_synchronizer(tmp_path: Path) -> None:
+    def argv(flags: list[str]) -> list[str]:
+        return build_synchronizer_argv(parse_settings(flags), RunPaths(tmp_path), port=1)
+
+    assert "--error-feedback" in argv(["--codec", "int2", "--error-feedback"])
+    assert "--no-error-feedback" in argv(["--codec", "int2"])
+    assert "--no-error-feedback" in argv(["--mode", "ddp", "--error-feedback"])  # nothing is quantized
 
 
 def test_speed_factors_and_slow_learners() -> None:
