@@ -33,6 +33,8 @@ FLAGS = derive_flags(
             "inner_steps",
             "fragments",
             "overlap",
+            "grace_gamma",
+            "grace_cap_steps",
             "codec",
             "error_feedback",
             "down_codec",

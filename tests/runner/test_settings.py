@@ -89,13 +89,16 @@ def test_outer_optimizer_per_mode_reaches_the_synchronizer(tmp_path: Path) -> No
             parse_settings(bad)
 
 
-def test_error_feedback_reaches_the_synchronizer(tmp_path: Path) -> None:
+def test_error_feedback_and_the_grace_window_reach_the_synchronizer(tmp_path: Path) -> None:
     def argv(flags: list[str]) -> list[str]:
         return build_synchronizer_argv(parse_settings(flags), RunPaths(tmp_path), port=1)
 
     assert "--error-feedback" in argv(["--codec", "int2", "--error-feedback"])
     assert "--no-error-feedback" in argv(["--codec", "int2"])
     assert "--no-error-feedback" in argv(["--mode", "ddp", "--error-feedback"])  # nothing is quantized
+    grace = argv(["--grace-gamma", "0.25", "--grace-cap-steps", "16"])
+    assert grace[grace.index("--grace-gamma") + 1] == "0.25"
+    assert grace[grace.index("--grace-cap-steps") + 1] == "16.0"
 
 
 def test_speed_factors_and_slow_learners() -> None:
