@@ -8,7 +8,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from diloco_operator.kube import Kube, api_error
 from diloco_operator.learners import TERMINATION_GRACE_SECONDS
 from diloco_operator.passes import post_events
@@ -20,7 +19,6 @@ from kubernetes.client.exceptions import ApiException
 from tests.operator.kubejobs import (
     GROUP,
     PLURAL,
-    ROOT,
     VERSION,
     PodDeletions,
     children,
@@ -36,6 +34,7 @@ from tests.operator.kubejobs import (
     start_operator,
     unit,
 )
+from tests.operator.test_operator_crd import example_docs, schema
 from tests.support.kwok import FAIL_LABEL
 from tests.support.ports import free_port
 from tests.support.waiting import wait_for
@@ -232,32 +231,23 @@ def test_schema_rejects_impossible_settings(api: k8s.ApiClient, namespace: str) 
     assert "quorum must not exceed" in err.value.body
 
 
-def _diloco_defaults() -> dict[str, Any]:
-    crd = yaml.safe_load((ROOT / "crds" / "dilocojobs.diloco.dev.yaml").read_text())
-    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    fields = spec["properties"]["diloco"]["properties"]
-    return {name: field["default"] for name, field in fields.items() if "default" in field}
-
-
 def test_examples_are_accepted_by_the_apiserver(api: k8s.ApiClient, namespace: str) -> None:
     custom = k8s.CustomObjectsApi(api)
-    defaults = _diloco_defaults()
-    checked = 0
-    for path in sorted((ROOT / "examples").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc:
-                created = custom.create_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, doc, dry_run="All"
-                )
-                given = doc["spec"].get("diloco", {})
-                diloco = created["spec"]["diloco"]
-                # what the example sets is kept, what it leaves out gets the schema's default
-                assert {k: diloco[k] for k in given} == given
-                assert {k: diloco[k] for k in defaults if k not in given} == {
-                    k: v for k, v in defaults.items() if k not in given
-                }
-                checked += 1
-    assert checked >= 2
+    fields = schema()["properties"]["spec"]["properties"]["diloco"]["properties"]
+    defaults = {name: field["default"] for name, field in fields.items() if "default" in field}
+    docs = example_docs()
+    assert len(docs) >= 2
+    for _, doc in docs:
+        created = custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, doc, dry_run="All"
+        )
+        given = doc["spec"].get("diloco", {})
+        diloco = created["spec"]["diloco"]
+        # what the example sets is kept, what it leaves out gets the schema's default
+        assert {k: diloco[k] for k in given} == given
+        assert {k: diloco[k] for k in defaults if k not in given} == {
+            k: v for k, v in defaults.items() if k not in given
+        }
 
 
 def test_restarting_the_operator_makes_no_duplicates(api: k8s.ApiClient, namespace: str) -> None:

@@ -129,4 +129,5 @@ def test_under_the_papers_schedule_a_slow_learner_sends_at_its_own_steps_without
     # its sends are merged into rounds (the last may still be in flight when the run stops), none twice
     merged = _steps_of(rounds, "slow")
     assert len(merged) >= 3
+    assert max(merged) <= H
     assert 0 < sum(merged) <= sum(sent.values())
