@@ -139,12 +139,16 @@ def chart_operator(
 TERMINATING = "because it is being terminated"
 
 
+# a log record starts with its timestamp; the lines up to the next one (an API error's reason, headers
+# and body) belong to it
+RECORD_START = re.compile(r"^(?=\[\d{4}-\d\d-\d\d )", re.MULTILINE)
+
+
 def refused_lines(proc: ManagedProcess) -> list[str]:
-    return [
-        line
-        for line in proc.log_path.read_text(errors="replace").splitlines()
-        if REFUSED.search(line) and TERMINATING not in line
-    ]
+    """The operator's log records that tell of a refused request, each whole (its first line names
+    the failed request, the following ones say why)."""
+    records = RECORD_START.split(proc.log_path.read_text(errors="replace"))
+    return [r for r in records if REFUSED.search(r) and TERMINATING not in r]
 
 
 def may(api: k8s.ApiClient, account: str, verb: str, resource: str, namespace: str | None = None) -> bool:
