@@ -3,7 +3,8 @@
 A learner with a valid token can send any finite outer gradient. Before a round commits, its inputs
 and its result are checked:
 
-- every contribution: finite, and its norm within ``factor`` times the median norm of the
+- every contribution: finite, a merge weight that can be computed from its claims (steps and
+  tokens within the bounds), and its norm within ``factor`` times the median norm of the
   fragment's recently merged contributions;
 - the merged update Δ: finite, and its norm within ``factor`` times the median of the recent
   rounds' updates; the new parameters: finite.
@@ -34,7 +35,7 @@ from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
 from diloco_core.merge import check_finite
 from diloco_core.outer import OuterState
-from diloco_core.round_math import MergeInput, RoundResult, merge_round
+from diloco_core.round_math import MergeInput, RoundResult, merge_round, round_weights
 
 HISTORY = 16  # norms remembered per fragment
 MIN_HISTORY = 3  # rounds merged before the norm checks apply
@@ -100,6 +101,16 @@ def _result_problem(
     return None
 
 
+def _weight_problem(c: MergeInput, version: int, settings: DiLoCoSettings) -> str | None:
+    """Why a contribution's merge weight cannot be computed (its claims are beyond the bounds), so
+    that exactly it is excluded rather than the round failing on it."""
+    try:
+        round_weights([c], version, settings)
+    except ValueError as exc:
+        return f"its weight cannot be computed: {exc}"
+    return None
+
+
 def screened_round(
     fragment: Fragment,
     params: Mapping[str, npt.NDArray[np.floating]],
@@ -117,7 +128,7 @@ def screened_round(
     kept: list[tuple[M, float]] = []
     excluded: list[tuple[M, str]] = []
     for c in contributions:
-        reason = check_finite(c.tensors)
+        reason = check_finite(c.tensors) or _weight_problem(c, version, settings)
         norm = tensors_norm(c.tensors)
         if reason is None and norm > limit:
             reason = f"norm {norm:.4g} is above the limit {limit:.4g} (max_update_norm_factor {factor:g})"

@@ -218,7 +218,7 @@ async def contribute(
             400, "bad_request",
             f"{tokens} tokens in {steps} steps is more than {MAX_TOKENS_PER_STEP:.0e} tokens per step",
         )  # fmt: skip
-    desk.precheck(learner_id, p, base_version, seq, since, steps)
+    desk.precheck(learner_id, p, base_version, seq, since, steps, tokens)
     blob = await read_limited_body(request, desk.body_limit(p))
     started = service.clock()
     result = await desk.contribute(

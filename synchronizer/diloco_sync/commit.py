@@ -58,7 +58,7 @@ class Committer:
     ) -> dict[str, Any]:
         """Write the round's objects and the manifest, retrying through outages; returns the round log."""
         p, layout, version = fs.index, self.store.layout, outcome.result.version
-        taken = [*contributions, *(c for c, _ in outcome.excluded)]  # an excluded one is never taken again
+        taken = [*contributions, *(c for c, _ in outcome.excluded)]  # an excluded key is never taken again
         keys = [part.key for c in taken for part in c.received()]
         oldest = version - self.max_staleness - 1
         record = FragmentRecord(
@@ -69,7 +69,7 @@ class Committer:
             applied=applied_to_keep([*fs.applied, *keys], version, self.max_staleness),
             merged_through={
                 learner: at
-                for learner, at in merged_through(fs.merged_through, taken).items()
+                for learner, at in merged_through(fs.merged_through, contributions).items()
                 if at[0] >= oldest
             },  # fmt: skip
         )

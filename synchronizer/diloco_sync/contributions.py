@@ -8,8 +8,10 @@ if the process dies during the outage, so the learner resends them (same key) un
 ``accepted`` by a restarted synchronizer that lost it, or ``duplicate`` — says ``durable``.
 Beyond the budget the answer is 503 ``storage_unavailable`` (``retryable``): nothing is dropped
 silently. A learner's newer contribution to the same fragment continues or supersedes its pending
-one, and progress of a learner that was merged already is refused (409 ``already_merged``): every
-step of a learner's progress is merged at most once (``FragmentState.overlap``).
+one, and is taken only where the learner's progress is held through (409 ``out_of_order`` names the
+step to start from); progress merged already is refused (409 ``already_merged``), and a continuation
+is held to the bounds of one contribution: every step of a learner's progress is merged at most
+once, in order (``FragmentState.conflict``).
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ class ContributionDesk:
         return min(self.settings.max_body_bytes, bound)
 
     def precheck(
-        self, learner_id: str, p: int, base_version: int, seq: int, since: int = 0, steps: int = 1
-    ) -> FragmentState:
+        self, learner_id: str, p: int, base_version: int, seq: int, since: int = 0, steps: int = 1,
+        tokens: int = 0,
+    ) -> FragmentState:  # fmt: skip
         """The checks that need no body: registration (a learner that left is refused until it
         registers again), fragment, initialisation, staleness.
 
@@ -93,15 +96,18 @@ class ContributionDesk:
             )
         if not fs.is_known(contribution_key(learner_id, p, base_version, seq)):
             self._check_fresh(fs, base_version)
-            self._check_new_progress(fs, learner_id, base_version, since, since + steps)
+            self._check_new_progress(fs, learner_id, base_version, since, steps, tokens)
         return fs
 
     def _check_new_progress(
-        self, fs: FragmentState, learner_id: str, base_version: int, since: int, through: int
+        self, fs: FragmentState, learner_id: str, base_version: int, since: int, steps: int, tokens: int
     ) -> None:
-        reason = fs.overlap(learner_id, base_version, since, through)
-        if reason is not None:
-            raise ApiError(409, "already_merged", reason, current_version=fs.version)
+        """Refuse progress taken already, a part that does not start where the learner's progress is
+        held through, and a continuation whose sum with what it continues is beyond the bounds."""
+        refusal = fs.refusal(learner_id, base_version, since, steps, tokens)
+        if refusal is not None:
+            status, code, reason = refusal
+            raise ApiError(status, code, reason, current_version=fs.version if status == 409 else None)
 
     def _check_fresh(self, fs: FragmentState, base_version: int) -> None:
         """Refuse a base the contribution's round would exclude: while a merge runs, the round it
@@ -128,7 +134,7 @@ class ContributionDesk:
         self, learner_id: str, p: int, *, base_version: int, steps: int, tokens: int, seq: int, blob: bytes,
         since: int = 0,
     ) -> ContributionResult:  # fmt: skip
-        fs = self.precheck(learner_id, p, base_version, seq, since, steps)
+        fs = self.precheck(learner_id, p, base_version, seq, since, steps, tokens)
         key = contribution_key(learner_id, p, base_version, seq)
         if not fs.reserve(key):
             self.metrics.contributions.labels("duplicate").inc()
@@ -144,7 +150,7 @@ class ContributionDesk:
                 log.warning("contribution %s kept in memory: %s", key, taken.failure)
             try:
                 self._check_fresh(fs, base_version)  # a round may have moved on meanwhile
-                self._check_new_progress(fs, learner_id, base_version, since, since + steps)
+                self._check_new_progress(fs, learner_id, base_version, since, steps, tokens)
             except ApiError:
                 self._delete_later([taken.storage_key] if taken.storage_key else [])
                 raise
@@ -230,9 +236,9 @@ class ContributionDesk:
             fs = self.fragments.find(c.fragment)
             if fs is None or fs.is_known(c.key):
                 continue
-            reason = fs.overlap(c.learner_id, c.base_version, c.since, c.through)
-            if reason is not None:
-                log.warning("not replaying contribution %s: %s", c.key, reason)
+            refusal = fs.refusal(c.learner_id, c.base_version, c.since, c.steps, c.tokens, in_order=False)
+            if refusal is not None:
+                log.warning("not replaying contribution %s: %s", c.key, refusal[2])
                 self.discard(c)
                 continue
             self._enqueue(fs, c)

@@ -18,12 +18,20 @@ after, ``accept`` the contribution into the next round, ``exclude`` the ones the
 out, ``mark_durable`` one held in memory once it is written. A key is known (a resend is a
 duplicate) while reserved, pending, merging, or applied.
 
-Exactly once: a contribution covers the steps ``since < step <= through`` of its learner's progress
-on its base version. One on the same base as the learner's pending one whose steps do not overlap
-it (a continuation, or an earlier one resent after a restart) is added to it (its parts); one that
-covers it (the whole progress from the base again) supersedes it. Progress already merged, or being merged, is never taken again
-(``overlap`` names the conflict; the learner is refused): the fragment remembers, per learner, how
-far its progress on a base was merged (``merged_through``, kept in the manifest).
+Exactly once, in order: a contribution covers the steps ``since < step <= through`` of its learner's
+progress on its base version. The fragment remembers, per learner, the newest base its merged
+progress is on and the step that progress reaches (``merged_through``, kept in the manifest; an
+excluded contribution's progress is not in it). A learner's progress on a base is taken in order:
+a part must start where the record of that progress ends (``progress_start``: the merged step, or
+the end of the learner's pending part on that base), so a part never jumps over one the
+synchronizer does not hold (``conflict`` names the refusal: ``out_of_order`` with the step to start
+from, ``already_merged`` for progress merged, or on a base older than the newest merged one,
+``overlaps_pending``). One on the same base as the learner's pending one is added to it (its parts),
+and one that covers it from the record's end supersedes it; the sum of the parts is held to the
+same bounds as one contribution (``fold_problem``; ``refusal`` makes both checks). Contributions read back from storage at
+start-up may have a gap before them (a part only buffered in memory was lost with the process):
+they wait, outside the round, until the learner resends the missing part (``ready``), and are
+dropped once their base is stale (``drop_stale_gaps``).
 
 Mutated only on the event loop; merges run in a worker thread on values handed over to them, and
 hand back new values (the parameters and outer state are never edited in place).
@@ -41,6 +49,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 from diloco_core import rounds as policy
+from diloco_core.bounds import MAX_STEPS, MAX_TOKENS, MAX_TOKENS_PER_STEP
 from diloco_core.fragments import Fragment
 from diloco_core.outer import OuterState
 from diloco_core.screening import NormHistory
@@ -97,6 +106,20 @@ def fold(earlier: Contribution, later: Contribution) -> Contribution:
         nbytes=later.nbytes, received_at=earlier.received_at, storage_key=later.storage_key, blob=later.blob,
         since=earlier.since, through=later.through, parts=(*earlier.received(), *later.parts),
     )  # fmt: skip
+
+
+def fold_problem(pending: Contribution, steps: int, tokens: int) -> str | None:
+    """Why adding ``steps`` and ``tokens`` to a learner's pending contribution would claim more than
+    one contribution may (None: within the bounds every contribution is held to, ``diloco_core.bounds``)."""
+    steps, tokens = pending.steps + steps, pending.tokens + tokens
+    if steps > MAX_STEPS or tokens > MAX_TOKENS or tokens > steps * MAX_TOKENS_PER_STEP:
+        return (
+            f"with learner {pending.learner_id}'s pending progress on version {pending.base_version} of "
+            f"fragment {pending.fragment} this would claim {tokens} tokens in {steps} steps, beyond the "
+            f"bounds of one contribution (at most {MAX_STEPS:.0e} steps, {MAX_TOKENS:.0e} tokens, "
+            f"{MAX_TOKENS_PER_STEP:.0e} tokens per step)"
+        )
+    return None
 
 
 def round_entry(c: Contribution) -> policy.Contribution:
@@ -245,27 +268,58 @@ class FragmentState:
                     return part.storage_key is not None
         return False
 
-    def overlap(self, learner_id: str, base_version: int, since: int, through: int) -> str | None:
-        """Why a contribution of ``learner_id`` on ``base_version`` with the steps after ``since``
-        through ``through`` would take progress a second time (None: it would not)."""
+    def progress_start(self, learner_id: str, base_version: int) -> int:
+        """The step where ``learner_id``'s progress on ``base_version`` not yet merged (nor being
+        merged) starts: how far its merged progress on that base reaches, 0 on a newer base."""
         base, merged = merged_through(self._merged_through, self._merging).get(learner_id, (-1, 0))
-        merged = merged if base == base_version else 0
-        if since < merged:
-            return (
+        return merged if base == base_version else 0
+
+    def ready(self, c: Contribution) -> bool:
+        """True when nothing of the learner's progress before ``c`` is missing (it may be merged)."""
+        return c.since == self.progress_start(c.learner_id, c.base_version)
+
+    def conflict(
+        self, learner_id: str, base_version: int, since: int, through: int, *, in_order: bool = True
+    ) -> tuple[str, str] | None:
+        """Why a contribution of ``learner_id`` on ``base_version`` holding the steps after ``since``
+        through ``through`` cannot be taken, as (code, reason), or None when it can. ``in_order``
+        (every live request): it must also start where the record of the learner's progress ends;
+        off for contributions read back from storage at start-up, which may wait for a gap."""
+        newest, _ = merged_through(self._merged_through, self._merging).get(learner_id, (-1, 0))
+        if base_version < newest:
+            return "already_merged", (
+                f"learner {learner_id}'s progress on version {newest} of fragment {self.index} is merged, "
+                f"so none on the older version {base_version} is taken: take version {self.version}"
+            )
+        start = self.progress_start(learner_id, base_version)
+        if since < start:
+            return "already_merged", (
                 f"learner {learner_id}'s progress on version {base_version} of fragment {self.index} "
-                f"through step {merged} is merged already (this contribution starts after step {since}): "
-                f"send only the progress after step {merged}, or take version {self.version}"
+                f"through step {start} is merged already (this contribution starts after step {since}): "
+                f"send only the progress after step {start}, or take version {self.version}"
             )
         previous = self._pending.get(learner_id)
-        if (
-            previous is not None
-            and previous.base_version == base_version
-            and _relation(previous, since, through) == "overlaps"
-        ):
-            return (
-                f"learner {learner_id}'s pending contribution on version {base_version} of fragment "
-                f"{self.index} holds steps {previous.since + 1} to {previous.through}; this one holds "
-                f"steps {since + 1} to {through}"
+        if previous is None or previous.base_version != base_version:
+            expected = start
+        else:
+            relation = _relation(previous, since, through)
+            if relation == "overlaps":
+                return "overlaps_pending", (
+                    f"learner {learner_id}'s pending contribution on version {base_version} of fragment "
+                    f"{self.index} holds steps {previous.since + 1} to {previous.through}; this one holds "
+                    f"steps {since + 1} to {through}"
+                )
+            fits = {
+                "after": since == previous.through,
+                "before": since == start and through == previous.since,
+                "covers": since == start,
+            }[relation]
+            expected = since if fits else (previous.through if relation == "after" else start)
+        if in_order and since != expected:
+            return "out_of_order", (
+                f"learner {learner_id}'s progress on version {base_version} of fragment {self.index} is "
+                f"held through step {expected}; this contribution starts after step {since}: send the "
+                f"progress after step {expected} first"
             )
         return None
 
@@ -325,29 +379,66 @@ class FragmentState:
         """The contribution of a reserved key was accepted or refused."""
         self._reserved.discard(key)
 
+    def refusal(
+        self,
+        learner_id: str,
+        base_version: int,
+        since: int,
+        steps: int,
+        tokens: int,
+        *,
+        in_order: bool = True,
+    ) -> tuple[int, str, str] | None:
+        """Why a contribution cannot be taken, as (HTTP status, code, reason), or None when it can:
+        a :meth:`conflict` (409), or a sum with the pending part it continues that is beyond the
+        bounds of one contribution (400, :func:`fold_problem`)."""
+        through = since + steps
+        conflict = self.conflict(learner_id, base_version, since, through, in_order=in_order)
+        if conflict is not None:
+            return 409, *conflict
+        previous = self._pending.get(learner_id)
+        if previous is None or previous.base_version != base_version:
+            return None
+        if _relation(previous, since, through) not in ("after", "before"):
+            return None
+        problem = fold_problem(previous, steps, tokens)
+        return (400, "bad_request", problem) if problem is not None else None
+
     def accept(self, c: Contribution, quorum: int) -> Contribution | None:
         """Queue a contribution for the next round. The learner's pending one is continued by it
-        (same base, ``c.since`` at or past its ``through``: the two are added up) or superseded by it;
-        returns the one superseded, whose keys are remembered as applied so that a resend of it is
-        a duplicate. The caller checked :meth:`overlap` first."""
+        (same base, ``c.since`` at its ``through``, or ``c`` filling the gap before it: the two are
+        added up) or superseded by it; returns the one superseded, whose keys are remembered as
+        applied so that a resend of it is a duplicate. The caller checked :meth:`conflict` and
+        :func:`fold_problem` first. A contribution with a gap before it waits outside the round."""
         self._expect("open", "merging", "committed")
         previous = self._pending.get(c.learner_id)
-        opens = not self._pending
-        if opens:  # a round opens when its first contribution arrives (the fragment fell due)
-            self._round = policy.open_round(self.index, self._version, c.received_at)
         if previous is not None and previous.base_version == c.base_version:
             relation = _relation(previous, c.since, c.through)
             if relation == "after":
                 c, previous = fold(previous, c), None
             elif relation == "before":
                 c, previous = fold(c, previous), None
+        opens = not any(self.ready(x) for x in self._pending.values() if x.learner_id != c.learner_id)
         self._pending[c.learner_id] = c
-        self._round = policy.add_contribution(self._round, round_entry(c), quorum=quorum)
+        if self.ready(c):
+            if opens:  # a round opens when its first contribution arrives (the fragment fell due)
+                self._round = policy.open_round(self.index, self._version, c.received_at)
+            self._round = policy.add_contribution(self._round, round_entry(c), quorum=quorum)
         if previous is not None:
             self._applied.extend(part.key for part in previous.received())
         if opens:
             self._notify()  # learners waiting with announce_rounds hear of it at once
         return previous
+
+    def drop_stale_gaps(self, max_staleness: int) -> list[Contribution]:
+        """Drop the pending contributions still waiting for a missing earlier part whose base is
+        now too old to be merged; returns them (their keys are not applied: a resend is judged anew)."""
+        stale = [
+            name
+            for name, c in self._pending.items()
+            if not self.ready(c) and policy.is_stale(c.base_version, self._version, max_staleness)
+        ]
+        return [self._pending.pop(name) for name in stale]
 
     def exclude(self, learners: Collection[str], quorum: int) -> dict[str, Contribution]:
         """Drop the pending contributions of ``learners`` (left out by the round policy) and start the
@@ -379,16 +470,19 @@ class FragmentState:
     def commit(
         self, *, version: int, params: Arrays, payload: bytes, outer: OuterState, now: float, quorum: int,
         norms: NormHistory | None = None, excluded: int = 0, update: bytes | None = None,
+        merged: Collection[str] | None = None,
     ) -> None:  # fmt: skip
         """The merged version is durable: make it current, wake every long-poll waiting for it, and
         start the next round with whatever is still pending. Every contribution of the merge (those
-        its checks excluded too) is done with: its keys are applied. ``update``: the version as the
-        update from the previous one (compressed downloads)."""
+        its checks excluded too) is done with: its keys are applied. Only the progress of those
+        merged (``merged``: their keys; None: all) is recorded as merged. ``update``: the version as
+        the update from the previous one (compressed downloads)."""
         self._expect("merging")
         self._norms = norms if norms is not None else self._norms
         self._excluded += excluded
         self._applied.extend(part.key for c in self._merging for part in c.received())
-        self._merged_through.update(merged_through(self._merged_through, self._merging))
+        taken = [c for c in self._merging if merged is None or c.key in merged]
+        self._merged_through = merged_through(self._merged_through, taken)
         self._outer, self._rounds, self._phase = outer, self.rounds + 1, "committed"
         self._publish(version, params, payload, update)
         self._open_round(now, quorum)
@@ -415,9 +509,9 @@ class FragmentState:
 
     def _open_round(self, now: float, quorum: int) -> None:
         """Start the round of the current version with whatever is still pending."""
-        start = min((c.received_at for c in self._pending.values()), default=now)
-        self._round = policy.open_round(self.index, self._version, start)
-        for c in sorted(self._pending.values(), key=lambda c: c.received_at):
+        ready = sorted((c for c in self._pending.values() if self.ready(c)), key=lambda c: c.received_at)
+        self._round = policy.open_round(self.index, self._version, ready[0].received_at if ready else now)
+        for c in ready:
             self._round = policy.add_contribution(self._round, round_entry(c), quorum=quorum)
 
     # -- news for long-polls ---------------------------------------------------------------------
@@ -426,7 +520,7 @@ class FragmentState:
         """True when a round on ``version`` is collecting contributions and ``learner_id`` has none in it."""
         return (
             not self.busy
-            and bool(self._pending)
+            and bool(self._round.pending)
             and self.version == version
             and self.round.version == version
             and learner_id not in self._pending

@@ -90,6 +90,12 @@ class RoundRunner:
         """Start a merge when the policy says so; returns when to look again (None: on news)."""
         if fs.phase != "open" or not fs.pending:
             return None
+        for gapped in fs.drop_stale_gaps(self.diloco.max_staleness):
+            log.warning(
+                "fragment %d: dropping contribution %s: its base is stale and learner %s never resent "
+                "its progress before step %d", fs.index, gapped.key, gapped.learner_id, gapped.since,
+            )  # fmt: skip
+            self.release.discard(gapped)
         decision = self.policy.decide(fs.round, now)
         if decision.excluded:
             dropped = fs.exclude([learner for learner, _ in decision.excluded], self.diloco.quorum)
@@ -163,7 +169,7 @@ class RoundRunner:
         fs.commit(
             version=result.version, params=result.params, payload=outcome.payload, outer=result.outer,
             now=self.clock(), quorum=self.diloco.quorum, norms=outcome.norms, excluded=len(outcome.excluded),
-            update=result.down_blob,
+            update=result.down_blob, merged={c.key for c in outcome.merged},
         )  # fmt: skip
         try:
             for c in contributions:

@@ -66,6 +66,22 @@ def test_values_whose_sums_overflow_are_excluded_and_the_others_merge() -> None:
     assert np.isfinite(screened.result.params["w"]).all()
 
 
+def test_a_contribution_whose_claims_cannot_be_weighed_is_excluded_alone() -> None:
+    """Claims beyond the bounds (a sum of continuations, say) exclude exactly that contribution, even
+    when the honest ones have larger norms (the largest-norm retry would have dropped them first)."""
+    honest = [
+        Delta("honest-1", {"w": np.full(4, 0.5, np.float32)}),
+        Delta("honest-2", {"w": np.full(4, 0.4, np.float32)}),
+    ]
+    claims = Delta("claims", {"w": np.full(4, 0.01, np.float32)}, steps=2 * 10**8, tokens=2 * 10**17)
+    screened = screened_round(SPEC, PARAMS, OuterState(), 0, [*honest, claims], settings(), NormHistory())
+    assert screened.result is not None
+    assert [c.name for c in screened.merged] == ["honest-1", "honest-2"]
+    ((excluded, reason),) = screened.excluded
+    assert excluded.name == "claims"
+    assert reason.startswith("its weight cannot be computed: tokens (200000000000000000)")
+
+
 def test_nothing_is_merged_when_every_contribution_fails() -> None:
     bad = Delta("nan", {"w": np.array([np.nan, 0, 0, 0], np.float32)})
     screened = screened_round(SPEC, PARAMS, OuterState(), 0, [bad], settings(), NormHistory())

@@ -96,3 +96,53 @@ def test_the_learner_resends_a_buffered_contribution_until_it_is_durable(
     finally:
         comm.stop()
         client.close()
+
+
+def test_a_later_part_waits_for_the_buffered_ones_a_restart_lost_and_every_step_is_merged(
+    sync_factory: SyncFactory, s3_server_factory: Callable[[], S3Server]
+) -> None:
+    """Parts 1 and 2 (steps 1-8) only buffered, kill -9, then part 3 (steps 9-12) reaches the restarted
+    synchronizer first: it is refused ``out_of_order`` (not merged over the gap), the learner sends
+    the buffered parts, then part 3, and all 12 steps are merged, none reported merged that was not."""
+    s3 = s3_server_factory()
+    sync, _ = started(sync_factory, s3)
+    b = Learner(sync.url, "b", PLAN)
+    assert b.register().status_code == 200
+    client = SyncClient(sync.url, "a", learner_token(SECRET, "a"))
+    comm = Communicator(client, PLAN, CommSettings(quantizer="fp32", poll_wait_s=1.0), versions={0: 0, 1: 0})
+    comm.start()
+
+    def part(seq: int) -> Contribution:
+        tensors = outer_grad(PLAN, 0, seed=seq)
+        return Contribution(
+            0, 0, 4, 32, seq, {n: np.asarray(v) for n, v in tensors.items()}, since=4 * (seq - 1)
+        )
+
+    def steps_of_a_merged() -> int:
+        rounds = status(sync.url)["recent_rounds"]
+        weights = [
+            w for r in rounds for who, w in zip(r["participants"], r["weights"], strict=True) if who == "a"
+        ]  # type: ignore[index]
+        return round(sum(weights) / 64)  # tokens² / steps with 8 tokens per step: 64 per step
+
+    try:
+        s3.stop()
+        comm.submit(part(1))
+        comm.submit(part(2))
+        wait_for(lambda: comm.buffered(0) == [1, 2], timeout=30, what="the answers: buffered")
+        restart_through_the_outage(sync, s3)
+        assert b.heartbeat(4).status_code == 200
+        assert b.contribute(0, 0, encode_grad(outer_grad(PLAN, 0, seed=9), 0, 0), seq=1).status_code == 202
+        comm.submit(part(3))
+        wait_for(
+            lambda: comm.buffered(0) == [] and not comm.pending(0), timeout=60, what="every part durable"
+        )
+        assert comm.rejected == 0  # none refused for good: no resynchronisation, no progress thrown away
+        if status(sync.url)["fragments"][0]["pending"]:  # type: ignore[index]  # the rest waits for b
+            version = status(sync.url)["fragments"][0]["version"]  # type: ignore[index]
+            blob = encode_grad(outer_grad(PLAN, 0, seed=10), 0, version)
+            assert b.contribute(0, version, blob, seq=2).status_code == 202
+        wait_for(lambda: steps_of_a_merged() == 12, timeout=30, what="all 12 of a's steps merged")
+    finally:
+        comm.stop()
+        client.close()

@@ -7,8 +7,9 @@ import asyncio
 
 import numpy as np
 import pytest
+from diloco_core.bounds import MAX_STEPS, MAX_TOKENS, MAX_TOKENS_PER_STEP
 from diloco_core.outer import OuterState
-from diloco_sync.fragment_state import Contribution, FragmentState, TransitionError
+from diloco_sync.fragment_state import Contribution, FragmentState, TransitionError, fold_problem
 
 from tests.synchronizer.helpers import initial_params, tiny_plan
 
@@ -228,6 +229,12 @@ def test_an_opening_round_wakes_the_learners_that_have_not_joined_it() -> None:
     assert asyncio.run(scenario()) == ("round", None, None, False)
 
 
+def refusal(fs: FragmentState, *args: object, **kwargs: bool) -> str:
+    """``fs.conflict(...)`` as "code: reason", "" when the contribution may be taken."""
+    found = fs.conflict(*args, **kwargs)  # type: ignore[arg-type]
+    return f"{found[0]}: {found[1]}" if found else ""
+
+
 def progress(
     seq: int, since: int, value: float, *, steps: int = 4, base: int = 0, at: float = 2.0
 ) -> Contribution:
@@ -240,11 +247,11 @@ def progress(
 
 def test_a_continuation_adds_to_the_pending_contribution_and_both_keys_are_known() -> None:
     fs = initialised()
-    assert fs.overlap("a", 0, 0, 4) is None
+    assert refusal(fs, "a", 0, 0, 4) == ""
     fs.accept(progress(1, 0, 4.0), QUORUM)
-    assert fs.overlap("a", 0, 4, 8) is None  # continues it
-    assert fs.overlap("a", 0, 2, 6) is not None  # would take steps 3 and 4 twice
-    assert fs.overlap("a", 0, 0, 8) is None  # covers it: supersedes it
+    assert refusal(fs, "a", 0, 4, 8) == ""  # continues it
+    assert refusal(fs, "a", 0, 2, 6) != ""  # would take steps 3 and 4 twice
+    assert refusal(fs, "a", 0, 0, 8) == ""  # covers it: supersedes it
     assert fs.accept(progress(2, 4, 4.0), QUORUM) is None  # nothing superseded: added up
     pending = fs.pending["a"]
     assert (pending.since, pending.steps, pending.tokens, pending.through) == (0, 8, 64, 8)
@@ -258,16 +265,16 @@ def test_progress_merged_or_being_merged_is_never_taken_again() -> None:
     fs = initialised()
     fs.accept(progress(1, 0, 4.0), QUORUM)
     fs.start_merge(["a"])
-    assert "merged already" in (fs.overlap("a", 0, 0, 8) or "")  # being merged
-    assert fs.overlap("a", 0, 4, 8) is None
+    assert "merged already" in refusal(fs, "a", 0, 0, 8)  # being merged
+    assert refusal(fs, "a", 0, 4, 8) == ""
     fs.commit(
         version=1, params=initial_params(PLAN, 0), payload=b"v1", outer=OuterState(), now=3.0, quorum=QUORUM
     )
     fs.settle()
     assert fs.merged_through == {"a": (0, 4)}
-    assert "through step 4" in (fs.overlap("a", 0, 0, 8) or "")  # the whole progress from the base again
-    assert fs.overlap("a", 0, 4, 8) is None  # only what followed: a contribution of its own
-    assert fs.overlap("a", 1, 0, 4) is None  # a new base starts afresh
+    assert "through step 4" in refusal(fs, "a", 0, 0, 8)  # the whole progress from the base again
+    assert refusal(fs, "a", 0, 4, 8) == ""  # only what followed: a contribution of its own
+    assert refusal(fs, "a", 1, 0, 4) == ""  # a new base starts afresh
 
 
 def test_a_restarted_fragment_remembers_how_far_each_learner_was_merged() -> None:
@@ -276,18 +283,109 @@ def test_a_restarted_fragment_remembers_how_far_each_learner_was_merged() -> Non
         version=1, params=initial_params(PLAN, 0), payload=b"v1", outer=OuterState(), applied=["a/0/0/1"],
         rounds=1, now=1.0, quorum=QUORUM, merged_through={"a": (0, 4)},
     )  # fmt: skip
-    assert fs.overlap("a", 0, 0, 4) is not None
-    assert fs.overlap("a", 0, 4, 8) is None
+    assert refusal(fs, "a", 0, 0, 4) != ""
+    assert refusal(fs, "a", 0, 4, 8) == ""
 
 
 def test_an_earlier_contribution_resent_after_a_later_one_is_added_to_it() -> None:
     """After a restart lost a buffered contribution (steps 1-4) but kept the next (steps 5-8), the
     learner resends the first: the two are added up, in step order, neither supersedes the other."""
     fs = initialised()
+    assert "out_of_order" in refusal(fs, "a", 0, 4, 8)  # a live request must not jump over steps 1-4
+    assert refusal(fs, "a", 0, 4, 8, in_order=False) == ""  # read back from storage: it waits for them
     fs.accept(progress(2, 4, 3.0), QUORUM)
-    assert fs.overlap("a", 0, 0, 4) is None
+    assert not fs.ready(fs.pending["a"])
+    assert fs.round.pending == {}  # outside the round until the gap is filled
+    assert refusal(fs, "a", 0, 0, 4) == ""
     assert fs.accept(progress(1, 0, 4.0), QUORUM) is None
+    assert fs.ready(fs.pending["a"])
+    assert set(fs.round.pending) == {"a"}
     pending = fs.pending["a"]
     assert (pending.since, pending.through, pending.steps) == (0, 8, 8)
     np.testing.assert_array_equal(pending.tensors["w"], [7.0, 7.0])
     assert sorted(c.key for c in pending.received()) == ["a/0/0/1", "a/0/0/2"]
+
+
+def merged(fs: FragmentState, *learners: str, keys: set[str] | None = None, version: int = 1) -> None:
+    """Merge the pending contributions of ``learners`` into ``version``; ``keys``: those the checks kept."""
+    fs.start_merge(learners)
+    fs.commit(
+        version=version, params=initial_params(PLAN, 0), payload=b"v", outer=OuterState(), now=3.0,
+        quorum=QUORUM, merged=keys,
+    )  # fmt: skip
+    fs.settle()
+
+
+def test_progress_on_a_base_older_than_the_newest_merged_one_is_refused() -> None:
+    """Merged on base 3, then on base 6: a replay of the base-3 progress is not merged a second time."""
+    fs = fresh()
+    fs.restore(
+        version=6, params=initial_params(PLAN, 0), payload=b"v6", outer=OuterState(), applied=[], rounds=6,
+        now=1.0, quorum=QUORUM, merged_through={"a": (3, 4)},
+    )  # fmt: skip
+    fs.accept(progress(1, 0, 1.0, base=6), QUORUM)
+    merged(fs, "a", version=7)
+    assert fs.merged_through == {"a": (6, 4)}
+    assert refusal(fs, "a", 3, 0, 4).startswith("already_merged: learner a's progress on version 6")
+    assert refusal(fs, "a", 3, 4, 8).startswith("already_merged")  # nor any later part of it
+    assert refusal(fs, "a", 6, 4, 8) == ""
+
+
+def test_a_part_is_taken_only_where_the_learners_progress_is_held_through() -> None:
+    fs = initialised()
+    assert refusal(fs, "a", 0, 10**12, 10**12 + 4).startswith("out_of_order")  # far in the future
+    assert "held through step 0" in refusal(fs, "a", 0, 4, 8)
+    fs.accept(progress(1, 0, 1.0), QUORUM)
+    assert "held through step 4" in refusal(fs, "a", 0, 8, 12)  # would skip steps 5-8
+    assert refusal(fs, "a", 0, 4, 8) == ""
+    assert refusal(fs, "a", 0, 2, 6).startswith("overlaps_pending")
+    merged(fs, "a")
+    assert refusal(fs, "a", 0, 0, 4).startswith("already_merged")
+    assert "held through step 4" in refusal(fs, "a", 0, 8, 12)
+    assert refusal(fs, "a", 0, 4, 8) == ""
+    assert refusal(fs, "a", 1, 0, 4) == ""  # a newer base starts at step 0
+    assert refusal(fs, "a", 1, 4, 8).startswith("out_of_order")
+
+
+def test_excluded_progress_is_not_recorded_as_merged_and_its_keys_are_done_with() -> None:
+    fs = initialised()
+    fs.accept(progress(1, 0, 1.0), QUORUM)
+    b = Contribution(
+        learner_id="b", fragment=0, base_version=0, seq=1, steps=4, tokens=32, tensors={}, nbytes=0,
+        received_at=2.5,
+    )  # fmt: skip
+    fs.accept(b, QUORUM)
+    merged(fs, "a", "b", keys={"b/0/0/1"})  # the checks left a out
+    assert fs.merged_through == {"b": (0, 4)}
+    assert fs.is_known("a/0/0/1")  # a resend of it is a duplicate
+    assert refusal(fs, "a", 0, 0, 4) == ""  # its steps were never merged
+
+
+def test_the_sum_of_a_learners_parts_is_held_to_the_bounds_of_one_contribution() -> None:
+    big = Contribution(
+        learner_id="a", fragment=0, base_version=0, seq=1, steps=10**8, tokens=MAX_TOKENS, tensors={},
+        nbytes=0, received_at=1.0,
+    )  # fmt: skip
+    assert fold_problem(big, 1, 0) is None
+    assert "claim 100000000000000001 tokens in 200000000 steps" in (fold_problem(big, 10**8, 1) or "")
+    assert fold_problem(big, MAX_STEPS, 0) is not None
+    small = progress(1, 0, 1.0)
+    assert "tokens per step" in (fold_problem(small, 1, 5 * MAX_TOKENS_PER_STEP) or "")
+    assert fold_problem(small, 4, 32) is None
+
+
+def test_a_part_waiting_for_a_lost_earlier_one_is_dropped_once_its_base_is_stale() -> None:
+    fs = initialised()
+    fs.accept(progress(2, 4, 1.0), QUORUM)  # read back from storage; steps 1-4 were lost
+    assert fs.drop_stale_gaps(max_staleness=1) == []
+    for version in (1, 2):
+        fs.accept(
+            Contribution(
+                learner_id="b", fragment=0, base_version=version - 1, seq=version, steps=4, tokens=32,
+                tensors={}, nbytes=0, received_at=2.0 + version,
+            ),
+            QUORUM,
+        )  # fmt: skip
+        merged(fs, "b", version=version)
+    assert [c.key for c in fs.drop_stale_gaps(max_staleness=1)] == ["a/0/0/2"]
+    assert fs.pending == {}

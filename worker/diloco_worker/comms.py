@@ -7,6 +7,8 @@
   down) is sent again every ``BUFFERED_RESEND_S`` with the same sequence number until an answer says
   it is durable (a synchronizer that restarted and lost it takes it anew, one that wrote it answers
   ``duplicate``), or until the learner took a newer version of the fragment (which supersedes it);
+  a later part refused as ``out_of_order`` (the restarted synchronizer lacks the buffered ones
+  before it) sends the buffered parts at once, in order, and itself after them;
 - one long-poll thread per fragment, asking the fragment's shard, that fetches new global versions
   into an arrivals slot, which the training loop drains at a step boundary; with
   ``announce_rounds`` it also hears when a round on the learner's version opens, and leaves a
@@ -259,6 +261,25 @@ class Communicator:
             if due:
                 self._slots[p] = sorted([*due, *self._slots.get(p, [])], key=lambda c: c.seq)
 
+    def _resend_earlier_first(self, c: Contribution) -> bool:
+        """The synchronizer lacks progress before ``c`` (it restarted and lost parts it had only
+        buffered): queue this fragment's buffered parts of ``c``'s base for sending now, ``c`` after
+        them. False when none is earlier than ``c`` (then nothing here can fill the gap)."""
+        with self._cv:
+            held = self._buffered.get(c.fragment, [])
+            earlier = [b for _, b in held if b.base_version == c.base_version and b.seq < c.seq]
+            if not earlier:
+                return False
+            rest = [(at, b) for at, b in held if all(b is not e for e in earlier)]
+            if rest:
+                self._buffered[c.fragment] = rest
+            else:
+                self._buffered.pop(c.fragment, None)
+            slot = [*earlier, c, *self._slots.get(c.fragment, [])]
+            self._slots[c.fragment] = sorted(slot, key=lambda x: x.seq)
+            self._cv.notify_all()
+        return True
+
     def buffered(self, p: int) -> list[int]:
         """The sequence numbers of fragment ``p``'s contributions that the synchronizer only buffered."""
         with self._cv:
@@ -294,6 +315,12 @@ class Communicator:
             )
             return False
         except SyncRejected as exc:
+            if exc.code == "out_of_order" and self._resend_earlier_first(c):
+                log.info(
+                    "step=%d fragment=%d version=%d the synchronizer holds none of the earlier buffered "
+                    "parts: sending them first (%s)", self.progress.step, c.fragment, c.base_version, exc,
+                )  # fmt: skip
+                return True
             with self._cv:
                 self.rejected += 1
             log.warning(

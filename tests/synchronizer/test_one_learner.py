@@ -1,0 +1,87 @@
+"""What one learner with a valid token cannot do to the others, against a real synchronizer process:
+freeze a fragment with continuations whose sum is beyond the bounds, have progress merged twice by
+replaying it on an older base, or jump its progress ahead of what the synchronizer holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from diloco_core.bounds import MAX_TOKENS
+
+from tests.synchronizer.conftest import SyncFactory
+from tests.synchronizer.helpers import (
+    Learner,
+    SyncProcess,
+    encode_grad,
+    initial_params,
+    outer_grad,
+    status,
+    tiny_plan,
+)
+
+pytestmark = pytest.mark.integration
+PLAN = tiny_plan(fragments=1)
+ARGS = ["--fragments", "1", "--inner-steps", "4", "--overlap", "1", "--merge-rule", "mean"]
+
+
+def joined(sync: SyncProcess, *names: str) -> list[Learner]:
+    learners = [Learner(sync.url, name, PLAN) for name in names]
+    for learner in learners:
+        assert learner.register().status_code == 200
+        assert learner.heartbeat(4).status_code == 200
+    assert learners[0].init(0, initial_params(PLAN, 0)).status_code == 200
+    return learners
+
+
+def grad(seed: int, base: int) -> bytes:
+    return encode_grad(outer_grad(PLAN, 0, seed=seed), 0, base)
+
+
+def test_continuations_whose_sum_is_beyond_the_bounds_are_refused_and_the_honest_ones_merge(
+    sync_factory: SyncFactory,
+) -> None:
+    sync = sync_factory(args=[*ARGS, "--quorum", "3"])
+    a, b, x = joined(sync, "a", "b", "x")
+    claim = {"steps": 10**8, "tokens": MAX_TOKENS}  # each within the bounds of one contribution
+    assert x.contribute(0, 0, grad(1, 0), since=0, **claim).status_code == 202
+    refused = x.contribute(0, 0, grad(2, 0), since=10**8, **claim)
+    assert refused.status_code == 400, refused.text
+    assert "beyond the bounds of one contribution" in refused.json()["reason"]
+    for learner, seed in ((a, 3), (b, 4)):
+        assert learner.contribute(0, 0, grad(seed, 0)).json()["status"] == "accepted"
+    assert a.fetch(0, newer_than=0, wait=30) is not None
+    fragment = status(sync.url)["fragments"][0]  # type: ignore[index]
+    assert (fragment["version"], fragment["excluded"]) == (1, 0)
+    assert sorted(status(sync.url)["recent_rounds"][0]["participants"]) == ["a", "b", "x"]  # type: ignore[index]
+
+
+def test_progress_replayed_on_an_older_base_is_not_merged_a_second_time(sync_factory: SyncFactory) -> None:
+    sync = sync_factory(args=[*ARGS, "--quorum", "1", "--outer-lr", "1", "--outer-momentum", "0"])
+    (a,) = joined(sync, "a")
+    blob = grad(1, 0)
+    assert a.contribute(0, 0, blob, seq=1).json()["status"] == "accepted"
+    assert a.fetch(0, newer_than=0, wait=30) is not None
+    assert a.contribute(0, 1, grad(2, 1), seq=2).json()["status"] == "accepted"
+    got = a.fetch(0, newer_than=1, wait=30)
+    assert got is not None
+    replay = a.contribute(0, 0, blob, seq=3)  # the first progress again, under a new sequence number
+    assert replay.status_code == 409, replay.text
+    assert replay.json()["code"] == "already_merged"
+    assert a.fetch(0, newer_than=2, wait=2) is None  # no round took it
+    version, values = a.fetch(0, newer_than=-1) or (None, {})
+    assert version == 2
+    for name, v in values.items():
+        np.testing.assert_array_equal(v, got[1][name], err_msg=name)
+
+
+def test_a_part_that_jumps_ahead_of_the_progress_held_is_refused(sync_factory: SyncFactory) -> None:
+    sync = sync_factory(args=[*ARGS, "--quorum", "2"])
+    a, _ = joined(sync, "a", "b")
+    ahead = a.contribute(0, 0, grad(1, 0), since=10**12 - 4)
+    assert ahead.status_code == 409, ahead.text
+    assert (ahead.json()["code"], "held through step 0" in ahead.json()["reason"]) == ("out_of_order", True)
+    assert a.contribute(0, 0, grad(2, 0), since=0).json()["status"] == "accepted"
+    skips = a.contribute(0, 0, grad(3, 0), since=8)  # steps 5-8 were never sent
+    assert (skips.status_code, skips.json()["code"]) == (409, "out_of_order")
+    assert a.contribute(0, 0, grad(4, 0), since=4).json()["status"] == "accepted"
+    assert status(sync.url)["fragments"][0]["pending"] == 1  # type: ignore[index]
