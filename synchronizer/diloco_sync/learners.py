@@ -14,6 +14,15 @@ STEP_TIME_EMA = 0.3  # weight of the newest reported step time
 _COUNTED_STATES: frozenset[LearnerState] = frozenset({"training", "rejoining"})
 
 
+def plausible_step_time(reported: float, steps: int, elapsed: float) -> float:
+    """A reported step time held to the pace the learner's own heartbeats show: a learner that
+    advanced ``steps`` steps in ``elapsed`` seconds took at most ``elapsed / steps`` per step, so a
+    longer report (one that would stretch every round's grace window) counts as that."""
+    if steps <= 0 or elapsed <= 0:
+        return reported
+    return min(reported, elapsed / steps)
+
+
 def step_time_ema(previous: float, reported: float, weight: float = STEP_TIME_EMA) -> float:
     """The step time the grace window uses: an EMA of the reported ones. Reports of 0 (not measured
     yet) are ignored, and so are non-finite ones and ones beyond ``MAX_STEP_TIME_S`` (which the API
@@ -128,10 +137,11 @@ class LearnerRegistry:
             raise LearnerLeft(learner_id)
         increment = token_increment(learner.tokens_counted, hb.tokens)
         learner.tokens_counted = hb.tokens
+        reported = plausible_step_time(hb.step_time_s, hb.step - learner.step, now - learner.last_seen)
         learner.last_seen = now
         learner.state = hb.state
         learner.step, learner.tokens = hb.step, hb.tokens
-        learner.step_time_s = step_time_ema(learner.step_time_s, hb.step_time_s)
+        learner.step_time_s = step_time_ema(learner.step_time_s, reported)
         learner.bytes_sent, learner.blocked_s = hb.bytes_sent, hb.blocked_s
         if hb.eval_loss is not None:
             learner.eval_loss = hb.eval_loss
@@ -154,13 +164,14 @@ class LearnerRegistry:
         return sum(1 for lr in self.learners.values() if lr.is_alive(now, self.timeout_s))
 
     def step_time(self, now: float) -> float:
-        """The median step time of the alive learners that reported one (0.0 when none did)."""
+        """The lower median step time of the alive learners that reported one (0.0 when none did):
+        one learner of two, or any minority, cannot stretch the grace window by reporting long steps."""
         times = sorted(
             lr.step_time_s
             for lr in self.learners.values()
             if lr.is_alive(now, self.timeout_s) and lr.step_time_s > 0
         )
-        return times[len(times) // 2] if times else 0.0
+        return times[(len(times) - 1) // 2] if times else 0.0
 
     def status(self, now: float, versions: dict[int, int]) -> list[LearnerStatus]:
         out = []

@@ -6,7 +6,14 @@ import pytest
 from diloco_core.bounds import MAX_STEP_TIME_S
 from diloco_core.protocol import Heartbeat
 from diloco_sync.layout import LearnerRecord, LearnerRegistryRecord
-from diloco_sync.learners import LearnerLeft, LearnerRegistry, UnknownLearner, step_time_ema, token_increment
+from diloco_sync.learners import (
+    LearnerLeft,
+    LearnerRegistry,
+    UnknownLearner,
+    plausible_step_time,
+    step_time_ema,
+    token_increment,
+)
 
 
 def _hb(tokens: int, **extra: object) -> Heartbeat:
@@ -137,3 +144,19 @@ def test_the_grace_window_uses_an_ema_of_the_reported_step_times() -> None:
     assert step_time_ema(0.0, 2.0) == 2.0
     assert step_time_ema(2.0, 0.0) == 2.0  # a heartbeat without a step time changes nothing
     assert step_time_ema(2.0, 4.0, weight=0.25) == pytest.approx(2.5)
+
+
+def test_one_learner_cannot_stretch_the_grace_window_with_long_step_times() -> None:
+    """A learner reporting a day per step: among two it is not the median, and while its own step
+    counter advances, its report is held to the pace its heartbeats show."""
+    reg = LearnerRegistry(heartbeat_timeout_s=60)
+    for name in ("honest", "liar"):
+        reg.register(LearnerRecord(learner_id=name), step=0, now=100.0)
+    reg.heartbeat("honest", Heartbeat(step=10, tokens=80, step_time_s=0.5), now=105.0)
+    reg.heartbeat("liar", Heartbeat(step=0, tokens=0, step_time_s=MAX_STEP_TIME_S), now=105.0)
+    assert reg.step_time(105.0) == 0.5
+    reg.heartbeat("liar", Heartbeat(step=5, tokens=40, step_time_s=MAX_STEP_TIME_S), now=110.0)
+    assert reg.learners["liar"].step_time_s < MAX_STEP_TIME_S  # 5 steps in 5 s: at most 1 s each
+    assert plausible_step_time(MAX_STEP_TIME_S, 5, 5.0) == 1.0
+    assert plausible_step_time(0.2, 5, 5.0) == 0.2  # an honest report is shorter than its pace
+    assert plausible_step_time(3.0, 0, 5.0) == 3.0  # no step taken: nothing to compare with
