@@ -66,8 +66,10 @@ def test_a_round_asks_the_learners_that_have_not_joined_it_and_takes_their_parti
         assert learner.register().status_code == 200
     for p in (0, 1):
         assert a.init(p, initial_params(PLAN, p)).status_code == 200
-    for learner in (a, b):  # long steps: a grace window of half a step (50 s) that b's answer falls into
-        assert learner.heartbeat(4, step_time_s=100.0).status_code == 200
+    # long steps: a grace window of half a step (50 s) that b's answer falls into; no step taken yet,
+    # since a report of 100 s per step is held to the pace the heartbeats show once steps advance
+    for learner in (a, b):
+        assert learner.heartbeat(0, step_time_s=100.0).status_code == 200
     announce = {"newer_than": 0, "wait": 0.2, "announce_rounds": "true"}
     assert b.client.get("/v1/fragments/0", params=announce).status_code == 304  # no round open yet
     with ThreadPoolExecutor(1) as pool:
