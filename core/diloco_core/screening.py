@@ -4,14 +4,17 @@ A learner with a valid token can send any finite outer gradient. Before a round 
 and its result are checked:
 
 - every contribution: finite, a merge weight that can be computed from its claims (steps and
-  tokens within the bounds), and its norm within ``factor`` times the median norm of the
-  fragment's recently merged contributions;
-- the merged update Δ: finite, and its norm within ``factor`` times the median of the recent
+  tokens within the bounds), and its norm within ``factor`` times the lower median of the norms
+  of the fragment's recently merged contributions and of this round's;
+- the merged update Δ: finite, and its norm within ``factor`` times the lower median of the recent
   rounds' updates; the new parameters: finite.
 
-Until the fragment has ``MIN_HISTORY`` rounds, both norms are held to ``factor`` times the norm of
-the fragment's parameters instead (an outer gradient that moves them by many times their own size
-is no training progress); with parameters all zero there is no bound yet.
+The lower median: a learner whose norms are half of those counted cannot raise the limit, so the
+limit does not ratchet up round after round. While fewer than ``MIN_HISTORY`` norms are known, both
+norms are held to ``factor`` times the reference norm instead: the fragment's parameters' norm at
+its first checked round, kept with the history in the committed state (an outer gradient that
+moves them by many times their own size is no training progress, and a fixed reference does not
+compound over the first rounds); with parameters all zero there is no bound yet.
 
 A contribution that fails is excluded with a reason, and the round merges the others; when the
 result fails, the contribution with the largest norm is excluded and the round is merged again
@@ -24,8 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from statistics import median
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -38,7 +40,7 @@ from diloco_core.outer import OuterState
 from diloco_core.round_math import MergeInput, RoundResult, merge_round, round_weights
 
 HISTORY = 16  # norms remembered per fragment
-MIN_HISTORY = 3  # rounds merged before the norm checks apply
+MIN_HISTORY = 3  # norms known before the checks compare with them
 
 M = TypeVar("M", bound=MergeInput)
 
@@ -52,27 +54,45 @@ def tensors_norm(tensors: Mapping[str, npt.NDArray[np.floating]]) -> float:
     return math.sqrt(total) if math.isfinite(total) else math.inf
 
 
+def lower_median(values: Sequence[float]) -> float:
+    """The lower of the two middle values (the middle one for an odd count): with half of the
+    values its own, one learner cannot raise it."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 @dataclass(frozen=True)
 class NormHistory:
-    """Norms of a fragment's recently merged contributions and updates, oldest first."""
+    """Norms of a fragment's recently merged contributions and updates, oldest first, and the norm
+    of its parameters when the first round was checked (``reference``). Kept in the fragment's
+    committed state, so a restart does not reopen the window in which there is no history yet."""
 
     contributions: tuple[float, ...] = ()
     updates: tuple[float, ...] = ()
+    reference: float = 0.0
 
     def after(self, contributions: Sequence[float], update: float) -> NormHistory:
         """The history once a round merged contributions of these norms into an update of this norm."""
         return NormHistory(
-            (*self.contributions, *contributions)[-HISTORY:], (*self.updates, update)[-HISTORY:]
+            (*self.contributions, *contributions)[-HISTORY:],
+            (*self.updates, update)[-HISTORY:],
+            self.reference,
         )
 
-    def limit(self, which: Sequence[float], factor: float, params_norm: float = 0.0) -> float:
-        """The largest norm allowed given these recent norms, or while there are too few of them, the
-        parameters' norm (inf with neither, or with factor 0)."""
+    def with_reference(self, params_norm: float) -> NormHistory:
+        """This history with a reference norm: the one it has, or ``params_norm`` for a first round."""
+        return self if self.reference > 0 else replace(self, reference=params_norm)
+
+    def limit(self, norms: Sequence[float], factor: float) -> float:
+        """The largest norm allowed: ``factor`` times the lower median of ``norms`` once there are
+        ``MIN_HISTORY`` of them, else ``factor`` times the reference norm (inf with neither, or with
+        factor 0). A fixed reference, not the current parameters' norm: limits that followed the
+        parameters would compound over the first rounds."""
         if factor <= 0:
             return math.inf
-        if len(self.updates) >= MIN_HISTORY and which:
-            return factor * median(which)
-        return factor * params_norm if params_norm > 0 else math.inf
+        if len(norms) >= MIN_HISTORY:
+            return factor * lower_median(norms)
+        return factor * self.reference if self.reference > 0 else math.inf
 
 
 @dataclass(frozen=True)
@@ -84,18 +104,17 @@ class Screened(Generic[M]):
     merged: tuple[M, ...]
     excluded: tuple[tuple[M, str], ...]
     norms: tuple[float, ...] = field(default=())  # of the merged contributions, in order
+    history: NormHistory = field(default_factory=lambda: NormHistory())  # the one checked against
 
 
-def _result_problem(
-    result: RoundResult, history: NormHistory, factor: float, params_norm: float
-) -> str | None:
+def _result_problem(result: RoundResult, history: NormHistory, factor: float) -> str | None:
     reason = check_finite(result.update)
     if reason is not None:
         return f"merged update: {reason}"
     reason = check_finite(result.params)
     if reason is not None:
         return f"new parameters: {reason}"
-    norm, limit = tensors_norm(result.update), history.limit(history.updates, factor, params_norm)
+    norm, limit = tensors_norm(result.update), history.limit(history.updates, factor)
     if norm > limit:
         return f"merged update norm {norm:.4g} is above the limit {limit:.4g} (max_update_norm_factor {factor:g})"
     return None
@@ -123,19 +142,23 @@ def screened_round(
     """``round_math.merge_round`` of the contributions that pass the checks, with a result that passes
     them (see the module's docstring); never raises on a contribution's values."""
     factor = settings.max_update_norm_factor
-    params_norm = tensors_norm(params)
-    limit = history.limit(history.contributions, factor, params_norm)
+    history = history.with_reference(tensors_norm(params))
     kept: list[tuple[M, float]] = []
     excluded: list[tuple[M, str]] = []
     for c in contributions:
         reason = check_finite(c.tensors) or _weight_problem(c, version, settings)
-        norm = tensors_norm(c.tensors)
-        if reason is None and norm > limit:
-            reason = f"norm {norm:.4g} is above the limit {limit:.4g} (max_update_norm_factor {factor:g})"
         if reason is None:
-            kept.append((c, norm))
+            kept.append((c, tensors_norm(c.tensors)))
         else:
             excluded.append((c, reason))
+    # the round's own norms count beside the history's: among two, one cannot set the limit
+    limit = history.limit((*history.contributions, *(n for _, n in kept)), factor)
+    over = [(c, n) for c, n in kept if n > limit]
+    kept = [(c, n) for c, n in kept if n <= limit]
+    for c, norm in over:
+        excluded.append(
+            (c, f"norm {norm:.4g} is above the limit {limit:.4g} (max_update_norm_factor {factor:g})")
+        )
     while kept:
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found by the checks below
@@ -143,9 +166,10 @@ def screened_round(
         except (ArithmeticError, ValueError) as exc:
             problem: str | None = f"the round could not be merged: {exc}"
         else:
-            problem = _result_problem(result, history, factor, params_norm)
+            problem = _result_problem(result, history, factor)
             if problem is None:
-                return Screened(result, tuple(c for c, _ in kept), tuple(excluded), tuple(n for _, n in kept))
+                merged, norms = tuple(c for c, _ in kept), tuple(n for _, n in kept)
+                return Screened(result, merged, tuple(excluded), norms, history)
         largest = max(range(len(kept)), key=lambda i: kept[i][1])
         excluded.append((kept.pop(largest)[0], f"{problem}; excluded as the largest contribution"))
     return Screened(None, (), tuple(excluded))

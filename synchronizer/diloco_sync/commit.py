@@ -72,6 +72,9 @@ class Committer:
                 for learner, at in merged_through(fs.merged_through, contributions).items()
                 if at[0] >= oldest
             },  # fmt: skip
+            contribution_norms=list(outcome.norms.contributions),
+            update_norms=list(outcome.norms.updates),
+            reference_norm=outcome.norms.reference,
         )
         log_entry = round_log(p, outcome, contributions, timing)
         started = self.clock()

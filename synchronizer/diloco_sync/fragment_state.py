@@ -173,7 +173,7 @@ class FragmentState:
         self._reserved: set[str] = set()  # keys being validated/persisted right now
         self._merging: tuple[Contribution, ...] = ()  # the round being merged and committed
         self._merged_through: dict[str, tuple[int, int]] = {}  # learner -> (base version, step) merged
-        self._norms = NormHistory()  # of the rounds merged since start-up
+        self._norms = NormHistory()  # of the recent rounds, as committed
         self._excluded = 0  # contributions the rounds' checks left out since start-up
         self._changed = asyncio.Event()
 
@@ -356,10 +356,12 @@ class FragmentState:
         now: float,
         quorum: int,
         merged_through: dict[str, tuple[int, int]] | None = None,
+        norms: NormHistory | None = None,
     ) -> None:
         """Start from the committed state read back from storage."""
         self._expect("uninitialised")
         self._outer, self._rounds, self._phase = outer, rounds, "open"
+        self._norms = norms if norms is not None else NormHistory()
         self._applied.extend(applied)
         self._merged_through = dict(merged_through or {})
         self._publish(version, params, payload)

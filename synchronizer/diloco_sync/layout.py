@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import struct
 
+from diloco_core.screening import NormHistory
 from pydantic import BaseModel, ConfigDict, Field
 
 MANIFEST_FORMAT = 1
@@ -44,6 +45,15 @@ class FragmentRecord(BaseModel):
         default_factory=dict,
         description="per learner: the base version of its newest merged contribution and the step it reaches",
     )
+    contribution_norms: list[float] = Field(
+        default_factory=list, description="norms of the recently merged contributions, oldest first"
+    )
+    update_norms: list[float] = Field(default_factory=list, description="norms of the recent rounds' updates")
+    reference_norm: float = Field(0.0, ge=0.0, description="the parameters' norm at the first checked round")
+
+    def norm_history(self) -> NormHistory:
+        """The round checks' history as committed (``diloco_core.screening``)."""
+        return NormHistory(tuple(self.contribution_norms), tuple(self.update_norms), self.reference_norm)
 
 
 class Manifest(BaseModel):

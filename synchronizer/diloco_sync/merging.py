@@ -72,7 +72,7 @@ def run_round(
     outer_blob = encode_outer_state(result.outer, spec.index, result.version)
     return RoundOutcome(
         result, payload, outer_blob, merge_s=time.perf_counter() - started, merged=screened.merged,
-        excluded=screened.excluded, norms=norms.after(screened.norms, tensors_norm(result.update)),
+        excluded=screened.excluded, norms=screened.history.after(screened.norms, tensors_norm(result.update)),
     )  # fmt: skip
 
 

@@ -122,7 +122,7 @@ class SyncService:
                 version=lf.record.version, params=lf.params, payload=lf.payload,
                 outer=OuterState.from_arrays(lf.outer) if lf.outer is not None else OuterState(),
                 applied=lf.record.applied, rounds=lf.record.rounds, now=now, quorum=self.diloco.quorum,
-                merged_through=lf.record.merged_through,
+                merged_through=lf.record.merged_through, norms=lf.record.norm_history(),
             )  # fmt: skip
         log.info(
             "job %s shard %d loaded: plan %s, versions %s, %d learners, %d pending contributions",

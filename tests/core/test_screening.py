@@ -93,10 +93,8 @@ def test_nothing_is_merged_when_every_contribution_fails() -> None:
 def test_a_norm_far_above_the_recent_rounds_is_excluded_once_there_is_a_history() -> None:
     big, usual = delta("big", 100.0), delta("usual", 1.0)
     usual_norm = tensors_norm(usual.tensors)
-    # too few rounds yet: only finiteness is checked
-    few = screened_round(
-        SPEC, PARAMS, OuterState(), 0, [big, usual], settings(), history(usual_norm, MIN_HISTORY - 1)
-    )
+    # too few norms known yet (none before, two in the round) and parameters all zero: no bound
+    few = screened_round(SPEC, PARAMS, OuterState(), 0, [big, usual], settings(), NormHistory())
     assert len(few.merged) == 2
     screened = screened_round(SPEC, PARAMS, OuterState(), 0, [big, usual], settings(), history(usual_norm))
     assert [c.name for c in screened.merged] == ["usual"]
@@ -117,4 +115,27 @@ def test_the_norm_history_keeps_the_newest_rounds() -> None:
         h = h.after([float(i)], float(i))
     assert len(h.updates) == 16
     assert h.updates[-1] == 39.0
-    assert h.limit(h.updates, 2.0) == 2.0 * float(np.median(np.arange(24, 40)))
+    assert h.limit(h.updates, 2.0) == 2.0 * 31.0  # the lower median of 24..39
+
+
+def test_a_learner_with_half_the_norms_cannot_ratchet_the_limit_up() -> None:
+    """One honest learner (norm 1) and one that sends at the limit every round: the limit stays at
+    factor x the honest norm over 200 rounds (with the median it grew 1.22x a round)."""
+    h = history(1.0)
+    for _ in range(200):
+        attacker = h.limit((*h.contributions, 1.0), 10.0)
+        h = h.after([1.0, attacker], 1.0)
+    assert h.limit(h.contributions, 10.0) == 10.0
+
+
+def test_without_a_history_the_limit_is_fixed_at_the_first_rounds_parameters() -> None:
+    """Before MIN_HISTORY norms are known, the bound is the reference norm taken at the first
+    checked round, not the current parameters' norm, so the first rounds cannot compound it."""
+    ones = {"w": np.ones(4, np.float32)}  # norm 2: the reference, a limit of 20
+    first = screened_round(SPEC, ones, OuterState(), 0, [delta("a", 9.0)], settings(), NormHistory())
+    assert first.result is not None
+    assert first.history.reference == 2.0
+    grown = {"w": np.full(4, 10.0, np.float32)}  # norm 20: a limit of 200 if it followed the parameters
+    second = screened_round(SPEC, grown, OuterState(), 1, [delta("b", 50.0)], settings(), first.history)
+    assert second.result is None
+    assert "above the limit 20 " in second.excluded[0][1]

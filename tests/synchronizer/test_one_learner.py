@@ -85,3 +85,69 @@ def test_a_part_that_jumps_ahead_of_the_progress_held_is_refused(sync_factory: S
     assert (skips.status_code, skips.json()["code"]) == (409, "out_of_order")
     assert a.contribute(0, 0, grad(4, 0), since=4).json()["status"] == "accepted"
     assert status(sync.url)["fragments"][0]["pending"] == 1  # type: ignore[index]
+
+
+def scaled(seed: int, norm: float) -> dict[str, np.ndarray]:
+    """An outer gradient of exactly (to float32) this norm."""
+    g = outer_grad(PLAN, 0, seed=seed)
+    total = np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in g.values()))
+    return {name: (v * (norm / total)).astype(np.float32) for name, v in g.items()}
+
+
+def params_norm(values: dict[str, np.ndarray]) -> float:
+    return float(np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in values.values())))
+
+
+def test_an_adversarial_learner_moves_the_model_by_at_most_the_bound_across_a_restart(
+    sync_factory: SyncFactory,
+) -> None:
+    """An honest learner sends norm 1 each round; one with every weight it may claim sends 9 (inside
+    the limit of 10 x the lower median), then 11, then after a kill -9 five times the parameters'
+    norm. The global model moves at most 10 per round (outer lr 1, no momentum), the limit never
+    ratchets up (11 is excluded after 12 rounds at 9), and the restart does not reopen the window."""
+    args = [
+        *ARGS,
+        "--quorum",
+        "2",
+        "--outer-lr",
+        "1",
+        "--outer-momentum",
+        "0",
+        "--max-update-norm-factor",
+        "10",
+    ]
+    sync = sync_factory(args=args)
+    h, x = joined(sync, "h", "x")
+    heavy = {"steps": 4, "tokens": 4 * 10**9}  # the most tokens per step a learner may claim
+
+    def round_with(version: int, x_norm: float, seed: int) -> tuple[int, dict[str, np.ndarray]]:
+        assert h.contribute(0, version, encode_grad(scaled(seed, 1.0), 0, version)).status_code == 202
+        assert (
+            x.contribute(0, version, encode_grad(scaled(seed + 1, x_norm), 0, version), **heavy).status_code
+            == 202
+        )
+        got = h.fetch(0, newer_than=version, wait=30)
+        assert got is not None, f"no round after version {version}"
+        return got
+
+    version, values = 0, initial_params(PLAN, 0)
+    for i in range(2):  # a history of honest-looking norms
+        version, values = round_with(version, 1.0, 10 * i)
+    for i in range(12):  # at 9x: merged, and its weight makes the merged update its own
+        before = values
+        version, values = round_with(version, 9.0, 100 + 10 * i)
+        moved = params_norm({n: values[n] - before[n] for n in values})
+        assert moved <= 10.0 * (1 + 1e-5), f"round {version}: moved {moved}"
+    excluded = status(sync.url)["fragments"][0]["excluded"]  # type: ignore[index]
+    version, values = round_with(version, 11.0, 999)  # above 10 x the honest norm: the limit did not grow
+    assert status(sync.url)["fragments"][0]["excluded"] == excluded + 1  # type: ignore[index]
+    sync.kill9()
+    sync.start()
+    for learner in (h, x):
+        assert learner.register().status_code == 200
+        assert learner.heartbeat(4).status_code == 200
+    before = values
+    version, values = round_with(version, 5.0 * params_norm(values), 2024)
+    assert status(sync.url)["fragments"][0]["excluded"] == 1  # type: ignore[index]  # since the restart
+    moved = params_norm({n: values[n] - before[n] for n in values})
+    assert moved <= 10.0 * (1 + 1e-5)
