@@ -20,6 +20,7 @@ from .api import is_binary_route, is_learner_route, router
 from .auth import AuthenticateFirst, authenticated_or_none
 from .body import JsonBodyLimit
 from .errors import ApiError, api_error_handler, http_error_handler, validation_error_handler
+from .learner_limits import PerLearnerLimits, default_max_requests
 from .persistence import StateStore
 from .service import SyncService
 from .settings import SyncSettings
@@ -70,6 +71,12 @@ def create_app(
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_middleware(JsonBodyLimit, limit=settings.max_json_body_bytes, exempt=is_binary_route)
+    app.add_middleware(
+        PerLearnerLimits,
+        max_requests=settings.max_requests_per_learner or default_max_requests(settings.job.diloco.fragments),
+        max_uploads=settings.max_uploads_per_learner,
+        is_upload=is_binary_route,
+    )
     secret = settings.job_secret.get_secret_value()
     # added last, so it runs first: nothing about a learner route's request is read before this
     app.add_middleware(

@@ -105,7 +105,9 @@ def main(argv: list[str]) -> int:
             "at most %d open connections (not %d): the process may open %d files",
             max_connections, settings.max_connections, open_files_limit(),
         )  # fmt: skip
-    limits = ConnectionLimits(settings.header_timeout_s, settings.body_timeout_s, max_connections)
+    limits = ConnectionLimits(
+        settings.header_timeout_s, settings.body_timeout_s, max_connections, settings.min_body_rate
+    )
     failures: list[str] = []
     server: uvicorn.Server | None = None
 

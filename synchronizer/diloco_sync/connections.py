@@ -10,12 +10,15 @@ exhaust the descriptors, after which every accept fails (and ``/healthz`` with i
   when it opened or from the end of the previous answer; then it is answered 408 and closed;
 - a body timeout: a pause longer than ``body_timeout_s`` while a request body is being received
   (and the application is not the one holding the reading back) closes the connection;
+- a minimum body rate: a body that has been arriving for ``header_timeout_s`` must have averaged
+  ``min_body_rate`` bytes/s since its head (a client sending a byte now and then, each pause within
+  the body timeout, holds a connection no longer than that);
 - a cap of ``max_connections`` open connections: one more closes a connection that waits for a
   request head to make room — first the one waiting longest among those that sent part of a head
-  (a real client's head arrives whole: a part is a slow client) or are idle after an answer, else a
-  connection that has sent nothing for at least ``EVICTABLE_AFTER_S`` (one just connected has not
-  been read yet and is not closed for another). With none such, every connection being busy with a
-  request or just connected, the new one is answered 503 ``overloaded`` and closed.
+  (a real client's head arrives whole: a part is a slow client) or are idle after an answer, else
+  the one that connected first among those that have sent nothing yet (a wave of slow clients
+  reconnecting together must not leave a health probe without room). With none such, every
+  connection being busy with a request, the new one is answered 503 ``overloaded`` and closed.
 
 Requests in progress (a long-poll, an upload that keeps arriving) are never closed by these limits.
 
@@ -46,7 +49,6 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 log = logging.getLogger(__name__)
 FD_RESERVE = 64  # descriptors kept for storage, logs, threads and the listening socket
 MIN_CONNECTIONS = 8
-EVICTABLE_AFTER_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,17 @@ class ConnectionLimits:
     header_timeout_s: float
     body_timeout_s: float
     max_connections: int
+    min_body_rate: float = 0.0  # bytes/s (0: none)
+
+
+def body_too_slow(received: int, elapsed: float, limits: ConnectionLimits) -> bool:
+    """True when a body that has been arriving for ``elapsed`` seconds with ``received`` bytes so far
+    is below the minimum rate (judged once it has had ``header_timeout_s``)."""
+    return (
+        limits.min_body_rate > 0
+        and elapsed >= limits.header_timeout_s
+        and received < limits.min_body_rate * elapsed
+    )
 
 
 def effective_max_connections(configured: int, fd_limit: int) -> int:
@@ -93,12 +106,9 @@ class _Connections:
     def admit(self, conn: GuardedH11Protocol, now: float) -> bool:
         """Count ``conn`` in, closing a waiting one to make room; False when none may be closed."""
         if len(self.open) >= self.limits.max_connections:
-            victim = next(iter(self.slow), None)
+            victim = next(iter(self.slow), None) or next(iter(self.fresh), None)
             if victim is None:
-                oldest, since = next(iter(self.fresh.items()), (None, now))
-                if oldest is None or now - since < EVICTABLE_AFTER_S:
-                    return False
-                victim = oldest
+                return False
             self.forget(victim)
             victim.close_for_room()
         self.open.add(conn)
@@ -134,6 +144,8 @@ class GuardedH11Protocol(H11Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._seen_cycle: object = None
+        self._body_since: float | None = None  # when the current request's head was whole
+        self._body_bytes = 0  # bytes received since then
 
     @property
     def _limits(self) -> ConnectionLimits:
@@ -157,6 +169,8 @@ class GuardedH11Protocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if not self._admitted:  # answered 503 and closing: nothing it sends is read
             return
+        if self._body_since is not None:
+            self._body_bytes += len(data)
         super().data_received(data)
         self._after_events()
 
@@ -202,17 +216,38 @@ class GuardedH11Protocol(H11Protocol):
 
     def _after_events(self) -> None:
         cycle = self.cycle
+        now = self.loop.time()
         if cycle is not None and cycle is not self._seen_cycle:  # a whole request head arrived
             self._seen_cycle = cycle
             self._cancel(head=True)
             self.connections_state.done_waiting(self)
+            self._body_since, self._body_bytes = now, 0
         elif self._head_timer is not None:  # bytes came, the head is not whole yet
-            self.connections_state.sent_part_of_a_head(self, self.loop.time())
+            self.connections_state.sent_part_of_a_head(self, now)
         if cycle is not None and cycle.more_body and not cycle.response_complete:
             self._cancel(body=True)
+            if self._body_too_slow(now):
+                return
             self._body_timer = self.loop.call_later(self._limits.body_timeout_s, self._body_timed_out)
         else:
             self._cancel(body=True)
+            self._body_since = None
+
+    def _body_too_slow(self, now: float) -> bool:
+        """Close the connection when its request body arrives below the minimum rate (not when the
+        application holds the reading back)."""
+        since = self._body_since
+        if since is None or self.flow.read_paused or self.transport.is_closing():
+            return False
+        if not body_too_slow(self._body_bytes, now - since, self._limits):
+            return False
+        log.warning(
+            "closed a connection whose request body arrived at %.0f bytes/s (at least %.0f)",
+            self._body_bytes / max(now - since, 1e-9), self._limits.min_body_rate,
+        )  # fmt: skip
+        self.connections_state.forget(self)
+        self._close()
+        return True
 
     def _cancel(self, *, head: bool = False, body: bool = False) -> None:
         if head and self._head_timer is not None:

@@ -72,6 +72,16 @@ class SyncSettings(BaseModel):
     keep_alive_timeout_s: float = Field(
         5.0, gt=0.0, description="idle time before a kept-alive connection is closed"
     )
+    min_body_rate: float = Field(
+        1024.0, ge=0.0, description="bytes/s a request body must average once it has been arriving for "
+        "--header-timeout-s (0: no minimum)",
+    )  # fmt: skip
+    max_requests_per_learner: int = Field(
+        0, ge=0, description="requests one learner may have in progress at once (0: twice the fragments + 16)"
+    )
+    max_uploads_per_learner: int = Field(
+        4, ge=1, description="uploads (init, contributions) one learner may have in progress at once"
+    )
     max_connections: int = Field(
         4096, ge=8, description="open connections at most (fewer if the limit of open files is lower); "
         "beyond it a connection waiting for its request head is closed, else the new one gets 503",

@@ -682,3 +682,69 @@ def test_a_stalled_body_is_closed_and_a_full_house_answers_503(sync_factory: Syn
         assert httpx.get(f"{sync.url}/healthz", timeout=10).status_code == 200
     finally:
         a.close()
+
+
+def test_one_learners_trickling_uploads_neither_hold_the_server_nor_starve_the_others(
+    sync_factory: SyncFactory,
+) -> None:
+    """A learner with a valid token opens ten uploads (Content-Length 5000) and sends a byte now and
+    then, each pause within the body timeout: beyond its 4 uploads it is answered 429 at once, the 4
+    are closed once below the minimum rate, and meanwhile /healthz and another learner are served."""
+    args = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--quorum", "2",
+            "--header-timeout-s", "2", "--body-timeout-s", "30", "--min-body-rate", "100"]  # fmt: skip
+    sync = sync_factory(args=args)
+    a, b = Learner(sync.url, "a", PLAN), Learner(sync.url, "b", PLAN)
+    head = (
+        "POST /v1/fragments/0/contributions?base_version=0&steps=4&tokens=32&seq=1 HTTP/1.1\r\n"
+        "Host: synchronizer\r\nContent-Length: 5000\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in auth_headers("a").items())
+        + "\r\n"
+    ).encode()
+    uploads: list[socket.socket] = []
+    try:
+        for learner in (a, b):
+            assert learner.register().status_code == 200
+        for p in (0, 1):
+            assert a.init(p, initial_params(PLAN, p)).status_code == 200
+        for _ in range(10):
+            sock = socket.create_connection(("127.0.0.1", sync.port), timeout=30)
+            sock.sendall(head + b"\x00")
+            uploads.append(sock)
+        refused, admitted = [], []
+        for sock in uploads:
+            sock.settimeout(1.0)
+            try:
+                answer = sock.recv(4096)
+            except TimeoutError:
+                admitted.append(sock)  # no answer: its body is awaited
+                continue
+            assert answer.startswith(b"HTTP/1.1 429 "), answer
+            refused.append(answer)
+        assert (len(refused), len(admitted)) == (6, 4)
+        assert b'"code":"too_many_requests"' in refused[0]
+        assert b"retry-after: 1" in refused[0].lower()
+
+        def closed(sock: socket.socket) -> bool:
+            try:
+                sock.send(b"\x00")
+                sock.settimeout(0.05)
+                return sock.recv(4096, socket.MSG_PEEK) == b""
+            except TimeoutError:
+                return False
+            except OSError:
+                return True
+
+        still_open = list(admitted)
+        deadline = time.monotonic() + 20
+        while still_open and time.monotonic() < deadline:  # a byte every half second: below 100/s
+            assert httpx.get(f"{sync.url}/healthz", timeout=5).status_code == 200
+            still_open = [sock for sock in still_open if not closed(sock)]
+            time.sleep(0.5)
+        assert still_open == []
+        assert b.contribute(0, 0, good_blob(0, 0)).json()["status"] == "accepted"
+        assert "arrived at" in sync.log_path.read_text()  # the log says why they were closed
+    finally:
+        for sock in uploads:
+            sock.close()
+        a.close()
+        b.close()
