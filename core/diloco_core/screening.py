@@ -5,7 +5,8 @@ and its result are checked:
 
 - every contribution: finite, a merge weight that can be computed from its claims (steps and
   tokens within the bounds), and its norm within ``factor`` times the lower median of the norms
-  of the fragment's recently merged contributions and of this round's;
+  of the fragment's recently merged contributions and of this round's, each norm taken per square
+  root of its steps up to H (``step_scale``), and the limit scaled back by the contribution's own;
 - the merged update Δ: finite, and its norm within ``factor`` times the lower median of the recent
   rounds' updates; the new parameters: finite.
 
@@ -54,6 +55,13 @@ def tensors_norm(tensors: Mapping[str, npt.NDArray[np.floating]]) -> float:
     return math.sqrt(total) if math.isfinite(total) else math.inf
 
 
+def step_scale(steps: int, inner_steps: int) -> float:
+    """What a contribution's norm is divided by before it is compared with others': the square root
+    of its steps, at most H (a partial contribution of a few steps and a whole one of H compare
+    alike; claiming more than H steps buys no larger limit)."""
+    return math.sqrt(min(max(steps, 1), max(inner_steps, 1)))
+
+
 def lower_median(values: Sequence[float]) -> float:
     """The lower of the two middle values (the middle one for an odd count): with half of the
     values its own, one learner cannot raise it."""
@@ -63,7 +71,8 @@ def lower_median(values: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class NormHistory:
-    """Norms of a fragment's recently merged contributions and updates, oldest first, and the norm
+    """Norms of a fragment's recently merged contributions (per ``step_scale``) and updates, oldest
+    first, and the norm
     of its parameters when the first round was checked (``reference``). Kept in the fragment's
     committed state, so a restart does not reopen the window in which there is no history yet."""
 
@@ -103,7 +112,7 @@ class Screened(Generic[M]):
     result: RoundResult | None
     merged: tuple[M, ...]
     excluded: tuple[tuple[M, str], ...]
-    norms: tuple[float, ...] = field(default=())  # of the merged contributions, in order
+    norms: tuple[float, ...] = field(default=())  # of the merged contributions per step_scale, in order
     history: NormHistory = field(default_factory=lambda: NormHistory())  # the one checked against
 
 
@@ -143,22 +152,28 @@ def screened_round(
     them (see the module's docstring); never raises on a contribution's values."""
     factor = settings.max_update_norm_factor
     history = history.with_reference(tensors_norm(params))
-    kept: list[tuple[M, float]] = []
+    checked: list[tuple[M, float]] = []
     excluded: list[tuple[M, str]] = []
     for c in contributions:
         reason = check_finite(c.tensors) or _weight_problem(c, version, settings)
         if reason is None:
-            kept.append((c, tensors_norm(c.tensors)))
+            checked.append((c, tensors_norm(c.tensors)))
         else:
             excluded.append((c, reason))
     # the round's own norms count beside the history's: among two, one cannot set the limit
-    limit = history.limit((*history.contributions, *(n for _, n in kept)), factor)
-    over = [(c, n) for c, n in kept if n > limit]
-    kept = [(c, n) for c, n in kept if n <= limit]
-    for c, norm in over:
-        excluded.append(
-            (c, f"norm {norm:.4g} is above the limit {limit:.4g} (max_update_norm_factor {factor:g})")
-        )
+    scales = [step_scale(c.steps, settings.inner_steps) for c, _ in checked]
+    pool = (*history.contributions, *(n / scale for (_, n), scale in zip(checked, scales, strict=True)))
+    relative = len(pool) >= MIN_HISTORY
+    kept: list[tuple[M, float]] = []
+    for (c, norm), scale in zip(checked, scales, strict=True):
+        limit = history.limit(pool, factor) * (scale if relative else 1.0)
+        if norm <= limit:
+            kept.append((c, norm))
+        else:
+            excluded.append(
+                (c, f"norm {norm:.4g} is above the limit {limit:.4g} for {c.steps} steps "
+                    f"(max_update_norm_factor {factor:g})"),
+            )  # fmt: skip
     while kept:
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found by the checks below
@@ -168,7 +183,8 @@ def screened_round(
         else:
             problem = _result_problem(result, history, factor)
             if problem is None:
-                merged, norms = tuple(c for c, _ in kept), tuple(n for _, n in kept)
+                merged = tuple(c for c, _ in kept)
+                norms = tuple(n / step_scale(c.steps, settings.inner_steps) for c, n in kept)
                 return Screened(result, merged, tuple(excluded), norms, history)
         largest = max(range(len(kept)), key=lambda i: kept[i][1])
         excluded.append((kept.pop(largest)[0], f"{problem}; excluded as the largest contribution"))

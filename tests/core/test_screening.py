@@ -51,7 +51,7 @@ def test_a_contribution_far_beyond_the_parameters_is_excluded_before_any_history
     assert [c.name for c in screened.merged] == ["good"]
     ((excluded, reason),) = screened.excluded
     assert excluded.name == "huge"
-    assert "above the limit 20 (max_update_norm_factor 10)" in reason
+    assert "above the limit 20 for 4 steps (max_update_norm_factor 10)" in reason
 
 
 def test_values_whose_sums_overflow_are_excluded_and_the_others_merge() -> None:
@@ -126,6 +126,18 @@ def test_a_learner_with_half_the_norms_cannot_ratchet_the_limit_up() -> None:
         attacker = h.limit((*h.contributions, 1.0), 10.0)
         h = h.after([1.0, attacker], 1.0)
     assert h.limit(h.contributions, 10.0) == 10.0
+
+
+def test_a_few_step_contribution_and_a_whole_one_compare_per_square_root_of_their_steps() -> None:
+    """Partial contributions (1 step) in the history do not make a whole one (H = 4 steps, twice the
+    norm) look large, and claiming more steps than H buys no larger limit."""
+    one_step = NormHistory(contributions=(1.0,) * 8, updates=(2.0,) * 8)
+    whole = Delta("whole", {"w": np.full(4, 9.0, np.float32)}, steps=4)  # norm 18 = 9 per sqrt(step)
+    screened = screened_round(SPEC, PARAMS, OuterState(), 0, [whole], settings(), one_step)
+    assert [c.name for c in screened.merged] == ["whole"]  # within 10 x 1 x sqrt(4) = 20
+    claims = Delta("claims", {"w": np.full(4, 12.0, np.float32)}, steps=10**6, tokens=10**6)  # norm 24
+    screened = screened_round(SPEC, PARAMS, OuterState(), 0, [claims], settings(), one_step)
+    assert "above the limit 20 for 1000000 steps" in screened.excluded[0][1]
 
 
 def test_without_a_history_the_limit_is_fixed_at_the_first_rounds_parameters() -> None:
