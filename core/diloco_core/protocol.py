@@ -206,6 +206,12 @@ class LearnerStatus(_Msg):
     blocked_s: float = 0.0
 
 
+class ExcludedContribution(_Msg):
+    learner: str
+    key: str
+    reason: str
+
+
 class RoundRecord(_Msg):
     fragment: int
     version: int
@@ -216,6 +222,13 @@ class RoundRecord(_Msg):
     quorum_wait_s: float
     grace_s: float
     merge_s: float
+    steps: list[int] = Field(
+        default_factory=list, description="inner steps each participant's contribution held"
+    )
+    tokens: list[int] = Field(default_factory=list, description="tokens each participant's contribution held")
+    excluded: list[ExcludedContribution] = Field(
+        default_factory=list, description="contributions the round's checks left out, with the reason"
+    )
 
 
 class FragmentStatus(_Msg):

@@ -112,6 +112,9 @@ class Committer:
                 quorum_wait_s=log_entry["quorum_wait_s"],
                 grace_s=log_entry["grace_s"],
                 merge_s=outcome.merge_s,
+                steps=[c.steps for c in contributions],
+                tokens=[c.tokens for c in contributions],
+                excluded=log_entry["excluded"],
             )  # fmt: skip
         )
         m = self.metrics
@@ -123,9 +126,10 @@ class Committer:
             staleness.observe(lag)
         m.fragment_version.labels(str(p)).set(result.version)
         log.info(
-            "fragment %d: version %d from %s (weights %s, merge %.3fs)",
-            p, result.version, [c.learner_id for c in contributions],
-            [round(w, 3) for w in result.weights], outcome.merge_s,
+            "fragment %d: version %d from %s (steps %s, tokens %s, weights %s, %d excluded, merge %.3fs)",
+            p, result.version, [c.learner_id for c in contributions], [c.steps for c in contributions],
+            [c.tokens for c in contributions], [round(w, 3) for w in result.weights], len(outcome.excluded),
+            outcome.merge_s,
         )  # fmt: skip
 
     async def collect(self, p: int) -> None:

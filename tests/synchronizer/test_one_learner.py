@@ -52,7 +52,9 @@ def test_continuations_whose_sum_is_beyond_the_bounds_are_refused_and_the_honest
     assert a.fetch(0, newer_than=0, wait=30) is not None
     fragment = status(sync.url)["fragments"][0]  # type: ignore[index]
     assert (fragment["version"], fragment["excluded"]) == (1, 0)
-    assert sorted(status(sync.url)["recent_rounds"][0]["participants"]) == ["a", "b", "x"]  # type: ignore[index]
+    merged = status(sync.url)["recent_rounds"][0]  # type: ignore[index]
+    held = dict(zip(merged["participants"], zip(merged["steps"], merged["tokens"], strict=True), strict=True))
+    assert held == {"a": (4, 32), "b": (4, 32), "x": (10**8, MAX_TOKENS)}  # the status says what was merged
 
 
 def test_progress_replayed_on_an_older_base_is_not_merged_a_second_time(sync_factory: SyncFactory) -> None:
@@ -141,6 +143,9 @@ def test_an_adversarial_learner_moves_the_model_by_at_most_the_bound_across_a_re
     excluded = status(sync.url)["fragments"][0]["excluded"]  # type: ignore[index]
     version, values = round_with(version, 11.0, 999)  # above 10 x the honest norm: the limit did not grow
     assert status(sync.url)["fragments"][0]["excluded"] == excluded + 1  # type: ignore[index]
+    (why,) = status(sync.url)["recent_rounds"][0]["excluded"]  # type: ignore[index]
+    assert why["learner"] == "x"
+    assert "above the limit" in why["reason"]
     sync.kill9()
     sync.start()
     for learner in (h, x):
