@@ -99,7 +99,11 @@ def test_two_learners_lower_the_held_out_loss_of_the_global_model(tmp_path: Path
         assert all(x["bytes_sent"] > 0 for x in by_id.values())
         start, end = held_out_loss(None), held_out_loss(sync.global_params())
         print(f"held-out loss of the global model: {start:.3f} -> {end:.3f}")
-        assert end < start - 1.0, (start, end)
+        merged = [
+            (r["fragment"], r["version"], r["participants"], r["steps"], [x["reason"] for x in r["excluded"]])
+            for r in status["recent_rounds"]
+        ]  # what each round merged, and what its checks left out: the failure says why
+        assert end < start - 1.0, (start, end, merged)
     finally:
         stop_all([*learners])
         sync.stop()
