@@ -7,8 +7,9 @@ produce many one-learner merges: outer gradients are summed in a buffer ``B``; e
 ``u ← μu + B/N`` and ``θ ← θ - η(μu + Δ/N)``; on the other steps ``θ ← θ - ηΔ/N`` and ``u`` is kept.
 
 Alg. 3 applies one worker's outer gradient per step. A merge of k learners (quorum or grace window)
-counts here as k steps whose outer gradient is the merged Δ: ``B += kΔ``, ``θ -= η·kΔ/N``, and the
-momentum is applied when the step counter crosses a multiple of N. So the cadence stays once per
+counts here as k steps whose outer gradient is the merged Δ: ``B += kΔ``, ``θ -= (η_1 + … + η_k)Δ/N``
+(each step's own learning rate, which differs during the outer warm-up), and the momentum is
+applied, with the rate of the step it falls on, when the step counter crosses a multiple of N. So the cadence stays once per
 N contributions however they are grouped, and a merge of all N learners at once is exactly one
 plain Nesterov step on Δ (synchronous DiLoCo).
 
@@ -151,8 +152,12 @@ class OuterOptimizer:
         count: int,
     ) -> tuple[dict[str, F32], OuterState]:
         n = self.delayed_every
-        mu, lr, inv_n = np.float32(self.momentum), self.lr_at(state.steps), np.float32(1.0 / n)
+        mu, inv_n = np.float32(self.momentum), np.float32(1.0 / n)
+        # each contribution of the merge is one step of Algorithm 3, with that step's learning rate
+        lrs = [self.lr_at(state.steps + i) for i in range(count)]
+        uniform = all(x == lrs[0] for x in lrs)  # outside the warm-up: one rate, one product
         segments = delayed_segments(state.steps, count, n)
+        ends = np.cumsum([steps for steps, _ in segments]) - 1  # each segment's last step in the merge
         momentum, buffer = dict(state.momentum), dict(state.buffer)
         out: dict[str, F32] = {}
         for name in params:
@@ -160,18 +165,22 @@ class OuterOptimizer:
             g = np.asarray(delta[name], np.float32)
             buf: F32 = state.buffer.get(name, np.zeros_like(p))
             u: F32 | None = state.momentum.get(name)
-            applied: F32 | None = None  # the sum of the momenta applied by this merge's boundaries
-            for steps, boundary in segments:
+            applied: F32 | None = None  # the momenta applied by this merge's boundaries, each times its rate
+            for (steps, boundary), end in zip(segments, ends, strict=True):
                 buf = buf + g * np.float32(steps)
                 if boundary:
                     u = (np.zeros_like(p) if u is None else u) * mu + buf * inv_n
-                    applied = u if applied is None else applied + u
+                    term = u if uniform else lrs[end] * u
+                    applied = term if applied is None else applied + term
                     buf = np.zeros_like(p)
-            d: F32 = g * np.float32(count)
-            if applied is None:
-                out[name] = (p - lr * (d * inv_n)).astype(np.float32, copy=False)
+            if uniform:
+                d: F32 = (g * np.float32(count)) * inv_n
+                step = lrs[0] * (d if applied is None else mu * applied + d)
             else:
-                out[name] = (p - lr * (mu * applied + d * inv_n)).astype(np.float32, copy=False)
+                d = g * (np.float32(sum(lrs)) * inv_n)
+                step = d if applied is None else mu * applied + d
+            out[name] = (p - step).astype(np.float32, copy=False)
+            if applied is not None:
                 assert u is not None  # a boundary sets it
                 momentum[name] = _frozen(u)
             buffer[name] = _frozen(buf)

@@ -145,13 +145,15 @@ def test_delayed_nesterov_counts_every_contribution_of_a_merge() -> None:
         opt.step(state, theta, {"w": np.zeros(1, np.float32)}, count=0)
 
 
+@pytest.mark.parametrize("warmup", [0, 12])
 @pytest.mark.parametrize("every", [1, 2, 3, 4])
-def test_delayed_nesterov_a_merge_of_k_is_k_steps_of_algorithm_3(every: int) -> None:
+def test_delayed_nesterov_a_merge_of_k_is_k_steps_of_algorithm_3(every: int, warmup: int) -> None:
     # Async Local-SGD's Algorithm 3 takes one outer gradient per step; a merged round of k
     # contributions must land exactly where k single steps with the merged gradient land, wherever
-    # the boundaries fall inside the group (including groups that span several boundaries)
+    # the boundaries fall inside the group (including groups that span several boundaries), and
+    # during the outer warm-up with each step's own learning rate
     rng = np.random.default_rng(every)
-    opt = OuterOptimizer(lr=0.7, momentum=0.9, delayed_every=every)
+    opt = OuterOptimizer(lr=0.7, momentum=0.9, delayed_every=every, warmup=warmup)
     grouped_state = single_state = OuterState()
     grouped = single = {"w": rng.standard_normal(5).astype(np.float32)}
     for count in (1, 3, 2, 5, 1, 4, 7):
