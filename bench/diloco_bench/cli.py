@@ -54,6 +54,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "diloco_bench.gpu",
         "inner step tokens/s and MFU (eager, compiled), the device sync boundary, a short run",
     ),
+    "attack": (
+        "diloco_bench.attack",
+        "one learner against the job, real synchronizer: norm bound, trickling uploads, sybil ids, continuations",
+    ),
     "quantize": (
         "diloco_bench.quantize",
         "numpy vs torch quantizers, encode and decode, G params/s, bytes identical",

@@ -26,67 +26,31 @@ import logging
 import math
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from diloco_core.auth import learner_token
 from diloco_core.config import DiLoCoSettings, ModelSettings, TrainSettings
 from diloco_worker.learner import run_learner
 from diloco_worker.metrics import read_metrics
 from diloco_worker.settings import WorkerSettings
 
-from diloco.runner.processes import free_port
-
-SECRET = "bench-secret"
+from diloco_bench.sync_process import SECRET, BenchSync
 
 
-def start_synchronizer(args: argparse.Namespace, store: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "diloco_sync",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--storage",
-        f"file://{store}",
-        "--job-secret",
-        SECRET,
-        "--inner-steps",
-        str(args.inner_steps),
-        "--fragments",
-        str(args.fragments),
-        "--overlap",
-        str(args.overlap),
-        "--quorum",
-        "1",
-        "--codec",
-        args.codec,
-        "--log-level",
-        "WARNING",
-    ]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the synchronizer exited with code {proc.returncode}")
-        try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.terminate()
-    raise RuntimeError("the synchronizer did not become ready in 60 s")
+def start_synchronizer(args: argparse.Namespace, store: Path) -> BenchSync:
+    sync = BenchSync(
+        store,
+        [
+            "--inner-steps", str(args.inner_steps), "--fragments", str(args.fragments),
+            "--overlap", str(args.overlap), "--quorum", "1", "--codec", args.codec, "--log-level", "WARNING",
+        ],
+    )  # fmt: skip
+    sync.start()
+    return sync
 
 
 def _settings(args: argparse.Namespace, metrics: Path, sync_url: str | None, learner: str) -> WorkerSettings:
@@ -204,15 +168,15 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="diloco-bench-worker-") as d:
         tmp = Path(d)
-        sync, url = start_synchronizer(args, tmp / "store")
+        sync = start_synchronizer(args, tmp / "store")
+        url = sync.url
         rows: list[tuple[str, dict[str, float]]] = []
         try:
             for i in range(args.repeats):
                 rows.append((f"plain-{i}", run_once(args, tmp, None, f"plain-{i}")))
                 rows.append((f"diloco-{i}", run_once(args, tmp, url, f"diloco-{i}")))
         finally:
-            sync.terminate()
-            sync.wait(timeout=30)
+            sync.stop()
 
     def med(kind: str, key: str) -> float:
         return statistics.median(r[key] for n, r in rows if n.startswith(kind))

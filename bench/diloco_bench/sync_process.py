@@ -1,0 +1,61 @@
+"""A real synchronizer process for the benchmarks: started with the job's flags, waited for until
+ready, killed with SIGKILL and started again on the same port and storage."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from diloco.runner.processes import free_port
+
+SECRET = "bench-secret"
+
+
+class BenchSync:
+    """One synchronizer on 127.0.0.1 with file storage under ``store``; ``args``: its job flags."""
+
+    def __init__(self, store: Path, args: Sequence[str], *, log: Path | None = None) -> None:
+        self.store, self.args, self.log = store, list(args), log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        argv = [
+            sys.executable, "-m", "diloco_sync", "--host", "127.0.0.1", "--port", str(self.port),
+            "--storage", f"file://{self.store}", "--job-secret", SECRET, *self.args,
+        ]  # fmt: skip
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (the process keeps it)
+        self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the synchronizer exited with code {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the synchronizer did not become ready in {timeout_s:.0f} s")
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill9()
