@@ -312,9 +312,13 @@ def continuations(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             )
         stop.set()
         thread.join(timeout=120)
-        settle = time.monotonic() + 30  # the last round merges after the last answer
-        while a.status().fragments[0].pending and time.monotonic() < settle:
-            time.sleep(0.2)
+        settle, last = time.monotonic() + 30, (-1, -1)  # the last round merges after the last answer
+        while time.monotonic() < settle:
+            fragment = a.status().fragments[0]
+            if (fragment.version, fragment.pending) == last and not fragment.pending:
+                break  # nothing pending, and no round committed for a second: settled
+            last = (fragment.version, fragment.pending)
+            time.sleep(1.0)
         merged: dict[str, int] = {}
         for entry in _round_logs(store):
             for key in entry["merged_keys"]:
