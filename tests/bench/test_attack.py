@@ -1,0 +1,36 @@
+"""`diloco bench attack` at a small size: its figures come from a real synchronizer process and say
+what the rules promise (the bound held, the tries above it excluded, every step merged once)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from diloco_bench import attack
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_attack_benchmark_reports_the_bound_held_and_every_step_merged_once(tmp_path: Path) -> None:
+    out = tmp_path / "attack.json"
+    argv = ["--scenarios", "bound,sybil,continuations", "--rounds", "12", "--ids", "3", "--seconds", "3",
+            "--kills", "2", "--json", str(out)]  # fmt: skip
+    assert attack.main(argv) == 0
+    figures = json.loads(out.read_text())
+    bound = figures["bound"]
+    assert bound["largest_movement"] <= bound["bound"] * (1 + 1e-5)
+    tried = int(bound["probes_above_the_limit_excluded"].split("/")[1])
+    assert tried > 0
+    assert bound["probes_above_the_limit_excluded"] == f"{tried}/{tried}"
+    assert bound["after_kill9_5x_params_norm_excluded"] is True
+    assert figures["sybil"] == {"ids_tried": 3, "registered": 3, "seconds": figures["sybil"]["seconds"]}
+    parts = figures["continuations"]
+    assert parts["kills"] == 2
+    assert parts["steps_acknowledged"] > 0
+    assert (parts["steps_merged_twice"], parts["steps_unaccounted"]) == (0, 0)
+    assert parts["steps_merged"] + parts["steps_superseded_by_a_newer_version"] == parts["steps_acknowledged"]
+
+
+def test_an_unknown_scenario_is_refused() -> None:
+    assert attack.main(["--scenarios", "bound,nope"]) == 2
