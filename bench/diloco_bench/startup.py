@@ -102,20 +102,13 @@ class Learners:
     def start_synchronizer(self) -> None:
         argv = build_synchronizer_argv(self.settings, self.paths, port=self.port)
         env = build_synchronizer_env(dict(os.environ), job_secret=SECRET)
-        self.sync = launch("synchronizer", argv, self.paths.log_file("synchronizer"), env)
-        import httpx
+        sync = self.sync = launch("synchronizer", argv, self.paths.log_file("synchronizer"), env)
+        from diloco_bench.sync_process import wait_ready  # imports httpx: only when a synchronizer runs
 
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if not self.sync.alive():
-                raise RuntimeError(f"the synchronizer exited; see {self.sync.log_path}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("the synchronizer did not answer within 120 s")
+        try:
+            wait_ready(self.url, sync.alive, 120.0)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; see {sync.log_path}") from None
 
     def run(self, learner: int, max_steps: int) -> dict[str, Any]:
         """Launch learner ``learner`` to train up to ``max_steps`` and wait for it; its start-up record."""

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -16,6 +16,22 @@ import httpx
 from diloco.runner.processes import free_port
 
 SECRET = "bench-secret"
+
+
+def wait_ready(url: str, alive: Callable[[], bool], timeout_s: float) -> None:
+    """Wait until the synchronizer at ``url`` answers ``/readyz`` with 200; RuntimeError when its
+    process is gone (``alive`` false) or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError("the synchronizer exited before it was ready")
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the synchronizer did not become ready in {timeout_s:.0f} s")
 
 
 class BenchSync:
@@ -33,19 +49,12 @@ class BenchSync:
             "--storage", f"file://{self.store}", "--job-secret", SECRET, *self.args,
         ]  # fmt: skip
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (the process keeps it)
-        self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the synchronizer exited with code {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"the synchronizer did not become ready in {timeout_s:.0f} s")
+        proc = self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_ready(self.url, lambda: proc.poll() is None, timeout_s)
+        except RuntimeError:
+            self.stop()
+            raise
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -637,6 +637,16 @@ def test_slow_request_heads_neither_starve_healthz_nor_flood_the_log(
     assert len(log) < 256 * 1024, f"{len(log)} bytes of log during the attack: {log[-3000:]}"
 
 
+def upload_head(learner: str, length: int) -> bytes:
+    """The head of a contribution upload of ``learner`` announcing a body of ``length`` bytes."""
+    return (
+        "POST /v1/fragments/0/contributions?base_version=0&steps=4&tokens=32&seq=1 HTTP/1.1\r\n"
+        f"Host: synchronizer\r\nContent-Length: {length}\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in auth_headers(learner).items())
+        + "\r\n"
+    ).encode()
+
+
 def test_a_stalled_body_is_closed_and_a_full_house_answers_503(sync_factory: SyncFactory) -> None:
     """A request body that stops arriving is closed after --body-timeout-s; with every connection
     busy with a request (long-polls), one more is answered 503 ``overloaded``, retryable."""
@@ -649,12 +659,7 @@ def test_a_stalled_body_is_closed_and_a_full_house_answers_503(sync_factory: Syn
         for p in (0, 1):
             assert a.init(p, initial_params(PLAN, p)).status_code == 200
         a.close()
-        head = (
-            "POST /v1/fragments/0/contributions?base_version=0&steps=4&tokens=32&seq=1 HTTP/1.1\r\n"
-            "Host: synchronizer\r\nContent-Length: 2000\r\n"
-            + "".join(f"{k}: {v}\r\n" for k, v in auth_headers("a").items())
-            + "\r\n"
-        ).encode()
+        head = upload_head("a", 2000)
         with socket.create_connection(("127.0.0.1", sync.port), timeout=60) as stalled:
             stalled.sendall(head + b"\x00" * 100)
             assert stalled.recv(4096) == b""  # closed by the server, no answer: the body never came
@@ -694,12 +699,7 @@ def test_one_learners_trickling_uploads_neither_hold_the_server_nor_starve_the_o
             "--header-timeout-s", "2", "--body-timeout-s", "30", "--min-body-rate", "100"]  # fmt: skip
     sync = sync_factory(args=args)
     a, b = Learner(sync.url, "a", PLAN), Learner(sync.url, "b", PLAN)
-    head = (
-        "POST /v1/fragments/0/contributions?base_version=0&steps=4&tokens=32&seq=1 HTTP/1.1\r\n"
-        "Host: synchronizer\r\nContent-Length: 5000\r\n"
-        + "".join(f"{k}: {v}\r\n" for k, v in auth_headers("a").items())
-        + "\r\n"
-    ).encode()
+    head = upload_head("a", 5000)
     uploads: list[socket.socket] = []
     try:
         for learner in (a, b):
