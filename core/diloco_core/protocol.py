@@ -24,8 +24,12 @@ body that is not UTF-8 JSON), carries an ``ErrorBody``.
 - ``POST /v1/fragments/{p}/contributions?base_version=&steps=&tokens=&seq=``  body: codec payload
   (kind "outer_grad") → 202 ContributionResult; errors → ErrorBody with a 4xx/5xx status:
   400 ``corrupt``/``truncated``/``wrong_shape``/``non_finite``/``bad_request``, 404 ``unknown_fragment``,
-  409 ``stale`` (resynchronise the fragment) or ``left``, 413 ``oversized``, 503 ``storage_unavailable``
-  (retry). ``tokens`` is at most 1e9 per step.
+  409 ``stale`` (resynchronise the fragment), ``left``, ``already_merged`` (the progress, or progress
+  on a newer base, is merged), ``overlaps_pending`` or ``out_of_order`` (``since`` is not where the
+  learner's progress on that base is held through: send the earlier parts first), 413 ``oversized``,
+  429 ``too_many_requests`` (the learner's uploads or requests in progress are at their limit: retry),
+  503 ``storage_unavailable`` (retry). ``tokens`` is at most 1e9 per step, also summed over the
+  parts a contribution continues.
   Idempotent on (learner, fragment, base_version, seq): a repeat answers ``duplicate``.
 - ``GET  /v1/fragments/{p}?newer_than=v&wait=s[&announce_rounds=true]``  → 200 codec payload (kind "params",
   fp32) with headers ``X-DiLoCo-Version`` and ``X-DiLoCo-Fragment``; 304 when no newer version arrived
