@@ -126,7 +126,7 @@ FragmentIndex = Annotated[int, Path(ge=0, lt=MAX_FRAGMENTS, description="the fra
 
 
 @router.post(
-    REGISTER_PATH, response_model=RegisterResponse, responses=error_responses(400, 401, 403, 409, 503)
+    REGISTER_PATH, response_model=RegisterResponse, responses=error_responses(400, 401, 403, 409, 429, 503)
 )
 async def register(body: RegisterRequest, service: Service, learner: Learner) -> RegisterResponse:
     """Register (or re-register) a learner: returns the plan hash, versions and job settings.
@@ -138,7 +138,7 @@ async def register(body: RegisterRequest, service: Service, learner: Learner) ->
 
 
 @router.post(
-    HEARTBEAT_PATH, response_model=HeartbeatResponse, responses=error_responses(400, 401, 403, 404, 409, 503)
+    HEARTBEAT_PATH, response_model=HeartbeatResponse, responses=error_responses(400, 401, 403, 404, 409, 429, 503)
 )
 async def heartbeat(
     learner_id: str, body: Heartbeat, service: Service, learner: Learner
@@ -152,7 +152,7 @@ async def heartbeat(
     return service.heartbeat(learner_id, body)
 
 
-@router.post(LEAVE_PATH, status_code=204, responses=error_responses(401, 403, 503))
+@router.post(LEAVE_PATH, status_code=204, responses=error_responses(401, 403, 429, 503))
 async def leave(learner_id: str, service: Service, learner: Learner) -> Response:
     """Leave the quorum cleanly (a learner shutting down); registering again undoes it."""
     same_learner(learner, learner_id)
@@ -163,7 +163,7 @@ async def leave(learner_id: str, service: Service, learner: Learner) -> Response
 @router.put(
     INIT_PATH,
     response_model=FragmentVersionInfo,
-    responses=error_responses(400, 401, 403, 404, 409, 413, 421, 503),
+    responses=error_responses(400, 401, 403, 404, 409, 413, 421, 429, 503),
     openapi_extra=_BINARY_BODY,
 )
 async def init_fragment(
@@ -179,7 +179,7 @@ async def init_fragment(
     CONTRIBUTIONS_PATH,
     status_code=202,
     response_model=ContributionResult,
-    responses=error_responses(400, 401, 403, 404, 409, 413, 421, 503),
+    responses=error_responses(400, 401, 403, 404, 409, 413, 421, 429, 503),
     openapi_extra=_BINARY_BODY,
 )
 async def contribute(
@@ -252,7 +252,7 @@ async def contribute(
             },
         },
         304: {"description": "no version newer than newer_than arrived within wait", "headers": _FRAGMENT},
-        **error_responses(401, 403, 404, 409, 421, 503),
+        **error_responses(401, 403, 404, 409, 421, 429, 503),
     },
     response_class=RawResponse,
 )
