@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from diloco_core.auth import learner_token
 from diloco_core.config import PLAN_FIELDS, DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
 from diloco_core.flags import derive_flags, to_argv
 
@@ -132,11 +133,11 @@ def visible_device_id(base: dict[str, str], gpu: int) -> str:
 def build_worker_env(
     settings: RunSettings, learner: int, base: dict[str, str], *, job_secret: str, master_port: int
 ) -> dict[str, str]:
-    """Environment of a learner process: the job secret, one CPU thread each (they share the
-    machine), on GPUs the one GPU it sees (``CUDA_VISIBLE_DEVICES``), and in ddp mode the
-    torch.distributed rendezvous of the unit."""
-    env = dict(base) | {
-        "DILOCO_JOB_SECRET": job_secret,
+    """Environment of a learner process: its own learner token (never the job secret, so a learner
+    cannot act as another), one CPU thread each (they share the machine), on GPUs the one GPU it
+    sees (``CUDA_VISIBLE_DEVICES``), and in ddp mode the torch.distributed rendezvous of the unit."""
+    env = {k: v for k, v in base.items() if k != "DILOCO_JOB_SECRET"} | {
+        "DILOCO_TOKEN": learner_token(job_secret, learner_id(settings, learner)),
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",

@@ -9,9 +9,11 @@ Children of job ``J`` in namespace ``N``:
 - Per learner unit ``U``: StatefulSet + headless Service + PodDisruptionBudget ``J-U``.
 
 A learner's identity is its pod name (``J-U-0`` …), given to the container as
-``DILOCO_LEARNER_ID``. Learners receive the job secret (``DILOCO_JOB_SECRET``, from the Secret)
-and derive their own token with ``diloco_core.auth.learner_token(secret, learner_id)``, so one
-Secret serves every pod of a StatefulSet. See ``env.py`` for the full container environment.
+``DILOCO_LEARNER_ID``; the unit's leader (``J-U-0``) is the one that talks to the synchronizer. Each
+unit has a Secret ``J-U-token`` (key ``token``) holding that leader's token,
+``diloco_core.auth.learner_token(job secret, "J-U-0")``, written by the operator from the job
+secret; learner pods get only it (``DILOCO_TOKEN``), never the job secret. See ``env.py`` for the
+full container environment.
 """
 
 from __future__ import annotations
@@ -141,6 +143,28 @@ def build_job_config(job: JobRef, spec: DiLoCoJobSpec) -> JobConfig:
 def build_storage_settings(spec: DiLoCoJobSpec) -> StorageSettings:
     s = spec.storage
     return StorageSettings(url=s.url, endpoint_url=s.endpoint, region=s.region)
+
+
+def learner_token_secret_name(job: str, unit: str) -> str:
+    return f"{unit_name(job, unit)}-token"
+
+
+def unit_leader_id(job: str, unit: str) -> str:
+    """The learner id of a unit's leader: its StatefulSet's pod of ordinal 0."""
+    return f"{unit_name(job, unit)}-0"
+
+
+def build_learner_token_secret(job: JobRef, unit: str, token: str) -> dict[str, Any]:
+    """The unit's learner token (its leader's), the only credential its pods get."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(
+            job, learner_token_secret_name(job.name, unit), "learner-token", **{UNIT_LABEL: unit}
+        ),
+        "type": "Opaque",
+        "stringData": {env.LEARNER_TOKEN_KEY: token},
+    }
 
 
 def build_secret(job: JobRef, job_secret: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from diloco_operator.build import API_VERSION, KIND, JobRef, secret_name
+from diloco_operator.build import API_VERSION, KIND, JobRef, learner_token_secret_name, secret_name
 from diloco_operator.children import build_children
 from diloco_operator.models import SpecError, parse_spec, validate_job
 
@@ -40,6 +40,8 @@ def render_children(documents: Iterable[Any]) -> str:
             header += (
                 f"; also Secret {secret_name(job.name)} (the job secret, generated when the job is created)"
             )
+        tokens = ", ".join(learner_token_secret_name(job.name, unit.name) for unit in spec.learner_units)
+        header += f"; also Secrets {tokens} (each unit's learner token, made from the job secret)"
         body = yaml.safe_dump_all(build_children(job, spec), sort_keys=False)
         out.append(f"{header}\n{body}")
     return "---\n".join(out)

@@ -7,8 +7,11 @@ Learner (``diloco worker``) containers get:
 - ``DILOCO_SYNC_URL`` the synchronizer (shard 0; the others are announced at registration):
   ``https://`` when the job's synchronizer serves TLS (``synchronizer.tls``) or the external URL is.
 - ``DILOCO_SYNC_CA_FILE`` the CA bundle of ``synchronizer.ca``, mounted at ``SYNC_CA_DIR`` (only then).
-- ``DILOCO_JOB_SECRET`` from the job's Secret (or the external synchronizer's token Secret); the
-  learner's token is ``diloco_core.auth.learner_token(DILOCO_JOB_SECRET, DILOCO_LEARNER_ID)``.
+- ``DILOCO_TOKEN`` the unit's learner token, from the unit's own Secret ``<job>-<unit>-token``: the
+  token of the unit's leader (pod ordinal 0, the only pod that talks to the synchronizer),
+  ``diloco_core.auth.learner_token(job secret, <job>-<unit>-0)``, which the operator writes from the
+  job secret (its own, or the external synchronizer's token Secret). Learner pods never see the job
+  secret, so a learner cannot make another learner's token or one for an id the job has not.
 - ``DILOCO_JOB_CONFIG`` path of the ``JobConfig`` JSON; ``DILOCO_STORAGE_CONFIG`` path of the
   ``StorageSettings`` JSON; ``DILOCO_CHECKPOINT_DIR`` where the learner's checkpoints go: the
   job's storage, ``<storage>/checkpoints/<learner id>`` (the learner adds ``rank-N/`` in a unit of
@@ -38,6 +41,7 @@ CONFIG_DIR = "/etc/diloco"
 CONFIG_KEY = "job.json"
 STORAGE_KEY = "storage.json"
 JOB_SECRET_KEY = "job-secret"  # noqa: S105 (a key name, not a secret)
+LEARNER_TOKEN_KEY = "token"  # noqa: S105 (a key name, not a secret)
 SYNC_PORT = 8080
 TLS_DIR = "/etc/diloco-tls"  # the synchronizer's certificate and key (not under CONFIG_DIR, a ConfigMap)
 SYNC_CA_DIR = "/etc/diloco-sync-ca"  # the CA bundle learners trust for the synchronizer
@@ -92,6 +96,11 @@ def sync_ca_env(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:
     if spec.synchronizer.ca is None:
         return []
     return [value("DILOCO_SYNC_CA_FILE", f"{SYNC_CA_DIR}/{SYNC_CA_FILE}")]
+
+
+def learner_token_env(token_secret: str) -> dict[str, Any]:
+    """The unit's learner token, from its own Secret (never the job secret)."""
+    return secret_ref("DILOCO_TOKEN", token_secret, LEARNER_TOKEN_KEY)
 
 
 def job_secret_env(spec: DiLoCoJobSpec, own_secret: str) -> dict[str, Any]:

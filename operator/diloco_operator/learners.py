@@ -17,9 +17,9 @@ from diloco_operator.build import (
     http_probe,
     job_id,
     labels,
+    learner_token_secret_name,
     metadata,
     pod_security_context,
-    secret_name,
     sync_ca_mounts,
     sync_ca_volumes,
     sync_url,
@@ -48,7 +48,7 @@ def learner_env(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit) -> list[dic
         env.field_ref("DILOCO_NAMESPACE", "metadata.namespace"),
         env.value("DILOCO_SYNC_URL", sync_url(job, spec)),
         *env.sync_ca_env(spec),
-        env.job_secret_env(spec, secret_name(job.name)),
+        env.learner_token_env(learner_token_secret_name(job.name, unit.name)),
         *env.config_env(),
         # Durable: a replaced pod (same name, so same learner id) resumes from it. Kubernetes
         # expands $(DILOCO_LEARNER_ID), defined above, to the pod's name.

@@ -19,13 +19,24 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from diloco_core.auth import new_job_secret
+from diloco_core.auth import learner_token, new_job_secret
 from diloco_core.protocol import StatusResponse
 from kubernetes.client.exceptions import ApiException
 
 from diloco_operator import chaos
-from diloco_operator.build import JOB_LABEL, UNIT_LABEL, JobRef, build_secret, job_id, secret_name
+from diloco_operator.build import (
+    JOB_LABEL,
+    UNIT_LABEL,
+    JobRef,
+    build_learner_token_secret,
+    build_secret,
+    job_id,
+    learner_token_secret_name,
+    secret_name,
+    unit_leader_id,
+)
 from diloco_operator.children import build_children
+from diloco_operator.env import JOB_SECRET_KEY
 from diloco_operator.kube import Kube, api_error, is_subset
 from diloco_operator.models import (
     CABundle,
@@ -80,13 +91,18 @@ def check_spec(kube: Kube, job: JobRef, raw: Mapping[str, Any]) -> DiLoCoJobSpec
     return spec
 
 
+def secret_value(kube: Kube, namespace: str, name: str, key: str) -> str | None:
+    """The text under ``key`` of a Secret (None: the Secret or the key is gone)."""
+    data = (kube.get("v1", "Secret", namespace, name) or {}).get("data") or {}
+    return base64.b64decode(data[key]).decode(errors="replace") if key in data else None
+
+
 def read_ca_bundle(kube: Kube, namespace: str, ca: CABundle | None) -> str | None:
     """The PEM text of the synchronizer's CA bundle that the spec names (None: none named, or gone)."""
     if ca is None:
         return None
     if ca.secret_name is not None:
-        data = (kube.get("v1", "Secret", namespace, ca.secret_name) or {}).get("data") or {}
-        return base64.b64decode(data[ca.key]).decode(errors="replace") if ca.key in data else None
+        return secret_value(kube, namespace, ca.secret_name, ca.key)
     assert ca.config_map_name is not None
     value = ((kube.get("v1", "ConfigMap", namespace, ca.config_map_name) or {}).get("data") or {}).get(ca.key)
     return str(value) if value is not None else None
@@ -130,6 +146,32 @@ def ensure_secret(kube: Kube, job: JobRef, spec: DiLoCoJobSpec) -> int:
     if kube.get("v1", "Secret", job.namespace, secret_name(job.name)) is not None:
         return 0
     return 1 if kube.create(build_secret(job, new_job_secret())) is not None else 0
+
+
+def ensure_learner_tokens(kube: Kube, job: JobRef, spec: DiLoCoJobSpec) -> int:
+    """Create each unit's learner-token Secret once, from the job secret (the job's own, or the
+    external synchronizer's): the only credential the unit's pods get. A token never changes, as
+    neither the job secret nor the unit's leader id does, so an existing one is left as it is."""
+    external = spec.synchronizer.external
+    ref = (
+        (external.token_secret_ref.name, external.token_secret_ref.key)
+        if external is not None
+        else (secret_name(job.name), JOB_SECRET_KEY)
+    )
+    job_secret: str | None = None
+    created = 0
+    for unit in spec.learner_units:
+        if (
+            kube.get("v1", "Secret", job.namespace, learner_token_secret_name(job.name, unit.name))
+            is not None
+        ):
+            continue
+        job_secret = job_secret or secret_value(kube, job.namespace, *ref)
+        if not job_secret:  # the referenced Secret is gone: the spec check says so
+            return created
+        token = learner_token(job_secret, unit_leader_id(job.name, unit.name))
+        created += kube.create(build_learner_token_secret(job, unit.name, token)) is not None
+    return created
 
 
 def list_children(kube: Kube, job: JobRef) -> dict[str, dict[str, Any]]:
@@ -197,6 +239,11 @@ def prune(
         if kube.delete(obj["apiVersion"], kind, job.namespace, name):
             outcome.deleted += 1
             log.info("deleted %s %s", kind, name)
+        unit = (obj["metadata"].get("labels") or {}).get(UNIT_LABEL)
+        token = learner_token_secret_name(job.name, unit) if kind == "StatefulSet" and unit else None
+        if token is not None and kube.delete("v1", "Secret", job.namespace, token):
+            outcome.deleted += 1  # the removed unit's token goes with it
+            log.info("deleted Secret %s", token)
 
 
 def run_chaos(
@@ -249,6 +296,7 @@ def reconcile_children(
         validate_children(kube, desired)
     outcome = Outcome(down=dict(down))
     outcome.created += ensure_secret(kube, job, spec)
+    outcome.created += ensure_learner_tokens(kube, job, spec)
     listed = list_children(kube, job)
     apply_children(kube, job, desired, listed, outcome, pool)
     prune(kube, job, {f"{obj['kind']}/{obj['metadata']['name']}" for obj in desired}, listed, outcome)

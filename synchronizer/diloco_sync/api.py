@@ -138,7 +138,9 @@ async def register(body: RegisterRequest, service: Service, learner: Learner) ->
 
 
 @router.post(
-    HEARTBEAT_PATH, response_model=HeartbeatResponse, responses=error_responses(400, 401, 403, 404, 409, 429, 503)
+    HEARTBEAT_PATH,
+    response_model=HeartbeatResponse,
+    responses=error_responses(400, 401, 403, 404, 409, 429, 503),
 )
 async def heartbeat(
     learner_id: str, body: Heartbeat, service: Service, learner: Learner

@@ -124,7 +124,7 @@ def children(api: k8s.ApiClient, ns: str, job: str) -> dict[str, list[str]]:
 def expected_children(job: str, units: list[str]) -> dict[str, list[str]]:
     names = sorted(f"{job}-{u}" for u in units)
     return {
-        "Secret": [f"{job}-secret"],
+        "Secret": sorted([f"{job}-secret", *(f"{job}-{u}-token" for u in units)]),
         "ConfigMap": [f"{job}-config"],
         "Service": sorted([*names, f"{job}-sync"]),
         "Deployment": [f"{job}-sync"],

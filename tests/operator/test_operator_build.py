@@ -7,12 +7,16 @@ from typing import Any
 
 import pytest
 import yaml
+from diloco_core.auth import learner_token, verify_learner_token
 from diloco_core.config import JobConfig
 from diloco_operator.build import (
     LEARNER_DEFAULT_REQUESTS,
     SYNC_DEFAULT_REQUESTS,
     JobRef,
+    build_learner_token_secret,
     build_secret,
+    learner_token_secret_name,
+    unit_leader_id,
     with_default_requests,
 )
 from diloco_operator.children import build_children
@@ -42,7 +46,27 @@ def env_of(obj: dict[str, Any]) -> dict[str, Any]:
 def test_single_region_golden() -> None:
     name, spec = example("single-region.yaml")
     job = JobRef(name, "research", JOB.uid)
-    check_golden("single-region", [build_secret(job, "not-a-real-secret"), *build_children(job, spec)])
+    tokens = [
+        build_learner_token_secret(job, unit.name, f"token-of-{unit.name}") for unit in spec.learner_units
+    ]
+    check_golden(
+        "single-region", [build_secret(job, "not-a-real-secret"), *tokens, *build_children(job, spec)]
+    )
+
+
+def test_a_units_token_is_its_leaders_and_only_the_job_secret_makes_it() -> None:
+    """The operator writes each unit's Secret from the job secret: the leader pod's token, which
+    the synchronizer recomputes from the job secret, and which no other unit's token gives away."""
+    job = JobRef("gpt", "research", JOB.uid)
+    secret = build_learner_token_secret(
+        job, "a100", learner_token("job-secret", unit_leader_id("gpt", "a100"))
+    )
+    token = secret["stringData"]["token"]
+    assert secret["metadata"]["name"] == learner_token_secret_name("gpt", "a100") == "gpt-a100-token"
+    assert secret["metadata"]["labels"]["diloco.dev/unit"] == "a100"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == JOB.uid  # deleted with the job
+    assert verify_learner_token("job-secret", "gpt-a100-0", token)
+    assert not verify_learner_token("job-secret", "gpt-cpu-0", token)
 
 
 def test_external_synchronizer_golden() -> None:
@@ -103,7 +127,8 @@ def test_learner_pods_identity_token_and_placement() -> None:
     env = env_of(a100)
     assert env["DILOCO_LEARNER_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["DILOCO_SYNC_URL"] == "http://gpt-small-sync.research.svc:8080"
-    assert env["DILOCO_JOB_SECRET"] == {"secretKeyRef": {"name": "gpt-small-secret", "key": "job-secret"}}
+    assert "DILOCO_JOB_SECRET" not in env  # the unit's own token, never the job secret
+    assert env["DILOCO_TOKEN"] == {"secretKeyRef": {"name": "gpt-small-a100-token", "key": "token"}}
     assert env["AWS_SECRET_ACCESS_KEY"] == {
         "secretKeyRef": {"name": "diloco-s3", "key": "AWS_SECRET_ACCESS_KEY"}
     }
@@ -132,7 +157,10 @@ def test_external_synchronizer_starts_no_synchronizer() -> None:
     assert not by_kind(children, "Deployment")
     env = env_of(by_kind(children, "StatefulSet")[0])
     assert env["DILOCO_SYNC_URL"] == "https://diloco-sync.region-a.example.com"
-    assert env["DILOCO_JOB_SECRET"] == {"secretKeyRef": {"name": "llm-a-job-secret", "key": "job-secret"}}
+    assert "DILOCO_JOB_SECRET" not in env
+    assert env["DILOCO_TOKEN"] == {
+        "secretKeyRef": {"name": f"{name}-{spec.learner_units[0].name}-token", "key": "token"}
+    }
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,7 @@ def test_prints_what_the_operator_would_apply(capsys: pytest.CaptureFixture[str]
     assert {"Deployment", "StatefulSet", "PodDisruptionBudget", "Service"} <= set(kinds)
     # the Secret's value is generated when the job is created: named, never printed
     assert out.startswith("# DiLoCoJob default/gpt-small; also Secret gpt-small-secret")
+    assert "; also Secrets gpt-small-a100-token, " in out.splitlines()[0]  # each unit's token: named only
     assert "Secret" not in kinds
 
 
@@ -59,8 +60,9 @@ def test_every_job_of_a_file_and_standard_input(
     assert code == 0
     region_a, region_b = jobs("multi-region.yaml")
     assert list(yaml.safe_load_all(out)) == expected(region_a) + expected(region_b)
-    # region B uses region A's synchronizer: no synchronizer and no Secret of its own
-    assert "# DiLoCoJob default/llm-b\n" in out
+    # region B uses region A's synchronizer: no synchronizer and no job secret of its own, only its
+    # unit's token (made from region A's job secret)
+    assert "# DiLoCoJob default/llm-b; also Secrets llm-b-b-0-token (each unit's learner token" in out
     assert not any(c["kind"] == "Deployment" for c in expected(region_b))
 
 

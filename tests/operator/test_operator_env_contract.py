@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import yaml
-from diloco_core.auth import learner_token
 from diloco_operator.build import JobRef
 from diloco_operator.children import build_children
 from diloco_operator.env import CONFIG_DIR
@@ -94,8 +93,13 @@ def test_learner_environment_parses_into_the_workers_settings(
 
         assert settings.learner_id == pod
         assert settings.sync_url == env["DILOCO_SYNC_URL"]
-        secret = env["DILOCO_JOB_SECRET"]
-        assert settings.token == learner_token(secret, pod)
+        # the unit's own token Secret, never the job secret: a learner cannot make another's token
+        assert "DILOCO_JOB_SECRET" not in env
+        assert (
+            settings.token
+            == env["DILOCO_TOKEN"]
+            == _secret_value(f"{sts['metadata']['name']}-token", "token")
+        )
         # Durable, per pod: a replaced pod keeps its name and finds its own checkpoint.
         assert settings.checkpoint_dir == f"{storage}/checkpoints/{pod}"
         assert settings.train.batch_size == int(env["DILOCO_BATCH_SIZE"])

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+from diloco_core.auth import learner_token
 
 from diloco.runner.capabilities import check_mode_supported
 from diloco.runner.cli import parse_settings
@@ -145,8 +146,10 @@ def test_worker_command_passes_speed_bandwidth_and_checkpointing(tmp_path: Path)
     assert argv1[argv1.index("--learner-id") + 1] == "learner-1"
     assert "--checkpoint-every" in argv1
     assert not any("secret" in a for a in argv1)
-    env = build_worker_env(s, 1, {}, job_secret="s3cret", master_port=1)
-    assert env["DILOCO_JOB_SECRET"] == "s3cret"
+    env = build_worker_env(s, 1, {"DILOCO_JOB_SECRET": "inherited"}, job_secret="s3cret", master_port=1)
+    assert "DILOCO_JOB_SECRET" not in env  # a learner gets its own token, never the job secret
+    assert env["DILOCO_TOKEN"] == learner_token("s3cret", "learner-1")
+    assert env["DILOCO_TOKEN"] != learner_token("s3cret", "learner-0")
     assert "WORLD_SIZE" not in env
 
 
