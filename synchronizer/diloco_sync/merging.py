@@ -83,14 +83,17 @@ def recent_round_keys(versions: dict[int, int], n: int) -> list[tuple[int, int]]
 
 
 def rounds_from_logs(entries: Sequence[dict[str, Any]], n: int) -> list[RoundRecord]:
-    """The ``n`` newest rounds of these round logs, oldest first (entries that do not parse are skipped)."""
+    """The ``n`` newest rounds of these round logs, oldest first (entries that do not parse are skipped;
+    a field a log predates takes its default)."""
     rounds: list[RoundRecord] = []
     for entry in entries:
         try:
             rounds.append(
-                RoundRecord.model_validate({field: entry[field] for field in RoundRecord.model_fields})
+                RoundRecord.model_validate(
+                    {field: entry[field] for field in RoundRecord.model_fields if field in entry}
+                )
             )
-        except (KeyError, ValueError):
+        except ValueError:
             continue
     rounds.sort(key=lambda r: (r.finished_at, r.fragment, r.version))
     return rounds[-n:]

@@ -64,6 +64,16 @@ def test_recent_rounds_come_back_from_the_round_logs_newest_last() -> None:
             "keys": ["k"],
         }
 
-    logs = [entry(0, 3, 30.0), entry(0, 2, 10.0), entry(1, 2, 20.0), {"fragment": 1}]  # the last: unreadable
+    newer = entry(0, 3, 30.0) | {
+        "steps": [4],
+        "tokens": [32],
+        "excluded": [{"learner": "b", "key": "b/0/2/1", "reason": "x"}],
+    }
+    logs = [newer, entry(0, 2, 10.0), entry(1, 2, 20.0), {"fragment": 1}]  # the last: unreadable
     rounds = rounds_from_logs(logs, 2)
     assert [(r.fragment, r.version) for r in rounds] == [(1, 2), (0, 3)]
+    assert (rounds[0].steps, rounds[1].steps, rounds[1].excluded[0].learner) == (
+        [],
+        [4],
+        "b",
+    )  # older logs: defaults
