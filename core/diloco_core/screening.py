@@ -163,10 +163,10 @@ def screened_round(
     # the round's own norms count beside the history's: among two, one cannot set the limit
     scales = [step_scale(c.steps, settings.inner_steps) for c, _ in checked]
     pool = (*history.contributions, *(n / scale for (_, n), scale in zip(checked, scales, strict=True)))
-    relative = len(pool) >= MIN_HISTORY
+    relative, base_limit = len(pool) >= MIN_HISTORY, history.limit(pool, factor)
     kept: list[tuple[M, float]] = []
     for (c, norm), scale in zip(checked, scales, strict=True):
-        limit = history.limit(pool, factor) * (scale if relative else 1.0)
+        limit = base_limit * (scale if relative else 1.0)
         if norm <= limit:
             kept.append((c, norm))
         else:
