@@ -18,7 +18,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .auth import AUTHENTICATED_LEARNER
 
-DEFAULT_UPLOADS = 4
 REQUEST_MARGIN = 16
 
 
