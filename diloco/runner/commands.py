@@ -55,6 +55,11 @@ def learner_id(settings: RunSettings, learner: int) -> str:
     return "learner-0" if settings.mode == "ddp" else f"learner-{learner}"
 
 
+def unit_tokens_per_step(settings: RunSettings) -> int:
+    """The most tokens a learner's step trains on, which its token declares: in ddp mode every rank's."""
+    return settings.tokens_per_step * (settings.learners if settings.mode == "ddp" else 1)
+
+
 def storage_url(settings: RunSettings, paths: RunPaths) -> str:
     return settings.storage_url or f"file://{paths.storage.resolve()}"
 
@@ -137,7 +142,9 @@ def build_worker_env(
     cannot act as another), one CPU thread each (they share the machine), on GPUs the one GPU it
     sees (``CUDA_VISIBLE_DEVICES``), and in ddp mode the torch.distributed rendezvous of the unit."""
     env = {k: v for k, v in base.items() if k != "DILOCO_JOB_SECRET"} | {
-        "DILOCO_TOKEN": learner_token(job_secret, learner_id(settings, learner)),
+        "DILOCO_TOKEN": learner_token(
+            job_secret, learner_id(settings, learner), tokens_per_step=unit_tokens_per_step(settings)
+        ),
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",

@@ -18,6 +18,7 @@ full container environment.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Mapping
@@ -154,16 +155,33 @@ def unit_leader_id(job: str, unit: str) -> str:
     return f"{unit_name(job, unit)}-0"
 
 
-def build_learner_token_secret(job: JobRef, unit: str, token: str) -> dict[str, Any]:
-    """The unit's learner token (its leader's), the only credential its pods get."""
+def build_learner_token_secret(
+    job: JobRef, unit: str, token: str, annotations: Mapping[str, str]
+) -> dict[str, Any]:
+    """The unit's learner token (its leader's), the only credential its pods get; ``annotations``
+    say what the token claims (``tokens.claim_annotations``)."""
+    meta = metadata(job, learner_token_secret_name(job.name, unit), "learner-token", **{UNIT_LABEL: unit})
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": metadata(
-            job, learner_token_secret_name(job.name, unit), "learner-token", **{UNIT_LABEL: unit}
-        ),
+        "metadata": meta | {"annotations": dict(annotations)},
         "type": "Opaque",
-        "stringData": {env.LEARNER_TOKEN_KEY: token},
+        "data": {env.LEARNER_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def revocations_name(job: str) -> str:
+    return f"{job}-revocations"
+
+
+def build_revocations_config_map(job: JobRef, revocations_json: str) -> dict[str, Any]:
+    """The lowest learner-token generation the job's synchronizer accepts per learner, mounted into
+    its pods and re-read there when it changes (a change restarts nothing)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(job, revocations_name(job.name), "revocations"),
+        "data": {env.REVOCATIONS_KEY: revocations_json},
     }
 
 
@@ -269,6 +287,25 @@ def sync_ca_mounts(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:
     return (
         [{"name": "sync-ca", "mountPath": env.SYNC_CA_DIR, "readOnly": True}] if spec.synchronizer.ca else []
     )
+
+
+def token_volumes(job: str, unit: str) -> list[dict[str, Any]]:
+    """The unit's learner-token Secret (its token only)."""
+    items = [{"key": env.LEARNER_TOKEN_KEY, "path": env.LEARNER_TOKEN_KEY}]
+    secret = {"secretName": learner_token_secret_name(job, unit), "items": items, "defaultMode": 0o440}
+    return [{"name": "learner-token", "secret": secret}]
+
+
+def token_mounts() -> list[dict[str, Any]]:
+    return [{"name": "learner-token", "mountPath": env.TOKEN_DIR, "readOnly": True}]
+
+
+def revocations_volumes(job: str) -> list[dict[str, Any]]:
+    return [{"name": "revocations", "configMap": {"name": revocations_name(job)}}]
+
+
+def revocations_mounts() -> list[dict[str, Any]]:
+    return [{"name": "revocations", "mountPath": env.REVOCATIONS_DIR, "readOnly": True}]
 
 
 def http_probe(path: str, port: str, period: int, failures: int, scheme: str = "HTTP") -> dict[str, Any]:

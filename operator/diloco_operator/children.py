@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco_operator.build import JobRef, build_config_map, config_hash, sync_port_name
+from diloco_operator.build import (
+    JobRef,
+    build_config_map,
+    build_revocations_config_map,
+    config_hash,
+    sync_port_name,
+)
 from diloco_operator.learners import build_unit
 from diloco_operator.models import DiLoCoJobSpec
 from diloco_operator.synchronizer import build_sync_deployment, build_sync_service
+from diloco_operator.tokens import revocations_text
 
 
 def build_children(
@@ -17,7 +24,7 @@ def build_children(
     learners_stopped: bool = False,
     down_units: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
-    """Every child the job should have except the Secret (which holds a generated value).
+    """Every child the job should have except the Secrets (which hold generated values).
 
     ``learners_stopped`` (job finished) scales all learner units to zero; ``suspend`` in the
     spec scales the synchronizer too; ``down_units`` (chaos repair) scales those units to zero.
@@ -26,6 +33,7 @@ def build_children(
     digest = config_hash(config_map)
     children: list[dict[str, Any]] = [config_map]
     if spec.synchronizer.external is None:
+        children.append(build_revocations_config_map(job, revocations_text(job, spec)))
         for shard in range(spec.synchronizer.shards):
             children.append(build_sync_deployment(job, spec, shard, digest))
             children.append(build_sync_service(job, shard, sync_port_name(spec)))

@@ -7,11 +7,12 @@ Learner (``diloco worker``) containers get:
 - ``DILOCO_SYNC_URL`` the synchronizer (shard 0; the others are announced at registration):
   ``https://`` when the job's synchronizer serves TLS (``synchronizer.tls``) or the external URL is.
 - ``DILOCO_SYNC_CA_FILE`` the CA bundle of ``synchronizer.ca``, mounted at ``SYNC_CA_DIR`` (only then).
-- ``DILOCO_TOKEN`` the unit's learner token, from the unit's own Secret ``<job>-<unit>-token``: the
-  token of the unit's leader (pod ordinal 0, the only pod that talks to the synchronizer),
-  ``diloco_core.auth.learner_token(job secret, <job>-<unit>-0)``, which the operator writes from the
-  job secret (its own, or the external synchronizer's token Secret). Learner pods never see the job
-  secret, so a learner cannot make another learner's token or one for an id the job has not.
+- ``DILOCO_TOKEN_FILE`` the unit's learner token, the unit's own Secret ``<job>-<unit>-token`` mounted
+  at ``TOKEN_DIR``: the token of the unit's leader (pod ordinal 0, the only pod that talks to the
+  synchronizer), signed claims (``diloco_core.auth``: learner id, tokens per step, generation,
+  expiry) that the operator mints from the job secret (its own, or the external synchronizer's token
+  Secret) and renews in place (``tokens``). Learner pods never see the job secret, so a learner
+  cannot make another learner's token or one for an id the job has not.
 - ``DILOCO_JOB_CONFIG`` path of the ``JobConfig`` JSON; ``DILOCO_STORAGE_CONFIG`` path of the
   ``StorageSettings`` JSON; ``DILOCO_CHECKPOINT_DIR`` where the learner's checkpoints go: the
   job's storage, ``<storage>/checkpoints/<learner id>`` (the learner adds ``rank-N/`` in a unit of
@@ -26,7 +27,8 @@ Synchronizer (``diloco synchronizer``) containers get ``DILOCO_JOB_ID``, ``DILOC
 ``DILOCO_JOB_CONFIG``, ``DILOCO_STORAGE_CONFIG``, ``DILOCO_STORAGE`` (the s3:// URL),
 ``DILOCO_HOST`` (0.0.0.0), ``DILOCO_PORT``, ``DILOCO_SHARD_INDEX``,
 ``DILOCO_NUM_SHARDS``, ``DILOCO_SHARD_URLS`` (comma separated) and the same ``AWS_*`` variables;
-they serve ``/healthz`` and ``/readyz`` on ``DILOCO_PORT``. With ``synchronizer.tls`` they also get
+they serve ``/healthz`` and ``/readyz`` on ``DILOCO_PORT``; ``DILOCO_REVOCATIONS_FILE`` the
+``<job>-revocations`` ConfigMap mounted at ``REVOCATIONS_DIR`` (``tokens.revocations``). With ``synchronizer.tls`` they also get
 ``DILOCO_TLS_CERT`` and ``DILOCO_TLS_KEY``, the Secret's ``tls.crt`` and ``tls.key`` mounted at
 ``TLS_DIR``, and serve HTTPS there.
 """
@@ -46,6 +48,9 @@ SYNC_PORT = 8080
 TLS_DIR = "/etc/diloco-tls"  # the synchronizer's certificate and key (not under CONFIG_DIR, a ConfigMap)
 SYNC_CA_DIR = "/etc/diloco-sync-ca"  # the CA bundle learners trust for the synchronizer
 SYNC_CA_FILE = "ca.crt"
+TOKEN_DIR = "/etc/diloco-token"  # noqa: S105 (a path) the unit's learner token (its Secret, mounted)
+REVOCATIONS_DIR = "/etc/diloco-revocations"  # the job's revoked token generations (a ConfigMap)
+REVOCATIONS_KEY = "revocations.json"
 HEALTH_PORT = 8081
 DIST_PORT = 29500
 
@@ -98,9 +103,15 @@ def sync_ca_env(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:
     return [value("DILOCO_SYNC_CA_FILE", f"{SYNC_CA_DIR}/{SYNC_CA_FILE}")]
 
 
-def learner_token_env(token_secret: str) -> dict[str, Any]:
-    """The unit's learner token, from its own Secret (never the job secret)."""
-    return secret_ref("DILOCO_TOKEN", token_secret, LEARNER_TOKEN_KEY)
+def learner_token_env() -> dict[str, Any]:
+    """Where the unit's learner token is: its own Secret (never the job secret) mounted as a file,
+    which the kubelet updates when the operator renews the token."""
+    return value("DILOCO_TOKEN_FILE", f"{TOKEN_DIR}/{LEARNER_TOKEN_KEY}")
+
+
+def revocations_env() -> dict[str, Any]:
+    """The synchronizer's revocations file (the ``<job>-revocations`` ConfigMap, mounted)."""
+    return value("DILOCO_REVOCATIONS_FILE", f"{REVOCATIONS_DIR}/{REVOCATIONS_KEY}")
 
 
 def job_secret_env(spec: DiLoCoJobSpec, own_secret: str) -> dict[str, Any]:

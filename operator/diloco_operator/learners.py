@@ -17,13 +17,14 @@ from diloco_operator.build import (
     http_probe,
     job_id,
     labels,
-    learner_token_secret_name,
     metadata,
     pod_security_context,
     sync_ca_mounts,
     sync_ca_volumes,
     sync_url,
     template_hash,
+    token_mounts,
+    token_volumes,
     unit_name,
     unit_resources,
 )
@@ -48,7 +49,7 @@ def learner_env(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit) -> list[dic
         env.field_ref("DILOCO_NAMESPACE", "metadata.namespace"),
         env.value("DILOCO_SYNC_URL", sync_url(job, spec)),
         *env.sync_ca_env(spec),
-        env.learner_token_env(learner_token_secret_name(job.name, unit.name)),
+        env.learner_token_env(),
         *env.config_env(),
         # Durable: a replaced pod (same name, so same learner id) resumes from it. Kubernetes
         # expands $(DILOCO_LEARNER_ID), defined above, to the pod's name.
@@ -99,7 +100,7 @@ def build_pod_template(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, dige
         "livenessProbe": http_probe("/healthz", "health", 15, 8),
         "readinessProbe": http_probe("/readyz", "health", 10, 3),
         "securityContext": container_security_context(),
-        "volumeMounts": config_mounts() + sync_ca_mounts(spec),
+        "volumeMounts": config_mounts() + sync_ca_mounts(spec) + token_mounts(),
     }
     return {
         "metadata": {
@@ -111,7 +112,7 @@ def build_pod_template(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, dige
             "securityContext": pod_security_context(),
             "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
             "containers": [container],
-            "volumes": config_volumes(job.name) + sync_ca_volumes(spec),
+            "volumes": config_volumes(job.name) + sync_ca_volumes(spec) + token_volumes(job.name, unit.name),
             **pod_placement(unit),
         },
     }

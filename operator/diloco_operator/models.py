@@ -16,7 +16,15 @@ from typing import Any, Literal
 
 from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
 from diloco_core.flags import describe_errors, dotted
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 # A resource quantity as the CRD admits it: Kubernetes' own quantity syntax, without a sign (a
@@ -138,6 +146,8 @@ class LearnerUnit(_Spec):
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     region: str | None = None
     batch_size: int = Field(16, ge=1)
+    tokens_per_step: int | None = Field(None, ge=1)
+    token_generation: int = Field(0, ge=0)
 
     _resources = field_validator("resources")(check_resources)
 
@@ -148,6 +158,16 @@ class ExternalSynchronizer(_Spec):
     # The external synchronizer's job (its DiLoCoJob's name in the other cluster): the learners'
     # job config carries it, and the operator reads status only from a synchronizer serving it.
     job_id: str | None = Field(None, min_length=1, max_length=63)
+    insecure: bool = False
+
+    @model_validator(mode="after")
+    def _tls_across_clusters(self) -> ExternalSynchronizer:
+        if not self.url.lower().startswith("https://") and not self.insecure:
+            raise ValueError(
+                "synchronizer.external.url is reached from another cluster: it must be https:// "
+                "(set synchronizer.external.insecure: true to send learner traffic in the clear)"
+            )
+        return self
 
 
 class SynchronizerTLS(_Spec):
@@ -177,6 +197,8 @@ class SynchronizerSpec(_Spec):
     tls: SynchronizerTLS | None = None
     ca: CABundle | None = None
     external: ExternalSynchronizer | None = None
+    token_lifetime_seconds: int = Field(86400, ge=600, le=366 * 86400)
+    min_token_generations: dict[str, NonNegativeInt] = Field(default_factory=dict)
 
     _resources = field_validator("resources")(check_resources)
 

@@ -14,12 +14,13 @@ import base64
 import json
 import logging
 import random
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from diloco_core.auth import learner_token, new_job_secret
+from diloco_core.auth import mint_token, new_job_secret
 from diloco_core.protocol import StatusResponse
 from kubernetes.client.exceptions import ApiException
 
@@ -33,7 +34,6 @@ from diloco_operator.build import (
     job_id,
     learner_token_secret_name,
     secret_name,
-    unit_leader_id,
 )
 from diloco_operator.children import build_children
 from diloco_operator.env import JOB_SECRET_KEY
@@ -48,6 +48,7 @@ from diloco_operator.models import (
     validate_job,
 )
 from diloco_operator.status import Event
+from diloco_operator.tokens import claim_annotations, mint_reason, unit_claims
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ def validation_sample(desired: list[dict[str, Any]]) -> list[dict[str, Any]]:
         pod = json.loads(json.dumps(obj["spec"]["template"]["spec"]))
         for container in pod.get("containers", []):
             container.pop("env", None)  # names and ordinals only
+        for volume in pod.get("volumes", []):
+            volume.get("secret", {}).pop("secretName", None)  # the unit's own token Secret
         key = json.dumps([obj["kind"], pod], sort_keys=True)
         if key not in seen:
             seen.add(key)
@@ -148,10 +151,11 @@ def ensure_secret(kube: Kube, job: JobRef, spec: DiLoCoJobSpec) -> int:
     return 1 if kube.create(build_secret(job, new_job_secret())) is not None else 0
 
 
-def ensure_learner_tokens(kube: Kube, job: JobRef, spec: DiLoCoJobSpec) -> int:
-    """Create each unit's learner-token Secret once, from the job secret (the job's own, or the
-    external synchronizer's): the only credential the unit's pods get. A token never changes, as
-    neither the job secret nor the unit's leader id does, so an existing one is left as it is."""
+def ensure_learner_tokens(kube: Kube, job: JobRef, spec: DiLoCoJobSpec, now: int) -> int:
+    """Mint each unit's learner token into its Secret where ``tokens.mint_reason`` says so (missing,
+    another generation or tokens per step, or half its life gone), from the job secret (the job's
+    own, or the external synchronizer's): the only credential the unit's pods get. Each unit's Secret
+    is read by name (a GET: the operator may not list Secrets). Returns how many were minted."""
     external = spec.synchronizer.external
     ref = (
         (external.token_secret_ref.name, external.token_secret_ref.key)
@@ -159,19 +163,26 @@ def ensure_learner_tokens(kube: Kube, job: JobRef, spec: DiLoCoJobSpec) -> int:
         else (secret_name(job.name), JOB_SECRET_KEY)
     )
     job_secret: str | None = None
-    created = 0
+    minted = 0
     for unit in spec.learner_units:
-        if (
-            kube.get("v1", "Secret", job.namespace, learner_token_secret_name(job.name, unit.name))
-            is not None
-        ):
+        name = learner_token_secret_name(job.name, unit.name)
+        wanted = unit_claims(job, spec, unit, now)
+        reason = mint_reason(kube.get("v1", "Secret", job.namespace, name), wanted, now)
+        if reason is None:
             continue
         job_secret = job_secret or secret_value(kube, job.namespace, *ref)
         if not job_secret:  # the referenced Secret is gone: the spec check says so
-            return created
-        token = learner_token(job_secret, unit_leader_id(job.name, unit.name))
-        created += kube.create(build_learner_token_secret(job, unit.name, token)) is not None
-    return created
+            return minted
+        kube.apply(
+            build_learner_token_secret(
+                job, unit.name, mint_token(job_secret, wanted), claim_annotations(wanted)
+            )
+        )
+        minted += 1
+        log.info(
+            "minted the learner token of unit %s (%s), valid until %s", unit.name, reason, wanted.expires_at
+        )
+    return minted
 
 
 def list_children(kube: Kube, job: JobRef) -> dict[str, dict[str, Any]]:
@@ -296,7 +307,7 @@ def reconcile_children(
         validate_children(kube, desired)
     outcome = Outcome(down=dict(down))
     outcome.created += ensure_secret(kube, job, spec)
-    outcome.created += ensure_learner_tokens(kube, job, spec)
+    outcome.created += ensure_learner_tokens(kube, job, spec, int(time.time()))
     listed = list_children(kube, job)
     apply_children(kube, job, desired, listed, outcome, pool)
     prune(kube, job, {f"{obj['kind']}/{obj['metadata']['name']}" for obj in desired}, listed, outcome)

@@ -18,6 +18,8 @@ from diloco_operator.build import (
     labels,
     metadata,
     pod_security_context,
+    revocations_mounts,
+    revocations_volumes,
     secret_name,
     sync_name,
     sync_port_name,
@@ -49,6 +51,7 @@ def sync_env(job: JobRef, spec: DiLoCoJobSpec, shard: int) -> list[dict[str, Any
         env.value("DILOCO_NUM_SHARDS", shards),
         env.value("DILOCO_SHARD_URLS", urls),
         *env.sync_tls_env(spec),
+        env.revocations_env(),
         *env.storage_env(spec),
     ]
 
@@ -70,7 +73,7 @@ def build_sync_deployment(job: JobRef, spec: DiLoCoJobSpec, shard: int, digest: 
         "livenessProbe": http_probe("/healthz", port, 10, 6, scheme),
         "readinessProbe": http_probe("/readyz", port, 5, 3, scheme),
         "securityContext": container_security_context(),
-        "volumeMounts": config_mounts() + tls_mounts(spec),
+        "volumeMounts": config_mounts() + tls_mounts(spec) + revocations_mounts(),
     }
     return {
         "apiVersion": "apps/v1",
@@ -87,7 +90,7 @@ def build_sync_deployment(job: JobRef, spec: DiLoCoJobSpec, shard: int, digest: 
                     "securityContext": pod_security_context(),
                     "terminationGracePeriodSeconds": 30,
                     "containers": [container],
-                    "volumes": config_volumes(job.name) + tls_volumes(spec),
+                    "volumes": config_volumes(job.name) + tls_volumes(spec) + revocations_volumes(job.name),
                 },
             },
         },

@@ -47,7 +47,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, 
 from fastapi.responses import Response as RawResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from .auth import AUTHENTICATED_LEARNER, same_learner
+from .auth import AUTHENTICATED_LEARNER, TOKEN_CLAIMS, declared_problem, same_learner
 from .body import read_limited_body
 from .contributions import ContributionDesk
 from .errors import ApiError, error_responses
@@ -220,6 +220,9 @@ async def contribute(
             400, "bad_request",
             f"{tokens} tokens in {steps} steps is more than {MAX_TOKENS_PER_STEP:.0e} tokens per step",
         )  # fmt: skip
+    declared = declared_problem(request.scope["state"][TOKEN_CLAIMS], steps, tokens)
+    if declared is not None:
+        raise ApiError(400, "bad_request", declared)
     desk.precheck(learner_id, p, base_version, seq, since, steps, tokens)
     blob = await read_limited_body(request, desk.body_limit(p))
     started = service.clock()

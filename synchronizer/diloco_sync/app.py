@@ -17,11 +17,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException
 
 from .api import is_binary_route, is_learner_route, router
-from .auth import AuthenticateFirst, authenticated_or_none
+from .auth import AuthenticateFirst, TokenCheck, authenticated_or_none
 from .body import JsonBodyLimit
 from .errors import ApiError, api_error_handler, http_error_handler, validation_error_handler
 from .learner_limits import PerLearnerLimits, default_max_requests
 from .persistence import StateStore
+from .revocations import Revocations
 from .service import SyncService
 from .settings import SyncSettings
 from .startup import Startup, build_round_parts
@@ -77,12 +78,13 @@ def create_app(
         max_uploads=settings.max_uploads_per_learner,
         is_upload=is_binary_route,
     )
-    secret = settings.job_secret.get_secret_value()
+    tokens = TokenCheck(
+        settings.job_secret.get_secret_value(), Revocations(settings.revocations_file).min_generation
+    )
     # added last, so it runs first: nothing about a learner route's request is read before this
     app.add_middleware(
         AuthenticateFirst,
-        job_secret=secret,
-        known_learners=lambda: service.registry.learners.keys(),
+        check=tokens,
         protects=is_learner_route,
     )
     app.include_router(router)
@@ -104,7 +106,7 @@ def create_app(
         token, as on the learner routes): an unauthenticated caller learns that storage is down."""
         svc: SyncService = request.app.state.service
         startup: Startup = request.app.state.startup
-        detailed = authenticated_or_none(secret, request.headers, svc.registry.learners.keys()) is not None
+        detailed = authenticated_or_none(tokens, request.headers) is not None
         reason = startup.not_ready_reason(detailed=detailed)
         body = {
             "ready": reason is None,

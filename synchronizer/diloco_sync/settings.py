@@ -82,6 +82,10 @@ class SyncSettings(BaseModel):
     max_uploads_per_learner: int = Field(
         4, ge=1, description="uploads (init, contributions) one learner may have in progress at once"
     )
+    revocations_file: str | None = Field(
+        None, description="JSON file of the lowest learner-token generation accepted per learner id "
+        '({"learner": 2}), re-read when it changes (the operator keeps it in a ConfigMap)',
+    )  # fmt: skip
     max_connections: int = Field(
         4096, ge=8, description="open connections at most (fewer if the limit of open files is lower); "
         "beyond it a connection waiting for its request head is closed, else the new one gets 503",

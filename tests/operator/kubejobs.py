@@ -125,7 +125,7 @@ def expected_children(job: str, units: list[str]) -> dict[str, list[str]]:
     names = sorted(f"{job}-{u}" for u in units)
     return {
         "Secret": sorted([f"{job}-secret", *(f"{job}-{u}-token" for u in units)]),
-        "ConfigMap": [f"{job}-config"],
+        "ConfigMap": [f"{job}-config", f"{job}-revocations"],
         "Service": sorted([*names, f"{job}-sync"]),
         "Deployment": [f"{job}-sync"],
         "StatefulSet": names,

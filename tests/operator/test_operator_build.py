@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from diloco_core.auth import learner_token, verify_learner_token
+from diloco_core.auth import mint_token, read_learner_token, verify_learner_token
 from diloco_core.config import JobConfig
 from diloco_operator.build import (
     LEARNER_DEFAULT_REQUESTS,
@@ -22,6 +23,7 @@ from diloco_operator.build import (
 from diloco_operator.children import build_children
 from diloco_operator.models import DiLoCoJobSpec, parse_spec
 from diloco_operator.reconcile import validation_sample
+from diloco_operator.tokens import claim_annotations, unit_claims
 
 from tests.operator.golden import check_golden
 
@@ -47,7 +49,13 @@ def test_single_region_golden() -> None:
     name, spec = example("single-region.yaml")
     job = JobRef(name, "research", JOB.uid)
     tokens = [
-        build_learner_token_secret(job, unit.name, f"token-of-{unit.name}") for unit in spec.learner_units
+        build_learner_token_secret(
+            job,
+            unit.name,
+            f"token-of-{unit.name}",
+            claim_annotations(unit_claims(job, spec, unit, 1_800_000_000)),
+        )
+        for unit in spec.learner_units
     ]
     check_golden(
         "single-region", [build_secret(job, "not-a-real-secret"), *tokens, *build_children(job, spec)]
@@ -55,18 +63,25 @@ def test_single_region_golden() -> None:
 
 
 def test_a_units_token_is_its_leaders_and_only_the_job_secret_makes_it() -> None:
-    """The operator writes each unit's Secret from the job secret: the leader pod's token, which
-    the synchronizer recomputes from the job secret, and which no other unit's token gives away."""
+    """The operator writes each unit's Secret from the job secret: the leader pod's token, signed
+    claims the synchronizer checks with the job secret, and which no other unit's token gives away."""
     job = JobRef("gpt", "research", JOB.uid)
+    _, spec = example("single-region.yaml")
+    unit = spec.learner_units[0]
+    claims = unit_claims(job, spec, unit, 1_800_000_000)
     secret = build_learner_token_secret(
-        job, "a100", learner_token("job-secret", unit_leader_id("gpt", "a100"))
+        job, unit.name, mint_token("job-secret", claims), claim_annotations(claims)
     )
-    token = secret["stringData"]["token"]
-    assert secret["metadata"]["name"] == learner_token_secret_name("gpt", "a100") == "gpt-a100-token"
-    assert secret["metadata"]["labels"]["diloco.dev/unit"] == "a100"
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert (
+        secret["metadata"]["name"] == learner_token_secret_name("gpt", unit.name) == f"gpt-{unit.name}-token"
+    )
+    assert secret["metadata"]["labels"]["diloco.dev/unit"] == unit.name
     assert secret["metadata"]["ownerReferences"][0]["uid"] == JOB.uid  # deleted with the job
-    assert verify_learner_token("job-secret", "gpt-a100-0", token)
-    assert not verify_learner_token("job-secret", "gpt-cpu-0", token)
+    assert read_learner_token("job-secret", token) == claims
+    assert claims.learner == unit_leader_id("gpt", unit.name)
+    assert verify_learner_token("job-secret", claims.learner, token, now=1_800_000_000)
+    assert not verify_learner_token("job-secret", "gpt-cpu-0", token, now=1_800_000_000)
 
 
 def test_external_synchronizer_golden() -> None:
@@ -91,6 +106,7 @@ def test_children_per_unit_and_owner_references() -> None:
     units = [u.name for u in spec.learner_units]
     expected = [
         ("ConfigMap", "gpt-small-config"),
+        ("ConfigMap", "gpt-small-revocations"),
         ("Deployment", "gpt-small-sync"),
         ("Service", "gpt-small-sync"),
     ]
@@ -112,7 +128,7 @@ def test_children_per_unit_and_owner_references() -> None:
 
 def test_config_map_holds_a_valid_job_config() -> None:
     _, spec = example("single-region.yaml")
-    (cm,) = by_kind(build_children(JOB, spec), "ConfigMap")
+    (cm, _revocations) = by_kind(build_children(JOB, spec), "ConfigMap")
     config = JobConfig.model_validate_json(cm["data"]["job.json"])
     assert config.job_id == "gpt-small"
     assert config.diloco.quorum == 2
@@ -128,7 +144,10 @@ def test_learner_pods_identity_token_and_placement() -> None:
     assert env["DILOCO_LEARNER_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["DILOCO_SYNC_URL"] == "http://gpt-small-sync.research.svc:8080"
     assert "DILOCO_JOB_SECRET" not in env  # the unit's own token, never the job secret
-    assert env["DILOCO_TOKEN"] == {"secretKeyRef": {"name": "gpt-small-a100-token", "key": "token"}}
+    assert env["DILOCO_TOKEN_FILE"] == "/etc/diloco-token/token"  # the unit's Secret, mounted
+    volumes = {v["name"]: v for v in a100["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["learner-token"]["secret"]["secretName"] == "gpt-small-a100-token"
+    assert "DILOCO_TOKEN" not in env
     assert env["AWS_SECRET_ACCESS_KEY"] == {
         "secretKeyRef": {"name": "diloco-s3", "key": "AWS_SECRET_ACCESS_KEY"}
     }
@@ -158,9 +177,12 @@ def test_external_synchronizer_starts_no_synchronizer() -> None:
     env = env_of(by_kind(children, "StatefulSet")[0])
     assert env["DILOCO_SYNC_URL"] == "https://diloco-sync.region-a.example.com"
     assert "DILOCO_JOB_SECRET" not in env
-    assert env["DILOCO_TOKEN"] == {
-        "secretKeyRef": {"name": f"{name}-{spec.learner_units[0].name}-token", "key": "token"}
+    volumes = {
+        v["name"]: v for v in by_kind(children, "StatefulSet")[0]["spec"]["template"]["spec"]["volumes"]
     }
+    assert volumes["learner-token"]["secret"]["secretName"] == f"{name}-{spec.learner_units[0].name}-token"
+    assert env["DILOCO_TOKEN_FILE"] == "/etc/diloco-token/token"
+    assert not by_kind(children, "ConfigMap")[1:]  # no revocations: the external synchronizer's job has them
 
 
 @pytest.mark.parametrize(

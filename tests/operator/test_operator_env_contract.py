@@ -18,7 +18,6 @@ import pytest
 import yaml
 from diloco_operator.build import JobRef
 from diloco_operator.children import build_children
-from diloco_operator.env import CONFIG_DIR
 from diloco_operator.models import parse_spec
 from diloco_sync.cli import parse_settings as parse_sync_settings
 from diloco_worker.settings import FLAGS as WORKER_FLAGS
@@ -61,14 +60,27 @@ def children_of(example: str, index: int = 0) -> tuple[str, list[dict[str, Any]]
     return name, build_children(JobRef(name, NAMESPACE, "uid-1"), parse_spec(doc["spec"]))
 
 
-def mounted_config(children: list[dict[str, Any]], tmp_path: Path) -> dict[str, Path]:
-    """The job's ConfigMap written to files, keyed by the path the pods see it at."""
-    (cm,) = [c for c in children if c["kind"] == "ConfigMap"]
-    files = {}
-    for key, text in cm["data"].items():
-        path = tmp_path / key
-        path.write_text(text)
-        files[f"{CONFIG_DIR}/{key}"] = path
+def mounted_files(obj: dict[str, Any], children: list[dict[str, Any]], tmp_path: Path) -> dict[str, Path]:
+    """The pod's ConfigMap and Secret volumes written to files, keyed by the path the pod sees each
+    at (a Secret's value is ``_secret_value``; volumes of objects the job does not make, such as a CA
+    bundle, are left out)."""
+    pod = obj["spec"]["template"]["spec"]
+    maps = {c["metadata"]["name"]: c["data"] for c in children if c["kind"] == "ConfigMap"}
+    files: dict[str, Path] = {}
+    for volume in pod.get("volumes", []):
+        (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+        if "configMap" in volume and volume["configMap"]["name"] in maps:
+            data = maps[volume["configMap"]["name"]]
+        elif "secret" in volume and "items" in volume["secret"] and volume["name"] != "tls":
+            secret = volume["secret"]["secretName"]
+            data = {item["key"]: _secret_value(secret, item["key"]) for item in volume["secret"]["items"]}
+        else:
+            continue
+        folder = tmp_path / obj["metadata"]["name"] / volume["name"]
+        folder.mkdir(parents=True, exist_ok=True)
+        for key, text in data.items():
+            (folder / key).write_text(text)
+            files[f"{mount['mountPath']}/{key}"] = folder / key
     return files
 
 
@@ -82,12 +94,11 @@ def test_learner_environment_parses_into_the_workers_settings(
     example: str, index: int, tmp_path: Path
 ) -> None:
     _, children = children_of(example, index)
-    files = mounted_config(children, tmp_path)
     doc = [d for d in yaml.safe_load_all((EXAMPLES / example).read_text()) if d][index]
     storage = parse_spec(doc["spec"]).storage.url
     for sts in (c for c in children if c["kind"] == "StatefulSet"):
         pod = f"{sts['metadata']['name']}-0"
-        env = resolve_env(container_of(sts), pod, files)
+        env = resolve_env(container_of(sts), pod, mounted_files(sts, children, tmp_path))
 
         settings = parse_worker_settings([], env)
 
@@ -95,11 +106,10 @@ def test_learner_environment_parses_into_the_workers_settings(
         assert settings.sync_url == env["DILOCO_SYNC_URL"]
         # the unit's own token Secret, never the job secret: a learner cannot make another's token
         assert "DILOCO_JOB_SECRET" not in env
-        assert (
-            settings.token
-            == env["DILOCO_TOKEN"]
-            == _secret_value(f"{sts['metadata']['name']}-token", "token")
-        )
+        assert "DILOCO_TOKEN" not in env
+        assert settings.token_file == env["DILOCO_TOKEN_FILE"]
+        token = Path(env["DILOCO_TOKEN_FILE"]).read_text()
+        assert token == _secret_value(f"{sts['metadata']['name']}-token", "token")
         # Durable, per pod: a replaced pod keeps its name and finds its own checkpoint.
         assert settings.checkpoint_dir == f"{storage}/checkpoints/{pod}"
         assert settings.train.batch_size == int(env["DILOCO_BATCH_SIZE"])
@@ -119,10 +129,10 @@ def test_synchronizer_environment_parses_into_its_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job, children = children_of("single-region.yaml")
-    files = mounted_config(children, tmp_path)
     deployments = [c for c in children if c["kind"] == "Deployment"]
     assert deployments
     for deployment in deployments:
+        files = mounted_files(deployment, children, tmp_path)
         env = resolve_env(container_of(deployment), f"{deployment['metadata']['name']}-abc", files)
         for key in [k for k in list(os.environ) if k.startswith(("DILOCO_", "AWS_"))]:
             monkeypatch.delenv(key)
@@ -138,3 +148,5 @@ def test_synchronizer_environment_parses_into_its_settings(
         assert settings.job.diloco.quorum == 2
         assert (settings.host, settings.port) == ("0.0.0.0", int(env["DILOCO_PORT"]))
         assert settings.job_secret.get_secret_value() == env["DILOCO_JOB_SECRET"]
+        assert settings.revocations_file == env["DILOCO_REVOCATIONS_FILE"]
+        assert Path(env["DILOCO_REVOCATIONS_FILE"]).read_text() == "{}"

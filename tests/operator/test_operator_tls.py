@@ -91,7 +91,8 @@ def test_a_plain_job_is_unchanged() -> None:
     children = build_children(JOB, parse_spec(raw()))
     sync, sts = by_kind(children, "Deployment")[0], by_kind(children, "StatefulSet")[0]
     assert "scheme" not in _container(sync)["livenessProbe"]["httpGet"]
-    assert set(_volumes(sync)) == set(_volumes(sts)) == {"config", "tmp"}
+    assert set(_volumes(sync)) == {"config", "tmp", "revocations"}
+    assert set(_volumes(sts)) == {"config", "tmp", "learner-token"}
     assert "DILOCO_SYNC_CA_FILE" not in env_of(sts)
     assert env_of(sts)["DILOCO_SYNC_URL"] == "http://ra-sync.ml.svc:8080"
 
@@ -100,8 +101,9 @@ def test_a_plain_job_is_unchanged() -> None:
     ({"ca": {"secretName": "a", "configMapName": "b"}}, "exactly one"),
     ({"tls": {"secretName": "x"}, "ca": {}}, "exactly one"),
     ({"ca": {"configMapName": "b"}}, "reached over HTTPS"),
-    ({"external": {"url": "http://s", "tokenSecretRef": {"name": "t", "key": "k"}}, "ca": {"configMapName": "b"}},
-     "reached over HTTPS"),
+    ({"external": {"url": "http://s", "tokenSecretRef": {"name": "t", "key": "k"}, "insecure": True},
+      "ca": {"configMapName": "b"}}, "reached over HTTPS"),
+    ({"external": {"url": "http://s", "tokenSecretRef": {"name": "t", "key": "k"}}}, "must be https://"),
     ({"external": {"url": "https://s", "tokenSecretRef": {"name": "t", "key": "k"}}, "tls": {"secretName": "x"}},
      "not with external"),
 ])  # fmt: skip

@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import pytest
-from diloco_core.auth import learner_token
+from diloco_core.auth import read_learner_token
 
 from diloco.runner.capabilities import check_mode_supported
 from diloco.runner.cli import parse_settings
@@ -148,8 +148,10 @@ def test_worker_command_passes_speed_bandwidth_and_checkpointing(tmp_path: Path)
     assert not any("secret" in a for a in argv1)
     env = build_worker_env(s, 1, {"DILOCO_JOB_SECRET": "inherited"}, job_secret="s3cret", master_port=1)
     assert "DILOCO_JOB_SECRET" not in env  # a learner gets its own token, never the job secret
-    assert env["DILOCO_TOKEN"] == learner_token("s3cret", "learner-1")
-    assert env["DILOCO_TOKEN"] != learner_token("s3cret", "learner-0")
+    claims = read_learner_token("s3cret", env["DILOCO_TOKEN"])
+    assert claims is not None
+    assert claims.learner == "learner-1"
+    assert claims.tokens_per_step == s.train.batch_size * s.model.block_size * s.train.grad_accum
     assert "WORLD_SIZE" not in env
 
 

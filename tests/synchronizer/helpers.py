@@ -54,8 +54,10 @@ def encode_params(tensors: Mapping[str, np.ndarray], p: int) -> bytes:
     return codec.encode(tensors, fragment=p, base_version=0, kind="params", quantizer="fp32")
 
 
-def auth_headers(learner_id: str, token_of: str | None = None) -> dict[str, str]:
-    token = learner_token(SECRET, token_of or learner_id)
+def auth_headers(learner_id: str, token_of: str | None = None, **claims: int) -> dict[str, str]:
+    """Headers of ``learner_id`` with the token of ``token_of`` (itself by default) carrying ``claims``
+    (``diloco_core.auth.learner_token``'s: expires_at, generation, tokens_per_step, issued_at)."""
+    token = learner_token(SECRET, token_of or learner_id, **claims)
     return {"Authorization": f"Bearer {token}", LEARNER_HEADER: learner_id}
 
 
@@ -141,11 +143,20 @@ class SyncProcess:
 class Learner:
     """The learner side of the protocol, just enough to drive the synchronizer."""
 
-    def __init__(self, base_url: str, learner_id: str, plan: FragmentPlan, tokens_per_step: int = 8):
+    def __init__(
+        self,
+        base_url: str,
+        learner_id: str,
+        plan: FragmentPlan,
+        tokens_per_step: int = 8,
+        claims: Mapping[str, int] | None = None,
+    ):
+        """``claims``: of the learner's token (``auth_headers``)."""
         self.id = learner_id
         self.plan = plan
         self.tokens_per_step = tokens_per_step
-        self.client = httpx.Client(base_url=base_url, headers=auth_headers(learner_id), timeout=30)
+        headers = auth_headers(learner_id, **(claims or {}))
+        self.client = httpx.Client(base_url=base_url, headers=headers, timeout=30)
         self.seq = 0
         self.updates = 0  # versions that came as updates (compressed downloads)
 

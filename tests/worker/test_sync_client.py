@@ -10,7 +10,7 @@ from diloco_worker.sync_client import ShardClients, SyncClient
 def test_each_fragment_uses_its_owners_client_and_the_given_one_serves_the_home_shard() -> None:
     home = SyncClient("http://sync-svc:8470", "a", "t")
     shards = [ShardInfo(index=i, url=f"http://sync-{i}:8470", fragments=[i, i + 2]) for i in range(2)]
-    clients = ShardClients.connect(build_routes(home.base_url, shards, [1, 3], 4), home, "t")
+    clients = ShardClients.connect(build_routes(home.base_url, shards, [1, 3], 4), home)
     try:
         assert clients.home() is home
         assert clients.shard(1) is home

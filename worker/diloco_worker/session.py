@@ -25,6 +25,7 @@ from diloco_core.config import SCHEDULES, DiLoCoSettings, Quantizer, Schedule
 from diloco_core.fragments import FragmentPlan
 
 from .comms import CommSettings, Communicator, backoff_delay
+from .credentials import TokenSource
 from .distributed import Arrivals, Unit
 from .fragment_state import FragmentState
 from .health import Health
@@ -83,8 +84,8 @@ class DiLoCoSession:
         self.partial_contributions = settings.partial_contributions and not settings.blocking_sync
         if unit.is_leader:
             assert settings.sync_url
-            assert settings.token
-            self.client = SyncClient(settings.sync_url, settings.learner_id, settings.token,
+            token = TokenSource(settings.token, settings.token_file)
+            self.client = SyncClient(settings.sync_url, settings.learner_id, token,
                                      verify=tls_verify(settings.sync_ca_file))  # fmt: skip
 
     # ---- start-up ----
@@ -157,8 +158,7 @@ class DiLoCoSession:
             )
         except RoutingError as exc:
             raise FatalSyncError(str(exc)) from exc
-        assert self.settings.token
-        self.shards = ShardClients.connect(routes, self.client, self.settings.token)
+        self.shards = ShardClients.connect(routes, self.client)
         versions = dict(resp.versions)
         for shard in routes.others():
             client = self.shards.shard(shard.index)

@@ -49,6 +49,10 @@ class WorkerSettings(BaseModel):
     token: Annotated[str | None, Cli(secret=True)] = Field(
         None, description="the learner token (default: derived from --job-secret)"
     )
+    token_file: str | None = Field(
+        None, description="file holding the learner token, re-read whenever it changes (a mounted Secret "
+        "that the operator renews)",
+    )  # fmt: skip
     unit: str = Field("", description="the learner unit this learner belongs to")
     standalone: bool = Field(False, description="train without a synchronizer")
     diloco: DiLoCoSettings = DiLoCoSettings()
@@ -123,10 +127,13 @@ class WorkerSettings(BaseModel):
     def _check(self) -> WorkerSettings:
         if not self.standalone and not self.sync_url:
             raise ValueError("no synchronizer URL: set --sync-url or DILOCO_SYNC_URL (or pass --standalone)")
-        if not self.standalone and not self.token:
+        if not self.standalone and not self.token and not self.token_file:
             raise ValueError(
-                "no learner token: set --token / DILOCO_TOKEN, or --job-secret / DILOCO_JOB_SECRET to derive it"
+                "no learner token: set --token / DILOCO_TOKEN, --token-file / DILOCO_TOKEN_FILE, or "
+                "--job-secret / DILOCO_JOB_SECRET to derive it"
             )
+        if self.token and self.token_file:
+            raise ValueError("--token and --token-file both given: one of them")
         if self.standalone and self.blocking_sync:
             raise ValueError(
                 "--blocking-sync waits for the synchronizer; it cannot be used with --standalone"
@@ -174,7 +181,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     job = read_document(job_config, "--job-config / DILOCO_JOB_CONFIG") if job_config else {}
     base: dict[str, Any] = {k: job[k] for k in _JOB_SECTIONS if k in job}
     secret = option_or_env(args, env, "job-secret")
-    if not given.has(("token",)) and secret:
+    if not given.has(("token",)) and not given.has(("token_file",)) and secret:
         learner = str(given.values.get("learner_id", "learner-0"))
         given.set(("token",), learner_token(str(secret), learner), "--job-secret")
     return validate(WorkerSettings, given, base=base, base_source="--job-config", what="worker settings")

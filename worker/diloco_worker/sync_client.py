@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 from diloco_core import protocol as proto
 
+from .credentials import TokenSource
 from .routing import Routes, single_route
 
 
@@ -115,16 +116,18 @@ class SyncClient:
         self,
         base_url: str,
         learner_id: str,
-        token: str,
+        token: str | TokenSource,
         *,
         timeout_s: float = 30.0,
         verify: ssl.SSLContext | bool = True,
     ) -> None:
-        """``verify``: how an https synchronizer's certificate is checked (``tls_verify``)."""
+        """``token``: the learner token, or where to read it each time (``TokenSource``);
+        ``verify``: how an https synchronizer's certificate is checked (``tls_verify``)."""
         self.learner_id, self.base_url, self.verify = learner_id, base_url, verify
+        self.token = token if isinstance(token, TokenSource) else TokenSource(token)
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}", proto.LEARNER_HEADER: learner_id},
+            headers={proto.LEARNER_HEADER: learner_id},
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             verify=verify,
         )
@@ -133,8 +136,9 @@ class SyncClient:
         self._http.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {**kwargs.pop("headers", {}), "Authorization": f"Bearer {self.token.current()}"}
         try:
-            resp = self._http.request(method, proto.API_PREFIX + path, **kwargs)
+            resp = self._http.request(method, proto.API_PREFIX + path, headers=headers, **kwargs)
         except httpx.HTTPError as exc:
             problem = _certificate_problem(exc)
             if problem is not None:
@@ -238,12 +242,13 @@ class ShardClients:
         return cls(single_route(str(client.base_url), fragments), {0: client})
 
     @classmethod
-    def connect(cls, routes: Routes, home: SyncClient, token: str) -> ShardClients:
-        """Clients for ``routes``: ``home`` serves the home shard, a new client each other shard."""
+    def connect(cls, routes: Routes, home: SyncClient) -> ShardClients:
+        """Clients for ``routes``: ``home`` serves the home shard, a new client each other shard
+        (with ``home``'s token)."""
         clients = {
             s.index: home
             if s.index == routes.home
-            else SyncClient(s.url, home.learner_id, token, verify=home.verify)
+            else SyncClient(s.url, home.learner_id, home.token, verify=home.verify)
             for s in routes.shards
         }
         return cls(routes, clients)
