@@ -13,9 +13,14 @@ synchronizer process (file storage), driven through the learner's own client
   then; meanwhile ``/healthz`` is probed and an honest learner contributes every half second.
   Figures: uploads refused at once (429), closed for their rate, probes answered, honest
   contributions accepted.
-- ``sybil``: ``--ids`` learner ids no one declared try to register with the job's secret-derived
-  tokens. Figure: how many were accepted (every learner that holds the job secret can mint any id's
-  token: this is open, and the figure says so).
+- ``sybil``: a learner that holds its own token (what a unit's pod holds) tries to register
+  ``--ids`` other learner ids: with its own token, and with its token's claims rewritten to name the
+  other id. Figure: how many were accepted.
+- ``claims``: with tokens that declare 8 tokens per step (as the operator mints them): contributions
+  claiming more tokens than that, more steps than the version's age allows, an expired token, a
+  revoked generation (the revocations file), another learner's token. Figures: how many of each
+  were refused, and that the next round merged the honest learner's contribution and the
+  adversary's own within its claims.
 - ``continuations``: a learner sends its progress in parts (``since``), the synchronizer is killed
   with kill -9 at random moments (``--kills``) and the learner resends what was not answered, in
   order. Figures: parts acknowledged, steps acknowledged and steps merged (each step once), parts
@@ -25,6 +30,7 @@ synchronizer process (file storage), driven through the learner's own client
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import functools
 import json
@@ -50,7 +56,7 @@ from diloco_bench.sync_process import SECRET, BenchSync
 
 H = 4
 SHAPES = [("w", (64, 32)), ("b", (32,))]
-SCENARIOS = ("bound", "uploads", "sybil", "continuations")
+SCENARIOS = ("bound", "uploads", "sybil", "claims", "continuations")
 
 
 def plan() -> FragmentPlan:
@@ -233,19 +239,90 @@ def sybil(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     the_plan = plan()
     sync = BenchSync(tmp / "sybil", job_args(1))
     sync.start()
-    accepted = 0
+    own = learner_token(SECRET, "holder", tokens_per_step=8)
+    prefix, payload, mac = own.split(".")
+    accepted, tried = 0, 0
     try:
         for i in range(args.ids):
-            c = client(sync, f"sybil-{i}")
-            try:
-                join(c, the_plan)
-                accepted += 1
-            except (SyncRejected, SyncUnavailable):
-                pass
-            finally:
-                c.close()
-        return {"ids_tried": args.ids, "registered": accepted}
+            lid = f"sybil-{i}"
+            claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+            renamed = (
+                base64.urlsafe_b64encode(json.dumps({**claims, "sub": lid}).encode()).rstrip(b"=").decode()
+            )
+            for token in (own, f"{prefix}.{renamed}.{mac}"):
+                c = SyncClient(sync.url, lid, token, timeout_s=30.0)
+                tried += 1
+                try:
+                    join(c, the_plan)
+                    accepted += 1
+                except (SyncRejected, SyncUnavailable):
+                    pass
+                finally:
+                    c.close()
+        return {"ids_tried": args.ids, "registrations_tried": tried, "registered": accepted}
     finally:
+        sync.stop()
+
+
+def claims(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    the_plan, rng = plan(), np.random.default_rng(args.seed)
+    revocations = tmp / "revocations.json"
+    revocations.write_text("{}")
+    sync = BenchSync(
+        tmp / "claims",
+        job_args(2, "--min-step-time-s", "0.01", "--revocations-file", str(revocations)),
+    )
+    sync.start()
+    now = int(time.time())
+    honest = SyncClient(
+        sync.url, "honest", learner_token(SECRET, "honest", tokens_per_step=8), timeout_s=30.0
+    )
+    x = SyncClient(sync.url, "x", learner_token(SECRET, "x", tokens_per_step=8, generation=1), timeout_s=30.0)
+    refused: dict[str, int] = {"more_tokens_than_declared": 0, "more_steps_than_the_age_allows": 0,
+                               "expired_token": 0, "revoked_generation": 0, "another_learners_token": 0}  # fmt: skip
+    tries = 0
+    try:
+        for c in (honest, x):
+            join(c, the_plan)
+        init = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in SHAPES}
+        honest.init_fragment(
+            0, codec.encode(init, fragment=0, base_version=0, kind="params", quantizer="fp32")
+        )
+        blob = grad_blob(of_norm(rng, 1.0), 0)
+
+        def refused_as(kind: str, call: Callable[[], object]) -> None:
+            try:
+                call()
+            except SyncRejected:
+                refused[kind] += 1
+
+        others = {
+            "expired_token": learner_token(SECRET, "x", tokens_per_step=8, expires_at=now - 3600),
+            "revoked_generation": learner_token(SECRET, "x", tokens_per_step=8, generation=0),
+            "another_learners_token": learner_token(SECRET, "honest", tokens_per_step=8),
+        }
+        revocations.write_text(json.dumps({"x": 1}))
+        time.sleep(1.5)  # the synchronizer re-reads it within a second
+        for seq in range(1, args.tries + 1):
+            tries += 1
+            refused_as("more_tokens_than_declared",
+                       lambda seq=seq: x.contribute(0, blob, base_version=0, steps=H, tokens=8 * H + 1, seq=seq))  # type: ignore[misc]  # fmt: skip
+            refused_as("more_steps_than_the_age_allows",
+                       lambda seq=seq: x.contribute(0, blob, base_version=0, steps=10**6, tokens=8 * 10**6, seq=seq))  # type: ignore[misc]  # fmt: skip
+            for kind, token in others.items():
+                c = SyncClient(sync.url, "x", token, timeout_s=30.0)
+                refused_as(kind, lambda c=c: c.heartbeat(proto.Heartbeat(step=1, tokens=8, step_time_s=0.1)))  # type: ignore[misc]
+                c.close()
+        honest.contribute(0, blob, base_version=0, steps=H, tokens=8 * H, seq=1)
+        x.contribute(
+            0, grad_blob(of_norm(rng, 1.0), 0), base_version=0, steps=H, tokens=8 * H, seq=args.tries + 1
+        )
+        version, _ = fetch_newer(honest, the_plan, 0)
+        return {"tries_of_each": tries, **{f"{k}_refused": v for k, v in refused.items()},
+                "honest_and_x_within_its_claims_merged": version == 1}  # fmt: skip
+    finally:
+        honest.close()
+        x.close()
         sync.stop()
 
 
@@ -383,6 +460,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--uploads", type=int, default=50, help="uploads: trickling uploads opened")
     ap.add_argument("--seconds", type=float, default=15.0, help="uploads, continuations: duration")
     ap.add_argument("--ids", type=int, default=200, help="sybil: new learner ids tried")
+    ap.add_argument("--tries", type=int, default=20, help="claims: tries of each refused claim")
     ap.add_argument("--kills", type=int, default=10, help="continuations: kill -9 of the synchronizer")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -396,7 +474,13 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"diloco bench attack: unknown scenarios {unknown} (choose from {', '.join(SCENARIOS)})")
         return 2
-    runs = {"bound": bound, "uploads": uploads, "sybil": sybil, "continuations": continuations}
+    runs = {
+        "bound": bound,
+        "uploads": uploads,
+        "sybil": sybil,
+        "claims": claims,
+        "continuations": continuations,
+    }
     figures: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="diloco-bench-attack-") as d:
         for name in chosen:

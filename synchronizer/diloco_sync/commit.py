@@ -20,6 +20,7 @@ from .fragment_state import Contribution, FragmentState, merged_through
 from .layout import FragmentRecord
 from .merging import RoundOutcome, round_log
 from .metrics import Metrics
+from .pace import kept_times
 from .persistence import StateStore
 from .storage_guard import StorageGuard
 
@@ -75,6 +76,7 @@ class Committer:
             contribution_norms=list(outcome.norms.contributions),
             update_norms=list(outcome.norms.updates),
             reference_norm=outcome.norms.reference,
+            version_times=kept_times(fs.version_times, version, self.clock()),
         )
         log_entry = round_log(p, outcome, contributions, timing)
         started = self.clock()

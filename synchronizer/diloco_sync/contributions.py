@@ -34,6 +34,7 @@ from .ingest import validate_outer_gradient
 from .layout import PendingMeta, contribution_key
 from .learners import LearnerRegistry
 from .metrics import Metrics, Traffic
+from .pace import pace_problem
 from .persistence import StateStore
 from .settings import SyncSettings
 from .storage_guard import StorageGuard
@@ -108,6 +109,12 @@ class ContributionDesk:
         if refusal is not None:
             status, code, reason = refusal
             raise ApiError(status, code, reason, current_version=fs.version if status == 409 else None)
+        too_fast = pace_problem(
+            learner_id, fs.index, base_version, since + steps, fs.version_times.get(base_version), self.clock(),
+            min_step_s=self.settings.min_step_time_s, slack_steps=2 * self.diloco.inner_steps,
+        )  # fmt: skip
+        if too_fast is not None:
+            raise ApiError(400, "bad_request", too_fast)
 
     def _check_fresh(self, fs: FragmentState, base_version: int) -> None:
         """Refuse a base the contribution's round would exclude: while a merge runs, the round it

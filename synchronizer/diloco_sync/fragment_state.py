@@ -54,6 +54,8 @@ from diloco_core.fragments import Fragment
 from diloco_core.outer import OuterState
 from diloco_core.screening import NormHistory
 
+from .pace import kept_times
+
 Arrays = dict[str, npt.NDArray[np.float32]]
 News = Literal["version", "round"] | None
 Phase = Literal["uninitialised", "initialising", "open", "merging", "committed"]
@@ -173,6 +175,7 @@ class FragmentState:
         self._reserved: set[str] = set()  # keys being validated/persisted right now
         self._merging: tuple[Contribution, ...] = ()  # the round being merged and committed
         self._merged_through: dict[str, tuple[int, int]] = {}  # learner -> (base version, step) merged
+        self._version_times: dict[int, float] = {}  # version -> when it was committed (wall clock)
         self._norms = NormHistory()  # of the recent rounds, as committed
         self._excluded = 0  # contributions the rounds' checks left out since start-up
         self._changed = asyncio.Event()
@@ -242,6 +245,11 @@ class FragmentState:
         """Per learner, the base version of its newest merged contribution and the step its merged
         progress on that base reaches."""
         return dict(self._merged_through)
+
+    @property
+    def version_times(self) -> dict[int, float]:
+        """When the recent versions were committed (wall clock; ``pace``)."""
+        return dict(self._version_times)
 
     @property
     def busy(self) -> bool:
@@ -337,6 +345,7 @@ class FragmentState:
     def finish_init(self, params: Arrays, payload: bytes, now: float, quorum: int) -> None:
         self._expect("initialising")
         self._phase = "open"
+        self._version_times = kept_times({}, 0, now)
         self._publish(0, params, payload)
         self._open_round(now, quorum)
 
@@ -357,6 +366,7 @@ class FragmentState:
         quorum: int,
         merged_through: dict[str, tuple[int, int]] | None = None,
         norms: NormHistory | None = None,
+        version_times: dict[int, float] | None = None,
     ) -> None:
         """Start from the committed state read back from storage."""
         self._expect("uninitialised")
@@ -364,6 +374,7 @@ class FragmentState:
         self._norms = norms if norms is not None else NormHistory()
         self._applied.extend(applied)
         self._merged_through = dict(merged_through or {})
+        self._version_times = dict(version_times or {})
         self._publish(version, params, payload)
         self._open_round(now, quorum)
 
@@ -485,6 +496,7 @@ class FragmentState:
         self._applied.extend(part.key for c in self._merging for part in c.received())
         taken = [c for c in self._merging if merged is None or c.key in merged]
         self._merged_through = merged_through(self._merged_through, taken)
+        self._version_times = kept_times(self._version_times, version, now)
         self._outer, self._rounds, self._phase = outer, self.rounds + 1, "committed"
         self._publish(version, params, payload, update)
         self._open_round(now, quorum)

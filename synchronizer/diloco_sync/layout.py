@@ -50,6 +50,9 @@ class FragmentRecord(BaseModel):
     )
     update_norms: list[float] = Field(default_factory=list, description="norms of the recent rounds' updates")
     reference_norm: float = Field(0.0, ge=0.0, description="the parameters' norm at the first checked round")
+    version_times: dict[int, float] = Field(
+        default_factory=dict, description="when the recent versions were committed (unix seconds)"
+    )
 
     def norm_history(self) -> NormHistory:
         """The round checks' history as committed (``diloco_core.screening``)."""

@@ -123,6 +123,7 @@ class SyncService:
                 outer=OuterState.from_arrays(lf.outer) if lf.outer is not None else OuterState(),
                 applied=lf.record.applied, rounds=lf.record.rounds, now=now, quorum=self.diloco.quorum,
                 merged_through=lf.record.merged_through, norms=lf.record.norm_history(),
+                version_times=lf.record.version_times,
             )  # fmt: skip
         log.info(
             "job %s shard %d loaded: plan %s, versions %s, %d learners, %d pending contributions",
@@ -236,8 +237,9 @@ class SyncService:
         try:
             payload = await anyio.to_thread.run_sync(encode_params, params, p, 0)
             record = FragmentRecord(
-                version=0, params_key=self.store.layout.params(p, 0), outer_key=self.store.layout.outer(p, 0)
-            )
+                version=0, params_key=self.store.layout.params(p, 0), outer_key=self.store.layout.outer(p, 0),
+                version_times={0: self.clock()},
+            )  # fmt: skip
             outer_blob = encode_outer_state(fs.outer, p, 0)
             try:
                 await self.guard.call(

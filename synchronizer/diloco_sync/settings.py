@@ -82,6 +82,11 @@ class SyncSettings(BaseModel):
     max_uploads_per_learner: int = Field(
         4, ge=1, description="uploads (init, contributions) one learner may have in progress at once"
     )
+    min_step_time_s: float = Field(
+        0.0005, ge=0.0, description="the fastest an inner step of this job's learners can be: a contribution "
+        "claiming more steps on a version than its age allows at this pace (plus twice the inner steps) is "
+        "refused (0: no bound)",
+    )  # fmt: skip
     revocations_file: str | None = Field(
         None, description="JSON file of the lowest learner-token generation accepted per learner id "
         '({"learner": 2}), re-read when it changes (the operator keeps it in a ConfigMap)',

@@ -1,5 +1,6 @@
 """`diloco bench attack` at a small size: its figures come from a real synchronizer process and say
-what the rules promise (the bound held, the tries above it excluded, every step merged once)."""
+what the rules promise (the bound held, the tries above it excluded, no id but its own for a
+learner's token, every claim beyond what a token declares refused, every step merged once)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ pytestmark = pytest.mark.integration
 
 def test_the_attack_benchmark_reports_the_bound_held_and_every_step_merged_once(tmp_path: Path) -> None:
     out = tmp_path / "attack.json"
-    argv = ["--scenarios", "bound,sybil,continuations", "--rounds", "12", "--ids", "3", "--seconds", "3",
-            "--kills", "2", "--json", str(out)]  # fmt: skip
+    argv = ["--scenarios", "bound,sybil,claims,continuations", "--rounds", "12", "--ids", "3", "--seconds", "3",
+            "--kills", "2", "--tries", "2", "--json", str(out)]  # fmt: skip
     assert attack.main(argv) == 0
     figures = json.loads(out.read_text())
     bound = figures["bound"]
@@ -24,7 +25,12 @@ def test_the_attack_benchmark_reports_the_bound_held_and_every_step_merged_once(
     assert tried > 0
     assert bound["probes_above_the_limit_excluded"] == f"{tried}/{tried}"
     assert bound["after_kill9_5x_params_norm_excluded"] is True
-    assert figures["sybil"] == {"ids_tried": 3, "registered": 3, "seconds": figures["sybil"]["seconds"]}
+    assert (figures["sybil"]["registrations_tried"], figures["sybil"]["registered"]) == (6, 0)
+    claims = figures["claims"]
+    assert claims["tries_of_each"] == 2
+    refused = {k: v for k, v in claims.items() if k.endswith("_refused")}
+    assert len(refused) == 5 and set(refused.values()) == {2}, claims
+    assert claims["honest_and_x_within_its_claims_merged"] is True
     parts = figures["continuations"]
     assert parts["kills"] == 2
     assert parts["steps_acknowledged"] > 0

@@ -40,7 +40,7 @@ def grad(seed: int, base: int) -> bytes:
 def test_continuations_whose_sum_is_beyond_the_bounds_are_refused_and_the_honest_ones_merge(
     sync_factory: SyncFactory,
 ) -> None:
-    sync = sync_factory(args=[*ARGS, "--quorum", "3"])
+    sync = sync_factory(args=[*ARGS, "--quorum", "3", "--min-step-time-s", "0"])  # the fold's bounds alone
     a, b, x = joined(sync, "a", "b", "x")
     claim = {"steps": 10**8, "tokens": MAX_TOKENS}  # each within the bounds of one contribution
     assert x.contribute(0, 0, grad(1, 0), since=0, **claim).status_code == 202
@@ -87,6 +87,25 @@ def test_a_part_that_jumps_ahead_of_the_progress_held_is_refused(sync_factory: S
     assert (skips.status_code, skips.json()["code"]) == (409, "out_of_order")
     assert a.contribute(0, 0, grad(4, 0), since=4).json()["status"] == "accepted"
     assert status(sync.url)["fragments"][0]["pending"] == 1  # type: ignore[index]
+
+
+def test_more_steps_than_the_versions_age_allows_are_refused_across_a_restart(
+    sync_factory: SyncFactory,
+) -> None:
+    """At most 2 H steps plus (age + 5 s) / --min-step-time-s on a version, whenever the claim comes:
+    the versions' commit times are in the manifest."""
+    sync = sync_factory(args=[*ARGS, "--quorum", "2", "--min-step-time-s", "0.01"])
+    a, b = joined(sync, "a", "b")
+    fast = a.contribute(0, 0, grad(1, 0), steps=10**6, tokens=8 * 10**6)
+    assert fast.status_code == 400, fast.text
+    assert "--min-step-time-s" in fast.json()["reason"]
+    sync.stop()
+    sync.start()
+    for learner in (a, b):
+        assert learner.register().status_code == 200
+    again = a.contribute(0, 0, grad(2, 0), steps=10**6, tokens=8 * 10**6)
+    assert again.status_code == 400, again.text
+    assert a.contribute(0, 0, grad(3, 0), steps=8).json()["status"] == "accepted"
 
 
 def scaled(seed: int, norm: float) -> dict[str, np.ndarray]:

@@ -42,3 +42,12 @@ def test_a_missing_or_empty_file_at_start_is_a_clear_error(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="exactly one"):
         TokenSource()
     assert TokenSource("given").current() == "given"
+
+
+def test_waiting_for_a_renewed_token(tmp_path: Path) -> None:
+    _swap(tmp_path, "refused", 1)
+    source = TokenSource(path=str(tmp_path / "token"))
+    assert not source.wait_for_new("refused", timeout_s=0.0)
+    _swap(tmp_path, "renewed", 2)
+    assert source.wait_for_new("refused", timeout_s=5.0)
+    assert not TokenSource("given").wait_for_new("given", timeout_s=5.0)  # a given token never changes

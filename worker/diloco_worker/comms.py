@@ -315,6 +315,12 @@ class Communicator:
             )
             return False
         except SyncRejected as exc:
+            if exc.status == 401:  # the token expired or was revoked: its renewal is on its way
+                log.warning(
+                    "step=%d fragment=%d version=%d the learner token was refused (%s): retrying with "
+                    "the renewed one", self.progress.step, c.fragment, c.base_version, exc.reason,
+                )  # fmt: skip
+                return False
             if exc.code == "out_of_order" and self._resend_earlier_first(c):
                 log.info(
                     "step=%d fragment=%d version=%d the synchronizer holds none of the earlier buffered "

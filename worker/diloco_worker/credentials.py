@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 MAX_TOKEN_FILE_BYTES = 4096
+POLL_S = 1.0
 
 
 class TokenSource:
@@ -43,6 +45,19 @@ class TokenSource:
                 raise ValueError(f"the learner token file {self.path} (--token-file) is empty or too large")
             return
         self._token, self._stamp = text, stamp
+
+    def wait_for_new(self, refused: str, timeout_s: float, stop: threading.Event | None = None) -> bool:
+        """Wait up to ``timeout_s`` for a token other than ``refused`` (the kubelet brings a renewed
+        or re-minted one within a minute or two); True once there is one. A given token never changes."""
+        deadline = time.monotonic() + timeout_s
+        while self.current() == refused:
+            if self.path is None or time.monotonic() >= deadline:
+                return False
+            if stop is not None and stop.wait(POLL_S):
+                return False
+            if stop is None:
+                time.sleep(POLL_S)
+        return True
 
     def current(self) -> str:
         if self.path is not None:

@@ -49,6 +49,7 @@ log = logging.getLogger("diloco_worker.session")
 T = TypeVar("T")
 BLOCK_TICK_S = 1.0  # a blocked learner looks at arrivals, stop requests and its unit this often
 MEMBERS_CHECK_S = 3.0  # and asks this often whether the learners still in the job can close the round
+TOKEN_RENEWAL_WAIT_S = 300.0  # a refused token from a file: how long registering waits for its renewal
 
 
 class FatalSyncError(RuntimeError):
@@ -99,6 +100,7 @@ class DiLoCoSession:
             tokens_per_step=self.tokens_per_step,
             step=self._step,
         )
+        refused = client.token.current()
         try:
             resp = client.register(req)
         except SyncUntrusted as exc:
@@ -109,6 +111,9 @@ class DiLoCoSession:
                     f"the synchronizer's job uses a different model or fragment plan ({exc.reason}); check "
                     "--inner-steps/--fragments/--overlap and the model settings against the job"
                 ) from exc
+            if exc.status == 401 and client.token.wait_for_new(refused, TOKEN_RENEWAL_WAIT_S):
+                log.info("the learner token was refused (%s); registering with the renewed one", exc.reason)
+                return self._register_once(client)
             if exc.status in (401, 403):
                 raise FatalSyncError(f"the synchronizer refused the learner token: {exc.reason}") from exc
             raise

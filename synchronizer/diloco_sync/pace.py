@@ -1,0 +1,49 @@
+"""How much progress a learner can have made on a version: no more steps than the time since that
+version was made allows at the job's fastest plausible step (``--min-step-time-s``).
+
+A learner cannot have trained on a version before it existed, so the bound holds across restarts
+(the versions' commit times are kept in the manifest) and needs nothing the learner reports.
+"""
+
+from __future__ import annotations
+
+CLOCK_SLACK_S = 5.0  # between the clocks of the synchronizer's pods (a restart may move it)
+KEPT_VERSIONS = 64  # commit times kept per fragment (beyond any staleness a round accepts)
+
+
+def most_steps(committed_at: float, now: float, min_step_s: float, slack_steps: int) -> int:
+    """The most steps a learner can have trained on a version committed at ``committed_at``."""
+    elapsed = max(0.0, now - committed_at) + CLOCK_SLACK_S
+    return slack_steps + int(elapsed / min_step_s)
+
+
+def pace_problem(
+    learner_id: str,
+    fragment: int,
+    base_version: int,
+    through: int,
+    committed_at: float | None,
+    now: float,
+    *,
+    min_step_s: float,
+    slack_steps: int,
+) -> str | None:
+    """Why progress through step ``through`` on ``base_version`` is more than can have been trained
+    since that version was committed (None: plausible, or the commit time is unknown, or no bound)."""
+    if committed_at is None or min_step_s <= 0:
+        return None
+    most = most_steps(committed_at, now, min_step_s, slack_steps)
+    if through <= most:
+        return None
+    return (
+        f"learner {learner_id} claims {through} steps on version {base_version} of fragment {fragment}, "
+        f"made {max(0.0, now - committed_at):.1f} s ago: more than the {most} a learner can have trained "
+        f"since at {min_step_s:g} s per step (the synchronizer's --min-step-time-s)"
+    )
+
+
+def kept_times(times: dict[int, float], version: int, at: float) -> dict[int, float]:
+    """``times`` with ``version`` committed at ``at``, the oldest beyond ``KEPT_VERSIONS`` dropped."""
+    out = {v: t for v, t in times.items() if v > version - KEPT_VERSIONS}
+    out[version] = at
+    return out
