@@ -61,7 +61,7 @@ def test_a_revoked_token_is_replaced_from_the_file_and_training_goes_on(tmp_path
         assert "the learner token was refused" in log or "registering again" in log, log[-3000:]
         assert "refused (HTTP 401" not in log  # no contribution was dropped for the refused token
         (state,) = sync.status()["learners"]
-        assert state["learner_id"] == "a" and state["state"] == "left"
+        assert (state["learner_id"], state["state"]) == ("a", "left")
     finally:
         stop_all([learner])
         sync.stop()
