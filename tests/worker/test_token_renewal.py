@@ -36,7 +36,9 @@ def test_a_revoked_token_is_replaced_from_the_file_and_training_goes_on(tmp_path
     token = tmp_path / "token"
     expires = int(time.time()) + 3600
     _write(token, learner_token(SECRET, "a", expires_at=expires))
-    learner = learner_process(tmp_path, "a", sync.url, [*PLAN, "--max-steps", "5000", "--token-file", str(token)])
+    learner = learner_process(
+        tmp_path, "a", sync.url, [*PLAN, "--max-steps", "5000", "--token-file", str(token)]
+    )
     try:
         learner.start()
 
