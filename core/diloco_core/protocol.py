@@ -233,6 +233,9 @@ class RoundRecord(_Msg):
     excluded: list[ExcludedContribution] = Field(
         default_factory=list, description="contributions the round's checks left out, with the reason"
     )
+    update_norm: float | None = Field(
+        None, description="norm of the merged outer gradient the outer step took (how far the round moved)"
+    )
 
 
 class FragmentStatus(_Msg):

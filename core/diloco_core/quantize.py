@@ -22,7 +22,9 @@ Formats for the lowest budgets (meant to be used with error feedback, ``diloco_c
 
 - ``int2``: per block a float32 scale ``s`` = the block's largest magnitude; each value takes the
   nearest of the four levels ``{-1, -1/3, 1/3, 1} * s`` (code ``c`` in 0..3 is ``(2c - 3) / 3 * s``).
-  The error is at most ``s / 3``.
+  The error is at most ``s / 3``. The grid has no zero: an exact 0 takes ``-s/3`` at an even
+  position of the tensor and ``+s/3`` at an odd one, and a value halfway between two levels goes away
+  from zero, so the rounding is symmetric and zeros add nothing to a sum on average.
 - ``int1`` (scaled sign): per block a float32 scale ``s`` = the mean magnitude of the block; each value
   is ``+s`` (bit 0) or ``-s`` (bit 1, for a negative value or -0.0). This is the sign compressor of
   1-bit SGD / EF-SignSGD: unbiased in norm, not in each value, so it needs error feedback.
@@ -85,6 +87,18 @@ def _smallest_float32_above_midpoint(k: int) -> np.float32:
 E3M0_THRESHOLDS: F32 = np.array([_smallest_float32_above_midpoint(k) for k in range(7)], dtype=np.float32)
 
 
+def _int2_codes(blocks: F32, safe: F32, scales: F32) -> U8:
+    """The nearest of the four int2 levels, symmetric about 0: a value at ``|x| = 2/3 s`` (between
+    1/3 and 1) goes away from zero on both sides, and an exact 0 (no zero level) goes to ``-s/3`` at
+    an even position of the tensor and ``+s/3`` at an odd one, so zeros add no bias to a sum. A
+    block of zeros (scale 0, decoded as zeros whatever the codes) is written with code 2 throughout."""
+    y = blocks / safe * np.float32(1.5)  # the levels at -1.5, -0.5, 0.5, 1.5
+    outer = (np.abs(y) >= np.float32(1)).astype(np.uint8)
+    odd = (np.arange(y.size, dtype=np.int64).reshape(y.shape) % 2).astype(bool)
+    positive = (y > 0) | ((y == 0) & (odd | (scales == 0)[:, None]))
+    return np.where(positive, np.uint8(2) + outer, np.uint8(1) - outer).astype(np.uint8)
+
+
 def data_nbytes(quantizer: str, n: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     """Bytes of the quantized values of ``n`` numbers (without scales)."""
     per = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}  # integers: exact for any n
@@ -139,7 +153,7 @@ def _quantize_blocked(x: F32, quantizer: str, block_size: int) -> tuple[bytes, b
     elif quantizer == "int4":
         q = (np.clip(np.rint(blocks / safe * np.float32(7)), -7, 7).astype(np.int16) + 8).astype(np.uint8)
     elif quantizer == "int2":
-        q = np.clip(np.rint(blocks / safe * np.float32(1.5) + np.float32(1.5)), 0, 3).astype(np.uint8)
+        q = _int2_codes(blocks, safe, scales)
     elif quantizer == "int1":
         q = np.signbit(blocks).astype(np.uint8)
     else:

@@ -117,6 +117,7 @@ class Committer:
                 steps=[c.steps for c in contributions],
                 tokens=[c.tokens for c in contributions],
                 excluded=log_entry["excluded"],
+                update_norm=log_entry["update_norm"],
             )  # fmt: skip
         )
         m = self.metrics
@@ -128,10 +129,11 @@ class Committer:
             staleness.observe(lag)
         m.fragment_version.labels(str(p)).set(result.version)
         log.info(
-            "fragment %d: version %d from %s (steps %s, tokens %s, weights %s, %d excluded, merge %.3fs)",
+            "fragment %d: version %d from %s (steps %s, tokens %s, weights %s, %d excluded, update norm %.4g, "
+            "merge %.3fs)",
             p, result.version, [c.learner_id for c in contributions], [c.steps for c in contributions],
             [c.tokens for c in contributions], [round(w, 3) for w in result.weights], len(outcome.excluded),
-            outcome.merge_s,
+            log_entry["update_norm"], outcome.merge_s,
         )  # fmt: skip
 
     async def collect(self, p: int) -> None:

@@ -120,5 +120,6 @@ def round_log(
         ],
         "finished_at": time.time(),
         "merge_s": outcome.merge_s,
+        "update_norm": tensors_norm(outcome.result.update),
         **timing,
     }

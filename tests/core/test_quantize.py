@@ -111,3 +111,18 @@ def test_topk_decoding_refuses_indices_outside_their_block_or_out_of_order(corru
 def test_topk_block_size_is_bounded_by_its_index_width() -> None:
     with pytest.raises(ValueError, match="at most"):
         q.quantize(np.zeros(10, np.float32), "topk", q.TOPK_MAX_BLOCK + 1)
+
+
+def test_int2_has_no_bias_from_zeros_or_ties() -> None:
+    """No zero level: exact zeros alternate between -s/3 and +s/3 (their sum is 0, not n·s/3), and a
+    value halfway between two levels goes away from zero on either side."""
+    x = np.zeros(64, dtype=np.float32)
+    x[0], x[1] = 3.0, -3.0
+    x[2], x[3] = 2.0, -2.0  # 2/3 of the scale: halfway between 1/3 and 1
+    values, scales = q.quantize(x, "int2", 64)
+    out = q.dequantize(values, scales, "int2", 64, 64)
+    assert out[2] == -out[3] == 3.0
+    zeros = out[4:]
+    assert set(np.unique(np.abs(zeros))) == {np.float32(1.0)}
+    assert float(zeros.sum()) == 0.0
+    assert float(out.sum()) == 0.0  # a symmetric input sums to 0 after the round trip

@@ -6,6 +6,7 @@ again until it was durable or a newer version superseded it (409 ``stale``)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Callable
 
@@ -37,7 +38,7 @@ ARGS = [
     "--storage-retry-max-s",
     "0.5",
 ]
-OUTAGES = 6
+OUTAGES = int(os.environ.get("DILOCO_SOAK_OUTAGES", "6"))  # more for the benchmark figures
 
 
 class Tally:
@@ -158,4 +159,10 @@ def test_kill_9_during_storage_outages_loses_no_durable_contribution(
     }
     merged = round_keys(s3, bucket)
     lost = sorted(tally.durable - merged - pending_keys)
+    print(
+        f"outage soak: {OUTAGES} outages with a kill -9, {len(tally.durable)} contributions durable, "
+        f"{len(tally.ever_buffered)} answered buffered ({tally.taken_anew} taken anew after a kill lost them, "
+        f"{len(tally.ever_buffered & tally.superseded)} superseded by a newer version), "
+        f"{len(tally.durable & merged)} merged, {len(tally.durable & pending_keys)} pending, {len(lost)} lost"
+    )
     assert lost == [], f"{len(lost)} durable contributions lost of {len(tally.durable)}: {lost[:5]}"

@@ -100,7 +100,15 @@ def test_two_learners_lower_the_held_out_loss_of_the_global_model(tmp_path: Path
         start, end = held_out_loss(None), held_out_loss(sync.global_params())
         print(f"held-out loss of the global model: {start:.3f} -> {end:.3f}")
         merged = [
-            (r["fragment"], r["version"], r["participants"], r["steps"], [x["reason"] for x in r["excluded"]])
+            (
+                r["fragment"],
+                r["version"],
+                r["participants"],
+                r["base_versions"],
+                r["steps"],
+                r["update_norm"],
+                [x["reason"] for x in r["excluded"]],
+            )
             for r in status["recent_rounds"]
         ]  # what each round merged, and what its checks left out: the failure says why
         assert end < start - 1.0, (start, end, merged)
