@@ -64,7 +64,9 @@ def report(results: dict[str, list[runs.RunResult]]) -> str:
             codec, experiment.mean_std(losses), f"{100 * (statistics.fmean(losses) / ref - 1):+.2f}%", f"{bpt:.3f}",
             PAPER.get(codec, "-"),
         ])  # fmt: skip
-    rows += [[name, "not measured", "-", "-", PAPER[name]] for name in ("int2", "int1") if name not in results]
+    rows += [
+        [name, "not measured", "-", "-", PAPER[name]] for name in ("int2", "int1") if name not in results
+    ]
     headers = ["codec", "held-out loss", "vs fp32", "bytes up / token", "paper text avg (bf16 = 55.4)"]
     return experiment.table(headers, rows)
 

@@ -94,12 +94,24 @@ def test_bandwidth_refuses_a_run_too_short_to_sync() -> None:
 def test_codecs_table_lists_the_unmeasured_low_bit_rows(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    argv = [*TINY, "--steps", "4", "--learners", "2", "--codecs", "fp32,int4", "--plot-dir", str(tmp_path)]
+    argv = [
+        *TINY,
+        "--steps",
+        "4",
+        "--learners",
+        "2",
+        "--codecs",
+        "fp32,int4,int1",
+        "--plot-dir",
+        str(tmp_path),
+    ]
     assert codecs.main(argv) == 0
     assert_png(tmp_path / "codecs.png")
     text = capsys.readouterr().out
     assert "| int4 |" in text
-    assert "| 2-bit | not measured |" in text
+    assert "| int2 | not measured |" in text  # beside the paper's 2-bit figure
+    assert "| int1 | not measured |" not in text
+    assert "| int1 | 2." in text
 
 
 def test_experiments_refuse_fewer_inner_steps_than_fragments(capsys: pytest.CaptureFixture[str]) -> None:
