@@ -154,7 +154,12 @@ class Heartbeat(_Msg):
     )
     fragment_tokens: dict[FragmentKey, Tokens] = fragment_map("tokens since last sync, per fragment")
     eval_loss: float | None = Field(None, ge=-MAX_LOSS, le=MAX_LOSS, allow_inf_nan=False)
-    bytes_sent: int = Field(0, ge=0, le=MAX_BYTES)
+    bytes_sent: int = Field(0, ge=0, le=MAX_BYTES, description="payload bytes of the contributions sent")
+    wire_sent: int = Field(
+        0, ge=0, le=MAX_BYTES,
+        description="bytes at the socket the learner's connections sent (heads, bodies, TLS; diloco_core.wire)",
+    )  # fmt: skip
+    wire_received: int = Field(0, ge=0, le=MAX_BYTES, description="bytes at the socket they received")
     blocked_s: Seconds = Field(0.0, description="total time spent blocked on communication")
 
 
@@ -207,6 +212,8 @@ class LearnerStatus(_Msg):
     bytes_received: int = Field(
         0, description="global-version bytes served to this learner since the synchronizer started"
     )
+    wire_sent: int = Field(0, description="bytes at the socket the learner reports its connections sent")
+    wire_received: int = Field(0, description="bytes at the socket the learner reports they received")
     blocked_s: float = 0.0
 
 

@@ -42,6 +42,8 @@ class LearnerTotals:
     launches: int = 0
     finished: bool = False
     bytes_sent: int = 0
+    wire_sent: int = 0  # bytes at the socket, its connections to the synchronizer, each way
+    wire_received: int = 0
     tokens_per_s: float | None = None  # median of its logged steps
     mfu: float | None = None  # median model FLOPs utilisation, where its device's peak is known
     gpu: int | None = None
@@ -69,6 +71,14 @@ class RunRecord:
     @property
     def total_learner_steps(self) -> int:
         return sum(learner.steps for learner in self.learners)
+
+    @property
+    def wire_sent_bytes(self) -> int:
+        return sum(learner.wire_sent for learner in self.learners)
+
+    @property
+    def wire_received_bytes(self) -> int:
+        return sum(learner.wire_received for learner in self.learners)
 
     @property
     def total_tokens(self) -> int:

@@ -64,6 +64,8 @@ def build_report(record: RunRecord) -> Report:
         total_learner_steps=record.total_learner_steps,
         sent_bytes=record.sent_bytes,
         received_bytes=record.received_bytes,
+        wire_sent=record.wire_sent_bytes,
+        wire_received=record.wire_received_bytes,
     )
     return Report(record=record, goodput=goodput_of(record.timeline), traffic=traffic)
 
@@ -99,10 +101,17 @@ def render_markdown(report: Report) -> str:
         "",
         "## Bytes on the wire",
         "",
-        f"- sent by learners: {human_bytes(t.sent_bytes)}; received by learners: {human_bytes(t.received_bytes)}",
-        f"- data-parallel would have sent: {human_bytes(t.data_parallel_bytes)} "
-        f"(= {t.num_params:,} params x 4 B x 2 x {t.total_learner_steps:,} steps)",
-        f"- reduction: {_fmt(t.reduction, '.1f')}x",
+        "At the socket: every byte the learners' connections carried (heads, bodies, heartbeats, "
+        "long-polls, first downloads, TLS), as the kernel counts it; payload: the codec bytes alone. "
+        f"Data-parallel bf16 moves {human_bytes(t.data_parallel_bytes)} each way for the same steps "
+        f"(= {t.num_params:,} params x 2 B x 2 x {t.total_learner_steps:,} steps).",
+        "",
+        "| direction | at the socket | less than data-parallel bf16 | payload | payload less than bf16 |",
+        "|---|---:|---:|---:|---:|",
+        f"| learners → synchronizer | {human_bytes(t.wire_sent)} | {_fmt(t.reduction_up, '.1f')}x | "
+        f"{human_bytes(t.sent_bytes)} | {_fmt(t.payload_reduction_up, '.1f')}x |",
+        f"| synchronizer → learners | {human_bytes(t.wire_received)} | {_fmt(t.reduction_down, '.1f')}x | "
+        f"{human_bytes(t.received_bytes)} | {_fmt(t.payload_reduction_down, '.1f')}x |",
         "",
         "## Chaos",
         "",

@@ -65,6 +65,8 @@ class Learner:
     eval_loss: float | None = None
     bytes_sent: int = 0
     bytes_received: int = 0  # global versions served to it since start-up
+    wire_sent: int = 0  # as the learner reports its sockets' counts
+    wire_received: int = 0
     blocked_s: float = 0.0
     contributions: int = 0
     base_versions: dict[int, int] = field(default_factory=dict)
@@ -143,6 +145,7 @@ class LearnerRegistry:
         learner.step, learner.tokens = hb.step, hb.tokens
         learner.step_time_s = step_time_ema(learner.step_time_s, reported)
         learner.bytes_sent, learner.blocked_s = hb.bytes_sent, hb.blocked_s
+        learner.wire_sent, learner.wire_received = hb.wire_sent, hb.wire_received
         if hb.eval_loss is not None:
             learner.eval_loss = hb.eval_loss
         return increment
@@ -194,6 +197,8 @@ class LearnerRegistry:
                     contributions=lr.contributions,
                     bytes_sent=lr.bytes_sent,
                     bytes_received=lr.bytes_received,
+                    wire_sent=lr.wire_sent,
+                    wire_received=lr.wire_received,
                     blocked_s=lr.blocked_s,
                 )
             )

@@ -62,12 +62,20 @@ class Metrics:
         self.learner_tokens = Counter(
             "diloco_sync_learner_tokens", "Tokens learners reported training on", ["learner"], registry=r
         )
+        self.learner_wire_bytes = Gauge(
+            "diloco_sync_learner_wire_bytes",
+            "Bytes at the socket a learner reports its connections carried (heads, bodies, TLS), by direction "
+            "(sent: from the learner)", ["learner", "direction"], registry=r,
+        )  # fmt: skip
         self.storage_ok.set(1)
 
     def forget_learner(self, learner_id: str) -> None:
         """A learner left: stop exporting its last loss (its token counter stays, as counters do)."""
         with contextlib.suppress(KeyError):  # it never reported a loss
             self.learner_loss.remove(learner_id)
+        for direction in ("sent", "received"):
+            with contextlib.suppress(KeyError):
+                self.learner_wire_bytes.remove(learner_id, direction)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

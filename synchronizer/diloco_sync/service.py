@@ -209,6 +209,8 @@ class SyncService:
             self.metrics.learner_tokens.labels(learner_id).inc(tokens)
         if hb.eval_loss is not None:
             self.metrics.learner_loss.labels(learner_id).set(hb.eval_loss)
+        self.metrics.learner_wire_bytes.labels(learner_id, "sent").set(hb.wire_sent)
+        self.metrics.learner_wire_bytes.labels(learner_id, "received").set(hb.wire_received)
         return HeartbeatResponse(versions=self.versions(), alive_learners=self.registry.alive_count(now))
 
     async def leave(self, learner_id: str) -> None:

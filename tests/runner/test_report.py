@@ -35,8 +35,30 @@ def synthetic_record(run_dir: Path) -> RunRecord:
     )
     record.timeline = timeline
     record.learners = [
-        LearnerTotals(0, "learner-0", 1.0, None, steps=300, tokens=300 * 512, launches=1, finished=True),
-        LearnerTotals(1, "learner-1", 1.18, 5e5, steps=250, tokens=250 * 512, launches=2, finished=True),
+        LearnerTotals(
+            0,
+            "learner-0",
+            1.0,
+            None,
+            steps=300,
+            tokens=300 * 512,
+            launches=1,
+            finished=True,
+            wire_sent=30_000,
+            wire_received=300_000,
+        ),
+        LearnerTotals(
+            1,
+            "learner-1",
+            1.18,
+            5e5,
+            steps=250,
+            tokens=250 * 512,
+            launches=2,
+            finished=True,
+            wire_sent=25_000,
+            wire_received=250_000,
+        ),
     ]
     record.kills = [KillRecord(1, 40.0, 120, restarted_at_s=50.0, rejoined_at_s=55.0)]
     record.losses = [
@@ -61,8 +83,11 @@ def test_report_numbers_come_from_the_timeline(tmp_path: Path) -> None:
     # start-up: both learners' first 5 s; the steady state is the rest
     assert g.startup_s == pytest.approx(10.0)
     assert g.steady_goodput == pytest.approx((175 - 3 - 3) / 190)
-    assert report.traffic.data_parallel_bytes == 1000 * 4 * 2 * 550
-    assert report.traffic.reduction == pytest.approx(4_400_000 / 44_000)
+    assert report.traffic.data_parallel_bytes == 1000 * 2 * 2 * 550  # bf16, each way
+    assert report.traffic.reduction_up == pytest.approx(2_200_000 / 55_000)  # at the socket
+    assert report.traffic.reduction_down == pytest.approx(2_200_000 / 550_000)
+    assert report.traffic.payload_reduction_up == pytest.approx(2_200_000 / 44_000)
+    assert report.traffic.payload_reduction_down == pytest.approx(2_200_000 / 400_000)
     assert report.loss_went_down is True
     assert report.killed_learners == [1]
     assert report.unrejoined == []
@@ -99,7 +124,8 @@ def test_markdown_summarises_goodput_bytes_loss_and_chaos(tmp_path: Path) -> Non
     assert "steady state (everything after it): **88.9%** = useful 169.0 s / 190.0 s" in text
     assert "5.0 s on average at start (2 launches), 5.0 s on restarts (1)" in text
     assert "first: 5.5000, final: 2.5000" in text
-    assert "reduction: 100.0x" in text
+    assert "| learners → synchronizer | 53.7 KiB | 40.0x | 43.0 KiB | 50.0x |" in text
+    assert "| synchronizer → learners | 537.1 KiB | 4.0x | 390.6 KiB | 5.5x |" in text
     assert "Every killed learner rejoined." in text
     assert "| learner-1 | 1.18 | 250 |" in text
 

@@ -450,11 +450,16 @@ class Communicator:
                     except Exception as reg_exc:  # a failed re-registration is retried on the next beat
                         log.warning("re-registration failed: %s", reg_exc)
 
+    def wire_bytes(self) -> tuple[int, int]:
+        """Bytes at the socket this learner's connections sent and received so far (every shard's)."""
+        return self.shards.home().wire.totals()
+
     def heartbeat(self) -> proto.Heartbeat:
         """The progress to report, within the bounds the synchronizer accepts (a diverged model's NaN
         loss is not reported: the synchronizer would refuse the whole heartbeat)."""
         p = self.progress
         loss = p.eval_loss
+        wire_sent, wire_received = self.wire_bytes()
         return proto.Heartbeat(
             step=min(max(0, p.step), bounds.MAX_STEPS),
             tokens=min(max(0, p.tokens), bounds.MAX_TOKENS),
@@ -466,5 +471,7 @@ class Communicator:
             if loss is not None and math.isfinite(loss) and abs(loss) <= bounds.MAX_LOSS
             else None,
             bytes_sent=min(self.bytes_sent, bounds.MAX_BYTES),
+            wire_sent=min(wire_sent, bounds.MAX_BYTES),
+            wire_received=min(wire_received, bounds.MAX_BYTES),
             blocked_s=_within(p.blocked_s, bounds.MAX_SECONDS),
         )

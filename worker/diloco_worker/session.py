@@ -384,7 +384,11 @@ class DiLoCoSession:
         if stop:
             pr.state = "leaving"
         if self.metrics:
-            self.metrics.set(bytes_sent=self.comm.bytes_sent, versions=self.fs.versions())
+            wire_sent, wire_received = self.comm.wire_bytes()
+            self.metrics.set(
+                bytes_sent=self.comm.bytes_sent, wire_sent=wire_sent, wire_received=wire_received,
+                versions=self.fs.versions(),
+            )  # fmt: skip
 
     def _beat(self, phase: str) -> None:
         if self.health is not None:

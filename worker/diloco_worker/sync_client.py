@@ -13,9 +13,11 @@ from typing import Any
 
 import httpx
 from diloco_core import protocol as proto
+from diloco_core.wire import WireTally
 
 from .credentials import TokenSource
 from .routing import Routes, single_route
+from .wire_transport import counting_transport
 
 
 class SyncError(Exception):
@@ -120,16 +122,20 @@ class SyncClient:
         *,
         timeout_s: float = 30.0,
         verify: ssl.SSLContext | bool = True,
+        wire: WireTally | None = None,
     ) -> None:
         """``token``: the learner token, or where to read it each time (``TokenSource``);
-        ``verify``: how an https synchronizer's certificate is checked (``tls_verify``)."""
+        ``verify``: how an https synchronizer's certificate is checked (``tls_verify``); ``wire``:
+        where the bytes at the socket of this client's connections are counted (shared by a
+        learner's clients)."""
         self.learner_id, self.base_url, self.verify = learner_id, base_url, verify
         self.token = token if isinstance(token, TokenSource) else TokenSource(token)
+        self.wire = wire if wire is not None else WireTally()
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={proto.LEARNER_HEADER: learner_id},
             timeout=httpx.Timeout(timeout_s, connect=5.0),
-            verify=verify,
+            transport=counting_transport(self.wire, verify),
         )
 
     def close(self) -> None:
@@ -244,11 +250,11 @@ class ShardClients:
     @classmethod
     def connect(cls, routes: Routes, home: SyncClient) -> ShardClients:
         """Clients for ``routes``: ``home`` serves the home shard, a new client each other shard
-        (with ``home``'s token)."""
+        (with ``home``'s token, its bytes counted with ``home``'s)."""
         clients = {
             s.index: home
             if s.index == routes.home
-            else SyncClient(s.url, home.learner_id, home.token, verify=home.verify)
+            else SyncClient(s.url, home.learner_id, home.token, verify=home.verify, wire=home.wire)
             for s in routes.shards
         }
         return cls(routes, clients)
