@@ -266,6 +266,11 @@ class StatusResponse(_Msg):
     recent_rounds: list[RoundRecord]
     bytes_in: int
     bytes_out: int
+    wire_in: int = Field(
+        0, description="bytes at the socket every connection brought in since the synchronizer started "
+        "(heads, bodies, TLS; read from the kernel's TCP counters where it has them)",
+    )  # fmt: skip
+    wire_out: int = Field(0, description="bytes at the socket every connection took out since it started")
     tokens: int
     goodput: float | None = None
     storage_ok: bool = True

@@ -96,7 +96,8 @@ def _int2_codes(blocks: F32, safe: F32, scales: F32) -> U8:
     outer = (np.abs(y) >= np.float32(1)).astype(np.uint8)
     odd = (np.arange(y.size, dtype=np.int64).reshape(y.shape) % 2).astype(bool)
     positive = (y > 0) | ((y == 0) & (odd | (scales == 0)[:, None]))
-    return np.where(positive, np.uint8(2) + outer, np.uint8(1) - outer).astype(np.uint8)
+    codes: U8 = np.where(positive, np.uint8(2) + outer, np.uint8(1) - outer).astype(np.uint8)
+    return codes
 
 
 def data_nbytes(quantizer: str, n: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from diloco_core.auth import learner_token
 from diloco_core.codec import CodecError, decode
 from diloco_core.config import ModelSettings
+from diloco_core.wire import WireTally
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,11 @@ class GlobalEvaluator:
         fragments: int,
         corpus_max_bytes: int,
         device: str = "cpu",
+        wire: WireTally | None = None,
     ) -> None:
         """``device``: where the model is evaluated (a GPU under bf16 autocast, as the learners
-        train there); ``corpus_max_bytes`` as the learners read it, so the held-out split is theirs."""
+        train there); ``corpus_max_bytes`` as the learners read it, so the held-out split is theirs;
+        ``wire``: where its downloads' bytes at the socket are counted."""
         import torch
         from diloco_worker.data import eval_batches, load_corpus, split_corpus
         from diloco_worker.model import build_gpt
@@ -61,7 +64,7 @@ class GlobalEvaluator:
             held_out, batch_size=batch_size, block_size=model.block_size, device=self._device
         )
         self._client = SyncClient(
-            sync_url, EVALUATOR_ID, learner_token(job_secret, EVALUATOR_ID), timeout_s=10.0
+            sync_url, EVALUATOR_ID, learner_token(job_secret, EVALUATOR_ID), timeout_s=10.0, wire=wire
         )
         self._fragments = fragments
         self.num_params = sum(p.numel() for p in self._model.parameters())

@@ -24,6 +24,7 @@ class LearnerCounts:
     processes: int
     wire_sent: int = 0  # bytes at the socket, summed over the processes
     wire_received: int = 0
+    allreduce_bytes: int = 0  # a ddp rank's ring all-reduce bytes each way, summed over its processes
     tokens_per_s: float | None = None  # median over the records (each: since the previous one on a GPU)
     mfu: float | None = None  # median, where the learner knew its device's peak
 
@@ -49,12 +50,16 @@ def counts_from_records(records: Iterable[Mapping[str, Any]]) -> LearnerCounts |
     last: Mapping[str, Any] | None = None
     bytes_by_process: dict[Any, int] = {}
     wire_by_process: dict[Any, tuple[int, int]] = {}
+    reduced_by_process: dict[Any, int] = {}
     rates: list[float] = []
     mfus: list[float] = []
     for record in records:
         last = record
         key = record.get("pid")
         bytes_by_process[key] = max(bytes_by_process.get(key, 0), int(record.get("bytes_sent", 0) or 0))
+        reduced_by_process[key] = max(
+            reduced_by_process.get(key, 0), int(record.get("allreduce_bytes", 0) or 0)
+        )
         up, down = wire_by_process.get(key, (0, 0))
         wire_by_process[key] = (
             max(up, int(record.get("wire_sent", 0) or 0)),
@@ -73,6 +78,7 @@ def counts_from_records(records: Iterable[Mapping[str, Any]]) -> LearnerCounts |
         processes=len(bytes_by_process),
         wire_sent=sum(up for up, _ in wire_by_process.values()),
         wire_received=sum(down for _, down in wire_by_process.values()),
+        allreduce_bytes=sum(reduced_by_process.values()),
         tokens_per_s=statistics.median(rates) if rates else None,
         mfu=statistics.median(mfus) if mfus else None,
     )

@@ -18,6 +18,8 @@ from types import FrameType
 
 import httpx
 from diloco_core.protocol import StatusResponse
+from diloco_core.wire import WireTally
+from diloco_worker.wire_transport import counting_transport
 
 from diloco.runner.chaos import build_chaos_schedule, due_events
 from diloco.runner.commands import RunPaths, build_synchronizer_argv, build_synchronizer_env
@@ -62,7 +64,8 @@ class Orchestrator:
         self.schedule = build_chaos_schedule(settings)
         self.sync: Child | None = None
         self.losses = LossTracker(self._make_evaluator, EVAL_INTERVAL_S)
-        self.http = httpx.Client(base_url=self.sync_url, timeout=5.0)
+        self.wire = WireTally()  # the runner's own connections to the synchronizer (not the learners')
+        self.http = httpx.Client(base_url=self.sync_url, timeout=5.0, transport=counting_transport(self.wire))
         self.t0 = clock()
         self.stop_requested = False
         self.status: StatusResponse | None = None
@@ -220,6 +223,9 @@ class Orchestrator:
         # what the learners received (the evaluation's own fetches of the global model are not theirs)
         received = sum(ls.bytes_received for ls in status.learners)
         self.record.received_bytes = max(self.record.received_bytes, received)
+        own_sent, own_received = self.wire.totals()
+        self.record.wire_sent_bytes = max(self.record.wire_sent_bytes, status.wire_in - own_sent)
+        self.record.wire_received_bytes = max(self.record.wire_received_bytes, status.wire_out - own_received)
         self.record.rounds = status.rounds
         self.record.versions = {f.fragment: f.version for f in status.fragments}
 
@@ -233,6 +239,7 @@ class Orchestrator:
             sync_url=self.sync_url, job_secret=self.secret, model=s.model, corpus=s.data.corpus,
             eval_fraction=s.data.eval_fraction, batch_size=s.train.batch_size, fragments=s.algorithm().fragments,
             corpus_max_bytes=CORPUS_BYTES[s.device], device=f"cuda:{s.gpus[0]}" if s.device == "cuda" else "cpu",
+            wire=self.wire,
         )  # fmt: skip
         self.record.num_params = evaluator.num_params
         return evaluator

@@ -44,6 +44,7 @@ class LearnerTotals:
     bytes_sent: int = 0
     wire_sent: int = 0  # bytes at the socket, its connections to the synchronizer, each way
     wire_received: int = 0
+    allreduce_bytes: int = 0  # ddp: what the rank's ring all-reduce sent, and received
     tokens_per_s: float | None = None  # median of its logged steps
     mfu: float | None = None  # median model FLOPs utilisation, where its device's peak is known
     gpu: int | None = None
@@ -65,6 +66,10 @@ class RunRecord:
     timeline: Timeline = field(default_factory=Timeline)
     sent_bytes: int = 0
     received_bytes: int = 0
+    # at the socket, the learners' connections each way: the synchronizer's count of every connection
+    # less the runner's own (its status polls and the evaluator's downloads)
+    wire_sent_bytes: int = 0
+    wire_received_bytes: int = 0
     rounds: int = 0
     versions: dict[int, int] = field(default_factory=dict)
 
@@ -73,12 +78,9 @@ class RunRecord:
         return sum(learner.steps for learner in self.learners)
 
     @property
-    def wire_sent_bytes(self) -> int:
-        return sum(learner.wire_sent for learner in self.learners)
-
-    @property
-    def wire_received_bytes(self) -> int:
-        return sum(learner.wire_received for learner in self.learners)
+    def allreduce_bytes(self) -> int:
+        """ddp: what the ranks' gradient all-reduce moved each way (0 in the other modes)."""
+        return sum(learner.allreduce_bytes for learner in self.learners)
 
     @property
     def total_tokens(self) -> int:

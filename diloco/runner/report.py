@@ -64,8 +64,8 @@ def build_report(record: RunRecord) -> Report:
         total_learner_steps=record.total_learner_steps,
         sent_bytes=record.sent_bytes,
         received_bytes=record.received_bytes,
-        wire_sent=record.wire_sent_bytes,
-        wire_received=record.wire_received_bytes,
+        wire_sent=record.wire_sent_bytes + record.allreduce_bytes,
+        wire_received=record.wire_received_bytes + record.allreduce_bytes,
     )
     return Report(record=record, goodput=goodput_of(record.timeline), traffic=traffic)
 

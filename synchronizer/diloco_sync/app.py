@@ -10,6 +10,7 @@ from importlib import resources
 from typing import Any
 
 from diloco_core.storage import open_store
+from diloco_core.wire import WireTally
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -46,10 +47,15 @@ def create_app(
     settings: SyncSettings,
     service: SyncService | None = None,
     on_fatal: Callable[[str], None] | None = None,
+    wire: WireTally | None = None,
 ) -> FastAPI:
     """The application; ``on_fatal(reason)`` is called when loading the state fails for good (wrong
-    credentials, storage of another job): the caller stops the server and exits non-zero."""
+    credentials, storage of another job): the caller stops the server and exits non-zero. ``wire``:
+    the server's count of bytes at the socket (``connections.guarded_protocol``), exported as a metric."""
     service = service or build_service(settings)
+    if wire is not None:
+        service.wire = wire
+    service.metrics.watch_wire(service.wire)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

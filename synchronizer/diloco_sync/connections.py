@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diloco_core.protocol import ErrorBody
+from diloco_core.wire import WireTally, socket_bytes
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class _Connections:
     answer (each maps to when it started waiting)."""
 
     limits: ConnectionLimits
+    wire: WireTally = field(default_factory=WireTally)  # bytes at the socket of every connection
     open: set[GuardedH11Protocol] = field(default_factory=set)
     fresh: OrderedDict[GuardedH11Protocol, float] = field(default_factory=OrderedDict)
     slow: OrderedDict[GuardedH11Protocol, float] = field(default_factory=OrderedDict)
@@ -146,6 +148,7 @@ class GuardedH11Protocol(H11Protocol):
         self._seen_cycle: object = None
         self._body_since: float | None = None  # when the current request's head was whole
         self._body_bytes = 0  # bytes received since then
+        self._counted = False  # its bytes at the socket are in the server's tally
 
     @property
     def _limits(self) -> ConnectionLimits:
@@ -187,6 +190,7 @@ class GuardedH11Protocol(H11Protocol):
         """Count this connection in from its accept (closing a waiting one to make room) and start its
         head timeout; False when the cap refuses it."""
         self._tcp = tcp
+        self.connections_state.wire.opened(id(self), self._socket_bytes)
         if not self.connections_state.admit(self, self.loop.time()):
             log.warning(
                 "connection limit (%d) reached and every connection is busy with a request or just "
@@ -198,9 +202,18 @@ class GuardedH11Protocol(H11Protocol):
         return True
 
     def count_out(self) -> None:
-        """The connection is gone (also one whose TLS handshake never finished)."""
+        """The connection is gone (also one whose TLS handshake never finished): its bytes at the
+        socket (read before asyncio closes the socket) go into the server's tally."""
+        if not self._counted:
+            self._counted = True
+            self.connections_state.wire.closed(id(self), self._socket_bytes())
         self.connections_state.forget(self)
         self._cancel(head=True, body=True)
+
+    def _socket_bytes(self) -> tuple[int, int]:
+        """(answered, received) bytes at this connection's socket so far (TLS records included)."""
+        sock = self._tcp.get_extra_info("socket") if self._tcp is not None else None
+        return socket_bytes(sock, initiated=False) or (0, 0)
 
     def _close(self) -> None:
         """Close the socket (under TLS without waiting for the peer's close_notify; what was written
@@ -327,12 +340,14 @@ _HEAD_TIMEOUT = _raw_response(408, "Request Timeout", "timeout", "the request he
 
 
 def guarded_protocol(
-    limits: ConnectionLimits, tls: ServerCertificate | None = None
+    limits: ConnectionLimits, tls: ServerCertificate | None = None, wire: WireTally | None = None
 ) -> Callable[..., asyncio.BaseProtocol]:
     """The protocol factory to give uvicorn (``uvicorn.Config(http=...)``, without uvicorn's own TLS
     settings): one per server, as the connections it counts are that server's. With ``tls``, every
-    connection is served over TLS with its current certificate."""
-    http = type("ServerH11Protocol", (GuardedH11Protocol,), {"connections_state": _Connections(limits)})
+    connection is served over TLS with its current certificate. ``wire``: where the bytes at the
+    socket of every connection are counted."""
+    state = _Connections(limits, wire if wire is not None else WireTally())
+    http = type("ServerH11Protocol", (GuardedH11Protocol,), {"connections_state": state})
     if tls is None:
         return http
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from diloco_core.wire import WireTally
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -68,6 +69,16 @@ class Metrics:
             "(sent: from the learner)", ["learner", "direction"], registry=r,
         )  # fmt: skip
         self.storage_ok.set(1)
+
+    def watch_wire(self, wire: WireTally) -> None:
+        """Export the server's bytes at the socket (every connection, read when scraped)."""
+        wire_bytes = Gauge(
+            "diloco_sync_wire_bytes",
+            "Bytes at the socket of every connection since start (heads, bodies, TLS), by direction "
+            "(received: from the clients)", ["direction"], registry=self.registry,
+        )  # fmt: skip
+        wire_bytes.labels("received").set_function(lambda: wire.totals()[1])
+        wire_bytes.labels("sent").set_function(lambda: wire.totals()[0])
 
     def forget_learner(self, learner_id: str) -> None:
         """A learner left: stop exporting its last loss (its token counter stays, as counters do)."""

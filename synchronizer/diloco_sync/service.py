@@ -31,6 +31,7 @@ from diloco_core.protocol import (
 )
 from diloco_core.sharding import shard_fragments
 from diloco_core.storage import StorageError
+from diloco_core.wire import WireTally
 
 from .errors import ApiError, learner_left, not_registered
 from .fragment_state import Contribution
@@ -67,6 +68,7 @@ class SyncService:
         self.clock = clock
         self.metrics = Metrics()
         self.traffic = Traffic(self.metrics)
+        self.wire = WireTally()  # the server's connections' bytes at the socket (``watch_wire``)
         self.guard = StorageGuard(settings.memory_budget_bytes, settings.storage_retry_max_s, self.metrics)
         self.registry = LearnerRegistry(self.diloco.heartbeat_timeout_s)
         self.fragments = Fragments(settings)
@@ -326,6 +328,7 @@ class SyncService:
         versions = self.versions()
         learners = self.registry.status(now, versions)
         losses = [lr.eval_loss for lr in learners if lr.alive and lr.eval_loss is not None]
+        wire = self.wire.totals()
         return StatusResponse(
             job_id=self.settings.job.job_id,
             shard=self.settings.shard_index,
@@ -345,6 +348,8 @@ class SyncService:
             recent_rounds=list(self.recent_rounds)[::-1],
             bytes_in=self.traffic.bytes_in,
             bytes_out=self.traffic.bytes_out,
+            wire_in=wire[1],
+            wire_out=wire[0],
             tokens=sum(lr.tokens for lr in learners),
             goodput=self.registry.goodput(),
             storage_ok=self.guard.ok,

@@ -65,6 +65,13 @@ def test_ddp_unit_killed_by_chaos_restarts_from_its_checkpoint(tmp_path: Path) -
     assert len(resumed) == 1
     assert f"step={rollbacks[0]['to_step']} resumed from checkpoint" in resumed[0]
 
+    # the ranks' gradient all-reduce is counted: a ring of 2 sends, and receives, each buffer once
+    # per step, so each rank at least its parameters' fp32 bytes per step it took
+    reduced = [learner["allreduce_bytes"] for learner in record["learners"]]
+    assert reduced[0] == reduced[1] >= record["num_params"] * 4 * record["learners"][0]["steps"] // 2
+    traffic = summary["traffic"]
+    assert traffic["wire_sent"] >= sum(reduced)
+
     # the global model learned, and goodput is the timeline's
     assert summary["loss_went_down"] is True
     intervals = [

@@ -67,6 +67,7 @@ def synthetic_record(run_dir: Path) -> RunRecord:
         LossSample(100.0, 281_600, 2.5),
     ]
     record.sent_bytes, record.received_bytes, record.rounds = 44_000, 400_000, 40
+    record.wire_sent_bytes, record.wire_received_bytes = 55_000, 550_000
     return record
 
 

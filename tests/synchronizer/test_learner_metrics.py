@@ -15,7 +15,15 @@ from diloco_core.protocol import Heartbeat, RegisterRequest
 from diloco_worker.sync_client import SyncClient, SyncRejected
 
 from tests.synchronizer.conftest import SyncFactory
-from tests.synchronizer.helpers import SECRET, Learner, encode_grad, initial_params, outer_grad, tiny_plan
+from tests.synchronizer.helpers import (
+    SECRET,
+    Learner,
+    encode_grad,
+    encode_params,
+    initial_params,
+    outer_grad,
+    tiny_plan,
+)
 
 pytestmark = pytest.mark.integration
 ARGS = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--quorum", "2", "--max-staleness", "4"]
@@ -107,3 +115,29 @@ def test_learner_loss_tokens_and_contribution_staleness_are_exported(sync_factor
     after = httpx.get(f"{sync.url}/metrics").text
     assert _sample(after, 'diloco_sync_learner_loss{learner="a"}') is None  # a left: no stale loss
     assert _sample(after, 'diloco_sync_learner_loss{learner="b"}') == 4.0
+
+
+def test_bytes_at_the_socket_are_counted_on_both_sides(sync_factory: SyncFactory) -> None:
+    """The learner's client counts its connections' bytes from the kernel; the synchronizer counts
+    every connection's the same way and exports both: what one side sent, the other received."""
+    plan = tiny_plan()
+    sync = sync_factory(args=ARGS)
+    client = SyncClient(sync.url, "w0", learner_token(SECRET, "w0"))
+    req = RegisterRequest(
+        learner_id="w0", plan=plan.to_dict(), plan_hash=plan.hash(), tokens_per_step=8, step=0
+    )
+    client.register(req)
+    client.init_fragment(0, encode_params(initial_params(plan, 0), 0))
+    sent, received = client.wire.totals()
+    assert sent > 1000  # the initial parameters, and the heads
+    client.heartbeat(Heartbeat(step=1, tokens=8, step_time_s=0.1, wire_sent=sent, wire_received=received))
+    sent, received = client.wire.totals()
+    client.close()  # every connection of the learner closed: the server's counts are final for them
+    metrics = httpx.get(f"{sync.url}/metrics").text
+    assert _sample(metrics, 'diloco_sync_learner_wire_bytes{direction="sent",learner="w0"}') is not None
+    server_received = _sample(metrics, 'diloco_sync_wire_bytes{direction="received"}')
+    server_sent = _sample(metrics, 'diloco_sync_wire_bytes{direction="sent"}')
+    assert server_received is not None
+    assert server_sent is not None
+    assert server_received >= sent  # and the scrape's own request head (and the start-up probes)
+    assert server_sent >= received

@@ -87,3 +87,12 @@ def test_the_ranks_of_a_unit_resume_from_the_same_checkpoint(
     outputs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert [out.split("AGREED ")[-1].strip() for out in outputs] == [str(agreed)] * 2, outputs
+
+
+def test_a_ring_all_reduce_sends_two_n_minus_one_over_n_of_each_buffer() -> None:
+    from diloco_worker.distributed import Collective
+
+    c = Collective(reduced=1000)
+    assert c.ring_bytes(1) == 0
+    assert c.ring_bytes(2) == 1000
+    assert c.ring_bytes(4) == 1500

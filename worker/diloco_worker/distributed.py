@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import numpy as np
@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from diloco_core.fragments import FragmentPlan
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 Arrivals = dict[int, tuple[int, Mapping[str, np.ndarray]]]
@@ -57,10 +58,29 @@ def rank_from_env(env: Mapping[str, str]) -> tuple[int, int]:
 
 
 @dataclass
+class Collective:
+    """Bytes of the gradients this rank handed to the unit's all-reduce (DDP's buckets)."""
+
+    reduced: int = 0
+
+    def ring_bytes(self, world_size: int) -> int:
+        """What a ring all-reduce of them sends from this rank, and receives: 2 (n-1)/n of each
+        buffer (a reduce-scatter and an all-gather)."""
+        return 2 * (world_size - 1) * self.reduced // world_size if world_size > 1 else 0
+
+
+def _counted_allreduce(state: Collective, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    buffer = bucket.buffer()
+    state.reduced += buffer.numel() * buffer.element_size()
+    return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default group
+
+
+@dataclass
 class Unit:
     rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")  # noqa: RUF009 - immutable
+    collective: Collective = field(default_factory=Collective)
 
     @property
     def is_leader(self) -> bool:
@@ -75,7 +95,9 @@ class Unit:
         if not self.distributed:
             return model
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        ddp = DistributedDataParallel(model, device_ids=ids)
+        ddp.register_comm_hook(self.collective, _counted_allreduce)  # DDP's all-reduce, counted
+        return ddp
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module, skip: bool) -> Iterator[None]:

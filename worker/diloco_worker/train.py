@@ -243,6 +243,8 @@ def train(
         ):
             loss_value = float(loss_sum)
             clock.close_window(state)
+            if metrics is not None and unit.distributed:  # the unit's all-reduce, this rank's side
+                metrics.set(allreduce_bytes=unit.collective.ring_bytes(unit.world_size))
             _emit(state, loss_value, step_time, step_tokens, metrics, clock, flops_per_token, peak_flops)
         at_end = stopping or state.step >= cfg.max_steps
         if save and ((checkpoint_every and state.step % checkpoint_every == 0) or at_end):
