@@ -57,6 +57,7 @@ from diloco_core.screening import NormHistory
 from .pace import kept_times
 
 Arrays = dict[str, npt.NDArray[np.float32]]
+KEPT_UPDATES = 16  # compressed downloads: the updates kept, so a reader that many versions behind walks them
 News = Literal["version", "round"] | None
 Phase = Literal["uninitialised", "initialising", "open", "merging", "committed"]
 _APPLIED_KEYS = 4096  # idempotency keys of merged (or superseded) contributions remembered
@@ -166,7 +167,8 @@ class FragmentState:
         self._version = -1
         self._params: Arrays | None = None
         self._payload: bytes | None = None  # the current version, encoded once for every reader
-        self._update: bytes | None = None  # with compressed downloads: the current version's update
+        # with compressed downloads: the recent versions' updates (version -> update from the one before)
+        self._updates: dict[int, bytes] = {}
         self._rounds = 0
         self._phase: Phase = "uninitialised"
         self._round = policy.open_round(spec.index, -1, 0.0)
@@ -197,13 +199,26 @@ class FragmentState:
     def params(self) -> Arrays | None:
         return self._params
 
-    def payload_for(self, have: int) -> bytes | None:
-        """What takes a reader holding version ``have`` exactly to the current version: the update
-        from the previous version (compressed downloads, ``diloco_core.downlink``) when ``have`` is
-        that version and the update is known, the whole version otherwise (None: no version yet)."""
-        if self._update is not None and have == self._version - 1:
-            return self._update
-        return self._payload
+    def payload_for(self, have: int, newer_than: int) -> tuple[int, bytes] | None:
+        """What to send a reader holding version ``have`` exactly that asks for a version newer than
+        ``newer_than``, as (version, payload); None while there is no version. With compressed
+        downloads (``diloco_core.downlink``): the update from ``have`` when the current version is the
+        next one; when it is several versions behind, the first link of the chain of updates from it
+        (the version after ``have``: the reader asks again for the next) while the whole chain is
+        held and smaller than the whole version; else the whole current version."""
+        if self._version < 0:
+            return None
+        current = (self._version, self._payload)
+        if have < 0 or have < newer_than or have >= self._version:
+            return current
+        chain = [self._updates.get(v) for v in range(have + 1, self._version + 1)]
+        if any(link is None for link in chain):
+            return current
+        if len(chain) > 1 and sum(len(link) for link in chain if link is not None) >= len(self._payload):
+            return current
+        first = chain[0]
+        assert first is not None
+        return have + 1, first
 
     @property
     def outer(self) -> OuterState:
@@ -542,7 +557,12 @@ class FragmentState:
 
     def _publish(self, version: int, params: Arrays, payload: bytes, update: bytes | None = None) -> None:
         """Make a new version current and wake every long-poll waiting for it."""
-        self._version, self._params, self._payload, self._update = version, params, payload, update
+        self._version, self._params, self._payload = version, params, payload
+        if update is None:
+            self._updates = {}  # a chain with a gap is no chain
+        else:
+            self._updates = {v: u for v, u in self._updates.items() if v > version - KEPT_UPDATES}
+            self._updates[version] = update
         self._notify()
 
     def _notify(self) -> None:

@@ -288,7 +288,7 @@ class SyncService:
         With ``announce_rounds``, a round on version ``newer_than`` that this learner has not joined
         answers early with :class:`RoundOpen`: the learner is asked for its partial progress. A
         learner that holds version ``have`` exactly gets, with compressed downloads, the update from
-        it when the new version is the next one (``FragmentState.payload_for``).
+        it, or the first link of the chain of updates from it (``FragmentState.payload_for``).
         """
         fs = self.fragments.get(p)
         news = await fs.wait_newer(
@@ -296,15 +296,16 @@ class SyncService:
         )
         if news == "round":
             return RoundOpen(newer_than, self.policy.grace_left(fs.round, self.clock()))
-        payload = fs.payload_for(have)
-        if news is None or payload is None:
+        sent = fs.payload_for(have, newer_than)
+        if news is None or sent is None:
             return None
+        version, payload = sent
         learner = self.registry.get(learner_id)
         if learner is not None:
-            learner.base_versions[p] = fs.version
+            learner.base_versions[p] = version
             learner.bytes_received += len(payload)
         self.traffic.served(len(payload))
-        return fs.version, payload
+        return version, payload
 
     # -- views -----------------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ def test_initial_parameters_are_taken_once_and_a_failed_init_can_be_retried() ->
     assert (fs.phase, fs.version) == ("uninitialised", -1)
     fs.begin_init()
     fs.finish_init(initial_params(PLAN, 0), b"v0", 5.0, QUORUM)
-    assert (fs.phase, fs.version, fs.payload_for(-1)) == ("open", 0, b"v0")
+    assert (fs.phase, fs.version, fs.payload_for(-1, -1)) == ("open", 0, (0, b"v0"))
     assert (fs.round.version, fs.round.opened_at) == (0, 5.0)
     with pytest.raises(TransitionError):
         fs.begin_init()
@@ -133,15 +133,17 @@ def test_merge_then_commit_publishes_the_version_and_settle_frees_the_fragment()
         quorum=QUORUM,
         update=b"u1",
     )
-    assert (fs.phase, fs.version, fs.payload_for(-1), fs.rounds, fs.outer) == (
+    assert (fs.phase, fs.version, fs.payload_for(-1, -1), fs.rounds, fs.outer) == (
         "committed",
         1,
-        b"v1",
+        (1, b"v1"),
         1,
         new_outer,
     )
     # compressed downloads: the update only to a reader holding the previous version exactly
-    assert (fs.payload_for(0), fs.payload_for(1), fs.payload_for(-1)) == (b"u1", b"v1", b"v1")
+    assert (fs.payload_for(0, 0), fs.payload_for(1, 1), fs.payload_for(-1, -1)) == (
+        (1, b"u1"), (1, b"v1"), (1, b"v1"),
+    )  # fmt: skip
     assert fs.applied[-2:] == (b.key, a.key)
     assert (fs.round.version, fs.round.opened_at) == (1, 3.0)  # the next round holds the late one
     with pytest.raises(TransitionError):
@@ -389,3 +391,23 @@ def test_a_part_waiting_for_a_lost_earlier_one_is_dropped_once_its_base_is_stale
         merged(fs, "b", version=version)
     assert [c.key for c in fs.drop_stale_gaps(max_staleness=1)] == ["a/0/0/2"]
     assert fs.pending == {}
+
+
+def test_a_reader_several_versions_behind_walks_the_chain_of_updates_while_it_is_smaller() -> None:
+    fs = fresh()
+    fs.begin_init()
+    fs.finish_init(initial_params(PLAN, 0), b"v0" * 100, 0.0, QUORUM)
+    for version in (1, 2, 3):
+        c = contribution(f"l{version}", at=float(version), base=version - 1)
+        fs.accept(c, QUORUM)
+        fs.start_merge([c.learner_id])
+        fs.commit(
+            version=version, params=initial_params(PLAN, 0, seed=version), payload=b"v" * 200, outer=OuterState(),
+            now=float(version), quorum=QUORUM, update=b"u%d" % version,
+        )  # fmt: skip
+        fs.settle()
+    assert fs.payload_for(0, 0) == (1, b"u1")  # the first link: the reader asks again from version 1
+    assert fs.payload_for(1, 1) == (2, b"u2")
+    assert fs.payload_for(2, 2) == (3, b"u3")
+    assert fs.payload_for(0, 2) == (3, b"v" * 200)  # it says it has a newer one than it holds: whole
+    assert fs.payload_for(-1, 0) == (3, b"v" * 200)  # holds nothing exactly

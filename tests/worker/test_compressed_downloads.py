@@ -85,3 +85,48 @@ def test_the_learner_follows_every_version_through_updates_bit_for_bit(tmp_path:
         assert len(as_update.payload) * 8 < len(as_whole.payload)
     finally:
         sync.stop()
+
+
+def test_a_learner_several_versions_behind_walks_the_chain_of_updates(tmp_path: Path) -> None:
+    """Four versions are made while the learner's poller is stopped; started again, it takes the
+    four updates one after the other (each answer the next version) and ends on the synchronizer's
+    version bit for bit, having received less than one whole version."""
+    sync = Synchronizer(tmp_path, inner_steps=4, fragments=1, extra=["--down-codec", "int2"])
+    sync.start()
+    rng = np.random.default_rng(1)
+    try:
+        x, y = _client(sync, "x"), _client(sync, "y")
+        init = {"w": rng.standard_normal((64, 32)).astype(np.float32), "b": np.zeros(32, np.float32)}
+        x.init_fragment(0, encode(init, fragment=0, base_version=-1, kind="params", quantizer="fp32"))
+        _, version0 = _whole(x)
+        before = {r["learner_id"]: r["bytes_received"] for r in sync.status()["learners"]}["x"]
+        for r in range(4):
+            delta = {n: 0.01 * rng.standard_normal(v.shape).astype(np.float32) for n, v in init.items()}
+            y.contribute(0, encode(delta, fragment=0, base_version=r, kind="outer_grad", quantizer="fp32"),
+                         base_version=r, steps=4, tokens=16, seq=r + 1)  # fmt: skip
+            wait_for(lambda r=r: sync.versions()[0] == r + 1, timeout=30, what=f"version {r + 1}")
+        settings = CommSettings(quantizer="fp32", poll_wait_s=1.0, hold_versions=True)
+        comm = Communicator(x, PLAN, settings, versions={0: 0}, held={0: (0, version0)})
+        comm.start()
+        try:
+            newest: dict[str, np.ndarray] = {}
+
+            def at_version_4() -> bool:
+                for version, tensors in comm.take_arrivals().values():
+                    if version == 4:
+                        newest.update(tensors)
+                return bool(newest)
+
+            wait_for(at_version_4, timeout=30, what="version 4 through the chain")
+        finally:
+            comm.stop()
+        assert comm.updates == 4  # every link of the chain, none of them whole
+        whole_version, whole = _whole(y)
+        assert whole_version == 4
+        for name, value in whole.items():
+            np.testing.assert_array_equal(newest[name], value)
+        whole_size = len(encode(version0, fragment=0, base_version=0, kind="params", quantizer="fp32"))
+        received = {r["learner_id"]: r["bytes_received"] for r in sync.status()["learners"]}["x"] - before
+        assert 0 < received < whole_size
+    finally:
+        sync.stop()

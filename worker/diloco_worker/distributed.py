@@ -75,6 +75,12 @@ def _counted_allreduce(state: Collective, bucket: dist.GradBucket) -> torch.futu
     return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default group
 
 
+# DDP checks the hook's annotations as objects; this module's are strings (postponed evaluation)
+_counted_allreduce.__annotations__ = {
+    "state": Collective, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor],
+}  # fmt: skip
+
+
 @dataclass
 class Unit:
     rank: int = 0
