@@ -28,7 +28,8 @@ Synchronizer (``diloco synchronizer``) containers get ``DILOCO_JOB_ID``, ``DILOC
 ``DILOCO_HOST`` (0.0.0.0), ``DILOCO_PORT``, ``DILOCO_SHARD_INDEX``,
 ``DILOCO_NUM_SHARDS``, ``DILOCO_SHARD_URLS`` (comma separated) and the same ``AWS_*`` variables;
 they serve ``/healthz`` and ``/readyz`` on ``DILOCO_PORT``; ``DILOCO_REVOCATIONS_FILE`` the
-``<job>-revocations`` ConfigMap mounted at ``REVOCATIONS_DIR`` (``tokens.revocations``). With ``synchronizer.tls`` they also get
+``<job>-revocations`` ConfigMap mounted at ``REVOCATIONS_DIR`` (``tokens.revocations``);
+``DILOCO_MIN_STEP_TIME_S`` the job's ``synchronizer.minStepTimeSeconds``. With ``synchronizer.tls`` they also get
 ``DILOCO_TLS_CERT`` and ``DILOCO_TLS_KEY``, the Secret's ``tls.crt`` and ``tls.key`` mounted at
 ``TLS_DIR``, and serve HTTPS there.
 """

@@ -198,6 +198,7 @@ class SynchronizerSpec(_Spec):
     ca: CABundle | None = None
     external: ExternalSynchronizer | None = None
     token_lifetime_seconds: int = Field(86400, ge=600, le=366 * 86400)
+    min_step_time_seconds: float = Field(0.0005, ge=0.0, le=3600.0)
     min_token_generations: dict[str, NonNegativeInt] = Field(default_factory=dict)
 
     _resources = field_validator("resources")(check_resources)

@@ -52,6 +52,7 @@ def sync_env(job: JobRef, spec: DiLoCoJobSpec, shard: int) -> list[dict[str, Any
         env.value("DILOCO_SHARD_URLS", urls),
         *env.sync_tls_env(spec),
         env.revocations_env(),
+        env.value("DILOCO_MIN_STEP_TIME_S", repr(spec.synchronizer.min_step_time_seconds)),
         *env.storage_env(spec),
     ]
 

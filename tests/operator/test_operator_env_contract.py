@@ -149,4 +149,5 @@ def test_synchronizer_environment_parses_into_its_settings(
         assert (settings.host, settings.port) == ("0.0.0.0", int(env["DILOCO_PORT"]))
         assert settings.job_secret.get_secret_value() == env["DILOCO_JOB_SECRET"]
         assert settings.revocations_file == env["DILOCO_REVOCATIONS_FILE"]
+        assert settings.min_step_time_s == 0.0005  # spec.synchronizer.minStepTimeSeconds' default
         assert Path(env["DILOCO_REVOCATIONS_FILE"]).read_text() == "{}"
