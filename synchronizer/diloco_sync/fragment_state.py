@@ -206,7 +206,7 @@ class FragmentState:
         next one; when it is several versions behind, the first link of the chain of updates from it
         (the version after ``have``: the reader asks again for the next) while the whole chain is
         held and smaller than the whole version; else the whole current version."""
-        if self._version < 0:
+        if self._version < 0 or self._payload is None:
             return None
         current = (self._version, self._payload)
         if have < 0 or have < newer_than or have >= self._version:
