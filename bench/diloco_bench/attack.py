@@ -357,6 +357,8 @@ def continuations(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         acked: dict[str, tuple[int, int, int]] = {}  # key -> (base, since, steps)
         superseded: set[str] = set()
         refused: dict[str, int] = {}
+        other_refused: dict[str, int] = {}
+        other_at: dict[int, int] = {}  # the other learner's progress sent per version (its ``since``)
         seq, version, since = 0, 0, 0
         deadline = time.monotonic() + args.seconds
         while time.monotonic() < deadline or thread.is_alive():
@@ -382,11 +384,19 @@ def continuations(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 continue
             acked[f"parts/0/{version}/{seq}"] = (version, since, steps)
             since += steps
-            other = _current(b)  # the other learner's own payload, on the current version
-            other_blob = grad_blob(of_norm(rng, 0.01), other)
-            _until_answered(
-                functools.partial(b.contribute, 0, other_blob, base_version=other, steps=1, tokens=8, seq=seq)
-            )
+            for _ in range(10):  # the other learner's next step on the current version, until taken
+                other = _current(b)
+                other_blob = grad_blob(of_norm(rng, 0.01), other)
+                taken = _until_answered(
+                    functools.partial(
+                        b.contribute, 0, other_blob, base_version=other, steps=1, tokens=8, seq=seq,
+                        since=other_at.get(other, 0),
+                    )
+                )  # fmt: skip
+                if not isinstance(taken, SyncRejected):
+                    other_at[other] = other_at.get(other, 0) + 1
+                    break
+                other_refused[taken.code] = other_refused.get(taken.code, 0) + 1
         stop.set()
         thread.join(timeout=120)
         settle, last = time.monotonic() + 30, (-1, -1)  # the last round merges after the last answer
@@ -401,8 +411,12 @@ def continuations(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             for key in entry["merged_keys"]:
                 merged[key] = merged.get(key, 0) + 1
         pending = a.status().fragments[0].pending
+        held = {  # what is still pending, as stored (waiting for a quorum or its missing part)
+            f"{path.parent.name}/0/{path.stem.replace('-', '/')}"
+            for path in store.glob("shard-*/pending/0/*/*.bin")
+        }
         steps_of = {key: steps for key, (_, _, steps) in acked.items()}
-        lost = [k for k in acked if k not in merged and k not in superseded]
+        lost = [k for k in acked if k not in merged and k not in superseded and k not in held]
         return {
             "kills": kills,
             "parts_acknowledged": len(acked),
@@ -412,7 +426,9 @@ def continuations(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "steps_superseded_by_a_newer_version": sum(steps_of[k] for k in superseded if k not in merged),
             "steps_unaccounted": sum(steps_of[k] for k in lost),
             "learner_contributions_still_pending": pending,
+            "steps_still_pending": sum(steps_of[k] for k in held if k in steps_of and k not in merged),
             "refused": refused,
+            "other_refused": other_refused,
             "unaccounted": {
                 k: [line for line in log.read_text().splitlines() if k in line][-3:] for k in lost[:3]
             },
