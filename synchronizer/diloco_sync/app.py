@@ -10,7 +10,6 @@ from importlib import resources
 from typing import Any
 
 from diloco_core.storage import open_store
-from diloco_core.wire import WireTally
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -47,15 +46,12 @@ def create_app(
     settings: SyncSettings,
     service: SyncService | None = None,
     on_fatal: Callable[[str], None] | None = None,
-    wire: WireTally | None = None,
 ) -> FastAPI:
     """The application; ``on_fatal(reason)`` is called when loading the state fails for good (wrong
-    credentials, storage of another job): the caller stops the server and exits non-zero. ``wire``:
-    the server's count of bytes at the socket (``connections.guarded_protocol``), exported as a metric."""
+    credentials, storage of another job): the caller stops the server and exits non-zero.
+    ``app.state.wire`` is where the server's connections count their bytes at the socket
+    (``connections.guarded_protocol``), which the service reports."""
     service = service or build_service(settings)
-    if wire is not None:
-        service.wire = wire
-    service.metrics.watch_wire(service.wire)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -74,6 +70,7 @@ def create_app(
         description="Merges learners' outer gradients per fragment and serves the global parameters.",
         lifespan=lifespan,
     )
+    app.state.wire = service.wire
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)

@@ -78,7 +78,6 @@ def main(argv: list[str]) -> int:
         level = argv[argv.index("--log-level") + 1].upper()
     configure_logging(level)
     import uvicorn
-    from diloco_core.wire import WireTally
 
     from .app import create_app
     from .connections import (
@@ -111,7 +110,6 @@ def main(argv: list[str]) -> int:
     )
     failures: list[str] = []
     server: uvicorn.Server | None = None
-    wire = WireTally()  # the connections' bytes at the socket, exported by the metrics
 
     def fail(reason: str) -> None:
         """Loading the state failed for good: stop serving, exit non-zero with the reason."""
@@ -120,7 +118,7 @@ def main(argv: list[str]) -> int:
             server.should_exit = True
 
     try:
-        app = create_app(settings, on_fatal=fail, wire=wire)
+        app = create_app(settings, on_fatal=fail)
     except Exception as exc:
         print(f"diloco synchronizer: cannot start: {exc}", file=sys.stderr)
         return 1
@@ -132,7 +130,7 @@ def main(argv: list[str]) -> int:
         log_config=None,  # uvicorn's loggers propagate to the handler configure_logging set up
         access_log=level == "DEBUG",
         timeout_graceful_shutdown=5,
-        http=guarded_protocol(limits, tls, wire),  # type: ignore[arg-type]  # a protocol factory works
+        http=guarded_protocol(limits, tls, app.state.wire),  # type: ignore[arg-type]  # a protocol factory works
         timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]  # a float works
     )
     if tls is not None:

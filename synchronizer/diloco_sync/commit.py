@@ -18,7 +18,7 @@ from diloco_core.protocol import RoundRecord
 
 from .fragment_state import Contribution, FragmentState, merged_through
 from .layout import FragmentRecord
-from .merging import RoundOutcome, round_log
+from .merging import RoundOutcome, round_log, round_record
 from .metrics import Metrics
 from .pace import kept_times
 from .persistence import StateStore
@@ -103,23 +103,7 @@ class Committer:
     ) -> None:
         """A committed round: into the status's recent rounds, the metrics and the log."""
         result = outcome.result
-        self.recent_rounds.append(
-            RoundRecord(
-                fragment=p,
-                version=result.version,
-                participants=[c.learner_id for c in contributions],
-                weights=list(result.weights),
-                base_versions=[c.base_version for c in contributions],
-                finished_at=log_entry["finished_at"],
-                quorum_wait_s=log_entry["quorum_wait_s"],
-                grace_s=log_entry["grace_s"],
-                merge_s=outcome.merge_s,
-                steps=[c.steps for c in contributions],
-                tokens=[c.tokens for c in contributions],
-                excluded=log_entry["excluded"],
-                update_norm=log_entry["update_norm"],
-            )  # fmt: skip
-        )
+        self.recent_rounds.append(round_record(log_entry))  # as a restart reads it back
         m = self.metrics
         m.rounds.labels(str(p)).inc()
         m.merge_seconds.observe(outcome.merge_s)
@@ -131,9 +115,8 @@ class Committer:
         log.info(
             "fragment %d: version %d from %s (steps %s, tokens %s, weights %s, %d excluded, update norm %.4g, "
             "merge %.3fs)",
-            p, result.version, [c.learner_id for c in contributions], [c.steps for c in contributions],
-            [c.tokens for c in contributions], [round(w, 3) for w in result.weights], len(outcome.excluded),
-            log_entry["update_norm"], outcome.merge_s,
+            p, result.version, log_entry["participants"], log_entry["steps"], log_entry["tokens"],
+            [round(w, 3) for w in result.weights], len(outcome.excluded), log_entry["update_norm"], outcome.merge_s,
         )  # fmt: skip
 
     async def collect(self, p: int) -> None:

@@ -211,14 +211,15 @@ class FragmentState:
         current = (self._version, self._payload)
         if have < 0 or have < newer_than or have >= self._version:
             return current
-        chain = [self._updates.get(v) for v in range(have + 1, self._version + 1)]
-        if any(link is None for link in chain):
+        chain: list[bytes] = []
+        for v in range(have + 1, self._version + 1):
+            link = self._updates.get(v)
+            if link is None:
+                return current
+            chain.append(link)
+        if len(chain) > 1 and sum(map(len, chain)) >= len(self._payload):
             return current
-        if len(chain) > 1 and sum(len(link) for link in chain if link is not None) >= len(self._payload):
-            return current
-        first = chain[0]
-        assert first is not None
-        return have + 1, first
+        return have + 1, chain[0]
 
     @property
     def outer(self) -> OuterState:

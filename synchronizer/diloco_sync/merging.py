@@ -82,17 +82,20 @@ def recent_round_keys(versions: dict[int, int], n: int) -> list[tuple[int, int]]
     return [(p, v) for p, newest in sorted(versions.items()) for v in range(newest, max(0, newest - n), -1)]
 
 
+def round_record(entry: dict[str, Any]) -> RoundRecord:
+    """What the status shows of a round, from its round log (``round_log``); a field the log predates
+    takes its default. ``ValueError`` for an entry that does not parse."""
+    return RoundRecord.model_validate(
+        {field: entry[field] for field in RoundRecord.model_fields if field in entry}
+    )
+
+
 def rounds_from_logs(entries: Sequence[dict[str, Any]], n: int) -> list[RoundRecord]:
-    """The ``n`` newest rounds of these round logs, oldest first (entries that do not parse are skipped;
-    a field a log predates takes its default)."""
+    """The ``n`` newest rounds of these round logs, oldest first (entries that do not parse are skipped)."""
     rounds: list[RoundRecord] = []
     for entry in entries:
         try:
-            rounds.append(
-                RoundRecord.model_validate(
-                    {field: entry[field] for field in RoundRecord.model_fields if field in entry}
-                )
-            )
+            rounds.append(round_record(entry))
         except ValueError:
             continue
     rounds.sort(key=lambda r: (r.finished_at, r.fragment, r.version))

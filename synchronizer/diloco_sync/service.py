@@ -68,7 +68,8 @@ class SyncService:
         self.clock = clock
         self.metrics = Metrics()
         self.traffic = Traffic(self.metrics)
-        self.wire = WireTally()  # the server's connections' bytes at the socket (``watch_wire``)
+        self.wire = WireTally()  # the server's connections' bytes at the socket
+        self.metrics.watch_wire(self.wire)
         self.guard = StorageGuard(settings.memory_budget_bytes, settings.storage_retry_max_s, self.metrics)
         self.registry = LearnerRegistry(self.diloco.heartbeat_timeout_s)
         self.fragments = Fragments(settings)
