@@ -2,7 +2,7 @@
 
 Every process of a learner appends to the same file and tags its records with its ``pid``; a
 restarted learner continues from its checkpoint, so the final step and tokens are those of the last
-record, while bytes sent (payload, and at the socket each way) add up over the processes (each counts
+record, while bytes sent and a ddp rank's all-reduce bytes add up over the processes (each counts
 from zero).
 """
 
@@ -22,8 +22,6 @@ class LearnerCounts:
     tokens: int
     bytes_sent: int
     processes: int
-    wire_sent: int = 0  # bytes at the socket, summed over the processes
-    wire_received: int = 0
     allreduce_bytes: int = 0  # a ddp rank's ring all-reduce bytes each way, summed over its processes
     tokens_per_s: float | None = None  # median over the records (each: since the previous one on a GPU)
     mfu: float | None = None  # median, where the learner knew its device's peak
@@ -49,7 +47,6 @@ def counts_from_records(records: Iterable[Mapping[str, Any]]) -> LearnerCounts |
     median tokens/s and MFU of the records."""
     last: Mapping[str, Any] | None = None
     bytes_by_process: dict[Any, int] = {}
-    wire_by_process: dict[Any, tuple[int, int]] = {}
     reduced_by_process: dict[Any, int] = {}
     rates: list[float] = []
     mfus: list[float] = []
@@ -59,11 +56,6 @@ def counts_from_records(records: Iterable[Mapping[str, Any]]) -> LearnerCounts |
         bytes_by_process[key] = max(bytes_by_process.get(key, 0), int(record.get("bytes_sent", 0) or 0))
         reduced_by_process[key] = max(
             reduced_by_process.get(key, 0), int(record.get("allreduce_bytes", 0) or 0)
-        )
-        up, down = wire_by_process.get(key, (0, 0))
-        wire_by_process[key] = (
-            max(up, int(record.get("wire_sent", 0) or 0)),
-            max(down, int(record.get("wire_received", 0) or 0)),
         )
         if isinstance(record.get("tokens_per_s"), int | float):
             rates.append(float(record["tokens_per_s"]))
@@ -76,8 +68,6 @@ def counts_from_records(records: Iterable[Mapping[str, Any]]) -> LearnerCounts |
         tokens=int(last.get("tokens", 0) or 0),
         bytes_sent=sum(bytes_by_process.values()),
         processes=len(bytes_by_process),
-        wire_sent=sum(up for up, _ in wire_by_process.values()),
-        wire_received=sum(down for _, down in wire_by_process.values()),
         allreduce_bytes=sum(reduced_by_process.values()),
         tokens_per_s=statistics.median(rates) if rates else None,
         mfu=statistics.median(mfus) if mfus else None,

@@ -215,7 +215,7 @@ class Learners:
 
         In ddp mode rank 0 writes the unit's file: every rank took the unit's steps, and the unit's
         tokens and bytes are shared out so that the totals add up to the unit's."""
-        steps, tokens, sent, wire, reduced = slot.step, slot.tokens, 0, (0, 0), 0
+        steps, tokens, sent, reduced = slot.step, slot.tokens, 0, 0
         tokens_per_s: float | None = None
         mfu: float | None = None
         counts = read_counts(self.paths.metrics_file(0 if self.ddp else slot.index))
@@ -223,7 +223,6 @@ class Learners:
             steps = counts.step
             tokens = counts.tokens // self.s.learners if self.ddp else counts.tokens
             sent = counts.bytes_sent if not self.ddp or slot.index == 0 else 0
-            wire = (counts.wire_sent, counts.wire_received) if not self.ddp or slot.index == 0 else (0, 0)
             reduced = counts.allreduce_bytes if self.ddp else 0  # every rank sends (and receives) rank 0's
             # a ddp unit's rate is its ranks' together: each rank's share; its MFU is each rank's
             tokens_per_s = (
@@ -236,7 +235,7 @@ class Learners:
             learner=slot.index, learner_id=slot.learner_id, speed_factor=slot.speed_factor,
             bandwidth_limit=slot.bandwidth_limit, steps=steps, tokens=tokens,
             launches=slot.incarnation + 1, finished=slot.state == "finished", bytes_sent=sent,
-            wire_sent=wire[0], wire_received=wire[1], allreduce_bytes=reduced,
+            allreduce_bytes=reduced,
             tokens_per_s=tokens_per_s, mfu=mfu, gpu=self.s.gpu_of(slot.index),
         )  # fmt: skip
 

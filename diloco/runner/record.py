@@ -42,8 +42,6 @@ class LearnerTotals:
     launches: int = 0
     finished: bool = False
     bytes_sent: int = 0
-    wire_sent: int = 0  # bytes at the socket, its connections to the synchronizer, each way
-    wire_received: int = 0
     allreduce_bytes: int = 0  # ddp: what the rank's ring all-reduce sent, and received
     tokens_per_s: float | None = None  # median of its logged steps
     mfu: float | None = None  # median model FLOPs utilisation, where its device's peak is known

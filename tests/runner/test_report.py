@@ -35,30 +35,8 @@ def synthetic_record(run_dir: Path) -> RunRecord:
     )
     record.timeline = timeline
     record.learners = [
-        LearnerTotals(
-            0,
-            "learner-0",
-            1.0,
-            None,
-            steps=300,
-            tokens=300 * 512,
-            launches=1,
-            finished=True,
-            wire_sent=30_000,
-            wire_received=300_000,
-        ),
-        LearnerTotals(
-            1,
-            "learner-1",
-            1.18,
-            5e5,
-            steps=250,
-            tokens=250 * 512,
-            launches=2,
-            finished=True,
-            wire_sent=25_000,
-            wire_received=250_000,
-        ),
+        LearnerTotals(0, "learner-0", 1.0, None, steps=300, tokens=300 * 512, launches=1, finished=True),
+        LearnerTotals(1, "learner-1", 1.18, 5e5, steps=250, tokens=250 * 512, launches=2, finished=True),
     ]
     record.kills = [KillRecord(1, 40.0, 120, restarted_at_s=50.0, rejoined_at_s=55.0)]
     record.losses = [
