@@ -40,23 +40,37 @@ def _whole(client: SyncClient) -> tuple[int, dict[str, np.ndarray]]:
     return got.version, payload.tensors
 
 
+def _initialised(
+    sync: Synchronizer, rng: np.random.Generator
+) -> tuple[SyncClient, SyncClient, dict[str, np.ndarray]]:
+    """Learners x (which uploads the initial parameters) and y, and version 0 as x takes it at start."""
+    x, y = _client(sync, "x"), _client(sync, "y")
+    init = {"w": rng.standard_normal((64, 32)).astype(np.float32), "b": np.zeros(32, np.float32)}
+    x.init_fragment(0, encode(init, fragment=0, base_version=-1, kind="params", quantizer="fp32"))
+    _, version0 = _whole(x)
+    return x, y, version0
+
+
+def _contribute(y: SyncClient, rng: np.random.Generator, base: int) -> None:
+    """y's outer gradient on version ``base`` (sequence number base + 1): with quorum 1, version base + 1."""
+    delta = {"w": 0.01 * rng.standard_normal((64, 32)).astype(np.float32),
+             "b": 0.01 * rng.standard_normal(32).astype(np.float32)}  # fmt: skip
+    y.contribute(0, encode(delta, fragment=0, base_version=base, kind="outer_grad", quantizer="fp32"),
+                 base_version=base, steps=4, tokens=16, seq=base + 1)  # fmt: skip
+
+
 def test_the_learner_follows_every_version_through_updates_bit_for_bit(tmp_path: Path) -> None:
     sync = Synchronizer(tmp_path, inner_steps=4, fragments=1, extra=["--down-codec", "int2"])
     sync.start()
     rng = np.random.default_rng(0)
     try:
-        x, y = _client(sync, "x"), _client(sync, "y")
-        init = {"w": rng.standard_normal((64, 32)).astype(np.float32), "b": np.zeros(32, np.float32)}
-        x.init_fragment(0, encode(init, fragment=0, base_version=-1, kind="params", quantizer="fp32"))
-        _, version0 = _whole(x)  # as the learner takes it at start
+        x, y, version0 = _initialised(sync, rng)
         settings = CommSettings(quantizer="fp32", poll_wait_s=1.0, hold_versions=True)
         comm = Communicator(x, PLAN, settings, versions={0: 0}, held={0: (0, version0)})
         comm.start()
         try:
             for r in range(6):
-                delta = {n: 0.01 * rng.standard_normal(v.shape).astype(np.float32) for n, v in init.items()}
-                blob = encode(delta, fragment=0, base_version=r, kind="outer_grad", quantizer="fp32")
-                y.contribute(0, blob, base_version=r, steps=4, tokens=16, seq=r + 1)
+                _contribute(y, rng, r)
                 version, tensors = wait_for(comm.take_arrivals, timeout=30, what=f"version {r + 1}")[0]
                 assert version == r + 1
                 whole_version, whole = _whole(y)
@@ -72,9 +86,7 @@ def test_the_learner_follows_every_version_through_updates_bit_for_bit(tmp_path:
 
         # an update is smaller than the version; a learner holding another version gets the whole one
         assert x.fetch(0, newer_than=6, wait_s=0, have=6) is None  # nothing newer than 6 yet
-        delta = {n: 0.01 * rng.standard_normal(v.shape).astype(np.float32) for n, v in init.items()}
-        y.contribute(0, encode(delta, fragment=0, base_version=6, kind="outer_grad", quantizer="fp32"),
-                     base_version=6, steps=4, tokens=16, seq=7)  # fmt: skip
+        _contribute(y, rng, 6)
         wait_for(lambda: sync.versions()[0] == 7, timeout=30, what="version 7")
         as_update = x.fetch(0, newer_than=6, wait_s=0, have=6)
         as_whole = x.fetch(0, newer_than=6, wait_s=0, have=3)
@@ -95,15 +107,10 @@ def test_a_learner_several_versions_behind_walks_the_chain_of_updates(tmp_path: 
     sync.start()
     rng = np.random.default_rng(1)
     try:
-        x, y = _client(sync, "x"), _client(sync, "y")
-        init = {"w": rng.standard_normal((64, 32)).astype(np.float32), "b": np.zeros(32, np.float32)}
-        x.init_fragment(0, encode(init, fragment=0, base_version=-1, kind="params", quantizer="fp32"))
-        _, version0 = _whole(x)
+        x, y, version0 = _initialised(sync, rng)
         before = {r["learner_id"]: r["bytes_received"] for r in sync.status()["learners"]}["x"]
         for r in range(4):
-            delta = {n: 0.01 * rng.standard_normal(v.shape).astype(np.float32) for n, v in init.items()}
-            y.contribute(0, encode(delta, fragment=0, base_version=r, kind="outer_grad", quantizer="fp32"),
-                         base_version=r, steps=4, tokens=16, seq=r + 1)  # fmt: skip
+            _contribute(y, rng, r)
             wait_for(lambda r=r: sync.versions()[0] == r + 1, timeout=30, what=f"version {r + 1}")
         settings = CommSettings(quantizer="fp32", poll_wait_s=1.0, hold_versions=True)
         comm = Communicator(x, PLAN, settings, versions={0: 0}, held={0: (0, version0)})
