@@ -93,6 +93,23 @@ def mean_std(values: Sequence[float], digits: int = 3) -> str:
     return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
+# two-sided 95 % quantiles of Student's t by degrees of freedom (1-30); beyond 30 the normal's 1.96
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+       2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+       2.045, 2.042)  # fmt: skip
+
+
+def interval95(values: Sequence[float]) -> tuple[float, float, float]:
+    """Mean and the two ends of its 95 % confidence interval (Student's t over the values, e.g. one per
+    seed); one value gives an interval of zero width."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    df = len(values) - 1
+    half = (T95[df - 1] if df <= len(T95) else 1.96) * statistics.stdev(values) / len(values) ** 0.5
+    return mean, mean - half, mean + half
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A Markdown table."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]

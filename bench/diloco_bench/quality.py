@@ -38,6 +38,13 @@ def main(argv: list[str]) -> int:
         "next to the default one (t mod H = t_p, the papers' schedule)",
     )
     p.add_argument(
+        "--defaults",
+        action="store_true",
+        help="the decoupled row runs the job's defaults (codec, error feedback, download codec, H, outer "
+        "optimizer and warm-up, as DiLoCoSettings declares them); H and the outer optimizer flags default "
+        "to them too",
+    )
+    p.add_argument(
         "--only",
         default="",
         help="comma-separated methods to run, of dp, sync, decoupled (default all); with --combine, "
@@ -50,12 +57,21 @@ def main(argv: list[str]) -> int:
         default=None,
         help="run nothing: report on the --json files of earlier runs (e.g. one per seed, run in parallel)",
     )
+    if "--defaults" in argv:
+        d = runs.product_defaults()
+        p.set_defaults(inner_steps=d.inner_steps, outer_lr=d.outer_lr, outer_momentum=d.outer_momentum,
+                       outer_warmup=d.outer_warmup)  # fmt: skip
     a = p.parse_args(argv)
     if a.combine:
         return summarize(a, combine(a.combine))
     experiment.check_inner_steps(p, a.inner_steps)
     w, seeds = experiment.workload_from(a), experiment.seeds_from(a.seeds)
-    decoupled = runs.decoupled(a.learners, inner_steps=a.inner_steps, delayed_nesterov=a.delayed_nesterov)
+    decoupled = (
+        replace(runs.product_defaults(a.learners), inner_steps=a.inner_steps)
+        if a.defaults
+        else runs.decoupled(a.learners, inner_steps=a.inner_steps)
+    )
+    decoupled = replace(decoupled, delayed_nesterov=a.delayed_nesterov or decoupled.delayed_nesterov)
     by_key = {
         "dp": [runs.data_parallel(a.learners)],
         "sync": [runs.diloco_sync(a.learners, a.inner_steps)],
@@ -84,6 +100,8 @@ def main(argv: list[str]) -> int:
 def summarize(a: argparse.Namespace, results: dict[str, list[runs.RunResult]]) -> int:
     """Print the tables, write the JSON and the plots (the loss curve when the runs have one)."""
     print(report(results))
+    if len(seeds := per_seed(results)) > 1:
+        print(seeds)
     curves = all(len(r.curve) > 1 for rs in results.values() for r in rs)
     if curves:
         print(trend(results))
@@ -126,6 +144,25 @@ def trend(results: dict[str, list[runs.RunResult]]) -> str:
     rows = [[f"{t:,}"] + [f"{dict(curves[n])[t]:.4f}" + ("" if n == names[0] else f" ({dict(curves[n])[t] / base[t]:.4f}x)")
                           for n in names] for t in points]  # fmt: skip
     return experiment.table(["tokens", *names], rows)
+
+
+def per_seed(results: dict[str, list[runs.RunResult]]) -> str:
+    """With a data-parallel baseline: each seed's loss per method and its ratio to data-parallel's on
+    the same seed, then the mean ratio with its 95 % confidence interval over the seeds."""
+    first = next(iter(results))
+    if not first.startswith("data-parallel"):
+        return ""
+    base = {r.seed: r.eval_loss for r in results[first]}
+    others = [n for n in results if n != first]
+    by_seed = {n: {r.seed: r.eval_loss for r in results[n]} for n in results}
+    rows = [[str(seed), f"{loss:.4f}", *(f"{by_seed[n][seed]:.4f} ({by_seed[n][seed] / loss:.3f}x)"
+                                         if seed in by_seed[n] else "-" for n in others)]
+            for seed, loss in base.items()]  # fmt: skip
+    ratios = {n: [by_seed[n][s] / base[s] for s in base if s in by_seed[n]] for n in others}
+    summary = ["mean ratio (95 % CI)", "1x", *(
+        "{:.4f}x ({:.4f}-{:.4f})".format(*experiment.interval95(ratios[n])) if ratios[n] else "-"
+        for n in others)]  # fmt: skip
+    return experiment.table(["seed", first, *others], [*rows, summary])
 
 
 def report(results: dict[str, list[runs.RunResult]]) -> str:

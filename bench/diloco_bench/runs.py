@@ -76,6 +76,20 @@ def decoupled(learners: int = 4, wire: Quantizer = "int4", **kw: object) -> Meth
     return replace(Method(f"decoupled ({wire})", learners=learners, codec=wire), **kw)  # type: ignore[arg-type]
 
 
+def product_defaults(learners: int = 4) -> Method:
+    """Decoupled DiLoCo at the job's defaults (``DiLoCoSettings()``, what the CRD, ``diloco run`` and the
+    commands use when a job sets nothing): the same settings, read from the one declaration."""
+    s = DiLoCoSettings()
+    return Method(
+        "decoupled (defaults)", learners=learners, inner_steps=s.inner_steps, fragments=s.fragments,
+        overlap=s.overlap, quorum=s.quorum, grace_gamma=s.grace_gamma, grace_cap_steps=s.grace_cap_steps,
+        codec=s.codec, merge_rule=s.merge_rule, token_weighting=s.token_weighting, outer_lr=s.outer_lr,
+        outer_momentum=s.outer_momentum, delayed_nesterov=s.delayed_nesterov, outer_warmup=s.outer_warmup,
+        staleness_power=s.staleness_power, max_staleness=s.max_staleness, error_feedback=s.error_feedback,
+        schedule=s.schedule, down_codec=s.down_codec,
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Timing:
     steps: int = 160  # inner steps per learner (ends the run unless time_budget ends it first)

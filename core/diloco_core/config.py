@@ -33,34 +33,34 @@ PLAN_FIELDS: tuple[str, ...] = ("inner_steps", "fragments", "overlap", "fragment
 class DiLoCoSettings(_Model):
     """The algorithm's knobs (docs/algorithm.md §1 names them, §3 says what each does)."""
 
-    inner_steps: int = Field(32, ge=1, description="H: inner steps between two syncs of one fragment")
+    inner_steps: int = Field(16, ge=1, description="H: inner steps between two syncs of one fragment")
     fragments: int = Field(4, ge=1, description="P: number of fragments the model is split into")
     overlap: int = Field(2, ge=0, description="tau: steps a sent fragment overlaps with training")
     quorum: int = Field(1, ge=1, description="K: minimum learners merged in a round")
     grace_gamma: float = Field(0.5, ge=0.0, le=1.0, description="gamma: share of the slack spent waiting")
     grace_cap_steps: float = Field(1.0, ge=0.0, description="upper bound of the grace window, in step times")
     outer_lr: float = Field(
-        0.7, gt=0.0, le=10.0, description="eta: learning rate of the outer Nesterov optimizer"
+        0.6, gt=0.0, le=10.0, description="eta: learning rate of the outer Nesterov optimizer"
     )
     outer_momentum: float = Field(
-        0.9, ge=0.0, lt=1.0, description="mu: momentum of the outer Nesterov optimizer"
+        0.8, ge=0.0, lt=1.0, description="mu: momentum of the outer Nesterov optimizer"
     )
     delayed_nesterov: int = Field(0, ge=0, description="apply momentum every N merges (0: plain Nesterov)")
     outer_warmup: int = Field(
-        0,
+        16,
         ge=0,
         le=1_000_000,
         description="the outer learning rate rises linearly to outer_lr over a fragment's first this many "
         "outer steps (contributions with Delayed Nesterov); 0: no warm-up",
     )
-    codec: Quantizer = Field("int4", description="quantization of the outer gradients on the wire")
+    codec: Quantizer = Field("int2", description="quantization of the outer gradients on the wire")
     error_feedback: bool = Field(
-        False,
+        True,
         description="learners add each fragment's quantization residual to its next outer gradient "
         "(kept in their checkpoints); for int2, int1 and topk",
     )
     down_codec: Quantizer = Field(
-        "fp32",
+        "int2",
         description="what goes down to the learners: fp32, every new version whole; otherwise the "
         "version's difference to the previous one in this quantization, with the synchronizer's error "
         "feedback (a learner that does not hold the previous version gets the whole version)",

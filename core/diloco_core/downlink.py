@@ -15,6 +15,7 @@ carries the part of it not yet published into the next version.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -53,6 +54,17 @@ def publish(
 def add(previous: Arrays, update: Arrays) -> dict[str, F32]:
     """``previous + update`` per tensor in float32: how both sides make the new version."""
     return {n: np.asarray(previous[n], np.float32) + np.asarray(update[n], np.float32) for n in previous}
+
+
+def digest(arrays: Arrays) -> str:
+    """A fragment's values as one hex digest (BLAKE2b, 128 bits) over its tensors' names, shapes and
+    float32 bytes: two copies with the same digest are the same version bit for bit."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name], dtype=np.float32)
+        h.update(f"{name}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def apply(

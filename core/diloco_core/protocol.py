@@ -131,6 +131,11 @@ class RegisterResponse(_Msg):
     needs_init: list[int] = Field(
         default_factory=list, description="fragments this learner must upload with /init"
     )
+    initial_digests: dict[FragmentKey, Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]] = fragment_map(
+        "fragment → digest of its initial parameters (diloco_core.downlink.digest), for fragments still at "
+        "version 0: a learner whose own initial parameters have that digest holds version 0 and takes "
+        "nothing"
+    )
     diloco: dict[str, Any] = Field(..., description="the job's DiLoCoSettings")
     shards: list[ShardInfo] = Field(default_factory=list)
     heartbeat_interval_s: float

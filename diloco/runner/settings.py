@@ -44,7 +44,7 @@ class RunSettings(BaseModel):
     time_limit_s: Annotated[float, Cli("time-limit")] = Field(
         900.0, gt=0.0, description="stop after this many seconds"
     )
-    diloco: DiLoCoSettings = DiLoCoSettings(inner_steps=16, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
+    diloco: DiLoCoSettings = DiLoCoSettings(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
     delayed_nesterov: int | None = Field(
         None,
         ge=0,

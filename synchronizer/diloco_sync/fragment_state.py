@@ -48,6 +48,7 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+from diloco_core import downlink
 from diloco_core import rounds as policy
 from diloco_core.bounds import MAX_STEPS, MAX_TOKENS, MAX_TOKENS_PER_STEP
 from diloco_core.fragments import Fragment
@@ -167,6 +168,7 @@ class FragmentState:
         self._version = -1
         self._params: Arrays | None = None
         self._payload: bytes | None = None  # the current version, encoded once for every reader
+        self._initial_digest: str | None = None  # of version 0's values, while it is current
         # with compressed downloads: the recent versions' updates (version -> update from the one before)
         self._updates: dict[int, bytes] = {}
         self._rounds = 0
@@ -198,6 +200,12 @@ class FragmentState:
     @property
     def params(self) -> Arrays | None:
         return self._params
+
+    @property
+    def initial_digest(self) -> str | None:
+        """While the fragment is at version 0: the digest of its values (a learner that built the same
+        initial parameters holds it already); None at any other version."""
+        return self._initial_digest
 
     def payload_for(self, have: int, newer_than: int) -> tuple[int, bytes] | None:
         """What to send a reader holding version ``have`` exactly that asks for a version newer than
@@ -559,6 +567,7 @@ class FragmentState:
     def _publish(self, version: int, params: Arrays, payload: bytes, update: bytes | None = None) -> None:
         """Make a new version current and wake every long-poll waiting for it."""
         self._version, self._params, self._payload = version, params, payload
+        self._initial_digest = downlink.digest(params) if version == 0 else None
         if update is None:
             self._updates = {}  # a chain with a gap is no chain
         else:

@@ -82,3 +82,10 @@ class Fragments:
         return {
             p: (self._states[p].version if p in self._states else -1) for p in self.settings.owned_fragments
         }
+
+    def initial_digests(self) -> dict[int, str]:
+        """The digest of version 0 of every owned fragment still at it."""
+        return {
+            p: d for p in self.settings.owned_fragments
+            if p in self._states and (d := self._states[p].initial_digest) is not None
+        }  # fmt: skip

@@ -161,6 +161,7 @@ class SyncService:
             plan=self.fragments.plan_dict(),
             versions=versions,
             needs_init=[p for p, v in versions.items() if v < 0],
+            initial_digests=self.fragments.initial_digests(),
             diloco=self.diloco.model_dump(),
             shards=self.shards(),
             heartbeat_interval_s=self.settings.heartbeat_interval_s,

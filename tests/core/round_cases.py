@@ -64,6 +64,10 @@ def _fragments() -> tuple[Fragment, Fragment]:
     return kinds["embedding"], kinds["dense"]
 
 
+# the outer optimizer and codecs the pinned results were computed with, whatever the job's defaults
+PINNED = {"outer_lr": 0.7, "outer_momentum": 0.9, "outer_warmup": 0, "codec": "int4", "down_codec": "fp32"}
+
+
 def _case(name: str, fragment: Fragment, seed: int, **settings: object) -> Case:
     rng = np.random.default_rng(seed)
     params = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in fragment.tensors}
@@ -77,7 +81,7 @@ def _case(name: str, fragment: Fragment, seed: int, **settings: object) -> Case:
             }
             given.append(Given(learner, max(version - behind, 0), steps, tokens, tensors))
         rounds.append(tuple(given))
-    return Case(name, fragment, DiLoCoSettings.model_validate(settings), params, tuple(rounds))
+    return Case(name, fragment, DiLoCoSettings.model_validate(PINNED | settings), params, tuple(rounds))
 
 
 def cases() -> list[Case]:

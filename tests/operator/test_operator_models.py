@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from diloco_core.config import DiLoCoSettings
 from diloco_core.flags import SettingsError
 from diloco_operator.cli import main, parse_args
 from diloco_operator.kube import is_subset
@@ -26,7 +27,7 @@ def test_parse_uses_camel_case_and_defaults() -> None:
     spec = parse_spec(raw(diloco={"innerSteps": 100, "mergeRule": "mean"}))
     assert spec.diloco.inner_steps == 100
     assert spec.diloco.merge_rule == "mean"
-    assert spec.diloco.codec == "int4"
+    assert spec.diloco.codec == DiLoCoSettings().codec == "int2"
     assert spec.storage.url == "s3://bkt"
     assert spec.learner_units[0].replicas == 1
 

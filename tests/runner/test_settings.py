@@ -30,7 +30,8 @@ def test_synchronous_modes_wait_for_every_learner() -> None:
     assert (ddp.down_codec, ddp.outer_warmup, ddp.outer_lr, ddp.error_feedback) == ("fp32", 0, 1.0, False)
     decoupled = parse_settings(flags).algorithm()
     assert (decoupled.down_codec, decoupled.outer_warmup, decoupled.error_feedback) == ("int4", 5, True)
-    assert parse_settings([]).algorithm().error_feedback is False
+    assert parse_settings([]).algorithm().error_feedback is True  # the job's default
+    assert parse_settings(["--no-error-feedback"]).algorithm().error_feedback is False
     # the overlap of the decoupled mode does not apply to the synchronous ones
     assert (
         parse_settings(["--mode", "diloco-sync", "--inner-steps", "2", "--fragments", "2"])
@@ -64,9 +65,9 @@ def test_outer_optimizer_per_mode_reaches_the_synchronizer(tmp_path: Path) -> No
 
     # decoupled: Delayed Nesterov over one merge per learner by default
     assert sync_flags(["--learners", "3"]) == {
-        "--outer-lr": "0.7",
-        "--outer-momentum": "0.9",
-        "--outer-warmup": "0",
+        "--outer-lr": "0.6",
+        "--outer-momentum": "0.8",
+        "--outer-warmup": "16",
         "--delayed-nesterov": "3",
         "--merge-rule": "rda",
     }
@@ -95,7 +96,8 @@ def test_error_feedback_and_the_grace_window_reach_the_synchronizer(tmp_path: Pa
         return build_synchronizer_argv(parse_settings(flags), RunPaths(tmp_path), port=1)
 
     assert "--error-feedback" in argv(["--codec", "int2", "--error-feedback"])
-    assert "--no-error-feedback" in argv(["--codec", "int2"])
+    assert "--error-feedback" in argv(["--codec", "int2"])  # the default
+    assert "--no-error-feedback" in argv(["--codec", "int2", "--no-error-feedback"])
     assert "--no-error-feedback" in argv(["--mode", "ddp", "--error-feedback"])  # nothing is quantized
     grace = argv(["--grace-gamma", "0.25", "--grace-cap-steps", "16"])
     assert grace[grace.index("--grace-gamma") + 1] == "0.25"

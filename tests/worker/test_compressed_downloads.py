@@ -16,7 +16,7 @@ from diloco_worker.comms import CommSettings, Communicator
 from diloco_worker.sync_client import GlobalFragment, SyncClient
 
 from tests.support.waiting import wait_for
-from tests.worker.helpers import SECRET, Synchronizer
+from tests.worker.helpers import SECRET, Synchronizer, iter_logs, learner_process
 
 pytestmark = pytest.mark.integration
 PLAN = build_plan([("w", (64, 32)), ("b", (32,))], 1, 4, 1)
@@ -136,4 +136,33 @@ def test_a_learner_several_versions_behind_walks_the_chain_of_updates(tmp_path: 
         received = {r["learner_id"]: r["bytes_received"] for r in sync.status()["learners"]}["x"] - before
         assert 0 < received < whole_size
     finally:
+        sync.stop()
+
+
+def test_learners_that_built_version_0_take_nothing_at_start(tmp_path: Path) -> None:
+    """The learner that initialises a fragment and one that builds the same initial parameters (the
+    same seed) hold version 0 already: the synchronizer's digest says so and neither downloads it;
+    a learner whose parameters differ (another seed) takes it whole."""
+    sync = Synchronizer(tmp_path, inner_steps=1000, fragments=2, extra=["--down-codec", "int2"])
+    sync.start()
+    flags = ["--inner-steps", "1000", "--fragments", "2", "--overlap", "1", "--max-steps", "100000"]
+    started = []
+    try:
+        for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
+            proc = learner_process(tmp_path, name, sync.url, [*flags, "--seed", seed])
+            proc.start()
+            started.append(proc)
+            wait_for(lambda p=proc: any("step=2 " in ln for ln in iter_logs(p)), timeout=120,
+                     what=f"{name} training", describe=proc.failure_report)  # fmt: skip
+        own = {
+            p.name: sum("is this learner's initial parameters" in ln for ln in iter_logs(p)) for p in started
+        }
+        assert own == {"a": 2, "b": 2, "c": 0}
+        received = {x["learner_id"]: x["bytes_received"] for x in sync.status()["learners"]}
+        assert received["a"] == received["b"] == 0
+        assert received["c"] > 0  # both fragments whole
+        assert sync.versions() == {0: 0, 1: 0}
+    finally:
+        for proc in started:
+            proc.stop()
         sync.stop()

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from diloco_core import downlink
 from diloco_core import protocol as proto
 from diloco_core.codec import decode, encode
 from diloco_core.config import SCHEDULES, DiLoCoSettings, Quantizer, Schedule
@@ -81,6 +82,10 @@ class DiLoCoSession:
         self.shards: ShardClients | None = None  # every shard, once the home one has answered
         self.comm: Communicator | None = None
         self._step = 0
+        # version 0 as this learner can hold it without a download: the fragments it initialised, and
+        # the synchronizers' digests of the fragments still at version 0
+        self._uploaded: set[int] = set()
+        self._initial_digests: dict[int, str] = {}
         # a synchronous job sends in lockstep: nothing to pull there
         self.partial_contributions = settings.partial_contributions and not settings.blocking_sync
         if unit.is_leader:
@@ -123,6 +128,7 @@ class DiLoCoSession:
         self.error_feedback, self.schedule = job.error_feedback, job.schedule
         self.down_codec = job.down_codec
         self.heartbeat_interval_s = resp.heartbeat_interval_s
+        self._initial_digests.update(resp.initial_digests)
         for p in resp.needs_init:
             self._upload_init(client, p)
         return resp
@@ -132,6 +138,7 @@ class DiLoCoSession:
         try:
             info = client.init_fragment(p, blob)
             log.info("fragment=%d version=%d uploaded the initial parameters", p, info.version)
+            self._uploaded.add(p)
         except SyncRejected as exc:
             if exc.code != "already_initialised":
                 raise
@@ -189,6 +196,12 @@ class DiLoCoSession:
             mine, theirs = self.fs.counters[f.index].base_version, versions.get(f.index, -1)
             if theirs != -1 and theirs <= mine:
                 continue
+            if mine < 0 and self._holds_initial(f.index, theirs):
+                out[f.index] = (0, {n: a.copy() for n, a in self.fs.store.arrays(f.index).items()})
+                log.info(
+                    "fragment=%d version=0 is this learner's initial parameters: nothing to take", f.index
+                )
+                continue
             while not self.stop.is_set():
 
                 def fetch(p: int = f.index, v: int = mine) -> GlobalFragment | None:
@@ -200,6 +213,14 @@ class DiLoCoSession:
                     out[f.index] = (got.version, decode(got.payload, fragment=f).tensors)
                     break
         return out
+
+    def _holds_initial(self, p: int, theirs: int) -> bool:
+        """Whether this learner's parameters of fragment ``p`` (as built, never trained) are the job's
+        version 0 bit for bit: it uploaded them, or they have the digest the synchronizer gave."""
+        if theirs == -1:
+            return p in self._uploaded
+        digest = self._initial_digests.get(p)
+        return theirs == 0 and digest is not None and downlink.digest(self.fs.store.arrays(p)) == digest
 
     def connect(self, state: LoopState, resumed: bool) -> None:
         """Register (rank 0), take the current global state, start the background threads."""
