@@ -129,7 +129,9 @@ class RegisterResponse(_Msg):
         "fragment → newest global version (-1: none yet)", required=True
     )
     needs_init: list[int] = Field(
-        default_factory=list, description="fragments this learner must upload with /init"
+        default_factory=list,
+        description="fragments this learner must upload with /init (those another learner is initialising "
+        "are not listed: they have version -1 until it is done)",
     )
     initial_digests: dict[FragmentKey, Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]] = fragment_map(
         "fragment → digest of its initial parameters (diloco_core.downlink.digest), for fragments still at "

@@ -83,6 +83,13 @@ class Fragments:
             p: (self._states[p].version if p in self._states else -1) for p in self.settings.owned_fragments
         }
 
+    def uninitialised(self) -> list[int]:
+        """Owned fragments with no parameters that nobody is initialising right now."""
+        return [
+            p for p in self.settings.owned_fragments
+            if p not in self._states or self._states[p].phase == "uninitialised"
+        ]  # fmt: skip
+
     def initial_digests(self) -> dict[int, str]:
         """The digest of version 0 of every owned fragment still at it."""
         return {

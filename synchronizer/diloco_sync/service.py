@@ -160,7 +160,7 @@ class SyncService:
             plan_hash=self.fragments.plan_hash,
             plan=self.fragments.plan_dict(),
             versions=versions,
-            needs_init=[p for p, v in versions.items() if v < 0],
+            needs_init=self.fragments.uninitialised(),
             initial_digests=self.fragments.initial_digests(),
             diloco=self.diloco.model_dump(),
             shards=self.shards(),

@@ -26,7 +26,9 @@ from tests.synchronizer.conftest import StoreTarget, SyncFactory
 from tests.synchronizer.helpers import Learner, encode_grad, initial_params, outer_grad, status, tiny_plan
 
 pytestmark = pytest.mark.integration
-ARGS = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--quorum", "3", "--outer-lr", "0.7"]
+# the outer step and downloads the expected values below are written for (not the job's defaults)
+OUTER = ["--outer-lr", "0.7", "--outer-momentum", "0.9", "--outer-warmup", "0", "--down-codec", "fp32"]
+ARGS = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--quorum", "3", *OUTER]
 
 
 def expected_after_round(theta: dict[str, np.ndarray], grads: list[dict[str, np.ndarray]], lr: float = 0.7):

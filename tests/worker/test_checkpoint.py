@@ -80,6 +80,25 @@ def test_round_trip_restores_params_optimizer_anchors_and_rng(tmp_path: Path) ->
     assert torch.equal(torch.rand(2), expected_rand)
 
 
+def test_the_global_versions_held_round_trip_exactly(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    model = build_gpt(TINY)
+    opt = make_optimizer(model, tiny_train())
+    values = np.random.default_rng(0).standard_normal((256, 32)).astype(np.float32)
+    save_checkpoint(store, model=model, optimizer=opt, anchors={}, meta={"step": 1},
+                    held={3: (17, {"wte.weight": values})})  # fmt: skip
+    ckpt = load_latest(store)
+    assert ckpt is not None
+    held = ckpt.held()
+    assert list(held) == [3]
+    assert held[3][0] == 17
+    assert np.array_equal(held[3][1]["wte.weight"], values)
+    save_checkpoint(store, model=model, optimizer=opt, anchors={}, meta={"step": 2})  # none held
+    again = load_latest(store)
+    assert again is not None
+    assert again.held() == {}
+
+
 def test_only_the_newest_are_kept_and_incomplete_ones_are_ignored(tmp_path: Path) -> None:
     store = FilesystemStore(tmp_path)
     model = build_gpt(TINY)

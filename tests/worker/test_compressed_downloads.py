@@ -4,19 +4,26 @@ that holds nothing, or the wrong version, gets the whole version."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from diloco_core import protocol as proto
 from diloco_core.auth import learner_token
 from diloco_core.codec import decode, encode
-from diloco_core.fragments import build_plan
+from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_worker.comms import CommSettings, Communicator
+from diloco_worker.data import Shard
+from diloco_worker.entry import TaskContext, load_task
+from diloco_worker.learner import plan_for
+from diloco_worker.settings import parse_settings
 from diloco_worker.sync_client import GlobalFragment, SyncClient
 
 from tests.support.waiting import wait_for
-from tests.worker.helpers import SECRET, Synchronizer, iter_logs, learner_process
+from tests.worker.helpers import SECRET, TINY_FLAGS, Synchronizer, iter_logs, learner_process
 
 pytestmark = pytest.mark.integration
 PLAN = build_plan([("w", (64, 32)), ("b", (32,))], 1, 4, 1)
@@ -166,3 +173,65 @@ def test_learners_that_built_version_0_take_nothing_at_start(tmp_path: Path) -> 
         for proc in started:
             proc.stop()
         sync.stop()
+
+
+def test_a_restarted_learner_walks_the_updates_from_the_version_its_checkpoint_holds(tmp_path: Path) -> None:
+    """A learner killed with -9 resumes from its checkpoint, which holds the global versions it had
+    (with compressed downloads): it takes the updates since, not the whole version."""
+    sync = Synchronizer(tmp_path, inner_steps=1000, fragments=2, extra=["--down-codec", "int2"])
+    sync.start()
+    flags = ["--inner-steps", "1000", "--fragments", "2", "--overlap", "1", "--max-steps", "100000",
+             "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "2",
+             "--no-partial-contributions"]  # only y's contributions make versions  # fmt: skip
+    a = learner_process(tmp_path, "a", sync.url, flags)
+    rng = np.random.default_rng(0)
+    try:
+        a.start()
+        wait_for(lambda: any("checkpoint written" in ln for ln in iter_logs(a)), timeout=120,
+                 what="a's first checkpoint", describe=a.failure_report)  # fmt: skip
+        y = SyncClient(sync.url, "y", learner_token(SECRET, "y"))
+        plan = _learner_plan(flags)
+        y.register(proto.RegisterRequest(learner_id="y", plan=plan.to_dict(), plan_hash=plan.hash(),
+                                         tokens_per_step=4))  # fmt: skip
+        shapes = {t.name: t.shape for t in plan.fragments[0].tensors}
+
+        def contribute(base: int) -> None:
+            delta = {n: (0.01 * rng.standard_normal(s)).astype(np.float32) for n, s in shapes.items()}
+            y.contribute(0, encode(delta, fragment=0, base_version=base, kind="outer_grad", quantizer="fp32"),
+                         base_version=base, steps=4, tokens=16, seq=base + 1)  # fmt: skip
+            wait_for(lambda: sync.versions()[0] == base + 1, timeout=30, what=f"version {base + 1}")
+
+        def a_at(version: int) -> bool:
+            row = {x["learner_id"]: x for x in sync.status()["learners"]}.get("a")
+            return sync.versions()[0] == version and row is not None and row["staleness"] == 0
+
+        for base in (0, 1):
+            contribute(base)
+        wait_for(lambda: a_at(2), timeout=60, what="a holding version 2")
+        written = sum("checkpoint written" in ln for ln in iter_logs(a))
+        wait_for(lambda: sum("checkpoint written" in ln for ln in iter_logs(a)) >= written + 2, timeout=60,
+                 what="a checkpoint holding version 2")  # fmt: skip
+        os.kill(a.pid or 0, signal.SIGKILL)
+        wait_for(lambda: not a.running(), timeout=30, what="a killed")
+        for base in (2, 3):
+            contribute(base)
+        before = {x["learner_id"]: x["bytes_received"] for x in sync.status()["learners"]}["a"]
+        a.start()
+        wait_for(lambda: a_at(4), timeout=120, what="a back at version 4", describe=a.failure_report)
+        walked = [ln for ln in iter_logs(a) if "from the copy held at version" in ln]
+        assert walked, a.log_tail()
+        assert "fragment=0 version=4 from the copy held at version 2 and 2 update(s)" in walked[-1]
+        received = {x["learner_id"]: x["bytes_received"] for x in sync.status()["learners"]}["a"] - before
+        whole = 4 * sum(int(np.prod(s)) for s in shapes.values())
+        assert 0 < received < whole / 4  # two int2 updates, not the float32 version
+    finally:
+        a.stop()
+        sync.stop()
+
+
+def _learner_plan(flags: list[str]) -> FragmentPlan:
+    """The fragment plan a learner process with these flags (and the tiny model's) builds."""
+    settings = parse_settings([*TINY_FLAGS, *flags, "--standalone"])
+    task = load_task(TaskContext(settings.model, settings.data, settings.train, Shard(0, 1, "a"),
+                                 torch.device("cpu"), settings.corpus_max_bytes))  # fmt: skip
+    return plan_for(task, settings)

@@ -54,6 +54,14 @@ class Checkpoint:
         """The error-feedback residuals (none in a checkpoint written without error feedback)."""
         return self._per_fragment("residual/")
 
+    def held(self) -> dict[int, tuple[int, dict[str, np.ndarray]]]:
+        """Global versions the learner held exactly (with compressed downloads): per fragment, the
+        version and its values."""
+        versions = {int(p): int(v) for p, v in self.meta.get("held_versions", {}).items()}
+        return {
+            p: (versions[p], values) for p, values in self._per_fragment("held/").items() if p in versions
+        }
+
     def _per_fragment(self, prefix: str) -> dict[int, dict[str, np.ndarray]]:
         out: dict[int, dict[str, np.ndarray]] = {}
         for key, t in self.tensors.items():
@@ -77,13 +85,14 @@ def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tens
 def build_tensors(
     model: nn.Module, opt: torch.optim.Optimizer, anchors: Mapping[int, Mapping[str, np.ndarray]],
     residuals: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+    held: Mapping[int, Mapping[str, np.ndarray]] | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:  # fmt: skip
     """Everything tensor-shaped, as independent contiguous CPU tensors keyed by role."""
     tensors = {f"param/{n}": p.detach().cpu().clone().contiguous() for n, p in model.named_parameters()}
     tensors.update({f"buffer/{n}": b.detach().cpu().clone().contiguous() for n, b in model.named_buffers()})
     opt_tensors, groups = _optimizer_tensors(opt)
     tensors.update(opt_tensors)
-    for role, per_fragment in (("anchor", anchors), ("residual", residuals or {})):
+    for role, per_fragment in (("anchor", anchors), ("residual", residuals or {}), ("held", held or {})):
         for p, frag in per_fragment.items():
             tensors.update(
                 {f"{role}/{p}/{n}": torch.from_numpy(np.ascontiguousarray(a)) for n, a in frag.items()}
@@ -140,10 +149,16 @@ def save_checkpoint(
     meta: Mapping[str, Any],
     keep: int = 2,
     residuals: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+    held: Mapping[int, tuple[int, Mapping[str, np.ndarray]]] | None = None,
 ) -> str:
-    """Write a checkpoint for ``meta['step']``, then delete all but the newest ``keep``."""
+    """Write a checkpoint for ``meta['step']``, then delete all but the newest ``keep``. ``held``: the
+    global versions the learner holds exactly, per fragment (version, values)."""
     step = int(meta["step"])
-    tensors, groups = build_tensors(model, optimizer, anchors, residuals)
+    held = held or {}
+    tensors, groups = build_tensors(
+        model, optimizer, anchors, residuals, {p: v for p, (_, v) in held.items()}
+    )
+    meta = {**meta, "held_versions": {str(p): version for p, (version, _) in held.items()}}
     prefix = f"ckpt-{step:010d}/"
     store.put(prefix + "tensors.safetensors", st_save(tensors))
     full_meta = {"format": FORMAT, **meta, "optimizer_groups": groups, "rng": python_rng_meta()}

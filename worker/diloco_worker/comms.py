@@ -401,6 +401,11 @@ class Communicator:
                     self._arrivals[p] = (got.version, staged)
                     self._arrived.notify_all()
 
+    def held_versions(self) -> dict[int, tuple[int, dict[str, np.ndarray]]]:
+        """Per fragment, the newest global version held exactly and its values (with ``hold_versions``)."""
+        with self._lock:
+            return {p: (version, dict(values)) for p, (version, values) in self._held.items()}
+
     def _version_from(self, p: int, version: int, payload: Payload) -> dict[str, np.ndarray] | None:
         """A new global version's values: the payload's (a whole version), or the learner's copy of
         the previous version plus the payload (an update); None when the update does not fit the

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.storage import ObjectStore
@@ -38,6 +39,8 @@ from .startup import FirstStep, StartupClock
 from .train import LoopState, make_optimizer, train
 
 log = logging.getLogger("diloco_worker.learner")
+# per fragment, a global version held exactly and its values
+Held = dict[int, tuple[int, dict[str, np.ndarray]]]
 CHECKPOINTS_SHARED = 8  # the newest checkpoint steps each rank offers when the unit agrees on one
 
 
@@ -66,7 +69,8 @@ def plan_for(task: TrainingTask, settings: WorkerSettings) -> FragmentPlan:
 
 def _resume(
     ckpt: Checkpoint, task: TrainingTask, opt: torch.optim.Optimizer, fs: FragmentState, plan_hash: str
-) -> LoopState:
+) -> tuple[LoopState, Held]:
+    """The loop state to go on from, and the global versions the learner held exactly."""
     if ckpt.meta.get("plan_hash") != plan_hash:
         raise ValueError(
             f"checkpoint at step {ckpt.step} was written for another fragment plan; "
@@ -75,7 +79,7 @@ def _resume(
     restore(ckpt, task.model, opt)
     fs.load_meta(ckpt.meta["fragments"], ckpt.anchors(), ckpt.residuals())
     loop: dict[str, Any] = ckpt.meta["loop"]
-    return LoopState(**loop)
+    return LoopState(**loop), ckpt.held()
 
 
 def _resume_if_any(
@@ -85,18 +89,19 @@ def _resume_if_any(
     opt: torch.optim.Optimizer,
     fs: FragmentState,
     plan: FragmentPlan,
-) -> tuple[ObjectStore | None, LoopState]:
-    """The checkpoint store (one folder per rank in a multi-process unit) and the state to start from."""
+) -> tuple[ObjectStore | None, LoopState, Held]:
+    """The checkpoint store (one folder per rank in a multi-process unit), the state to start from
+    and the global versions held exactly."""
     if not settings.checkpoint_dir:
-        return None, LoopState()
+        return None, LoopState(), {}
     location = settings.checkpoint_dir.rstrip("/") + (f"/rank-{unit.rank}" if unit.distributed else "")
     store = open_checkpoint_store(location)
     ckpt = _unit_checkpoint(store, unit) if unit.distributed else load_latest(store)
     if ckpt is None:
-        return store, LoopState()
-    state = _resume(ckpt, task, opt, fs, plan.hash())
+        return store, LoopState(), {}
+    state, held = _resume(ckpt, task, opt, fs, plan.hash())
     log.info("learner=%s step=%d resumed from checkpoint", settings.learner_id, state.step)
-    return store, state
+    return store, state, held
 
 
 def _unit_checkpoint(store: ObjectStore, unit: Unit) -> Checkpoint | None:
@@ -156,7 +161,7 @@ def _run(
         build_anchor_store, device=unit.device, compute=settings.sync_compute, placement=settings.anchor_memory,
     ))  # fmt: skip
     clock.mark("optimizer")
-    store, state = _resume_if_any(settings, unit, task, optimizer, fs, plan)
+    store, state, held = _resume_if_any(settings, unit, task, optimizer, fs, plan)
     clock.mark("checkpoint")
     resumed = state.step > 0
     metrics = None
@@ -178,7 +183,7 @@ def _run(
             metrics=metrics,
             health=health,
         )
-        session.connect(state, resumed=resumed)
+        session.connect(state, resumed=resumed, held=held)
     clock.mark("register")
     log.info(
         "learner=%s rank=%d/%d device=%s params=%d fragments=%d outer gradients in %s",
@@ -199,7 +204,7 @@ def _run(
             unit=unit,
             stop=stop,
             hook=FirstStep(session, clock, functools.partial(_report_startup, settings, metrics)),
-            save=_saver(store, task, optimizer, fs, plan, settings) if store else None,
+            save=_saver(store, task, optimizer, fs, plan, settings, session) if store else None,
             checkpoint_every=settings.checkpoint_every,
             eval_every=settings.eval_every,
             log_every=settings.log_every,
@@ -234,6 +239,7 @@ def _saver(
     fs: FragmentState,
     plan: FragmentPlan,
     settings: WorkerSettings,
+    session: DiLoCoSession | None,
 ) -> Any:
     config = settings.model_dump(mode="json", exclude={"token"})
 
@@ -246,8 +252,9 @@ def _saver(
             "config": config,
         }
         save_checkpoint(
-            store, model=task.model, optimizer=opt, anchors=fs.anchors, meta=meta, residuals=fs.residuals
-        )
+            store, model=task.model, optimizer=opt, anchors=fs.anchors, meta=meta, residuals=fs.residuals,
+            held=session.held() if session is not None else None,
+        )  # fmt: skip
         log.info("learner=%s step=%d checkpoint written", settings.learner_id, state.step)
 
     return save

@@ -15,15 +15,16 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import numpy as np
 from diloco_core import downlink
 from diloco_core import protocol as proto
 from diloco_core.codec import decode, encode
 from diloco_core.config import SCHEDULES, DiLoCoSettings, Quantizer, Schedule
-from diloco_core.fragments import FragmentPlan
+from diloco_core.fragments import Fragment, FragmentPlan
 
 from .comms import CommSettings, Communicator, backoff_delay
 from .credentials import TokenSource
@@ -51,6 +52,7 @@ T = TypeVar("T")
 BLOCK_TICK_S = 1.0  # a blocked learner looks at arrivals, stop requests and its unit this often
 MEMBERS_CHECK_S = 3.0  # and asks this often whether the learners still in the job can close the round
 TOKEN_RENEWAL_WAIT_S = 300.0  # a refused token from a file: how long registering waits for its renewal
+INIT_WAIT_S, INIT_WAIT_MAX_S = 0.1, 5.0  # registering again while another learner initialises a fragment
 
 
 class FatalSyncError(RuntimeError):
@@ -86,6 +88,8 @@ class DiLoCoSession:
         # the synchronizers' digests of the fragments still at version 0
         self._uploaded: set[int] = set()
         self._initial_digests: dict[int, str] = {}
+        # global versions held exactly, from the checkpoint resumed (their next ones may come as updates)
+        self._kept: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
         # a synchronous job sends in lockstep: nothing to pull there
         self.partial_contributions = settings.partial_contributions and not settings.blocking_sync
         if unit.is_leader:
@@ -178,6 +182,8 @@ class DiLoCoSession:
             if got is None:
                 return None
             versions.update(got.versions)
+        if not self._await_initialised(versions):
+            return None
         if routes.num_shards > 1:
             log.info(
                 "learner=%s registered with %d synchronizer shards: %s",
@@ -186,33 +192,73 @@ class DiLoCoSession:
             )  # fmt: skip
         return versions
 
+    def _await_initialised(self, versions: dict[int, int]) -> bool:
+        """Fragments without a version that this learner did not initialise are being initialised by
+        another: register again (uploading whatever is still uninitialised, e.g. after that learner
+        failed) until each has its version 0, whose digest may spare its download. Updates
+        ``versions``; False when asked to stop first."""
+        assert self.shards is not None
+        shards, attempt = self.shards, 0
+        while waiting := [p for p, v in versions.items() if v < 0 and p not in self._uploaded]:
+            if self.stop.wait(min(INIT_WAIT_MAX_S, INIT_WAIT_S * 2**attempt)):
+                return False
+            attempt += 1
+            for client in {id(c): c for c in map(shards.owner, waiting)}.values():
+                got = self._retry("register", functools.partial(self._register_once, client))
+                if got is None:
+                    return False
+                versions.update(got.versions)
+        return True
+
     def _first_globals(self, versions: dict[int, int]) -> Arrivals:
         """Every fragment's global version newer than what this learner has (waits for missing ones)."""
-        assert self.shards is not None
-        shards = self.shards
         out: Arrivals = {}
-        wait = self.settings.poll_wait_s
         for f in self.plan.fragments:
             mine, theirs = self.fs.counters[f.index].base_version, versions.get(f.index, -1)
             if theirs != -1 and theirs <= mine:
                 continue
+            held = self._kept.get(f.index)
             if mine < 0 and self._holds_initial(f.index, theirs):
-                out[f.index] = (0, {n: a.copy() for n, a in self.fs.store.arrays(f.index).items()})
-                log.info(
-                    "fragment=%d version=0 is this learner's initial parameters: nothing to take", f.index
-                )
-                continue
-            while not self.stop.is_set():
-
-                def fetch(p: int = f.index, v: int = mine) -> GlobalFragment | None:
-                    got = shards.owner(p).fetch(p, newer_than=v, wait_s=wait)
-                    return got if isinstance(got, GlobalFragment) else None
-
-                got = self._retry(f"fragment={f.index} first fetch", fetch)
-                if got is not None:
-                    out[f.index] = (got.version, decode(got.payload, fragment=f).tensors)
-                    break
+                held = (0, {n: a.copy() for n, a in self.fs.store.arrays(f.index).items()})
+                log.info("fragment=%d version=0 is this learner's initial parameters", f.index)
+            got = self._catch_up(f, mine, theirs, held)
+            if got is None:
+                break
+            out[f.index] = got
         return out
+
+    def _catch_up(
+        self, f: Fragment, mine: int, theirs: int, held: tuple[int, dict[str, np.ndarray]] | None
+    ) -> tuple[int, dict[str, np.ndarray]] | None:
+        """Version ``theirs`` of fragment ``f`` or a newer one (the first version when ``theirs`` is
+        -1): the copy ``held`` when it is that version, else the chain of updates from it, else the
+        whole version; None when asked to stop first."""
+        assert self.shards is not None
+        owner, wait = self.shards.owner(f.index), self.settings.poll_wait_s
+        version, values = held if held is not None else (-1, {})
+        taken = 0
+        while not self.stop.is_set():
+            if version >= 0 and version >= theirs:
+                if held is not None:
+                    log.info("fragment=%d version=%d from the copy held at version %d and %d update(s)",
+                             f.index, version, held[0], taken)  # fmt: skip
+                return version, values
+
+            def fetch(v: int = version) -> GlobalFragment | None:
+                got = owner.fetch(f.index, newer_than=v if v >= 0 else mine, wait_s=wait, have=v)
+                return got if isinstance(got, GlobalFragment) else None
+
+            got = self._retry(f"fragment={f.index} first fetch", fetch)
+            if got is None:
+                continue
+            payload = decode(got.payload, fragment=f)
+            if payload.kind != "update":
+                version, values, held = got.version, dict(payload.tensors), None
+                continue
+            made = downlink.apply_decoded(version, values, payload)
+            version, values = made if made is not None else (-1, {})  # not for this copy: take it whole
+            taken += 1
+        return None
 
     def _holds_initial(self, p: int, theirs: int) -> bool:
         """Whether this learner's parameters of fragment ``p`` (as built, never trained) are the job's
@@ -222,15 +268,23 @@ class DiLoCoSession:
         digest = self._initial_digests.get(p)
         return theirs == 0 and digest is not None and downlink.digest(self.fs.store.arrays(p)) == digest
 
-    def connect(self, state: LoopState, resumed: bool) -> None:
-        """Register (rank 0), take the current global state, start the background threads."""
+    def connect(
+        self,
+        state: LoopState,
+        resumed: bool,
+        held: Mapping[int, tuple[int, dict[str, np.ndarray]]] | None = None,
+    ) -> None:
+        """Register (rank 0), take the current global state, start the background threads. ``held``:
+        global versions the learner holds exactly (its checkpoint's, with compressed downloads)."""
         self._step = state.step
+        self._kept = dict(held or {})
         arrivals: Arrivals = {}
         if self.unit.is_leader:
             versions = self._join()
             if versions is not None:
                 arrivals = self._first_globals(versions)
-        first = {p: (version, dict(tensors)) for p, (version, tensors) in arrivals.items()}  # as decoded
+        # as decoded, and the checkpoint's copies of the fragments that needed nothing new
+        first = {**self._kept, **{p: (version, dict(tensors)) for p, (version, tensors) in arrivals.items()}}
         _, arrivals = self.unit.boundary(False, arrivals, self.plan)
         # every rank of the unit counts, so every rank follows the job's schedule
         self.fs.set_schedule(SCHEDULES[self.unit.share_int(SCHEDULES.index(self.schedule))])
@@ -271,6 +325,10 @@ class DiLoCoSession:
             self.comm.progress.step, self.comm.progress.tokens = state.step, state.tokens
             self.comm.progress.eval_loss = state.eval_loss
             self.comm.start()
+
+    def held(self) -> dict[int, tuple[int, dict[str, np.ndarray]]]:
+        """The global versions held exactly now (for the checkpoint): none without compressed downloads."""
+        return self.comm.held_versions() if self.comm is not None else {}
 
     def _reregister(self, shard: int) -> None:
         """A shard lost this learner (its registry was reset): register with that shard again."""
