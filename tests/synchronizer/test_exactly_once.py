@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 PLAN = tiny_plan(fragments=1, inner_steps=4)
 ARGS = [
     "--fragments", "1", "--inner-steps", "4", "--overlap", "1", "--quorum", "1",
-    "--outer-lr", "1", "--outer-momentum", "0", "--merge-rule", "mean",
+    "--outer-lr", "1", "--outer-momentum", "0", "--outer-warmup", "0", "--merge-rule", "mean",
+    "--down-codec", "fp32",
 ]  # fmt: skip
 TOKENS = 8
 

@@ -134,6 +134,10 @@ def test_an_adversarial_learner_moves_the_model_by_at_most_the_bound_across_a_re
         "1",
         "--outer-momentum",
         "0",
+        "--outer-warmup",
+        "0",
+        "--down-codec",
+        "fp32",
         "--max-update-norm-factor",
         "10",
     ]
