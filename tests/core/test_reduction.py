@@ -108,7 +108,8 @@ def library_diloco(init: nn.Module) -> list[dict[str, np.ndarray]]:
     frag = plan.fragments[0]
     settings = DiLoCoSettings(
         fragments=1, inner_steps=H, overlap=0, quorum=M, outer_lr=0.7, outer_momentum=0.9,
-        merge_rule="mean", max_staleness=0, codec="fp32",
+        merge_rule="mean", max_staleness=0, codec="fp32", error_feedback=False, down_codec="fp32",
+        outer_warmup=0,
     )  # fmt: skip
     theta, outer, version = to_numpy(init), OuterState(), 0
     replicas = [copy.deepcopy(init) for _ in range(M)]
