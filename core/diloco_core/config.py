@@ -107,14 +107,6 @@ class DiLoCoSettings(_Model):
         return self
 
 
-def default_delayed_nesterov(learners: int, quorum: int) -> int:
-    """Delayed Nesterov's N for a job that does not set it: with a quorum below the number of learners
-    most rounds merge few of them, and plain Nesterov would apply the momentum once per round instead
-    of once per cycle of learners (docs/algorithm.md §3.8), so N = the number of learners; with every
-    learner in every round, plain Nesterov (0)."""
-    return learners if quorum < learners else 0
-
-
 class ModelSettings(_Model):
     """Which model a learner trains: the built-in GPT or a user entry point ``module:function``."""
 

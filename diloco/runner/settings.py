@@ -11,13 +11,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from diloco_core.config import (
-    DataSettings,
-    DiLoCoSettings,
-    ModelSettings,
-    TrainSettings,
-    default_delayed_nesterov,
-)
+from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
 from diloco_core.flags import Cli, SettingsError
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -132,9 +126,7 @@ def build_algorithm(s: RunSettings) -> DiLoCoSettings:
     evaluations and ended near 3.4, Delayed Nesterov's fell steadily to about 2.6.
     """
     if s.mode == "decoupled":
-        delayed = (
-            default_delayed_nesterov(s.learners, 1) if s.delayed_nesterov is None else s.delayed_nesterov
-        )
+        delayed = s.learners if s.delayed_nesterov is None else s.delayed_nesterov
         return s.diloco.model_copy(update={"quorum": 1, "delayed_nesterov": delayed})
     if s.mode == "diloco-sync":
         return s.diloco.model_copy(

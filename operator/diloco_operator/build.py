@@ -32,7 +32,6 @@ from diloco_core.config import (
     ModelSettings,
     StorageSettings,
     TrainSettings,
-    default_delayed_nesterov,
 )
 
 from diloco_operator import env
@@ -133,12 +132,9 @@ def build_job_config(job: JobRef, spec: DiLoCoJobSpec) -> JobConfig:
     """The ``JobConfig`` every synchronizer and learner of the job reads from the ConfigMap: the spec's
     sections are the core's settings; the step budget gives the schedule's length."""
     train = spec.train.model_dump() | {"max_steps": spec.budget.steps or UNLIMITED_STEPS}
-    diloco = spec.diloco.model_dump()
-    if "delayed_nesterov" not in spec.diloco.model_fields_set:  # one learner per unit
-        diloco["delayed_nesterov"] = default_delayed_nesterov(len(spec.learner_units), spec.diloco.quorum)
     return JobConfig(
         job_id=job_id(job, spec),
-        diloco=DiLoCoSettings.model_validate(diloco),
+        diloco=DiLoCoSettings.model_validate(spec.diloco.model_dump()),
         model=ModelSettings.model_validate(spec.model.model_dump()),
         train=TrainSettings.model_validate(train),
         data=DataSettings.model_validate(spec.data.model_dump()),

@@ -14,7 +14,6 @@ from diloco_operator.build import (
     LEARNER_DEFAULT_REQUESTS,
     SYNC_DEFAULT_REQUESTS,
     JobRef,
-    build_job_config,
     build_learner_token_secret,
     build_secret,
     learner_token_secret_name,
@@ -330,20 +329,3 @@ def test_a_units_pods_carry_the_hash_of_their_template_and_restart_together() ->
     assert hashes[0][0] != hashes[1][0]  # the resized unit's world size is in its pods' environment
     assert hashes[0][1:] == hashes[1][1:]  # the other units' pods are untouched
     assert {s["spec"]["updateStrategy"]["type"] for s in before} == {"OnDelete"}
-
-
-@pytest.mark.parametrize(
-    ("diloco", "expected"),
-    [({}, 3), ({"quorum": 3}, 0), ({"delayedNesterov": 0}, 0), ({"delayedNesterov": 5}, 5)],
-)
-def test_delayed_nesterov_left_unset_counts_the_units(diloco: dict[str, Any], expected: int) -> None:
-    """As `diloco run` does with its learners: N = the number of units while rounds can merge fewer
-    than all of them; what the spec sets is kept."""
-    spec = parse_spec({
-        "images": {"worker": "w", "synchronizer": "s"},
-        "storage": {"bucket": "bkt", "credentialsSecretRef": {"name": "creds"}},
-        "learnerUnits": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
-        "diloco": diloco,
-    })  # fmt: skip
-    config = build_job_config(JOB, spec)
-    assert config.diloco.delayed_nesterov == expected
