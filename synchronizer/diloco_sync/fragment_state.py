@@ -366,11 +366,12 @@ class FragmentState:
         self._expect("uninitialised")
         self._phase = "initialising"
 
-    def finish_init(self, params: Arrays, payload: bytes, now: float, quorum: int) -> None:
+    def finish_init(self, params: Arrays, payload: bytes, now: float, quorum: int, *, digest: str) -> None:
+        """Version 0 is durable; ``digest``: its ``downlink.digest`` (computed off the event loop)."""
         self._expect("initialising")
         self._phase = "open"
         self._version_times = kept_times({}, 0, now)
-        self._publish(0, params, payload)
+        self._publish(0, params, payload, initial_digest=digest)
         self._open_round(now, quorum)
 
     def abort_init(self) -> None:
@@ -399,7 +400,10 @@ class FragmentState:
         self._applied.extend(applied)
         self._merged_through = dict(merged_through or {})
         self._version_times = dict(version_times or {})
-        self._publish(version, params, payload)
+        # at start-up, before anything is served: version 0's digest, if the job is still there
+        self._publish(
+            version, params, payload, initial_digest=downlink.digest(params) if version == 0 else None
+        )
         self._open_round(now, quorum)
 
     # -- contributions ---------------------------------------------------------------------------
@@ -564,10 +568,14 @@ class FragmentState:
             and learner_id not in self._pending
         )
 
-    def _publish(self, version: int, params: Arrays, payload: bytes, update: bytes | None = None) -> None:
-        """Make a new version current and wake every long-poll waiting for it."""
+    def _publish(
+        self, version: int, params: Arrays, payload: bytes, update: bytes | None = None,
+        initial_digest: str | None = None,
+    ) -> None:  # fmt: skip
+        """Make a new version current and wake every long-poll waiting for it (``initial_digest``: of
+        version 0, which only the initial parameters are)."""
         self._version, self._params, self._payload = version, params, payload
-        self._initial_digest = downlink.digest(params) if version == 0 else None
+        self._initial_digest = initial_digest
         if update is None:
             self._updates = {}  # a chain with a gap is no chain
         else:

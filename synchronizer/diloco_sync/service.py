@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio.to_thread
+from diloco_core import downlink
 from diloco_core.fragments import FragmentPlan
 from diloco_core.outer import OuterState
 from diloco_core.protocol import (
@@ -242,6 +243,7 @@ class SyncService:
         fs.begin_init()  # no second init while this one is written
         try:
             payload = await anyio.to_thread.run_sync(encode_params, params, p, 0)
+            digest = await anyio.to_thread.run_sync(downlink.digest, params)
             record = FragmentRecord(
                 version=0, params_key=self.store.layout.params(p, 0), outer_key=self.store.layout.outer(p, 0),
                 version_times={0: self.clock()},
@@ -265,7 +267,7 @@ class SyncService:
         except BaseException:
             fs.abort_init()
             raise
-        fs.finish_init(params, payload, self.clock(), self.diloco.quorum)
+        fs.finish_init(params, payload, self.clock(), self.diloco.quorum, digest=digest)
         self.traffic.received(len(blob))
         self.metrics.fragment_version.labels(str(p)).set(0)
         log.info("fragment %d initialised (%d parameters)", p, fs.spec.numel)

@@ -33,7 +33,7 @@ def fresh() -> FragmentState:
 def initialised(now: float = 1.0) -> FragmentState:
     fs = fresh()
     fs.begin_init()
-    fs.finish_init(initial_params(PLAN, 0), b"v0", now, QUORUM)
+    fs.finish_init(initial_params(PLAN, 0), b"v0", now, QUORUM, digest="0" * 32)
     return fs
 
 
@@ -47,7 +47,7 @@ def test_initial_parameters_are_taken_once_and_a_failed_init_can_be_retried() ->
     fs.abort_init()  # the write failed
     assert (fs.phase, fs.version) == ("uninitialised", -1)
     fs.begin_init()
-    fs.finish_init(initial_params(PLAN, 0), b"v0", 5.0, QUORUM)
+    fs.finish_init(initial_params(PLAN, 0), b"v0", 5.0, QUORUM, digest="0" * 32)
     assert (fs.phase, fs.version, fs.payload_for(-1, -1)) == ("open", 0, (0, b"v0"))
     assert (fs.round.version, fs.round.opened_at) == (0, 5.0)
     with pytest.raises(TransitionError):
@@ -171,7 +171,7 @@ def test_an_aborted_merge_leaves_the_fragment_as_it_was() -> None:
     [
         (fresh, lambda fs: fs.accept(contribution("a", 1.0), QUORUM)),  # no parameters yet
         (fresh, lambda fs: fs.start_merge([])),
-        (fresh, lambda fs: fs.finish_init({}, b"", 0.0, QUORUM)),
+        (fresh, lambda fs: fs.finish_init({}, b"", 0.0, QUORUM, digest="0" * 32)),
         (
             initialised,
             lambda fs: fs.commit(version=1, params={}, payload=b"", outer=OuterState(), now=0.0, quorum=1),
@@ -208,7 +208,7 @@ def test_long_poll_wakes_on_publish() -> None:
         waiter = asyncio.create_task(fs.wait_newer(-1, 10.0))
         await asyncio.sleep(0.01)
         fs.begin_init()
-        fs.finish_init({"wte.weight": np.zeros((16, 8), np.float32)}, b"blob", 1.0, QUORUM)
+        fs.finish_init({"wte.weight": np.zeros((16, 8), np.float32)}, b"blob", 1.0, QUORUM, digest="0" * 32)
         woke = await waiter
         timed_out = await fs.wait_newer(0, 0.05)
         return woke, timed_out
@@ -396,7 +396,7 @@ def test_a_part_waiting_for_a_lost_earlier_one_is_dropped_once_its_base_is_stale
 def test_a_reader_several_versions_behind_walks_the_chain_of_updates_while_it_is_smaller() -> None:
     fs = fresh()
     fs.begin_init()
-    fs.finish_init(initial_params(PLAN, 0), b"v0" * 100, 0.0, QUORUM)
+    fs.finish_init(initial_params(PLAN, 0), b"v0" * 100, 0.0, QUORUM, digest="0" * 32)
     for version in (1, 2, 3):
         c = contribution(f"l{version}", at=float(version), base=version - 1)
         fs.accept(c, QUORUM)

@@ -39,6 +39,8 @@ from .fragment_state import Contribution
 from .sync_client import RoundOpen, ShardClients, SyncClient, SyncRejected, SyncUnavailable
 
 log = logging.getLogger("diloco_worker.comms")
+# per fragment, a global version held exactly and its values (the base of the next version's update)
+Held = dict[int, tuple[int, dict[str, np.ndarray]]]
 BUFFERED_RESEND_S = 5.0  # how often a contribution the synchronizer only buffered is sent again
 
 
@@ -104,7 +106,7 @@ class Communicator:
         versions: dict[int, int],
         on_unknown_learner: Callable[[int], None] = lambda shard: None,
         stage: Callable[[int, dict[str, np.ndarray]], Mapping[str, np.ndarray]] = lambda p, arrays: arrays,
-        held: Mapping[int, tuple[int, dict[str, np.ndarray]]] | None = None,
+        held: Held | None = None,
     ) -> None:
         """``client``: one synchronizer, or the clients of every shard; ``on_unknown_learner(shard)``
         is called when a shard no longer knows this learner (it registers again there); ``stage(p,
@@ -125,9 +127,7 @@ class Communicator:
         self._arrivals: dict[int, tuple[int, Mapping[str, np.ndarray]]] = {}
         self._known = dict(versions)  # newest version each poller has delivered
         # with hold_versions: per fragment, the newest version held exactly and its values
-        self._held: dict[int, tuple[int, dict[str, np.ndarray]]] = (
-            dict(held or {}) if settings.hold_versions else {}
-        )
+        self._held: Held = dict(held or {}) if settings.hold_versions else {}
         self._resync: set[int] = set()
         self._requests: dict[int, int] = {}  # fragment → version of a round asking for this learner
         self._announced: dict[int, int] = {}  # fragment → version of the last round heard of
@@ -401,7 +401,7 @@ class Communicator:
                     self._arrivals[p] = (got.version, staged)
                     self._arrived.notify_all()
 
-    def held_versions(self) -> dict[int, tuple[int, dict[str, np.ndarray]]]:
+    def held_versions(self) -> Held:
         """Per fragment, the newest global version held exactly and its values (with ``hold_versions``)."""
         with self._lock:
             return {p: (version, dict(values)) for p, (version, values) in self._held.items()}

@@ -9,7 +9,6 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.storage import ObjectStore
@@ -25,6 +24,7 @@ from .checkpoint import (
     restore,
     save_checkpoint,
 )
+from .comms import Held
 from .data import Shard
 from .distributed import Unit, join_unit
 from .entry import TaskContext, TrainingTask, load_task
@@ -39,8 +39,6 @@ from .startup import FirstStep, StartupClock
 from .train import LoopState, make_optimizer, train
 
 log = logging.getLogger("diloco_worker.learner")
-# per fragment, a global version held exactly and its values
-Held = dict[int, tuple[int, dict[str, np.ndarray]]]
 CHECKPOINTS_SHARED = 8  # the newest checkpoint steps each rank offers when the unit agrees on one
 
 

@@ -15,7 +15,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -26,7 +26,7 @@ from diloco_core.codec import decode, encode
 from diloco_core.config import SCHEDULES, DiLoCoSettings, Quantizer, Schedule
 from diloco_core.fragments import Fragment, FragmentPlan
 
-from .comms import CommSettings, Communicator, backoff_delay
+from .comms import CommSettings, Communicator, Held, backoff_delay
 from .credentials import TokenSource
 from .distributed import Arrivals, Unit
 from .fragment_state import FragmentState
@@ -89,7 +89,7 @@ class DiLoCoSession:
         self._uploaded: set[int] = set()
         self._initial_digests: dict[int, str] = {}
         # global versions held exactly, from the checkpoint resumed (their next ones may come as updates)
-        self._kept: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+        self._kept: Held = {}
         # a synchronous job sends in lockstep: nothing to pull there
         self.partial_contributions = settings.partial_contributions and not settings.blocking_sync
         if unit.is_leader:
@@ -218,8 +218,8 @@ class DiLoCoSession:
             if theirs != -1 and theirs <= mine:
                 continue
             held = self._kept.get(f.index)
-            if mine < 0 and self._holds_initial(f.index, theirs):
-                held = (0, {n: a.copy() for n, a in self.fs.store.arrays(f.index).items()})
+            if mine < 0 and (own := self._own_initial(f.index, theirs)) is not None:
+                held = (0, own)
                 log.info("fragment=%d version=0 is this learner's initial parameters", f.index)
             got = self._catch_up(f, mine, theirs, held)
             if got is None:
@@ -260,19 +260,20 @@ class DiLoCoSession:
             taken += 1
         return None
 
-    def _holds_initial(self, p: int, theirs: int) -> bool:
-        """Whether this learner's parameters of fragment ``p`` (as built, never trained) are the job's
-        version 0 bit for bit: it uploaded them, or they have the digest the synchronizer gave."""
-        if theirs == -1:
-            return p in self._uploaded
-        digest = self._initial_digests.get(p)
-        return theirs == 0 and digest is not None and downlink.digest(self.fs.store.arrays(p)) == digest
+    def _own_initial(self, p: int, theirs: int) -> dict[str, np.ndarray] | None:
+        """A copy of this learner's parameters of fragment ``p`` (as built, never trained) when they are
+        the job's version 0 bit for bit: it uploaded them, or they have the digest the synchronizer
+        gave; else None."""
+        if not ((theirs == -1 and p in self._uploaded) or (theirs == 0 and p in self._initial_digests)):
+            return None
+        own = {n: a.copy() for n, a in self.fs.store.arrays(p).items()}
+        return own if theirs == -1 or downlink.digest(own) == self._initial_digests[p] else None
 
     def connect(
         self,
         state: LoopState,
         resumed: bool,
-        held: Mapping[int, tuple[int, dict[str, np.ndarray]]] | None = None,
+        held: Held | None = None,
     ) -> None:
         """Register (rank 0), take the current global state, start the background threads. ``held``:
         global versions the learner holds exactly (its checkpoint's, with compressed downloads)."""
@@ -326,7 +327,7 @@ class DiLoCoSession:
             self.comm.progress.eval_loss = state.eval_loss
             self.comm.start()
 
-    def held(self) -> dict[int, tuple[int, dict[str, np.ndarray]]]:
+    def held(self) -> Held:
         """The global versions held exactly now (for the checkpoint): none without compressed downloads."""
         return self.comm.held_versions() if self.comm is not None else {}
 
