@@ -289,7 +289,7 @@ def test_quantize_compares_numpy_and_torch_and_checks_the_bytes(
     out = tmp_path / "quantize.json"
     assert quantize.main(["--params", "5000", "--repeats", "1", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["format"] for r in rows] == ["fp32", "bf16", "fp16", "int8", "int4", "e3m0"]
+    assert [r["format"] for r in rows] == ["fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2"]
     assert all(r["identical"] and r["torch_decode"] > 0 for r in rows)
     assert "| int4 |" in capsys.readouterr().out
 

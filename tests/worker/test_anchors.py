@@ -21,7 +21,7 @@ from diloco_worker.model import EMBEDDING_NAMES, build_gpt
 
 from tests.worker.helpers import TINY
 
-QUANTIZERS = ["fp32", "bf16", "fp16", "int8", "int4", "e3m0"]
+QUANTIZERS = ["fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2"]
 
 
 def _pair(p: int = 3) -> tuple[tuple[FragmentState, torch.nn.Module], tuple[FragmentState, torch.nn.Module]]:
@@ -69,6 +69,56 @@ def test_the_torch_store_sends_the_reference_payloads_and_takes_globals_identica
         for q, arrays in ref.anchors.items():
             for name, x in arrays.items():
                 assert np.array_equal(x, dev.anchors[q][name]), (rnd, q, name)
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_with_error_feedback_the_torch_store_sends_the_reference_payloads_and_keeps_its_residuals(
+    quantizer: str,
+) -> None:
+    """The residual lives in the torch store, updated with the quantization (off the training
+    thread on a GPU); payloads, residuals and a resumed learner's next payloads are the reference's."""
+    (ref, ref_model), (dev, dev_model) = _pair()
+    assert dev.store.feeds_back(quantizer)
+    assert not ref.store.feeds_back(quantizer)
+    for rnd in range(3):
+        _train_a_little([ref_model, dev_model], seed=rnd)
+        for p in range(len(ref.plan.fragments)):
+            expected = ref.take_contribution(p, quantizer, error_feedback=True).encode(quantizer)
+            assert dev.take_contribution(p, quantizer, error_feedback=True).encode(quantizer) == expected, (
+                rnd,
+                p,
+            )
+        assert ref.residuals.keys() == dev.residuals.keys() == set(range(len(ref.plan.fragments)))
+        for p, arrays in ref.residuals.items():
+            for name, r in arrays.items():
+                assert np.array_equal(r.view(np.uint32), dev.residuals[p][name].view(np.uint32)), (
+                    rnd,
+                    p,
+                    name,
+                )
+    if quantizer != "fp32":  # fp32 leaves nothing out
+        assert any(np.abs(r).max() > 0 for arrays in ref.residuals.values() for r in arrays.values())
+    # a learner resumed from the checkpointed anchors and residuals sends what the original sends
+    (_, _), (resumed, resumed_model) = _pair()
+    resumed_model.load_state_dict(dev_model.state_dict())
+    resumed.load_meta(dev.meta(), dev.anchors, dev.residuals)
+    _train_a_little([dev_model, resumed_model], seed=9)
+    for p in range(len(dev.plan.fragments)):
+        a = dev.take_contribution(p, quantizer, error_feedback=True).encode(quantizer)
+        assert resumed.take_contribution(p, quantizer, error_feedback=True).encode(quantizer) == a, p
+
+
+def test_formats_without_a_torch_quantizer_keep_error_feedback_in_numpy_on_the_device_path() -> None:
+    (ref, ref_model), (dev, dev_model) = _pair(p=2)
+    assert not dev.store.feeds_back("int1")
+    for rnd in range(2):
+        _train_a_little([ref_model, dev_model], seed=rnd)
+        for p in range(2):
+            expected = ref.take_contribution(p, "int1", error_feedback=True).encode("int1")
+            assert dev.take_contribution(p, "int1", error_feedback=True).encode("int1") == expected
+    for p, arrays in ref.residuals.items():
+        for name, r in arrays.items():
+            assert np.array_equal(r, dev.residuals[p][name])
 
 
 def test_a_staged_global_reads_as_its_arrays_and_a_plain_one_is_staged_on_apply() -> None:
@@ -137,10 +187,14 @@ def test_anchors_go_to_pinned_host_memory_when_they_do_not_fit(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("feedback", [False, True])
 @pytest.mark.parametrize("memory", ["device", "host"])
 @pytest.mark.parametrize("quantizer", QUANTIZERS)
-def test_on_cuda_the_side_stream_path_sends_the_reference_payloads(memory: str, quantizer: str) -> None:
-    """Anchors on the GPU or in pinned host memory, side and staging streams, pinned results."""
+def test_on_cuda_the_side_stream_path_sends_the_reference_payloads(
+    memory: str, quantizer: str, feedback: bool
+) -> None:
+    """Anchors (and error-feedback residuals) on the GPU or in pinned host memory, side and staging
+    streams, pinned results."""
     ref_model = build_gpt(TINY)
     cuda_model = build_gpt(TINY).cuda()
     plan = build_plan([(n, tuple(t.shape)) for n, t in ref_model.named_parameters()], 3, 4, 1,
@@ -159,7 +213,7 @@ def test_on_cuda_the_side_stream_path_sends_the_reference_payloads(memory: str, 
                 g = torch.Generator().manual_seed(rnd)
                 for p in m.parameters():
                     p.add_((torch.randn(p.shape, generator=g) * 0.01).to(p.device))
-        contributions = [(ref.take_contribution(p, quantizer), dev.take_contribution(p, quantizer))
+        contributions = [(ref.take_contribution(p, quantizer, feedback), dev.take_contribution(p, quantizer, feedback))
                          for p in range(3)]  # fmt: skip
         with torch.no_grad():  # training goes on before the sender encodes
             for p in cuda_model.parameters():
@@ -173,3 +227,10 @@ def test_on_cuda_the_side_stream_path_sends_the_reference_payloads(memory: str, 
         dev.apply(rnd, rnd, dev.store.stage(rnd, glob), 0.0)
         for (name, a_t), b_t in zip(ref_model.named_parameters(), cuda_model.parameters(), strict=True):
             assert torch.equal(a_t.detach(), b_t.detach().cpu()), name
+        for p, arrays in ref.residuals.items():
+            for name, r in arrays.items():
+                assert np.array_equal(r.view(np.uint32), dev.residuals[p][name].view(np.uint32)), (
+                    rnd,
+                    p,
+                    name,
+                )

@@ -8,8 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diloco_core.storage import FilesystemStore
-from diloco_worker.checkpoint import common_step, list_checkpoints, load_latest, restore, save_checkpoint
+from diloco_core.storage import FilesystemStore, StorageError
+from diloco_worker.checkpoint import (
+    CheckpointWriter,
+    common_step,
+    list_checkpoints,
+    load_latest,
+    restore,
+    save_checkpoint,
+    snapshot_checkpoint,
+)
 from diloco_worker.learner import run_learner
 from diloco_worker.model import build_gpt
 from diloco_worker.settings import WorkerSettings
@@ -187,3 +195,74 @@ def test_cuda_generators_of_another_gpu_count_are_skipped(tmp_path: Path) -> Non
 )
 def test_common_step_is_the_newest_every_rank_holds(per_rank: list[list[int]], step: int) -> None:
     assert common_step(per_rank) == step
+
+
+def test_the_writer_writes_the_state_at_the_snapshot_in_the_background(tmp_path: Path) -> None:
+    """What changes after the snapshot (the next steps, an anchor) is not in the checkpoint; close()
+    waits for the write; an older checkpoint beyond ``keep`` is removed."""
+    store = FilesystemStore(tmp_path)
+    model = build_gpt(TINY)
+    opt = make_optimizer(model, tiny_train())
+    anchors = {0: {"wte.weight": np.full((256, 32), 0.5, dtype=np.float32)}}
+    written: list[int] = []
+    writer = CheckpointWriter(store, keep=1, on_written=written.append)
+    expected = {n: p.detach().clone() for n, p in model.named_parameters()}
+    writer.submit(snapshot_checkpoint(model=model, optimizer=opt, anchors=anchors, meta={"step": 1}))
+    with torch.no_grad():  # training goes on while the snapshot is written
+        for p in model.parameters():
+            p.add_(1.0)
+    anchors[0]["wte.weight"][:] = 9.0
+    writer.submit(snapshot_checkpoint(model=model, optimizer=opt, anchors=anchors, meta={"step": 2}))
+    writer.close()
+    assert written == [1, 2]
+    assert list_checkpoints(store) == [2]
+    loaded = load_latest(store)
+    assert loaded is not None
+    for name, value in expected.items():
+        assert torch.equal(loaded.tensors[f"param/{name}"], value + 1.0), name
+    assert np.all(loaded.anchors()[0]["wte.weight"] == 9.0)
+
+
+def test_a_failed_background_write_is_raised_on_the_training_thread(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    (tmp_path / "ckpt-0000000001").write_text("a file where the checkpoint's folder would go")
+    writer = CheckpointWriter(store)
+    model = build_gpt(TINY)
+    snap = snapshot_checkpoint(
+        model=model, optimizer=make_optimizer(model, tiny_train()), anchors={}, meta={"step": 1}
+    )
+    writer.submit(snap)
+    with pytest.raises((OSError, StorageError)):
+        writer.close()
+    writer.close()  # raised once
+
+
+class _SlowStore(FilesystemStore):
+    """A real folder whose writes wait until released (storage slower than training)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.release = threading.Event()
+
+    def put(self, key: str, data: bytes) -> None:
+        assert self.release.wait(30)
+        super().put(key, data)
+
+
+def test_a_periodic_checkpoint_is_skipped_while_one_is_written_and_the_final_one_waits(
+    tmp_path: Path,
+) -> None:
+    store = _SlowStore(tmp_path)
+    model = build_gpt(TINY)
+    opt = make_optimizer(model, tiny_train())
+    writer = CheckpointWriter(store)
+    assert writer.takes(final=False)
+    writer.submit(snapshot_checkpoint(model=model, optimizer=opt, anchors={}, meta={"step": 10}))
+    assert writer.busy
+    assert not writer.takes(final=False)  # step 20 comes while step 10 is still being written
+    assert writer.takes(final=True)
+    store.release.set()
+    writer.submit(snapshot_checkpoint(model=model, optimizer=opt, anchors={}, meta={"step": 25}))  # waits
+    writer.close()
+    assert not writer.busy
+    assert list_checkpoints(store) == [10, 25]

@@ -109,12 +109,14 @@ def test_e3m0_levels_around_every_threshold_match_the_reference() -> None:
     assert tq.quantize(torch.from_numpy(x), "e3m0", x.size) == q.quantize(x, "e3m0", x.size)
 
 
-def test_layout_aligns_tensors_to_even_blocks_and_pads_with_zeros() -> None:
+def test_layout_aligns_tensors_to_blocks_at_multiples_of_four_and_pads_with_zeros() -> None:
     layout = tq.FlatLayout.of([TensorSpec("a", (3, 5)), TensorSpec("b", (0,)), TensorSpec("c", (9,))], 9)
-    assert layout.offsets == (0, 18, 18)
-    assert layout.total == 36
-    assert layout.odd_pads() == [15, 27]
+    assert layout.offsets == (0, 36, 36)
+    assert layout.total == 72
+    assert layout.tail_pads(2) == [15, 45]
+    assert layout.tail_pads(4) == [15, 45, 46, 47]
     assert layout.numel == 24
+    assert tq.FlatLayout.of([TensorSpec("a", (300,))], 256).total == 512  # the default: whole blocks
 
 
 def test_a_buffer_that_does_not_match_the_layout_is_refused() -> None:
@@ -122,7 +124,7 @@ def test_a_buffer_that_does_not_match_the_layout_is_refused() -> None:
     with pytest.raises(ValueError, match="flat float32 buffer of 8"):
         tq.quantize_flat(torch.zeros(4), "int8", layout)
     with pytest.raises(ValueError, match="no torch implementation"):
-        tq.quantize_flat(torch.zeros(8), "int2", layout)
+        tq.quantize_flat(torch.zeros(8), "int1", layout)
 
 
 @pytest.mark.gpu

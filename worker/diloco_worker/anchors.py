@@ -16,6 +16,12 @@ Two implementations of one interface (:class:`AnchorStore`):
   wait for that copy and copies the staging buffer into the parameters, device to device; the
   staging buffer becomes the anchor.
 
+With error feedback (docs/algorithm.md §3.9) ``DeviceAnchors`` also keeps each fragment's residual,
+flat and where its anchor is: the side stream adds it to ``anchor - params`` before quantizing and
+leaves the new residual (what the payload does not carry) in its place, so the training thread
+still only queues work. For the formats without a torch quantizer, and in ``HostAnchors``, the
+caller (``FragmentState``) encodes with the residual in numpy on its own thread.
+
 On a CPU ``DeviceAnchors`` runs the same code without streams or pinned memory (everything is
 synchronous), which is how its payloads are checked against the reference without a GPU.
 """
@@ -36,7 +42,7 @@ from diloco_core.fragments import FragmentPlan
 from diloco_core.learner import apply_global, outer_gradient
 from torch import Tensor
 
-from .torch_quantize import FORMATS, FlatLayout, quantize_flat
+from .torch_quantize import FORMATS, FlatLayout, QuantizedFlat, dequantize, quantize_flat
 
 log = logging.getLogger("diloco_worker.anchors")
 
@@ -56,9 +62,22 @@ class AnchorStore(Protocol):
         """Fragment ``p``'s anchor as float32 host arrays (checkpoints, the initial upload)."""
         ...
 
-    def outer_gradient(self, p: int, quantizer: str) -> Arrays | OuterDelta:
-        """``anchor - params`` of fragment ``p`` for a payload in ``quantizer``."""
+    def outer_gradient(self, p: int, quantizer: str, error_feedback: bool = False) -> Arrays | OuterDelta:
+        """``anchor - params`` of fragment ``p`` for a payload in ``quantizer``; with
+        ``error_feedback`` (only where :meth:`feeds_back`) plus the fragment's residual, which
+        becomes what the payload leaves out."""
         ...
+
+    def feeds_back(self, quantizer: str) -> bool:
+        """Whether :meth:`outer_gradient` keeps error feedback itself for this format (else the
+        caller does, with :meth:`residual` and :meth:`set_residual`)."""
+        ...
+
+    def residual(self, p: int) -> dict[str, np.ndarray] | None:
+        """Fragment ``p``'s error-feedback residual as float32 host arrays (None: none yet)."""
+        ...
+
+    def set_residual(self, p: int, arrays: Arrays) -> None: ...
 
     def advance_anchor(self, p: int) -> None:
         """The anchor of fragment ``p`` becomes its current parameters (its progress was just sent)."""
@@ -89,6 +108,7 @@ class HostAnchors:
         self.anchors: dict[int, dict[str, np.ndarray]] = {
             f.index: {n: _to_numpy(params[n]) for n in f.names} for f in plan.fragments
         }
+        self.residuals: dict[int, dict[str, np.ndarray]] = {}
 
     def fragment_params(self, p: int) -> dict[str, np.ndarray]:
         return {n: _to_numpy(self.params[n]) for n in self.plan.fragments[p].names}
@@ -96,8 +116,19 @@ class HostAnchors:
     def arrays(self, p: int) -> dict[str, np.ndarray]:
         return self.anchors[p]
 
-    def outer_gradient(self, p: int, quantizer: str) -> Arrays:
+    def outer_gradient(self, p: int, quantizer: str, error_feedback: bool = False) -> Arrays:
+        if error_feedback:
+            raise ValueError("the numpy store leaves error feedback to its caller (feeds_back is False)")
         return outer_gradient(self.anchors[p], self.fragment_params(p))
+
+    def feeds_back(self, quantizer: str) -> bool:
+        return False
+
+    def residual(self, p: int) -> dict[str, np.ndarray] | None:
+        return self.residuals.get(p)
+
+    def set_residual(self, p: int, arrays: Arrays) -> None:
+        self.residuals[p] = {n: np.array(v, dtype=np.float32) for n, v in arrays.items()}
 
     def advance_anchor(self, p: int) -> None:
         self.anchors[p] = self.fragment_params(p)
@@ -202,6 +233,9 @@ class DeviceAnchors:
         self.staging = torch.cuda.Stream(device) if self.cuda else None
         self.work = torch.zeros(longest, dtype=torch.float32, device=device)
         self.anchors: dict[int, Tensor] = {p: self._flat_of_params(p) for p in self.layouts}
+        # error feedback: per fragment, flat like its anchor and where it is, padding always zero;
+        # written on the side stream
+        self.residuals: dict[int, Tensor] = {}
 
     def _place(self, wanted: Placement, longest: int) -> Literal["device", "host"]:
         anchor_bytes = 4 * sum(layout.total for layout in self.layouts.values())
@@ -254,12 +288,59 @@ class DeviceAnchors:
         flat = self.anchors[p].cpu()
         return {s.name: v.numpy().copy() for s, v in zip(layout.specs, layout.views(flat), strict=True)}
 
+    def feeds_back(self, quantizer: str) -> bool:
+        return quantizer in FORMATS
+
+    def _side_done(self) -> None:
+        """Wait until the side stream's queued work (residual updates) is done."""
+        if self.side is not None:
+            self.side.synchronize()
+
+    def residual(self, p: int) -> dict[str, np.ndarray] | None:
+        if p not in self.residuals:
+            return None
+        self._side_done()
+        layout, flat = self.layouts[p], self.residuals[p].cpu()
+        return {s.name: v.numpy().copy() for s, v in zip(layout.specs, layout.views(flat), strict=True)}
+
+    def set_residual(self, p: int, arrays: Arrays) -> None:
+        self._side_done()
+        layout = self.layouts[p]
+        host = torch.zeros(layout.total, dtype=torch.float32)
+        for view, name in zip(layout.views(host), layout.names, strict=True):
+            view.copy_(torch.from_numpy(np.asarray(arrays[name], dtype=np.float32)))
+        self.residuals[p] = host.to(self.anchor_device)
+        if self.placement == "host" and self.cuda:
+            self.residuals[p] = self.residuals[p].pin_memory()
+
     @torch.no_grad()
-    def outer_gradient(self, p: int, quantizer: str) -> DeviceSnapshot | Arrays:
-        """Queue ``anchor - params`` and its quantization; the training stream only waits (on the
-        device) until the parameters have been read, and the training thread not at all. A format
-        without a torch implementation gets ``anchor - params`` as host arrays (the reference)."""
+    def _feed_back(self, p: int, work: Tensor, out: QuantizedFlat, quantizer: str) -> None:
+        """The new residual of fragment ``p``: ``work`` (the compensated outer gradient) minus what
+        its quantization ``out`` decodes to, in the tensors' regions (the padding stays zero)."""
+        layout = self.layouts[p]
+        left = work.sub_(dequantize(out.values, out.scales, quantizer, layout.total, layout.block_size))
+        target = self.residuals.get(p)
+        if target is None:
+            target = torch.zeros(layout.total, dtype=torch.float32, device=self.anchor_device)
+            if self.placement == "host" and self.cuda:
+                target = target.pin_memory()
+            self.residuals[p] = target
+        if target.device == left.device:
+            _copy_all(layout.views(target), layout.views(left))
+        else:  # pinned host memory: the whole buffer back (the padding of ``left`` is zeroed first)
+            padded = torch.zeros_like(left)
+            _copy_all(layout.views(padded), layout.views(left))
+            target.copy_(padded, non_blocking=True)
+
+    @torch.no_grad()
+    def outer_gradient(self, p: int, quantizer: str, error_feedback: bool = False) -> DeviceSnapshot | Arrays:
+        """Queue ``anchor - params`` (plus the residual, with ``error_feedback``) and its
+        quantization; the training stream only waits (on the device) until the parameters have been
+        read, and the training thread not at all. A format without a torch implementation gets
+        ``anchor - params`` as host arrays (the reference; its caller keeps error feedback)."""
         if quantizer not in FORMATS:
+            if error_feedback:
+                raise ValueError(f"no torch implementation of {quantizer!r}: its caller keeps error feedback")
             params = {
                 n: t.detach().float().cpu().numpy()
                 for n, t in zip(self.layouts[p].names, self.params[p], strict=True)
@@ -281,11 +362,15 @@ class DeviceAnchors:
                 else:
                     anchor = anchor.to(self.device, non_blocking=True)
             torch.sub(anchor, work, out=work)
+            if error_feedback and p in self.residuals:
+                work.add_(self.residuals[p].to(self.device, non_blocking=True))
             out = quantize_flat(work, quantizer, layout)
             values = self._empty_host(out.values.numel(), torch.uint8)
             scales = self._empty_host(out.scales.numel(), torch.uint8)
             values.copy_(out.values, non_blocking=self.cuda)
             scales.copy_(out.scales, non_blocking=self.cuda)
+            if error_feedback:
+                self._feed_back(p, work, out, quantizer)
             if streams is not None:
                 done = torch.cuda.Event()
                 done.record(streams[1])

@@ -16,7 +16,8 @@ import json
 import logging
 import random
 import re
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +75,7 @@ class Checkpoint:
 def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
     sd = opt.state_dict()
     tensors = {
-        f"optim/{idx}/{k}": v.detach().cpu().clone().contiguous()
+        f"optim/{idx}/{k}": _copy_to_host(v)
         for idx, st in sd["state"].items()
         for k, v in st.items()
         if isinstance(v, torch.Tensor)
@@ -82,20 +83,29 @@ def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tens
     return tensors, sd["param_groups"]
 
 
+def _copy_to_host(t: torch.Tensor) -> torch.Tensor:
+    """An independent contiguous CPU copy (one copy, from a GPU or within the host)."""
+    return t.detach().to("cpu", copy=True).contiguous()
+
+
 def build_tensors(
     model: nn.Module, opt: torch.optim.Optimizer, anchors: Mapping[int, Mapping[str, np.ndarray]],
     residuals: Mapping[int, Mapping[str, np.ndarray]] | None = None,
     held: Mapping[int, Mapping[str, np.ndarray]] | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:  # fmt: skip
-    """Everything tensor-shaped, as independent contiguous CPU tensors keyed by role."""
-    tensors = {f"param/{n}": p.detach().cpu().clone().contiguous() for n, p in model.named_parameters()}
-    tensors.update({f"buffer/{n}": b.detach().cpu().clone().contiguous() for n, b in model.named_buffers()})
+    """Everything tensor-shaped, as independent contiguous CPU tensors keyed by role (copies: the
+    live state may change while they are written)."""
+    tensors = {f"param/{n}": _copy_to_host(p) for n, p in model.named_parameters()}
+    tensors.update({f"buffer/{n}": _copy_to_host(b) for n, b in model.named_buffers()})
     opt_tensors, groups = _optimizer_tensors(opt)
     tensors.update(opt_tensors)
     for role, per_fragment in (("anchor", anchors), ("residual", residuals or {}), ("held", held or {})):
         for p, frag in per_fragment.items():
             tensors.update(
-                {f"{role}/{p}/{n}": torch.from_numpy(np.ascontiguousarray(a)) for n, a in frag.items()}
+                {
+                    f"{role}/{p}/{n}": torch.from_numpy(np.array(a, order="C", copy=True))
+                    for n, a in frag.items()
+                }
             )
     tensors.update(build_rng_tensors())
     return tensors, groups
@@ -140,6 +150,48 @@ def restore_rng(ckpt: Checkpoint) -> None:
         random.setstate((version, tuple(internal), gauss))
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """A checkpoint's content, copied out of the live state: writing it can wait (another thread)."""
+
+    step: int
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+
+
+def snapshot_checkpoint(
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    anchors: Mapping[int, Mapping[str, np.ndarray]],
+    meta: Mapping[str, Any],
+    residuals: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+    held: Mapping[int, tuple[int, Mapping[str, np.ndarray]]] | None = None,
+) -> Snapshot:
+    """Copy what a checkpoint of ``meta['step']`` holds (the training thread's part of a save).
+    ``held``: the global versions the learner holds exactly, per fragment (version, values)."""
+    held = held or {}
+    tensors, groups = build_tensors(
+        model, optimizer, anchors, residuals, {p: v for p, (_, v) in held.items()}
+    )
+    full_meta = {
+        "format": FORMAT, **meta, "held_versions": {str(p): version for p, (version, _) in held.items()},
+        "optimizer_groups": groups, "rng": python_rng_meta(),
+    }  # fmt: skip
+    return Snapshot(int(meta["step"]), tensors, full_meta)
+
+
+def write_checkpoint(store: ObjectStore, snap: Snapshot, keep: int = 2) -> str:
+    """Write a snapshot (``meta.json`` last), then delete all but the newest ``keep`` checkpoints."""
+    prefix = f"ckpt-{snap.step:010d}/"
+    store.put(prefix + "tensors.safetensors", st_save(snap.tensors))
+    store.put(prefix + "meta.json", json.dumps(snap.meta, sort_keys=True).encode())
+    for old in list_checkpoints(store)[:-keep]:
+        for key in store.list(f"ckpt-{old:010d}/"):
+            store.delete(key)
+    return prefix
+
+
 def save_checkpoint(
     store: ObjectStore,
     *,
@@ -151,22 +203,62 @@ def save_checkpoint(
     residuals: Mapping[int, Mapping[str, np.ndarray]] | None = None,
     held: Mapping[int, tuple[int, Mapping[str, np.ndarray]]] | None = None,
 ) -> str:
-    """Write a checkpoint for ``meta['step']``, then delete all but the newest ``keep``. ``held``: the
-    global versions the learner holds exactly, per fragment (version, values)."""
-    step = int(meta["step"])
-    held = held or {}
-    tensors, groups = build_tensors(
-        model, optimizer, anchors, residuals, {p: v for p, (_, v) in held.items()}
+    """Write a checkpoint for ``meta['step']`` now (:func:`snapshot_checkpoint`, then
+    :func:`write_checkpoint`)."""
+    snap = snapshot_checkpoint(
+        model=model, optimizer=optimizer, anchors=anchors, meta=meta, residuals=residuals, held=held
     )
-    meta = {**meta, "held_versions": {str(p): version for p, (version, _) in held.items()}}
-    prefix = f"ckpt-{step:010d}/"
-    store.put(prefix + "tensors.safetensors", st_save(tensors))
-    full_meta = {"format": FORMAT, **meta, "optimizer_groups": groups, "rng": python_rng_meta()}
-    store.put(prefix + "meta.json", json.dumps(full_meta, sort_keys=True).encode())
-    for old in list_checkpoints(store)[:-keep]:
-        for key in store.list(f"ckpt-{old:010d}/"):
-            store.delete(key)
-    return prefix
+    return write_checkpoint(store, snap, keep)
+
+
+class CheckpointWriter:
+    """Writes snapshots in a background thread, one at a time, so that the training thread only
+    copies the state: serialising and storing it (most of a save's time on a large model) overlap
+    with training. A new snapshot waits for the previous write; a failed write is raised at the next
+    :meth:`submit` or at :meth:`close`, which waits for the last one."""
+
+    def __init__(self, store: ObjectStore, *, keep: int = 2, on_written: Callable[[int], None] | None = None):
+        self.store, self.keep, self.on_written = store, keep, on_written
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _write(self, snap: Snapshot) -> None:
+        try:
+            write_checkpoint(self.store, snap, self.keep)
+        except BaseException as exc:  # handed to the training thread
+            self._error = exc
+            return
+        if self.on_written is not None:
+            self.on_written(snap.step)
+
+    def _wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    @property
+    def busy(self) -> bool:
+        """A write is still in progress."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def takes(self, final: bool) -> bool:
+        """Whether a checkpoint due now is taken: always the final one (it waits for the previous
+        write), a periodic one only when no write is in progress (training does not wait for
+        storage: checkpoints come as often as asked or as often as storage keeps up)."""
+        return final or not self.busy
+
+    def submit(self, snap: Snapshot) -> None:
+        self._wait()
+        self._thread = threading.Thread(
+            target=self._write, args=(snap,), name="checkpoint-writer", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._wait()
 
 
 def list_checkpoints(store: ObjectStore) -> list[int]:

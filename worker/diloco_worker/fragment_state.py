@@ -74,8 +74,6 @@ class FragmentState:
         self.params = dict(params)
         self.counters = FragmentCounters(plan)  # the papers' schedule until the job says otherwise
         self.store = store(plan, self.params)
-        # error feedback: per fragment, what the last payload did not carry (docs/algorithm.md §3.9)
-        self.residuals: dict[int, dict[str, np.ndarray]] = {}
 
     @classmethod
     def for_model(
@@ -85,6 +83,13 @@ class FragmentState:
         store: Callable[[FragmentPlan, Mapping[str, torch.Tensor]], AnchorStore] = HostAnchors,
     ) -> FragmentState:
         return cls(plan, dict(model.named_parameters()), store)
+
+    @property
+    def residuals(self) -> dict[int, dict[str, np.ndarray]]:
+        """Error feedback: per fragment, what its last payload did not carry (docs/algorithm.md
+        §3.9), as float32 host arrays; only fragments that have sent one with error feedback."""
+        found = {f.index: self.store.residual(f.index) for f in self.plan.fragments}
+        return {p: r for p, r in found.items() if r is not None}
 
     @property
     def anchors(self) -> dict[int, dict[str, np.ndarray]]:
@@ -105,18 +110,19 @@ class FragmentState:
         """delta_p = A_p - theta_p (for a payload in ``quantizer``); the fragment is marked as sent and
         its anchor moves to the sent point.
 
-        With ``error_feedback`` the payload is ``delta_p`` plus the fragment's residual, encoded here
-        (on the calling thread: the next residual depends on it), and the residual becomes what the
-        payload leaves out (``diloco_core.feedback``)."""
+        With ``error_feedback`` the payload is ``delta_p`` plus the fragment's residual, and the
+        residual becomes what the payload leaves out (``diloco_core.feedback``): on the device path
+        queued with the quantization (the training thread does not wait); otherwise encoded here, on
+        the calling thread, since the next residual depends on it."""
         c = self.counters.mark_sent(p)
-        if not error_feedback:
-            delta = self.store.outer_gradient(p, quantizer)
+        if not error_feedback or self.store.feeds_back(quantizer):
+            delta = self.store.outer_gradient(p, quantizer, error_feedback)
             self.store.advance_anchor(p)
             return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, delta, since=c.since)
         params = {n: self.params[n].detach().float().cpu().numpy() for n in self.plan.fragments[p].names}
-        enc = feedback.encode(outer_gradient(self.store.arrays(p), params), self.residuals.get(p), fragment=p,
+        enc = feedback.encode(outer_gradient(self.store.arrays(p), params), self.store.residual(p), fragment=p,
                               base_version=c.base_version, kind="outer_grad", quantizer=quantizer)  # fmt: skip
-        self.residuals[p] = enc.residual
+        self.store.set_residual(p, enc.residual)
         self.store.advance_anchor(p)
         return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, enc, since=c.since)
 
@@ -160,6 +166,5 @@ class FragmentState:
         self.counters = FragmentCounters.from_list(self.plan, meta, self.counters.schedule)
         for p, tensors in anchors.items():
             self.store.load(p, tensors)
-        self.residuals = {
-            p: {n: np.array(v, dtype=np.float32) for n, v in r.items()} for p, r in (residuals or {}).items()
-        }
+        for p, r in (residuals or {}).items():
+            self.store.set_residual(p, r)

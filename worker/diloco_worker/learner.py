@@ -16,13 +16,14 @@ from diloco_core.storage import ObjectStore
 from .anchors import DeviceAnchors, build_anchor_store
 from .checkpoint import (
     Checkpoint,
+    CheckpointWriter,
     common_step,
     list_checkpoints,
     load_at,
     load_latest,
     open_checkpoint_store,
     restore,
-    save_checkpoint,
+    snapshot_checkpoint,
 )
 from .comms import Held
 from .data import Shard
@@ -193,6 +194,7 @@ def _run(
         len(plan.fragments),
         "torch on the device" if isinstance(fs.store, DeviceAnchors) else "numpy on the host",
     )
+    saver = _Saver(store, task, optimizer, fs, plan, settings, session) if store else None
     try:
         train(
             task,
@@ -202,7 +204,7 @@ def _run(
             unit=unit,
             stop=stop,
             hook=FirstStep(session, clock, functools.partial(_report_startup, settings, metrics)),
-            save=_saver(store, task, optimizer, fs, plan, settings, session) if store else None,
+            save=saver,
             checkpoint_every=settings.checkpoint_every,
             eval_every=settings.eval_every,
             log_every=settings.log_every,
@@ -216,6 +218,8 @@ def _run(
         )
     finally:
         health.beat("leaving")
+        if saver is not None:
+            saver.close()
         if session:
             session.close()
     return 0
@@ -230,29 +234,39 @@ def _report_startup(
         metrics.note(**clock.to_record(), resumed_blocked_s=state.blocked_s)
 
 
-def _saver(
-    store: ObjectStore,
-    task: TrainingTask,
-    opt: torch.optim.Optimizer,
-    fs: FragmentState,
-    plan: FragmentPlan,
-    settings: WorkerSettings,
-    session: DiLoCoSession | None,
-) -> Any:
-    config = settings.model_dump(mode="json", exclude={"token"})
+class _Saver:
+    """The training loop's checkpoints: the state copied on the training thread, written by a
+    :class:`CheckpointWriter` in the background. A periodic checkpoint due while the previous one
+    is still being written is skipped (the training thread never waits for storage; checkpoints
+    come as often as they are asked for or as storage keeps up); the final one waits, and so does
+    :meth:`close`."""
 
-    def save(state: LoopState) -> None:
+    def __init__(
+        self, store: ObjectStore, task: TrainingTask, opt: torch.optim.Optimizer, fs: FragmentState,
+        plan: FragmentPlan, settings: WorkerSettings, session: DiLoCoSession | None,
+    ) -> None:  # fmt: skip
+        self.task, self.opt, self.fs, self.plan, self.session = task, opt, fs, plan, session
+        self.config = settings.model_dump(mode="json", exclude={"token"})
+        learner = settings.learner_id
+        self.writer = CheckpointWriter(
+            store, on_written=lambda step: log.info("learner=%s step=%d checkpoint written", learner, step)
+        )
+
+    def __call__(self, state: LoopState, final: bool = False) -> None:
+        if not self.writer.takes(final):
+            log.debug("step=%d checkpoint skipped: the previous one is still being written", state.step)
+            return
         meta = {
             "step": state.step,
             "loop": state.to_dict(),
-            "fragments": fs.meta(),
-            "plan_hash": plan.hash(),
-            "config": config,
+            "fragments": self.fs.meta(),
+            "plan_hash": self.plan.hash(),
+            "config": self.config,
         }
-        save_checkpoint(
-            store, model=task.model, optimizer=opt, anchors=fs.anchors, meta=meta, residuals=fs.residuals,
-            held=session.held() if session is not None else None,
-        )  # fmt: skip
-        log.info("learner=%s step=%d checkpoint written", settings.learner_id, state.step)
+        self.writer.submit(snapshot_checkpoint(
+            model=self.task.model, optimizer=self.opt, anchors=self.fs.anchors, meta=meta,
+            residuals=self.fs.residuals, held=self.session.held() if self.session is not None else None,
+        ))  # fmt: skip
 
-    return save
+    def close(self) -> None:
+        self.writer.close()

@@ -19,6 +19,7 @@ Bytes are written in the host's order, which must be little-endian (as the wire 
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,9 +35,10 @@ if sys.byteorder != "little":  # pragma: no cover - every platform PyTorch ships
     raise ImportError("diloco_worker.torch_quantize writes the little-endian wire format in host order")
 
 _VALUE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
-# the formats with a torch implementation; the others (int2, int1, topk) are quantized by the numpy
-# reference in the sender thread (``anchors.DeviceAnchors.outer_gradient`` hands over host arrays)
-FORMATS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8", "int4", "e3m0")
+_CODE_BITS = {"int4": 4, "e3m0": 4, "int2": 2}  # packed codes: 8 // bits per byte, the first lowest
+# the formats with a torch implementation; the others (int1, topk) are quantized by the numpy
+# reference (``anchors.DeviceAnchors.outer_gradient`` hands over host arrays)
+FORMATS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2")
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,9 @@ class FlatLayout:
             raise ValueError(
                 f"block_size must be in [{q.MIN_BLOCK_SIZE}, {q.MAX_BLOCK_SIZE}], got {block_size}"
             )
-        # even offsets keep two 4-bit codes of one tensor in each byte, whatever the block size
-        align = block_size if block_size % 2 == 0 else 2 * block_size
+        # offsets that are multiples of 4 keep the packed 4-bit and 2-bit codes of one tensor in
+        # bytes of its own, whatever the block size
+        align = math.lcm(block_size, 4)
         offsets, pos = [], 0
         for spec in specs:
             offsets.append(pos)
@@ -75,10 +78,15 @@ class FlatLayout:
         """Each tensor's region of ``flat``, in its shape (views: writing them writes ``flat``)."""
         return [flat[o : o + s.numel].view(s.shape) for s, o in zip(self.specs, self.offsets, strict=True)]
 
-    def odd_pads(self) -> list[int]:
-        """The padding positions that share a byte with a tensor's last 4-bit code: the reference
-        packs a zero code there, where the padding's own code could differ (int4's zero is 8)."""
-        return [o + s.numel for s, o in zip(self.specs, self.offsets, strict=True) if s.numel % 2]
+    def tail_pads(self, per_byte: int) -> list[int]:
+        """The padding positions that share a byte with a tensor's last packed code (``per_byte``
+        codes to a byte): the reference packs zero codes there, where the padding's own codes could
+        differ (int4's zero is 8, int2 has none)."""
+        return [
+            i
+            for s, o in zip(self.specs, self.offsets, strict=True)
+            for i in range(o + s.numel, o + -(-s.numel // per_byte) * per_byte)
+        ]
 
     def parts(self, quantizer: str, values: np.ndarray, scales: np.ndarray) -> dict[str, QuantizedTensor]:
         """Each tensor's slices of a quantized flat buffer (``values`` and ``scales`` as uint8 host
@@ -86,7 +94,11 @@ class FlatLayout:
         out: dict[str, QuantizedTensor] = {}
         vmem, smem = values.data.cast("B"), scales.data.cast("B")
         for spec, offset in zip(self.specs, self.offsets, strict=True):
-            vstart = offset * _VALUE_BYTES[quantizer] if quantizer in _VALUE_BYTES else offset // 2
+            vstart = (
+                offset * _VALUE_BYTES[quantizer]
+                if quantizer in _VALUE_BYTES
+                else offset * _CODE_BITS[quantizer] // 8
+            )
             sstart = 4 * (offset // self.block_size) if quantizer in q.BLOCKED else 0
             nv = q.data_nbytes(quantizer, spec.numel)
             ns = q.scales_nbytes(quantizer, spec.numel, self.block_size)
@@ -125,6 +137,8 @@ def quantize_flat(flat: Tensor, quantizer: str, layout: FlatLayout) -> Quantized
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))[:, None]
     if quantizer == "e3m0":
         codes = _e3m0_codes(blocks, safe)
+    elif quantizer == "int2":
+        codes = _int2_codes(blocks, safe, scales)
     else:
         top = 127 if quantizer == "int8" else 7
         r = torch.div(blocks, safe)
@@ -137,10 +151,38 @@ def quantize_flat(flat: Tensor, quantizer: str, layout: FlatLayout) -> Quantized
     scale_bytes = torch.where(bad, nan_bits, scales.view(torch.int32)).view(torch.uint8)
     if quantizer == "int8":
         return QuantizedFlat(codes.view(torch.uint8), scale_bytes)
-    if layout.odd_pads():
-        codes.index_fill_(0, _pad_index(layout, flat.device), 0)
-    pairs = codes.view(-1, 2)
-    return QuantizedFlat(pairs[:, 0] | (pairs[:, 1] << 4), scale_bytes)
+    bits = _CODE_BITS[quantizer]
+    if layout.tail_pads(8 // bits):
+        codes.index_fill_(0, _pad_index(layout, 8 // bits, flat.device), 0)
+    return QuantizedFlat(_pack(codes, bits), scale_bytes)
+
+
+def _pack(codes: Tensor, bits: int) -> Tensor:
+    """``8 // bits`` codes to a byte, the first in the lowest bits (the reference's order)."""
+    groups = codes.view(-1, 8 // bits)
+    out = groups[:, 0].clone()
+    for i in range(1, 8 // bits):
+        out |= groups[:, i] << (i * bits)
+    return out
+
+
+def _unpack(values: Tensor, bits: int, n: int) -> Tensor:
+    mask = (1 << bits) - 1
+    return torch.stack([(values >> (i * bits)) & mask for i in range(8 // bits)], dim=1).view(-1)[:n]
+
+
+def _int2_codes(blocks: Tensor, safe: Tensor, scales: Tensor) -> Tensor:
+    """The reference's int2 levels (``diloco_core.quantize._int2_codes``): the nearest of
+    ``{-1.5, -0.5, 0.5, 1.5}`` after scaling by 1.5 / s, halfway values away from zero, an exact 0
+    negative at an even position and positive at an odd one (the layout's offsets are even, so a
+    position's parity in the flat buffer is its parity in its tensor), a block of zeros positive."""
+    y = torch.div(blocks, safe).mul_(1.5)
+    outer = (y.abs() >= 1).to(torch.uint8)
+    positive = y > 0
+    zero_odd = (y == 0).view(-1)[1::2]
+    positive.view(-1)[1::2] |= zero_odd
+    positive |= (scales == 0)[:, None]
+    return torch.where(positive, outer + 2, 1 - outer)
 
 
 def _e3m0_codes(blocks: Tensor, safe: Tensor) -> Tensor:
@@ -195,8 +237,8 @@ def _table(name: str, device: torch.device) -> Tensor:
 
 
 @functools.lru_cache(maxsize=256)
-def _pad_index(layout: FlatLayout, device: torch.device) -> Tensor:
-    return torch.tensor(layout.odd_pads(), dtype=torch.long).to(device)
+def _pad_index(layout: FlatLayout, per_byte: int, device: torch.device) -> Tensor:
+    return torch.tensor(layout.tail_pads(per_byte), dtype=torch.long).to(device)
 
 
 def dequantize(values: Tensor, scales: Tensor, quantizer: str, n: int, block_size: int) -> Tensor:
@@ -213,9 +255,11 @@ def dequantize(values: Tensor, scales: Tensor, quantizer: str, n: int, block_siz
     per_value = scales.view(torch.float32).repeat_interleave(block_size)[:n]
     if quantizer == "int8":
         return values.view(torch.int8)[:n].to(torch.float32) * torch.div(per_value, _scalar(127.0, values))
-    codes = torch.stack([values & 0x0F, values >> 4], dim=1).view(-1)[:n].long()
+    if quantizer == "int2":
+        codes2 = _unpack(values, 2, n).to(torch.float32)
+        return torch.div(codes2 * 2 - 3, _scalar(3.0, values)) * per_value
     levels = _table(quantizer, values.device)
-    return levels[codes] * per_value
+    return levels[_unpack(values, 4, n).long()] * per_value
 
 
 def _scalar(value: float, like: Tensor) -> Tensor:

@@ -170,7 +170,7 @@ def train(
     unit: Unit,
     stop: threading.Event,
     hook: StepHook | None = None,
-    save: Callable[[LoopState], None] | None = None,
+    save: Callable[[LoopState, bool], None] | None = None,
     checkpoint_every: int = 0,
     eval_every: int = 0,
     log_every: int = 10,
@@ -248,7 +248,7 @@ def train(
             _emit(state, loss_value, step_time, step_tokens, metrics, clock, flops_per_token, peak_flops)
         at_end = stopping or state.step >= cfg.max_steps
         if save and ((checkpoint_every and state.step % checkpoint_every == 0) or at_end):
-            save(state)
+            save(state, at_end)
         if stopping:
             log.info("step=%d stopping on request", state.step)
             break
