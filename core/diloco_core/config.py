@@ -12,7 +12,9 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Quantizer = Literal["fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2", "int1", "topk"]
+from diloco_core.quantize import QuantizerName
+
+Quantizer = QuantizerName  # the one list: diloco_core.quantize
 MergeRule = Literal["rda", "mean"]
 FragmentStrategy = Literal["balanced", "strided"]
 # when a learner sends a fragment (docs/algorithm.md §3.2)

@@ -44,13 +44,13 @@ little-endian. Dequantized values are float32; arithmetic is float32 (scales) an
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
 
 QuantizerName = Literal["fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2", "int1", "topk"]
-QUANTIZERS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2", "int1", "topk")
+QUANTIZERS: tuple[str, ...] = get_args(QuantizerName)
 BLOCKED: frozenset[str] = frozenset({"int8", "int4", "e3m0", "int2", "int1", "topk"})
 TOPK_PER_BLOCK = 8
 TOPK_MAX_BLOCK = 1 << 16
