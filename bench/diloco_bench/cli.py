@@ -22,6 +22,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "synchronizer ingest throughput, latency, merge time vs raw baseline",
     ),
     "worker": ("diloco_bench.worker", "learner tokens/s with DiLoCo vs a plain training loop; blocked time"),
+    "checkpoint": (
+        "diloco_bench.checkpoint",
+        "a learner's checkpoint: the training thread's time, whole save vs the snapshot it takes now",
+    ),
     "startup": (
         "diloco_bench.startup",
         "seconds from a learner's launch to its first step, per phase, vs import torch",
