@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "synchronizer": ("diloco_sync.cli", "start the synchronizer service"),
     "worker": ("diloco_worker.cli", "start a learner"),
     "operator": ("diloco_operator.cli", "start the Kubernetes operator"),
+    "export": ("diloco.export", "write a job's global model from its storage as safetensors"),
     "bench": ("diloco_bench.cli", "run a benchmark and print its figures"),
 }
 

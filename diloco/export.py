@@ -1,0 +1,160 @@
+"""``diloco export``: take the trained global model out of a job's storage.
+
+Reads every fragment at the version its shard's manifest commits (``diloco_sync.export``; the job
+may still be running) and writes, in ``--out``:
+
+- ``model.safetensors``: every parameter of the model, float32, under the model's own names;
+- ``export.json``: the job, the version of each fragment, the rounds merged, and (with
+  ``--evaluate``) the held-out loss.
+
+With ``--entry-point`` (``builtin``, the default, or ``package.module:function``) and the job's model
+settings, the tensors are loaded into the model the learners train, which must take every one of
+them: a check that the export is that model. A model with ``save_pretrained`` (Hugging Face) is
+also written there as ``hf/``, which ``from_pretrained`` loads. ``--evaluate`` gives the held-out
+loss of the exported model on the task's held-out batches (for ``builtin``: the corpus, its
+held-out fraction and the batch size the job's learners use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from diloco_core.config import DataSettings, ModelSettings, TrainSettings
+from diloco_core.flags import SettingsError, add_flags, derive_flags, read, validate
+from diloco_core.storage import StorageError, open_store
+from pydantic import BaseModel, Field
+
+
+class ExportSettings(BaseModel):
+    storage: str = Field(description="the job's storage: a folder, file:///path or s3://bucket/prefix")
+    out: Path = Field(description="the folder to write (created; files in it are replaced)")
+    job_id: str | None = Field(None, description="refuse the storage unless it holds this job")
+    evaluate: bool = Field(False, description="compute the exported model's held-out loss")
+    load: bool = Field(True, description="load the tensors into the model built by --entry-point (a check)")
+    model: ModelSettings = ModelSettings()
+    data: DataSettings = DataSettings()
+    train: TrainSettings = TrainSettings()
+    corpus_max_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="bytes of the corpus read at most")
+
+
+FLAGS = derive_flags(
+    ExportSettings,
+    {
+        "": None,
+        "model": ("entry_point", "n_layer", "n_head", "n_embd", "block_size", "seed"),
+        "data": ("corpus", "eval_fraction"),
+        "train": ("batch_size",),
+    },
+)
+
+
+def parse_settings(argv: list[str]) -> ExportSettings:
+    p = argparse.ArgumentParser(prog="diloco export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_flags(p, FLAGS)
+    return validate(ExportSettings, read(FLAGS, p.parse_args(argv), {}), what="export settings")
+
+
+def write_model(s: ExportSettings) -> dict[str, Any]:
+    """Write the export; returns what ``export.json`` says."""
+    import torch
+    from diloco_sync.export import read_global_model
+    from safetensors.torch import save_file
+
+    url = s.storage
+    if "://" not in url or url.startswith("file://"):  # a folder: read, never created here
+        folder = Path(url.removeprefix("file://"))
+        if not folder.is_dir():
+            raise SettingsError(f"--storage {s.storage}: no such folder")
+        url = folder.resolve().as_uri()
+    g = read_global_model(open_store(url), s.job_id)
+    tensors = {name: torch.from_numpy(a.copy()) for name, a in sorted(g.tensors.items())}
+    info: dict[str, Any] = {
+        "job_id": g.job_id, "versions": {str(p): v for p, v in sorted(g.versions.items())}, "rounds": g.rounds,
+        "plan_hash": g.plan.hash(), "parameters": int(sum(t.numel() for t in tensors.values())),
+        "entry_point": s.model.entry_point,
+    }  # fmt: skip
+    model = _into_model(s, tensors) if s.load or s.evaluate else None
+    s.out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(s.out / "model.safetensors"), metadata={"job_id": g.job_id})
+    if model is not None:
+        info.update(_finish(s, *model))
+    (s.out / "export.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info
+
+
+def _into_model(s: ExportSettings, tensors: dict[str, Any]) -> tuple[Any, Any]:
+    """The job's model (and its task) holding the exported tensors; refuses tensors it does not take."""
+    import torch
+    from diloco_worker.data import Shard
+    from diloco_worker.entry import TaskContext, load_task
+
+    device = torch.device("cpu")
+    ctx = TaskContext(s.model, s.data, s.train, Shard(0, 1, "export"), device, s.corpus_max_bytes)
+    task = load_task(ctx)
+    model = task.model
+    own = dict(model.named_parameters())
+    missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
+    if missing or extra:
+        parts = ([f"the export has {extra[:5]}, which it lacks"] if extra else []) + (
+            [f"it has {missing[:5]}, which the export lacks"] if missing else []
+        )
+        raise SettingsError(
+            f"the model {s.model.entry_point!r} builds with these settings is not the job's: "
+            f"{'; '.join(parts)} (give the job's model settings)"
+        )
+    with torch.no_grad():
+        for name, param in own.items():
+            if tuple(param.shape) != tuple(tensors[name].shape):
+                raise SettingsError(
+                    f"tensor {name!r}: the export holds {tuple(tensors[name].shape)}, the model "
+                    f"{tuple(param.shape)} (give the job's model settings)"
+                )
+            param.copy_(tensors[name])
+    return model, task
+
+
+def _finish(s: ExportSettings, model: Any, task: Any) -> dict[str, Any]:
+    """The Hugging Face folder where the model has ``save_pretrained``; the held-out loss if asked."""
+    import torch
+    from diloco_worker.train import evaluate
+
+    out: dict[str, Any] = {}
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(str(s.out / "hf"))
+        out["hf"] = "hf"
+    if s.evaluate:
+        loss = evaluate(model, task, torch.device("cpu"))
+        if loss is None:
+            raise SettingsError(f"the task of {s.model.entry_point!r} has no held-out batches to evaluate on")
+        out["held_out_loss"] = loss
+    return out
+
+
+def main(argv: list[str]) -> int:
+    try:
+        settings = parse_settings(argv)
+    except SettingsError as exc:
+        print(f"diloco export: {exc}", file=sys.stderr)
+        return 2
+    from diloco_sync.export import ExportError
+
+    try:
+        info = write_model(settings)
+    except (ExportError, SettingsError, StorageError) as exc:
+        print(f"diloco export: {exc}", file=sys.stderr)
+        return 1
+    versions = ", ".join(f"{p}: v{v}" for p, v in info["versions"].items())
+    print(f"exported job {info['job_id']!r}: {info['parameters']:,} parameters, fragments at {versions}, "
+          f"{info['rounds']} rounds merged -> {settings.out / 'model.safetensors'}")  # fmt: skip
+    if "held_out_loss" in info:
+        print(f"held-out loss: {info['held_out_loss']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
