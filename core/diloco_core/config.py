@@ -151,6 +151,11 @@ class TrainSettings(_Model):
     beta1: float = Field(0.9, description="AdamW beta1")
     beta2: float = Field(0.95, description="AdamW beta2")
     grad_clip: float = Field(1.0, ge=0.0, description="gradient norm clipping of the inner steps (0: none)")
+    checkpoint_every: int = Field(
+        100, ge=0, description="steps between a learner's checkpoints, written in the background (one due "
+        "while the previous is still being written is skipped); 0: only on SIGTERM and at the end",
+    )  # fmt: skip
+    checkpoints_kept: int = Field(2, ge=1, le=1000, description="a learner's newest checkpoints kept")
 
 
 class DataSettings(_Model):

@@ -118,6 +118,18 @@ class FilesystemStore:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def remove_empty_folder(self, prefix: str) -> None:
+        """Remove the folder of ``prefix`` (``"ckpt-0000000010/"``) if nothing is left in it: for
+        an owner that deleted all of a prefix's objects and writes there no more (object stores
+        have no folders to leave behind)."""
+        folder = self._path(prefix.rstrip("/"))
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:  # not empty (or not a folder): leave it
+            return
+
 
 def _s3_error_code(exc: Exception) -> str:
     response: Any = getattr(exc, "response", None) or {}

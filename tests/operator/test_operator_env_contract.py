@@ -112,8 +112,24 @@ def test_learner_environment_parses_into_the_workers_settings(
         assert token == _secret_value(f"{sts['metadata']['name']}-token", "token")
         # Durable, per pod: a replaced pod keeps its name and finds its own checkpoint.
         assert settings.checkpoint_dir == f"{storage}/checkpoints/{pod}"
+        # periodic checkpoints there: a learner killed without SIGTERM resumes near where it was
+        spec_train = doc["spec"].get("train", {})
+        assert settings.train.checkpoint_every == spec_train.get("checkpointEvery", 100) > 0
+        assert settings.train.checkpoints_kept == spec_train.get("checkpointsKept", 2)
         assert settings.train.batch_size == int(env["DILOCO_BATCH_SIZE"])
         assert settings.unit == env["DILOCO_UNIT"]
+
+
+def test_the_checkpoint_interval_and_how_many_are_kept_come_from_spec_train(tmp_path: Path) -> None:
+    doc = next(d for d in yaml.safe_load_all((EXAMPLES / "single-region.yaml").read_text()) if d)
+    doc["spec"]["train"] = {**doc["spec"].get("train", {}), "checkpointEvery": 25, "checkpointsKept": 4}
+    children = build_children(JobRef("ck", NAMESPACE, "uid-1"), parse_spec(doc["spec"]))
+    sts = next(c for c in children if c["kind"] == "StatefulSet")
+    env = resolve_env(
+        container_of(sts), f"{sts['metadata']['name']}-0", mounted_files(sts, children, tmp_path)
+    )
+    settings = parse_worker_settings([], env)
+    assert (settings.train.checkpoint_every, settings.train.checkpoints_kept) == (25, 4)
 
 
 def test_every_learner_variable_is_read_by_the_worker_or_named_informational() -> None:

@@ -266,3 +266,16 @@ def test_a_periodic_checkpoint_is_skipped_while_one_is_written_and_the_final_one
     writer.close()
     assert not writer.busy
     assert list_checkpoints(store) == [10, 25]
+
+
+def test_the_newest_checkpoints_kept_are_as_many_as_asked_and_no_empty_folder_is_left(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ck"
+    settings = _settings(ckpt).model_copy(
+        update={"train": tiny_train(max_steps=12, checkpoint_every=2, checkpoints_kept=3)}
+    )
+    assert run_learner(settings, {}, threading.Event()) == 0
+    kept = list_checkpoints(FilesystemStore(ckpt))
+    assert len(kept) == 3  # a periodic one may be skipped while the one before is written
+    assert kept[-1] == 12
+    assert all(step % 2 == 0 for step in kept)
+    assert sorted(p.name for p in ckpt.iterdir()) == [f"ckpt-{s:010d}" for s in kept]

@@ -31,9 +31,8 @@ def test_checkpoints_go_to_s3_and_a_restart_resumes_from_them(s3_env: S3Server) 
     settings = WorkerSettings(
         standalone=True,
         model=TINY,
-        train=tiny_train(max_steps=8),
+        train=tiny_train(max_steps=8, checkpoint_every=3),
         checkpoint_dir=location,
-        checkpoint_every=3,
         corpus_max_bytes=CORPUS_BYTES,
         threads=1,
         stop_at_step=4,

@@ -25,8 +25,10 @@ def test_sigterm_checkpoints_the_last_step_exits_0_and_a_restart_resumes_there(t
     sync.start()
     ckpt_dir = tmp_path / "ck"
     metrics = tmp_path / "a.jsonl"
-    # no --checkpoint-every: the only checkpoint is the one SIGTERM writes
-    a = learner_process(tmp_path, "a", sync.url, [*FLAGS, "--checkpoint-dir", str(ckpt_dir)])
+    # --checkpoint-every 0: the only checkpoint is the one SIGTERM writes
+    a = learner_process(
+        tmp_path, "a", sync.url, [*FLAGS, "--checkpoint-dir", str(ckpt_dir), "--checkpoint-every", "0"]
+    )
     try:
         a.start()
         wait_for(lambda: metric_step(metrics) >= 12 or None, timeout=240, what="a at step 12",

@@ -189,6 +189,8 @@ def write_checkpoint(store: ObjectStore, snap: Snapshot, keep: int = 2) -> str:
     for old in list_checkpoints(store)[:-keep]:
         for key in store.list(f"ckpt-{old:010d}/"):
             store.delete(key)
+        if isinstance(store, FilesystemStore):  # no empty folder left behind
+            store.remove_empty_folder(f"ckpt-{old:010d}/")
     return prefix
 
 

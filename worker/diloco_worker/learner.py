@@ -194,7 +194,7 @@ def _run(
         len(plan.fragments),
         "torch on the device" if isinstance(fs.store, DeviceAnchors) else "numpy on the host",
     )
-    saver = _Saver(store, task, optimizer, fs, plan, settings, session) if store else None
+    saver = _Saver(store, task, optimizer, fs, plan, settings, session, unit) if store else None
     try:
         train(
             task,
@@ -205,7 +205,7 @@ def _run(
             stop=stop,
             hook=FirstStep(session, clock, functools.partial(_report_startup, settings, metrics)),
             save=saver,
-            checkpoint_every=settings.checkpoint_every,
+            checkpoint_every=settings.train.checkpoint_every,
             eval_every=settings.eval_every,
             log_every=settings.log_every,
             speed_factor=settings.speed_factor,
@@ -236,24 +236,28 @@ def _report_startup(
 
 class _Saver:
     """The training loop's checkpoints: the state copied on the training thread, written by a
-    :class:`CheckpointWriter` in the background. A periodic checkpoint due while the previous one
-    is still being written is skipped (the training thread never waits for storage; checkpoints
-    come as often as they are asked for or as storage keeps up); the final one waits, and so does
-    :meth:`close`."""
+    :class:`CheckpointWriter` in the background. For a learner of one process, a periodic checkpoint
+    due while the previous one is still being written is skipped (the training thread never waits
+    for storage; checkpoints come as often as they are asked for or as storage keeps up). The ranks
+    of a multi-process unit always wait instead: they resume from a step that every rank holds.
+    The final checkpoint waits, and so does :meth:`close`."""
 
     def __init__(
         self, store: ObjectStore, task: TrainingTask, opt: torch.optim.Optimizer, fs: FragmentState,
-        plan: FragmentPlan, settings: WorkerSettings, session: DiLoCoSession | None,
+        plan: FragmentPlan, settings: WorkerSettings, session: DiLoCoSession | None, unit: Unit,
     ) -> None:  # fmt: skip
         self.task, self.opt, self.fs, self.plan, self.session = task, opt, fs, plan, session
+        self.may_skip = not unit.distributed
         self.config = settings.model_dump(mode="json", exclude={"token"})
         learner = settings.learner_id
         self.writer = CheckpointWriter(
-            store, on_written=lambda step: log.info("learner=%s step=%d checkpoint written", learner, step)
+            store,
+            keep=settings.train.checkpoints_kept,
+            on_written=lambda step: log.info("learner=%s step=%d checkpoint written", learner, step),
         )
 
     def __call__(self, state: LoopState, final: bool = False) -> None:
-        if not self.writer.takes(final):
+        if not self.writer.takes(final or not self.may_skip):
             log.debug("step=%d checkpoint skipped: the previous one is still being written", state.step)
             return
         meta = {

@@ -63,9 +63,6 @@ class WorkerSettings(BaseModel):
     learner_index: int = Field(0, ge=0, description="this learner's data shard")
     num_learners: int = Field(1, ge=1, description="number of data shards")
     checkpoint_dir: str | None = Field(None, description="a folder or an s3:// prefix for checkpoints")
-    checkpoint_every: int = Field(
-        0, ge=0, description="steps between checkpoints; 0: only on SIGTERM and at the end"
-    )
     eval_every: int = Field(0, ge=0, description="steps between local evaluations; 0: never")
     log_every: int = Field(10, ge=1, description="steps between progress lines")
     speed_factor: float = Field(1.0, ge=1.0, description="> 1 sleeps to emulate slower hardware")
