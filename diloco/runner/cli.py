@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from diloco_core.flags import add_flags, derive_flags, read, validate
@@ -127,12 +128,30 @@ def new_run_paths(runs_dir: Path, now: float) -> RunPaths:
     return RunPaths(root)
 
 
+def refuse_hidden_variables(settings: RunSettings, environ: Mapping[str, str]) -> None:
+    """A ``DILOCO_*`` variable that a flag of the run's own command lines overrides would be
+    ignored without a word: refused instead, naming the variable and what the run sets."""
+    from diloco.runner.commands import build_synchronizer_argv, build_worker_argv, overridden_variables
+
+    paths = RunPaths(Path(settings.runs_dir) / "_")
+    argvs = [build_synchronizer_argv(settings, paths, port=0),
+             *(build_worker_argv(settings, paths, i, sync_url="") for i in range(settings.learners))]  # fmt: skip
+    hidden = overridden_variables(environ, argvs)
+    if hidden:
+        raise SettingsError(
+            f"{', '.join(hidden)} set, but diloco run gives its synchronizer and learners that setting "
+            "on their command lines (from its own flags), so the variable would be ignored: unset it, or "
+            "use diloco run's flag where it has one"
+        )
+
+
 def main(argv: list[str]) -> int:
     try:
         settings = parse_settings(argv)
         from diloco.runner.capabilities import check_mode_supported
 
         check_mode_supported(settings)
+        refuse_hidden_variables(settings, os.environ)
     except SettingsError as exc:
         print(f"diloco run: {exc}", file=sys.stderr)
         return 2

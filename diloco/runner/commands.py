@@ -7,12 +7,13 @@ its inner optimisation, its data and the settings its fragment plan depends on.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from diloco_core.auth import learner_token
 from diloco_core.config import PLAN_FIELDS, DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
-from diloco_core.flags import derive_flags, to_argv
+from diloco_core.flags import ENV_PREFIX, derive_flags, to_argv
 
 from diloco.runner.settings import RunSettings
 
@@ -120,6 +121,21 @@ def build_worker_argv(settings: RunSettings, paths: RunPaths, learner: int, *, s
     if bandwidth is not None:
         argv += ["--bandwidth-limit", str(bandwidth)]
     return argv
+
+
+def overridden_variables(environ: Mapping[str, str], argvs: Iterable[Sequence[str]]) -> list[str]:
+    """The ``DILOCO_*`` variables set in ``environ`` that the run's processes would not read,
+    because their command lines give the same setting as a flag (which wins over the variable):
+    ``--entry-point`` hides ``DILOCO_ENTRY_POINT``, ``--error-feedback`` or ``--no-error-feedback``
+    hide ``DILOCO_ERROR_FEEDBACK`` and ``DILOCO_NO_ERROR_FEEDBACK``."""
+    hidden: set[str] = set()
+    for argv in argvs:
+        for arg in argv:
+            if not arg.startswith("--"):
+                continue
+            name = arg[2:].split("=", 1)[0].removeprefix("no-").replace("-", "_").upper()
+            hidden |= {f"{ENV_PREFIX}{name}", f"{ENV_PREFIX}NO_{name}"}
+    return sorted(k for k, v in environ.items() if k in hidden and v != "")
 
 
 def build_synchronizer_env(base: dict[str, str], *, job_secret: str) -> dict[str, str]:

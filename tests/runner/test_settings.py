@@ -4,8 +4,15 @@ import pytest
 from diloco_core.auth import read_learner_token
 
 from diloco.runner.capabilities import check_mode_supported
+from diloco.runner.cli import main as run_main
 from diloco.runner.cli import parse_settings
-from diloco.runner.commands import RunPaths, build_synchronizer_argv, build_worker_argv, build_worker_env
+from diloco.runner.commands import (
+    RunPaths,
+    build_synchronizer_argv,
+    build_worker_argv,
+    build_worker_env,
+    overridden_variables,
+)
 from diloco.runner.settings import SettingsError, parse_bandwidth, parse_rate, parse_slow, parse_speed_factors
 
 
@@ -178,3 +185,34 @@ def test_diloco_sync_mode_needs_blocking_learners() -> None:
 
 def test_the_installed_worker_supports_the_synchronous_baseline() -> None:
     check_mode_supported(parse_settings(["--mode", "diloco-sync"]))  # reads the worker's real --help
+
+
+def test_variables_a_flag_of_the_runs_own_command_lines_would_hide_are_named() -> None:
+    argvs = [
+        [
+            "python",
+            "-m",
+            "diloco_worker",
+            "--entry-point",
+            "builtin",
+            "--no-error-feedback",
+            "--corpus=stdlib",
+        ]
+    ]
+    environ = {"DILOCO_ENTRY_POINT": "nope:build", "DILOCO_ERROR_FEEDBACK": "true", "DILOCO_CORPUS": "/x",
+               "DILOCO_LOG_LEVEL": "DEBUG", "DILOCO_SEED": "", "PATH": "/bin"}  # fmt: skip
+    assert overridden_variables(environ, argvs) == [
+        "DILOCO_CORPUS",
+        "DILOCO_ENTRY_POINT",
+        "DILOCO_ERROR_FEEDBACK",
+    ]
+
+
+def test_a_run_refuses_a_variable_it_would_ignore(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A user model asked for by a variable is not trained silently as the built-in one."""
+    monkeypatch.setenv("DILOCO_ENTRY_POINT", "nope:build")
+    assert run_main(["--max-steps", "5", "--runs-dir", str(tmp_path)]) == 2
+    assert "DILOCO_ENTRY_POINT set" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing started
