@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -90,3 +91,29 @@ def test_held_out_split_is_the_tail_and_eval_batches_are_fixed(corpus: np.ndarra
 def test_shard_index_is_checked() -> None:
     with pytest.raises(ValueError, match="outside 0..1"):
         Shard(2, 2, "x")
+
+
+def test_a_binary_file_in_a_text_corpus_is_an_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("text " * 400)
+    (tmp_path / "data.arrow").write_bytes(b"ARROW1\x00\x00" + bytes(range(256)) * 8)
+    with pytest.raises(CorpusError, match=r"data\.arrow is binary"):
+        load_corpus(str(tmp_path))
+    (tmp_path / "data.arrow").unlink()
+    (tmp_path / "latin.txt").write_bytes("caf\xe9 ".encode("latin-1") * 400)
+    with pytest.raises(CorpusError, match=r"latin\.txt is not UTF-8 text"):
+        load_corpus(str(tmp_path))
+
+
+def test_a_corpus_cut_at_its_limit_says_so_and_one_within_it_does_not(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "a.txt").write_text("a" * 3000)
+    (tmp_path / "b.txt").write_text("b" * 3000)
+    with caplog.at_level(logging.INFO, logger="diloco_worker.data"):
+        whole = load_corpus(str(tmp_path), max_bytes=8000)
+    assert len(whole) == 6000
+    assert not [r for r in caplog.records if "left out" in r.getMessage()]
+    with caplog.at_level(logging.INFO, logger="diloco_worker.data"):
+        cut = load_corpus(str(tmp_path), max_bytes=2000)
+    assert len(cut) == 2000
+    assert any("the first 2000 bytes are used" in r.getMessage() for r in caplog.records)

@@ -6,6 +6,7 @@ plain integer and resuming at cursor ``k`` yields exactly the batches a run with
 
 from __future__ import annotations
 
+import logging
 import os
 import sysconfig
 import zlib
@@ -19,6 +20,8 @@ from torch import Tensor
 
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 Batch = tuple[Tensor, Tensor]
+
+log = logging.getLogger("diloco_worker.data")
 
 
 class CorpusError(ValueError):
@@ -57,21 +60,52 @@ def _local_files(root: Path) -> Iterator[Path]:
             yield Path(dirpath, name)
 
 
-def _read_local(paths: Iterator[Path], suffix: str, max_bytes: int) -> bytes:
+def check_text(name: str, blob: bytes) -> None:
+    """A file of a text corpus must be text (UTF-8, no NUL byte): the built-in model reads bytes, and
+    a binary file (an Arrow or a tokenized shard in the folder) would be trained on as if it were."""
+    if b"\x00" in blob:
+        raise CorpusError(f"corpus file {name} is binary (it holds NUL bytes), not text: {_TEXT_ONLY}")
+    try:
+        blob.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorpusError(f"corpus file {name} is not UTF-8 text (byte {exc.start}): {_TEXT_ONLY}") from None
+
+
+_TEXT_ONLY = (
+    "the built-in byte-level model trains on text files; move it out of the corpus, or train on "
+    "tokenized data through your own entry point (docs/user-models.md)"
+)
+
+
+def _cut(blob: bytes, source: str, max_bytes: int, more: bool) -> bytes:
+    """The first ``max_bytes`` of the corpus, saying so when that leaves some of it out."""
+    if len(blob) > max_bytes or more:
+        log.info("corpus %s: the first %d bytes are used (--corpus-max-bytes); the rest is left out", source,
+                 max_bytes)  # fmt: skip
+    return blob[:max_bytes]
+
+
+def _read_local(
+    paths: Iterator[Path], suffix: str, max_bytes: int, *, text: bool = False
+) -> tuple[bytes, bool]:
+    """The files' bytes up to ``max_bytes`` (whole files) and whether files were left unread."""
     parts: list[bytes] = []
     total = 0
     for path in paths:
         if suffix and path.suffix != suffix:
             continue
+        if total >= max_bytes:
+            return b"".join(parts), True
         try:
             blob = path.read_bytes()
-        except OSError:
+        except OSError as exc:
+            log.warning("corpus file %s cannot be read and is left out: %s", path, exc)
             continue
+        if text:
+            check_text(str(path), blob)
         parts.append(blob)
         total += len(blob)
-        if total >= max_bytes:
-            break
-    return b"".join(parts)[:max_bytes]
+    return b"".join(parts), False
 
 
 def _read_s3(url: str, max_bytes: int) -> bytes:
@@ -86,26 +120,31 @@ def _read_s3(url: str, max_bytes: int) -> bytes:
         keys.extend(obj["Key"] for obj in page.get("Contents", []))
     parts: list[bytes] = []
     total = 0
-    for key in sorted(keys):
+    for i, key in enumerate(sorted(keys)):
+        if total >= max_bytes:
+            return _cut(b"".join(parts), url, max_bytes, more=i < len(keys))
         blob: bytes = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        check_text(f"s3://{bucket}/{key}", blob)
         parts.append(blob)
         total += len(blob)
-        if total >= max_bytes:
-            break
-    return b"".join(parts)[:max_bytes]
+    return _cut(b"".join(parts), url, max_bytes, more=False)
 
 
 def load_corpus(source: str, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
     """The corpus as uint8 bytes: ``stdlib`` (this Python's standard library ``.py`` files), a file or
-    folder, or ``s3://bucket/prefix``; files are concatenated in sorted order, capped at ``max_bytes``."""
+    folder, or ``s3://bucket/prefix``; files are concatenated in sorted order, capped at ``max_bytes``
+    (a logged line says when that leaves some out). A file of a folder or prefix that is not text is
+    an error (:func:`check_text`); one that cannot be read is left out with a warning."""
     if max_bytes < 1024:
         raise CorpusError(f"max_bytes must be at least 1024, got {max_bytes}")
     if source == "stdlib":
-        blob = _read_local(_local_files(Path(sysconfig.get_paths()["stdlib"])), ".py", max_bytes)
+        blob, more = _read_local(_local_files(Path(sysconfig.get_paths()["stdlib"])), ".py", max_bytes)
+        blob = _cut(blob, source, max_bytes, more)
     elif source.startswith("s3://"):
         blob = _read_s3(source, max_bytes)
     else:
-        blob = _read_local(_local_files(Path(source)), "", max_bytes)
+        blob, more = _read_local(_local_files(Path(source)), "", max_bytes, text=True)
+        blob = _cut(blob, source, max_bytes, more)
     if len(blob) < 1024:
         raise CorpusError(f"corpus {source!r} holds only {len(blob)} bytes; at least 1024 are needed")
     return np.frombuffer(blob, dtype=np.uint8).copy()
