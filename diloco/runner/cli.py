@@ -58,6 +58,12 @@ FLAGS = derive_flags(
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="diloco run", description=__doc__)
     add_flags(p, FLAGS)
+    p.add_argument(
+        "--resume", type=Path, default=None, metavar="RUN_DIR",
+        help="continue a stopped run in its folder with its settings (no failures injected): each learner "
+        "resumes from its newest checkpoint (step, optimizer, data position), the synchronizer from the "
+        "stored state; only --time-limit and --plain may be given with it",
+    )  # fmt: skip
     chaos = p.add_argument_group("heterogeneity")
     chaos.add_argument(
         "--speed-factors", default=None, help="step-time multiplier per learner, e.g. 1,1,1.18,1.18"
@@ -116,6 +122,41 @@ def parse_settings(argv: list[str], count_gpus: Callable[[], int] = visible_gpus
     return out
 
 
+SETTINGS_FILE = "settings.json"  # a run's settings, written at its start: what --resume continues with
+RESUME_FLAGS = (("time_limit_s",), ("plain",))
+
+
+def resume_settings(argv: list[str]) -> tuple[RunSettings, RunPaths] | None:
+    """With ``--resume RUN_DIR``: the settings the run started with (no failures injected; a new
+    ``--time-limit`` or ``--plain`` if given) and its folder; None without it."""
+    a = build_parser().parse_args(argv)
+    if a.resume is None:
+        return None
+    given = read(FLAGS, a, {})
+    others = [f.option for f in FLAGS if given.has(f.path) and f.path not in RESUME_FLAGS]
+    others += [
+        f"--{n.replace('_', '-')}" for n in ("speed_factors", "slow", "bandwidth_limit") if getattr(a, n)
+    ]
+    if others:
+        raise SettingsError(
+            f"--resume continues a run with its own settings: {', '.join(others)} cannot be given"
+        )
+    saved = a.resume / SETTINGS_FILE
+    if not saved.is_file():
+        raise SettingsError(f"--resume {a.resume}: no {SETTINGS_FILE} there (not the folder of a diloco run)")
+    try:
+        settings = RunSettings.model_validate_json(saved.read_text())
+    except ValueError as exc:
+        raise SettingsError(
+            f"--resume {a.resume}: {SETTINGS_FILE} does not read as a run's settings: {exc}"
+        ) from None
+    update: dict[str, object] = {"mtbf_s": 0.0}
+    for path in RESUME_FLAGS:
+        if given.has(path):
+            update[path[0]] = getattr(validate(RunSettings, given, what="run settings"), path[0])
+    return settings.model_copy(update=update), RunPaths(a.resume)
+
+
 def new_run_paths(runs_dir: Path, now: float) -> RunPaths:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     root = runs_dir / stamp
@@ -147,7 +188,8 @@ def refuse_hidden_variables(settings: RunSettings, environ: Mapping[str, str]) -
 
 def main(argv: list[str]) -> int:
     try:
-        settings = parse_settings(argv)
+        resumed = resume_settings(argv)
+        settings = resumed[0] if resumed else parse_settings(argv)
         from diloco.runner.capabilities import check_mode_supported
 
         check_mode_supported(settings)
@@ -160,13 +202,15 @@ def main(argv: list[str]) -> int:
     from diloco.runner.report_files import write_report
     from diloco.runner.view import ProgressView
 
-    paths = new_run_paths(settings.runs_dir, time.time())
+    paths = resumed[1] if resumed else new_run_paths(settings.runs_dir, time.time())
+    (paths.root / SETTINGS_FILE).write_text(settings.model_dump_json(indent=2) + "\n")
     with ProgressView(plain=settings.plain) as view:
-        orchestrator = Orchestrator(settings, paths, view)
+        orchestrator = Orchestrator(settings, paths, view, resumed=resumed is not None)
         with orchestrator.catching_signals():  # from the first line on, Ctrl-C ends in a report
             where = f" on GPUs {','.join(map(str, settings.gpus))}" if settings.device == "cuda" else ""
             print(
-                f"diloco run: {settings.mode}, {settings.learners} learners{where}; run folder {paths.root}",
+                f"diloco run: {settings.mode}, {settings.learners} learners{where}; "
+                f"{'resuming the run in' if resumed else 'run folder'} {paths.root}",
                 flush=True,
             )
             try:

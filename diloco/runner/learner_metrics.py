@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,8 @@ from typing import Any
 class LearnerCounts:
     step: int
     tokens: int
+    first_step: int  # the step of the first record counted (a resumed process's first step)
+    first_tokens: int
     bytes_sent: int
     processes: int
     allreduce_bytes: int = 0  # a ddp rank's ring all-reduce bytes each way, summed over its processes
@@ -46,11 +48,13 @@ def counts_from_records(records: Iterable[Mapping[str, Any]]) -> LearnerCounts |
     """Final step and tokens (the last record), bytes sent summed over the processes, and the
     median tokens/s and MFU of the records."""
     last: Mapping[str, Any] | None = None
+    first: Mapping[str, Any] | None = None
     bytes_by_process: dict[Any, int] = {}
     reduced_by_process: dict[Any, int] = {}
     rates: list[float] = []
     mfus: list[float] = []
     for record in records:
+        first = first or record
         last = record
         key = record.get("pid")
         bytes_by_process[key] = max(bytes_by_process.get(key, 0), int(record.get("bytes_sent", 0) or 0))
@@ -61,11 +65,13 @@ def counts_from_records(records: Iterable[Mapping[str, Any]]) -> LearnerCounts |
             rates.append(float(record["tokens_per_s"]))
         if isinstance(record.get("mfu"), int | float):
             mfus.append(float(record["mfu"]))
-    if last is None:
+    if last is None or first is None:
         return None
     return LearnerCounts(
         step=int(last["step"]),
         tokens=int(last.get("tokens", 0) or 0),
+        first_step=int(first["step"]),
+        first_tokens=int(first.get("tokens", 0) or 0),
         bytes_sent=sum(bytes_by_process.values()),
         processes=len(bytes_by_process),
         allreduce_bytes=sum(reduced_by_process.values()),
@@ -74,9 +80,11 @@ def counts_from_records(records: Iterable[Mapping[str, Any]]) -> LearnerCounts |
     )
 
 
-def read_counts(path: Path, pid: int | None = None) -> LearnerCounts | None:
-    """The counts of a metrics file (only the records of process ``pid`` when given); None when it
-    is missing or has no such record yet."""
+def read_counts(
+    path: Path, pid: int | None = None, pids: Collection[int] | None = None
+) -> LearnerCounts | None:
+    """The counts of a metrics file (only the records of process ``pid``, or of the processes
+    ``pids``, when given); None when it is missing or has no such record yet."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -84,6 +92,8 @@ def read_counts(path: Path, pid: int | None = None) -> LearnerCounts | None:
     records = parse_records(text.splitlines())
     if pid is not None:
         records = [r for r in records if r.get("pid") == pid]
+    if pids is not None:
+        records = [r for r in records if r.get("pid") in pids]
     return counts_from_records(records)
 
 

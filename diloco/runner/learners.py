@@ -218,10 +218,17 @@ class Learners:
         steps, tokens, sent, reduced = slot.step, slot.tokens, 0, 0
         tokens_per_s: float | None = None
         mfu: float | None = None
-        counts = read_counts(self.paths.metrics_file(0 if self.ddp else slot.index))
+        writer = self.slots[0] if self.ddp else slot
+        own = {pid for _, pid, _ in writer.launches} if self.record.resumed else None
+        counts = read_counts(self.paths.metrics_file(writer.index), pids=own)
         if counts is not None:
-            steps = counts.step
-            tokens = counts.tokens // self.s.learners if self.ddp else counts.tokens
+            steps, tokens = counts.step, counts.tokens
+            if self.record.resumed:  # this run's part: from the step before its first one
+                before = counts.first_step - 1
+                self.record.resumed_from[slot.learner_id] = before
+                steps -= before
+                tokens -= counts.first_tokens * before // max(1, counts.first_step)
+            tokens = tokens // self.s.learners if self.ddp else tokens
             sent = counts.bytes_sent if not self.ddp or slot.index == 0 else 0
             reduced = counts.allreduce_bytes if self.ddp else 0  # every rank sends (and receives) rank 0's
             # a ddp unit's rate is its ranks' together: each rank's share; its MFU is each rank's

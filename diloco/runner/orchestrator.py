@@ -46,7 +46,10 @@ class Orchestrator:
         paths: RunPaths,
         view: ProgressView,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        resumed: bool = False,
     ) -> None:
+        """``resumed``: the run continues one stopped in the same folder (``--resume``)."""
         self.s, self.paths, self.view, self.clock = settings, paths, view, clock
         self.secret = secrets.token_hex(16)
         self.port = settings.port or free_port(settings.host)
@@ -57,6 +60,7 @@ class Orchestrator:
             settings=_settings_dict(settings),
             started_at=time.time(),
             tokens_per_step=settings.tokens_per_step,
+            resumed=resumed,
         )
         self._notes: list[str] = []
         self.learners = Learners(settings, paths, self.record, sync_url=self.sync_url, job_secret=self.secret,

@@ -58,6 +58,10 @@ class RunRecord:
     stop_reason: str = ""
     num_params: int = 0
     tokens_per_step: int = 1
+    # a run continued with --resume: each learner's step at the resume (its steps, tokens and bytes
+    # count from there); empty for a run from the start
+    resumed_from: dict[str, int] = field(default_factory=dict)
+    resumed: bool = False
     learners: list[LearnerTotals] = field(default_factory=list)
     kills: list[KillRecord] = field(default_factory=list)
     losses: list[LossSample] = field(default_factory=list)

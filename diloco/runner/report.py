@@ -84,6 +84,7 @@ def render_markdown(report: Report) -> str:
         f"- learners: {len(r.learners)}, model parameters: {r.num_params:,}",
         f"- device: {_device_line(r)}",
         f"- tokens: {r.total_tokens:,} in {r.total_learner_steps:,} learner steps; global rounds: {r.rounds}",
+        *_resumed_lines(r),
         "",
         "## Held-out loss of the global model",
         "",
@@ -131,6 +132,15 @@ def render_markdown(report: Report) -> str:
         for x in r.learners
     ]
     return "\n".join(lines) + "\n"
+
+
+def _resumed_lines(r: RunRecord) -> list[str]:
+    if not r.resumed:
+        return []
+    steps = ", ".join(f"{name} at step {step}" for name, step in sorted(r.resumed_from.items()))
+    return [
+        f"- resumed (`--resume`): {steps or 'no learner stepped'}; tokens, steps and bytes count from there"
+    ]
 
 
 def _device_line(r: RunRecord) -> str:
