@@ -162,6 +162,46 @@ def layer_index(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def plan_differences(job: FragmentPlan, other: FragmentPlan) -> list[str]:
+    """What makes ``other`` (a learner's plan) differ from the ``job``'s, each naming the setting
+    and both values (empty when the plans are equal): the DiLoCo settings first, then the model."""
+    out = []
+    for what, setting, a, b in (
+        (
+            "inner steps H",
+            "inner_steps (--inner-steps, spec.diloco.innerSteps)",
+            job.inner_steps,
+            other.inner_steps,
+        ),
+        (
+            "fragments P",
+            "fragments (--fragments, spec.diloco.fragments)",
+            len(job.fragments),
+            len(other.fragments),
+        ),
+        ("overlap", "overlap (--overlap, spec.diloco.overlap)", job.overlap, other.overlap),
+        ("fragment strategy", "fragment_strategy (--fragment-strategy)", job.strategy, other.strategy),
+    ):
+        if a != b:
+            out.append(f"{what}: the job's {a}, this learner's {b} ({setting})")
+    ours = {t.name: t.shape for f in job.fragments for t in f.tensors}
+    theirs = {t.name: t.shape for f in other.fragments for t in f.tensors}
+    missing, extra = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+    reshaped = sorted(n for n in set(ours) & set(theirs) if ours[n] != theirs[n])
+    if missing or extra or reshaped:
+        parts = (
+            ([f"lacks {missing[:3]}"] if missing else [])
+            + ([f"adds {extra[:3]}"] if extra else [])
+            + [f"{n} is {tuple(theirs[n])}, the job's {tuple(ours[n])}" for n in reshaped[:3]]
+        )
+        out.append(f"model: this learner's {'; '.join(parts)} (the model settings or entry point differ)")
+    if not out and job.hash() != other.hash():
+        out.append(
+            "fragment assignment: the same tensors are grouped differently (the embedding names differ)"
+        )
+    return out
+
+
 def build_plan(
     named_shapes: Sequence[tuple[str, Sequence[int]]],
     num_fragments: int,

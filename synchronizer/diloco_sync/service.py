@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import anyio.to_thread
 from diloco_core import downlink
-from diloco_core.fragments import FragmentPlan
+from diloco_core.fragments import FragmentPlan, plan_differences
 from diloco_core.outer import OuterState
 from diloco_core.protocol import (
     FragmentStatus,
@@ -142,11 +142,7 @@ class SyncService:
         if self.fragments.plan is None:
             await self._adopt_first_plan(req)
         elif req.plan_hash != self.fragments.plan_hash:
-            raise ApiError(
-                409, "plan_mismatch",
-                f"learner plan hash {req.plan_hash[:16]} differs from the job's {self.fragments.plan_hash[:16]}: "
-                "the model or the DiLoCo settings differ",
-            )  # fmt: skip
+            raise ApiError(409, "plan_mismatch", self._plan_mismatch(req))
         now = self.clock()
         record = LearnerRecord(
             learner_id=req.learner_id, unit=req.unit, tokens_per_step=req.tokens_per_step, registered_at=now
@@ -167,6 +163,18 @@ class SyncService:
             shards=self.shards(),
             heartbeat_interval_s=self.settings.heartbeat_interval_s,
         )
+
+    def _plan_mismatch(self, req: RegisterRequest) -> str:
+        """Why a learner's plan is not the job's, naming each setting and both values."""
+        head = (
+            f"learner plan hash {req.plan_hash[:16]} differs from the job's {self.fragments.plan_hash[:16]}"
+        )
+        assert self.fragments.plan is not None
+        try:
+            theirs = FragmentPlan.from_dict(req.plan)
+        except ValueError:
+            return f"{head}: the model or the DiLoCo settings differ"
+        return f"{head}: " + "; ".join(plan_differences(self.fragments.plan, theirs) or ["the plans differ"])
 
     async def _adopt_first_plan(self, req: RegisterRequest) -> None:
         try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from diloco_core.fragments import FragmentPlan, build_plan, layer_index
+from diloco_core.fragments import FragmentPlan, build_plan, layer_index, plan_differences
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -148,3 +148,20 @@ def test_plan_is_deterministic_whatever_the_input_order(model, p, rnd, strategy)
     assert a.hash() == b.hash()
     assert sorted(n for f in a.fragments for n in f.names) == sorted(model)
     assert len({f.offset for f in a.fragments}) == len(a.fragments)
+
+
+def test_plan_differences_name_each_setting_with_both_values() -> None:
+    shapes = [("wte.weight", (16, 4)), ("h.0.w", (4, 4)), ("h.1.w", (4, 4))]
+    job = build_plan(shapes, 2, 8, 1, embedding_names=("wte.weight",))
+    assert plan_differences(job, job) == []
+    other = build_plan(shapes, 3, 16, 1, embedding_names=("wte.weight",))
+    assert plan_differences(job, other) == [
+        "inner steps H: the job's 8, this learner's 16 (inner_steps (--inner-steps, spec.diloco.innerSteps))",
+        "fragments P: the job's 2, this learner's 3 (fragments (--fragments, spec.diloco.fragments))",
+    ]
+    wider = build_plan([("wte.weight", (16, 8)), ("h.0.w", (4, 4)), ("h.2.w", (4, 4))], 2, 8, 1,
+                       embedding_names=("wte.weight",))  # fmt: skip
+    (model,) = plan_differences(job, wider)
+    assert model.startswith(
+        "model: this learner's lacks ['h.1.w']; adds ['h.2.w']; wte.weight is (16, 8), the job's (16, 4)"
+    )

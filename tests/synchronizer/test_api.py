@@ -115,6 +115,11 @@ def test_plan_mismatch_and_heartbeat(sync_factory: SyncFactory) -> None:
     r = other.register()
     assert r.status_code == 409
     assert r.json()["code"] == "plan_mismatch"
+    # the setting is named, with both values
+    assert (
+        "overlap: the job's 1, this learner's 2 (overlap (--overlap, spec.diloco.overlap))"
+        in r.json()["reason"]
+    )
     hb = a.heartbeat(12, eval_loss=3.5)
     assert hb.status_code == 200
     assert hb.json() == {"versions": {"0": -1, "1": -1}, "alive_learners": 1}
