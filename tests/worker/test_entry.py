@@ -9,7 +9,7 @@ import pytest
 import torch
 from diloco_core.config import DataSettings, DiLoCoSettings
 from diloco_worker.data import Shard
-from diloco_worker.entry import EntryPointError, TaskContext, TrainingTask, load_task
+from diloco_worker.entry import EntryPointError, TaskContext, TrainingTask, count_tokens, load_task
 from diloco_worker.learner import run_learner
 from diloco_worker.settings import WorkerSettings
 
@@ -140,3 +140,76 @@ def test_the_example_user_model_trains_through_diloco_worker_against_a_synchroni
     finally:
         learner.stop()
         sync.stop()
+
+
+DICT_BATCH_MODULE = """
+import itertools
+from types import SimpleNamespace
+import torch
+
+class CausalLM(torch.nn.Module):
+    # the Hugging Face calling convention: model(**batch) returns an object with .loss
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(8, 8)
+        self.head = torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids, labels):
+        logits = self.head(self.emb(input_ids))
+        return SimpleNamespace(loss=torch.nn.functional.cross_entropy(logits.view(-1, 8), labels.view(-1)))
+
+def build(ctx):
+    torch.manual_seed(ctx.model.seed)
+
+    def batches(start):
+        for i in itertools.count(start):
+            ids = torch.randint(0, 8, (4, 6), generator=torch.Generator().manual_seed(i))
+            yield {"input_ids": ids, "labels": (ids + 1) % 8}
+
+    return CausalLM(), lambda m, batch: m(**batch).loss, batches
+"""
+
+
+def test_dict_batches_and_model_call_loss_train_as_in_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "dict_task.py").write_text(DICT_BATCH_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    metrics = tmp_path / "m.jsonl"
+    settings = WorkerSettings(
+        standalone=True,
+        model=TINY.model_copy(update={"entry_point": "dict_task:build"}),
+        train=tiny_train(max_steps=60).model_copy(update={"lr": 0.05}),
+        diloco=DiLoCoSettings(inner_steps=4, fragments=1, overlap=1),
+        metrics_file=str(metrics),
+        log_every=10,
+    )
+    assert run_learner(settings, {}, threading.Event()) == 0
+    from diloco_worker.metrics import read_metrics
+
+    records = read_metrics(metrics)
+    assert records[-1]["tokens"] == 60 * 4 * 6  # input_ids counted
+    assert records[-1]["loss"] < records[0]["loss"] - 0.5
+    # what a tracker shows next to the loss: the step's learning rate and gradient norm (before clipping)
+    from diloco_worker.train import lr_at
+
+    assert records[-1]["lr"] == pytest.approx(lr_at(59, settings.train))
+    assert all(r["grad_norm"] > 0 for r in records)
+
+
+@pytest.mark.parametrize(
+    ("batch", "tokens"),
+    [
+        ({"input_ids": torch.zeros(2, 5), "attention_mask": torch.ones(2, 5)}, 10),
+        ({"x": torch.zeros(3, 4)}, 12),
+        ((torch.zeros(2, 7), torch.zeros(2, 7)), 14),
+        (torch.zeros(6), 6),
+    ],
+)
+def test_tokens_are_counted_from_the_inputs(batch: object, tokens: int) -> None:
+    assert count_tokens(batch) == tokens
+
+
+def test_a_batch_whose_tokens_cannot_be_counted_says_what_to_give() -> None:
+    with pytest.raises(TypeError, match="give the task a tokens_of"):
+        count_tokens({"text": "not a tensor"})

@@ -10,7 +10,7 @@ loss. The built-in GPT (:func:`builtin_task`) uses the same interface.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +39,19 @@ class TaskContext:
 
 
 def count_tokens(batch: Any) -> int:
-    """Tokens in a batch: the element count of its first tensor (inputs)."""
-    first = batch[0] if isinstance(batch, tuple | list) else batch
+    """Tokens in a batch: the element count of its inputs: the first tensor of a tuple or list, the
+    ``input_ids`` of a dict (a Hugging Face batch; else its first value), or the batch itself."""
+    if isinstance(batch, Mapping):
+        if not batch:
+            raise TypeError("an empty dict batch holds no tokens")
+        first = batch["input_ids"] if "input_ids" in batch else next(iter(batch.values()))
+    else:
+        first = batch[0] if isinstance(batch, tuple | list) else batch
+    if not hasattr(first, "numel"):
+        raise TypeError(
+            f"cannot count the tokens of a batch whose inputs are {type(first).__name__}: give the task "
+            "a tokens_of(batch) function"
+        )
     return int(first.numel())
 
 

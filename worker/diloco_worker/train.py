@@ -138,6 +138,7 @@ class StepClock:
 def _emit(
     state: LoopState, loss: float, step_time: float, step_tokens: int, metrics: MetricsLog | None,
     clock: StepClock | None = None, flops_per_token: float | None = None, peak_flops: float | None = None,
+    lr: float | None = None, grad_norm: float | None = None,
 ) -> None:  # fmt: skip
     tps = step_tokens / step_time if step_time > 0 else 0.0
     if clock is not None and not clock.per_step and clock.window_tokens_per_s is not None:
@@ -158,6 +159,8 @@ def _emit(
             blocked_s=state.blocked_s,
             eval_loss=state.eval_loss,
             **({"mfu": mfu} if mfu is not None else {}),
+            **({"lr": lr} if lr is not None else {}),
+            **({"grad_norm": grad_norm} if grad_norm is not None and math.isfinite(grad_norm) else {}),
         )
 
 
@@ -213,8 +216,9 @@ def train(
             loss.backward()
             loss_sum += loss.detach()
             step_tokens += task.tokens_of(batch) * unit.world_size
+        grad_norm = None  # the norm before clipping, on the device until a logged step reads it
         if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
@@ -245,7 +249,8 @@ def train(
             clock.close_window(state)
             if metrics is not None and unit.distributed:  # the unit's all-reduce, this rank's side
                 metrics.set(allreduce_bytes=unit.collective.ring_bytes(unit.world_size))
-            _emit(state, loss_value, step_time, step_tokens, metrics, clock, flops_per_token, peak_flops)
+            _emit(state, loss_value, step_time, step_tokens, metrics, clock, flops_per_token, peak_flops,
+                  lr=lr_at(state.step - 1, cfg), grad_norm=float(grad_norm) if grad_norm is not None else None)  # fmt: skip
         at_end = stopping or state.step >= cfg.max_steps
         if save and ((checkpoint_every and state.step % checkpoint_every == 0) or at_end):
             save(state, at_end)
