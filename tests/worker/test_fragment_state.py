@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from diloco_core import feedback
 from diloco_core.fragments import build_plan
+from diloco_core.learner import outer_gradient
 from diloco_core.storage import FilesystemStore
+from diloco_worker.anchors import HostAnchors
 from diloco_worker.checkpoint import load_latest, restore, save_checkpoint
 from diloco_worker.fragment_state import FragmentState
 from diloco_worker.model import EMBEDDING_NAMES, build_gpt
@@ -142,3 +146,41 @@ def test_without_error_feedback_no_residual_is_kept() -> None:
         fs.advance(5)
     fs.take_contribution(0, "int1")
     assert fs.residuals == {}
+
+
+class _ThreadRecordingAnchors(HostAnchors):
+    """The numpy store, noting which thread writes each residual."""
+
+    def __init__(self, plan, params) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(plan, params)
+        self.writers: list[str] = []
+
+    def set_residual(self, p: int, arrays) -> None:  # type: ignore[no-untyped-def]
+        self.writers.append(threading.current_thread().name)
+        super().set_residual(p, arrays)
+
+
+def test_numpy_error_feedback_is_encoded_off_the_training_thread_in_the_order_fragments_fell_due() -> None:
+    model = build_gpt(TINY)
+    plan = build_plan([(n, tuple(t.shape)) for n, t in model.named_parameters()], 2, 4, 1,
+                      embedding_names=EMBEDDING_NAMES)  # fmt: skip
+    fs = FragmentState.for_model(plan, model, _ThreadRecordingAnchors)
+    anchors0 = {p: {n: a.copy() for n, a in fs.store.arrays(p).items()} for p in range(2)}
+    residual: dict[int, dict[str, np.ndarray] | None] = {0: None, 1: None}
+    for rnd in range(3):
+        with torch.no_grad():
+            for t in model.parameters():
+                t.add_(0.01 * torch.randn(t.shape, generator=torch.Generator().manual_seed(rnd)))
+        for p in range(2):
+            params = {n: model.get_parameter(n).detach().numpy().copy() for n in plan.fragments[p].names}
+            got = fs.take_contribution(p, "int2", error_feedback=True)
+            # the reference: the same chain computed synchronously
+            expected = feedback.encode(outer_gradient(anchors0[p], params), residual[p], fragment=p,
+                                       base_version=got.base_version, kind="outer_grad", quantizer="int2")  # fmt: skip
+            residual[p], anchors0[p] = expected.residual, params
+            assert got.encode("int2") == expected.blob, (rnd, p)
+    assert fs.store.writers  # type: ignore[attr-defined]
+    assert all(name.startswith("feedback-") for name in fs.store.writers)  # type: ignore[attr-defined]
+    for p in range(2):
+        for name, r in fs.residuals[p].items():
+            np.testing.assert_array_equal(r, residual[p][name])  # type: ignore[index]

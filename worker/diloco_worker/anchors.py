@@ -20,7 +20,8 @@ With error feedback (docs/algorithm.md §3.9) ``DeviceAnchors`` also keeps each 
 flat and where its anchor is: the side stream adds it to ``anchor - params`` before quantizing and
 leaves the new residual (what the payload does not carry) in its place, so the training thread
 still only queues work. For the formats without a torch quantizer, and in ``HostAnchors``, the
-caller (``FragmentState``) encodes with the residual in numpy on its own thread.
+caller (``FragmentState``) encodes with the residual in numpy, on a feedback thread of its own, in
+the order the fragments fell due.
 
 On a CPU ``DeviceAnchors`` runs the same code without streams or pinned memory (everything is
 synchronous), which is how its payloads are checked against the reference without a GPU.

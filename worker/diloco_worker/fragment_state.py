@@ -17,6 +17,7 @@ The tensors (anchors, ``anchor - params``, taking a global version) live in an
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,17 @@ from diloco_core.learner import FragmentCounters, outer_gradient
 from torch import nn
 
 from .anchors import AnchorStore, HostAnchors, OuterDelta
+
+
+@dataclass(frozen=True)
+class FeedbackPayload:
+    """An outer gradient encoded with error feedback by the feedback thread (in the order the
+    fragments fell due: each residual depends on the previous payload); ``encode`` waits for it."""
+
+    future: Future[feedback.Encoded]
+
+    def encode(self, *, fragment: int, base_version: int, quantizer: str) -> bytes:
+        return self.future.result().encode(fragment=fragment, base_version=base_version, quantizer=quantizer)
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,7 @@ class FragmentState:
         self.params = dict(params)
         self.counters = FragmentCounters(plan)  # the papers' schedule until the job says otherwise
         self.store = store(plan, self.params)
+        self._feedback: ThreadPoolExecutor | None = None  # numpy error feedback, off the training thread
 
     @classmethod
     def for_model(
@@ -87,7 +100,10 @@ class FragmentState:
     @property
     def residuals(self) -> dict[int, dict[str, np.ndarray]]:
         """Error feedback: per fragment, what its last payload did not carry (docs/algorithm.md
-        §3.9), as float32 host arrays; only fragments that have sent one with error feedback."""
+        §3.9), as float32 host arrays; only fragments that have sent one with error feedback. Waits
+        for the payloads already due to be encoded."""
+        if self._feedback is not None:
+            self._feedback.submit(lambda: None).result()  # one thread, in order: everything before is done
         found = {f.index: self.store.residual(f.index) for f in self.plan.fragments}
         return {p: r for p, r in found.items() if r is not None}
 
@@ -112,19 +128,37 @@ class FragmentState:
 
         With ``error_feedback`` the payload is ``delta_p`` plus the fragment's residual, and the
         residual becomes what the payload leaves out (``diloco_core.feedback``): on the device path
-        queued with the quantization (the training thread does not wait); otherwise encoded here, on
-        the calling thread, since the next residual depends on it."""
+        queued with the quantization; otherwise the calling thread copies the parameters and one
+        feedback thread encodes the payloads in the order they fell due (the next residual depends on
+        each). Either way the training thread does not wait for the encoding."""
         c = self.counters.mark_sent(p)
         if not error_feedback or self.store.feeds_back(quantizer):
             delta = self.store.outer_gradient(p, quantizer, error_feedback)
             self.store.advance_anchor(p)
             return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, delta, since=c.since)
-        params = {n: self.params[n].detach().float().cpu().numpy() for n in self.plan.fragments[p].names}
-        enc = feedback.encode(outer_gradient(self.store.arrays(p), params), self.store.residual(p), fragment=p,
-                              base_version=c.base_version, kind="outer_grad", quantizer=quantizer)  # fmt: skip
-        self.store.set_residual(p, enc.residual)
+        params = {
+            n: self.params[n].detach().float().cpu().numpy().copy() for n in self.plan.fragments[p].names
+        }
+        anchor = self.store.arrays(p)  # replaced, never written in place, by the anchor's next move
+        if self._feedback is None:
+            self._feedback = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"feedback-{id(self):x}")
+        job = self._feedback.submit(self._encode_with_feedback, p, anchor, params, c.base_version, quantizer)
         self.store.advance_anchor(p)
-        return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, enc, since=c.since)
+        return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, FeedbackPayload(job), since=c.since)
+
+    def _encode_with_feedback(
+        self,
+        p: int,
+        anchor: Mapping[str, np.ndarray],
+        params: Mapping[str, np.ndarray],
+        base: int,
+        quantizer: str,
+    ) -> feedback.Encoded:
+        """On the feedback thread: the payload of ``anchor - params`` plus the residual, and the new residual."""
+        enc = feedback.encode(outer_gradient(anchor, params), self.store.residual(p), fragment=p, base_version=base,
+                              kind="outer_grad", quantizer=quantizer)  # fmt: skip
+        self.store.set_residual(p, enc.residual)
+        return enc
 
     def apply(self, p: int, version: int, global_params: Mapping[str, np.ndarray], alpha: float) -> None:
         """Take global version ``version`` of fragment ``p`` (mixing factor ``alpha``)."""
@@ -166,5 +200,7 @@ class FragmentState:
         self.counters = FragmentCounters.from_list(self.plan, meta, self.counters.schedule)
         for p, tensors in anchors.items():
             self.store.load(p, tensors)
+        if self._feedback is not None:
+            self._feedback.submit(lambda: None).result()
         for p, r in (residuals or {}).items():
             self.store.set_residual(p, r)
