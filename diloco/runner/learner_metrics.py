@@ -80,18 +80,14 @@ def counts_from_records(records: Iterable[Mapping[str, Any]]) -> LearnerCounts |
     )
 
 
-def read_counts(
-    path: Path, pid: int | None = None, pids: Collection[int] | None = None
-) -> LearnerCounts | None:
-    """The counts of a metrics file (only the records of process ``pid``, or of the processes
-    ``pids``, when given); None when it is missing or has no such record yet."""
+def read_counts(path: Path, pids: Collection[int] | None = None) -> LearnerCounts | None:
+    """The counts of a metrics file (only the records of the processes ``pids`` when given); None
+    when it is missing or has no such record yet."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return None
     records = parse_records(text.splitlines())
-    if pid is not None:
-        records = [r for r in records if r.get("pid") == pid]
     if pids is not None:
         records = [r for r in records if r.get("pid") in pids]
     return counts_from_records(records)

@@ -254,7 +254,7 @@ class Learners:
         writer = self.slots[0] if self.ddp else slot
         if writer.child is None:
             return 0
-        counts = read_counts(self.paths.metrics_file(writer.index), pid=writer.child.pid)
+        counts = read_counts(self.paths.metrics_file(writer.index), pids={writer.child.pid})
         return counts.step if counts is not None else 0
 
     def who(self, slot: LearnerSlot) -> str:

@@ -61,10 +61,10 @@ def test_the_step_a_restarted_learner_resumed_from_is_read_from_its_newest_launc
 def test_the_records_of_one_process_only(tmp_path: Path) -> None:
     path = tmp_path / "learner-1.jsonl"
     path.write_text("\n".join([_line(7, 30, 1, 10), _line(8, 20, 1, 5), _line(8, 25, 1, 6)]) + "\n")
-    newest = read_counts(path, pid=8)
+    newest = read_counts(path, pids={8})
     assert newest is not None
     assert (newest.step, newest.bytes_sent) == (25, 6)
-    assert read_counts(path, pid=9) is None  # a process that has written nothing yet
+    assert read_counts(path, pids={9}) is None  # a process that has written nothing yet
 
 
 def test_each_process_reports_its_first_step_and_the_blocked_time_it_added(tmp_path: Path) -> None:

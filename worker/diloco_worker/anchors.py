@@ -260,6 +260,12 @@ class DeviceAnchors:
     def _empty_host(self, n: int, dtype: torch.dtype) -> Tensor:
         return torch.empty(n, dtype=dtype, pin_memory=self.cuda)
 
+    def _zeros_at_anchors(self, n: int) -> Tensor:
+        """A zeroed float32 buffer where the anchors are (the device, or pinned host memory)."""
+        if self.placement == "host":
+            return self._empty_host(n, torch.float32).zero_()
+        return torch.zeros(n, dtype=torch.float32, device=self.device)
+
     @torch.no_grad()
     def _flat_of_params(self, p: int) -> Tensor:
         layout = self.layouts[p]
@@ -307,12 +313,10 @@ class DeviceAnchors:
     def set_residual(self, p: int, arrays: Arrays) -> None:
         self._side_done()
         layout = self.layouts[p]
-        host = torch.zeros(layout.total, dtype=torch.float32)
-        for view, name in zip(layout.views(host), layout.names, strict=True):
+        target = self._zeros_at_anchors(layout.total)
+        for view, name in zip(layout.views(target), layout.names, strict=True):
             view.copy_(torch.from_numpy(np.asarray(arrays[name], dtype=np.float32)))
-        self.residuals[p] = host.to(self.anchor_device)
-        if self.placement == "host" and self.cuda:
-            self.residuals[p] = self.residuals[p].pin_memory()
+        self.residuals[p] = target
 
     @torch.no_grad()
     def _feed_back(self, p: int, work: Tensor, out: QuantizedFlat, quantizer: str) -> None:
@@ -322,10 +326,7 @@ class DeviceAnchors:
         left = work.sub_(dequantize(out.values, out.scales, quantizer, layout.total, layout.block_size))
         target = self.residuals.get(p)
         if target is None:
-            target = torch.zeros(layout.total, dtype=torch.float32, device=self.anchor_device)
-            if self.placement == "host" and self.cuda:
-                target = target.pin_memory()
-            self.residuals[p] = target
+            target = self.residuals[p] = self._zeros_at_anchors(layout.total)
         if target.device == left.device:
             _copy_all(layout.views(target), layout.views(left))
         else:  # pinned host memory: the whole buffer back (the padding of ``left`` is zeroed first)

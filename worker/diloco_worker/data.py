@@ -6,13 +6,15 @@ plain integer and resuming at cursor ``k`` yields exactly the batches a run with
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sysconfig
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -85,30 +87,36 @@ def _cut(blob: bytes, source: str, max_bytes: int, more: bool) -> bytes:
     return blob[:max_bytes]
 
 
-def _read_local(
-    paths: Iterator[Path], suffix: str, max_bytes: int, *, text: bool = False
-) -> tuple[bytes, bool]:
-    """The files' bytes up to ``max_bytes`` (whole files) and whether files were left unread."""
+CorpusFile = tuple[str, Callable[[], bytes]]  # a file's name, and how to read it
+
+
+def _gather(files: Iterable[CorpusFile], source: str, max_bytes: int, *, text: bool) -> bytes:
+    """The files' bytes in order up to ``max_bytes`` (whole files read, then cut, saying so); with
+    ``text`` each must be text; one that cannot be read is left out with a warning."""
     parts: list[bytes] = []
     total = 0
-    for path in paths:
-        if suffix and path.suffix != suffix:
-            continue
+    for name, read in files:
         if total >= max_bytes:
-            return b"".join(parts), True
+            return _cut(b"".join(parts), source, max_bytes, more=True)
         try:
-            blob = path.read_bytes()
+            blob = read()
         except OSError as exc:
-            log.warning("corpus file %s cannot be read and is left out: %s", path, exc)
+            log.warning("corpus file %s cannot be read and is left out: %s", name, exc)
             continue
         if text:
-            check_text(str(path), blob)
+            check_text(name, blob)
         parts.append(blob)
         total += len(blob)
-    return b"".join(parts), False
+    return _cut(b"".join(parts), source, max_bytes, more=False)
 
 
-def _read_s3(url: str, max_bytes: int) -> bytes:
+def _local(paths: Iterator[Path], suffix: str = "") -> Iterator[CorpusFile]:
+    for path in paths:
+        if not suffix or path.suffix == suffix:
+            yield str(path), path.read_bytes
+
+
+def _s3_files(url: str) -> Iterator[CorpusFile]:
     import boto3  # the worker image has it; imported late so local runs need no AWS set-up
 
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
@@ -118,16 +126,13 @@ def _read_s3(url: str, max_bytes: int) -> bytes:
     keys: list[str] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         keys.extend(obj["Key"] for obj in page.get("Contents", []))
-    parts: list[bytes] = []
-    total = 0
-    for i, key in enumerate(sorted(keys)):
-        if total >= max_bytes:
-            return _cut(b"".join(parts), url, max_bytes, more=i < len(keys))
-        blob: bytes = client.get_object(Bucket=bucket, Key=key)["Body"].read()
-        check_text(f"s3://{bucket}/{key}", blob)
-        parts.append(blob)
-        total += len(blob)
-    return _cut(b"".join(parts), url, max_bytes, more=False)
+    for key in sorted(keys):
+        yield f"s3://{bucket}/{key}", functools.partial(_s3_object, client, bucket, key)
+
+
+def _s3_object(client: Any, bucket: str, key: str) -> bytes:
+    body: bytes = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    return body
 
 
 def load_corpus(source: str, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
@@ -138,13 +143,12 @@ def load_corpus(source: str, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
     if max_bytes < 1024:
         raise CorpusError(f"max_bytes must be at least 1024, got {max_bytes}")
     if source == "stdlib":
-        blob, more = _read_local(_local_files(Path(sysconfig.get_paths()["stdlib"])), ".py", max_bytes)
-        blob = _cut(blob, source, max_bytes, more)
+        files = _local(_local_files(Path(sysconfig.get_paths()["stdlib"])), ".py")
     elif source.startswith("s3://"):
-        blob = _read_s3(source, max_bytes)
+        files = _s3_files(source)
     else:
-        blob, more = _read_local(_local_files(Path(source)), "", max_bytes, text=True)
-        blob = _cut(blob, source, max_bytes, more)
+        files = _local(_local_files(Path(source)))
+    blob = _gather(files, source, max_bytes, text=source != "stdlib")
     if len(blob) < 1024:
         raise CorpusError(f"corpus {source!r} holds only {len(blob)} bytes; at least 1024 are needed")
     return np.frombuffer(blob, dtype=np.uint8).copy()

@@ -102,8 +102,7 @@ class FragmentState:
         """Error feedback: per fragment, what its last payload did not carry (docs/algorithm.md
         §3.9), as float32 host arrays; only fragments that have sent one with error feedback. Waits
         for the payloads already due to be encoded."""
-        if self._feedback is not None:
-            self._feedback.submit(lambda: None).result()  # one thread, in order: everything before is done
+        self._feedback_done()
         found = {f.index: self.store.residual(f.index) for f in self.plan.fragments}
         return {p: r for p, r in found.items() if r is not None}
 
@@ -145,6 +144,12 @@ class FragmentState:
         job = self._feedback.submit(self._encode_with_feedback, p, anchor, params, c.base_version, quantizer)
         self.store.advance_anchor(p)
         return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, FeedbackPayload(job), since=c.since)
+
+    def _feedback_done(self) -> None:
+        """Wait until the payloads already due are encoded (one thread, in order: a no-op queued
+        behind them)."""
+        if self._feedback is not None:
+            self._feedback.submit(lambda: None).result()
 
     def _encode_with_feedback(
         self,
@@ -200,7 +205,6 @@ class FragmentState:
         self.counters = FragmentCounters.from_list(self.plan, meta, self.counters.schedule)
         for p, tensors in anchors.items():
             self.store.load(p, tensors)
-        if self._feedback is not None:
-            self._feedback.submit(lambda: None).result()
+        self._feedback_done()
         for p, r in (residuals or {}).items():
             self.store.set_residual(p, r)
