@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rewrites constraints/worker.txt and constraints/sync.txt: every distribution that
-# `pip install ".[worker]"` and `pip install ".[sync,operator]"` install, pinned to the version in
+# `pip install ".[worker,data]"` and `pip install ".[sync,operator]"` install, pinned to the version in
 # the development virtual environment (the one the tests passed with), for Linux x86-64.
 #
 #   constraints/refresh.sh [PYTHON]        # PYTHON: that environment's interpreter, default .venv/bin/python
@@ -14,7 +14,7 @@ python=${1:-.venv/bin/python}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$python" -m pip freeze --exclude-editable | grep -v '^#' >"$work/freeze.txt"
-for image in worker:worker sync:sync,operator; do
+for image in worker:worker,data sync:sync,operator; do
   name=${image%%:*}
   extras=${image#*:}
   "$python" -m pip install --quiet --dry-run --ignore-installed --report "$work/$name.json" \

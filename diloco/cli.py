@@ -41,6 +41,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"diloco: unknown subcommand {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    if name in ("worker", "synchronizer") and any(
+        a in ("-f", "--file") or a.startswith("--file=") for a in rest
+    ):
+        from diloco_core.flags import SettingsError
+
+        from diloco.job_file import component_argv
+
+        try:
+            rest = component_argv(name, rest)
+        except SettingsError as exc:
+            print(f"diloco {name}: {exc}", file=sys.stderr)
+            return 2
     module_name = SUBCOMMANDS[name][0]
     try:
         module = importlib.import_module(module_name)

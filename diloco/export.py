@@ -45,8 +45,17 @@ FLAGS = derive_flags(
     ExportSettings,
     {
         "": None,
-        "model": ("entry_point", "n_layer", "n_head", "n_embd", "block_size", "seed"),
-        "data": ("corpus", "eval_fraction"),
+        "model": ("entry_point", "n_layer", "n_head", "n_embd", "block_size", "seed", "vocab_size"),
+        "data": (
+            "corpus",
+            "eval_fraction",
+            "format",
+            "token_dtype",
+            "column",
+            "eos_token",
+            "tokenizer",
+            "cache_dir",
+        ),
         "train": ("batch_size",),
     },
 )

@@ -8,10 +8,11 @@ point (flags, environment, the operator's ConfigMap) and stored in checkpoints.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from diloco_core.flags import Cli
 from diloco_core.quantize import QuantizerName
 
 Quantizer = QuantizerName  # the one list: diloco_core.quantize
@@ -20,6 +21,14 @@ FragmentStrategy = Literal["balanced", "strided"]
 # when a learner sends a fragment (docs/algorithm.md §3.2)
 Schedule = Literal["fixed", "after-version"]
 SCHEDULES: tuple[Schedule, ...] = get_args(Schedule)
+# the learner's inner learning rate after its warm-up (``diloco_worker.train.lr_at``)
+LrSchedule = Literal["cosine", "wsd", "constant"]
+# the inner steps' arithmetic: 'auto' is bf16 autocast on CUDA and float32 elsewhere
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+# how the corpus is stored (``diloco_worker.tokens``): 'text' (bytes, or a tokenizer's ids), nanoGPT-style
+# 'tokens' (.bin files of ids), 'parquet' (Parquet or Arrow files with a column of id lists)
+DataFormat = Literal["text", "tokens", "parquet"]
+TokenDtype = Literal["uint16", "uint32"]
 # 'builtin', or 'package.module:function' (Python identifiers): what ``diloco_worker.entry`` resolves
 ENTRY_POINT_PATTERN = r"^(builtin|[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
 
@@ -125,6 +134,10 @@ class ModelSettings(_Model):
     block_size: int = Field(128, ge=8, description="context length in tokens")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout of the built-in model")
     seed: int = Field(0, description="seed of the initial parameters (the same on every learner)")
+    vocab_size: int = Field(
+        256, ge=2, le=2**32, description="vocabulary of the built-in model: 256 for the byte-level text "
+        "corpus; with token data, more than the largest token id (a larger id stops the learner)",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _check(self) -> ModelSettings:
@@ -143,14 +156,26 @@ class TrainSettings(_Model):
     grad_accum: int = Field(1, ge=1, description="micro-batches accumulated per inner step")
     lr: float = Field(1e-3, gt=0.0, description="peak inner learning rate")
     min_lr_ratio: float = Field(
-        0.1, ge=0.0, le=1.0, description="the cosine schedule ends at lr x this ratio"
+        0.1, ge=0.0, le=1.0, description="the cosine and wsd schedules end at lr x this ratio"
     )
     warmup_steps: int = Field(50, ge=0, description="linear warm-up steps of the inner learning rate")
+    lr_schedule: LrSchedule = Field(
+        "cosine", description="the inner learning rate after the warm-up: 'cosine' decay to lr x min_lr_ratio "
+        "at max_steps; 'wsd' (warmup-stable-decay) at lr, then linear to lr x min_lr_ratio over the last "
+        "decay_fraction of max_steps; 'constant' at lr",
+    )  # fmt: skip
+    decay_fraction: float = Field(
+        0.2, gt=0.0, le=1.0, description="share of max_steps the final decay of the wsd schedule takes"
+    )
     max_steps: int = Field(1000, ge=1, description="inner steps of this learner (schedule length)")
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay")
     beta1: float = Field(0.9, description="AdamW beta1")
     beta2: float = Field(0.95, description="AdamW beta2")
     grad_clip: float = Field(1.0, ge=0.0, description="gradient norm clipping of the inner steps (0: none)")
+    precision: Precision = Field(
+        "auto", description="arithmetic of the forward passes: 'bf16' or 'fp16' autocast (fp16 with a "
+        "gradient scaler), 'fp32' none, 'auto' bf16 on CUDA and fp32 elsewhere",
+    )  # fmt: skip
     checkpoint_every: int = Field(
         100, ge=0, description="steps between a learner's checkpoints, written in the background (one due "
         "while the previous is still being written is skipped); 0: only on SIGTERM and at the end",
@@ -166,6 +191,63 @@ class DataSettings(_Model):
         0.02, gt=0.0, lt=0.5, description="share of the corpus held out for evaluation"
     )
     non_iid: bool = Field(False, description="give each learner a distinct part of the corpus (non-IID data)")
+    format: Annotated[DataFormat, Cli("data-format")] = Field(
+        "text", description="how the corpus is stored: 'text' (read as bytes, or through --tokenizer), 'tokens' "
+        "(nanoGPT-style .bin files of token ids), 'parquet' (Parquet or Arrow files, a Hugging Face dataset's "
+        "to_parquet or save_to_disk, with a column of token id lists)",
+    )  # fmt: skip
+    token_dtype: TokenDtype = Field(
+        "uint16", description="integer type of the ids in 'tokens' .bin files (nanoGPT writes uint16; vocabularies "
+        "over 65536 need uint32)",
+    )  # fmt: skip
+    column: Annotated[str, Cli("data-column")] = Field(
+        "input_ids", min_length=1, description="the 'parquet' column that holds each row's token ids"
+    )
+    eos_token: int | None = Field(
+        None, ge=0, description="token id put between documents: between the rows of 'parquet' data (none when "
+        "unset) and between the files of a tokenized text corpus (default: the tokenizer's end-of-text token)",
+    )  # fmt: skip
+    tokenizer: str | None = Field(
+        None, description="a Hugging Face tokenizers tokenizer.json (a path or s3:// URL): the 'text' corpus is "
+        "tokenized with it, file by file, instead of read as bytes",
+    )  # fmt: skip
+    cache_dir: Annotated[str | None, Cli("data-cache-dir")] = Field(
+        None, description="where token data is kept locally: shards downloaded from S3 and parquet or tokenized "
+        "text turned into token files (default: diloco-data under the system's temporary folder)",
+    )  # fmt: skip
+    sample_log: str | None = Field(
+        None, description="a file where each learner process appends, per batch it draws of token data, one JSON "
+        "line with the batch, its step and its samples' ids (for audits and tests; off by default)",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _check(self) -> DataSettings:
+        if self.tokenizer and self.format != "text":
+            raise ValueError(
+                f"a tokenizer applies to a text corpus; format {self.format!r} already holds token ids: drop "
+                "--tokenizer or use --data-format text"
+            )
+        return self
+
+
+class TrackingSettings(_Model):
+    """Where a job's learners and synchronizers send their scalars (``diloco_core.tracking``)."""
+
+    tensorboard: str | None = Field(
+        None, description="TensorBoard event files: a folder or an s3:// prefix (one run per learner and per "
+        "synchronizer shard under it)",
+    )  # fmt: skip
+    wandb_project: str | None = Field(
+        None,
+        description="a Weights & Biases project (the wandb package; WANDB_API_KEY, WANDB_MODE=offline ...)",
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None,
+        description="an MLflow tracking server or store (the mlflow package); the experiment is the job id",
+    )
+    flush_every_s: Annotated[float, Cli("tracking-flush-every")] = Field(
+        10.0, gt=0.0, le=3600.0, description="seconds between flushes of the tracking sinks"
+    )
 
 
 class StorageSettings(_Model):
@@ -185,3 +267,4 @@ class JobConfig(_Model):
     model: ModelSettings = ModelSettings()
     train: TrainSettings = TrainSettings()
     data: DataSettings = DataSettings()
+    tracking: TrackingSettings = TrackingSettings()

@@ -14,6 +14,7 @@ from pathlib import Path
 from diloco_core.flags import add_flags, derive_flags, read, validate
 
 from diloco.runner.commands import RunPaths
+from diloco.runner.job_file import read_job_file
 from diloco.runner.settings import (
     GPU_BATCH_SIZE,
     GPU_MODEL,
@@ -44,7 +45,8 @@ FLAGS = derive_flags(
             "outer_warmup",
         ),
         "model": ("n_layer", "n_head", "n_embd", "block_size", "seed"),
-        "train": ("batch_size", "max_steps"),
+        "train": ("batch_size", "max_steps", "lr_schedule", "decay_fraction", "precision"),
+        "tracking": None,
     },
     exclude=("speed_factors", "bandwidth_limits", "host", "poll_interval_s", "stop_timeout_s", "python"),
     help={
@@ -58,6 +60,12 @@ FLAGS = derive_flags(
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="diloco run", description=__doc__)
     add_flags(p, FLAGS)
+    p.add_argument(
+        "-f", "--file", type=Path, default=None, metavar="JOB_YAML",
+        help="run the DiLoCoJob manifest that kubectl apply takes: each learner unit a local learner process "
+        "(its pods as one process), the spec's model, data, training, DiLoCo and tracking settings; flags given "
+        "beside it win (except --learners and --batch-size, which the units say)",
+    )  # fmt: skip
     p.add_argument(
         "--resume", type=Path, default=None, metavar="RUN_DIR",
         help="continue a stopped run in its folder with its settings (no failures injected): each learner "
@@ -89,6 +97,17 @@ def visible_gpus() -> int:
 def parse_settings(argv: list[str], count_gpus: Callable[[], int] = visible_gpus) -> RunSettings:
     a = build_parser().parse_args(argv)
     given = read(FLAGS, a, {})
+    job = read_job_file(a.file) if a.file is not None else None
+    if job is not None:
+        set_by_units = [
+            f.option
+            for f in FLAGS
+            if given.has(f.path) and f.path in (("learners",), ("train", "batch_size"))
+        ]
+        if set_by_units:
+            raise SettingsError(
+                f"-f {a.file}: {', '.join(set_by_units)} cannot be given: the job's learner units say"
+            )
     if given.values.get("mode", "decoupled") != "decoupled":
         given.set(("diloco", "overlap"), 0, "--mode")  # no overlap in the synchronous modes
     if given.values.get("device") == "cuda":  # a GPU-sized model unless the flags say otherwise
@@ -96,16 +115,18 @@ def parse_settings(argv: list[str], count_gpus: Callable[[], int] = visible_gpus
             *((("model", k), v) for k, v in GPU_MODEL.items()),
             (("train", "batch_size"), GPU_BATCH_SIZE),
         ]:
-            if not given.has(path):
+            if not given.has(path) and not (job and path[1] in job.base.get(path[0], {})):
                 given.set(path, value, "--device cuda")
-    settings = validate(RunSettings, given, what="run settings")
+    base = {**job.base, "batch_sizes": job.batch_sizes, "job_file": str(a.file)} if job else None
+    settings = validate(RunSettings, given, base=base, base_source=f"-f {a.file}", what="run settings")
     settings = settings.model_copy(
         update={"gpus": resolve_gpus(settings, count_gpus() if settings.device == "cuda" else 0)}
     )
-    warmup = min(20, settings.train.max_steps // 10)
-    settings = settings.model_copy(
-        update={"train": settings.train.model_copy(update={"warmup_steps": warmup})}
-    )
+    if job is None or "warmup_steps" not in job.base["train"]:
+        warmup = min(20, settings.train.max_steps // 10)
+        settings = settings.model_copy(
+            update={"train": settings.train.model_copy(update={"warmup_steps": warmup})}
+        )
     if a.speed_factors and a.slow:
         raise SettingsError("give either --speed-factors or --slow, not both")
     speeds: tuple[float, ...] = ()
@@ -202,6 +223,12 @@ def main(argv: list[str]) -> int:
     from diloco.runner.report_files import write_report
     from diloco.runner.view import ProgressView
 
+    if settings.job_file and not resumed:
+        job = read_job_file(Path(settings.job_file))
+        units = ", ".join(f"learner-{i} = unit {u}" for i, u in enumerate(job.units))
+        print(f"diloco run: job {job.name} from {settings.job_file}: {units}", flush=True)
+        for note in job.notes:
+            print(f"diloco run: note: {note}", flush=True)
     paths = resumed[1] if resumed else new_run_paths(settings.runs_dir, time.time())
     (paths.root / SETTINGS_FILE).write_text(settings.model_dump_json(indent=2) + "\n")
     with ProgressView(plain=settings.plain) as view:

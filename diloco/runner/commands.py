@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diloco_core.auth import learner_token
-from diloco_core.config import PLAN_FIELDS, DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
+from diloco_core.config import (
+    PLAN_FIELDS,
+    DataSettings,
+    DiLoCoSettings,
+    ModelSettings,
+    TrackingSettings,
+    TrainSettings,
+)
 from diloco_core.flags import ENV_PREFIX, derive_flags, to_argv
 
 from diloco.runner.settings import RunSettings
@@ -27,6 +34,7 @@ PLAN_FLAGS = derive_flags(DiLoCoSettings, {"": PLAN_FIELDS})
 MODEL_FLAGS = derive_flags(ModelSettings, {"": None})
 TRAIN_FLAGS = derive_flags(TrainSettings, {"": None})
 DATA_FLAGS = derive_flags(DataSettings, {"": None})
+TRACKING_FLAGS = derive_flags(TrackingSettings, {"": None})
 
 
 @dataclass(frozen=True)
@@ -50,15 +58,31 @@ class RunPaths:
     def log_file(self, name: str) -> Path:
         return self.logs / f"{name}.log"
 
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def job_id(self) -> str:
+        """The run's job id (its experiment in tracking): ``run-<folder>``."""
+        return f"run-{self.root.name}"[:63]
+
+
+def run_tracking(settings: RunSettings, paths: RunPaths) -> TrackingSettings:
+    """The run's tracking: TensorBoard in the run folder unless the settings name a place."""
+    if settings.tracking.tensorboard:
+        return settings.tracking
+    return settings.tracking.model_copy(update={"tensorboard": str(paths.tensorboard.resolve())})
+
 
 def learner_id(settings: RunSettings, learner: int) -> str:
     """In ddp mode the learners are the ranks of one unit, which rank 0 represents."""
     return "learner-0" if settings.mode == "ddp" else f"learner-{learner}"
 
 
-def unit_tokens_per_step(settings: RunSettings) -> int:
+def unit_tokens_per_step(settings: RunSettings, learner: int) -> int:
     """The most tokens a learner's step trains on, which its token declares: in ddp mode every rank's."""
-    return settings.tokens_per_step * (settings.learners if settings.mode == "ddp" else 1)
+    return settings.tokens_per_step_of(learner) * (settings.learners if settings.mode == "ddp" else 1)
 
 
 def storage_url(settings: RunSettings, paths: RunPaths) -> str:
@@ -73,7 +97,9 @@ def build_synchronizer_argv(settings: RunSettings, paths: RunPaths, *, port: int
         "--port", str(port),
         "--storage", storage_url(settings, paths),
         "--heartbeat-interval-s", str(HEARTBEAT_INTERVAL_S),
+        "--job-id", paths.job_id,
         *to_argv(ALGORITHM_FLAGS, settings.algorithm()),
+        *to_argv(TRACKING_FLAGS, run_tracking(settings, paths)),
     ]  # fmt: skip
 
 
@@ -92,8 +118,13 @@ def build_worker_argv(settings: RunSettings, paths: RunPaths, learner: int, *, s
         str(1 if settings.mode == "ddp" else settings.learners),
         *to_argv(PLAN_FLAGS, settings.algorithm()),
         *to_argv(MODEL_FLAGS, settings.model),
-        *to_argv(TRAIN_FLAGS, settings.train),
+        *to_argv(
+            TRAIN_FLAGS, settings.train.model_copy(update={"batch_size": settings.batch_size_of(learner)})
+        ),
         *to_argv(DATA_FLAGS, settings.data),
+        "--job-id",
+        paths.job_id,
+        *to_argv(TRACKING_FLAGS, run_tracking(settings, paths)),
         "--corpus-max-bytes",
         str(CORPUS_BYTES[settings.device]),
         "--checkpoint-dir",
@@ -117,6 +148,8 @@ def build_worker_argv(settings: RunSettings, paths: RunPaths, learner: int, *, s
     ]
     if settings.mode == "diloco-sync":
         argv.append("--blocking-sync")
+    if settings.compile_model:
+        argv.append("--compile")
     bandwidth = settings.bandwidth_of(learner)
     if bandwidth is not None:
         argv += ["--bandwidth-limit", str(bandwidth)]
@@ -159,7 +192,7 @@ def build_worker_env(
     sees (``CUDA_VISIBLE_DEVICES``), and in ddp mode the torch.distributed rendezvous of the unit."""
     env = {k: v for k, v in base.items() if k != "DILOCO_JOB_SECRET"} | {
         "DILOCO_TOKEN": learner_token(
-            job_secret, learner_id(settings, learner), tokens_per_step=unit_tokens_per_step(settings)
+            job_secret, learner_id(settings, learner), tokens_per_step=unit_tokens_per_step(settings, learner)
         ),
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",

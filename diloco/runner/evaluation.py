@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from diloco_core.auth import learner_token
 from diloco_core.codec import CodecError, decode
-from diloco_core.config import ModelSettings
+from diloco_core.config import DataSettings, ModelSettings, TrainSettings
 from diloco_core.wire import WireTally
 
 log = logging.getLogger(__name__)
@@ -37,20 +37,20 @@ class GlobalEvaluator:
         sync_url: str,
         job_secret: str,
         model: ModelSettings,
-        corpus: str,
-        eval_fraction: float,
+        data: DataSettings,
         batch_size: int,
         fragments: int,
         corpus_max_bytes: int,
         device: str = "cpu",
         wire: WireTally | None = None,
     ) -> None:
-        """``device``: where the model is evaluated (a GPU under bf16 autocast, as the learners
-        train there); ``corpus_max_bytes`` as the learners read it, so the held-out split is theirs;
-        ``wire``: where its downloads' bytes at the socket are counted."""
+        """The model and the held-out batches are the built-in task's (``diloco_worker.entry``), on the
+        learners' data (bytes or tokens) read as they read it (``corpus_max_bytes``); ``device``: where
+        the model is evaluated (a GPU under bf16 autocast, as the learners train there); ``wire``: where
+        its downloads' bytes at the socket are counted."""
         import torch
-        from diloco_worker.data import eval_batches, load_corpus, split_corpus
-        from diloco_worker.model import build_gpt
+        from diloco_worker.data import Shard
+        from diloco_worker.entry import TaskContext, builtin_task
         from diloco_worker.sync_client import SyncClient
         from diloco_worker.train import autocast_for
 
@@ -58,11 +58,12 @@ class GlobalEvaluator:
         self._torch = torch
         self._device = torch.device(device)
         self._autocast = lambda: autocast_for(self._device)
-        self._model = build_gpt(model).to(self._device).eval()
-        _, held_out = split_corpus(load_corpus(corpus, corpus_max_bytes), eval_fraction)
-        self._batches = eval_batches(
-            held_out, batch_size=batch_size, block_size=model.block_size, device=self._device
-        )
+        task = builtin_task(TaskContext(
+            model, data.model_copy(update={"sample_log": None}), TrainSettings(batch_size=batch_size),
+            Shard(0, 1, EVALUATOR_ID), self._device, corpus_max_bytes,
+        ))  # fmt: skip
+        self._model = task.model.to(self._device).eval()
+        self._batches = list(task.eval_batches)
         self._client = SyncClient(
             sync_url, EVALUATOR_ID, learner_token(job_secret, EVALUATOR_ID), timeout_s=10.0, wire=wire
         )

@@ -144,9 +144,10 @@ class Learners:
                 self._on_rejoined(slot, ls.step, now)
             if slot.state in ("training", "finished"):
                 slot.step = max(slot.step, ls.step) if slot.incarnation == 0 else ls.step
-                slot.tokens = slot.step * self.s.tokens_per_step
+                per_step = self.s.tokens_per_step_of(slot.index)
+                slot.tokens = slot.step * per_step
                 slot.step_time_s = ls.step_time_s
-                slot.tokens_per_s = self.s.tokens_per_step / ls.step_time_s if ls.step_time_s > 0 else 0.0
+                slot.tokens_per_s = per_step / ls.step_time_s if ls.step_time_s > 0 else 0.0
                 slot.staleness = ls.staleness
                 # in ddp mode the status is rank 0's, and every rank of the unit spends the same time at
                 # each step boundary (the others wait for rank 0's broadcast): each rank's time counts

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import secrets
 import signal
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 
 import httpx
+from diloco_core.progress import time_left
 from diloco_core.protocol import StatusResponse
 from diloco_core.wire import WireTally
 from diloco_worker.wire_transport import counting_transport
@@ -240,8 +242,8 @@ class Orchestrator:
 
         s = self.s
         evaluator = GlobalEvaluator(
-            sync_url=self.sync_url, job_secret=self.secret, model=s.model, corpus=s.data.corpus,
-            eval_fraction=s.data.eval_fraction, batch_size=s.train.batch_size, fragments=s.algorithm().fragments,
+            sync_url=self.sync_url, job_secret=self.secret, model=s.model, data=s.data,
+            batch_size=s.batch_size_of(0), fragments=s.algorithm().fragments,
             corpus_max_bytes=CORPUS_BYTES[s.device], device=f"cuda:{s.gpus[0]}" if s.device == "cuda" else "cpu",
             wire=self.wire,
         )  # fmt: skip
@@ -268,13 +270,28 @@ class Orchestrator:
                        slot.tokens_per_s if slot.state == "training" else 0.0, slot.staleness, slot.speed_factor)
             for slot in self.learners
         )  # fmt: skip
+        tokens = sum(slot.tokens for slot in self.learners)
         return Snapshot(
             mode=self.s.mode, elapsed_s=now, learners=rows,
             version=max(self.record.versions.values(), default=-1), rounds=self.record.rounds,
             loss=self.record.losses[-1].loss if self.record.losses else None,
-            bytes_sent=self.record.sent_bytes, tokens=sum(slot.tokens for slot in self.learners),
-            notes=tuple(self._notes),
+            bytes_sent=self.record.sent_bytes, tokens=tokens, notes=tuple(self._notes),
+            eta_s=run_time_left(self.s, now, tokens, [slot.step for slot in self.learners]),
         )  # fmt: skip
+
+
+def run_time_left(settings: RunSettings, elapsed_s: float, tokens: int, steps: list[int]) -> float | None:
+    """Seconds until the run's first budget is spent at the pace so far: its time limit, its token
+    budget, or every learner's steps (the slowest learner's)."""
+    if elapsed_s <= 0:
+        return None
+    slowest = min(steps, default=0)
+    left: float | None = time_left([
+        (elapsed_s, settings.time_limit_s, 1.0),
+        (tokens, settings.token_budget or math.inf, tokens / elapsed_s),
+        (slowest, settings.train.max_steps, slowest / elapsed_s),
+    ])  # fmt: skip
+    return left
 
 
 def _settings_dict(settings: RunSettings) -> dict[str, object]:

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
+from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrackingSettings, TrainSettings
 from diloco_core.flags import Cli, SettingsError
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -55,6 +55,8 @@ class RunSettings(BaseModel):
     # warm-up: a tenth of the run, at most 20 steps (set from max_steps by the command line)
     train: TrainSettings = TrainSettings(batch_size=8, max_steps=300, warmup_steps=20)
     data: DataSettings = DataSettings()
+    # TensorBoard's event files go to the run folder's tensorboard/ unless --tensorboard says elsewhere
+    tracking: TrackingSettings = TrackingSettings()
     eval_every: int = Field(25, ge=0, description="learners' local evaluation interval in steps")
     mtbf_s: Annotated[float, Cli("mtbf")] = Field(
         60.0,
@@ -65,6 +67,11 @@ class RunSettings(BaseModel):
         8.0, ge=0.0, description="seconds a failed learner stays down before it is started again"
     )
     speed_factors: tuple[float, ...] = ()  # step-time multiplier per learner (--speed-factors, --slow)
+    batch_sizes: tuple[int, ...] = ()  # sequences per micro-batch per learner (a job file's units)
+    job_file: str | None = None  # the DiLoCoJob manifest the run was made from (-f)
+    compile_model: Annotated[bool, Cli("compile")] = Field(
+        False, description="learners run their model through torch.compile"
+    )
     bandwidth_limits: tuple[float | None, ...] = ()  # bytes/s per learner (--bandwidth-limit)
     runs_dir: Path = Field(Path("runs"), description="parent of the run folder")
     storage_url: Annotated[str | None, Cli("storage")] = Field(
@@ -85,9 +92,16 @@ class RunSettings(BaseModel):
     )
     python: str = ""
 
+    def batch_size_of(self, learner: int) -> int:
+        return self.batch_sizes[learner] if self.batch_sizes else self.train.batch_size
+
+    def tokens_per_step_of(self, learner: int) -> int:
+        return int(self.batch_size_of(learner) * self.train.grad_accum * self.model.block_size)
+
     @property
     def tokens_per_step(self) -> int:
-        return int(self.train.batch_size * self.train.grad_accum * self.model.block_size)
+        """A learner's tokens per step (the mean over learners when their batch sizes differ)."""
+        return sum(self.tokens_per_step_of(i) for i in range(self.learners)) // max(1, self.learners)
 
     @property
     def blocking_sync(self) -> bool:
@@ -127,7 +141,7 @@ def build_algorithm(s: RunSettings) -> DiLoCoSettings:
     """
     if s.mode == "decoupled":
         delayed = s.learners if s.delayed_nesterov is None else s.delayed_nesterov
-        return s.diloco.model_copy(update={"quorum": 1, "delayed_nesterov": delayed})
+        return s.diloco.model_copy(update={"delayed_nesterov": delayed})  # K: 1 unless a job file says
     if s.mode == "diloco-sync":
         return s.diloco.model_copy(
             update={"overlap": 0, "quorum": s.learners, "delayed_nesterov": s.delayed_nesterov or 0}

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO
 
+from diloco_core.progress import describe_duration
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -35,6 +36,7 @@ class Snapshot:
     bytes_sent: int
     tokens: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    eta_s: float | None = None  # until the first budget (time, tokens, steps) is spent
 
 
 _STATE_STYLE = {
@@ -55,12 +57,15 @@ def render_line(s: Snapshot) -> str:
     loss = "n/a" if s.loss is None else f"{s.loss:.3f}"
     return (
         f"[{s.elapsed_s:6.1f}s] {s.mode} v{s.version} rounds={s.rounds} loss={loss} "
-        f"tokens={s.tokens:,} sent={human_bytes(s.bytes_sent)} | {learners}"
+        f"tokens={s.tokens:,} sent={human_bytes(s.bytes_sent)} eta={describe_duration(s.eta_s)} | {learners}"
     )
 
 
 def render_table(s: Snapshot) -> Group:
-    table = Table(title=f"diloco run ({s.mode}) — {s.elapsed_s:.0f} s", expand=False)
+    table = Table(
+        title=f"diloco run ({s.mode}) — {s.elapsed_s:.0f} s, about {describe_duration(s.eta_s)} to go",
+        expand=False,
+    )
     for name in ("learner", "state", "step", "tokens/s", "staleness", "speed"):
         table.add_column(name, justify="left" if name in ("learner", "state") else "right")
     for r in s.learners:

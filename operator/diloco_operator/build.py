@@ -31,6 +31,7 @@ from diloco_core.config import (
     JobConfig,
     ModelSettings,
     StorageSettings,
+    TrackingSettings,
     TrainSettings,
 )
 
@@ -131,14 +132,23 @@ def metadata(job: JobRef, name: str, component: str, **extra: str) -> dict[str, 
 def build_job_config(job: JobRef, spec: DiLoCoJobSpec) -> JobConfig:
     """The ``JobConfig`` every synchronizer and learner of the job reads from the ConfigMap: the spec's
     sections are the core's settings; the step budget gives the schedule's length."""
-    train = spec.train.model_dump() | {"max_steps": spec.budget.steps or UNLIMITED_STEPS}
+    train = spec.train.model_dump(exclude={"compile"}) | {"max_steps": spec.budget.steps or UNLIMITED_STEPS}
     return JobConfig(
         job_id=job_id(job, spec),
         diloco=DiLoCoSettings.model_validate(spec.diloco.model_dump()),
         model=ModelSettings.model_validate(spec.model.model_dump()),
         train=TrainSettings.model_validate(train),
         data=DataSettings.model_validate(spec.data.model_dump()),
+        tracking=build_tracking(spec),
     )
+
+
+def build_tracking(spec: DiLoCoJobSpec) -> TrackingSettings:
+    """The spec's tracking, TensorBoard's event files in the job's storage unless it names a place."""
+    tracking = TrackingSettings.model_validate(spec.tracking.model_dump())
+    if tracking.tensorboard:
+        return tracking
+    return tracking.model_copy(update={"tensorboard": f"{spec.storage.url}/tensorboard"})
 
 
 def build_storage_settings(spec: DiLoCoJobSpec) -> StorageSettings:

@@ -21,7 +21,10 @@ Learner (``diloco worker``) containers get:
 - ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` for the unit's torch.distributed group; the
   rank is the ordinal suffix of the pod name (``HOSTNAME``).
 - ``DILOCO_HEALTH_HOST`` / ``DILOCO_HEALTH_PORT`` where the learner serves ``/healthz`` and ``/readyz``.
+- ``DILOCO_COMPILE`` ``true`` when ``spec.train.compile`` is set (the worker's ``--compile``).
 - ``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` for storage.
+- then the spec's own ``spec.learners.env`` and the unit's ``env``, which may not name any of these
+  (``pod_additions``).
 
 Synchronizer (``diloco synchronizer``) containers get ``DILOCO_JOB_ID``, ``DILOCO_JOB_SECRET``,
 ``DILOCO_JOB_CONFIG``, ``DILOCO_STORAGE_CONFIG``, ``DILOCO_STORAGE`` (the s3:// URL),

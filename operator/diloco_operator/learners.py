@@ -67,6 +67,8 @@ def learner_env(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit) -> list[dic
     ]
     if unit.region:
         out.append(env.value("DILOCO_REGION", unit.region))
+    if spec.train.compile:
+        out.append(env.value("DILOCO_COMPILE", "true"))
     return out
 
 
@@ -95,12 +97,19 @@ def build_pod_template(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, dige
             {"name": "health", "containerPort": env.HEALTH_PORT},
             {"name": "dist", "containerPort": env.DIST_PORT},
         ],
-        "env": learner_env(job, spec, unit),
+        # the spec's own additions (pod_additions) after the operator's: a value may refer to those
+        "env": [*learner_env(job, spec, unit), *spec.learners.env, *unit.env],
         "resources": unit_resources(unit),
         "livenessProbe": http_probe("/healthz", "health", 15, 8),
         "readinessProbe": http_probe("/readyz", "health", 10, 3),
         "securityContext": container_security_context(),
-        "volumeMounts": config_mounts() + sync_ca_mounts(spec) + token_mounts(),
+        "volumeMounts": [
+            *config_mounts(),
+            *sync_ca_mounts(spec),
+            *token_mounts(),
+            *spec.learners.volume_mounts,
+            *unit.volume_mounts,
+        ],
     }
     return {
         "metadata": {
@@ -112,7 +121,13 @@ def build_pod_template(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, dige
             "securityContext": pod_security_context(),
             "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
             "containers": [container],
-            "volumes": config_volumes(job.name) + sync_ca_volumes(spec) + token_volumes(job.name, unit.name),
+            "volumes": [
+                *config_volumes(job.name),
+                *sync_ca_volumes(spec),
+                *token_volumes(job.name, unit.name),
+                *spec.learners.volumes,
+                *unit.volumes,
+            ],
             **pod_placement(unit),
         },
     }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
+from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrackingSettings, TrainSettings
 from diloco_core.flags import describe_errors, dotted
 from pydantic import (
     BaseModel,
@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from diloco_operator import pod_additions
 
 # A resource quantity as the CRD admits it: Kubernetes' own quantity syntax, without a sign (a
 # negative request or limit can never work).
@@ -42,6 +44,7 @@ NO_CRD_FIELD: dict[tuple[str, str], str] = {
     ("train", "max_steps"): "set by spec.budget.steps (unlimited without a step budget)",
     ("storage", "url"): "set by spec.storage.bucket and spec.storage.prefix",
     ("storage", "endpoint_url"): "set by spec.storage.endpoint",
+    ("data", "sample_log"): "a learner's own audit file (the worker's --sample-log), not a job setting",
     ("storage", "keep_versions"): "not set by a job: the synchronizer keeps its own --keep-versions versions",
 }
 
@@ -84,6 +87,10 @@ class DataSpec(DataSettings):
 class TrainSpec(TrainSettings):
     model_config = _SPEC_CONFIG
 
+    # the worker's own setting (``compile_model``, ``DILOCO_COMPILE``), not the job's: it is not
+    # written into the ConfigMap's JobConfig
+    compile: bool = False
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_settings_set_elsewhere(cls, data: Any) -> Any:
@@ -92,6 +99,13 @@ class TrainSpec(TrainSettings):
                 if section == "train" and (crd_name(name) in data or name in data):
                     raise ValueError(f"{crd_name(name)} is not a field of spec.train: it is {reason}")
         return data
+
+
+class TrackingSpec(TrackingSettings):
+    """Where learners and synchronizers send their figures; TensorBoard defaults to the job's storage
+    (``<storage>/tensorboard``, see ``build.build_job_config``)."""
+
+    model_config = _SPEC_CONFIG
 
 
 class CredentialsRef(_Spec):
@@ -136,6 +150,19 @@ def check_resources(resources: dict[str, Any]) -> dict[str, Any]:
     return resources
 
 
+class LearnerPods(_Spec):
+    """What every learner pod gets besides the operator's own (``pod_additions``): Kubernetes
+    EnvVars, Volumes and VolumeMounts, taken as written."""
+
+    env: list[dict[str, Any]] = Field(default_factory=list)
+    volumes: list[dict[str, Any]] = Field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
+
+    _env = field_validator("env")(pod_additions.check_env)
+    _volumes = field_validator("volumes")(pod_additions.check_volumes)
+    _mounts = field_validator("volume_mounts")(pod_additions.check_mounts)
+
+
 class LearnerUnit(_Spec):
     name: str = Field(..., min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     replicas: int = Field(1, ge=0, le=1024)
@@ -148,8 +175,15 @@ class LearnerUnit(_Spec):
     batch_size: int = Field(16, ge=1)
     tokens_per_step: int | None = Field(None, ge=1)
     token_generation: int = Field(0, ge=0)
+    # after spec.learners' (``pod_additions``)
+    env: list[dict[str, Any]] = Field(default_factory=list)
+    volumes: list[dict[str, Any]] = Field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
 
     _resources = field_validator("resources")(check_resources)
+    _env = field_validator("env")(pod_additions.check_env)
+    _volumes = field_validator("volumes")(pod_additions.check_volumes)
+    _mounts = field_validator("volume_mounts")(pod_additions.check_mounts)
 
 
 class ExternalSynchronizer(_Spec):
@@ -241,6 +275,8 @@ class DiLoCoJobSpec(_Spec):
     train: TrainSpec = TrainSpec()
     storage: StorageSpec
     diloco: DiLoCoSpec = DiLoCoSpec()
+    tracking: TrackingSpec = TrackingSpec()
+    learners: LearnerPods = LearnerPods()
     learner_units: list[LearnerUnit] = Field(..., min_length=1)
     synchronizer: SynchronizerSpec = SynchronizerSpec()
     budget: Budget = Budget()
@@ -278,6 +314,18 @@ def validate_job(name: str, spec: DiLoCoJobSpec) -> None:
     unknown = sorted(set(spec.chaos.units) - set(names))
     if unknown:
         raise SpecError(f"spec.chaos.units names units that do not exist: {', '.join(unknown)}")
+    job = spec.learners
+    problems = [
+        problem
+        for i, unit in enumerate(spec.learner_units)
+        for problem in pod_additions.unit_problems(
+            f"spec.learnerUnits[{i}] ({unit.name})",
+            [*job.volumes, *unit.volumes],
+            [*job.volume_mounts, *unit.volume_mounts],
+        )
+    ]
+    if problems:
+        raise SpecError("; ".join(problems))
 
 
 def secret_references(spec: DiLoCoJobSpec) -> list[tuple[str, str]]:

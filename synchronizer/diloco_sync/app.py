@@ -9,7 +9,9 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
+import anyio.to_thread
 from diloco_core.storage import open_store
+from diloco_core.tracking import open_tracking
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -52,10 +54,14 @@ def create_app(
     ``app.state.wire`` is where the server's connections count their bytes at the socket
     (``connections.guarded_protocol``), which the service reports."""
     service = service or build_service(settings)
+    tracking = open_tracking(
+        settings.job.tracking, run=f"synchronizer-{settings.shard_index}", group=settings.job.job_id,
+        config=settings.job.model_dump(mode="json", include={"diloco"}),
+    )  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        desk, runner = build_round_parts(service)
+        desk, runner = build_round_parts(service, tracking)
         startup = Startup(service, desk, runner, on_fatal)
         app.state.service, app.state.desk, app.state.startup = service, desk, startup
         startup.begin()  # the server answers while the state loads (storage may be down)
@@ -63,6 +69,8 @@ def create_app(
             yield
         finally:
             await startup.stop()
+            if tracking is not None:
+                await anyio.to_thread.run_sync(tracking.close)
 
     app = FastAPI(
         title="DiLoCo synchronizer",

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 UsageError = SettingsError  # a setting is missing or invalid; the message says what to change
 # every field of the service's settings, the job's id, and every algorithm setting of the job
-FLAGS = derive_flags(SyncSettings, {"": None, "job": ("job_id",), "job.diloco": None})
+FLAGS = derive_flags(SyncSettings, {"": None, "job": ("job_id",), "job.diloco": None, "job.tracking": None})
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,10 +15,11 @@ from typing import Any
 
 import anyio.to_thread
 from diloco_core.protocol import RoundRecord
+from diloco_core.tracking import Tracking
 
 from .fragment_state import Contribution, FragmentState, merged_through
 from .layout import FragmentRecord
-from .merging import RoundOutcome, round_log, round_record
+from .merging import RoundOutcome, round_log, round_record, round_scalars
 from .metrics import Metrics
 from .pace import kept_times
 from .persistence import StateStore
@@ -44,8 +45,10 @@ class Committer:
         max_staleness: int,
         keep_versions: int,
         clock: Callable[[], float],
+        tracking: Tracking | None = None,
     ) -> None:
         self.store, self.guard, self.metrics = store, guard, metrics
+        self.tracking = tracking
         self.recent_rounds = recent_rounds
         self.max_staleness, self.keep_versions = max_staleness, keep_versions
         self.clock = clock
@@ -112,6 +115,8 @@ class Committer:
         for lag in result.staleness:  # behind the version the round started from
             staleness.observe(lag)
         m.fragment_version.labels(str(p)).set(result.version)
+        if self.tracking is not None:
+            self.tracking.log(result.version, round_scalars(log_entry))
         log.info(
             "fragment %d: version %d from %s (steps %s, tokens %s, weights %s, %d excluded, update norm %.4g, "
             "merge %.3fs)",

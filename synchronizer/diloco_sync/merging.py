@@ -82,6 +82,23 @@ def recent_round_keys(versions: dict[int, int], n: int) -> list[tuple[int, int]]
     return [(p, v) for p, newest in sorted(versions.items()) for v in range(newest, max(0, newest - n), -1)]
 
 
+def round_scalars(entry: dict[str, Any]) -> dict[str, float]:
+    """A round log's figures for experiment tracking, under ``fragment_<p>/`` (their step is the version)."""
+    base = entry["version"] - 1  # the version the round was merged onto
+    lags = [base - b for b in entry["base_versions"]]
+    figures = {
+        "participants": len(entry["participants"]),
+        "merged_steps": sum(entry["steps"]),
+        "merged_tokens": sum(entry["tokens"]),
+        "excluded": len(entry["excluded"]),
+        "staleness_mean": sum(lags) / len(lags) if lags else 0.0,
+        "update_norm": entry["update_norm"],
+        "merge_s": entry["merge_s"],
+        **{k: entry[k] for k in ("quorum_wait_s", "grace_s") if k in entry},
+    }
+    return {f"fragment_{entry['fragment']}/{k}": float(v) for k, v in figures.items()}
+
+
 def round_record(entry: dict[str, Any]) -> RoundRecord:
     """What the status shows of a round, from its round log (``round_log``); a field the log predates
     takes its default. ``ValueError`` for an entry that does not parse."""

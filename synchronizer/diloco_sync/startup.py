@@ -15,6 +15,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from diloco_core.tracking import Tracking
+
 from .commit import Committer
 from .contributions import ContributionDesk
 from .errors import ApiError
@@ -54,8 +56,11 @@ def starting_error(failure: str | None, storage_ok: bool, storage_error: str | N
     )  # fmt: skip
 
 
-def build_round_parts(service: SyncService) -> tuple[ContributionDesk, RoundRunner]:
-    """The contribution desk and the round runner of ``service``, each given only the parts it uses."""
+def build_round_parts(
+    service: SyncService, tracking: Tracking | None = None
+) -> tuple[ContributionDesk, RoundRunner]:
+    """The contribution desk and the round runner of ``service``, each given only the parts it uses;
+    committed rounds go to ``tracking`` too."""
     settings = service.settings
     desk = ContributionDesk(
         settings, service.fragments, service.registry, service.store, service.guard, service.metrics,
@@ -64,6 +69,7 @@ def build_round_parts(service: SyncService) -> tuple[ContributionDesk, RoundRunn
     committer = Committer(
         service.store, service.guard, service.metrics, service.recent_rounds,
         max_staleness=service.diloco.max_staleness, keep_versions=settings.keep_versions, clock=service.clock,
+        tracking=tracking,
     )  # fmt: skip
     runner = RoundRunner(
         service.diloco, service.fragments, service.policy, committer, desk,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from diloco_core.config import DiLoCoSettings, ModelSettings
+from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings
 from pydantic import ValidationError
 
 
@@ -42,3 +42,9 @@ def test_entry_points_that_cannot(entry: str) -> None:
 def test_overlap_stays_below_the_inner_steps() -> None:
     with pytest.raises(ValidationError, match="overlap"):
         DiLoCoSettings(inner_steps=4, overlap=4)
+
+
+def test_a_tokenizer_is_only_for_a_text_corpus() -> None:
+    with pytest.raises(ValidationError, match="a tokenizer applies to a text corpus; format 'tokens'"):
+        DataSettings(format="tokens", tokenizer="tokenizer.json")
+    assert DataSettings(tokenizer="tokenizer.json").format == "text"

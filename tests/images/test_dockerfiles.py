@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # image file, extras it installs, subcommand of its entrypoint, source folders it must not carry
 IMAGES = {
     "Dockerfile.sync": ("sync,operator", "synchronizer", {"worker", "bench"}),
-    "Dockerfile.worker": ("worker", "worker", {"synchronizer", "operator", "bench"}),
+    "Dockerfile.worker": ("worker,data", "worker", {"synchronizer", "operator", "bench"}),
 }
 # the constraints file each image's install step is held to
 CONSTRAINTS = {"Dockerfile.sync": "constraints/sync.txt", "Dockerfile.worker": "constraints/worker.txt"}

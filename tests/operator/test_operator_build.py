@@ -134,6 +134,24 @@ def test_config_map_holds_a_valid_job_config() -> None:
     assert config.diloco.quorum == 2
     assert config.diloco.inner_steps == 64
     assert config.model.n_embd == 384
+    # TensorBoard's event files go to the job's storage unless the spec says elsewhere
+    assert config.tracking.tensorboard == "s3://diloco/jobs/gpt-small/tensorboard"
+
+
+def test_tracking_of_the_spec_reaches_the_job_config() -> None:
+    _, spec = example("single-region.yaml")
+    spec = spec.model_copy(
+        update={"tracking": parse_spec({**_spec_dict(), "tracking": {"tensorboard": "/mnt/tb", "wandbProject": "p",
+                                                                    "flushEverySeconds": 30}}).tracking}
+    )  # fmt: skip
+    (cm, _revocations) = by_kind(build_children(JOB, spec), "ConfigMap")
+    tracking = JobConfig.model_validate_json(cm["data"]["job.json"]).tracking
+    assert (tracking.tensorboard, tracking.wandb_project, tracking.flush_every_s) == ("/mnt/tb", "p", 30.0)
+
+
+def _spec_dict() -> dict[str, Any]:
+    doc = yaml.safe_load((EXAMPLES / "single-region.yaml").read_text())
+    return dict(doc["spec"])
 
 
 def test_learner_pods_identity_token_and_placement() -> None:

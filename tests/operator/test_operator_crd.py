@@ -333,6 +333,18 @@ REFUSED = [
     ),
     ("heads", {"model": {"nHead": 3, "nEmbd": 128}}, "model.nEmbd must be a multiple of model.nHead"),
     ("entry-point", {"model": {"entryPoint": "my model.py"}}, "spec.model.entryPoint"),
+    # variables and volumes that would override the operator's own (CEL rules)
+    ("diloco-env", {"learners": {"env": [{"name": "DILOCO_LR", "value": "1"}]}}, "DILOCO_ variables are"),
+    (
+        "unit-env",
+        {"learnerUnits": [{"name": "a", "env": [{"name": "MASTER_PORT", "value": "1"}]}]},
+        "spec.learnerUnits[0].env[0]",
+    ),
+    (
+        "own-volume",
+        {"learnerUnits": [{"name": "a", "volumes": [{"name": "tmp", "emptyDir": {}}]}]},
+        "the operator's own volumes",
+    ),
 ]
 
 
@@ -373,3 +385,26 @@ def test_a_user_entry_point_and_a_user_models_heads_are_admitted(api: Any, names
         GROUP, VERSION, namespace, PLURAL, manifest, dry_run="All"
     )
     assert created["spec"]["model"]["entryPoint"] == "user_model:build"
+
+
+@pytest.mark.integration
+def test_learner_env_and_volumes_are_admitted_as_written(api: Any, namespace: str) -> None:
+    """Kept whole (x-kubernetes-preserve-unknown-fields), not pruned to their names."""
+    from kubernetes import client as k8s
+
+    from tests.operator.kubejobs import GROUP, PLURAL, VERSION, job_manifest, unit
+
+    env = [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    volumes = [{"name": "data", "persistentVolumeClaim": {"claimName": "corpus", "readOnly": True}}]
+    mounts = [{"name": "data", "mountPath": "/data", "subPath": "x"}]
+    manifest = job_manifest("extras", [{**unit("a"), "env": env, "volumes": volumes}])
+    manifest["spec"]["learners"] = {"env": [{"name": "A", "value": "1"}], "volumeMounts": mounts}
+    manifest["spec"]["train"] = {"precision": "bf16", "lrSchedule": "wsd", "compile": True}
+    created = k8s.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, manifest, dry_run="All"
+    )
+    spec = created["spec"]
+    assert (spec["learnerUnits"][0]["env"], spec["learnerUnits"][0]["volumes"]) == (env, volumes)
+    assert spec["learners"]["volumeMounts"] == mounts
+    assert spec["train"]["decayFraction"] == 0.2  # defaulted
+    validate_job("extras", parse_spec(spec))

@@ -10,6 +10,7 @@ import pytest
 
 from diloco.failures import failure_model_for, failure_schedule
 from diloco.runner.timeline import Interval, Rollback, compute_goodput
+from tests.support.tensorboard_files import read_scalars
 
 SEED, MTBF_S, REPAIR_S = 3, 20.0, 3.0
 
@@ -106,3 +107,18 @@ def test_local_job_with_chaos_heals_and_reports(tmp_path: Path) -> None:
     # never reached it, so the two directions are not ordered alike under chaos
     assert traffic["wire_sent"] > traffic["sent_bytes"] > 0
     assert traffic["wire_received"] > 0.9 * traffic["received_bytes"] > 0
+
+    # TensorBoard: one run per learner (its restarts append new event files) and the synchronizer's
+    board = run_dir / "tensorboard"
+    assert sorted(p.name for p in board.iterdir()) == [
+        "learner-0",
+        "learner-1",
+        "learner-2",
+        "synchronizer-0",
+    ]
+    for learner in record["learners"]:
+        runs = read_scalars(board / learner["learner_id"])
+        assert runs["loss"][-1][0] == 200, learner["learner_id"]  # up to the last step
+        assert len(list((board / learner["learner_id"]).iterdir())) == learner["launches"]
+    assert "fragment_0/merged_tokens" in read_scalars(board / "synchronizer-0")
+    assert "eta=" in proc.stdout

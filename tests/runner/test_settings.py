@@ -216,3 +216,30 @@ def test_a_run_refuses_a_variable_it_would_ignore(
     assert run_main(["--max-steps", "5", "--runs-dir", str(tmp_path)]) == 2
     assert "DILOCO_ENTRY_POINT set" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing started
+
+
+def test_every_process_of_a_run_tracks_to_the_run_folder_unless_told_elsewhere(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path / "20261127-101500")
+    s = parse_settings([])
+    for argv in (
+        build_worker_argv(s, paths, 1, sync_url="http://h:1"),
+        build_synchronizer_argv(s, paths, port=1),
+    ):
+        assert argv[argv.index("--tensorboard") + 1] == str(paths.tensorboard.resolve())
+        assert argv[argv.index("--job-id") + 1] == "run-20261127-101500"
+        assert "--wandb-project" not in argv
+    s = parse_settings(["--tensorboard", "s3://b/tb", "--wandb-project", "p", "--tracking-flush-every", "3"])
+    argv = build_worker_argv(s, paths, 0, sync_url="http://h:1")
+    assert argv[argv.index("--tensorboard") + 1] == "s3://b/tb"
+    assert argv[argv.index("--wandb-project") + 1] == "p"
+    assert argv[argv.index("--tracking-flush-every") + 1] == "3.0"
+
+
+def test_the_precision_and_the_schedule_of_a_run_reach_its_learners(tmp_path: Path) -> None:
+    s = parse_settings(["--precision", "bf16", "--lr-schedule", "wsd", "--decay-fraction", "0.3"])
+    argv = build_worker_argv(s, RunPaths(tmp_path), 0, sync_url="http://h:1")
+    assert argv[argv.index("--precision") + 1] == "bf16"
+    assert argv[argv.index("--lr-schedule") + 1] == "wsd"
+    assert argv[argv.index("--decay-fraction") + 1] == "0.3"
+    plain = build_worker_argv(parse_settings([]), RunPaths(tmp_path), 0, sync_url="http://h:1")
+    assert plain[plain.index("--precision") + 1] == "auto"  # today's behaviour unless asked

@@ -12,6 +12,7 @@ from diloco_worker.metrics import read_metrics
 from diloco_worker.startup import PHASES
 
 from tests.support.process import stop_all
+from tests.support.tensorboard_files import read_scalars
 from tests.support.waiting import wait_for
 from tests.worker.helpers import Synchronizer, iter_logs, learner_process
 
@@ -107,3 +108,30 @@ def test_log_lines_and_metrics_records_carry_what_they_are_about(tmp_path: Path)
     assert first["resumed_blocked_s"] == 0.0  # a fresh start: nothing blocked before
     assert not any("startup_s" in r for r in records[1:])
     assert sum("start-up took" in ln for ln in worker_lines) == 1
+
+
+def test_learner_and_synchronizer_write_tensorboard_runs_side_by_side(tmp_path: Path) -> None:
+    board = tmp_path / "tensorboard"
+    sync = Synchronizer(tmp_path, inner_steps=4, fragments=2, extra=["--tensorboard", str(board)])
+    sync.start()
+    learner = learner_process(
+        tmp_path, "lt", sync.url, [*FLAGS, "--tensorboard", str(board), "--log-every", "4"]
+    )
+    try:
+        learner.start()
+        wait_for(lambda: not learner.running() or None, timeout=300, what="the learner finishes")
+        assert learner.returncode() == 0, learner.failure_report()
+    finally:
+        stop_all([learner])
+        sync.stop()  # an orderly stop flushes the synchronizer's run
+    assert sorted(p.name for p in board.iterdir()) == ["lt", "synchronizer-0"]
+    learner_run = read_scalars(board / "lt")
+    assert [step for step, _ in learner_run["loss"]] == [1, *range(4, STEPS + 1, 4)]  # the first step always
+    for tag in ("lr", "grad_norm", "tokens_per_s", "eta_s", "bytes_sent", "global_version", "eval_loss"):
+        assert tag in learner_run, (tag, sorted(learner_run))
+    assert learner_run["eta_s"][-1] == (STEPS, 0.0)  # nothing left at the last step
+    rounds = read_scalars(board / "synchronizer-0")
+    merged = rounds["fragment_0/merged_steps"]
+    assert [version for version, _ in merged] == list(range(1, len(merged) + 1))
+    assert all(steps > 0 for _, steps in merged)
+    assert {"fragment_1/participants", "fragment_1/merged_tokens", "fragment_1/update_norm"} <= rounds.keys()

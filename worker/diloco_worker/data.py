@@ -49,7 +49,7 @@ class Shard:
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
 
-def _local_files(root: Path) -> Iterator[Path]:
+def local_files(root: Path) -> Iterator[Path]:
     """Files under ``root`` in a deterministic (sorted, depth-first) order, lazily."""
     if root.is_file():
         yield root
@@ -143,11 +143,11 @@ def load_corpus(source: str, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
     if max_bytes < 1024:
         raise CorpusError(f"max_bytes must be at least 1024, got {max_bytes}")
     if source == "stdlib":
-        files = _local(_local_files(Path(sysconfig.get_paths()["stdlib"])), ".py")
+        files = _local(local_files(Path(sysconfig.get_paths()["stdlib"])), ".py")
     elif source.startswith("s3://"):
         files = _s3_files(source)
     else:
-        files = _local(_local_files(Path(source)))
+        files = _local(local_files(Path(source)))
     blob = _gather(files, source, max_bytes, text=source != "stdlib")
     if len(blob) < 1024:
         raise CorpusError(f"corpus {source!r} holds only {len(blob)} bytes; at least 1024 are needed")
@@ -161,10 +161,17 @@ def split_corpus(data: np.ndarray, eval_fraction: float) -> tuple[np.ndarray, np
 
 
 def _windows(data: np.ndarray, starts: np.ndarray, block_size: int, device: torch.device) -> Batch:
-    rows = np.stack([data[s : s + block_size + 1] for s in starts]).astype(np.int64)
+    return to_batch(np.stack([data[s : s + block_size + 1] for s in starts]), device)
+
+
+def to_batch(rows: np.ndarray, device: torch.device) -> Batch:
+    """(inputs, targets) on ``device`` from windows of ``block_size + 1`` ids, one per row: the targets
+    are the inputs shifted by one."""
+    rows = rows.astype(np.int64)
+    block_size = rows.shape[1] - 1
     if device.type == "cuda":  # pinned host memory: the copies run without the host waiting for them
-        x = torch.empty((len(starts), block_size), dtype=torch.int64, pin_memory=True)
-        y = torch.empty((len(starts), block_size), dtype=torch.int64, pin_memory=True)
+        x = torch.empty((len(rows), block_size), dtype=torch.int64, pin_memory=True)
+        y = torch.empty((len(rows), block_size), dtype=torch.int64, pin_memory=True)
         x.numpy()[:] = rows[:, :-1]
         y.numpy()[:] = rows[:, 1:]
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)

@@ -18,8 +18,17 @@ import torch
 from diloco_core.config import DataSettings, ModelSettings, TrainSettings
 from torch import Tensor, nn
 
-from .data import DEFAULT_MAX_BYTES, BatchStream, Shard, eval_batches, load_corpus, split_corpus
+from .data import (
+    DEFAULT_MAX_BYTES,
+    BatchStream,
+    CorpusError,
+    Shard,
+    eval_batches,
+    load_corpus,
+    split_corpus,
+)
 from .model import EMBEDDING_NAMES, build_gpt, lm_loss
+from .tokens import token_batches, uses_tokens
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 
@@ -66,7 +75,19 @@ class TrainingTask:
 
 
 def builtin_task(ctx: TaskContext) -> TrainingTask:
-    """The built-in byte-level GPT on the configured corpus."""
+    """The built-in GPT on the configured corpus: token data (:mod:`.tokens`), or text as bytes."""
+    if uses_tokens(ctx.data):
+        tokens = token_batches(ctx)
+        return TrainingTask(
+            build_gpt(ctx.model), lm_loss, tokens.make_batches, tokens.eval_batches, EMBEDDING_NAMES
+        )
+    if ctx.model.vocab_size < 256:
+        raise CorpusError(f"the byte-level text corpus needs vocab_size 256 (it is {ctx.model.vocab_size})")
+    if ctx.data.sample_log:
+        raise CorpusError(
+            "--sample-log needs token data: the byte-level text corpus draws windows at random, with "
+            "replacement, which have no sample ids"
+        )
     train_bytes, held_out = split_corpus(
         load_corpus(ctx.data.corpus, ctx.corpus_max_bytes), ctx.data.eval_fraction
     )

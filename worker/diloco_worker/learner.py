@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.storage import ObjectStore
+from diloco_core.tracking import open_tracking
 
 from .anchors import DeviceAnchors, build_anchor_store
 from .checkpoint import (
@@ -164,9 +165,17 @@ def _run(
     clock.mark("checkpoint")
     resumed = state.step > 0
     metrics = None
-    if settings.metrics_file and unit.is_leader:
+    tracking = (
+        open_tracking(settings.tracking, run=settings.learner_id, group=settings.job_id, config=settings.model_dump(
+            mode="json", include={"diloco", "model", "train", "data"}))
+        if unit.is_leader
+        else None
+    )  # fmt: skip
+    if (settings.metrics_file or tracking) and unit.is_leader:
         # the process id tells a reader where a restarted learner's records begin
-        metrics = MetricsLog(settings.metrics_file, learner=settings.learner_id, pid=os.getpid())
+        metrics = MetricsLog(
+            settings.metrics_file, tracking=tracking, learner=settings.learner_id, pid=os.getpid()
+        )
     tokens_per_step = (
         settings.train.batch_size * settings.train.grad_accum * settings.model.block_size * unit.world_size
     )
@@ -222,6 +231,8 @@ def _run(
             saver.close()
         if session:
             session.close()
+        if metrics is not None:
+            metrics.close()
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The built-in model: a small GPT-style decoder over bytes (vocabulary 256), in the nanoGPT style."""
+"""The built-in model: a small GPT-style decoder, in the nanoGPT style, over bytes (vocabulary 256) or the
+token ids of your data (``ModelSettings.vocab_size``)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class GPTConfig:
             raise ValueError(f"n_embd ({settings.n_embd}) must be a multiple of n_head ({settings.n_head})")
         return cls(
             block_size=settings.block_size,
+            vocab_size=settings.vocab_size,
             n_layer=settings.n_layer,
             n_head=settings.n_head,
             n_embd=settings.n_embd,
@@ -102,7 +104,7 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: Tensor) -> Tensor:
-        """Logits of shape (batch, time, vocab) for byte indices of shape (batch, time)."""
+        """Logits of shape (batch, time, vocab) for token (byte) ids of shape (batch, time)."""
         _, t = idx.shape
         if t > self.config.block_size:
             raise ValueError(f"sequence length {t} exceeds the context length {self.config.block_size}")
@@ -136,7 +138,7 @@ def flops_per_token(model: nn.Module) -> float:
 
 
 def lm_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
-    """Next-byte cross-entropy."""
+    """Next-token (next-byte) cross-entropy."""
     x, y = batch
     logits = model(x)
     loss: Tensor = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))

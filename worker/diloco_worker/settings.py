@@ -14,7 +14,14 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from diloco_core.auth import learner_token
-from diloco_core.config import PLAN_FIELDS, DataSettings, DiLoCoSettings, ModelSettings, TrainSettings
+from diloco_core.config import (
+    PLAN_FIELDS,
+    DataSettings,
+    DiLoCoSettings,
+    ModelSettings,
+    TrackingSettings,
+    TrainSettings,
+)
 from diloco_core.flags import (
     Cli,
     SettingsError,
@@ -54,11 +61,15 @@ class WorkerSettings(BaseModel):
         "that the operator renews)",
     )  # fmt: skip
     unit: str = Field("", description="the learner unit this learner belongs to")
+    job_id: str = Field(
+        "local", min_length=1, max_length=63, description="the training job's id (its experiment in tracking)"
+    )
     standalone: bool = Field(False, description="train without a synchronizer")
     diloco: DiLoCoSettings = DiLoCoSettings()
     model: ModelSettings = ModelSettings()
     train: TrainSettings = TrainSettings()
     data: DataSettings = DataSettings()
+    tracking: TrackingSettings = TrackingSettings()
     corpus_max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=1024, description="bytes of the corpus read at most")
     learner_index: int = Field(0, ge=0, description="this learner's data shard")
     num_learners: int = Field(1, ge=1, description="number of data shards")
@@ -151,9 +162,10 @@ FLAGS = derive_flags(
         "model": None,
         "train": None,
         "data": None,
+        "tracking": None,
     },
 )
-_JOB_SECTIONS = ("diloco", "model", "train", "data")
+_JOB_SECTIONS = ("diloco", "model", "train", "data", "tracking")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,7 +188,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
     given = read(FLAGS, args, env)
     job_config = option_or_env(args, env, "job-config")
     job = read_document(job_config, "--job-config / DILOCO_JOB_CONFIG") if job_config else {}
-    base: dict[str, Any] = {k: job[k] for k in _JOB_SECTIONS if k in job}
+    base: dict[str, Any] = {k: job[k] for k in ("job_id", *_JOB_SECTIONS) if k in job}
     secret = option_or_env(args, env, "job-secret")
     if not given.has(("token",)) and not given.has(("token_file",)) and secret:
         learner = str(given.values.get("learner_id", "learner-0"))

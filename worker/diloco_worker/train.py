@@ -1,4 +1,5 @@
-"""The inner training loop: AdamW, warmup + cosine, clipping, accumulation, bf16 autocast on CUDA.
+"""The inner training loop: AdamW, warm-up + cosine (or wsd, or constant), clipping, accumulation,
+autocast (``precision``: bf16 on CUDA by default; fp16 with a gradient scaler).
 
 On CUDA the loop never waits for the device within a step: the loss is summed on the device and
 read only at logged steps, batches come from pinned memory with non-blocking copies, AdamW is fused.
@@ -15,12 +16,13 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
 import torch
-from diloco_core.config import TrainSettings
+from diloco_core.config import Precision, TrainSettings
+from diloco_core.progress import describe_duration
 from torch import nn
 
 from .adamw import AdamW
@@ -41,6 +43,7 @@ class LoopState:
     cursor: int = 0  # micro-batches this process has consumed
     blocked_s: float = 0.0
     eval_loss: float | None = None
+    grad_scaler: dict[str, Any] | None = None  # fp16's loss scale (GradScaler.state_dict()), as of the save
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,13 +58,29 @@ class StepHook(Protocol):
 
 
 def lr_at(step: int, cfg: TrainSettings) -> float:
-    """Linear warmup to ``lr``, then cosine decay to ``lr * min_lr_ratio`` at ``max_steps``."""
+    """Linear warm-up to ``lr``, then ``cfg.lr_schedule``: ``cosine`` decays to ``lr * min_lr_ratio``
+    at ``max_steps``; ``wsd`` stays at ``lr`` until the last ``decay_fraction`` of ``max_steps`` (rounded
+    to whole steps, at least one, never into the warm-up), then falls linearly to ``lr * min_lr_ratio``
+    at ``max_steps``; ``constant`` stays at ``lr``."""
     if step < cfg.warmup_steps:
         return float(cfg.lr * (step + 1) / cfg.warmup_steps)
+    if cfg.lr_schedule == "constant":
+        return float(cfg.lr)
+    if cfg.lr_schedule == "wsd":
+        return _wsd_decay(step, cfg)
     span = max(1, cfg.max_steps - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / span)
     floor = cfg.lr * cfg.min_lr_ratio
     return float(floor + 0.5 * (cfg.lr - floor) * (1.0 + math.cos(math.pi * progress)))
+
+
+def _wsd_decay(step: int, cfg: TrainSettings) -> float:
+    """After the warm-up: the stable phase at ``lr``, then the linear decay (:func:`lr_at`)."""
+    start = max(cfg.warmup_steps, cfg.max_steps - max(1, round(cfg.decay_fraction * cfg.max_steps)))
+    if step < start:
+        return float(cfg.lr)
+    progress = min(1.0, (step - start) / max(1, cfg.max_steps - start))
+    return float(cfg.lr - (cfg.lr - cfg.lr * cfg.min_lr_ratio) * progress)
 
 
 AdamWImpl = Literal["auto", "fused", "foreach", "loop"]
@@ -91,21 +110,64 @@ def make_optimizer(model: nn.Module, cfg: TrainSettings, impl: AdamWImpl = "auto
     )  # fmt: skip
 
 
-def autocast_for(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def autocast_dtype(device: torch.device, precision: Precision = "auto") -> torch.dtype | None:
+    """The dtype of the autocast regions; None: no autocast (float32). ``auto``: bf16 on CUDA, none
+    elsewhere."""
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
+
+
+def autocast_for(
+    device: torch.device, precision: Precision = "auto"
+) -> contextlib.AbstractContextManager[Any]:
+    dtype = autocast_dtype(device, precision)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+def make_grad_scaler(
+    device: torch.device, precision: Precision, state: Mapping[str, Any] | None = None
+) -> torch.amp.GradScaler | None:
+    """fp16's gradient (loss) scaler, from a checkpoint's ``state`` when there is one; None for the
+    other precisions (bf16 has float32's range and needs none)."""
+    if precision != "fp16":
+        return None
+    scaler = torch.amp.GradScaler(device.type)
+    if state:
+        scaler.load_state_dict(dict(state))
+    return scaler
+
+
+def _clip_and_step(
+    optimizer: torch.optim.Optimizer, params: Sequence[nn.Parameter], cfg: TrainSettings,
+    scaler: torch.amp.GradScaler | None,
+) -> torch.Tensor | None:  # fmt: skip
+    """Clip the gradients and step; returns their norm before clipping (on the device), None without
+    clipping. With a scaler the gradients are unscaled first, so clipping sees their true norm, and a
+    step whose gradients are not finite is skipped while the scale backs off (torch's GradScaler)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip > 0 else None
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, task: TrainingTask, device: torch.device) -> float | None:
-    """Mean loss over the task's held-out batches."""
+def evaluate(
+    model: nn.Module, task: TrainingTask, device: torch.device, precision: Precision = "auto"
+) -> float | None:
+    """Mean loss over the task's held-out batches (in the training's precision)."""
     if not task.eval_batches:
         return None
     was_training = model.training
     model.eval()
     losses = []
-    with autocast_for(device):
+    with autocast_for(device, precision):
         losses = [float(task.loss_fn(model, b)) for b in task.eval_batches]
     model.train(was_training)
     return sum(losses) / len(losses)
@@ -138,16 +200,17 @@ class StepClock:
 def _emit(
     state: LoopState, loss: float, step_time: float, step_tokens: int, metrics: MetricsLog | None,
     clock: StepClock | None = None, flops_per_token: float | None = None, peak_flops: float | None = None,
-    lr: float | None = None, grad_norm: float | None = None,
+    lr: float | None = None, grad_norm: float | None = None, steps_left: int = 0,
 ) -> None:  # fmt: skip
     tps = step_tokens / step_time if step_time > 0 else 0.0
     if clock is not None and not clock.per_step and clock.window_tokens_per_s is not None:
         tps = clock.window_tokens_per_s
         step_time = clock.window_step_time or step_time
     mfu = tps * flops_per_token / peak_flops if flops_per_token and peak_flops else None
+    eta_s = steps_left * step_time
     log.info(
-        "step=%d loss=%.4f tokens/s=%.0f step_time=%.3fs%s", state.step, loss, tps, step_time,
-        f" mfu={100 * mfu:.1f}%" if mfu is not None else "",
+        "step=%d loss=%.4f tokens/s=%.0f step_time=%.3fs%s eta=%s", state.step, loss, tps, step_time,
+        f" mfu={100 * mfu:.1f}%" if mfu is not None else "", describe_duration(eta_s),
     )  # fmt: skip
     if metrics:
         metrics.write(
@@ -158,6 +221,7 @@ def _emit(
             step_time_s=step_time,
             blocked_s=state.blocked_s,
             eval_loss=state.eval_loss,
+            eta_s=eta_s,
             **({"mfu": mfu} if mfu is not None else {}),
             **({"lr": lr} if lr is not None else {}),
             **({"grad_norm": grad_norm} if grad_norm is not None and math.isfinite(grad_norm) else {}),
@@ -195,6 +259,8 @@ def train(
     batches: Iterator[Any] = task.make_batches(state.cursor)
     params: Sequence[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
     on_cuda = unit.device.type == "cuda"
+    precision = cfg.precision
+    scaler = make_grad_scaler(unit.device, precision, state.grad_scaler)
     clock = StepClock(per_step=not on_cuda, state=state)
     first_step = True
     first_logged = state.step + 1  # logged in every process: its record carries the start-up figures
@@ -211,16 +277,13 @@ def train(
         for micro in range(cfg.grad_accum):
             batch = next(batches)
             state.cursor += 1
-            with unit.no_sync(model, skip=micro < cfg.grad_accum - 1), autocast_for(unit.device):
+            with unit.no_sync(model, skip=micro < cfg.grad_accum - 1), autocast_for(unit.device, precision):
                 loss = task.loss_fn(model, batch) / cfg.grad_accum
-            loss.backward()
+            (loss if scaler is None else scaler.scale(loss)).backward()
             loss_sum += loss.detach()
             step_tokens += task.tokens_of(batch) * unit.world_size
-        grad_norm = None  # the norm before clipping, on the device until a logged step reads it
-        if cfg.grad_clip > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        # the norm before clipping, on the device until a logged step reads it
+        grad_norm = _clip_and_step(optimizer, params, cfg, scaler)
         state.step += 1
         state.tokens += step_tokens
         if speed_factor > 1.0:  # emulate slower hardware
@@ -238,7 +301,7 @@ def train(
         asked = stop.is_set() or (stop_at_step > 0 and state.step >= stop_at_step)
         stopping = hook.at_boundary(state, step_tokens, asked, clock.step_time(step_time)) if hook else asked
         if eval_every and state.step % eval_every == 0:
-            state.eval_loss = evaluate(task.model, task, unit.device)
+            state.eval_loss = evaluate(task.model, task, unit.device, precision)
         if (
             state.step % log_every == 0
             or stopping
@@ -250,9 +313,12 @@ def train(
             if metrics is not None and unit.distributed:  # the unit's all-reduce, this rank's side
                 metrics.set(allreduce_bytes=unit.collective.ring_bytes(unit.world_size))
             _emit(state, loss_value, step_time, step_tokens, metrics, clock, flops_per_token, peak_flops,
-                  lr=lr_at(state.step - 1, cfg), grad_norm=float(grad_norm) if grad_norm is not None else None)  # fmt: skip
+                  lr=lr_at(state.step - 1, cfg), grad_norm=float(grad_norm) if grad_norm is not None else None,
+                  steps_left=cfg.max_steps - state.step)  # fmt: skip
         at_end = stopping or state.step >= cfg.max_steps
         if save and ((checkpoint_every and state.step % checkpoint_every == 0) or at_end):
+            if scaler is not None:
+                state.grad_scaler = scaler.state_dict()
             save(state, at_end)
         if stopping:
             log.info("step=%d stopping on request", state.step)
