@@ -65,7 +65,26 @@ def parse_settings(argv: list[str]) -> ExportSettings:
     p = argparse.ArgumentParser(prog="diloco export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add_flags(p, FLAGS)
-    return validate(ExportSettings, read(FLAGS, p.parse_args(argv), {}), what="export settings")
+    p.add_argument(
+        "-f", "--file", type=Path, default=None, metavar="JOB_YAML",
+        help="the job's DiLoCoJob manifest: its storage, job id, model and data settings (flags win over it)",
+    )  # fmt: skip
+    a = p.parse_args(argv)
+    base: dict[str, Any] | None = None
+    if a.file is not None:
+        from diloco_operator.build import JobRef, job_id
+
+        from diloco.job_file import eval_batch_size, read_manifest
+
+        name, spec, _raw = read_manifest(a.file)
+        base = {
+            "storage": spec.storage.url, "job_id": job_id(JobRef(name, "", ""), spec),
+            "model": spec.model.model_dump(exclude_unset=True), "data": spec.data.model_dump(exclude_unset=True),
+            "train": {"batch_size": eval_batch_size(spec)},  # the held-out batches diloco run evaluates on
+        }  # fmt: skip
+    return validate(
+        ExportSettings, read(FLAGS, a, {}), base=base, base_source=f"-f {a.file}", what="export settings"
+    )
 
 
 def write_model(s: ExportSettings) -> dict[str, Any]:

@@ -117,7 +117,11 @@ def parse_settings(argv: list[str], count_gpus: Callable[[], int] = visible_gpus
         ]:
             if not given.has(path) and not (job and path[1] in job.base.get(path[0], {})):
                 given.set(path, value, "--device cuda")
-    base = {**job.base, "batch_sizes": job.batch_sizes, "job_file": str(a.file)} if job else None
+    base = (
+        {**job.base, "batch_sizes": job.batch_sizes, "job_file": str(a.file), "job_id": job.job_id}
+        if job
+        else None
+    )
     settings = validate(RunSettings, given, base=base, base_source=f"-f {a.file}", what="run settings")
     settings = settings.model_copy(
         update={"gpus": resolve_gpus(settings, count_gpus() if settings.device == "cuda" else 0)}

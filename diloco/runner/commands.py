@@ -97,7 +97,7 @@ def build_synchronizer_argv(settings: RunSettings, paths: RunPaths, *, port: int
         "--port", str(port),
         "--storage", storage_url(settings, paths),
         "--heartbeat-interval-s", str(HEARTBEAT_INTERVAL_S),
-        "--job-id", paths.job_id,
+        "--job-id", settings.job_id or paths.job_id,
         *to_argv(ALGORITHM_FLAGS, settings.algorithm()),
         *to_argv(TRACKING_FLAGS, run_tracking(settings, paths)),
     ]  # fmt: skip
@@ -123,7 +123,7 @@ def build_worker_argv(settings: RunSettings, paths: RunPaths, learner: int, *, s
         ),
         *to_argv(DATA_FLAGS, settings.data),
         "--job-id",
-        paths.job_id,
+        settings.job_id or paths.job_id,
         *to_argv(TRACKING_FLAGS, run_tracking(settings, paths)),
         "--corpus-max-bytes",
         str(CORPUS_BYTES[settings.device]),

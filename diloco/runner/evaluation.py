@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from diloco_core.auth import learner_token
 from diloco_core.codec import CodecError, decode
-from diloco_core.config import DataSettings, ModelSettings, TrainSettings
+from diloco_core.config import DataSettings, ModelSettings, Precision, TrainSettings
 from diloco_core.wire import WireTally
 
 log = logging.getLogger(__name__)
@@ -41,29 +41,32 @@ class GlobalEvaluator:
         batch_size: int,
         fragments: int,
         corpus_max_bytes: int,
+        precision: Precision = "auto",
         device: str = "cpu",
         wire: WireTally | None = None,
     ) -> None:
-        """The model and the held-out batches are the built-in task's (``diloco_worker.entry``), on the
-        learners' data (bytes or tokens) read as they read it (``corpus_max_bytes``); ``device``: where
-        the model is evaluated (a GPU under bf16 autocast, as the learners train there); ``wire``: where
-        its downloads' bytes at the socket are counted."""
+        """The model and the held-out batches are the job's task's (``model.entry_point``: the built-in
+        GPT or the user's), on the learners' data read as they read it (``corpus_max_bytes``);
+        ``device``: where the model is evaluated (a GPU under bf16 autocast, as the learners train
+        there); ``wire``: where its downloads' bytes at the socket are counted."""
         import torch
         from diloco_worker.data import Shard
-        from diloco_worker.entry import TaskContext, builtin_task
+        from diloco_worker.entry import TaskContext, load_task
         from diloco_worker.sync_client import SyncClient
-        from diloco_worker.train import autocast_for
 
         torch.set_num_threads(1)
         self._torch = torch
         self._device = torch.device(device)
-        self._autocast = lambda: autocast_for(self._device)
-        task = builtin_task(TaskContext(
+        self._task = load_task(TaskContext(
             model, data.model_copy(update={"sample_log": None}), TrainSettings(batch_size=batch_size),
             Shard(0, 1, EVALUATOR_ID), self._device, corpus_max_bytes,
         ))  # fmt: skip
-        self._model = task.model.to(self._device).eval()
-        self._batches = list(task.eval_batches)
+        if not self._task.eval_batches:
+            raise ValueError(
+                f"the task of {model.entry_point!r} has no held-out batches: nothing to evaluate on"
+            )
+        self._model = self._task.model.to(self._device).eval()
+        self._precision = precision
         self._client = SyncClient(
             sync_url, EVALUATOR_ID, learner_token(job_secret, EVALUATOR_ID), timeout_s=10.0, wire=wire
         )
@@ -108,11 +111,10 @@ class GlobalEvaluator:
                     log.warning("global parameters lack %r; skipping evaluation", name)
                     return None
                 param.copy_(torch.as_tensor(tensors[name]).view_as(param))
-            from diloco_worker.model import lm_loss
+        from diloco_worker.train import evaluate
 
-            with self._autocast():
-                losses = [float(lm_loss(self._model, batch)) for batch in self._batches]
-        return Evaluation(sum(losses) / len(losses), versions)
+        loss = evaluate(self._model, self._task, self._device, self._precision)
+        return None if loss is None else Evaluation(loss, versions)
 
 
 class LossTracker:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco_core.flags import SettingsError
+from diloco_operator.build import JobRef, job_id
 from diloco_operator.models import DiLoCoJobSpec
 
 from diloco.job_file import parse_manifest, read_manifest
@@ -39,6 +40,7 @@ class JobFile:
     the units' names (learner ``i`` is unit ``units[i]``), and notes on what it leaves out."""
 
     name: str
+    job_id: str
     base: dict[str, Any]
     batch_sizes: tuple[int, ...]
     units: tuple[str, ...]
@@ -59,6 +61,7 @@ def _job_file(name: str, spec: DiLoCoJobSpec, raw: dict[str, Any], source: str) 
         raise SettingsError(f"-f {source}: every learner unit has 0 replicas: nothing would train")
     return JobFile(
         name=name,
+        job_id=job_id(JobRef(name, "", ""), spec),
         base=_settings(spec, len(units)),
         batch_sizes=tuple(u.batch_size * u.replicas for u in units),
         units=tuple(u.name for u in units),

@@ -32,6 +32,7 @@ from diloco.runner.record import LossSample, RunRecord
 from diloco.runner.settings import RunSettings
 from diloco.runner.view import LearnerRow, ProgressView, Snapshot
 
+SETTLE_S = 30.0  # how long the final evaluation waits for the last contributions to be merged
 log = logging.getLogger(__name__)
 
 EVAL_INTERVAL_S = 3.0
@@ -244,7 +245,8 @@ class Orchestrator:
         evaluator = GlobalEvaluator(
             sync_url=self.sync_url, job_secret=self.secret, model=s.model, data=s.data,
             batch_size=s.batch_size_of(0), fragments=s.algorithm().fragments,
-            corpus_max_bytes=CORPUS_BYTES[s.device], device=f"cuda:{s.gpus[0]}" if s.device == "cuda" else "cpu",
+            corpus_max_bytes=CORPUS_BYTES[s.device], precision=s.train.precision,
+            device=f"cuda:{s.gpus[0]}" if s.device == "cuda" else "cpu",
             wire=self.wire,
         )  # fmt: skip
         self.record.num_params = evaluator.num_params
@@ -259,10 +261,26 @@ class Orchestrator:
     def _final_evaluation(self) -> None:
         if self.sync is None or not self.sync.alive() or not self.record.versions:
             return
+        self._settle()
         try:
             self._evaluate(self.now())
         except Exception as exc:  # the report must still be written
             log.warning("final evaluation failed: %s", exc)
+
+    def _settle(self) -> None:
+        """Wait (at most ``SETTLE_S``) until the synchronizer has merged what the learners sent last, so
+        that the final evaluation is of the versions the job ends with (what ``diloco export`` reads)."""
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            status = self._fetch_status()
+            if status is not None and all(f.pending == 0 for f in status.fragments):
+                self._poll()
+                return
+            time.sleep(0.2)
+        log.warning(
+            "contributions still pending after %.0f s: the final evaluation is of the versions so far",
+            SETTLE_S,
+        )
 
     def _snapshot(self, now: float) -> Snapshot:
         rows = tuple(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +56,9 @@ def launch(name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str
     """Start ``argv`` with stdout and stderr appended to ``log_path``.
 
     The child runs in its own session so a Ctrl-C in the terminal reaches only the runner, which then
-    stops every child in order.
+    stops every child in order; if the runner itself dies (SIGKILL, the OOM killer), the kernel kills
+    the child too (Linux), so no synchronizer or learner outlives its run to write into the run folder
+    beside a resumed one.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
@@ -67,8 +71,24 @@ def launch(name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str
             stdin=subprocess.DEVNULL,
             env=dict(env) if env is not None else None,
             start_new_session=True,
+            preexec_fn=die_with_parent(os.getpid()) if sys.platform.startswith("linux") else None,
         )
     return Child(name, list(argv), popen, log_path)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> Callable[[], None]:
+    """In the child, before it runs: SIGKILL when the parent process dies, and at once if it already has."""
+
+    def arm() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
 
 
 def stop_all(children: Sequence[Child], timeout_s: float) -> dict[str, int | None]:

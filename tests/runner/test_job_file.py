@@ -69,6 +69,7 @@ def test_the_example_manifest_runs_as_one_learner_per_unit(tmp_path: Path) -> No
     assert [c.tokens_per_step if c else None for c in claims] == [64 * 256, 64 * 256, 8 * 256]
     sync = build_synchronizer_argv(s, paths, port=1)
     assert sync[sync.index("--quorum") + 1] == "2"
+    assert sync[sync.index("--job-id") + 1] == "gpt-small"  # the manifest's name: its storage and tracking
 
 
 def test_what_a_local_run_does_not_use_is_named() -> None:

@@ -1,0 +1,135 @@
+"""A Hugging Face GPT-2 on token data, from one job file: trained by ``diloco run -f``, the whole run killed
+with SIGKILL and resumed with ``--resume``, taken out with ``diloco export -f``, and loaded by
+``transformers`` with the held-out loss the run reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from diloco_core.config import DataSettings, ModelSettings, TrainSettings
+from diloco_worker.data import Shard
+from diloco_worker.entry import TaskContext
+from diloco_worker.metrics import read_metrics
+from diloco_worker.tokens import token_batches
+
+from tests.support.tensorboard_files import read_scalars
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+STEPS = 300
+MODEL = {
+    "entryPoint": "hf_gpt2:build",
+    "nLayer": 2,
+    "nHead": 2,
+    "nEmbd": 32,
+    "blockSize": 32,
+    "vocabSize": 512,
+}
+
+
+def _job(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    np.tile(np.arange(300, dtype=np.uint16), 800).tofile(data / "train.bin")  # learnable, 512-id vocabulary
+    doc: dict[str, Any] = {
+        "apiVersion": "diloco.dev/v1alpha1",
+        "kind": "DiLoCoJob",
+        "metadata": {"name": "hf-gpt2"},
+        "spec": {
+            "images": {"worker": "w:1", "synchronizer": "s:1"},
+            "storage": {"bucket": "unused-locally"},
+            "model": MODEL,
+            "data": {"corpus": str(data), "format": "tokens"},
+            "train": {"lr": 0.003, "warmupSteps": 4},
+            "diloco": {"innerSteps": 8, "fragments": 2},
+            "learnerUnits": [{"name": "a", "batchSize": 4}, {"name": "b", "batchSize": 4}],
+            "budget": {"steps": STEPS},
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DILOCO_")}
+    return env | {
+        "PYTHONPATH": os.pathsep.join([str(EXAMPLES), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    }
+
+
+def _steps(run_dir: Path) -> list[int]:
+    steps = []
+    for i in (0, 1):
+        try:
+            steps.append(max(r["step"] for r in read_metrics(run_dir / "metrics" / f"learner-{i}.jsonl")))
+        except (OSError, ValueError):
+            steps.append(0)
+    return steps
+
+
+@pytest.mark.timeout(900)
+def test_a_hugging_face_gpt2_trains_survives_sigkill_of_the_run_and_exports(tmp_path: Path) -> None:
+    job, runs = _job(tmp_path), tmp_path / "runs"
+    diloco = [sys.executable, "-m", "diloco"]
+    first = subprocess.Popen(
+        [*diloco, "run", "-f", str(job), "--plain", "--time-limit", "600", "--runs-dir", str(runs)],
+        env=_env(), stdout=(tmp_path / "first.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    run_dir = wait_for(
+        lambda: next(iter(runs.glob("*/metrics")), None), timeout=120, what="the run folder"
+    ).parent
+    wait_for(lambda: min(_steps(run_dir)) >= 30 or None, timeout=400, what="both learners past step 30",
+             describe=lambda: (tmp_path / "first.log").read_text()[-3000:])  # fmt: skip
+    os.killpg(first.pid, signal.SIGKILL)  # the whole run at once: runner, synchronizer, learners
+    first.wait(30)
+    time.sleep(1)
+    killed_at = _steps(run_dir)
+    assert max(killed_at) < STEPS
+
+    resumed = subprocess.run(
+        [*diloco, "run", "--resume", str(run_dir), "--plain", "--time-limit", "600"],
+        env=_env(), capture_output=True, text=True, timeout=700,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["record"]["stop_reason"] == "every learner reached --max-steps"
+    assert report["record"]["resumed"]
+    losses = report["record"]["losses"]  # the resumed run's own evaluations
+    first_loss = read_metrics(run_dir / "metrics" / "learner-0.jsonl")[0]["loss"]  # near ln 512 = 6.24
+    assert losses[-1]["loss"] < first_loss - 2.0
+    assert read_scalars(run_dir / "tensorboard" / "learner-0")["loss"][-1][0] == STEPS
+
+    out = tmp_path / "export"
+    exported = subprocess.run(
+        [*diloco, "export", "-f", str(job), "--storage", str(run_dir / "storage"), "--out", str(out), "--evaluate"],
+        env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    info = json.loads((out / "export.json").read_text())
+    assert info["hf"] == "hf"
+    # the exported versions are the run's last: its final evaluation is the export's held-out loss
+    assert info["held_out_loss"] == pytest.approx(losses[-1]["loss"], rel=1e-5)
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out / "hf").eval()
+    data = DataSettings(corpus=str(tmp_path / "data"), format="tokens")
+    m = ModelSettings(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512)
+    ctx = TaskContext(m, data, TrainSettings(batch_size=4), Shard(0, 1, "t"), torch.device("cpu"))
+    with torch.no_grad():
+        held_out = [float(model(**b).loss) for b in token_batches(ctx, as_dict=True).eval_batches]
+    assert float(np.mean(held_out)) == pytest.approx(info["held_out_loss"], rel=1e-5)
+    assert torch.equal(model.lm_head.weight, model.transformer.wte.weight)  # tied, as built
