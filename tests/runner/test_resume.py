@@ -4,6 +4,7 @@ each learner from its newest checkpoint, and the report counts the continuation.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from diloco_core.storage import FilesystemStore
 from diloco_worker.checkpoint import list_checkpoints
 
 from diloco.runner.cli import main as run_main
+from tests.support.waiting import wait_for
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--learners", "2"]
 
@@ -24,15 +26,26 @@ def _diloco_run(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.integration
 def test_a_stopped_run_resumes_from_its_checkpoints_and_reaches_its_step_budget(tmp_path: Path) -> None:
-    first = _diloco_run(
-        *TINY, "--mtbf", "0", "--max-steps", "1200", "--time-limit", "4", "--runs-dir", str(tmp_path)
-    )
-    assert first.returncode == 0, first.stderr
+    # stopped (Ctrl-C) once both learners have a checkpoint: however loaded the machine, well before the budget
+    first = subprocess.Popen(
+        [sys.executable, "-m", "diloco", "run", "--plain", *TINY, "--mtbf", "0", "--max-steps", "1200",
+         "--runs-dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+    def checkpointed() -> bool:
+        folders = [next(iter(tmp_path.glob(f"*/checkpoints/learner-{i}")), None) for i in range(2)]
+        return all(f is not None and list_checkpoints(FilesystemStore(f)) for f in folders)
+
+    wait_for(checkpointed, timeout=300, what="a checkpoint of each learner")
+    first.send_signal(signal.SIGINT)
+    _out, err = first.communicate(timeout=120)
+    assert first.returncode == 130, err  # interrupted, with a report
     (run,) = tmp_path.iterdir()
     newest = {
         i: list_checkpoints(FilesystemStore(run / "checkpoints" / f"learner-{i}"))[-1] for i in range(2)
     }
-    assert all(step < 1200 for step in newest.values()), newest  # stopped by the time limit
+    assert all(step < 1200 for step in newest.values()), newest  # stopped before the budget
     # the continuation: its own time limit, the rest of the settings the run's
     second = _diloco_run("--resume", str(run), "--time-limit", "600")
     assert second.returncode == 0, second.stderr

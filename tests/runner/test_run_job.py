@@ -119,6 +119,7 @@ def test_local_job_with_chaos_heals_and_reports(tmp_path: Path) -> None:
     for learner in record["learners"]:
         runs = read_scalars(board / learner["learner_id"])
         assert runs["loss"][-1][0] == 200, learner["learner_id"]  # up to the last step
-        assert len(list((board / learner["learner_id"]).iterdir())) == learner["launches"]
+        # an event file per process that got as far as opening it (one killed at start-up may not)
+        assert 1 <= len(list((board / learner["learner_id"]).iterdir())) <= learner["launches"]
     assert "fragment_0/merged_tokens" in read_scalars(board / "synchronizer-0")
     assert "eta=" in proc.stdout
