@@ -240,6 +240,16 @@ def test_resizing_a_unit_restarts_its_pods_together_and_no_other(
         wait_for(
             lambda: {"grow-a-0", "grow-a-1"} <= set(deletions.seen), timeout=30, what="both deletions seen"
         )
+        replaced = {before["grow-a-0"], before["grow-a-1"]}
+        # the watch sees a replacement's readiness some time after the pod runs (later on a loaded machine)
+        wait_for(
+            lambda: any(
+                ready and uid not in replaced and name in ("grow-a-0", "grow-a-1")
+                for name, uid, _, ready in deletions.timeline
+            ),
+            timeout=90,
+            what="a replacement pod seen ready",
+        )
     # Together: both old pods were deleted, with their grace period, before the replacement of either
     # was ready (a rolling update deletes one, waits for its replacement to be ready, then the next).
     assert deletions.seen == {"grow-a-0": 120, "grow-a-1": 120}

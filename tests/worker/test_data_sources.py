@@ -70,6 +70,7 @@ def test_s3_shards_are_downloaded_one_by_one_only_when_a_window_of_them_is_read(
     assert rows.tolist() == [shards["b"][8:16].tolist(), shards["b"][16:24].tolist()]
     assert len(list((tmp_path / "cache" / "s3").iterdir())) == 1  # b.bin only
 
+    caplog.clear()  # the first download's line too, where an earlier test left the root logger at INFO
     with caplog.at_level(logging.INFO, logger="diloco_worker.data"):
         again = open_token_corpus(data, block_size=7, vocab_size=4000)
         assert again.rows(np.array([3])).tolist() == [shards["b"][:8].tolist()]
