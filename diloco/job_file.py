@@ -51,7 +51,8 @@ def eval_batch_size(spec: DiLoCoJobSpec) -> int:
     """The batch size of the job's held-out batches as ``diloco run`` and ``diloco export`` evaluate the
     global model: the first running unit's sequences per step (its batch size x its pods)."""
     running = [u for u in spec.learner_units if u.replicas > 0] or spec.learner_units
-    return running[0].batch_size * max(1, running[0].replicas)
+    size: int = running[0].batch_size * max(1, running[0].replicas)
+    return size
 
 
 def _split_file_option(argv: Sequence[str]) -> tuple[Path | None, list[str]]:
