@@ -261,13 +261,16 @@ def test_resizing_a_unit_restarts_its_pods_together_and_no_other(
         if deleting and uid in old:
             asked.setdefault(uid, i)
     assert set(asked) == old, deletions.timeline
-    last_deleted = max(asked.values())
     first_ready = min(
         i
         for i, (name, uid, _, ready) in enumerate(deletions.timeline)
         if ready and uid not in old and name in ("grow-a-0", "grow-a-1")
     )
-    assert last_deleted < first_ready, deletions.timeline
+    # Both deletions come from one pass (the one UnitRestart event below names both pods). The pass
+    # deletes them one API call apart, and kwok readies a pod the instant it is created, so on a loaded
+    # machine the second deletion can be observed just after the first replacement is ready; a rolling
+    # update would wait for that readiness before deleting the next pod, which one pass never does.
+    assert min(asked.values()) < first_ready, deletions.timeline
     restarts = [
         e
         for e in k8s.CoreV1Api(api)
@@ -278,6 +281,7 @@ def test_resizing_a_unit_restarts_its_pods_together_and_no_other(
     assert len(restarts) == 1
     assert restarts[0].type == "Normal"
     assert restarts[0].message.startswith("unit a: ")
+    assert "(grow-a-0, grow-a-1)" in restarts[0].message  # deleted in one pass
     assert "restart together" in restarts[0].message
     assert "torch.distributed group" in restarts[0].message
     # The other unit and the synchronizer kept their pods.
