@@ -72,15 +72,15 @@ def parse_settings(argv: list[str]) -> ExportSettings:
     a = p.parse_args(argv)
     base: dict[str, Any] | None = None
     if a.file is not None:
-        from diloco_operator.build import JobRef, job_id
-
         from diloco.job_file import eval_batch_size, read_manifest
 
-        name, spec, _raw = read_manifest(a.file)
+        manifest = read_manifest(a.file)
+        spec = manifest.spec
         base = {
-            "storage": spec.storage.url, "job_id": job_id(JobRef(name, "", ""), spec),
+            "storage": spec.storage.url, "job_id": manifest.job_id,
             "model": spec.model.model_dump(exclude_unset=True), "data": spec.data.model_dump(exclude_unset=True),
-            "train": {"batch_size": eval_batch_size(spec)},  # the held-out batches diloco run evaluates on
+            # the held-out batches diloco run evaluates on, in the job's precision
+            "train": {"batch_size": eval_batch_size(spec), "precision": spec.train.precision},
         }  # fmt: skip
     return validate(
         ExportSettings, read(FLAGS, a, {}), base=base, base_source=f"-f {a.file}", what="export settings"
@@ -156,7 +156,7 @@ def _finish(s: ExportSettings, model: Any, task: Any) -> dict[str, Any]:
         model.save_pretrained(str(s.out / "hf"))
         out["hf"] = "hf"
     if s.evaluate:
-        loss = evaluate(model, task, torch.device("cpu"))
+        loss = evaluate(model, task, torch.device("cpu"), s.train.precision)
         if loss is None:
             raise SettingsError(f"the task of {s.model.entry_point!r} has no held-out batches to evaluate on")
         out["held_out_loss"] = loss

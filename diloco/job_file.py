@@ -11,20 +11,40 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from diloco_core.flags import SettingsError
-from diloco_operator.build import JobRef, build_job_config
+from diloco_operator.build import JobRef, build_job_config, job_id
 from diloco_operator.models import DiLoCoJobSpec, SpecError, parse_spec, validate_job
 
 KIND = "DiLoCoJob"
 FILE_OPTIONS = ("-f", "--file")
 
 
-def read_manifest(path: Path) -> tuple[str, DiLoCoJobSpec, dict[str, Any]]:
-    """(the job's name, its parsed spec, the spec as written) of a manifest file."""
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed manifest: the job's name, its spec, and the spec as written (which fields it sets)."""
+
+    name: str
+    spec: DiLoCoJobSpec
+    raw: dict[str, Any]
+
+    @property
+    def ref(self) -> JobRef:
+        """The job as the operator's builders name it (no namespace or uid outside a cluster)."""
+        return JobRef(self.name, "", "")
+
+    @property
+    def job_id(self) -> str:
+        """The training job's id (``diloco_operator.build.job_id``: its name, or the external job's)."""
+        found: str = job_id(self.ref, self.spec)
+        return found
+
+
+def read_manifest(path: Path) -> Manifest:
     try:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -32,7 +52,7 @@ def read_manifest(path: Path) -> tuple[str, DiLoCoJobSpec, dict[str, Any]]:
     return parse_manifest(doc, str(path))
 
 
-def parse_manifest(doc: Any, source: str) -> tuple[str, DiLoCoJobSpec, dict[str, Any]]:
+def parse_manifest(doc: Any, source: str) -> Manifest:
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise SettingsError(f"-f {source}: not a {KIND} manifest (kind: {KIND}, with a spec)")
     name = str((doc.get("metadata") or {}).get("name") or "job")
@@ -44,7 +64,7 @@ def parse_manifest(doc: Any, source: str) -> tuple[str, DiLoCoJobSpec, dict[str,
         validate_job(name, spec)
     except SpecError as exc:
         raise SettingsError(f"-f {source}: {exc}") from None
-    return name, spec, raw
+    return Manifest(name, spec, raw)
 
 
 def eval_batch_size(spec: DiLoCoJobSpec) -> int:
@@ -95,8 +115,9 @@ def component_argv(component: str, argv: Sequence[str]) -> list[str]:
         return list(argv)
     if _option(rest, "--job-config") is not None:
         raise SettingsError(f"-f {path} and --job-config both given: one of them")
-    name, spec, _raw = read_manifest(path)
-    config = build_job_config(JobRef(name, "", ""), spec)
+    manifest = read_manifest(path)
+    spec = manifest.spec
+    config = build_job_config(manifest.ref, spec)
     out = ["--job-config", json.dumps(config.model_dump(mode="json"))]
     if component == "worker":
         unit_name = _option(rest, "--unit")

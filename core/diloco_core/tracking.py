@@ -58,18 +58,16 @@ class TensorBoardSink:
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``store``: the object store of ``location`` when the caller has it open (credentials given)."""
-        self.run, self._clock = run, clock
+        self.run = run
         self._started = clock()
         self._local: Path | None = None
         self._store: ObjectStore | None = store
-        if store is not None:
-            pass
-        elif "://" not in location or location.startswith("file://"):
+        if store is None and ("://" not in location or location.startswith("file://")):
             folder = Path(location.removeprefix("file://")) / run
             folder.mkdir(parents=True, exist_ok=True)
             self._local = folder / file_name(self._started)
             self._local.write_bytes(version_event(self._started))
-        else:
+        elif store is None:
             self._store = open_store(location)
         self._pending = bytearray()
         self._written = 0  # event files written to the store so far
@@ -93,12 +91,6 @@ class TensorBoardSink:
 
     def close(self) -> None:
         self.flush()
-
-    def describe(self) -> str:
-        if self._local is not None:
-            return str(self._local.parent)
-        assert self._store is not None
-        return f"{self._store.describe()}/{self.run}"
 
 
 class WandbSink:
@@ -184,10 +176,6 @@ class Tracking:
         self._thread = threading.Thread(target=self._run, name="tracking", daemon=True)
         self._thread.start()
 
-    @property
-    def names(self) -> list[str]:
-        return list(self._factories)
-
     def log(self, step: int, scalars: Scalars, wall_time: float | None = None) -> None:
         values = {k: float(v) for k, v in scalars.items()}
         try:
@@ -205,6 +193,8 @@ class Tracking:
         except queue.Full:
             return
         self._thread.join(timeout)
+        if self.dropped:
+            log.warning("tracking: %d records were dropped, the queue being full", self.dropped)
 
     def _run(self) -> None:
         for name, factory in self._factories.items():

@@ -14,7 +14,7 @@ from pathlib import Path
 from diloco_core.flags import add_flags, derive_flags, read, validate
 
 from diloco.runner.commands import RunPaths
-from diloco.runner.job_file import read_job_file
+from diloco.runner.job_file import JobFile, read_job_file
 from diloco.runner.settings import (
     GPU_BATCH_SIZE,
     GPU_MODEL,
@@ -95,6 +95,13 @@ def visible_gpus() -> int:
 
 
 def parse_settings(argv: list[str], count_gpus: Callable[[], int] = visible_gpus) -> RunSettings:
+    return parse_run(argv, count_gpus)[0]
+
+
+def parse_run(
+    argv: list[str], count_gpus: Callable[[], int] = visible_gpus
+) -> tuple[RunSettings, JobFile | None]:
+    """The run's settings, and the job file they were read from (``-f``), if any."""
     a = build_parser().parse_args(argv)
     given = read(FLAGS, a, {})
     job = read_job_file(a.file) if a.file is not None else None
@@ -144,7 +151,7 @@ def parse_settings(argv: list[str], count_gpus: Callable[[], int] = visible_gpus
     out: RunSettings = settings.model_copy(
         update={"speed_factors": speeds, "bandwidth_limits": bandwidth, "python": sys.executable}
     )
-    return out
+    return out, job
 
 
 SETTINGS_FILE = "settings.json"  # a run's settings, written at its start: what --resume continues with
@@ -214,7 +221,7 @@ def refuse_hidden_variables(settings: RunSettings, environ: Mapping[str, str]) -
 def main(argv: list[str]) -> int:
     try:
         resumed = resume_settings(argv)
-        settings = resumed[0] if resumed else parse_settings(argv)
+        settings, job = (resumed[0], None) if resumed else parse_run(argv)
         from diloco.runner.capabilities import check_mode_supported
 
         check_mode_supported(settings)
@@ -227,8 +234,7 @@ def main(argv: list[str]) -> int:
     from diloco.runner.report_files import write_report
     from diloco.runner.view import ProgressView
 
-    if settings.job_file and not resumed:
-        job = read_job_file(Path(settings.job_file))
+    if job is not None:
         units = ", ".join(f"learner-{i} = unit {u}" for i, u in enumerate(job.units))
         print(f"diloco run: job {job.name} from {settings.job_file}: {units}", flush=True)
         for note in job.notes:

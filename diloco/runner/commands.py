@@ -64,8 +64,13 @@ class RunPaths:
 
     @property
     def job_id(self) -> str:
-        """The run's job id (its experiment in tracking): ``run-<folder>``."""
+        """A run's default job id: ``run-<folder>``."""
         return f"run-{self.root.name}"[:63]
+
+
+def run_job_id(settings: RunSettings, paths: RunPaths) -> str:
+    """The run's job id (its storage's and its experiment's in tracking): the job file's, else the folder's."""
+    return settings.job_id or paths.job_id
 
 
 def run_tracking(settings: RunSettings, paths: RunPaths) -> TrackingSettings:
@@ -97,7 +102,7 @@ def build_synchronizer_argv(settings: RunSettings, paths: RunPaths, *, port: int
         "--port", str(port),
         "--storage", storage_url(settings, paths),
         "--heartbeat-interval-s", str(HEARTBEAT_INTERVAL_S),
-        "--job-id", settings.job_id or paths.job_id,
+        "--job-id", run_job_id(settings, paths),
         *to_argv(ALGORITHM_FLAGS, settings.algorithm()),
         *to_argv(TRACKING_FLAGS, run_tracking(settings, paths)),
     ]  # fmt: skip
@@ -123,7 +128,7 @@ def build_worker_argv(settings: RunSettings, paths: RunPaths, learner: int, *, s
         ),
         *to_argv(DATA_FLAGS, settings.data),
         "--job-id",
-        settings.job_id or paths.job_id,
+        run_job_id(settings, paths),
         *to_argv(TRACKING_FLAGS, run_tracking(settings, paths)),
         "--corpus-max-bytes",
         str(CORPUS_BYTES[settings.device]),

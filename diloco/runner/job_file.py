@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from diloco_core.flags import SettingsError
-from diloco_operator.build import JobRef, job_id
 from diloco_operator.models import DiLoCoJobSpec
 
-from diloco.job_file import parse_manifest, read_manifest
+from diloco.job_file import Manifest, parse_manifest, read_manifest
 
 # spec fields a local run has no use for, and why (named in a note when the file sets them)
 CLUSTER_ONLY: dict[str, str] = {
@@ -48,24 +47,25 @@ class JobFile:
 
 
 def read_job_file(path: Path) -> JobFile:
-    return _job_file(*read_manifest(path), str(path))
+    return _job_file(read_manifest(path), str(path))
 
 
 def job_file_settings(doc: Any, source: str) -> JobFile:
-    return _job_file(*parse_manifest(doc, source), source)
+    return _job_file(parse_manifest(doc, source), source)
 
 
-def _job_file(name: str, spec: DiLoCoJobSpec, raw: dict[str, Any], source: str) -> JobFile:
+def _job_file(manifest: Manifest, source: str) -> JobFile:
+    spec = manifest.spec
     units = [u for u in spec.learner_units if u.replicas > 0]
     if not units:
         raise SettingsError(f"-f {source}: every learner unit has 0 replicas: nothing would train")
     return JobFile(
-        name=name,
-        job_id=job_id(JobRef(name, "", ""), spec),
+        name=manifest.name,
+        job_id=manifest.job_id,
         base=_settings(spec, len(units)),
         batch_sizes=tuple(u.batch_size * u.replicas for u in units),
         units=tuple(u.name for u in units),
-        notes=tuple(_notes(spec, raw)),
+        notes=tuple(_notes(spec, manifest.raw)),
     )
 
 

@@ -220,10 +220,11 @@ class Orchestrator:
         except (httpx.HTTPError, ValueError):
             return None
 
-    def _poll(self) -> None:
+    def _poll(self) -> StatusResponse | None:
+        """Take in the synchronizer's status; returns it (None while it does not answer)."""
         status = self._fetch_status()
         if status is None:
-            return
+            return None
         self.status = status
         self.learners.update({ls.learner_id: ls for ls in status.learners}, self.now())
         self.record.sent_bytes = max(self.record.sent_bytes, status.bytes_in)
@@ -235,6 +236,7 @@ class Orchestrator:
         self.record.wire_received_bytes = max(self.record.wire_received_bytes, status.wire_out - own_received)
         self.record.rounds = status.rounds
         self.record.versions = {f.fragment: f.version for f in status.fragments}
+        return status
 
     # ---- global model evaluation ------------------------------------------------------------------
 
@@ -272,9 +274,8 @@ class Orchestrator:
         that the final evaluation is of the versions the job ends with (what ``diloco export`` reads)."""
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline:
-            status = self._fetch_status()
+            status = self._poll()
             if status is not None and all(f.pending == 0 for f in status.fragments):
-                self._poll()
                 return
             time.sleep(0.2)
         log.warning(

@@ -116,17 +116,28 @@ def _local(paths: Iterator[Path], suffix: str = "") -> Iterator[CorpusFile]:
             yield str(path), path.read_bytes
 
 
-def _s3_files(url: str) -> Iterator[CorpusFile]:
+def s3_listing(url: str) -> tuple[Any, str, list[dict[str, Any]]]:
+    """(a client, the bucket, the objects sorted by key, folder markers left out) of ``s3://bucket/prefix``."""
     import boto3  # the worker image has it; imported late so local runs need no AWS set-up
 
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
     if not bucket:
         raise CorpusError(f"corpus URL {url!r} names no bucket")
     client = boto3.client("s3")
-    keys: list[str] = []
+    objects: list[dict[str, Any]] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        keys.extend(obj["Key"] for obj in page.get("Contents", []))
-    for key in sorted(keys):
+        objects.extend(page.get("Contents", []))
+    return (
+        client,
+        bucket,
+        sorted((o for o in objects if not str(o["Key"]).endswith("/")), key=lambda o: str(o["Key"])),
+    )
+
+
+def _s3_files(url: str) -> Iterator[CorpusFile]:
+    client, bucket, objects = s3_listing(url)
+    for obj in objects:
+        key = obj["Key"]
         yield f"s3://{bucket}/{key}", functools.partial(_s3_object, client, bucket, key)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .data import CorpusError, local_files
+from .data import CorpusError, local_files, s3_listing
 
 log = logging.getLogger("diloco_worker.data")
 CACHE_FOLDER = "diloco-data"
@@ -94,23 +94,19 @@ def local_file(path: Path) -> SourceFile:
 
 
 def _s3_files(url: str, cache_dir: Path) -> list[SourceFile]:
-    import boto3  # the worker image has it; imported late so local runs need no AWS set-up
-
-    bucket, _, prefix = url.removeprefix("s3://").partition("/")
-    if not bucket:
-        raise CorpusError(f"corpus URL {url!r} names no bucket")
-    client = boto3.client("s3")
-    objects: list[dict[str, Any]] = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        objects.extend(page.get("Contents", []))
-    return [
-        SourceFile(
-            f"s3://{bucket}/{o['Key']}", int(o["Size"]), str(o.get("ETag", "")).strip('"'),
-            _Download(client, bucket, o["Key"], int(o["Size"]), str(o.get("ETag", "")).strip('"'), cache_dir),
+    client, bucket, objects = s3_listing(url)
+    files = []
+    for o in objects:
+        size, etag = int(o["Size"]), str(o.get("ETag", "")).strip('"')
+        files.append(
+            SourceFile(
+                f"s3://{bucket}/{o['Key']}",
+                size,
+                etag,
+                _Download(client, bucket, o["Key"], size, etag, cache_dir),
+            )
         )
-        for o in sorted(objects, key=lambda o: str(o["Key"]))
-        if not str(o["Key"]).endswith("/")
-    ]  # fmt: skip
+    return files
 
 
 @dataclass(frozen=True)
