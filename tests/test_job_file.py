@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -18,6 +17,7 @@ from diloco_sync.cli import parse_settings as parse_sync_settings
 from diloco_worker.settings import parse_settings as parse_worker_settings
 
 from diloco.job_file import component_argv
+from tests.support.manifests import job_manifest, write_manifest
 from tests.support.ports import free_port
 from tests.support.waiting import wait_for
 
@@ -76,23 +76,15 @@ def test_without_a_file_the_arguments_are_left_alone() -> None:
 
 
 def _tiny_job(tmp_path: Path) -> Path:
-    doc: dict[str, Any] = {
-        "apiVersion": "diloco.dev/v1alpha1",
-        "kind": "DiLoCoJob",
-        "metadata": {"name": "tiny"},
-        "spec": {
-            "images": {"worker": "w:1", "synchronizer": "s:1"},
-            "storage": {"bucket": "unused"},
-            "model": {"nLayer": 1, "nHead": 2, "nEmbd": 16, "blockSize": 16},
-            "train": {"warmupSteps": 2},
-            "diloco": {"innerSteps": 4, "fragments": 2},
-            "learnerUnits": [{"name": "only", "batchSize": 2}],
-            "budget": {"steps": 12},
-        },
-    }
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    doc = job_manifest(
+        "tiny",
+        model={"nLayer": 1, "nHead": 2, "nEmbd": 16, "blockSize": 16},
+        train={"warmupSteps": 2},
+        diloco={"innerSteps": 4, "fragments": 2},
+        learnerUnits=[{"name": "only", "batchSize": 2}],
+        budget={"steps": 12},
+    )
+    return write_manifest(tmp_path, doc)
 
 
 @pytest.mark.integration

@@ -11,18 +11,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import yaml
 from diloco_core.config import DataSettings, ModelSettings, TrainSettings
 from diloco_worker.data import Shard
 from diloco_worker.entry import TaskContext
 from diloco_worker.metrics import read_metrics
 from diloco_worker.tokens import token_batches
 
+from tests.support.manifests import job_manifest, write_manifest
 from tests.support.tensorboard_files import read_scalars
 from tests.support.waiting import wait_for
 
@@ -43,24 +42,16 @@ def _job(tmp_path: Path) -> Path:
     data = tmp_path / "data"
     data.mkdir()
     np.tile(np.arange(300, dtype=np.uint16), 800).tofile(data / "train.bin")  # learnable, 512-id vocabulary
-    doc: dict[str, Any] = {
-        "apiVersion": "diloco.dev/v1alpha1",
-        "kind": "DiLoCoJob",
-        "metadata": {"name": "hf-gpt2"},
-        "spec": {
-            "images": {"worker": "w:1", "synchronizer": "s:1"},
-            "storage": {"bucket": "unused-locally"},
-            "model": MODEL,
-            "data": {"corpus": str(data), "format": "tokens"},
-            "train": {"lr": 0.003, "warmupSteps": 4},
-            "diloco": {"innerSteps": 8, "fragments": 2},
-            "learnerUnits": [{"name": "a", "batchSize": 4}, {"name": "b", "batchSize": 4}],
-            "budget": {"steps": STEPS},
-        },
-    }
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    doc = job_manifest(
+        "hf-gpt2",
+        model=MODEL,
+        data={"corpus": str(data), "format": "tokens"},
+        train={"lr": 0.003, "warmupSteps": 4},
+        diloco={"innerSteps": 8, "fragments": 2},
+        learnerUnits=[{"name": "a", "batchSize": 4}, {"name": "b", "batchSize": 4}],
+        budget={"steps": STEPS},
+    )
+    return write_manifest(tmp_path, doc)
 
 
 def _env() -> dict[str, str]:

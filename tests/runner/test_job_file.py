@@ -18,29 +18,19 @@ from diloco_worker.metrics import read_metrics
 from diloco.runner.cli import parse_settings
 from diloco.runner.commands import RunPaths, build_synchronizer_argv, build_worker_argv, build_worker_env
 from diloco.runner.job_file import job_file_settings
+from tests.support.manifests import job_manifest, write_manifest
 from tests.support.tensorboard_files import read_scalars
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "single-region.yaml"
 
 
 def _manifest(**spec: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "images": {"worker": "w:1", "synchronizer": "s:1"},
-        "storage": {"bucket": "bkt"},
-        "learnerUnits": [{"name": "a", "batchSize": 4}, {"name": "b", "replicas": 2, "batchSize": 2}],
-    }
-    return {
-        "apiVersion": "diloco.dev/v1alpha1",
-        "kind": "DiLoCoJob",
-        "metadata": {"name": "j"},
-        "spec": base | spec,
-    }
+    units = [{"name": "a", "batchSize": 4}, {"name": "b", "replicas": 2, "batchSize": 2}]
+    return job_manifest("j", **({"learnerUnits": units} | spec))
 
 
 def _write(tmp_path: Path, doc: dict[str, Any]) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    return write_manifest(tmp_path, doc)
 
 
 def test_the_example_manifest_runs_as_one_learner_per_unit(tmp_path: Path) -> None:
