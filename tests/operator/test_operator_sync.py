@@ -95,9 +95,20 @@ class Heartbeats:
     def _run(self) -> None:
         while not self._stop.wait(0.3):
             for name in sorted(self.alive):
-                r = self.learners[name].heartbeat(STEPS[name])
+                try:
+                    r = self._beat(name)
+                except Exception as exc:  # a dead thread would silence every unit
+                    self.errors.append(f"{name}: {exc!r}")
+                    continue
                 if r.status_code != 200:
                     self.errors.append(f"{name}: {r.status_code} {r.text}")
+
+    def _beat(self, name: str) -> httpx.Response:
+        """One heartbeat; a connection the server closed while the unit was silent is opened again once."""
+        try:
+            return self.learners[name].heartbeat(STEPS[name])
+        except httpx.TransportError:
+            return self.learners[name].heartbeat(STEPS[name])
 
     def __enter__(self) -> Heartbeats:
         self._thread.start()
