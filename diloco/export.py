@@ -1,7 +1,8 @@
 """``diloco export``: take the trained global model out of a job's storage.
 
 Reads every fragment at the version its shard's manifest commits (``diloco_sync.export``; the job
-may still be running) and writes, in ``--out``:
+may still be running) and writes, in ``--out`` (a folder, or an ``s3://bucket/prefix`` or ``file://``
+URL the files are stored under):
 
 - ``model.safetensors``: every parameter of the model, float32, under the model's own names;
 - ``export.json``: the job, the version of each fragment, the rounds merged, and (with
@@ -13,6 +14,11 @@ them: a check that the export is that model. A model with ``save_pretrained`` (H
 also written there as ``hf/``, which ``from_pretrained`` loads. ``--evaluate`` gives the held-out
 loss of the exported model on the task's held-out batches (for ``builtin``: the corpus, its
 held-out fraction and the batch size the job's learners use).
+
+The job's settings come from ``-f job.yaml`` (its ``DiLoCoJob`` manifest) or ``--job-config`` (the
+``JobConfig`` its pods read, which is how the operator's export Job runs it); flags win over both.
+``--summary-file`` writes ``export.json`` compactly to one more place: the operator's export Job
+points it at the container's termination message, where the job's status reads it.
 """
 
 from __future__ import annotations
@@ -20,18 +26,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from diloco_core.config import DataSettings, ModelSettings, TrainSettings
-from diloco_core.flags import SettingsError, add_flags, derive_flags, read, validate
+from diloco_core.flags import SettingsError, add_flags, derive_flags, read, read_document, validate
 from diloco_core.storage import StorageError, open_store
 from pydantic import BaseModel, Field
 
 
 class ExportSettings(BaseModel):
     storage: str = Field(description="the job's storage: a folder, file:///path or s3://bucket/prefix")
-    out: Path = Field(description="the folder to write (created; files in it are replaced)")
+    out: str = Field(
+        description="a folder to write (created; files in it are replaced), or an s3:// or file:// URL"
+    )
     job_id: str | None = Field(None, description="refuse the storage unless it holds this job")
     evaluate: bool = Field(False, description="compute the exported model's held-out loss")
     load: bool = Field(True, description="load the tensors into the model built by --entry-point (a check)")
@@ -39,6 +50,7 @@ class ExportSettings(BaseModel):
     data: DataSettings = DataSettings()
     train: TrainSettings = TrainSettings()
     corpus_max_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="bytes of the corpus read at most")
+    summary_file: Path | None = Field(None, description="also write export.json here, compact (one line)")
 
 
 FLAGS = derive_flags(
@@ -69,10 +81,24 @@ def parse_settings(argv: list[str]) -> ExportSettings:
         "-f", "--file", type=Path, default=None, metavar="JOB_YAML",
         help="the job's DiLoCoJob manifest: its storage, job id, model and data settings (flags win over it)",
     )  # fmt: skip
+    p.add_argument("--job-config", default=None, metavar="JOB_CONFIG",
+                   help="the JobConfig the job's pods read (JSON text or a JSON/YAML file): its job id, model, "
+                   "data and precision (flags win over it)")  # fmt: skip
     a = p.parse_args(argv)
     base: dict[str, Any] | None = None
+    source = f"-f {a.file}"
+    if a.file is not None and a.job_config is not None:
+        raise SettingsError("give -f or --job-config, not both")
+    if a.job_config is not None:
+        job = read_document(a.job_config, "--job-config")
+        source = "--job-config"
+        base = {k: job[k] for k in ("job_id", "model", "data") if k in job}
+        if "precision" in (job.get("train") or {}):
+            base["train"] = {"precision": job["train"]["precision"]}
     if a.file is not None:
-        from diloco.job_file import eval_batch_size, read_manifest
+        from diloco_operator.export import eval_batch_size
+
+        from diloco.job_file import read_manifest
 
         manifest = read_manifest(a.file)
         spec = manifest.spec
@@ -82,9 +108,7 @@ def parse_settings(argv: list[str]) -> ExportSettings:
             # the held-out batches diloco run evaluates on, in the job's precision
             "train": {"batch_size": eval_batch_size(spec), "precision": spec.train.precision},
         }  # fmt: skip
-    return validate(
-        ExportSettings, read(FLAGS, a, {}), base=base, base_source=f"-f {a.file}", what="export settings"
-    )
+    return validate(ExportSettings, read(FLAGS, a, {}), base=base, base_source=source, what="export settings")
 
 
 def write_model(s: ExportSettings) -> dict[str, Any]:
@@ -107,12 +131,38 @@ def write_model(s: ExportSettings) -> dict[str, Any]:
         "entry_point": s.model.entry_point,
     }  # fmt: skip
     model = _into_model(s, tensors) if s.load or s.evaluate else None
-    s.out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(s.out / "model.safetensors"), metadata={"job_id": g.job_id})
-    if model is not None:
-        info.update(_finish(s, *model))
-    (s.out / "export.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    with _output_folder(s.out) as folder:
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"job_id": g.job_id})
+        if model is not None:
+            info.update(_finish(folder, s, *model))
+        info["location"] = s.out
+        (folder / "export.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    if s.summary_file is not None:
+        s.summary_file.write_text(json.dumps(info, sort_keys=True, separators=(",", ":")) + "\n")
     return info
+
+
+def is_url(out: str) -> bool:
+    return out.startswith(("s3://", "file://"))
+
+
+@contextmanager
+def _output_folder(out: str) -> Iterator[Path]:
+    """The folder to write the export in: ``out`` itself, or a temporary one whose files are stored
+    under the URL ``out`` when the export is complete (``export.json`` last, so that its presence
+    means the rest is there)."""
+    if not is_url(out):
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix="diloco-export-") as tmp:
+        folder = Path(tmp)
+        yield folder
+        store = open_store(out)
+        files = sorted((f for f in folder.rglob("*") if f.is_file()), key=lambda f: f.name == "export.json")
+        for f in files:
+            store.put(f.relative_to(folder).as_posix(), f.read_bytes())
 
 
 def _into_model(s: ExportSettings, tensors: dict[str, Any]) -> tuple[Any, Any]:
@@ -146,14 +196,14 @@ def _into_model(s: ExportSettings, tensors: dict[str, Any]) -> tuple[Any, Any]:
     return model, task
 
 
-def _finish(s: ExportSettings, model: Any, task: Any) -> dict[str, Any]:
+def _finish(folder: Path, s: ExportSettings, model: Any, task: Any) -> dict[str, Any]:
     """The Hugging Face folder where the model has ``save_pretrained``; the held-out loss if asked."""
     import torch
     from diloco_worker.train import evaluate
 
     out: dict[str, Any] = {}
     if hasattr(model, "save_pretrained"):
-        model.save_pretrained(str(s.out / "hf"))
+        model.save_pretrained(str(folder / "hf"))
         out["hf"] = "hf"
     if s.evaluate:
         loss = evaluate(model, task, torch.device("cpu"), s.train.precision)
@@ -178,7 +228,7 @@ def main(argv: list[str]) -> int:
         return 1
     versions = ", ".join(f"{p}: v{v}" for p, v in info["versions"].items())
     print(f"exported job {info['job_id']!r}: {info['parameters']:,} parameters, fragments at {versions}, "
-          f"{info['rounds']} rounds merged -> {settings.out / 'model.safetensors'}")  # fmt: skip
+          f"{info['rounds']} rounds merged -> {settings.out}")  # fmt: skip
     if "held_out_loss" in info:
         print(f"held-out loss: {info['held_out_loss']:.4f}")
     return 0

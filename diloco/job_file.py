@@ -67,14 +67,6 @@ def parse_manifest(doc: Any, source: str) -> Manifest:
     return Manifest(name, spec, raw)
 
 
-def eval_batch_size(spec: DiLoCoJobSpec) -> int:
-    """The batch size of the job's held-out batches as ``diloco run`` and ``diloco export`` evaluate the
-    global model: the first running unit's sequences per step (its batch size x its pods)."""
-    running = [u for u in spec.learner_units if u.replicas > 0] or spec.learner_units
-    size: int = running[0].batch_size * max(1, running[0].replicas)
-    return size
-
-
 def _split_file_option(argv: Sequence[str]) -> tuple[Path | None, list[str]]:
     """The ``-f FILE`` / ``--file FILE`` / ``--file=FILE`` of ``argv``, and the other arguments."""
     rest: list[str] = []

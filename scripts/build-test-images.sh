@@ -7,6 +7,8 @@
 #           it through their BASE_IMAGE build argument (their default stays the public image).
 # - sync, worker: the project's own Dockerfile.sync and Dockerfile.worker, unchanged otherwise,
 #           built with podman (runc, host network, so the build adds no bridge or firewall rule).
+# - worker-hf: the worker image with Hugging Face transformers and examples/hf_gpt2.py, built from
+#           examples/Dockerfile.hf-gpt2 on the worker image, as docs/user-models.md has a user build it.
 # - pause:  the pod sandbox image, holding the static pause program of build-test-binaries.sh.
 #
 # Each image is saved as an archive in a cache outside the checkout, named by a hash of everything
@@ -112,12 +114,17 @@ ca_bundle="$(python3 -c 'import ssl; print(ssl.get_default_verify_paths().cafile
 [ -n "$ca_bundle" ] && [ -f "$ca_bundle" ] || ca_bundle=/etc/ssl/certs/ca-certificates.crt
 printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > "$pip_conf"
 
-build_project_image() {  # name dockerfile [--build-arg ...]
+# build_project_image NAME DOCKERFILE [--build-arg ...]: DOCKERFILE built on base_ref (loaded from
+# base_archive when the store lacks it; base_key is part of the image's key, so that a new base is a
+# new build), passed as the build argument named by base_arg (BASE_IMAGE unless set). Sets image_ref,
+# image_key and image_archive, so that a later image can be built on this one.
+build_project_image() {
   local name="$1" dockerfile="$2" key ref archive start
   shift 2
   key="$( (context_hash "$dockerfile"; echo "$base_key $*") | hash_of)"
   ref="diloco.local/diloco-$name:$key"
   archive="$CACHE/$name-$key.tar"
+  image_ref="$ref" image_key="$key" image_archive="$archive"
   if [ ! -f "$archive" ]; then
     podman_cmd image exists "$base_ref" || podman_cmd load -q -i "$base_archive" >/dev/null
     log "building $ref from $dockerfile"
@@ -125,7 +132,7 @@ build_project_image() {  # name dockerfile [--build-arg ...]
     podman_cmd build --quiet --format docker --pull=never --network=host \
       --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 \
       -v "$ca_bundle:/etc/ssl/certs/ca-certificates.crt:ro" -v "$pip_conf:/etc/pip.conf:ro" \
-      --build-arg "BASE_IMAGE=$base_ref" "$@" -f "$dockerfile" -t "$ref" . >&2
+      --build-arg "${base_arg:-BASE_IMAGE}=$base_ref" "$@" -f "$dockerfile" -t "$ref" . >&2
     save_image "$ref" "$archive"
     podman_cmd rmi -f "$ref" >/dev/null 2>&1 || true
     podman_cmd image prune -f >/dev/null 2>&1 || true
@@ -174,10 +181,15 @@ build_project_image sync Dockerfile.sync
 make_base base-torch trixie python3,python3-venv,python-is-python3,ca-certificates,python3-torch USE_LIBUV=0
 build_project_image worker Dockerfile.worker --build-arg WORKER_EXTRA=worker-base-torch \
   --build-arg VENV_OPTIONS=--system-site-packages
+# The worker image with a user's model, as docs/user-models.md (step 6) has a user build it: on the
+# worker image just built (its key in this one's, so a new worker is a new build), which the build
+# above saved and took out of the store, hence its archive.
+base_ref="$image_ref" base_key="$image_key" base_archive="$image_archive"
+base_arg=WORKER_IMAGE build_project_image worker-hf examples/Dockerfile.hf-gpt2
 # Each change of the code is a new build of a GB or more: of each image, the archives of this set
 # (touched here) and of the one most recently used before it stay, and older ones go.
 for entry in "${entries[@]}"; do touch "$(echo "$entry" | sed -E 's/.*"archive": "([^"]+)".*/\1/')"; done
-for name in pause seaweedfs base base-torch sync worker; do
+for name in pause seaweedfs base base-torch sync worker worker-hf; do
   keep_newest 2 "$CACHE/$name"-????????????????.tar
 done
 set_key="$(printf '%s\n' "${entries[@]}" | hash_of)"

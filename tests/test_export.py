@@ -4,6 +4,7 @@ model it trained and its held-out loss."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,58 @@ def test_a_model_with_save_pretrained_is_also_written_as_its_folder(tmp_path: Pa
     assert info["versions"] == {"0": 4}
     saved = load_file(str(out / "hf" / "model.safetensors"))
     assert all(torch.all(t == 0.25) for t in saved.values())
+
+
+@pytest.mark.integration
+def test_the_export_jobs_command_reads_the_job_config_and_stores_the_model_and_its_summary(
+    finished_run: Path, s3: Any, tmp_path: Path
+) -> None:
+    """What the operator's export Job runs: the pods' JobConfig for the settings, the model written
+    under an s3:// URL (export.json last), and the summary in one line where the pod's termination
+    message is read."""
+    storage = finished_run / "storage"
+    manifest = json.loads((storage / "shard-000" / "manifest.json").read_text())
+    config = {"job_id": manifest["job_id"], "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32},
+              "train": {"precision": "fp32", "batch_size": 99}}  # fmt: skip
+    (tmp_path / "job.json").write_text(json.dumps(config))
+    bucket = s3.new_bucket("export")
+    summary = tmp_path / "termination-log"
+    argv = ["--job-config", str(tmp_path / "job.json"), "--storage", str(storage), "--out", f"s3://{bucket}/j/export",
+            "--batch-size", "8", "--evaluate", "--summary-file", str(summary)]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "diloco", "export", *argv], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **s3.env()})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"-> s3://{bucket}/j/export" in done.stdout
+    line = summary.read_text()
+    assert line.count("\n") == 1
+    info = json.loads(line)
+    assert info["location"] == f"s3://{bucket}/j/export"
+    assert info["job_id"] == manifest["job_id"]
+    assert info["versions"] == {p: f["version"] for p, f in manifest["fragments"].items()}
+    client = s3.client()
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert keys == {"j/export/model.safetensors", "j/export/export.json"}
+    stored = json.loads(client.get_object(Bucket=bucket, Key="j/export/export.json")["Body"].read())
+    assert stored == info
+    model = tmp_path / "model.safetensors"
+    model.write_bytes(client.get_object(Bucket=bucket, Key="j/export/model.safetensors")["Body"].read())
+    # the held-out loss of the batch size given, not the config's 99
+    assert info["held_out_loss"] == pytest.approx(_held_out_loss(load_file(str(model))), abs=1e-6)
+
+
+def test_a_job_config_and_a_job_file_are_not_taken_together(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "job.json").write_text("{}")
+    argv = [
+        "--job-config",
+        str(tmp_path / "job.json"),
+        "-f",
+        str(tmp_path / "job.yaml"),
+        "--storage",
+        "x",
+        "--out",
+        "y",
+    ]
+    assert main(argv) == 2
+    assert "give -f or --job-config, not both" in capsys.readouterr().err

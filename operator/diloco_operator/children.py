@@ -11,6 +11,7 @@ from diloco_operator.build import (
     config_hash,
     sync_port_name,
 )
+from diloco_operator.export import build_export_job
 from diloco_operator.learners import build_unit
 from diloco_operator.models import DiLoCoJobSpec
 from diloco_operator.synchronizer import build_sync_deployment, build_sync_service
@@ -26,8 +27,9 @@ def build_children(
 ) -> list[dict[str, Any]]:
     """Every child the job should have except the Secrets (which hold generated values).
 
-    ``learners_stopped`` (job finished) scales all learner units to zero; ``suspend`` in the
-    spec scales the synchronizer too; ``down_units`` (chaos repair) scales those units to zero.
+    ``learners_stopped`` (job finished) scales all learner units to zero and adds the export Job
+    (unless ``export.enabled`` is false); ``suspend`` in the spec scales the synchronizer too;
+    ``down_units`` (chaos repair) scales those units to zero.
     """
     config_map = build_config_map(job, spec)
     digest = config_hash(config_map)
@@ -40,4 +42,6 @@ def build_children(
     for unit in spec.learner_units:
         stopped = spec.suspend or learners_stopped or unit.name in down_units
         children.extend(build_unit(job, spec, unit, digest, stopped=stopped))
+    if learners_stopped and spec.export.enabled and not spec.suspend:
+        children.append(build_export_job(job, spec))
     return children

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 Phase = Literal["Pending", "Running", "Degraded", "Suspended", "Succeeded", "Failed"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 UnitState = Literal["Ready", "NotReady", "Lost"]
+ExportState = Literal["Pending", "Running", "Succeeded", "Failed"]
 UnitReason = Literal["Ready", "PodsNotReady", "LearnersDead", "Unschedulable"]
 
 
@@ -65,6 +66,17 @@ class ChaosStatus(_Status):
     last_tick: float | None = None
 
 
+class ExportStatus(_Status):
+    """The model taken out when the job Succeeded (``export``): where, at which versions, its held-out loss."""
+
+    state: ExportState
+    location: str
+    versions: dict[str, int] | None = None  # per fragment
+    rounds: int | None = None
+    held_out_loss: float | None = None
+    message: str | None = None  # why it failed, or what could not be read
+
+
 class JobStatus(_Status):
     phase: Phase | None = None
     message: str | None = None
@@ -78,6 +90,7 @@ class JobStatus(_Status):
     goodput: float | None = None
     conditions: tuple[Condition, ...] = ()
     units: tuple[UnitStatus, ...] = ()
+    export: ExportStatus | None = None
     chaos: ChaosStatus | None = None
 
     @classmethod

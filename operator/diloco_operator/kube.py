@@ -25,6 +25,7 @@ _PLURALS: dict[tuple[str, str], str] = {
     ("apps/v1", "Deployment"): "deployments",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("batch/v1", "Job"): "jobs",
     ("diloco.dev/v1alpha1", "DiLoCoJob"): "dilocojobs",
     ("events.k8s.io/v1", "Event"): "events",
     ("kopf.dev/v1", "KopfPeering"): "kopfpeerings",

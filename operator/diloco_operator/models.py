@@ -268,6 +268,15 @@ class ChaosSpec(_Spec):
     units: list[str] = Field(default_factory=list)
 
 
+class ExportSpec(_Spec):
+    """The model taken out when the job Succeeded (``export``): a Job in the worker image."""
+
+    enabled: bool = True
+    resources: dict[str, Any] = Field(default_factory=dict)
+
+    _resources = field_validator("resources")(check_resources)
+
+
 class DiLoCoJobSpec(_Spec):
     images: Images
     model: ModelSpec = ModelSpec()
@@ -283,6 +292,7 @@ class DiLoCoJobSpec(_Spec):
     suspend: bool = False
     unit_lost_after_seconds: float = Field(300.0, gt=0.0)
     chaos: ChaosSpec = ChaosSpec()
+    export: ExportSpec = ExportSpec()
 
 
 def parse_spec(spec: dict[str, Any]) -> DiLoCoJobSpec:

@@ -18,6 +18,7 @@ from typing import Any
 
 from diloco_operator import chaos, status
 from diloco_operator.build import API_VERSION, KIND, TEMPLATE_HASH_ANNOTATION, JobRef, sync_url
+from diloco_operator.export import export_events, job_export
 from diloco_operator.job_status import ChaosStatus, JobStatus
 from diloco_operator.jobs import JobState, Request, SyncView
 from diloco_operator.kube import Kube, api_error
@@ -194,8 +195,11 @@ def compute(
         conditions += (
             status.condition(old.conditions, "Chaos", gate.active, gate.reason, gate.message, now),
         )
-    new = new.model_copy(update={"message": None, "chaos": chaos_status, "conditions": conditions})
-    events = status.diff_events(old, new)
+    exported = job_export(spec, new, pods)
+    new = new.model_copy(
+        update={"message": None, "chaos": chaos_status, "conditions": conditions, "export": exported}
+    )
+    events = status.diff_events(old, new) + export_events(old.export, exported)
     if gate is not None:
         events += chaos.gate_events(old, gate)
     return new, events

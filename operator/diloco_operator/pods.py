@@ -31,7 +31,7 @@ class PodObserved:
 
     name: str
     uid: str
-    component: str  # "learner" or "synchronizer"
+    component: str  # "learner", "synchronizer" or "export"
     unit: str  # the learner unit ("" for a synchronizer pod)
     shard: str  # the synchronizer shard ("" for a learner pod)
     phase: str
@@ -39,6 +39,7 @@ class PodObserved:
     deleting: bool
     unschedulable: str  # the scheduler's message when it cannot place the pod, else ""
     template: str  # the pod template's hash annotation ("" when it has none)
+    message: str = ""  # the termination message of its (first) container, once it ended
 
 
 def observe_pod(obj: Mapping[str, Any]) -> PodObserved:
@@ -68,7 +69,15 @@ def observe_pod(obj: Mapping[str, Any]) -> PodObserved:
         deleting=bool(meta.get("deletionTimestamp")),
         unschedulable=unschedulable,
         template=str((meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION, "")),
+        message=termination_message(status),
     )
+
+
+def termination_message(status: Mapping[str, Any]) -> str:
+    """What the pod's first container said as it ended ("" while it runs)."""
+    containers = status.get("containerStatuses") or []
+    terminated = ((containers[0].get("state") or {}).get("terminated") or {}) if containers else {}
+    return str(terminated.get("message") or "")
 
 
 def pod_job(obj: Mapping[str, Any]) -> tuple[str, str] | None:

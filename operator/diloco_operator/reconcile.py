@@ -58,6 +58,7 @@ PRUNED_KINDS = (
     ("policy/v1", "PodDisruptionBudget"),
     ("v1", "Service"),
     ("apps/v1", "Deployment"),
+    ("batch/v1", "Job"),
 )
 # Children whose content comes partly from free-form fields of the spec (resources, tolerations,
 # affinity, node selectors): the apiserver validates them by a dry run before anything is applied.

@@ -270,7 +270,7 @@ def quantity_nodes() -> list[tuple[str, dict[str, Any]]]:
 
 def test_every_resource_quantity_is_checked_at_admission() -> None:
     nodes = quantity_nodes()
-    assert len(nodes) == 4  # learner units' and the synchronizer's requests and limits
+    assert len(nodes) == 6  # learner units', the synchronizer's and the export pod's requests and limits
     for _, node in nodes:
         value = node["additionalProperties"]
         assert value["x-kubernetes-int-or-string"] is True
