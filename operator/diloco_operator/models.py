@@ -44,7 +44,6 @@ NO_CRD_FIELD: dict[tuple[str, str], str] = {
     ("train", "max_steps"): "set by spec.budget.steps (unlimited without a step budget)",
     ("storage", "url"): "set by spec.storage.bucket and spec.storage.prefix",
     ("storage", "endpoint_url"): "set by spec.storage.endpoint",
-    ("data", "sample_log"): "a learner's own audit file (the worker's --sample-log), not a job setting",
     ("storage", "keep_versions"): "not set by a job: the synchronizer keeps its own --keep-versions versions",
 }
 

@@ -90,6 +90,15 @@ def deploy_seaweedfs(e2e: E2ECluster, api: k8s.ApiClient) -> S3Credentials:
     return creds
 
 
+def seaweedfs_url(api: k8s.ApiClient) -> str:
+    """SeaweedFS's S3 endpoint as this machine reaches it: its pod's address (the real node routes
+    the pod subnet here)."""
+    pods = k8s.CoreV1Api(api).list_namespaced_pod(STORAGE_NAMESPACE, label_selector="app=seaweedfs").items
+    running = [p for p in pods if p.status.phase == "Running" and p.status.pod_ip]
+    assert running, "no running SeaweedFS pod"
+    return f"http://{running[0].status.pod_ip}:{S3_PORT}"
+
+
 def storage_secret_and_bucket(e2e: E2ECluster, api: k8s.ApiClient, ns: str, creds: S3Credentials) -> None:
     """The Secret ``diloco-s3`` the examples name, and the bucket, created from a pod with those keys."""
     core = k8s.CoreV1Api(api)
