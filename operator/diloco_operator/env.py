@@ -18,6 +18,9 @@ Learner (``diloco worker``) containers get:
   job's storage, ``<storage>/checkpoints/<learner id>`` (the learner adds ``rank-N/`` in a unit of
   several pods), so a replaced pod, which keeps its name, resumes from its own checkpoint.
 - ``DILOCO_BATCH_SIZE`` the unit's batch size (overrides ``train.batch_size`` of the config).
+- ``DILOCO_LEARNER_INDEX``, ``DILOCO_NUM_LEARNERS`` the unit's data shard (its place in
+  ``spec.learnerUnits``) and the job's number of units: no two units read the same windows, and the
+  unit's pods take turns along its shard, batch by batch, so resizing a unit moves no other unit's data.
 - ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` for the unit's torch.distributed group; the
   rank is the ordinal suffix of the pod name (``HOSTNAME``).
 - ``DILOCO_HEALTH_HOST`` / ``DILOCO_HEALTH_PORT`` where the learner serves ``/healthz`` and ``/readyz``.

@@ -227,13 +227,15 @@ def _check_sample_log(path: Path, c: int) -> None:
     """Unit a (killed) and unit b: the history each learner's model went through (a killed process's
     steps up to its checkpoint, then the resumed process's steps) is the batches 0, 1, 2, ... of its
     deal with no gap and no repeat; the killed process's batches past the checkpoint are redone by the
-    resumed one on the same samples; and each shard's epoch holds every training window once."""
+    resumed one on the same samples; no window is trained twice (the run is shorter than an epoch);
+    and the two units, each its own data shard, share no window."""
     records = [json.loads(ln) for ln in path.read_text().splitlines()]
     by_shard: dict[int, list[dict[str, Any]]] = {}
     for r in records:
         by_shard.setdefault(r["shard"], []).append(r)
     assert len(by_shard) == 2, sorted(by_shard)
     restarted = 0
+    trained: dict[int, set[int]] = {}
     for shard, rs in sorted(by_shard.items()):
         # a process's batches run 0, 1, 2, ...; a restart starts again at its checkpoint's batch
         runs: list[list[dict[str, Any]]] = [[rs[0]]]
@@ -255,5 +257,7 @@ def _check_sample_log(path: Path, c: int) -> None:
         assert history[-1]["step"] >= STEPS
         windows = [w for r in history for w in r["samples"]]
         assert len(set(windows)) == len(windows), shard  # less than an epoch: no window twice
+        trained[shard] = set(windows)
+    assert not trained[0] & trained[1], "the two units trained on the same windows"
     assert restarted == 1, "one learner process was killed and resumed"
     assert c > 0

@@ -115,6 +115,28 @@ def test_every_training_window_is_trained_once_per_epoch_across_shards_and_never
     assert not np.array_equal(one.epoch(0), one.epoch(1))  # a new order each epoch
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_the_processes_of_a_unit_take_turns_along_its_shard_and_never_share_a_window(
+    tmp_path: Path, ranks: int
+) -> None:
+    """A unit of R processes reads its learner's shard as one process would, batch by batch in turn: rank
+    r's batch i is the shard's batch i*R + r. So a unit resized to another R keeps its shard, and no
+    window goes to two processes (or to another unit) within an epoch."""
+    corpus = corpus_of(tmp_path, 101)
+    split = split_windows(corpus, 0.01, 2)  # 100 training windows, 50 per shard
+    whole = stream(corpus, split, Shard(1, 2, "b/0"))
+    per_rank = [stream(corpus, split, Shard(1, 2, f"b/{r}", rank=r, ranks=ranks)) for r in range(ranks)]
+    for i in range(6):
+        for r, s in enumerate(per_rank):
+            assert np.array_equal(s.sample_ids(i), whole.sample_ids(i * ranks + r))
+    epoch = [int(w) for i in range(50 // (4 * ranks)) for s in per_rank for w in s.sample_ids(i)]
+    assert len(set(epoch)) == len(epoch)
+    other = stream(corpus, split, Shard(0, 2, "a/0"))
+    assert not set(epoch) & {int(w) for i in range(12) for w in other.sample_ids(i)}
+    with pytest.raises(ValueError, match="rank 2 is outside 0..1"):
+        Shard(0, 1, "x", rank=2, ranks=2)
+
+
 def test_a_batch_straddling_two_epochs_takes_the_end_of_one_and_the_start_of_the_next(tmp_path: Path) -> None:
     corpus = corpus_of(tmp_path, 11)
     split = split_windows(corpus, 0.1, 1)  # 10 training windows, batches of 4

@@ -32,15 +32,21 @@ class CorpusError(ValueError):
 
 @dataclass(frozen=True)
 class Shard:
-    """Which part of the training data a process reads: shard ``index`` of ``count``; ``key`` seeds it."""
+    """Which part of the training data a process reads: shard ``index`` of ``count`` (a learner's, one
+    per learner unit), and within it ``rank`` of ``ranks`` (the unit's processes, which take turns
+    batch by batch along the shard's sequence); ``key`` seeds it."""
 
     index: int
     count: int
     key: str
+    rank: int = 0
+    ranks: int = 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < self.count:
             raise ValueError(f"shard index {self.index} is outside 0..{self.count - 1}")
+        if not 0 <= self.rank < self.ranks:
+            raise ValueError(f"rank {self.rank} is outside 0..{self.ranks - 1}")
 
     def seed(self, base_seed: int) -> int:
         return zlib.crc32(f"{base_seed}/{self.index}/{self.count}/{self.key}".encode())

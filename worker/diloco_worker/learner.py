@@ -145,9 +145,11 @@ def _run(
     settings: WorkerSettings, unit: Unit, stop: threading.Event, health: Health, clock: StartupClock
 ) -> int:
     shard = Shard(
-        settings.learner_index * unit.world_size + unit.rank,
-        settings.num_learners * unit.world_size,
+        settings.learner_index,
+        settings.num_learners,
         f"{settings.learner_id}/{unit.rank}",
+        rank=unit.rank,
+        ranks=unit.world_size,
     )
     ctx = TaskContext(
         settings.model, settings.data, settings.train, shard, unit.device, settings.corpus_max_bytes

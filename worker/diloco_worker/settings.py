@@ -71,8 +71,12 @@ class WorkerSettings(BaseModel):
     data: DataSettings = DataSettings()
     tracking: TrackingSettings = TrackingSettings()
     corpus_max_bytes: int = Field(DEFAULT_MAX_BYTES, ge=1024, description="bytes of the corpus read at most")
-    learner_index: int = Field(0, ge=0, description="this learner's data shard")
-    num_learners: int = Field(1, ge=1, description="number of data shards")
+    learner_index: int = Field(
+        0,
+        ge=0,
+        description="this learner's data shard (its unit's; the unit's processes " "take turns along it)",
+    )
+    num_learners: int = Field(1, ge=1, description="number of data shards: the job's learners (units)")
     checkpoint_dir: str | None = Field(None, description="a folder or an s3:// prefix for checkpoints")
     eval_every: int = Field(0, ge=0, description="steps between local evaluations; 0: never")
     log_every: int = Field(10, ge=1, description="steps between progress lines")

@@ -8,8 +8,11 @@ the windows are held out: they are never trained on, and the evaluation batches 
 them, the same for every learner.
 
 The training windows are dealt afresh in each epoch ``e``: a permutation seeded by (seed, e), whose
-``j``-th window goes to shard ``j % count``. A shard's sequence is its windows of epoch 0, then of
-epoch 1, ... and its batch ``i`` is windows ``[i*B, (i+1)*B)`` of that sequence. The batch index is the
+``j``-th window goes to shard ``j % count``. A shard (a learner's: one per learner unit) is a sequence,
+its windows of epoch 0, then of epoch 1, ...; with one process its batch ``i`` is windows
+``[i*B, (i+1)*B)`` of that sequence. The ``R`` processes of a learner unit take turns: rank ``r``'s batch
+``i`` is the sequence's batch ``i*R + r``, so a unit resized to another number of processes keeps its
+shard (no other unit's data moves), and its processes never share a window. The batch index is the
 data cursor a learner checkpoints, so a resumed learner trains exactly the windows a learner that never
 stopped would have, and within one epoch of every shard no window is trained twice or left out.
 """
@@ -177,7 +180,8 @@ class SampleLog:
 
     def write(self, batch: int, samples: np.ndarray) -> None:
         line = json.dumps({
-            "pid": os.getpid(), "shard": self.shard.index, "batch": batch, "step": batch // self.grad_accum + 1,
+            "pid": os.getpid(), "shard": self.shard.index, "rank": self.shard.rank, "batch": batch,
+            "step": batch // self.grad_accum + 1,
             "samples": [int(s) for s in samples],
         })  # fmt: skip
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -205,8 +209,10 @@ class TokenStream(Iterator[Any]):
         self.device, self.as_dict, self.sample_log = device or torch.device("cpu"), as_dict, sample_log
 
     def sample_ids(self, i: int) -> np.ndarray:
-        """The global window ids of batch ``i``."""
-        return self.deal.windows(np.arange(i * self.batch_size, (i + 1) * self.batch_size, dtype=np.int64))
+        """The global window ids of this process's batch ``i`` (its unit's batch ``i*ranks + rank``)."""
+        shard = self.deal.shard
+        first = (i * shard.ranks + shard.rank) * self.batch_size
+        return self.deal.windows(np.arange(first, first + self.batch_size, dtype=np.int64))
 
     def __next__(self) -> Any:
         ids = self.sample_ids(self.cursor)
