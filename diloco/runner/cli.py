@@ -44,8 +44,30 @@ FLAGS = derive_flags(
             "outer_momentum",
             "outer_warmup",
         ),
-        "model": ("n_layer", "n_head", "n_embd", "block_size", "seed"),
-        "train": ("batch_size", "max_steps", "lr_schedule", "decay_fraction", "precision"),
+        "model": (
+            "entry_point",
+            "n_layer",
+            "n_head",
+            "n_embd",
+            "block_size",
+            "seed",
+            "vocab_size",
+            "dropout",
+        ),
+        "train": (
+            "batch_size",
+            "max_steps",
+            "lr",
+            "min_lr_ratio",
+            "warmup_steps",
+            "lr_schedule",
+            "decay_fraction",
+            "grad_accum",
+            "grad_clip",
+            "weight_decay",
+            "precision",
+        ),
+        "data": None,
         "tracking": None,
     },
     exclude=("speed_factors", "bandwidth_limits", "host", "poll_interval_s", "stop_timeout_s", "python"),
@@ -133,7 +155,7 @@ def parse_run(
     settings = settings.model_copy(
         update={"gpus": resolve_gpus(settings, count_gpus() if settings.device == "cuda" else 0)}
     )
-    if job is None or "warmup_steps" not in job.base["train"]:
+    if not given.has(("train", "warmup_steps")) and (job is None or "warmup_steps" not in job.base["train"]):
         warmup = min(20, settings.train.max_steps // 10)
         settings = settings.model_copy(
             update={"train": settings.train.model_copy(update={"warmup_steps": warmup})}

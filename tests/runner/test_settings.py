@@ -243,3 +243,23 @@ def test_the_precision_and_the_schedule_of_a_run_reach_its_learners(tmp_path: Pa
     assert argv[argv.index("--decay-fraction") + 1] == "0.3"
     plain = build_worker_argv(parse_settings([]), RunPaths(tmp_path), 0, sync_url="http://h:1")
     assert plain[plain.index("--precision") + 1] == "auto"  # today's behaviour unless asked
+
+
+def test_a_users_model_data_and_training_knobs_reach_the_learners_without_a_job_file(tmp_path: Path) -> None:
+    """``diloco run`` takes the entry point, the data and the inner optimizer's knobs as flags (they were
+    refused, and a user model or corpus needed a job file)."""
+    s = parse_settings([
+        "--entry-point", "my_models:build", "--vocab-size", "512", "--corpus", "/data/tokens", "--data-format",
+        "tokens", "--token-dtype", "uint32", "--sample-log", "/tmp/s.jsonl", "--lr", "0.01", "--grad-accum", "2",
+        "--warmup-steps", "3", "--grad-clip", "0.5", "--weight-decay", "0.05", "--min-lr-ratio", "0.2",
+    ])  # fmt: skip
+    assert (s.model.entry_point, s.model.vocab_size) == ("my_models:build", 512)
+    assert (s.data.corpus, s.data.format, s.data.token_dtype) == ("/data/tokens", "tokens", "uint32")
+    assert (s.train.lr, s.train.grad_accum, s.train.warmup_steps) == (0.01, 2, 3)  # a given warm-up stays
+    argv = build_worker_argv(s, RunPaths(tmp_path), 1, sync_url="http://h:1")
+    for flag, value in [("--entry-point", "my_models:build"), ("--vocab-size", "512"), ("--corpus", "/data/tokens"),
+                        ("--data-format", "tokens"), ("--token-dtype", "uint32"), ("--sample-log", "/tmp/s.jsonl"),
+                        ("--lr", "0.01"), ("--grad-accum", "2"), ("--warmup-steps", "3"), ("--grad-clip", "0.5"),
+                        ("--weight-decay", "0.05"), ("--min-lr-ratio", "0.2")]:  # fmt: skip
+        assert argv[argv.index(flag) + 1] == value, flag
+    assert parse_settings(["--max-steps", "100"]).train.warmup_steps == 10  # the run's own default: a tenth
