@@ -233,8 +233,10 @@ class SynchronizerSpec(_Spec):
     token_lifetime_seconds: int = Field(86400, ge=600, le=366 * 86400)
     min_step_time_seconds: float = Field(0.0005, ge=0.0, le=3600.0)
     min_token_generations: dict[str, NonNegativeInt] = Field(default_factory=dict)
+    env: list[dict[str, Any]] = Field(default_factory=list)  # after the operator's own
 
     _resources = field_validator("resources")(check_resources)
+    _env = field_validator("env")(pod_additions.check_env)
 
     @model_validator(mode="after")
     def _tls_is_for_our_own(self) -> SynchronizerSpec:

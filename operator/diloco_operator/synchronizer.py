@@ -69,7 +69,7 @@ def build_sync_deployment(job: JobRef, spec: DiLoCoJobSpec, shard: int, digest: 
         "imagePullPolicy": spec.images.pull_policy,
         "command": ["diloco", "synchronizer"],
         "ports": [{"name": port, "containerPort": env.SYNC_PORT}],
-        "env": sync_env(job, spec, shard),
+        "env": [*sync_env(job, spec, shard), *spec.synchronizer.env],
         "resources": with_default_requests(spec.synchronizer.resources, SYNC_DEFAULT_REQUESTS),
         "livenessProbe": http_probe("/healthz", port, 10, 6, scheme),
         "readinessProbe": http_probe("/readyz", port, 5, 3, scheme),

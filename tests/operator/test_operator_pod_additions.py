@@ -193,6 +193,24 @@ def test_the_crds_cel_rules_refuse_the_same_names() -> None:
             assert "name" in node["items"]["required"]
 
 
+def test_the_synchronizer_gets_the_jobs_own_variables_after_the_operators_and_never_in_their_place() -> None:
+    """``spec.synchronizer.env``: what the synchronizer needs from the user (a W&B key for
+    ``spec.tracking.wandbProject``, say), the same rules as the learners' (operator and CRD)."""
+    key = {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}}
+    children = build_children(JOB, parse_spec(raw(synchronizer={"env": [key]})))
+    (sync,) = [c for c in children if c["kind"] == "Deployment"]
+    env = sync["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env[-1] == key
+    assert [e["name"] for e in env[:-1]] == [
+        e["name"] for c in build_children(JOB, parse_spec(raw())) if c["kind"] == "Deployment"
+        for e in c["spec"]["template"]["spec"]["containers"][0]["env"]
+    ]  # fmt: skip
+    with pytest.raises(SpecError, match="DILOCO_STORAGE"):
+        parse_spec(raw(synchronizer={"env": [{"name": "DILOCO_STORAGE", "value": "file:///elsewhere"}]}))
+    node = schema()["properties"]["spec"]["properties"]["synchronizer"]["properties"]["env"]
+    assert _cel(node) == _cel(schema()["properties"]["spec"]["properties"]["learners"]["properties"]["env"])
+
+
 def test_precision_schedule_and_compile_reach_the_learner(tmp_path: Path) -> None:
     doc = next(d for d in yaml.safe_load_all((EXAMPLES / "single-region.yaml").read_text()) if d)
     doc["spec"]["train"] = {
