@@ -2,7 +2,8 @@
 
 A ``transformers`` GPT-2, built from a config sized by the job's model settings (``nLayer``,
 ``nHead``, ``nEmbd``, ``blockSize``, ``vocabSize``), or, with ``HF_INIT_FROM`` set to a
-``save_pretrained`` folder, loaded from its weights (continued pre-training; the folder's config wins).
+``save_pretrained`` folder or an ``s3://`` prefix holding one, loaded from its weights (continued
+pre-training; the folder's config wins).
 It trains on the job's token data (``data.format: tokens`` or ``parquet``) as Hugging Face batches
 ``{"input_ids", "labels"}``, and its loss is ``model(**batch).loss``, as in ``transformers``.
 
@@ -15,6 +16,7 @@ import os
 from typing import Any
 
 import torch
+from diloco_worker.data_sources import local_folder, resolve_cache_dir
 from diloco_worker.entry import TaskContext, TrainingTask
 from diloco_worker.tokens import token_batches
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -26,8 +28,11 @@ def hf_loss(model: Any, batch: dict[str, Any]) -> Any:
 
 def build(ctx: TaskContext) -> TrainingTask:
     init_from = os.environ.get("HF_INIT_FROM")
-    if init_from:
-        model = GPT2LMHeadModel.from_pretrained(init_from)
+    if init_from:  # a folder, or an s3:// prefix downloaded into the data cache
+        cache = resolve_cache_dir(ctx.data.cache_dir)
+        model = GPT2LMHeadModel.from_pretrained(
+            local_folder(init_from, cache, "HF_INIT_FROM: a save_pretrained folder")
+        )
     else:
         m = ctx.model
         torch.manual_seed(m.seed)  # the same start on every learner (the synchronizer keeps the first's)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -124,3 +125,40 @@ def test_a_hugging_face_gpt2_trains_survives_sigkill_of_the_run_and_exports(tmp_
         held_out = [float(model(**b).loss) for b in token_batches(ctx, as_dict=True).eval_batches]
     assert float(np.mean(held_out)) == pytest.approx(info["held_out_loss"], rel=1e-5)
     assert torch.equal(model.lm_head.weight, model.transformer.wte.weight)  # tied, as built
+
+
+@pytest.mark.timeout(300)
+def test_continued_pre_training_starts_from_a_save_pretrained_folder_in_s3(s3: Any, tmp_path: Path) -> None:
+    """``HF_INIT_FROM=s3://bucket/prefix``: the example loads those weights (its config wins over the
+    job's model settings), not a fresh model."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(11)
+    GPT2LMHeadModel(
+        GPT2Config(vocab_size=300, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    ).save_pretrained(tmp_path / "hf")
+    bucket = s3.new_bucket("init")
+    for f in (tmp_path / "hf").iterdir():
+        s3.client().put_object(Bucket=bucket, Key=f"base/{f.name}", Body=f.read_bytes())
+    np.tile(np.arange(300, dtype=np.uint16), 20).tofile(tmp_path / "train.bin")
+    script = (
+        "import sys, torch\n"
+        "from diloco_core.config import DataSettings, ModelSettings, TrainSettings\n"
+        "from diloco_worker.data import Shard\n"
+        "from diloco_worker.entry import TaskContext\n"
+        "from safetensors.torch import load_file\n"
+        "import hf_gpt2\n"
+        f"data = DataSettings(corpus={str(tmp_path / 'train.bin')!r}, format='tokens', cache_dir={str(tmp_path / 'cache')!r})\n"
+        "m = ModelSettings(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=512)\n"
+        "task = hf_gpt2.build(TaskContext(m, data, TrainSettings(batch_size=2), Shard(0, 1, 't'), torch.device('cpu')))\n"
+        f"saved = load_file({str(tmp_path / 'hf' / 'model.safetensors')!r})\n"
+        "own = dict(task.model.named_parameters())\n"
+        "assert all(torch.equal(own[k], v) for k, v in saved.items() if k in own), 'not the saved weights'\n"
+        "print('layers', task.model.config.n_layer, 'vocab', task.model.config.vocab_size)\n"
+    )  # fmt: skip
+    env = {**_env(), **s3.env(), "HF_INIT_FROM": f"s3://{bucket}/base"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "layers 1 vocab 300" in done.stdout

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from diloco_core.config import DataSettings
 from diloco_worker.data import CorpusError
-from diloco_worker.data_sources import list_files, resolve_cache_dir
+from diloco_worker.data_sources import list_files, local_folder, resolve_cache_dir
 from diloco_worker.tokens import open_token_corpus
 
 from tests.support.s3 import S3Server
@@ -77,3 +77,34 @@ def test_s3_shards_are_downloaded_one_by_one_only_when_a_window_of_them_is_read(
     assert not [r for r in caplog.records if "downloading" in r.getMessage()]  # the cached copy
     assert again.rows(np.array([8])).tolist() == [shards["c"][16:].tolist()]
     assert len(list((tmp_path / "cache" / "s3").iterdir())) == 2
+
+
+@pytest.mark.integration
+def test_an_s3_folder_comes_down_once_as_a_local_folder_under_its_own_names(
+    s3_env: S3Server, tmp_path: Path
+) -> None:
+    """What ``HF_INIT_FROM=s3://...`` (a ``save_pretrained`` folder to continue from) is read through:
+    the objects under the prefix, linked under their names relative to it; a changed object makes a
+    new folder; a prefix that is only the start of another folder's name is not that folder."""
+    bucket = s3_env.new_bucket("models")
+    client = s3_env.client()
+    client.put_object(Bucket=bucket, Key="run/hf/config.json", Body=b"{}")
+    client.put_object(Bucket=bucket, Key="run/hf/sub/weights.bin", Body=b"w1")
+    client.put_object(Bucket=bucket, Key="run/hf2/other.json", Body=b"x")
+    cache = tmp_path / "cache"
+    folder = local_folder(f"s3://{bucket}/run/hf", cache, "a model")
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == [
+        "config.json", "sub/weights.bin",
+    ]  # fmt: skip
+    assert (folder / "sub" / "weights.bin").read_bytes() == b"w1"
+    assert local_folder(f"s3://{bucket}/run/hf/", cache, "a model") == folder  # found again, not remade
+    client.put_object(Bucket=bucket, Key="run/hf/sub/weights.bin", Body=b"w2")
+    changed = local_folder(f"s3://{bucket}/run/hf", cache, "a model")
+    assert changed != folder
+    assert (changed / "sub" / "weights.bin").read_bytes() == b"w2"
+    assert (folder / "sub" / "weights.bin").read_bytes() == b"w1"  # a reader of the old one is undisturbed
+    with pytest.raises(CorpusError, match="no object under"):
+        local_folder(f"s3://{bucket}/nothing", cache, "a model")
+    with pytest.raises(CorpusError, match="is not a folder: a model"):
+        local_folder(str(tmp_path / "missing"), cache, "a model")
+    assert local_folder(str(tmp_path), cache, "a model") == tmp_path

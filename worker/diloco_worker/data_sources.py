@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import sysconfig
 import tempfile
 from collections.abc import Callable, Sequence
@@ -85,6 +86,35 @@ def one_file(source: str, cache_dir: Path, what: str) -> SourceFile:
     if not Path(source).is_file():
         raise CorpusError(f"{source!r} is not a file: {what}")
     return local_file(Path(source))
+
+
+def local_folder(source: str, cache_dir: Path, what: str) -> Path:
+    """A local folder holding the files of a folder or of ``s3://bucket/prefix/`` (a ``save_pretrained``
+    model, say): a local folder is itself; an S3 prefix's objects are downloaded into the cache (each once,
+    by its ETag) and linked under their names relative to the prefix, in a folder named by their
+    versions, so a changed object gives a new folder and a reader never sees a mix."""
+    if not source.startswith("s3://"):
+        if not Path(source).is_dir():
+            raise CorpusError(f"{source!r} is not a folder: {what}")
+        return Path(source)
+    prefix = source.rstrip("/") + "/"
+    files = [f for f in _s3_files(prefix, cache_dir) if f.name.startswith(prefix)]
+    if not files:
+        raise CorpusError(f"no object under {prefix}: {what}")
+    folder = cache_dir / "folders" / file_key(prefix, *(f"{f.name}\0{f.version}" for f in files))
+    if folder.is_dir():
+        return folder
+    part = folder.with_name(f"{folder.name}.{os.getpid()}.part")  # renamed whole: never seen half made
+    shutil.rmtree(part, ignore_errors=True)
+    for f in files:
+        link = part / f.name.removeprefix(prefix)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(f.local())
+    try:
+        os.rename(part, folder)
+    except OSError:  # another process made it meanwhile
+        shutil.rmtree(part, ignore_errors=True)
+    return folder
 
 
 def local_file(path: Path) -> SourceFile:
