@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOB = "gpt2"
-STEPS = 160
+STEPS = 240  # about 25 s of training per unit on a CPU: the kill lands well before the end
 CHECKPOINT_EVERY = 5
 KILL_AFTER = 20  # steps of unit a before its learner process is killed
 MODEL = {
