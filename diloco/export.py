@@ -1,6 +1,6 @@
 """``diloco export``: take the trained global model out of a job's storage.
 
-Reads every fragment at the version its shard's manifest commits (``diloco_sync.export``; the job
+Reads every fragment at the version its shard's manifest commits (``diloco_core.global_model``; the job
 may still be running) and writes, in ``--out`` (a folder, or an ``s3://bucket/prefix`` or ``file://``
 URL the files are stored under):
 
@@ -114,7 +114,7 @@ def parse_settings(argv: list[str]) -> ExportSettings:
 def write_model(s: ExportSettings) -> dict[str, Any]:
     """Write the export; returns what ``export.json`` says."""
     import torch
-    from diloco_sync.export import read_global_model
+    from diloco_core.global_model import read_global_model
     from safetensors.torch import save_file
 
     url = s.storage
@@ -219,7 +219,7 @@ def main(argv: list[str]) -> int:
     except SettingsError as exc:
         print(f"diloco export: {exc}", file=sys.stderr)
         return 2
-    from diloco_sync.export import ExportError
+    from diloco_core.global_model import ExportError
 
     try:
         info = write_model(settings)

@@ -99,8 +99,8 @@ def _option(argv: Sequence[str], name: str) -> str | None:
 
 def component_argv(component: str, argv: Sequence[str]) -> list[str]:
     """``argv`` of ``diloco worker`` or ``diloco synchronizer`` with ``-f job.yaml`` turned into the
-    manifest's job configuration (``--job-config``) and, for a learner, its unit's batch size (the unit
-    named by ``--unit``, needed when the units' batch sizes differ); for the synchronizer, the job's
+    manifest's job configuration (``--job-config``) and, for a learner, its unit's batch size and data
+    shard (the unit named by ``--unit``, needed when the units' batch sizes differ); for the synchronizer, the job's
     storage unless ``--storage`` is given. Without ``-f``, ``argv`` as it is."""
     path, rest = _split_file_option(argv)
     if path is None:
@@ -125,6 +125,8 @@ def component_argv(component: str, argv: Sequence[str]) -> list[str]:
         batch = units[unit_name].batch_size if unit_name else sizes.pop()
         if _option(rest, "--batch-size") is None:
             out += ["--batch-size", str(batch)]
+        if unit_name is not None and _option(rest, "--learner-index") is None:  # its unit's data shard
+            out += ["--learner-index", str(list(units).index(unit_name)), "--num-learners", str(len(units))]
     elif component == "synchronizer" and _option(rest, "--storage") is None:
         out += ["--storage", spec.storage.url]
         if spec.storage.endpoint and _option(rest, "--storage-endpoint-url") is None:

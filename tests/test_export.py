@@ -16,8 +16,8 @@ import torch
 from diloco_core import codec
 from diloco_core.config import ModelSettings
 from diloco_core.fragments import build_plan
+from diloco_core.layout import FragmentRecord
 from diloco_core.storage import FilesystemStore
-from diloco_sync.layout import FragmentRecord
 from diloco_sync.persistence import StateStore
 from diloco_worker.data import eval_batches, load_corpus, split_corpus
 from diloco_worker.entry import TaskContext, TrainingTask

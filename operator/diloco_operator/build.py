@@ -213,13 +213,23 @@ def build_config_map(job: JobRef, spec: DiLoCoJobSpec) -> dict[str, Any]:
         "data": {
             env.CONFIG_KEY: build_job_config(job, spec).model_dump_json(indent=2),
             env.STORAGE_KEY: build_storage_settings(spec).model_dump_json(indent=2),
+            env.UNITS_KEY: units_document(spec),
         },
     }
 
 
+def units_document(spec: DiLoCoJobSpec) -> str:
+    """The job's learner units in the spec's order: a learner's data shard is its unit's place among
+    them (``diloco_worker.settings.data_shard``), read when the learner starts."""
+    return json.dumps({"units": [u.name for u in spec.learner_units]})
+
+
 def config_hash(config_map: dict[str, Any]) -> str:
-    """A short digest of the ConfigMap's data; a change rolls the pods that read it."""
-    blob = json.dumps(config_map["data"], sort_keys=True).encode()
+    """A short digest of the ConfigMap's data; a change rolls the pods that read it. The units list is
+    left out: a unit added or removed must not restart the others (each takes its data shard from
+    the list when it starts next, see env.py)."""
+    data = {k: v for k, v in config_map["data"].items() if k != env.UNITS_KEY}
+    blob = json.dumps(data, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

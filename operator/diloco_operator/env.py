@@ -18,9 +18,11 @@ Learner (``diloco worker``) containers get:
   job's storage, ``<storage>/checkpoints/<learner id>`` (the learner adds ``rank-N/`` in a unit of
   several pods), so a replaced pod, which keeps its name, resumes from its own checkpoint.
 - ``DILOCO_BATCH_SIZE`` the unit's batch size (overrides ``train.batch_size`` of the config).
-- ``DILOCO_LEARNER_INDEX``, ``DILOCO_NUM_LEARNERS`` the unit's data shard (its place in
-  ``spec.learnerUnits``) and the job's number of units: no two units read the same windows, and the
-  unit's pods take turns along its shard, batch by batch, so resizing a unit moves no other unit's data.
+- ``DILOCO_UNITS_FILE`` path of the job's learner units (``{"units": [names in the spec's order]}``, a
+  key of the job ConfigMap left out of its digest): the learner's data shard is its unit's place among
+  them, of as many, read when it starts, so no two units read the same windows; the unit's pods take
+  turns along its shard, batch by batch. A unit added or removed restarts no other unit (each takes
+  the new list when it next starts).
 - ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` for the unit's torch.distributed group; the
   rank is the ordinal suffix of the pod name (``HOSTNAME``).
 - ``DILOCO_HEALTH_HOST`` / ``DILOCO_HEALTH_PORT`` where the learner serves ``/healthz`` and ``/readyz``.
@@ -49,6 +51,7 @@ from diloco_operator.models import DiLoCoJobSpec
 CONFIG_DIR = "/etc/diloco"
 CONFIG_KEY = "job.json"
 STORAGE_KEY = "storage.json"
+UNITS_KEY = "units.json"
 JOB_SECRET_KEY = "job-secret"  # noqa: S105 (a key name, not a secret)
 LEARNER_TOKEN_KEY = "token"  # noqa: S105 (a key name, not a secret)
 SYNC_PORT = 8080
@@ -79,6 +82,10 @@ def config_env() -> list[dict[str, Any]]:
         value("DILOCO_JOB_CONFIG", f"{CONFIG_DIR}/{CONFIG_KEY}"),
         value("DILOCO_STORAGE_CONFIG", f"{CONFIG_DIR}/{STORAGE_KEY}"),
     ]
+
+
+def units_env() -> dict[str, Any]:
+    return value("DILOCO_UNITS_FILE", f"{CONFIG_DIR}/{UNITS_KEY}")
 
 
 def storage_env(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:

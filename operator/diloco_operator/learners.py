@@ -55,7 +55,7 @@ def learner_env(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit) -> list[dic
         # expands $(DILOCO_LEARNER_ID), defined above, to the pod's name.
         env.value("DILOCO_CHECKPOINT_DIR", f"{spec.storage.url}/checkpoints/$(DILOCO_LEARNER_ID)"),
         env.value("DILOCO_BATCH_SIZE", unit.batch_size),
-        *data_shard_env(spec, unit),
+        env.units_env(),
         env.value("WORLD_SIZE", unit.replicas),
         env.value("MASTER_ADDR", f"{name}-0.{name}.{job.namespace}.svc"),
         env.value("MASTER_PORT", env.DIST_PORT),
@@ -71,16 +71,6 @@ def learner_env(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit) -> list[dic
     if spec.train.compile:
         out.append(env.value("DILOCO_COMPILE", "true"))
     return out
-
-
-def data_shard_env(spec: DiLoCoJobSpec, unit: LearnerUnit) -> list[dict[str, Any]]:
-    """The unit's data shard: its place in the spec's units, of all of them (its pods take turns
-    along it, so resizing a unit moves no other unit's data)."""
-    index = next(i for i, u in enumerate(spec.learner_units) if u.name == unit.name)
-    return [
-        env.value("DILOCO_LEARNER_INDEX", index),
-        env.value("DILOCO_NUM_LEARNERS", len(spec.learner_units)),
-    ]
 
 
 def pod_placement(unit: LearnerUnit) -> dict[str, Any]:

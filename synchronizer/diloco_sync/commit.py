@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio.to_thread
+from diloco_core.layout import FragmentRecord
 from diloco_core.protocol import RoundRecord
 from diloco_core.tracking import Tracking
 
 from .fragment_state import Contribution, FragmentState, merged_through
-from .layout import FragmentRecord
 from .merging import RoundOutcome, round_log, round_record, round_scalars
 from .metrics import Metrics
 from .pace import kept_times

@@ -24,6 +24,7 @@ from typing import Literal
 
 import anyio.to_thread
 from diloco_core import codec, rounds
+from diloco_core.layout import PendingMeta, contribution_key
 from diloco_core.protocol import ContributionResult
 from diloco_core.storage import StorageError
 
@@ -31,7 +32,6 @@ from .errors import ApiError, learner_left, not_registered
 from .fragment_state import Arrays, Contribution, FragmentState
 from .fragments import Fragments
 from .ingest import validate_outer_gradient
-from .layout import PendingMeta, contribution_key
 from .learners import LearnerRegistry
 from .metrics import Metrics, Traffic
 from .pace import pace_problem

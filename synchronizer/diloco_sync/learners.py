@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from diloco_core.bounds import MAX_STEP_TIME_S
+from diloco_core.layout import LearnerRecord, LearnerRegistryRecord
 from diloco_core.protocol import Heartbeat, LearnerState, LearnerStatus
-
-from .layout import LearnerRecord, LearnerRegistryRecord
 
 STEP_TIME_EMA = 0.3  # weight of the newest reported step time
 

@@ -13,9 +13,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from diloco_core.storage import ObjectNotFound, ObjectStore, StorageError
-
-from .layout import (
+from diloco_core.layout import (
     FragmentRecord,
     Layout,
     LayoutError,
@@ -26,6 +24,7 @@ from .layout import (
     unpack_pending,
     version_of_key,
 )
+from diloco_core.storage import ObjectNotFound, ObjectStore, StorageError
 
 log = logging.getLogger(__name__)
 _WRITERS = 3  # parameters, outer-optimizer state and round log of one commit

@@ -16,10 +16,10 @@ from typing import Any
 
 from diloco_core import codec
 from diloco_core.fragments import FragmentPlan
+from diloco_core.layout import FragmentRecord, LearnerRegistryRecord, contribution_key
 from diloco_core.protocol import RoundRecord
 
 from .fragment_state import Arrays, Contribution
-from .layout import FragmentRecord, LearnerRegistryRecord, contribution_key
 from .merging import recent_round_keys, rounds_from_logs
 from .persistence import StateStore
 

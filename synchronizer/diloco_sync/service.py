@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import anyio.to_thread
 from diloco_core import downlink
 from diloco_core.fragments import FragmentPlan, plan_differences
+from diloco_core.layout import FragmentRecord, LearnerRecord
 from diloco_core.outer import OuterState
 from diloco_core.protocol import (
     FragmentStatus,
@@ -38,7 +39,6 @@ from .errors import ApiError, learner_left, not_registered
 from .fragment_state import Contribution
 from .fragments import Fragments
 from .ingest import encode_params, validate_initial_params
-from .layout import FragmentRecord, LearnerRecord
 from .learners import LearnerLeft, LearnerRegistry, UnknownLearner
 from .merging import encode_outer_state
 from .metrics import Metrics, Traffic

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -325,6 +326,37 @@ def test_a_dry_run_validates_one_child_per_distinct_pod_spec() -> None:
         ("StatefulSet", "gpt-small-big"),
         ("StatefulSet", "gpt-small-tainted"),
     ]
+
+
+def test_each_unit_reads_its_own_data_shard_and_adding_or_removing_a_unit_restarts_no_other() -> None:
+    """The units list is a key of the job ConfigMap, mounted in every learner pod and left out of the
+    digest the pod templates carry: each learner takes its unit's place in it when it starts."""
+    name, spec = example("single-region.yaml")
+    job = JobRef(name, "ns", "uid")
+    more = spec.model_copy(update={"learner_units": [*spec.learner_units, spec.learner_units[0].model_copy(
+        update={"name": "late"})]})  # fmt: skip
+    fewer = spec.model_copy(update={"learner_units": spec.learner_units[1:]})
+    specs = {"same": spec, "more": more, "fewer": fewer}
+    config = {
+        k: next(c for c in build_children(job, s) if c["kind"] == "ConfigMap") for k, s in specs.items()
+    }
+    assert json.loads(config["same"]["data"]["units.json"]) == {"units": [u.name for u in spec.learner_units]}
+    assert json.loads(config["more"]["data"]["units.json"])["units"][-1] == "late"
+    templates = {
+        k: {t["metadata"]["labels"]["diloco.dev/unit"]: t["spec"]["template"] for t in
+            by_kind(build_children(job, s), "StatefulSet")}
+        for k, s in specs.items()
+    }  # fmt: skip
+    for changed in ("more", "fewer"):
+        for unit, template in templates[changed].items():
+            if unit in templates["same"]:
+                assert template == templates["same"][unit], unit
+    env = {
+        e["name"]: e.get("value")
+        for e in next(iter(templates["same"].values()))["spec"]["containers"][0]["env"]
+    }
+    assert env["DILOCO_UNITS_FILE"] == "/etc/diloco/units.json"  # in the config volume
+    assert "DILOCO_LEARNER_INDEX" not in env
 
 
 def test_a_units_pods_carry_the_hash_of_their_template_and_restart_together() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from diloco_core.bounds import MAX_STEP_TIME_S
+from diloco_core.layout import LearnerRecord, LearnerRegistryRecord
 from diloco_core.protocol import Heartbeat
-from diloco_sync.layout import LearnerRecord, LearnerRegistryRecord
 from diloco_sync.learners import (
     LearnerLeft,
     LearnerRegistry,

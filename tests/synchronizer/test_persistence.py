@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from diloco_core.layout import FragmentRecord
 from diloco_core.storage import FilesystemStore
-from diloco_sync.layout import FragmentRecord
 from diloco_sync.persistence import StateStore
 
 

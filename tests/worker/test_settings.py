@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from diloco_core.auth import learner_token
-from diloco_worker.settings import SettingsError, parse_settings
+from diloco_worker.settings import SettingsError, data_shard, parse_settings
 
 
 def test_missing_sync_url_is_named_with_how_to_set_it() -> None:
@@ -72,3 +74,18 @@ def test_health_port_is_off_unless_set_and_checked() -> None:
     assert parse_settings(["--standalone"], env={"DILOCO_HEALTH_PORT": "8081"}).health_port == 8081
     with pytest.raises(SettingsError, match="health_port"):
         parse_settings(["--standalone", "--health-port", "70000"], env={})
+
+
+def test_the_data_shard_is_the_units_place_in_the_units_file(tmp_path: Path) -> None:
+    units = tmp_path / "units.json"
+    units.write_text('{"units": ["a", "big", "c"]}')
+    base = ["--standalone", "--units-file", str(units)]
+    assert data_shard(parse_settings([*base, "--unit", "big"], env={})) == (1, 3)
+    assert data_shard(
+        parse_settings(["--standalone", "--learner-index", "1", "--num-learners", "2"], env={})
+    ) == (1, 2)
+    with pytest.raises(SettingsError, match="unit 'gone' .* is not among the job's units"):
+        data_shard(parse_settings([*base, "--unit", "gone"], env={}))
+    units.write_text("{}")
+    with pytest.raises(SettingsError, match="cannot read the job's units"):
+        data_shard(parse_settings([*base, "--unit", "a"], env={}))

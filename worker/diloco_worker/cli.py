@@ -10,7 +10,7 @@ import threading
 from types import FrameType
 
 from .health import Health, HealthServer
-from .settings import SettingsError, WhenDone, parse_settings
+from .settings import SettingsError, WhenDone, data_shard, parse_settings
 from .startup import StartupClock
 
 log = logging.getLogger("diloco_worker")
@@ -49,6 +49,8 @@ def main(argv: list[str]) -> int:
     startup = StartupClock.of_this_process()
     try:
         settings = parse_settings(argv)
+        index, count = data_shard(settings)  # the units file is read once, here
+        settings = settings.model_copy(update={"learner_index": index, "num_learners": count})
     except SettingsError as exc:
         print(f"diloco worker: {exc}", file=sys.stderr)
         return 2

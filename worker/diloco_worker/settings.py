@@ -9,8 +9,10 @@ a learner the settings it acts on when it registers).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from diloco_core.auth import learner_token
@@ -77,6 +79,11 @@ class WorkerSettings(BaseModel):
         description="this learner's data shard (its unit's; the unit's processes " "take turns along it)",
     )
     num_learners: int = Field(1, ge=1, description="number of data shards: the job's learners (units)")
+    units_file: str | None = Field(
+        None, description="the job's learner units, a JSON file {\"units\": [names]} (the operator's): this "
+        "learner's data shard is its unit's (--unit) place among them, of as many; read at start-up, it "
+        "overrides --learner-index and --num-learners",
+    )  # fmt: skip
     checkpoint_dir: str | None = Field(None, description="a folder or an s3:// prefix for checkpoints")
     eval_every: int = Field(0, ge=0, description="steps between local evaluations; 0: never")
     log_every: int = Field(10, ge=1, description="steps between progress lines")
@@ -198,3 +205,24 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) ->
         learner = str(given.values.get("learner_id", "learner-0"))
         given.set(("token",), learner_token(str(secret), learner), "--job-secret")
     return validate(WorkerSettings, given, base=base, base_source="--job-config", what="worker settings")
+
+
+def data_shard(settings: WorkerSettings) -> tuple[int, int]:
+    """(index, count) of this learner's data shard: from ``--units-file`` when given, else
+    ``--learner-index`` of ``--num-learners``."""
+    if settings.units_file is None:
+        return settings.learner_index, settings.num_learners
+    try:
+        units = json.loads(Path(settings.units_file).read_text())["units"]
+        if not isinstance(units, list) or not all(isinstance(u, str) for u in units):
+            raise TypeError("units is not a list of names")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SettingsError(
+            f"--units-file {settings.units_file}: cannot read the job's units: {exc}"
+        ) from None
+    if settings.unit not in units:
+        raise SettingsError(
+            f"--units-file {settings.units_file}: unit {settings.unit!r} (--unit) is not among the job's units "
+            f"{units}"
+        )
+    return units.index(settings.unit), len(units)

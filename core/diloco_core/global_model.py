@@ -15,12 +15,12 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-from diloco_core import codec
-from diloco_core.fragments import FragmentPlan
-from diloco_core.storage import ObjectNotFound, ObjectStore, StorageError
 from pydantic import ValidationError
 
-from .layout import Layout, Manifest
+from diloco_core import codec
+from diloco_core.fragments import FragmentPlan
+from diloco_core.layout import Layout, Manifest
+from diloco_core.storage import ObjectNotFound, ObjectStore, StorageError
 
 log = logging.getLogger(__name__)
 

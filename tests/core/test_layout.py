@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from diloco_sync.layout import (
+from diloco_core.layout import (
     Layout,
     LayoutError,
     PendingMeta,

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from diloco_core import codec
 from diloco_core.fragments import TensorSpec, build_plan
+from diloco_core.global_model import ExportError, read_global_model, shards_in
+from diloco_core.layout import FragmentRecord, Layout
 from diloco_core.storage import FilesystemStore
-from diloco_sync.export import ExportError, read_global_model, shards_in
-from diloco_sync.layout import FragmentRecord, Layout
 from diloco_sync.persistence import StateStore
 
 SHAPES = [("emb.weight", (8, 4)), ("a.weight", (4, 4)), ("a.bias", (4,)), ("b.weight", (4, 6))]

@@ -1,4 +1,5 @@
-"""Where the synchronizer keeps its state in the object store, and the small records it writes.
+"""Where the synchronizer keeps a job's state in the object store, and the small records it writes
+(read back by the synchronizer on restart, and by ``diloco export`` through :mod:`.global_model`).
 
 Layout under ``shard-<i>/`` (one folder per shard, so replicas never write each other's objects):
 
@@ -20,8 +21,9 @@ from __future__ import annotations
 import json
 import struct
 
-from diloco_core.screening import NormHistory
 from pydantic import BaseModel, ConfigDict, Field
+
+from diloco_core.screening import NormHistory
 
 MANIFEST_FORMAT = 1
 _PENDING_MAGIC = b"DLCP"
