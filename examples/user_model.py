@@ -67,9 +67,12 @@ def build(ctx: TaskContext) -> TrainingTask:
 
     def make_batches(start: int) -> Iterator[Batch]:
         # batch number i is a pure function of (seed, shard, i): a resumed learner that asks for
-        # batch ``start`` gets exactly the batch it would have seen had it never stopped
+        # batch ``start`` gets exactly the batch it would have seen had it never stopped; the
+        # processes of a unit take turns along the shard's batches (rank r of W takes i*W + r)
         for i in itertools.count(start):
-            rng = np.random.default_rng([ctx.model.seed, ctx.shard.index, i])
+            rng = np.random.default_rng(
+                [ctx.model.seed, ctx.shard.index, i * ctx.shard.ranks + ctx.shard.rank]
+            )
             starts = rng.integers(0, len(mine) - context - 1, size=batch_size)
             yield windows(mine, starts, context, ctx.device)
 
