@@ -142,16 +142,12 @@ def write_model(s: ExportSettings) -> dict[str, Any]:
     return info
 
 
-def is_url(out: str) -> bool:
-    return out.startswith(("s3://", "file://"))
-
-
 @contextmanager
 def _output_folder(out: str) -> Iterator[Path]:
     """The folder to write the export in: ``out`` itself, or a temporary one whose files are stored
     under the URL ``out`` when the export is complete (``export.json`` last, so that its presence
     means the rest is there)."""
-    if not is_url(out):
+    if not out.startswith(("s3://", "file://")):
         folder = Path(out)
         folder.mkdir(parents=True, exist_ok=True)
         yield folder

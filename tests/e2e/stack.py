@@ -90,13 +90,19 @@ def deploy_seaweedfs(e2e: E2ECluster, api: k8s.ApiClient) -> S3Credentials:
     return creds
 
 
+def running_pod_ip(core: k8s.CoreV1Api, ns: str, selector: str, what: str) -> str:
+    """The address of a running pod that ``selector`` picks, and is not being deleted (the real node
+    routes the pod subnet to this machine)."""
+    pods = core.list_namespaced_pod(ns, label_selector=selector).items
+    running = [p for p in pods if p.status.phase == "Running" and p.status.pod_ip
+               and not p.metadata.deletion_timestamp]  # fmt: skip
+    assert running, f"no running {what} pod"
+    return str(running[0].status.pod_ip)
+
+
 def seaweedfs_url(api: k8s.ApiClient) -> str:
-    """SeaweedFS's S3 endpoint as this machine reaches it: its pod's address (the real node routes
-    the pod subnet here)."""
-    pods = k8s.CoreV1Api(api).list_namespaced_pod(STORAGE_NAMESPACE, label_selector="app=seaweedfs").items
-    running = [p for p in pods if p.status.phase == "Running" and p.status.pod_ip]
-    assert running, "no running SeaweedFS pod"
-    return f"http://{running[0].status.pod_ip}:{S3_PORT}"
+    """SeaweedFS's S3 endpoint as this machine reaches it: its pod's address."""
+    return f"http://{running_pod_ip(k8s.CoreV1Api(api), STORAGE_NAMESPACE, 'app=seaweedfs', 'SeaweedFS')}:{S3_PORT}"
 
 
 def storage_secret_and_bucket(e2e: E2ECluster, api: k8s.ApiClient, ns: str, creds: S3Credentials) -> None:
@@ -191,12 +197,8 @@ class Synchronizer:
         self.scheme = "https" if ca else "http"
 
     def url(self) -> str:
-        pods = self.core.list_namespaced_pod(self.ns, label_selector=f"diloco.dev/job={self.job},"
-                                             "app.kubernetes.io/component=synchronizer").items  # fmt: skip
-        running = [p for p in pods if p.status.phase == "Running" and p.status.pod_ip
-                   and not p.metadata.deletion_timestamp]  # fmt: skip
-        assert running, "no running synchronizer pod"
-        return f"{self.scheme}://{running[0].status.pod_ip}:8080"
+        selector = f"diloco.dev/job={self.job},app.kubernetes.io/component=synchronizer"
+        return f"{self.scheme}://{running_pod_ip(self.core, self.ns, selector, 'synchronizer')}:8080"
 
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
         extensions = {"sni_hostname": f"{self.job}-sync.{self.ns}.svc"} if self.scheme == "https" else {}

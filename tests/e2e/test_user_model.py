@@ -21,13 +21,8 @@ from typing import Any
 import boto3
 import numpy as np
 import pytest
-import torch
 import yaml
 from botocore.config import Config
-from diloco_core.config import DataSettings, ModelSettings, TrainSettings
-from diloco_worker.data import Shard
-from diloco_worker.entry import TaskContext
-from diloco_worker.tokens import token_batches
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster, pod_logs
@@ -40,24 +35,16 @@ from tests.e2e.stack import (
     run_tool,
     seaweedfs_url,
 )
+from tests.support.hf_gpt2 import MODEL, example_env, held_out_loss, write_tokens
 from tests.support.tensorboard_files import read_scalars
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOB = "gpt2"
 STEPS = 240  # about 25 s of training per unit on a CPU: the kill lands well before the end
 CHECKPOINT_EVERY = 5
 KILL_AFTER = 20  # steps of unit a before its learner process is killed
-MODEL = {
-    "entryPoint": "hf_gpt2:build",
-    "nLayer": 2,
-    "nHead": 2,
-    "nEmbd": 32,
-    "blockSize": 32,
-    "vocabSize": 512,
-}
 SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "3Gi"}}
 AUDIT = "/audit"
 
@@ -137,7 +124,7 @@ def test_a_hugging_face_gpt2_job_on_s3_tokens_tracks_survives_kill_9_and_is_expo
     ns, core = jobs_namespace, k8s.CoreV1Api(api)
     s3 = _s3(api, s3_credentials)
     data = tmp_path / "train.bin"
-    np.tile(np.arange(300, dtype=np.uint16), 800).tofile(data)  # learnable, 512-id vocabulary
+    write_tokens(data)
     s3.put_object(Bucket=BUCKET, Key="datasets/tokens/train.bin", Body=data.read_bytes())
     manifest = tmp_path / "job.yaml"
     manifest.write_text(yaml.safe_dump(job_manifest(e2e, audit_dir)))
@@ -200,10 +187,8 @@ def test_a_hugging_face_gpt2_job_on_s3_tokens_tracks_survives_kill_9_and_is_expo
 
     # the same job file, exported here: the folder transformers loads, with the status's held-out loss
     out = tmp_path / "export"
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("DILOCO_", "AWS_"))},
-           "AWS_ENDPOINT_URL": seaweedfs_url(api), "AWS_ACCESS_KEY_ID": s3_credentials.access_key,
-           "AWS_SECRET_ACCESS_KEY": s3_credentials.secret_key, "AWS_REGION": "us-east-1",
-           "PYTHONPATH": os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}  # fmt: skip
+    env = example_env(("DILOCO_", "AWS_"), AWS_ENDPOINT_URL=seaweedfs_url(api), AWS_REGION="us-east-1",
+                      AWS_ACCESS_KEY_ID=s3_credentials.access_key, AWS_SECRET_ACCESS_KEY=s3_credentials.secret_key)  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-m", "diloco", "export", "-f", str(manifest), "--out", str(out), "--evaluate"],
         env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
@@ -215,12 +200,8 @@ def test_a_hugging_face_gpt2_job_on_s3_tokens_tracks_survives_kill_9_and_is_expo
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out / "hf").eval()
-    m = ModelSettings(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512)
-    ctx = TaskContext(m, DataSettings(corpus=str(tmp_path), format="tokens", cache_dir=str(tmp_path / "cache")),
-                      TrainSettings(batch_size=4), Shard(0, 1, "t"), torch.device("cpu"))  # fmt: skip
-    with torch.no_grad():
-        held_out = [float(model(**b).loss) for b in token_batches(ctx, as_dict=True).eval_batches]
-    assert float(np.mean(held_out)) == pytest.approx(exported["heldOutLoss"], rel=1e-4)
+    loss = held_out_loss(model, tmp_path, tmp_path / "cache")
+    assert loss == pytest.approx(exported["heldOutLoss"], rel=1e-4)
     assert exported["heldOutLoss"] < np.log(512) - 2.0  # it learnt the sequence
 
     # the sample log: per learner, nothing trained twice and nothing skipped across the kill

@@ -13,36 +13,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from diloco_core.config import DataSettings, ModelSettings, TrainSettings
-from diloco_worker.data import Shard
-from diloco_worker.entry import TaskContext
 from diloco_worker.metrics import read_metrics
-from diloco_worker.tokens import token_batches
 
+from tests.support.hf_gpt2 import MODEL, example_env, held_out_loss, write_tokens
 from tests.support.manifests import job_manifest, write_manifest
 from tests.support.tensorboard_files import read_scalars
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEPS = 300
-MODEL = {
-    "entryPoint": "hf_gpt2:build",
-    "nLayer": 2,
-    "nHead": 2,
-    "nEmbd": 32,
-    "blockSize": 32,
-    "vocabSize": 512,
-}
 
 
 def _job(tmp_path: Path) -> Path:
     data = tmp_path / "data"
     data.mkdir()
-    np.tile(np.arange(300, dtype=np.uint16), 800).tofile(data / "train.bin")  # learnable, 512-id vocabulary
+    write_tokens(data / "train.bin")
     doc = job_manifest(
         "hf-gpt2",
         model=MODEL,
@@ -53,13 +40,6 @@ def _job(tmp_path: Path) -> Path:
         budget={"steps": STEPS},
     )
     return write_manifest(tmp_path, doc)
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DILOCO_")}
-    return env | {
-        "PYTHONPATH": os.pathsep.join([str(EXAMPLES), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    }
 
 
 def _steps(run_dir: Path) -> list[int]:
@@ -78,7 +58,7 @@ def test_a_hugging_face_gpt2_trains_survives_sigkill_of_the_run_and_exports(tmp_
     diloco = [sys.executable, "-m", "diloco"]
     first = subprocess.Popen(
         [*diloco, "run", "-f", str(job), "--plain", "--time-limit", "600", "--runs-dir", str(runs)],
-        env=_env(), stdout=(tmp_path / "first.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+        env=example_env(), stdout=(tmp_path / "first.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     run_dir = wait_for(
         lambda: next(iter(runs.glob("*/metrics")), None), timeout=120, what="the run folder"
@@ -93,7 +73,7 @@ def test_a_hugging_face_gpt2_trains_survives_sigkill_of_the_run_and_exports(tmp_
 
     resumed = subprocess.run(
         [*diloco, "run", "--resume", str(run_dir), "--plain", "--time-limit", "600"],
-        env=_env(), capture_output=True, text=True, timeout=700,
+        env=example_env(), capture_output=True, text=True, timeout=700,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     report = json.loads((run_dir / "report.json").read_text())
@@ -107,7 +87,7 @@ def test_a_hugging_face_gpt2_trains_survives_sigkill_of_the_run_and_exports(tmp_
     out = tmp_path / "export"
     exported = subprocess.run(
         [*diloco, "export", "-f", str(job), "--storage", str(run_dir / "storage"), "--out", str(out), "--evaluate"],
-        env=_env(), capture_output=True, text=True, timeout=300,
+        env=example_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert exported.returncode == 0, exported.stderr[-3000:]
     info = json.loads((out / "export.json").read_text())
@@ -118,12 +98,7 @@ def test_a_hugging_face_gpt2_trains_survives_sigkill_of_the_run_and_exports(tmp_
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out / "hf").eval()
-    data = DataSettings(corpus=str(tmp_path / "data"), format="tokens")
-    m = ModelSettings(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512)
-    ctx = TaskContext(m, data, TrainSettings(batch_size=4), Shard(0, 1, "t"), torch.device("cpu"))
-    with torch.no_grad():
-        held_out = [float(model(**b).loss) for b in token_batches(ctx, as_dict=True).eval_batches]
-    assert float(np.mean(held_out)) == pytest.approx(info["held_out_loss"], rel=1e-5)
+    assert held_out_loss(model, tmp_path / "data") == pytest.approx(info["held_out_loss"], rel=1e-5)
     assert torch.equal(model.lm_head.weight, model.transformer.wte.weight)  # tied, as built
 
 
@@ -140,7 +115,7 @@ def test_continued_pre_training_starts_from_a_save_pretrained_folder_in_s3(s3: A
     bucket = s3.new_bucket("init")
     for f in (tmp_path / "hf").iterdir():
         s3.client().put_object(Bucket=bucket, Key=f"base/{f.name}", Body=f.read_bytes())
-    np.tile(np.arange(300, dtype=np.uint16), 20).tofile(tmp_path / "train.bin")
+    write_tokens(tmp_path / "train.bin", repeats=20)
     script = (
         "import sys, torch\n"
         "from diloco_core.config import DataSettings, ModelSettings, TrainSettings\n"
@@ -156,7 +131,7 @@ def test_continued_pre_training_starts_from_a_save_pretrained_folder_in_s3(s3: A
         "assert all(torch.equal(own[k], v) for k, v in saved.items() if k in own), 'not the saved weights'\n"
         "print('layers', task.model.config.n_layer, 'vocab', task.model.config.vocab_size)\n"
     )  # fmt: skip
-    env = {**_env(), **s3.env(), "HF_INIT_FROM": f"s3://{bucket}/base"}
+    env = example_env(**s3.env(), HF_INIT_FROM=f"s3://{bucket}/base")
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240
     )

@@ -98,7 +98,7 @@ def local_folder(source: str, cache_dir: Path, what: str) -> Path:
             raise CorpusError(f"{source!r} is not a folder: {what}")
         return Path(source)
     prefix = source.rstrip("/") + "/"
-    files = [f for f in _s3_files(prefix, cache_dir) if f.name.startswith(prefix)]
+    files = _s3_files(prefix, cache_dir)  # listed by the prefix, so every name starts with it
     if not files:
         raise CorpusError(f"no object under {prefix}: {what}")
     folder = cache_dir / "folders" / file_key(prefix, *(f"{f.name}\0{f.version}" for f in files))

@@ -76,7 +76,7 @@ class WorkerSettings(BaseModel):
     learner_index: int = Field(
         0,
         ge=0,
-        description="this learner's data shard (its unit's; the unit's processes " "take turns along it)",
+        description="this learner's data shard (its unit's; the unit's processes take turns along it)",
     )
     num_learners: int = Field(1, ge=1, description="number of data shards: the job's learners (units)")
     units_file: str | None = Field(
