@@ -28,6 +28,7 @@ CLUSTER_ONLY: dict[str, str] = {
     "learners": "pod env and volumes are for pods",
     "suspend": "a local run starts at once",
     "unitLostAfterSeconds": "no pods to lose",
+    "export": "the export Job runs on a cluster; diloco export -f takes the model out of a local run",
 }
 UNIT_CLUSTER_ONLY = ("gpus", "resources", "nodeSelector", "affinity", "tolerations", "region", "tokenGeneration",
                      "tokensPerStep", "env", "volumes", "volumeMounts")  # fmt: skip

@@ -69,6 +69,10 @@ def test_what_a_local_run_does_not_use_is_named() -> None:
                  "nodeSelector", "resources", "tolerations", "spec.budget.steps is not set"):  # fmt: skip
         assert said in notes, (said, notes)
     assert job.units == ("a100", "h100", "cpu")
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["export"] = {"enabled": False}
+    exported = "\n".join(job_file_settings(doc, "example").notes)
+    assert "spec.export is not used by a local run: the export Job runs on a cluster" in exported
 
 
 def test_settings_come_from_the_spec_and_flags_beside_it_win(tmp_path: Path) -> None:
