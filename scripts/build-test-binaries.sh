@@ -17,6 +17,11 @@ COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
 CACHE="${DILOCO_BIN_CACHE:-$HOME/.cache/diloco/bin/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-kwok-${KWOK_VERSION}-helm-${HELM_VERSION}}"
 mkdir -p "$CACHE"
 export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
+# Go's module and build caches are only needed while building (several GB when cold): the binaries are
+# what is kept, so caches this script chose itself are removed once every binary is built.
+own_go_caches=()
+[ -n "${GOMODCACHE:-}" ] || own_go_caches+=(-modcache)
+[ -n "${GOCACHE:-}" ] || own_go_caches+=(-cache)
 export GOMODCACHE="${GOMODCACHE:-$HOME/.cache/diloco/gomod}"
 export GOCACHE="${GOCACHE:-$HOME/.cache/diloco/gobuild}"
 
@@ -165,5 +170,9 @@ build_pause
 build_coredns
 build_k8s
 ln -sfn "$CACHE" "$HOME/.cache/diloco/bin/current"
+if [ ${#own_go_caches[@]} -gt 0 ] && { [ -d "$GOMODCACHE" ] || [ -d "$GOCACHE" ]; }; then
+  log "removing Go's caches (${own_go_caches[*]})"
+  go clean "${own_go_caches[@]}"
+fi
 log "binaries ready in $CACHE"
 echo "$CACHE"

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from itertools import chain
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
@@ -442,6 +443,15 @@ def test_worker_image_exposes_the_learner_health_port() -> None:
     ]
 
 
+@pytest.fixture
+def replay_dir(tmp_path: Path) -> Iterator[Path]:
+    """A folder for a replayed build stage, removed after the test whatever its outcome: the worker's
+    environment holds PyTorch with its CUDA libraries (several GB), and pytest keeps a test's tmp_path
+    until the session's end, when later tests may need the disk."""
+    yield tmp_path
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
 def _replay_build_stage(image: str, tmp_path: Path, *, reuse_pip_cache: bool) -> Path:
     """Run the build stage's COPY and RUN steps here: the context is a copy of exactly what the
     Dockerfile copies, laid out as in the image under its WORKDIR, and /opt/diloco becomes a folder
@@ -524,8 +534,8 @@ def _venv_python(venv: Path, code: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_sync_image_install_step_works_in_a_clean_venv(tmp_path: Path) -> None:
-    venv = _replay_build_stage("Dockerfile.sync", tmp_path, reuse_pip_cache=False)
+def test_sync_image_install_step_works_in_a_clean_venv(replay_dir: Path) -> None:
+    venv = _replay_build_stage("Dockerfile.sync", replay_dir, reuse_pip_cache=False)
     _assert_installed_as_pinned("Dockerfile.sync", venv)
     found = _venv_python(
         venv,
@@ -545,8 +555,8 @@ def test_sync_image_install_step_works_in_a_clean_venv(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_worker_image_install_step_works_in_a_clean_venv(tmp_path: Path) -> None:
-    venv = _replay_build_stage("Dockerfile.worker", tmp_path, reuse_pip_cache=True)
+def test_worker_image_install_step_works_in_a_clean_venv(replay_dir: Path) -> None:
+    venv = _replay_build_stage("Dockerfile.worker", replay_dir, reuse_pip_cache=True)
     _assert_installed_as_pinned("Dockerfile.worker", venv)
     found = _venv_python(
         venv,
