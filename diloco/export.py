@@ -96,7 +96,7 @@ def parse_settings(argv: list[str]) -> ExportSettings:
         if "precision" in (job.get("train") or {}):
             base["train"] = {"precision": job["train"]["precision"]}
     if a.file is not None:
-        from diloco_operator.export import eval_batch_size
+        from diloco_operator.builders.export import eval_batch_size
 
         from diloco.job_file import read_manifest
 

@@ -2,7 +2,7 @@
 
 ``diloco run -f job.yaml`` runs it locally (``diloco.runner.job_file``); ``diloco worker -f job.yaml``
 and ``diloco synchronizer -f job.yaml`` take from it the job configuration the operator would write
-into the job's ConfigMap (``diloco_operator.build.build_job_config``: the same settings, the same
+into the job's ConfigMap (``diloco_operator.builders.build_job_config``: the same settings, the same
 defaults), so no setting is repeated by hand on any command line. The manifest is parsed and checked
 by the operator's own model: a manifest the operator would refuse is refused with the same message.
 """
@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 from diloco_core.flags import SettingsError
-from diloco_operator.build import JobRef, build_job_config, job_id
-from diloco_operator.models import DiLoCoJobSpec, SpecError, parse_spec, validate_job
+from diloco_operator.builders.config import build_job_config
+from diloco_operator.builders.names import JobRef, job_id
+from diloco_operator.schema.spec import DiLoCoJobSpec, SpecError, parse_spec, validate_job
 
 KIND = "DiLoCoJob"
 FILE_OPTIONS = ("-f", "--file")
@@ -39,7 +40,7 @@ class Manifest:
 
     @property
     def job_id(self) -> str:
-        """The training job's id (``diloco_operator.build.job_id``: its name, or the external job's)."""
+        """The training job's id (``diloco_operator.builders.job_id``: its name, or the external job's)."""
         found: str = job_id(self.ref, self.spec)
         return found
 

@@ -11,8 +11,9 @@ import pytest
 import yaml
 from diloco_core.config import JobConfig
 from diloco_core.flags import SettingsError
-from diloco_operator.build import JobRef, build_job_config
-from diloco_operator.models import parse_spec
+from diloco_operator.builders.config import build_job_config
+from diloco_operator.builders.names import JobRef
+from diloco_operator.schema.spec import parse_spec
 from diloco_sync.cli import parse_settings as parse_sync_settings
 from diloco_worker.settings import parse_settings as parse_worker_settings
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco_core.flags import SettingsError
-from diloco_operator.models import DiLoCoJobSpec
+from diloco_operator.schema.spec import DiLoCoJobSpec
 
 from diloco.job_file import Manifest, parse_manifest, read_manifest
 

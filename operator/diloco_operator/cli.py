@@ -11,13 +11,10 @@ as YAML, and needs no cluster (``diloco_operator.dry_run``).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
-import os
 import sys
 from collections.abc import Mapping
 
-from diloco_core.flags import SettingsError, add_flags, to_env
+from diloco_core.flags import SettingsError, add_flags
 
 from diloco_operator.settings import FLAGS, OperatorSettings, parse_settings
 
@@ -46,7 +43,7 @@ def dry_run(filename: str | None) -> int:
     import yaml
 
     from diloco_operator.dry_run import render_children
-    from diloco_operator.models import SpecError
+    from diloco_operator.schema.spec import SpecError
 
     if not filename:
         print("diloco operator: --dry-run needs -f FILE (a DiLoCoJob manifest, or '-')", file=sys.stderr)
@@ -74,35 +71,7 @@ def main(argv: list[str]) -> int:
     if patterns:
         print(f"diloco operator: --namespace takes namespace names, not patterns: {', '.join(patterns)}")
         return 2
-    os.environ.update(to_env(FLAGS, settings))  # the handlers read their settings there
+    from diloco_operator.glue.app import run
+
     run(settings)
     return 0
-
-
-def run(settings: OperatorSettings) -> None:
-    import kopf
-
-    import diloco_operator.handlers  # noqa: F401  (registers the handlers)
-
-    kopf.configure(verbose=settings.verbose)
-    logging.getLogger("diloco_operator").setLevel(logging.DEBUG if settings.verbose else logging.INFO)
-    # kopf says "Handler ... succeeded" at INFO for every watch event (thousands for a big job's
-    # pods); its failures are warnings and errors. Peering and start-up keep their INFO lines.
-    logging.getLogger("kopf.objects").setLevel(logging.DEBUG if settings.verbose else logging.WARNING)
-    # kopf's own id for this replica, kept in the memo so liveness can tell itself from its peers
-    from kopf._core.engines.peering import detect_own_id
-
-    identity = detect_own_id(manual=False)
-    namespaces = list(settings.namespace)
-    asyncio.run(
-        kopf.operator(
-            identity=identity,
-            clusterwide=not namespaces,
-            namespaces=namespaces,
-            liveness_endpoint=settings.liveness or None,
-            peering_name=None if settings.standalone else settings.peering,
-            standalone=settings.standalone,
-            priority=settings.priority,
-            memo=kopf.Memo(namespaces=namespaces, identity=str(identity)),  # for liveness
-        )
-    )

@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from diloco_operator.build import API_VERSION, KIND, JobRef, learner_token_secret_name, secret_name
-from diloco_operator.children import build_children
-from diloco_operator.models import SpecError, parse_spec, validate_job
+from diloco_operator.builders.children import build_children
+from diloco_operator.builders.names import API_VERSION, KIND, JobRef, learner_token_secret_name, secret_name
+from diloco_operator.schema.spec import SpecError, parse_spec, validate_job
 
 PLACEHOLDER_UID = "<uid of the DiLoCoJob>"  # the apiserver gives it when the job is created
 

@@ -1,8 +1,9 @@
 """The operator's own settings: flags of ``diloco operator`` and ``DILOCO_OPERATOR_*`` variables.
 
 Every field is a flag (``--resync-seconds``) and a variable (``DILOCO_OPERATOR_RESYNC_SECONDS``),
-derived by ``diloco_core.flags``; a flag wins over its variable. The handlers read the settings from
-the environment (:func:`settings_from_env`), where the command line puts what its flags set.
+derived by ``diloco_core.flags``; a flag wins over its variable. ``diloco operator`` hands them to the
+handlers in kopf's memo (``diloco_operator.glue.app``); under ``kopf run`` the handlers read the
+variables themselves (:func:`settings_from_env`).
 """
 
 from __future__ import annotations

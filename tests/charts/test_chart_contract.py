@@ -10,9 +10,9 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from diloco_operator import build, env, learners, synchronizer
+from diloco_operator.builders import env, learners, names, synchronizer
 from diloco_operator.cli import parse_args
-from diloco_operator.models import parse_spec
+from diloco_operator.schema.spec import parse_spec
 from diloco_operator.settings import OperatorSettings, settings_from_env
 
 from tests.charts.helm import CHART, Manifest, of_kind, one, render
@@ -72,10 +72,10 @@ def test_peering_can_be_turned_off_for_a_standalone_operator(tmp_path: Path) -> 
 
 
 def test_network_policy_and_service_monitor_select_what_the_operator_creates(tmp_path: Path) -> None:
-    job = build.JobRef(name="j", namespace="team-a", uid="u")
+    job = names.JobRef(name="j", namespace="team-a", uid="u")
     service = synchronizer.build_sync_service(job, 0)
-    sync_labels = build.labels(job.name, synchronizer.COMPONENT)
-    learner_labels = build.labels(job.name, learners.COMPONENT)
+    sync_labels = names.labels(job.name, synchronizer.COMPONENT)
+    learner_labels = names.labels(job.name, learners.COMPONENT)
     assert DEFAULTS["podLabels"]["synchronizer"].items() <= sync_labels.items()
     assert DEFAULTS["podLabels"]["synchronizer"].items() <= service["metadata"]["labels"].items()
     assert DEFAULTS["podLabels"]["learner"].items() <= learner_labels.items()
@@ -90,7 +90,7 @@ def test_network_policy_and_service_monitor_select_what_the_operator_creates(tmp
     # a plain synchronizer's port and one serving HTTPS (spec.synchronizer.tls) are both scraped
     tls_spec = parse_spec({"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"},
                            "learnerUnits": [{"name": "a"}], "synchronizer": {"tls": {"secretName": "c"}}})  # fmt: skip
-    tls_service = synchronizer.build_sync_service(job, 0, build.sync_port_name(tls_spec))
+    tls_service = synchronizer.build_sync_service(job, 0, names.sync_port_name(tls_spec))
     endpoints = {e["port"]: e for e in monitor["spec"]["endpoints"]}
     assert set(endpoints) == {p["name"] for s in (service, tls_service) for p in s["spec"]["ports"]}
     assert endpoints["https"]["scheme"] == "https"

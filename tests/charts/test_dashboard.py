@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from diloco_operator.metrics import OperatorMetrics
+from diloco_operator.runtime.metrics import OperatorMetrics
 from diloco_sync.metrics import Metrics
 from prometheus_client.metrics import MetricWrapperBase
 

@@ -413,7 +413,7 @@ def test_healthcheck_only_in_the_sync_image_kubernetes_probes_the_learner() -> N
 def test_sync_image_environment_makes_the_synchronizer_listen_where_the_operator_expects(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from diloco_operator import env as operator_env
+    from diloco_operator.builders import env as operator_env
     from diloco_operator.cli import parse_args
     from diloco_operator.settings import OperatorSettings
     from diloco_sync.cli import parse_settings
@@ -435,7 +435,7 @@ def test_sync_image_environment_makes_the_synchronizer_listen_where_the_operator
 
 
 def test_worker_image_exposes_the_learner_health_port() -> None:
-    from diloco_operator import env as operator_env
+    from diloco_operator.builders import env as operator_env
 
     runtime = _read("Dockerfile.worker").stage("runtime")
     assert [i.arguments for i in runtime.instructions if i.keyword == "EXPOSE"] == [

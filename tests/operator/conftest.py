@@ -16,7 +16,7 @@ os.environ.setdefault("DILOCO_OPERATOR_METRICS_PORT", "0")
 # Most tests run no synchronizer (kwok pods have no containers): a closed local port fails at once.
 os.environ.setdefault("DILOCO_OPERATOR_SYNC_URL", "http://127.0.0.1:9")
 
-import diloco_operator.handlers  # noqa: F401  (registers the handlers)
+import diloco_operator.glue.handlers  # noqa: F401  (registers the handlers)
 
 from tests.operator.kubejobs import install_crds, start_operator
 

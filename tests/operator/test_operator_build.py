@@ -11,20 +11,17 @@ import pytest
 import yaml
 from diloco_core.auth import mint_token, read_learner_token, verify_learner_token
 from diloco_core.config import JobConfig
-from diloco_operator.build import (
+from diloco_operator.builders.children import build_children
+from diloco_operator.builders.containers import (
     LEARNER_DEFAULT_REQUESTS,
     SYNC_DEFAULT_REQUESTS,
-    JobRef,
-    build_learner_token_secret,
-    build_secret,
-    learner_token_secret_name,
-    unit_leader_id,
     with_default_requests,
 )
-from diloco_operator.children import build_children
-from diloco_operator.models import DiLoCoJobSpec, parse_spec
-from diloco_operator.reconcile import validation_sample
-from diloco_operator.tokens import claim_annotations, unit_claims
+from diloco_operator.builders.credentials import build_learner_token_secret, build_secret
+from diloco_operator.builders.names import JobRef, learner_token_secret_name, unit_leader_id
+from diloco_operator.builders.tokens import claim_annotations, unit_claims
+from diloco_operator.runtime.reconcile import validation_sample
+from diloco_operator.schema.spec import DiLoCoJobSpec, parse_spec
 
 from tests.operator.golden import check_golden
 

@@ -7,7 +7,7 @@ import random
 from typing import Any
 
 import pytest
-from diloco_operator.chaos import (
+from diloco_operator.runtime.chaos import (
     ChaosUnit,
     Gate,
     PodRef,
@@ -18,8 +18,8 @@ from diloco_operator.chaos import (
     pick_victims,
     repaired,
 )
-from diloco_operator.job_status import JobStatus
-from diloco_operator.models import ChaosSpec, parse_spec
+from diloco_operator.schema.spec import ChaosSpec, parse_spec
+from diloco_operator.schema.status import JobStatus
 
 PODS = [PodRef(f"j-{u}-{i}", u, True) for u in ("a", "b") for i in range(2)]
 

@@ -20,7 +20,7 @@ from diloco_core.config import (
     StorageSettings,
     TrainSettings,
 )
-from diloco_operator.models import (
+from diloco_operator.schema.spec import (
     NO_CRD_FIELD,
     QUANTITY_PATTERN,
     DiLoCoJobSpec,

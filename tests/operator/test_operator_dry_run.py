@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import yaml
-from diloco_operator.build import JobRef
-from diloco_operator.children import build_children
+from diloco_operator.builders.children import build_children
+from diloco_operator.builders.names import JobRef
 from diloco_operator.cli import main
 from diloco_operator.dry_run import PLACEHOLDER_UID
-from diloco_operator.models import parse_spec
+from diloco_operator.schema.spec import parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

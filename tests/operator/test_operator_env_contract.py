@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import yaml
-from diloco_operator.build import JobRef
-from diloco_operator.children import build_children
-from diloco_operator.models import parse_spec
+from diloco_operator.builders.children import build_children
+from diloco_operator.builders.names import JobRef
+from diloco_operator.schema.spec import parse_spec
 from diloco_sync.cli import parse_settings as parse_sync_settings
 from diloco_worker.settings import FLAGS as WORKER_FLAGS
 from diloco_worker.settings import build_parser as build_worker_parser

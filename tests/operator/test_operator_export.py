@@ -6,21 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from diloco_operator.build import JobRef
-from diloco_operator.children import build_children
-from diloco_operator.export import (
-    BACKOFF_LIMIT,
-    MAX_MESSAGE,
-    build_export_job,
-    eval_batch_size,
-    export_events,
-    export_state,
-    export_status,
-    job_export,
-)
-from diloco_operator.job_status import JobStatus
-from diloco_operator.models import parse_spec
-from diloco_operator.pods import PodObserved, observe_pod
+from diloco_operator.builders.children import build_children
+from diloco_operator.builders.export import BACKOFF_LIMIT, build_export_job, eval_batch_size
+from diloco_operator.builders.names import JobRef
+from diloco_operator.schema.spec import parse_spec
+from diloco_operator.schema.status import JobStatus
+from diloco_operator.status.export import MAX_MESSAGE, export_events, export_state, export_status, job_export
+from diloco_operator.status.pods import PodObserved, observe_pod
 
 JOB = JobRef("j", "ns", "uid-1")
 SUMMARY = {"job_id": "j", "versions": {"0": 7, "1": 6}, "rounds": 13, "held_out_loss": 4.25,

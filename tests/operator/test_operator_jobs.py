@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from diloco_operator.jobs import JobRegistry, JobState, Request
-from diloco_operator.peering import peering_objects
+from diloco_operator.glue.peering import peering_objects
+from diloco_operator.runtime.jobs import JobRegistry, JobState, Request
 
 
 def body(name: str = "j", uid: str = "u1", generation: int = 1) -> dict[str, object]:

@@ -8,10 +8,10 @@ from typing import Any
 
 import httpx
 import pytest
+from diloco_operator.builders.learners import TERMINATION_GRACE_SECONDS
 from diloco_operator.kube import Kube, api_error
-from diloco_operator.learners import TERMINATION_GRACE_SECONDS
-from diloco_operator.passes import post_events
-from diloco_operator.status import Event
+from diloco_operator.runtime.passes import post_events
+from diloco_operator.status.events import Event
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException

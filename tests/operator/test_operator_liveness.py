@@ -9,12 +9,12 @@ from typing import Any
 
 import kopf
 import pytest
-from diloco_operator.handlers import probe
+from diloco_operator.glue.handlers import probe
 from diloco_operator.kube import Kube
-from diloco_operator.liveness import WatchState, lagging, paused_by_peers, watch_is_alive
-from diloco_operator.metrics import OperatorMetrics
-from diloco_operator.passes import Context
-from diloco_operator.pods import PodCache, PodWatch
+from diloco_operator.runtime.liveness import WatchState, lagging, paused_by_peers, watch_is_alive
+from diloco_operator.runtime.metrics import OperatorMetrics
+from diloco_operator.runtime.passes import Context
+from diloco_operator.runtime.pods import PodCache, PodWatch
 from diloco_operator.settings import settings_from_env
 from kubernetes import client as k8s
 

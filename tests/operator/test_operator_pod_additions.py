@@ -11,10 +11,15 @@ from typing import Any
 import pytest
 import yaml
 from diloco_core.config import JobConfig
-from diloco_operator.build import JobRef
-from diloco_operator.children import build_children
-from diloco_operator.models import SpecError, parse_spec, validate_job
-from diloco_operator.pod_additions import OWN_VOLUMES, RESERVED_ENV, RESERVED_ENV_PREFIX, reserved_env
+from diloco_operator.builders.children import build_children
+from diloco_operator.builders.names import JobRef
+from diloco_operator.builders.pod_additions import (
+    OWN_VOLUMES,
+    RESERVED_ENV,
+    RESERVED_ENV_PREFIX,
+    reserved_env,
+)
+from diloco_operator.schema.spec import SpecError, parse_spec, validate_job
 
 from tests.operator.test_operator_crd import schema
 from tests.operator.test_operator_env_contract import container_of, mounted_files, resolve_env

@@ -7,15 +7,15 @@ import time
 from typing import Any
 
 import pytest
-from diloco_operator.models import parse_spec
-from diloco_operator.pods import (
+from diloco_operator.runtime.pods import (
     PodCache,
     PodWatch,
-    observe_pod,
     outdated_pods,
     sync_observation,
     unit_observations,
 )
+from diloco_operator.schema.spec import parse_spec
+from diloco_operator.status.pods import observe_pod
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
 

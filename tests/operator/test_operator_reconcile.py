@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from diloco_operator.build import JobRef
+from diloco_operator.builders.names import JobRef
 from diloco_operator.kube import Kube
-from diloco_operator.models import SpecError
-from diloco_operator.reconcile import check_spec
+from diloco_operator.runtime.reconcile import check_spec
+from diloco_operator.schema.spec import SpecError
 from kubernetes import client as k8s
 
 from tests.operator.kubejobs import job_manifest, unit

@@ -7,19 +7,11 @@ from typing import Any
 
 import pytest
 from diloco_core.protocol import FragmentStatus, LearnerStatus, StatusResponse
-from diloco_operator.job_status import ChaosStatus, JobStatus, merge_patch
-from diloco_operator.models import DiLoCoJobSpec, parse_spec
-from diloco_operator.status import (
-    EVENT_NOTE_LIMIT,
-    Event,
-    Observed,
-    UnitObserved,
-    compute_status,
-    diff_events,
-    event_object,
-    invalid_status,
-    unit_state_counts,
-)
+from diloco_operator.schema.spec import DiLoCoJobSpec, parse_spec
+from diloco_operator.schema.status import ChaosStatus, JobStatus, merge_patch
+from diloco_operator.status.events import EVENT_NOTE_LIMIT, Event, diff_events, event_object
+from diloco_operator.status.job import Observed, compute_status, invalid_status
+from diloco_operator.status.units import UnitObserved, unit_state_counts
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from diloco_core.protocol import FragmentStatus, StatusResponse
-from diloco_operator.syncstatus import http_fetcher
+from diloco_operator.runtime.syncstatus import http_fetcher
 
 STATUS = StatusResponse(
     job_id="j",

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
-from diloco_operator.build import JobRef
-from diloco_operator.children import build_children
-from diloco_operator.models import SpecError, config_map_references, parse_spec, secret_references
-from diloco_operator.syncstatus import http_fetcher
+from diloco_operator.builders.children import build_children
+from diloco_operator.builders.names import JobRef
+from diloco_operator.runtime.syncstatus import http_fetcher
+from diloco_operator.schema.spec import SpecError, config_map_references, parse_spec, secret_references
 
 from tests.operator.test_operator_build import by_kind, env_of
 from tests.operator.test_operator_crd import schema

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 from diloco_core.auth import TokenClaims, read_learner_token
-from diloco_operator.build import JobRef
-from diloco_operator.kube import Kube
-from diloco_operator.models import parse_spec
-from diloco_operator.reconcile import ensure_learner_tokens, ensure_secret, secret_value
-from diloco_operator.tokens import (
+from diloco_operator.builders.names import JobRef
+from diloco_operator.builders.tokens import (
     claim_annotations,
     mint_reason,
     revocations,
     unit_claims,
     unit_tokens_per_step,
 )
+from diloco_operator.kube import Kube
+from diloco_operator.runtime.reconcile import ensure_learner_tokens, ensure_secret, secret_value
+from diloco_operator.schema.spec import parse_spec
 from kubernetes import client as k8s
 
 from tests.operator.kubejobs import create_job, get_job, job_manifest, unit

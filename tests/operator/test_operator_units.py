@@ -6,14 +6,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from diloco_core.protocol import FragmentStatus, LearnerState, LearnerStatus, StatusResponse
-from diloco_operator.build import JobRef, job_id
-from diloco_operator.children import build_children
-from diloco_operator.job_status import Condition, JobStatus
-from diloco_operator.metrics import OperatorMetrics
-from diloco_operator.models import DiLoCoJobSpec, parse_spec
-from diloco_operator.passes import read_synchronizer
-from diloco_operator.reconcile import wrong_job
-from diloco_operator.status import Observed, UnitObserved, compute_status, diff_events, unit_state_counts
+from diloco_operator.builders.children import build_children
+from diloco_operator.builders.names import JobRef, job_id
+from diloco_operator.runtime.metrics import OperatorMetrics
+from diloco_operator.runtime.passes import read_synchronizer
+from diloco_operator.runtime.reconcile import wrong_job
+from diloco_operator.schema.spec import DiLoCoJobSpec, parse_spec
+from diloco_operator.schema.status import Condition, JobStatus
+from diloco_operator.status.events import diff_events
+from diloco_operator.status.job import Observed, compute_status
+from diloco_operator.status.units import UnitObserved, unit_state_counts
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 JOB = JobRef("j", "ns", "uid-1")

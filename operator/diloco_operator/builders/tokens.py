@@ -19,8 +19,8 @@ from typing import Any
 
 from diloco_core.auth import TokenClaims
 
-from diloco_operator.build import JobRef, unit_leader_id
-from diloco_operator.models import DiLoCoJobSpec, LearnerUnit
+from diloco_operator.builders.names import JobRef, unit_leader_id
+from diloco_operator.schema.spec import DiLoCoJobSpec, LearnerUnit
 
 GENERATION_ANNOTATION = "diloco.dev/token-generation"
 TOKENS_PER_STEP_ANNOTATION = "diloco.dev/tokens-per-step"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -18,6 +19,20 @@ from pydantic.alias_generators import to_camel
 log = logging.getLogger(__name__)
 
 Phase = Literal["Pending", "Running", "Degraded", "Suspended", "Succeeded", "Failed"]
+ACTIVE_PHASES = ("Running", "Degraded")
+# phases in which the operator scales the learner units down on purpose: units down are no loss
+STOPPED_PHASES = ("Succeeded", "Suspended")
+
+
+def iso(t: datetime) -> str:
+    """A time as the status writes it (UTC, whole seconds)."""
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(s: str) -> datetime:
+    return datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
 ConditionStatus = Literal["True", "False", "Unknown"]
 UnitState = Literal["Ready", "NotReady", "Lost"]
 ExportState = Literal["Pending", "Running", "Succeeded", "Failed"]

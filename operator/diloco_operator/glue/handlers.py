@@ -29,16 +29,25 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from diloco_operator.build import COMPONENT_LABEL, GROUP, JOB_LABEL, MANAGED_BY, PLURAL, UNIT_LABEL, VERSION
-from diloco_operator.jobs import JobRegistry, JobState, Request
+from diloco_operator.builders.names import (
+    COMPONENT_LABEL,
+    GROUP,
+    JOB_LABEL,
+    MANAGED_BY,
+    PLURAL,
+    UNIT_LABEL,
+    VERSION,
+)
+from diloco_operator.glue.peering import ensure_peering
 from diloco_operator.kube import Kube, api_error
-from diloco_operator.liveness import WatchState, paused_by_peers, watch_is_alive
-from diloco_operator.metrics import OperatorMetrics
-from diloco_operator.passes import Context, post_events, reconcile_pass, refresh_pass
-from diloco_operator.peering import ensure_peering
-from diloco_operator.pods import PodCache, PodWatch, observe_pod
-from diloco_operator.settings import settings_from_env
-from diloco_operator.syncstatus import http_fetcher
+from diloco_operator.runtime.jobs import JobRegistry, JobState, Request
+from diloco_operator.runtime.liveness import WatchState, paused_by_peers, watch_is_alive
+from diloco_operator.runtime.metrics import OperatorMetrics
+from diloco_operator.runtime.passes import Context, post_events, reconcile_pass, refresh_pass
+from diloco_operator.runtime.pods import PodCache, PodWatch
+from diloco_operator.runtime.syncstatus import http_fetcher
+from diloco_operator.settings import OperatorSettings, settings_from_env
+from diloco_operator.status.pods import observe_pod
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +71,13 @@ def new_api_client(pool_size: int) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
+def operator_settings(memo: kopf.Memo) -> OperatorSettings:
+    """The settings ``diloco operator`` put in the memo; started by ``kopf run`` instead (as the tests'
+    ``KopfRunner`` does), the ``DILOCO_OPERATOR_*`` variables, read once here."""
+    settings = memo.get("settings")
+    return settings if isinstance(settings, OperatorSettings) else settings_from_env()
+
+
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In-cluster service account, else $KUBECONFIG as it is set when the operator starts."""
@@ -70,7 +86,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    ours = settings_from_env()
+    ours = operator_settings(memo)
     namespaces = list(memo.get("namespaces") or [])
     # Our own events only: kopf would post every error it logs, traceback included, on the job.
     settings.posting.enabled = False

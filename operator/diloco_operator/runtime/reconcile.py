@@ -24,21 +24,21 @@ from diloco_core.auth import mint_token, new_job_secret
 from diloco_core.protocol import StatusResponse
 from kubernetes.client.exceptions import ApiException
 
-from diloco_operator import chaos
-from diloco_operator.build import (
+from diloco_operator.builders.children import build_children
+from diloco_operator.builders.credentials import build_learner_token_secret, build_secret
+from diloco_operator.builders.env import JOB_SECRET_KEY
+from diloco_operator.builders.names import (
     JOB_LABEL,
     UNIT_LABEL,
     JobRef,
-    build_learner_token_secret,
-    build_secret,
     job_id,
     learner_token_secret_name,
     secret_name,
 )
-from diloco_operator.children import build_children
-from diloco_operator.env import JOB_SECRET_KEY
+from diloco_operator.builders.tokens import claim_annotations, mint_reason, unit_claims
 from diloco_operator.kube import Kube, api_error, is_subset
-from diloco_operator.models import (
+from diloco_operator.runtime import chaos
+from diloco_operator.schema.spec import (
     CABundle,
     DiLoCoJobSpec,
     SpecError,
@@ -47,8 +47,7 @@ from diloco_operator.models import (
     secret_references,
     validate_job,
 )
-from diloco_operator.status import Event
-from diloco_operator.tokens import claim_annotations, mint_reason, unit_claims
+from diloco_operator.status.events import Event
 
 log = logging.getLogger(__name__)
 

@@ -16,17 +16,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from diloco_operator import chaos, status
-from diloco_operator.build import API_VERSION, KIND, TEMPLATE_HASH_ANNOTATION, JobRef, sync_url
-from diloco_operator.export import export_events, job_export
-from diloco_operator.job_status import ChaosStatus, JobStatus
-from diloco_operator.jobs import JobState, Request, SyncView
+from diloco_operator.builders.names import API_VERSION, KIND, TEMPLATE_HASH_ANNOTATION, JobRef, sync_url
 from diloco_operator.kube import Kube, api_error
-from diloco_operator.liveness import WatchState
-from diloco_operator.metrics import OperatorMetrics
-from diloco_operator.models import DiLoCoJobSpec, SpecError, parse_spec, validate_job
-from diloco_operator.pods import PodCache, PodWatch, outdated_pods, sync_observation, unit_observations
-from diloco_operator.reconcile import (
+from diloco_operator.runtime import chaos
+from diloco_operator.runtime.jobs import JobState, Request, SyncView
+from diloco_operator.runtime.liveness import WatchState
+from diloco_operator.runtime.metrics import OperatorMetrics
+from diloco_operator.runtime.pods import (
+    PodCache,
+    PodWatch,
+    outdated_pods,
+    sync_observation,
+    unit_observations,
+)
+from diloco_operator.runtime.reconcile import (
     StatusFetcher,
     check_spec,
     read_ca_bundle,
@@ -34,8 +37,13 @@ from diloco_operator.reconcile import (
     run_chaos,
     wrong_job,
 )
+from diloco_operator.schema.spec import DiLoCoJobSpec, SpecError, parse_spec, validate_job
+from diloco_operator.schema.status import ChaosStatus, JobStatus
 from diloco_operator.settings import OperatorSettings
-from diloco_operator.status import Event
+from diloco_operator.status.events import Event, diff_events, event_object
+from diloco_operator.status.export import export_events, job_export
+from diloco_operator.status.job import Observed, compute_status, condition, invalid_status
+from diloco_operator.status.units import unit_state_counts
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +70,7 @@ def post_events(kube: Kube, job: dict[str, Any], events: list[Event], instance: 
     now = datetime.now(UTC)
     for ev in events:
         try:
-            kube.create(status.event_object(job, ev, now, instance))
+            kube.create(event_object(job, ev, now, instance))
         except Exception as exc:  # (events are auxiliary: never fail a pass for one)
             log.warning(
                 "could not post event %s %s on %s: %s",
@@ -86,13 +94,13 @@ def write_status(ctx: Context, state: JobState, new: JobStatus, events: list[Eve
     state.status = after
     post_events(ctx.kube, state.body, events, ctx.instance)
     ctx.metrics.set_phase(job.namespace, job.name, str(state.status.phase))
-    ctx.metrics.set_units(job.namespace, job.name, status.unit_state_counts(state.status))
+    ctx.metrics.set_units(job.namespace, job.name, unit_state_counts(state.status))
 
 
 def invalid(ctx: Context, state: JobState, problem: str, generation: int | None) -> None:
     """The spec can never work: a Failed status saying why, and one event (not one per pass)."""
     old = state.current_status()
-    new = status.invalid_status(problem, old, datetime.now(UTC), generation)
+    new = invalid_status(problem, old, datetime.now(UTC), generation)
     same = old.phase == "Failed" and old.message == problem
     write_status(ctx, state, new, [] if same else [Event("Warning", "InvalidSpec", problem)])
     if not same:
@@ -178,7 +186,7 @@ def compute(
     sync_ready = view.ready if view.ready is not None else pods_sync_ready
     chaos_status = state.chaos or old.chaos or ChaosStatus()
     down = {k: float(v) for k, v in chaos_status.down_until.items() if v is not None}
-    obs = status.Observed(
+    obs = Observed(
         unit_observations(spec, pods),
         sync_ready,
         view.status,
@@ -188,18 +196,16 @@ def compute(
         sync_problem=view.problem,
         sync_unschedulable=sync_unschedulable,
     )
-    new = status.compute_status(spec, obs, old, now, state.body["metadata"].get("generation"))
+    new = compute_status(spec, obs, old, now, state.body["metadata"].get("generation"))
     gate = chaos.chaos_gate(spec.chaos, ctx.settings.allow_chaos)
     conditions = new.conditions
     if gate is not None:
-        conditions += (
-            status.condition(old.conditions, "Chaos", gate.active, gate.reason, gate.message, now),
-        )
+        conditions += (condition(old.conditions, "Chaos", gate.active, gate.reason, gate.message, now),)
     exported = job_export(spec, new, pods)
     new = new.model_copy(
         update={"message": None, "chaos": chaos_status, "conditions": conditions, "export": exported}
     )
-    events = status.diff_events(old, new) + export_events(old.export, exported)
+    events = diff_events(old, new) + export_events(old.export, exported)
     if gate is not None:
         events += chaos.gate_events(old, gate)
     return new, events

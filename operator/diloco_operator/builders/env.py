@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco_operator.models import DiLoCoJobSpec
+from diloco_operator.schema.spec import DiLoCoJobSpec
 
 CONFIG_DIR = "/etc/diloco"
 CONFIG_KEY = "job.json"

@@ -19,9 +19,9 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from diloco_operator.job_status import JobStatus
-from diloco_operator.models import ChaosSpec, DiLoCoJobSpec
-from diloco_operator.status import Event
+from diloco_operator.schema.spec import ChaosSpec, DiLoCoJobSpec
+from diloco_operator.schema.status import JobStatus
+from diloco_operator.status.events import Event
 
 # A timer that was not called for a long time must not fire a burst of failures at once.
 MAX_INTERVAL_S = 300.0

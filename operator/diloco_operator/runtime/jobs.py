@@ -23,8 +23,8 @@ from typing import Any
 
 from diloco_core.protocol import StatusResponse
 
-from diloco_operator.build import JobRef
-from diloco_operator.job_status import ChaosStatus, JobStatus
+from diloco_operator.builders.names import JobRef
+from diloco_operator.schema.status import ChaosStatus, JobStatus
 
 log = logging.getLogger(__name__)
 

@@ -4,31 +4,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco_operator import env
-from diloco_operator.build import (
+from diloco_operator.builders import env
+from diloco_operator.builders.containers import (
+    SYNC_DEFAULT_REQUESTS,
+    container_security_context,
+    http_probe,
+    pod_security_context,
+    with_default_requests,
+)
+from diloco_operator.builders.names import (
     CONFIG_HASH_ANNOTATION,
     JOB_LABEL,
     SHARD_LABEL,
-    SYNC_DEFAULT_REQUESTS,
     JobRef,
-    config_mounts,
-    config_volumes,
-    container_security_context,
-    http_probe,
     labels,
     metadata,
-    pod_security_context,
-    revocations_mounts,
-    revocations_volumes,
     secret_name,
     sync_name,
     sync_port_name,
     sync_url,
+)
+from diloco_operator.builders.volumes import (
+    config_mounts,
+    config_volumes,
+    revocations_mounts,
+    revocations_volumes,
     tls_mounts,
     tls_volumes,
-    with_default_requests,
 )
-from diloco_operator.models import DiLoCoJobSpec
+from diloco_operator.schema.spec import DiLoCoJobSpec
 
 COMPONENT = "synchronizer"
 

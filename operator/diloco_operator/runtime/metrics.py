@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from diloco_operator.status import UNIT_STATES
+from diloco_operator.status.units import UNIT_STATES
 
 
 class OperatorMetrics:

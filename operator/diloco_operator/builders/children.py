@@ -4,18 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco_operator.build import (
-    JobRef,
-    build_config_map,
-    build_revocations_config_map,
-    config_hash,
-    sync_port_name,
-)
-from diloco_operator.export import build_export_job
-from diloco_operator.learners import build_unit
-from diloco_operator.models import DiLoCoJobSpec
-from diloco_operator.synchronizer import build_sync_deployment, build_sync_service
-from diloco_operator.tokens import revocations_text
+from diloco_operator.builders.config import build_config_map, config_hash
+from diloco_operator.builders.credentials import build_revocations_config_map
+from diloco_operator.builders.export import build_export_job
+from diloco_operator.builders.learners import build_unit
+from diloco_operator.builders.names import JobRef, sync_port_name
+from diloco_operator.builders.synchronizer import build_sync_deployment, build_sync_service
+from diloco_operator.builders.tokens import revocations_text
+from diloco_operator.schema.spec import DiLoCoJobSpec
 
 
 def build_children(

@@ -4,31 +4,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco_operator import env
-from diloco_operator.build import (
+from diloco_operator.builders import env
+from diloco_operator.builders.config import template_hash
+from diloco_operator.builders.containers import (
+    container_security_context,
+    http_probe,
+    pod_security_context,
+    unit_resources,
+)
+from diloco_operator.builders.names import (
     CONFIG_HASH_ANNOTATION,
     JOB_LABEL,
     TEMPLATE_HASH_ANNOTATION,
     UNIT_LABEL,
     JobRef,
-    config_mounts,
-    config_volumes,
-    container_security_context,
-    http_probe,
     job_id,
     labels,
     metadata,
-    pod_security_context,
+    sync_url,
+    unit_name,
+)
+from diloco_operator.builders.volumes import (
+    config_mounts,
+    config_volumes,
     sync_ca_mounts,
     sync_ca_volumes,
-    sync_url,
-    template_hash,
     token_mounts,
     token_volumes,
-    unit_name,
-    unit_resources,
 )
-from diloco_operator.models import DiLoCoJobSpec, LearnerUnit
+from diloco_operator.schema.spec import DiLoCoJobSpec, LearnerUnit
 
 COMPONENT = "learner"
 REGION_LABEL = "topology.kubernetes.io/region"

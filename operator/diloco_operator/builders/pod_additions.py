@@ -22,7 +22,7 @@ RESERVED_ENV: tuple[str, ...] = (
     "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "HOSTNAME",
     "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
 )  # fmt: skip
-# The operator's own volumes of a learner pod (``diloco_operator.build``).
+# The operator's own volumes of a learner pod (``diloco_operator.builders``).
 OWN_VOLUMES: tuple[str, ...] = ("config", "tmp", "sync-ca", "learner-token")
 
 Objects = Sequence[Mapping[str, Any]]

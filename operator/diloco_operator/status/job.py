@@ -1,0 +1,220 @@
+"""Pure computation of a job's status (phase, conditions, synchronizer summary).
+
+Inputs are what the handler observed (StatefulSets, synchronizer Deployments, the synchronizer's
+``GET /v1/status``) and the previous status; time is a parameter. Statuses are typed
+(``diloco_operator.schema.status.JobStatus``).
+
+Phases: ``Pending`` (not yet enough units ready), ``Running`` (synchronizer ready and at least
+``quorum`` units fully ready), ``Degraded`` (was running, now below quorum or without its
+synchronizer), ``Suspended``, ``Succeeded`` (budget reached), ``Failed`` (the spec can never work).
+Each unit's own status is computed in ``units``, the events in ``events``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from diloco_core.protocol import StatusResponse
+
+from diloco_operator.schema.spec import DiLoCoJobSpec
+from diloco_operator.schema.status import (
+    ACTIVE_PHASES,
+    STOPPED_PHASES,
+    ChaosStatus,
+    Condition,
+    JobStatus,
+    Phase,
+    UnitStatus,
+    iso,
+)
+from diloco_operator.status.units import UnitObserved, gone_units, unit_status
+
+
+@dataclass(frozen=True)
+class Observed:
+    units: Sequence[UnitObserved]
+    sync_ready: bool
+    sync: StatusResponse | None = None
+    chaos_kills: int = 0
+    down_until: Mapping[str, float] = field(default_factory=dict)
+    job: str = ""  # the job's name: its learners are its pods, ``<job>-<unit>-<ordinal>``
+    sync_problem: str | None = None  # why the synchronizer's answer was not used (a wrong job, say)
+    sync_unschedulable: str = ""  # the scheduler's message about a synchronizer pod it cannot place
+
+
+def condition(
+    previous: Sequence[Condition], ctype: str, ok: bool | None, reason: str, message: str, now: datetime
+) -> Condition:
+    """A condition (``ok`` None: Unknown); its lastTransitionTime moves only when its status changes."""
+    status = "Unknown" if ok is None else "True" if ok else "False"
+    since = iso(now)
+    for old in previous:
+        if old.type == ctype and old.status == status and old.last_transition_time:
+            since = old.last_transition_time
+    return Condition(type=ctype, status=status, reason=reason, message=message, last_transition_time=since)
+
+
+def budget_reached(spec: DiLoCoJobSpec, sync: StatusResponse | None) -> bool:
+    if sync is None:
+        return False
+    if spec.budget.tokens is not None and sync.tokens >= spec.budget.tokens:
+        return True
+    steps = spec.budget.steps
+    return steps is not None and bool(sync.learners) and all(s.step >= steps for s in sync.learners)
+
+
+def choose_phase(spec: DiLoCoJobSpec, obs: Observed, ready_units: int, old_phase: str | None) -> Phase:
+    if old_phase == "Succeeded" or budget_reached(spec, obs.sync):
+        return "Succeeded"
+    if spec.suspend:
+        return "Suspended"
+    if obs.sync_ready and ready_units >= spec.diloco.quorum:
+        return "Running"
+    if old_phase in ACTIVE_PHASES:
+        return "Degraded"
+    return "Pending"
+
+
+def compute_status(
+    spec: DiLoCoJobSpec, obs: Observed, old: JobStatus, now: datetime, generation: int | None = None
+) -> JobStatus:
+    """The job's whole status for a valid spec."""
+    old_units = {u.name: u for u in old.units}
+    seen = {u.name: u for u in obs.units}
+    units = []
+    for unit in spec.learner_units:
+        observed = seen.get(unit.name, UnitObserved(unit.name, 0, 0, exists=False))
+        units.append(unit_status(unit.replicas, observed, old_units.get(unit.name), obs.sync, now, obs.job))
+    ready = sum(1 for u in units if u.ready)
+    phase = choose_phase(spec, obs, ready, old.phase)
+    prev = old.conditions
+    gone = [] if phase in STOPPED_PHASES else gone_units(units, now, spec.unit_lost_after_seconds)
+    units = [u.model_copy(update={"state": "Lost"}) if u.name in gone else u for u in units]
+    quorum = spec.diloco.quorum
+    conditions = [
+        condition(prev, "SpecValid", True, "Valid", "the spec is valid", now),
+        sync_condition(prev, obs, now),
+        condition(
+            prev,
+            "QuorumMet",
+            ready >= quorum,
+            "Quorum" if ready >= quorum else "BelowQuorum",
+            f"{ready} of {len(units)} units ready, quorum {quorum}",
+            now,
+        ),
+        condition(
+            prev,
+            "UnitsHealthy",
+            not gone,
+            "UnitGone" if gone else "AllUnitsPresent",
+            f"units down for more than {spec.unit_lost_after_seconds:g}s: {', '.join(gone)}"
+            if gone
+            else "no unit is gone",
+            now,
+        ),
+        learners_condition(prev, obs.sync, units, now),
+        scheduled_condition(prev, units, obs.sync_unschedulable, now),
+        condition(prev, "Ready", phase == "Running", phase, f"job is {phase}", now),
+    ]
+    optional: dict[str, Any] = {"observed_generation": generation} if generation is not None else {}
+    return JobStatus(
+        phase=phase,
+        conditions=tuple(conditions),
+        units=tuple(units),
+        ready_units=ready,
+        total_units=len(units),
+        units_ready=f"{ready}/{len(units)}",
+        chaos=ChaosStatus(kills=obs.chaos_kills, down_until=dict(obs.down_until)),
+        **optional,
+        **sync_summary(obs.sync),
+    )
+
+
+def sync_condition(prev: Sequence[Condition], obs: Observed, now: datetime) -> Condition:
+    if obs.sync_problem:
+        return condition(prev, "SynchronizerReady", False, "WrongJob", obs.sync_problem, now)
+    return condition(
+        prev,
+        "SynchronizerReady",
+        obs.sync_ready,
+        "Available" if obs.sync_ready else "NotAvailable",
+        "synchronizer available" if obs.sync_ready else "synchronizer not available",
+        now,
+    )
+
+
+def learners_condition(
+    prev: Sequence[Condition], sync: StatusResponse | None, units: Sequence[UnitStatus], now: datetime
+) -> Condition:
+    """Whether the synchronizer hears from every unit it knows (Unknown without its status)."""
+    if sync is None:
+        return condition(
+            prev,
+            "LearnersAlive",
+            None,
+            "NoSynchronizerStatus",
+            "the synchronizer's status is not available",
+            now,
+        )
+    dead = [u.name for u in units if u.reason == "LearnersDead"]
+    if dead:
+        return condition(
+            prev,
+            "LearnersAlive",
+            False,
+            "LearnersDead",
+            f"the synchronizer reports the learners of units {', '.join(dead)} dead",
+            now,
+        )
+    return condition(prev, "LearnersAlive", True, "Alive", "no unit's learners are dead", now)
+
+
+def scheduled_condition(
+    prev: Sequence[Condition], units: Sequence[UnitStatus], sync_unschedulable: str, now: datetime
+) -> Condition:
+    """Whether every pod of the job found a node; False names each unit (and the synchronizer) the
+    scheduler cannot place, with its message ("0/4 nodes are available: ...")."""
+    waiting = [f"unit {u.name}: {u.message}" for u in units if u.reason == "Unschedulable"]
+    if sync_unschedulable:
+        waiting.append(f"synchronizer: {sync_unschedulable}")
+    if waiting:
+        return condition(prev, "PodsScheduled", False, "Unschedulable", "; ".join(waiting), now)
+    return condition(prev, "PodsScheduled", True, "Scheduled", "no pod of the job waits for a node", now)
+
+
+def sync_summary(sync: StatusResponse | None) -> dict[str, Any]:
+    """The job-wide progress fields of the status (none without the synchronizer's status: the
+    stored ones stay)."""
+    if sync is None:
+        return {}
+    out: dict[str, Any] = {
+        "rounds": sync.rounds,
+        "tokens": sync.tokens,
+        "version": max((f.version for f in sync.fragments), default=-1),
+    }
+    if sync.goodput is not None:
+        out["goodput"] = sync.goodput
+    return out
+
+
+def invalid_status(message: str, old: JobStatus, now: datetime, generation: int | None) -> JobStatus:
+    """The status of a job whose spec can never work: Failed, why, and nothing left of the units'
+    readiness (no longer followed, it would only grow stale)."""
+    prev = old.conditions
+    optional: dict[str, Any] = {"observed_generation": generation} if generation is not None else {}
+    return JobStatus(
+        phase="Failed",
+        message=message,
+        conditions=(
+            condition(prev, "SpecValid", False, "InvalidSpec", message, now),
+            condition(prev, "Ready", False, "Failed", message, now),
+        ),
+        units=(),
+        units_ready=None,
+        ready_units=None,
+        total_units=None,
+        **optional,
+    )

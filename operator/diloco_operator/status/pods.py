@@ -1,0 +1,78 @@
+"""A pod as the status sees it: what its latest watch event says (ready, placed, template, and
+what its container said as it ended)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from diloco_operator.builders.names import (
+    COMPONENT_LABEL,
+    JOB_LABEL,
+    SHARD_LABEL,
+    TEMPLATE_HASH_ANNOTATION,
+    UNIT_LABEL,
+)
+
+
+@dataclass(frozen=True)
+class PodObserved:
+    """One pod of a job, as its latest watch event showed it."""
+
+    name: str
+    uid: str
+    component: str  # "learner", "synchronizer" or "export"
+    unit: str  # the learner unit ("" for a synchronizer pod)
+    shard: str  # the synchronizer shard ("" for a learner pod)
+    phase: str
+    ready: bool
+    deleting: bool
+    unschedulable: str  # the scheduler's message when it cannot place the pod, else ""
+    template: str  # the pod template's hash annotation ("" when it has none)
+    message: str = ""  # the termination message of its (first) container, once it ended
+
+
+def observe_pod(obj: Mapping[str, Any]) -> PodObserved:
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    status: Mapping[str, Any] = obj.get("status") or {}
+    conditions = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    unschedulable = next(
+        (
+            str(c.get("message") or "the scheduler cannot place it")
+            for c in conditions
+            if c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+        ),
+        "",
+    )
+    return PodObserved(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        component=labels.get(COMPONENT_LABEL, ""),
+        unit=labels.get(UNIT_LABEL, ""),
+        shard=labels.get(SHARD_LABEL, ""),
+        phase=str(status.get("phase") or ""),
+        ready=ready,
+        deleting=bool(meta.get("deletionTimestamp")),
+        unschedulable=unschedulable,
+        template=str((meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION, "")),
+        message=termination_message(status),
+    )
+
+
+def termination_message(status: Mapping[str, Any]) -> str:
+    """What the pod's first container said as it ended ("" while it runs)."""
+    containers = status.get("containerStatuses") or []
+    terminated = ((containers[0].get("state") or {}).get("terminated") or {}) if containers else {}
+    return str(terminated.get("message") or "")
+
+
+def pod_job(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, job name) of a pod the operator manages; None for a pod of no job."""
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(JOB_LABEL)
+    return (str(meta.get("namespace")), str(job)) if job else None
