@@ -2,7 +2,7 @@
 
 The one declaration of every setting: its name, type, default, range and description. The commands'
 flags and ``DILOCO_*`` variables (``diloco_core.flags``) and the operator's custom resource
-(``diloco_operator.models``, camelCase names) derive from these fields. Parsed once at each entry
+(``diloco_operator.schema.spec``, camelCase names) derive from these fields. Parsed once at each entry
 point (flags, environment, the operator's ConfigMap) and stored in checkpoints.
 """
 

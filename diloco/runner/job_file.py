@@ -1,6 +1,6 @@
 """``diloco run -f job.yaml``: the ``DiLoCoJob`` manifest that ``kubectl apply`` takes, as a local run (pure).
 
-The spec is parsed and checked by the operator's own model (``diloco_operator.models``), so a file
+The spec is parsed and checked by the operator's own model (``diloco_operator.schema.spec``), so a file
 that the operator would refuse is refused here with the same message. Each learner unit becomes one
 learner process (a unit of N pods: one process with N x its batch size, the unit's tokens per step);
 the model, data, inner optimisation, DiLoCo settings and tracking are the spec's; the step budget is

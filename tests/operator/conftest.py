@@ -10,7 +10,7 @@ import pytest
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
 
-# Read when diloco_operator.handlers is imported (kopf needs the timer interval then).
+# Read when diloco_operator.glue.handlers is imported (kopf needs the timer interval then).
 os.environ["DILOCO_OPERATOR_RESYNC_SECONDS"] = "2"
 os.environ.setdefault("DILOCO_OPERATOR_METRICS_PORT", "0")
 # Most tests run no synchronizer (kwok pods have no containers): a closed local port fails at once.

@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from diloco_operator.builders import pod_additions
+from diloco_operator.schema import pod_additions
 
 # A resource quantity as the CRD admits it: Kubernetes' own quantity syntax, without a sign (a
 # negative request or limit can never work).

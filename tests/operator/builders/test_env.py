@@ -1,7 +1,7 @@
 """The environment the operator gives its pods is what the worker and the synchronizer read.
 
 The operator and the two services never import each other; their contract is the pod
-environment (``diloco_operator.env``). Here the built children's environment is resolved the way
+environment (``diloco_operator.builders.env``). Here the built children's environment is resolved the way
 the kubelet does it (values, the pod's own name and namespace, Secret keys, ``$(VAR)`` references
 to variables defined earlier, the ConfigMap mounted as files) and parsed by each service's own
 settings parser, so a variable one side writes and the other ignores is caught.
@@ -24,7 +24,7 @@ from diloco_worker.settings import FLAGS as WORKER_FLAGS
 from diloco_worker.settings import build_parser as build_worker_parser
 from diloco_worker.settings import parse_settings as parse_worker_settings
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 NAMESPACE = "research"
 # Set for people and tools looking at the pod, not read by the learner.
 LEARNER_INFORMATIONAL = {"DILOCO_JOB_ID", "DILOCO_NAMESPACE", "DILOCO_REGION", "DILOCO_STORAGE_CONFIG"}

@@ -25,7 +25,7 @@ from diloco_operator.schema.spec import DiLoCoJobSpec, parse_spec
 
 from tests.operator.golden import check_golden
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 JOB = JobRef("gpt-small", "research", "0c6f3c3e-1111-2222-3333-444455556666")
 
 

@@ -3,7 +3,7 @@
 ``spec.learners.env`` / ``volumes`` / ``volumeMounts`` go into every learner pod, a unit's own
 (``spec.learnerUnits[].env`` ...) after them, and both after the operator's own entries. They are
 Kubernetes objects taken as written (an EnvVar's ``valueFrom``, any volume source); the checks here
-refuse what would override the operator's contract with the learner (``diloco_operator.env``) or
+refuse what would override the operator's contract with the learner (``diloco_operator.builders.env``) or
 collide with its volumes, and what the apiserver would refuse in the StatefulSet anyway (a volume
 declared twice, a mount of a volume the pod does not have), with the field to change. The CRD
 refuses the reserved names at admission too (CEL rules; a test checks they name these lists).

@@ -13,7 +13,7 @@ import yaml
 from diloco_core.config import JobConfig
 from diloco_operator.builders.children import build_children
 from diloco_operator.builders.names import JobRef
-from diloco_operator.builders.pod_additions import (
+from diloco_operator.schema.pod_additions import (
     OWN_VOLUMES,
     RESERVED_ENV,
     RESERVED_ENV_PREFIX,
@@ -21,12 +21,12 @@ from diloco_operator.builders.pod_additions import (
 )
 from diloco_operator.schema.spec import SpecError, parse_spec, validate_job
 
-from tests.operator.test_operator_crd import schema
-from tests.operator.test_operator_env_contract import container_of, mounted_files, resolve_env
+from tests.operator.builders.test_env import container_of, mounted_files, resolve_env
+from tests.operator.schema.test_crd import schema
 
 JOB = JobRef("j", "ns", "uid-1")
 NAMESPACE = "research"
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def raw(units: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:

@@ -18,10 +18,10 @@ from diloco_operator.builders.names import JobRef
 from diloco_operator.runtime.syncstatus import http_fetcher
 from diloco_operator.schema.spec import SpecError, config_map_references, parse_spec, secret_references
 
-from tests.operator.test_operator_build import by_kind, env_of
-from tests.operator.test_operator_crd import schema
-from tests.operator.test_operator_models import raw
-from tests.operator.test_operator_syncstatus import STATUS, Handler
+from tests.operator.builders.test_children import by_kind, env_of
+from tests.operator.runtime.test_syncstatus import STATUS, Handler
+from tests.operator.schema.test_crd import schema
+from tests.operator.schema.test_spec import raw
 from tests.support.pki import issue_server_cert, make_ca
 
 JOB = JobRef("ra", "ml", "u")
@@ -153,7 +153,7 @@ def test_the_operator_reads_an_https_status_with_the_bundle_only(
 
 
 def test_the_example_with_tls_is_a_valid_pair() -> None:
-    docs = [d for d in yaml.safe_load_all((Path(__file__).resolve().parents[2] / "examples" / "multi-region.yaml")
+    docs = [d for d in yaml.safe_load_all((Path(__file__).resolve().parents[3] / "examples" / "multi-region.yaml")
                                           .read_text()) if d]  # fmt: skip
     a, b = (parse_spec(d["spec"]) for d in docs)
     assert a.synchronizer.tls is not None

@@ -33,7 +33,7 @@ from diloco_operator.schema.spec import (
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CRD_PATH = ROOT / "crds" / "dilocojobs.diloco.dev.yaml"
 
 

@@ -34,7 +34,7 @@ from tests.operator.kubejobs import (
     start_operator,
     unit,
 )
-from tests.operator.test_operator_crd import example_docs, schema
+from tests.operator.schema.test_crd import example_docs, schema
 from tests.support.kwok import FAIL_LABEL
 from tests.support.ports import free_port
 from tests.support.waiting import wait_for
