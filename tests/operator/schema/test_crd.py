@@ -3,6 +3,8 @@ the core's settings (every one a field of the CRD, or listed with a reason)."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import typing
 from pathlib import Path
 from typing import Any
@@ -37,8 +39,14 @@ ROOT = Path(__file__).resolve().parents[3]
 CRD_PATH = ROOT / "crds" / "dilocojobs.diloco.dev.yaml"
 
 
-def crd() -> dict[str, Any]:
+@functools.cache
+def _parsed_crd() -> dict[str, Any]:
     return dict(yaml.safe_load(CRD_PATH.read_text()))
+
+
+def crd() -> dict[str, Any]:
+    """The CRD as a fresh copy (parsed once: the tests walk it for every setting)."""
+    return copy.deepcopy(_parsed_crd())
 
 
 def version() -> dict[str, Any]:
