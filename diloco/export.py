@@ -74,16 +74,25 @@ FLAGS = derive_flags(
 
 
 def parse_settings(argv: list[str]) -> ExportSettings:
-    p = argparse.ArgumentParser(prog="diloco export", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="diloco export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_flags(p, FLAGS)
     p.add_argument(
-        "-f", "--file", type=Path, default=None, metavar="JOB_YAML",
+        "-f",
+        "--file",
+        type=Path,
+        default=None,
+        metavar="JOB_YAML",
         help="the job's DiLoCoJob manifest: its storage, job id, model and data settings (flags win over it)",
-    )  # fmt: skip
-    p.add_argument("--job-config", default=None, metavar="JOB_CONFIG",
-                   help="the JobConfig the job's pods read (JSON text or a JSON/YAML file): its job id, model, "
-                   "data and precision (flags win over it)")  # fmt: skip
+    )
+    p.add_argument(
+        "--job-config",
+        default=None,
+        metavar="JOB_CONFIG",
+        help="the JobConfig the job's pods read (JSON text or a JSON/YAML file): its job id, model, "
+        "data and precision (flags win over it)",
+    )
     a = p.parse_args(argv)
     base: dict[str, Any] | None = None
     source = f"-f {a.file}"
@@ -223,8 +232,10 @@ def main(argv: list[str]) -> int:
         print(f"diloco export: {exc}", file=sys.stderr)
         return 1
     versions = ", ".join(f"{p}: v{v}" for p, v in info["versions"].items())
-    print(f"exported job {info['job_id']!r}: {info['parameters']:,} parameters, fragments at {versions}, "
-          f"{info['rounds']} rounds merged -> {settings.out}")  # fmt: skip
+    print(
+        f"exported job {info['job_id']!r}: {info['parameters']:,} parameters, fragments at {versions}, "
+        f"{info['rounds']} rounds merged -> {settings.out}"
+    )
     if "held_out_loss" in info:
         print(f"held-out loss: {info['held_out_loss']:.4f}")
     return 0

@@ -100,16 +100,26 @@ def failure_times(model: FailureModel, learner: int, horizon_s: float) -> tuple[
 
 def failure_schedule(model: FailureModel, horizon_s: float) -> tuple[Failure, ...]:
     """Every learner's failure instants in ``[0, horizon_s)``, in time order."""
-    return tuple(sorted(Failure(at, learner) for learner in range(model.learners)
-                        for at in failure_times(model, learner, horizon_s)))  # fmt: skip
+    return tuple(
+        sorted(
+            Failure(at, learner)
+            for learner in range(model.learners)
+            for at in failure_times(model, learner, horizon_s)
+        )
+    )
 
 
-def add_failure_flags(group: argparse._ArgumentGroup | argparse.ArgumentParser, *, mtbf_s: float, repair_s: float,
-                      seed: int) -> None:  # fmt: skip
+def add_failure_flags(
+    group: argparse._ArgumentGroup | argparse.ArgumentParser, *, mtbf_s: float, repair_s: float, seed: int
+) -> None:
     """The failure flags ``diloco run`` and ``diloco simulate run`` share, with their defaults."""
-    group.add_argument("--mtbf", type=float, default=mtbf_s,
-                       help="mean seconds between failures of each learner while it is up (Poisson); 0 disables "
-                       "failures (default %(default)s)")  # fmt: skip
+    group.add_argument(
+        "--mtbf",
+        type=float,
+        default=mtbf_s,
+        help="mean seconds between failures of each learner while it is up (Poisson); 0 disables "
+        "failures (default %(default)s)",
+    )
     group.add_argument(
         "--repair",
         type=float,

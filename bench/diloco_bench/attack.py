@@ -65,9 +65,20 @@ def plan() -> FragmentPlan:
 
 def job_args(quorum: int, *extra: str) -> list[str]:
     return [
-        "--fragments", "1", "--inner-steps", str(H), "--overlap", "1", "--quorum", str(quorum),
-        "--merge-rule", "mean", "--log-level", "WARNING", *extra,
-    ]  # fmt: skip
+        "--fragments",
+        "1",
+        "--inner-steps",
+        str(H),
+        "--overlap",
+        "1",
+        "--quorum",
+        str(quorum),
+        "--merge-rule",
+        "mean",
+        "--log-level",
+        "WARNING",
+        *extra,
+    ]
 
 
 def client(sync: BenchSync, learner: str) -> SyncClient:
@@ -77,10 +88,13 @@ def client(sync: BenchSync, learner: str) -> SyncClient:
 def join(c: SyncClient, the_plan: FragmentPlan, tokens_per_step: int = 8) -> None:
     c.register(
         proto.RegisterRequest(
-            learner_id=c.learner_id, unit=f"unit-{c.learner_id}", plan=the_plan.to_dict(),
-            plan_hash=the_plan.hash(), tokens_per_step=tokens_per_step,
+            learner_id=c.learner_id,
+            unit=f"unit-{c.learner_id}",
+            plan=the_plan.to_dict(),
+            plan_hash=the_plan.hash(),
+            tokens_per_step=tokens_per_step,
         )
-    )  # fmt: skip
+    )
     c.heartbeat(proto.Heartbeat(step=0, tokens=0, step_time_s=0.0))
 
 
@@ -305,10 +319,14 @@ def claims(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         time.sleep(1.5)  # the synchronizer re-reads it within a second
         for seq in range(1, args.tries + 1):
             tries += 1
-            refused_as("more_tokens_than_declared",
-                       lambda seq=seq: x.contribute(0, blob, base_version=0, steps=H, tokens=8 * H + 1, seq=seq))  # type: ignore[misc]  # fmt: skip
-            refused_as("more_steps_than_the_age_allows",
-                       lambda seq=seq: x.contribute(0, blob, base_version=0, steps=10**6, tokens=8 * 10**6, seq=seq))  # type: ignore[misc]  # fmt: skip
+            refused_as(
+                "more_tokens_than_declared",
+                lambda seq=seq: x.contribute(0, blob, base_version=0, steps=H, tokens=8 * H + 1, seq=seq),
+            )  # type: ignore[misc]
+            refused_as(
+                "more_steps_than_the_age_allows",
+                lambda seq=seq: x.contribute(0, blob, base_version=0, steps=10**6, tokens=8 * 10**6, seq=seq),
+            )  # type: ignore[misc]
             for kind, token in others.items():
                 c = SyncClient(sync.url, "x", token, timeout_s=30.0)
                 refused_as(kind, lambda c=c: c.heartbeat(proto.Heartbeat(step=1, tokens=8, step_time_s=0.1)))  # type: ignore[misc]
@@ -318,8 +336,11 @@ def claims(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             0, grad_blob(of_norm(rng, 1.0), 0), base_version=0, steps=H, tokens=8 * H, seq=args.tries + 1
         )
         version, _ = fetch_newer(honest, the_plan, 0)
-        return {"tries_of_each": tries, **{f"{k}_refused": v for k, v in refused.items()},
-                "honest_and_x_within_its_claims_merged": version == 1}  # fmt: skip
+        return {
+            "tries_of_each": tries,
+            **{f"{k}_refused": v for k, v in refused.items()},
+            "honest_and_x_within_its_claims_merged": version == 1,
+        }
     finally:
         honest.close()
         x.close()
@@ -389,10 +410,16 @@ def continuations(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 other_blob = grad_blob(of_norm(rng, 0.01), other)
                 taken = _until_answered(
                     functools.partial(
-                        b.contribute, 0, other_blob, base_version=other, steps=1, tokens=8, seq=seq,
+                        b.contribute,
+                        0,
+                        other_blob,
+                        base_version=other,
+                        steps=1,
+                        tokens=8,
+                        seq=seq,
                         since=other_at.get(other, 0),
                     )
-                )  # fmt: skip
+                )
                 if not isinstance(taken, SyncRejected):
                     other_at[other] = other_at.get(other, 0) + 1
                     break
@@ -467,8 +494,9 @@ def _round_logs(store: Path) -> list[dict[str, Any]]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="diloco bench attack", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="diloco bench attack", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"some of {', '.join(SCENARIOS)}")
     ap.add_argument("--rounds", type=int, default=40, help="bound: rounds")
     ap.add_argument("--ratio", type=float, default=9.0, help="bound: the adversary's norm / the honest one")

@@ -47,8 +47,12 @@ def methods(a: argparse.Namespace) -> list[runs.Method]:
                   down_codec=a.down_codec, block_size=a.quant_block, error_feedback=True, inner_steps=big,
                   outer_lr=lr, outer_momentum=mom) for big in a.large_h),
     ]  # fmt: skip
-    return [runs.data_parallel(M, "fp32"), runs.data_parallel(M, "bf16"), replace(base, name=f"decoupled (int4), H = {H}"),
-            *rows]  # fmt: skip
+    return [
+        runs.data_parallel(M, "fp32"),
+        runs.data_parallel(M, "bf16"),
+        replace(base, name=f"decoupled (int4), H = {H}"),
+        *rows,
+    ]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,17 +61,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--learners", type=int, default=4, help="M (default %(default)s)")
     p.add_argument("--inner-steps", type=int, default=16, help="H of today's run (default %(default)s)")
     p.add_argument(
-        "--large-h", type=_counts, default=(64,),
+        "--large-h",
+        type=_counts,
+        default=(64,),
         help="the larger H candidate, or several comma-separated: one larger-H row and one combined row each "
         "(default 64)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--large-h-outer-lr", type=float, default=0.7, help="its outer learning rate (default %(default)s)"
     )
     p.add_argument(
-        "--large-h-outer-momentum", type=float, default=None,
+        "--large-h-outer-momentum",
+        type=float,
+        default=None,
         help="its outer momentum (default: --outer-momentum, as for today's run)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--up-codec", default="int1", help="upload codec of the combined row (default %(default)s)"
     )
@@ -116,16 +124,23 @@ def main(argv: list[str]) -> int:
     for m in chosen:
         r = harness.run(m, w, timing, corpus, seed)
         results.append(r)
-        print(f"{m.name:<44} up {r.bytes_per_token:9.3f} B/token, down {down_per_token(r):9.3f}, loss "
-              f"{r.eval_loss:.4f} ({r.wall_s:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"{m.name:<44} up {r.bytes_per_token:9.3f} B/token, down {down_per_token(r):9.3f}, loss "
+            f"{r.eval_loss:.4f} ({r.wall_s:.0f} s)",
+            flush=True,
+        )
     base = next(r for r in results if r.method == "data-parallel (bf16)")
     print(report(results, base, a.step_time))
     experiment.write_json(a.json, results)
-    plots.emit(a, "bandwidth", lambda: plots.codecs(
-        {r.method: (r.bytes_per_token + down_per_token(r), [r.eval_loss]) for r in results},
-        title="Bandwidth: held-out loss vs bytes up + down per token (same tokens)",
-        xlabel="bytes up + down per token, all learners (log)",
-    ))  # fmt: skip
+    plots.emit(
+        a,
+        "bandwidth",
+        lambda: plots.codecs(
+            {r.method: (r.bytes_per_token + down_per_token(r), [r.eval_loss]) for r in results},
+            title="Bandwidth: held-out loss vs bytes up + down per token (same tokens)",
+            xlabel="bytes up + down per token, all learners (log)",
+        ),
+    )
     return 0
 
 
@@ -150,12 +165,19 @@ def report(results: list[runs.RunResult], base: runs.RunResult, step_time: float
     ref = next((r.eval_loss for r in results if r.method.startswith("decoupled (int4)")), base.eval_loss)
     for r in results:
         per_step = statistics.fmean(b / s for b, s in zip(r.bytes_up, r.steps, strict=True))
-        rows.append([
-            r.method, f"{r.bytes_per_token:.4f}", f"{base.bytes_per_token / r.bytes_per_token:,.0f}x",
-            f"{down_per_token(r):.4f}", f"{down_per_token(base) / down_per_token(r):,.0f}x",
-            experiment.human_bytes(max(r.peak_up)), f"{per_step * 8 / step_time / 1e6:.4f}",
-            f"{r.eval_loss:.4f}", f"{100 * (r.eval_loss / ref - 1):+.1f}%",
-        ])  # fmt: skip
+        rows.append(
+            [
+                r.method,
+                f"{r.bytes_per_token:.4f}",
+                f"{base.bytes_per_token / r.bytes_per_token:,.0f}x",
+                f"{down_per_token(r):.4f}",
+                f"{down_per_token(base) / down_per_token(r):,.0f}x",
+                experiment.human_bytes(max(r.peak_up)),
+                f"{per_step * 8 / step_time / 1e6:.4f}",
+                f"{r.eval_loss:.4f}",
+                f"{100 * (r.eval_loss / ref - 1):+.1f}%",
+            ]
+        )
     headers = [
         "method", "bytes up / token", "up vs DP bf16", "bytes down / token", "down vs DP bf16",
         "peak up / learner-step", f"mean Mbit/s up per learner at {step_time:g} s/step", "held-out loss",

@@ -43,10 +43,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_command(mode: str, a: argparse.Namespace, runs_dir: Path) -> list[str]:
     return [
-        sys.executable, "-m", "diloco", "run", "--mode", mode, "--learners", str(a.learners),
-        "--max-steps", str(a.max_steps), "--mtbf", str(a.mtbf), "--repair", str(a.repair), "--seed", str(a.seed),
-        "--time-limit", str(a.time_limit), "--runs-dir", str(runs_dir), "--plain", *a.extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "diloco",
+        "run",
+        "--mode",
+        mode,
+        "--learners",
+        str(a.learners),
+        "--max-steps",
+        str(a.max_steps),
+        "--mtbf",
+        str(a.mtbf),
+        "--repair",
+        str(a.repair),
+        "--seed",
+        str(a.seed),
+        "--time-limit",
+        str(a.time_limit),
+        "--runs-dir",
+        str(runs_dir),
+        "--plain",
+        *a.extra,
+    ]
 
 
 def run_and_read(cmd: list[str], runs_dir: Path, timeout_s: float) -> tuple[Path | str, float]:
@@ -109,10 +128,17 @@ def report(summaries: list[dict[str, Any]]) -> str:
             rows.append([s["mode"], "did not run", "-", "-", "-", "-", s["error"]])
             continue
         at = loss_at(s["losses"], horizon)
-        rows.append([
-            s["mode"], f"{s['goodput']:.1%}", f"{s['final_loss']:.4f}" if s["final_loss"] is not None else "n/a",
-            "n/a" if at is None else f"{at:.4f}", f"{s['duration_s']:.0f}", s["kills"], f"{s['tokens']:,}",
-        ])  # fmt: skip
+        rows.append(
+            [
+                s["mode"],
+                f"{s['goodput']:.1%}",
+                f"{s['final_loss']:.4f}" if s["final_loss"] is not None else "n/a",
+                "n/a" if at is None else f"{at:.4f}",
+                f"{s['duration_s']:.0f}",
+                s["kills"],
+                f"{s['tokens']:,}",
+            ]
+        )
     headers = ["mode", "goodput", "final loss", f"loss at {horizon:.0f} s", "run s", "kills", "tokens"]
     return experiment.table(headers, rows)
 

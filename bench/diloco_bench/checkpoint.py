@@ -70,8 +70,14 @@ def measure(a: argparse.Namespace, device: torch.device, folder: Path) -> dict[s
     model, opt, fs, held = st["model"], st["optimizer"], st["fs"], st["held"]
 
     def state(step: int) -> dict[str, Any]:
-        return {"model": model, "optimizer": opt, "anchors": fs.anchors, "residuals": fs.residuals,
-                "held": held, "meta": {"step": step}}  # fmt: skip
+        return {
+            "model": model,
+            "optimizer": opt,
+            "anchors": fs.anchors,
+            "residuals": fs.residuals,
+            "held": held,
+            "meta": {"step": step},
+        }
 
     store = FilesystemStore(folder)
     writes: list[float] = []
@@ -96,16 +102,23 @@ def measure(a: argparse.Namespace, device: torch.device, folder: Path) -> dict[s
     writer.close()
     before, now = statistics.median(whole), statistics.median(snap)
     return {
-        "device": str(device), "params": st["params"], "repeats": a.repeats,
-        "whole_save_s": before, "snapshot_s": now, "snapshot_to_written_s": statistics.median(writes),
+        "device": str(device),
+        "params": st["params"],
+        "repeats": a.repeats,
+        "whole_save_s": before,
+        "snapshot_s": now,
+        "snapshot_to_written_s": statistics.median(writes),
         "ratio": before / now if now > 0 else float("inf"),
         "checkpoint_bytes": sum(t.numel() * t.element_size() for t in last.tensors.values()) if last else 0,
-    }  # fmt: skip
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="diloco bench checkpoint", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="diloco bench checkpoint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--n-layer", type=int, default=6)
     ap.add_argument("--n-head", type=int, default=6)
@@ -126,11 +139,15 @@ def main(argv: list[str]) -> int:
         return 0
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         r = measure(a, device, Path(tmp))
-    print(f"device: {r['device']}; model {a.n_layer}x{a.n_embd}: {r['params']:,} parameters; "
-          f"{r['checkpoint_bytes'] / 2**20:.1f} MiB of tensors per checkpoint; medians of {r['repeats']}")  # fmt: skip
+    print(
+        f"device: {r['device']}; model {a.n_layer}x{a.n_embd}: {r['params']:,} parameters; "
+        f"{r['checkpoint_bytes'] / 2**20:.1f} MiB of tensors per checkpoint; medians of {r['repeats']}"
+    )
     print(f"whole save on the training thread: {1000 * r['whole_save_s']:.1f} ms")
-    print(f"snapshot (the training thread's part now): {1000 * r['snapshot_s']:.1f} ms; "
-          f"written {1000 * r['snapshot_to_written_s']:.1f} ms after it began")  # fmt: skip
+    print(
+        f"snapshot (the training thread's part now): {1000 * r['snapshot_s']:.1f} ms; "
+        f"written {1000 * r['snapshot_to_written_s']:.1f} ms after it began"
+    )
     print(f"training-thread time per checkpoint, before / now: {r['ratio']:.2f}x")
     if a.json:
         a.json.write_text(json.dumps(r, indent=2))

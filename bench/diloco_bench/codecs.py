@@ -38,8 +38,10 @@ def main(argv: list[str]) -> int:
             (method,) = experiment.with_outer([runs.decoupled(a.learners, codec)], a)
             r = harness.run(method, w, timing, corpus, seed)
             results.setdefault(codec, []).append(r)
-            print(f"{codec:<5} seed {seed}: loss {r.eval_loss:.4f}, {r.bytes_per_token:.3f} B/token ({r.wall_s:.0f} s)",
-                  flush=True)  # fmt: skip
+            print(
+                f"{codec:<5} seed {seed}: loss {r.eval_loss:.4f}, {r.bytes_per_token:.3f} B/token ({r.wall_s:.0f} s)",
+                flush=True,
+            )
     print(report(results))
     experiment.write_json(a.json, results)
     plots.emit(a, "codecs", lambda: plots.codecs(points(results)))
@@ -60,10 +62,15 @@ def report(results: dict[str, list[runs.RunResult]]) -> str:
     for codec, rs in results.items():
         losses = [r.eval_loss for r in rs]
         bpt = statistics.fmean(r.bytes_per_token for r in rs)
-        rows.append([
-            codec, experiment.mean_std(losses), f"{100 * (statistics.fmean(losses) / ref - 1):+.2f}%", f"{bpt:.3f}",
-            PAPER.get(codec, "-"),
-        ])  # fmt: skip
+        rows.append(
+            [
+                codec,
+                experiment.mean_std(losses),
+                f"{100 * (statistics.fmean(losses) / ref - 1):+.2f}%",
+                f"{bpt:.3f}",
+                PAPER.get(codec, "-"),
+            ]
+        )
     rows += [
         [name, "not measured", "-", "-", PAPER[name]] for name in ("int2", "int1") if name not in results
     ]

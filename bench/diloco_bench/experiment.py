@@ -56,9 +56,15 @@ def output_flags(p: argparse.ArgumentParser, *, plot: bool = True) -> None:
 
 def workload_from(a: argparse.Namespace) -> Workload:
     return Workload(
-        n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd, block_size=a.block_size,
-        batch_size=a.batch_size, lr=a.lr, corpus=a.corpus, device=a.device,
-    )  # fmt: skip
+        n_layer=a.n_layer,
+        n_head=a.n_head,
+        n_embd=a.n_embd,
+        block_size=a.block_size,
+        batch_size=a.batch_size,
+        lr=a.lr,
+        corpus=a.corpus,
+        device=a.device,
+    )
 
 
 def with_outer(methods: Sequence[Method], a: argparse.Namespace) -> list[Method]:

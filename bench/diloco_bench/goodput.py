@@ -65,9 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
 def run_flags(mode: str, seed: int, a: argparse.Namespace) -> list[str]:
     """The flags both commands get: the run never stops on steps, only at the time limit."""
     return [
-        "--mode", mode, "--learners", str(a.learners), "--max-steps", "100000000", "--mtbf", str(a.mtbf),
-        "--repair", str(a.repair), "--seed", str(seed), "--time-limit", str(a.time_limit), *a.extra,
-    ]  # fmt: skip
+        "--mode",
+        mode,
+        "--learners",
+        str(a.learners),
+        "--max-steps",
+        "100000000",
+        "--mtbf",
+        str(a.mtbf),
+        "--repair",
+        str(a.repair),
+        "--seed",
+        str(seed),
+        "--time-limit",
+        str(a.time_limit),
+        *a.extra,
+    ]
 
 
 def all_training_windows(intervals: Sequence[Interval], learners: int) -> list[tuple[float, float]]:
@@ -108,8 +121,11 @@ def measured_timing(record: RunRecord, metrics_dir: Path, learners: int) -> dict
     """What the run's processes took: start-up, restart (launch to first step), step time, and the
     share of training time spent syncing while every learner trained."""
     first, later = launch_durations(record.timeline.intervals)
-    records = [r for path in sorted(metrics_dir.glob("*.jsonl"))
-               for r in parse_records(path.read_text(errors="replace").splitlines())]  # fmt: skip
+    records = [
+        r
+        for path in sorted(metrics_dir.glob("*.jsonl"))
+        for r in parse_records(path.read_text(errors="replace").splitlines())
+    ]
     steps = [float(r["step_time_s"]) for r in records if r.get("step_time_s")]
     if not first or not steps:
         raise ValueError("the run has no learner that reached training; nothing to calibrate on")
@@ -135,21 +151,52 @@ def run_one(mode: str, seed: int, a: argparse.Namespace, root: Path) -> dict[str
     report = json.loads(path.read_text())
     record = RunRecord.from_dict(report["record"])
     timing = measured_timing(record, path.parent / "metrics", a.learners)
-    _, doc = simulate_run([*flags, "--restart", f"{timing['restart_s']:.3f}", "--startup", f"{timing['startup_s']:.3f}",
-                           "--step-time", f"{timing['step_time_s']:.4f}",
-                           "--blocked-fraction", f"{timing['blocked_fraction']:.4f}"])  # fmt: skip
+    _, doc = simulate_run(
+        [
+            *flags,
+            "--restart",
+            f"{timing['restart_s']:.3f}",
+            "--startup",
+            f"{timing['startup_s']:.3f}",
+            "--step-time",
+            f"{timing['step_time_s']:.4f}",
+            "--blocked-fraction",
+            f"{timing['blocked_fraction']:.4f}",
+        ]
+    )
     predicted = mean_goodput(doc)
     measured = report["summary"]["goodput"]
     return {
-        "mode": mode, "seed": seed, "wall_s": wall, "timing": timing, "kills": len(record.kills),
+        "mode": mode,
+        "seed": seed,
+        "wall_s": wall,
+        "timing": timing,
+        "kills": len(record.kills),
         "predicted_kills": doc["runs"][0]["kills"],
-        "measured": {k: measured[k] for k in ("goodput", "steady_goodput", "startup_s", "total_s", "blocked_s",
-                                               "lost_s", "down_s", "starting_s")},
-        "predicted": {"goodput": predicted.goodput, "steady_goodput": predicted.steady_goodput,
-                      "startup_s": predicted.startup_s, "total_s": predicted.total_s,
-                      "blocked_s": predicted.blocked_s, "lost_s": predicted.lost_s, "down_s": predicted.down_s,
-                      "starting_s": predicted.starting_s},
-    }  # fmt: skip
+        "measured": {
+            k: measured[k]
+            for k in (
+                "goodput",
+                "steady_goodput",
+                "startup_s",
+                "total_s",
+                "blocked_s",
+                "lost_s",
+                "down_s",
+                "starting_s",
+            )
+        },
+        "predicted": {
+            "goodput": predicted.goodput,
+            "steady_goodput": predicted.steady_goodput,
+            "startup_s": predicted.startup_s,
+            "total_s": predicted.total_s,
+            "blocked_s": predicted.blocked_s,
+            "lost_s": predicted.lost_s,
+            "down_s": predicted.down_s,
+            "starting_s": predicted.starting_s,
+        },
+    }
 
 
 def _pct(value: float | None) -> str:
@@ -167,12 +214,21 @@ def report(results: Sequence[dict[str, Any]]) -> str:
             rows.append([r["mode"], r["seed"], "did not run", "", "", "", "", "", "", "", r["error"]])
             continue
         m, p, t = r["measured"], r["predicted"], r["timing"]
-        rows.append([
-            r["mode"], r["seed"], _pct(m["goodput"]), _pct(p["goodput"]), _points(m["goodput"], p["goodput"]),
-            _pct(m["steady_goodput"]), _pct(p["steady_goodput"]), _points(m["steady_goodput"], p["steady_goodput"]),
-            f"{100 * m['startup_s'] / m['total_s']:.1f}%", f"{r['kills']} / {r['predicted_kills']}",
-            f"{t['startup_s']:.1f} / {t['restart_s']:.1f} / {t['step_time_s']:.3f} / {100 * t['blocked_fraction']:.1f}%",
-        ])  # fmt: skip
+        rows.append(
+            [
+                r["mode"],
+                r["seed"],
+                _pct(m["goodput"]),
+                _pct(p["goodput"]),
+                _points(m["goodput"], p["goodput"]),
+                _pct(m["steady_goodput"]),
+                _pct(p["steady_goodput"]),
+                _points(m["steady_goodput"], p["steady_goodput"]),
+                f"{100 * m['startup_s'] / m['total_s']:.1f}%",
+                f"{r['kills']} / {r['predicted_kills']}",
+                f"{t['startup_s']:.1f} / {t['restart_s']:.1f} / {t['step_time_s']:.3f} / {100 * t['blocked_fraction']:.1f}%",
+            ]
+        )
     headers = ["mode", "seed", "goodput", "predicted", "points", "steady", "predicted", "points",
                "start-up share", "kills (run / sim)", "measured: start-up s / restart s / step s / syncing"]  # fmt: skip
     return experiment.table(headers, rows)
@@ -204,10 +260,12 @@ def render_summary(s: dict[str, Any]) -> str:
     ]
     for mode, x in s.items():
         paper = f"; paper {PAPER[mode]:.0f}%" if mode in PAPER else ""
-        lines.append(f"  {mode:<12} {_pct(x['measured_steady'])} / {_pct(x['predicted_steady'])} (spread "
-                     f"{100 * x['measured_spread']:.1f} points over {x['runs']} runs; largest |measured - predicted| "
-                     f"{x['max_abs_points']:.1f} points; overall {_pct(x['measured_overall'])} / "
-                     f"{_pct(x['predicted_overall'])}{paper})")  # fmt: skip
+        lines.append(
+            f"  {mode:<12} {_pct(x['measured_steady'])} / {_pct(x['predicted_steady'])} (spread "
+            f"{100 * x['measured_spread']:.1f} points over {x['runs']} runs; largest |measured - predicted| "
+            f"{x['max_abs_points']:.1f} points; overall {_pct(x['measured_overall'])} / "
+            f"{_pct(x['predicted_overall'])}{paper})"
+        )
     if "decoupled" in s and "ddp" in s and s["ddp"]["measured_steady"] > 0:
         ratio = s["decoupled"]["measured_steady"] / s["ddp"]["measured_steady"]
         lines.append(f"  decoupled / ddp (steady state, measured): {ratio:.2f}x (paper: 88 / 27 = 3.26x)")
@@ -224,13 +282,29 @@ def figure(results: Sequence[dict[str, Any]]) -> Figure:
         ok = [r for r in results if r["mode"] == mode and "error" not in r]
         for k, r in enumerate(ok):
             dx = 0.08 * (k - (len(ok) - 1) / 2)
-            ax.plot([i - 0.12 + dx], [100 * r["measured"]["steady_goodput"]], "o", color=color,
-                    label="measured (real processes)" if i == 0 and k == 0 else None)  # fmt: skip
-            ax.plot([i + 0.12 + dx], [100 * r["predicted"]["steady_goodput"]], "x", color=color, markersize=9,
-                    label="predicted (simulator, same flags)" if i == 0 and k == 0 else None)  # fmt: skip
+            ax.plot(
+                [i - 0.12 + dx],
+                [100 * r["measured"]["steady_goodput"]],
+                "o",
+                color=color,
+                label="measured (real processes)" if i == 0 and k == 0 else None,
+            )
+            ax.plot(
+                [i + 0.12 + dx],
+                [100 * r["predicted"]["steady_goodput"]],
+                "x",
+                color=color,
+                markersize=9,
+                label="predicted (simulator, same flags)" if i == 0 and k == 0 else None,
+            )
         if mode in PAPER:
-            ax.plot([i - 0.3, i + 0.3], [PAPER[mode]] * 2, "--", color="gray",
-                    label="paper, 1.2M chips (88% vs 27%)" if mode == "decoupled" else None)  # fmt: skip
+            ax.plot(
+                [i - 0.3, i + 0.3],
+                [PAPER[mode]] * 2,
+                "--",
+                color="gray",
+                label="paper, 1.2M chips (88% vs 27%)" if mode == "decoupled" else None,
+            )
     ax.set_xticks(range(len(modes)), modes)
     ax.set_ylim(0, 100)
     ax.set_ylabel("steady-state goodput (%)")

@@ -73,8 +73,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor],
-          i: int, cfg: TrainSettings, device: torch.device) -> torch.Tensor:  # fmt: skip
+def _step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    i: int,
+    cfg: TrainSettings,
+    device: torch.device,
+) -> torch.Tensor:
     """The worker's inner step (one micro-batch): the loss stays on the device."""
     for g in opt.param_groups:
         g["lr"] = lr_at(i, cfg)
@@ -88,8 +94,13 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch
     return out
 
 
-def time_steps(a: argparse.Namespace, model: torch.nn.Module, device: torch.device, stream: BatchStream,
-               cfg: TrainSettings) -> dict[str, float]:  # fmt: skip
+def time_steps(
+    a: argparse.Namespace,
+    model: torch.nn.Module,
+    device: torch.device,
+    stream: BatchStream,
+    cfg: TrainSettings,
+) -> dict[str, float]:
     """Warm-up (the first step compiles a compiled model), then the timed steps."""
     opt = make_optimizer(model, cfg)
     t0 = time.perf_counter()
@@ -103,8 +114,11 @@ def time_steps(a: argparse.Namespace, model: torch.nn.Module, device: torch.devi
     losses = [_step(model, opt, next(stream), a.warmup_steps + i, cfg, device) for i in range(a.timed_steps)]
     float(torch.stack(losses).sum())  # the host waits for the device once, here
     dt = time.perf_counter() - t0
-    return {"first_step_s": first, "step_ms": 1000 * dt / a.timed_steps,
-            "tokens_per_s": a.timed_steps * a.batch_size * a.block_size / dt}  # fmt: skip
+    return {
+        "first_step_s": first,
+        "step_ms": 1000 * dt / a.timed_steps,
+        "tokens_per_s": a.timed_steps * a.batch_size * a.block_size / dt,
+    }
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -152,13 +166,20 @@ def time_boundaries(
             t2 = time.perf_counter()
             to_host.append(t1 - t0)
             encode.append(t2 - t1)
-        rows.append({
-            "fragment": f.index, "params": f.numel, "anchor_memory": dev.placement,
-            "device_queue_ms": _median_ms(queue), "device_done_ms": _median_ms(done),
-            "device_gparams_per_s": f.numel / statistics.median(done) / 1e9,
-            "stage_ms": _median_ms(stage), "apply_ms": _median_ms(apply),
-            "numpy_training_thread_ms": _median_ms(to_host), "numpy_encode_with_zstd_ms": _median_ms(encode),
-        })  # fmt: skip
+        rows.append(
+            {
+                "fragment": f.index,
+                "params": f.numel,
+                "anchor_memory": dev.placement,
+                "device_queue_ms": _median_ms(queue),
+                "device_done_ms": _median_ms(done),
+                "device_gparams_per_s": f.numel / statistics.median(done) / 1e9,
+                "stage_ms": _median_ms(stage),
+                "apply_ms": _median_ms(apply),
+                "numpy_training_thread_ms": _median_ms(to_host),
+                "numpy_encode_with_zstd_ms": _median_ms(encode),
+            }
+        )
     return rows
 
 
@@ -201,8 +222,9 @@ def main(argv: list[str]) -> int:
     train, held = split_corpus(load_corpus("stdlib", 16 * 1024 * 1024), 0.02)
 
     def stream() -> BatchStream:
-        return BatchStream(train, Shard(0, 1, "gpu"), batch_size=a.batch_size, block_size=a.block_size, seed=0,
-                           device=device)  # fmt: skip
+        return BatchStream(
+            train, Shard(0, 1, "gpu"), batch_size=a.batch_size, block_size=a.block_size, seed=0, device=device
+        )
 
     model = build_gpt(ms).to(device)
     fpt, peak = flops_per_token(model), peak_flops(device, a.peak_tflops)
@@ -212,19 +234,25 @@ def main(argv: list[str]) -> int:
         if device.type == "cuda"
         else f"CPU ({torch.get_num_threads()} threads)"
     )
-    print(f"device: {name}; PyTorch {torch.__version__}; model {a.n_layer}x{a.n_embd}, context {a.block_size}, "
-          f"batch {a.batch_size}: {n_params:,} parameters, {fpt / 1e6:,.1f} MFLOP per token")  # fmt: skip
+    print(
+        f"device: {name}; PyTorch {torch.__version__}; model {a.n_layer}x{a.n_embd}, context {a.block_size}, "
+        f"batch {a.batch_size}: {n_params:,} parameters, {fpt / 1e6:,.1f} MFLOP per token"
+    )
     figures: dict[str, Any] = {"device": name, "params": n_params, "flops_per_token": fpt, "peak_flops": peak}
     eager = time_steps(a, model, device, stream(), cfg)
     figures["eager"] = eager
-    print(f"\ninner step, eager: {eager['step_ms']:.1f} ms, {eager['tokens_per_s']:,.0f} tokens/s, "
-          f"MFU {_mfu(eager['tokens_per_s'], fpt, peak)}")  # fmt: skip
+    print(
+        f"\ninner step, eager: {eager['step_ms']:.1f} ms, {eager['tokens_per_s']:,.0f} tokens/s, "
+        f"MFU {_mfu(eager['tokens_per_s'], fpt, peak)}"
+    )
     if not a.no_compile:
         compiled_model = torch.compile(build_gpt(ms).to(device))
         compiled = time_steps(a, compiled_model, device, stream(), cfg)  # type: ignore[arg-type]
         figures["compiled"] = compiled
-        print(f"inner step, torch.compile: {compiled['step_ms']:.1f} ms, {compiled['tokens_per_s']:,.0f} tokens/s, "
-              f"MFU {_mfu(compiled['tokens_per_s'], fpt, peak)}; start-up (first step) {compiled['first_step_s']:.1f} s")  # fmt: skip
+        print(
+            f"inner step, torch.compile: {compiled['step_ms']:.1f} ms, {compiled['tokens_per_s']:,.0f} tokens/s, "
+            f"MFU {_mfu(compiled['tokens_per_s'], fpt, peak)}; start-up (first step) {compiled['first_step_s']:.1f} s"
+        )
         del compiled_model
     rows = time_boundaries(a, model, device)
     figures["boundary"] = rows
@@ -235,9 +263,11 @@ def main(argv: list[str]) -> int:
     )
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['fragment']} | {r['params']:,} | {r['anchor_memory']} | {r['device_queue_ms']:.2f} | "
-              f"{r['device_done_ms']:.2f} | {r['device_gparams_per_s']:.3f} | {r['stage_ms']:.2f} | {r['apply_ms']:.2f} | "
-              f"{r['numpy_training_thread_ms']:.1f} | {r['numpy_encode_with_zstd_ms']:.1f} |")  # fmt: skip
+        print(
+            f"| {r['fragment']} | {r['params']:,} | {r['anchor_memory']} | {r['device_queue_ms']:.2f} | "
+            f"{r['device_done_ms']:.2f} | {r['device_gparams_per_s']:.3f} | {r['stage_ms']:.2f} | {r['apply_ms']:.2f} | "
+            f"{r['numpy_training_thread_ms']:.1f} | {r['numpy_encode_with_zstd_ms']:.1f} |"
+        )
     if a.train_steps:
         figures["training"] = short_run(a, ms, cfg, device, stream(), held)
     if a.json:
@@ -245,8 +275,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def short_run(a: argparse.Namespace, ms: ModelSettings, cfg: TrainSettings, device: torch.device,
-              batches: BatchStream, held: np.ndarray) -> dict[str, float]:  # fmt: skip
+def short_run(
+    a: argparse.Namespace,
+    ms: ModelSettings,
+    cfg: TrainSettings,
+    device: torch.device,
+    batches: BatchStream,
+    held: np.ndarray,
+) -> dict[str, float]:
     model = build_gpt(ms).to(device)
     opt = make_optimizer(model, cfg)
     evals = eval_batches(held, batch_size=a.batch_size, block_size=a.block_size, max_batches=8, device=device)
@@ -255,8 +291,10 @@ def short_run(a: argparse.Namespace, ms: ModelSettings, cfg: TrainSettings, devi
     for i in range(a.train_steps):
         step(i)
     end = held_out_loss(model, evals, device)
-    print(f"\nheld-out loss: {start:.4f} -> {end:.4f} after {a.train_steps} steps "
-          f"({a.train_steps * a.batch_size * a.block_size:,} tokens)")  # fmt: skip
+    print(
+        f"\nheld-out loss: {start:.4f} -> {end:.4f} after {a.train_steps} steps "
+        f"({a.train_steps * a.batch_size * a.block_size:,} tokens)"
+    )
     return {"start_loss": start, "end_loss": end, "steps": float(a.train_steps)}
 
 

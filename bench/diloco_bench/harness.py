@@ -84,10 +84,20 @@ def run_data_parallel(method: Method, w: Workload, timing: Timing, corpus: Corpu
     M = method.learners
     loss = evaluate(model, corpus.held_out)
     return RunResult(
-        method.name, seed, loss, tokens, now, busy / max(busy + idle, 1e-9),
-        1.0, [grad_bytes * step] * M, [grad_bytes] * M, grad_bytes * step * M, [step] * M,
-        wall_s=time.perf_counter() - started, curve=[*curve, (tokens, loss)],
-    )  # fmt: skip
+        method.name,
+        seed,
+        loss,
+        tokens,
+        now,
+        busy / max(busy + idle, 1e-9),
+        1.0,
+        [grad_bytes * step] * M,
+        [grad_bytes] * M,
+        grad_bytes * step * M,
+        [step] * M,
+        wall_s=time.perf_counter() - started,
+        curve=[*curve, (tokens, loss)],
+    )
 
 
 class DiLoCoRun:
@@ -174,10 +184,17 @@ class DiLoCoRun:
         out = []
         for p, state in enumerate(self.syncer.state):
             c = ln.counters[p]
-            if state is not None and ln.index not in self.syncer.pending[p] and should_send_partial(
-                requested_version=state.version, base_version=c.base_version, steps=c.steps,
-                sent_at=c.sent_at, pending=False,
-            ):  # fmt: skip
+            if (
+                state is not None
+                and ln.index not in self.syncer.pending[p]
+                and should_send_partial(
+                    requested_version=state.version,
+                    base_version=c.base_version,
+                    steps=c.steps,
+                    sent_at=c.sent_at,
+                    pending=False,
+                )
+            ):
                 out.append(p)
         return out
 
@@ -223,12 +240,24 @@ class DiLoCoRun:
         steps = [ln.steps for ln in lns]
         tokens, loss = sum(steps) * w.batch_size * w.block_size, self.evaluate_global()
         return RunResult(
-            self.method.name, self.seed, loss, tokens,
-            max(ln.clock for ln in lns), busy / max(busy + idle, 1e-9), s.merged_steps / max(sum(steps), 1),
-            [ln.bytes_up for ln in lns], [ln.peak_up for ln in lns], sum(ln.bytes_down for ln in lns), steps,
-            rounds=s.rounds, participants=s.participants / max(s.rounds, 1), norm_ratios=list(s.norm_ratios),
-            wall_s=time.perf_counter() - started, partials=self.partials, curve=[*self.curve, (tokens, loss)],
-        )  # fmt: skip
+            self.method.name,
+            self.seed,
+            loss,
+            tokens,
+            max(ln.clock for ln in lns),
+            busy / max(busy + idle, 1e-9),
+            s.merged_steps / max(sum(steps), 1),
+            [ln.bytes_up for ln in lns],
+            [ln.peak_up for ln in lns],
+            sum(ln.bytes_down for ln in lns),
+            steps,
+            rounds=s.rounds,
+            participants=s.participants / max(s.rounds, 1),
+            norm_ratios=list(s.norm_ratios),
+            wall_s=time.perf_counter() - started,
+            partials=self.partials,
+            curve=[*self.curve, (tokens, loss)],
+        )
 
 
 def run(method: Method, w: Workload, timing: Timing, corpus: Corpus, seed: int) -> RunResult:

@@ -53,8 +53,10 @@ def main(argv: list[str]) -> int:
         for m in experiment.with_outer(policies(a.learners, a.inner_steps, partial=not a.no_partial), a):
             r = harness.run(m, w, timing, corpus, seed)
             results.setdefault(m.name, []).append(r)
-            print(f"seed {seed} {m.name:<14} goodput {r.goodput:.0%} loss {r.eval_loss:.4f} ({r.wall_s:.0f} s)",
-                  flush=True)  # fmt: skip
+            print(
+                f"seed {seed} {m.name:<14} goodput {r.goodput:.0%} loss {r.eval_loss:.4f} ({r.wall_s:.0f} s)",
+                flush=True,
+            )
     print(report(results))
     experiment.write_json(a.json, results)
     goodput = {n: [r.goodput for r in rs] for n, rs in results.items()}
@@ -69,12 +71,18 @@ def main(argv: list[str]) -> int:
 def report(results: dict[str, list[runs.RunResult]]) -> str:
     rows = []
     for name, rs in results.items():
-        rows.append([
-            name, f"{statistics.fmean(r.goodput for r in rs):.1%}", experiment.mean_std([r.eval_loss for r in rs]),
-            f"{statistics.fmean(r.merged_share for r in rs):.0%}", f"{statistics.fmean(r.participants for r in rs):.2f}",
-            f"{statistics.fmean(sum(r.steps) for r in rs):.0f}", f"{statistics.fmean(r.partials for r in rs):.0f}",
-            *PAPER.get(name, ("-", "-")),
-        ])  # fmt: skip
+        rows.append(
+            [
+                name,
+                f"{statistics.fmean(r.goodput for r in rs):.1%}",
+                experiment.mean_std([r.eval_loss for r in rs]),
+                f"{statistics.fmean(r.merged_share for r in rs):.0%}",
+                f"{statistics.fmean(r.participants for r in rs):.2f}",
+                f"{statistics.fmean(sum(r.steps) for r in rs):.0f}",
+                f"{statistics.fmean(r.partials for r in rs):.0f}",
+                *PAPER.get(name, ("-", "-")),
+            ]
+        )
     headers = ["policy", "goodput", "held-out loss", "merged", "learners / merge", "learner-steps", "pulled",
                "paper goodput", "paper text avg"]  # fmt: skip
     return experiment.table(headers, rows)

@@ -43,8 +43,11 @@ def main(argv: list[str]) -> int:
                 (method,) = experiment.with_outer([method], a)
                 r = harness.run(method, w, timing, corpus, seed)
                 results.setdefault((rule, m), []).append(r)
-                print(f"{rule:<4} M={m:<3} seed {seed}: norm ratio {_ratio(r):.3f}, loss {r.eval_loss:.4f} "
-                      f"({r.wall_s:.0f} s)", flush=True)  # fmt: skip
+                print(
+                    f"{rule:<4} M={m:<3} seed {seed}: norm ratio {_ratio(r):.3f}, loss {r.eval_loss:.4f} "
+                    f"({r.wall_s:.0f} s)",
+                    flush=True,
+                )
     print(report(results))
     experiment.write_json(a.json, {f"{rule} M={m}": rs for (rule, m), rs in results.items()})
     plots.emit(a, "merge-rule", lambda: plots.merge_rule(*curves(results)))
@@ -55,8 +58,9 @@ def _ratio(r: runs.RunResult) -> float:
     return statistics.fmean(r.norm_ratios) if r.norm_ratios else float("nan")
 
 
-def curves(results: dict[tuple[str, int], list[runs.RunResult]]
-           ) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, list[float]]]]:  # fmt: skip
+def curves(
+    results: dict[tuple[str, int], list[runs.RunResult]],
+) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, list[float]]]]:
     """Per rule and M: the mean norm ratio, and the held-out loss per seed."""
     ratios: dict[str, dict[int, float]] = {}
     losses: dict[str, dict[int, list[float]]] = {}
@@ -69,10 +73,16 @@ def curves(results: dict[tuple[str, int], list[runs.RunResult]]
 def report(results: dict[tuple[str, int], list[runs.RunResult]]) -> str:
     rows = []
     for (rule, m), rs in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        rows.append([
-            rule, m, f"{statistics.fmean(_ratio(r) for r in rs):.3f}", f"{1 / math.sqrt(m):.3f}",
-            experiment.mean_std([r.eval_loss for r in rs]), PAPER.get((rule, m), "-"),
-        ])  # fmt: skip
+        rows.append(
+            [
+                rule,
+                m,
+                f"{statistics.fmean(_ratio(r) for r in rs):.3f}",
+                f"{1 / math.sqrt(m):.3f}",
+                experiment.mean_std([r.eval_loss for r in rs]),
+                PAPER.get((rule, m), "-"),
+            ]
+        )
     headers = ["rule", "M", "merged norm / mean norm", "1/sqrt(M)", "held-out loss", "paper text avg"]
     return experiment.table(headers, rows)
 

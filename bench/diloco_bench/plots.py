@@ -21,8 +21,12 @@ COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:b
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plot-dir", type=Path, default=DEFAULT_DIR,
-                   help="write the experiment's PNG plot into this folder (default %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--plot-dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="write the experiment's PNG plot into this folder (default %(default)s)",
+    )
     p.add_argument("--no-plot", action="store_true", help="do not write a plot")
 
 
@@ -118,8 +122,11 @@ def _kind_color(name: str) -> str:
     )
 
 
-def codecs(points: Mapping[str, tuple[float, Sequence[float]]], title: str = "Codecs: loss vs bytes on the wire "
-           "(decoupled DiLoCo)", xlabel: str = "bytes up per token (log)") -> Figure:  # fmt: skip
+def codecs(
+    points: Mapping[str, tuple[float, Sequence[float]]],
+    title: str = "Codecs: loss vs bytes on the wire " "(decoupled DiLoCo)",
+    xlabel: str = "bytes up per token (log)",
+) -> Figure:
     """Held-out loss (mean ± std over seeds) vs bytes per token, one point per codec (or candidate)."""
     fig, (ax,) = _figure()
     for i, (codec, (bpt, losses)) in enumerate(points.items()):
@@ -137,8 +144,14 @@ def hetero(goodput: Mapping[str, Sequence[float]], loss: Mapping[str, Sequence[f
     """Goodput (%) and held-out loss per round policy, mean ± std over seeds."""
     fig, (left, right) = _figure(ncols=2, width=9.0)
     stats = [_spread([100 * g for g in v]) for v in goodput.values()]  # goodput starts at 0: bars
-    left.bar(range(len(stats)), [m for m, _ in stats], yerr=[e for _, e in stats], capsize=6,
-             color=COLORS[: len(stats)], alpha=0.8)  # fmt: skip
+    left.bar(
+        range(len(stats)),
+        [m for m, _ in stats],
+        yerr=[e for _, e in stats],
+        capsize=6,
+        color=COLORS[: len(stats)],
+        alpha=0.8,
+    )
     for i, (m, _) in enumerate(stats):
         left.text(i, m, f"{m:.1f}%", ha="center", va="bottom")
     left.set_xticks(range(len(stats)), list(goodput), rotation=15, ha="right")
@@ -155,8 +168,14 @@ def chaos(runs: Sequence[tuple[str, Sequence[tuple[float, float]], Sequence[floa
     fig, (ax,) = _figure(width=8.0)
     for i, (mode, samples, kills) in enumerate(runs):
         color = COLORS[i % len(COLORS)]
-        ax.plot([t for t, _ in samples], [v for _, v in samples], "o-", markersize=3, color=color,
-                label=f"{mode} ({len(kills)} kills)")  # fmt: skip
+        ax.plot(
+            [t for t, _ in samples],
+            [v for _, v in samples],
+            "o-",
+            markersize=3,
+            color=color,
+            label=f"{mode} ({len(kills)} kills)",
+        )
         strip = 0.04 + 0.05 * (len(runs) - 1 - i)  # axes fraction: one row of kill marks per mode
         ax.plot(
             kills, [strip] * len(kills), "x", color=color, markersize=7, transform=ax.get_xaxis_transform()
@@ -198,8 +217,15 @@ def merge_rule(
         ms = sorted(by_m)
         left.plot(ms, [by_m[m] for m in ms], "o-", color=COLORS[i], label=rule)
         stats = [_spread(losses[rule][m]) for m in ms]
-        right.errorbar(ms, [s[0] for s in stats], yerr=[s[1] for s in stats], fmt="o-", capsize=4,
-                       color=COLORS[i], label=rule)  # fmt: skip
+        right.errorbar(
+            ms,
+            [s[0] for s in stats],
+            yerr=[s[1] for s in stats],
+            fmt="o-",
+            capsize=4,
+            color=COLORS[i],
+            label=rule,
+        )
     left.plot(sizes, [1 / math.sqrt(m) for m in sizes], "k--", label="1/sqrt(M)")
     for ax, ylabel in ((left, "merged norm / mean norm"), (right, "held-out loss")):
         ax.set_xscale("log", base=2)

@@ -59,8 +59,12 @@ def main(argv: list[str]) -> int:
     )
     if "--defaults" in argv:
         d = runs.product_defaults()
-        p.set_defaults(inner_steps=d.inner_steps, outer_lr=d.outer_lr, outer_momentum=d.outer_momentum,
-                       outer_warmup=d.outer_warmup)  # fmt: skip
+        p.set_defaults(
+            inner_steps=d.inner_steps,
+            outer_lr=d.outer_lr,
+            outer_momentum=d.outer_momentum,
+            outer_warmup=d.outer_warmup,
+        )
     a = p.parse_args(argv)
     if a.combine:
         return summarize(a, combine(a.combine))
@@ -141,8 +145,14 @@ def trend(results: dict[str, list[runs.RunResult]]) -> str:
     names = list(curves)
     base = dict(curves[names[0]])
     points = [t for t, _ in curves[names[0]] if all(t in dict(curves[n]) for n in names)]
-    rows = [[f"{t:,}"] + [f"{dict(curves[n])[t]:.4f}" + ("" if n == names[0] else f" ({dict(curves[n])[t] / base[t]:.4f}x)")
-                          for n in names] for t in points]  # fmt: skip
+    rows = [
+        [f"{t:,}"]
+        + [
+            f"{dict(curves[n])[t]:.4f}" + ("" if n == names[0] else f" ({dict(curves[n])[t] / base[t]:.4f}x)")
+            for n in names
+        ]
+        for t in points
+    ]
     return experiment.table(["tokens", *names], rows)
 
 
@@ -155,9 +165,17 @@ def per_seed(results: dict[str, list[runs.RunResult]]) -> str:
     base = {r.seed: r.eval_loss for r in results[first]}
     others = [n for n in results if n != first]
     by_seed = {n: {r.seed: r.eval_loss for r in results[n]} for n in results}
-    rows = [[str(seed), f"{loss:.4f}", *(f"{by_seed[n][seed]:.4f} ({by_seed[n][seed] / loss:.3f}x)"
-                                         if seed in by_seed[n] else "-" for n in others)]
-            for seed, loss in base.items()]  # fmt: skip
+    rows = [
+        [
+            str(seed),
+            f"{loss:.4f}",
+            *(
+                f"{by_seed[n][seed]:.4f} ({by_seed[n][seed] / loss:.3f}x)" if seed in by_seed[n] else "-"
+                for n in others
+            ),
+        ]
+        for seed, loss in base.items()
+    ]
     ratios = {n: [by_seed[n][s] / base[s] for s in base if s in by_seed[n]] for n in others}
     summary = ["mean ratio (95 % CI)", "1x", *(
         "{:.4f}x ({:.4f}-{:.4f})".format(*experiment.interval95(ratios[n])) if ratios[n] else "-"
@@ -175,10 +193,16 @@ def report(results: dict[str, list[runs.RunResult]]) -> str:
     for name, rs in results.items():
         losses = [r.eval_loss for r in rs]
         ratio = [] if base is None else [f"{100 * (statistics.fmean(losses) / base - 1):+.1f}%"]
-        rows.append([
-            name, experiment.mean_std(losses), *ratio, f"{rs[0].tokens:,}",
-            f"{statistics.fmean(r.goodput for r in rs):.0%}", f"{statistics.fmean(r.wall_s for r in rs):.0f}",
-        ])  # fmt: skip
+        rows.append(
+            [
+                name,
+                experiment.mean_std(losses),
+                *ratio,
+                f"{rs[0].tokens:,}",
+                f"{statistics.fmean(r.goodput for r in rs):.0%}",
+                f"{statistics.fmean(r.wall_s for r in rs):.0f}",
+            ]
+        )
     headers = ["method", "held-out loss (mean ± std)", *([] if base is None else ["vs data-parallel"]),
                "tokens", "goodput", "wall s/run"]  # fmt: skip
     return experiment.table(headers, rows)

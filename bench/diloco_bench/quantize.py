@@ -87,8 +87,10 @@ def measure_format(
 
 
 def table(rows: list[dict[str, Any]], device: torch.device) -> str:
-    head = (f"| format | numpy encode | torch encode ({device.type}) | numpy decode | torch decode ({device.type}) "
-            "| bytes identical |\n|---|---:|---:|---:|---:|---|")  # fmt: skip
+    head = (
+        f"| format | numpy encode | torch encode ({device.type}) | numpy decode | torch decode ({device.type}) "
+        "| bytes identical |\n|---|---:|---:|---:|---:|---|"
+    )
     lines = [head]
     for r in rows:
         lines.append(
@@ -123,8 +125,10 @@ def main(argv: list[str]) -> int:
     formats = [f for f in a.formats.split(",") if f]
     unknown = [f for f in formats if f not in tq.FORMATS]
     if unknown:
-        print(f"diloco bench quantize: formats without a torch implementation {unknown}; expected some of {tq.FORMATS}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"diloco bench quantize: formats without a torch implementation {unknown}; expected some of {tq.FORMATS}",
+            file=sys.stderr,
+        )
         return 2
     rows = measure(a.params, device, a.repeats, formats)
     where = (

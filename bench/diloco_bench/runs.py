@@ -50,13 +50,23 @@ class Method:
     def settings(self) -> DiLoCoSettings:
         """The synchronizer's settings for this method (``quorum = 0``: every learner)."""
         return DiLoCoSettings(
-            inner_steps=self.inner_steps, fragments=self.fragments, overlap=self.overlap,
-            quorum=self.quorum or self.learners, grace_gamma=self.grace_gamma,
-            grace_cap_steps=self.grace_cap_steps, outer_lr=self.outer_lr, outer_momentum=self.outer_momentum,
-            delayed_nesterov=self.delayed_nesterov, outer_warmup=self.outer_warmup, codec=self.codec,
-            down_codec=self.down_codec, merge_rule=self.merge_rule, token_weighting=self.token_weighting, staleness_power=self.staleness_power,
+            inner_steps=self.inner_steps,
+            fragments=self.fragments,
+            overlap=self.overlap,
+            quorum=self.quorum or self.learners,
+            grace_gamma=self.grace_gamma,
+            grace_cap_steps=self.grace_cap_steps,
+            outer_lr=self.outer_lr,
+            outer_momentum=self.outer_momentum,
+            delayed_nesterov=self.delayed_nesterov,
+            outer_warmup=self.outer_warmup,
+            codec=self.codec,
+            down_codec=self.down_codec,
+            merge_rule=self.merge_rule,
+            token_weighting=self.token_weighting,
+            staleness_power=self.staleness_power,
             max_staleness=self.max_staleness,
-        )  # fmt: skip
+        )
 
 
 def data_parallel(learners: int = 4, wire: str = "fp32") -> Method:
@@ -66,9 +76,18 @@ def data_parallel(learners: int = 4, wire: str = "fp32") -> Method:
 def diloco_sync(learners: int = 4, inner_steps: int = 16, wire: Quantizer = "fp32") -> Method:
     """Synchronous DiLoCo: K = M, P = 1, tau = 0, plain mean, learners wait for every merge."""
     return Method(
-        f"DiLoCo sync ({wire})", learners=learners, inner_steps=inner_steps, fragments=1, overlap=0,
-        quorum=0, grace_gamma=0.0, codec=wire, merge_rule="mean", token_weighting=False, blocking=True,
-    )  # fmt: skip
+        f"DiLoCo sync ({wire})",
+        learners=learners,
+        inner_steps=inner_steps,
+        fragments=1,
+        overlap=0,
+        quorum=0,
+        grace_gamma=0.0,
+        codec=wire,
+        merge_rule="mean",
+        token_weighting=False,
+        blocking=True,
+    )
 
 
 def decoupled(learners: int = 4, wire: Quantizer = "int4", **kw: object) -> Method:
@@ -81,13 +100,27 @@ def product_defaults(learners: int = 4) -> Method:
     commands use when a job sets nothing): the same settings, read from the one declaration."""
     s = DiLoCoSettings()
     return Method(
-        "decoupled (defaults)", learners=learners, inner_steps=s.inner_steps, fragments=s.fragments,
-        overlap=s.overlap, quorum=s.quorum, grace_gamma=s.grace_gamma, grace_cap_steps=s.grace_cap_steps,
-        codec=s.codec, merge_rule=s.merge_rule, token_weighting=s.token_weighting, outer_lr=s.outer_lr,
-        outer_momentum=s.outer_momentum, delayed_nesterov=s.delayed_nesterov, outer_warmup=s.outer_warmup,
-        staleness_power=s.staleness_power, max_staleness=s.max_staleness, error_feedback=s.error_feedback,
-        schedule=s.schedule, down_codec=s.down_codec,
-    )  # fmt: skip
+        "decoupled (defaults)",
+        learners=learners,
+        inner_steps=s.inner_steps,
+        fragments=s.fragments,
+        overlap=s.overlap,
+        quorum=s.quorum,
+        grace_gamma=s.grace_gamma,
+        grace_cap_steps=s.grace_cap_steps,
+        codec=s.codec,
+        merge_rule=s.merge_rule,
+        token_weighting=s.token_weighting,
+        outer_lr=s.outer_lr,
+        outer_momentum=s.outer_momentum,
+        delayed_nesterov=s.delayed_nesterov,
+        outer_warmup=s.outer_warmup,
+        staleness_power=s.staleness_power,
+        max_staleness=s.max_staleness,
+        error_feedback=s.error_feedback,
+        schedule=s.schedule,
+        down_codec=s.down_codec,
+    )
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,16 @@ from diloco_bench.workload import (
 
 
 class SimLearner:
-    def __init__(self, m: int, method: Method, w: Workload, timing: Timing, corpus: Corpus, plan: FragmentPlan,
-                 seed: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        m: int,
+        method: Method,
+        w: Workload,
+        timing: Timing,
+        corpus: Corpus,
+        plan: FragmentPlan,
+        seed: int,
+    ) -> None:
         self.index, self.method, self.plan = m, method, plan
         self.model = build_gpt(model_settings(w, seed)).to(w.device)
         self.cfg = train_settings(w, timing.steps)
@@ -62,8 +70,9 @@ class SimLearner:
             version, known = self.known[p]
             made = downlink.apply(version, known, release.blob, self.plan.fragments[p])
             if made is None:  # on demand: the whole version
-                whole = codec.encode(release.params, fragment=p, base_version=release.version, kind="params",
-                                     quantizer="fp32")  # fmt: skip
+                whole = codec.encode(
+                    release.params, fragment=p, base_version=release.version, kind="params", quantizer="fp32"
+                )
                 made, self.bytes_down = (release.version, dict(release.params)), self.bytes_down + len(whole)
             self.known[p] = made
         else:
@@ -94,13 +103,25 @@ class SimLearner:
             params  # the next send before a new version carries only the progress after this one
         )
         if self.method.error_feedback:
-            enc = feedback.encode(delta, self.residuals[p], fragment=p, base_version=c.base_version,
-                                  kind="outer_grad", quantizer=self.method.codec,
-                                  block_size=self.method.block_size)  # fmt: skip
+            enc = feedback.encode(
+                delta,
+                self.residuals[p],
+                fragment=p,
+                base_version=c.base_version,
+                kind="outer_grad",
+                quantizer=self.method.codec,
+                block_size=self.method.block_size,
+            )
             self.residuals[p], blob = enc.residual, enc.blob
         else:
-            blob = codec.encode(delta, fragment=p, base_version=c.base_version, kind="outer_grad",
-                                quantizer=self.method.codec, block_size=self.method.block_size)  # fmt: skip
+            blob = codec.encode(
+                delta,
+                fragment=p,
+                base_version=c.base_version,
+                kind="outer_grad",
+                quantizer=self.method.codec,
+                block_size=self.method.block_size,
+            )
         decoded = codec.decode(blob, fragment=self.plan.fragments[p]).tensors
         return Pending(self.index, c.base_version, c.steps, c.tokens, decoded), len(blob)
 

@@ -21,14 +21,19 @@ GRID = ["--chips", "150000,300000,600000,1200000,2400000", "--learners", "2,4,8,
 def curves(doc: dict[str, Any]) -> tuple[list[int], list[tuple[str, list[float], list[float | None]]]]:
     """From the simulator's JSON document: the chip counts and, per row, (label, ours %, paper %)."""
     table = doc["goodput"]
-    rows = [(r["label"], [c["goodput_percent"] for c in r["cells"]], [c["paper_percent"] for c in r["cells"]])
-            for r in table["rows"]]  # fmt: skip
+    rows = [
+        (r["label"], [c["goodput_percent"] for c in r["cells"]], [c["paper_percent"] for c in r["cells"]])
+        for r in table["rows"]
+    ]
     return list(table["chips"]), rows
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="diloco bench simulate", description=__doc__,
-                                epilog="Any other flag goes to `diloco simulate` (see `diloco simulate --help`).")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="diloco bench simulate",
+        description=__doc__,
+        epilog="Any other flag goes to `diloco simulate` (see `diloco simulate --help`).",
+    )
     experiment.output_flags(p)
     a, rest = p.parse_known_args(argv)
     try:

@@ -89,8 +89,9 @@ class Learners:
     """A synchronizer and the learner command lines ``diloco run`` would use, in a scratch folder."""
 
     def __init__(self, a: argparse.Namespace, root: Path) -> None:
-        model = RunSettings().model.model_copy(update={"n_layer": a.n_layer, "n_embd": a.n_embd,
-                                                        "block_size": a.block_size})  # fmt: skip
+        model = RunSettings().model.model_copy(
+            update={"n_layer": a.n_layer, "n_embd": a.n_embd, "block_size": a.block_size}
+        )
         self.settings = RunSettings(learners=a.repeats, model=model, python=sys.executable, mtbf_s=0.0)
         self.paths = RunPaths(root)
         for sub in ("logs", "storage", "checkpoints", "metrics"):
@@ -144,9 +145,11 @@ def measure(a: argparse.Namespace, root: Path) -> dict[str, list[Any]]:
             out["import_torch"].append(timed(torch_only, one_thread))
             out["start"].append(learners.run(r, max_steps=1))
             out["restart"].append(learners.run(r, max_steps=2))
-            print(f"repeat {r + 1}/{a.repeats}: import torch {out['import_torch'][-1]['wall_s']:.2f} s, start "
-                  f"{out['start'][-1]['startup_s']:.2f} s, restart {out['restart'][-1]['startup_s']:.2f} s",
-                  flush=True)  # fmt: skip
+            print(
+                f"repeat {r + 1}/{a.repeats}: import torch {out['import_torch'][-1]['wall_s']:.2f} s, start "
+                f"{out['start'][-1]['startup_s']:.2f} s, restart {out['restart'][-1]['startup_s']:.2f} s",
+                flush=True,
+            )
     finally:
         learners.close()
     return out
@@ -181,13 +184,33 @@ def report(summary: dict[str, Any], repeats: int) -> str:
         wall, cpu = summary[key]["wall_s"], summary[key]["cpu_s"]
         rows.append([name, f"{wall:.2f}", "", f"{cpu:.2f}", ""])
     for phase in PHASES:
-        rows.append([phase, f"{start['phases_wall_s'][phase]:.2f}", f"{restart['phases_wall_s'][phase]:.2f}",
-                     f"{start['phases_cpu_s'][phase]:.2f}", f"{restart['phases_cpu_s'][phase]:.2f}"])  # fmt: skip
-    rows.append(["**learner: launch to end of first step**", f"**{start['wall_s']:.2f}**",
-                 f"**{restart['wall_s']:.2f}**", f"**{start['cpu_s']:.2f}**", f"**{restart['cpu_s']:.2f}**"])  # fmt: skip
-    rows.append(["learner / `import torch`", f"{start['wall_vs_import_torch']:.2f}x",
-                 f"{restart['wall_vs_import_torch']:.2f}x", f"{start['cpu_vs_import_torch']:.2f}x",
-                 f"{restart['cpu_vs_import_torch']:.2f}x"])  # fmt: skip
+        rows.append(
+            [
+                phase,
+                f"{start['phases_wall_s'][phase]:.2f}",
+                f"{restart['phases_wall_s'][phase]:.2f}",
+                f"{start['phases_cpu_s'][phase]:.2f}",
+                f"{restart['phases_cpu_s'][phase]:.2f}",
+            ]
+        )
+    rows.append(
+        [
+            "**learner: launch to end of first step**",
+            f"**{start['wall_s']:.2f}**",
+            f"**{restart['wall_s']:.2f}**",
+            f"**{start['cpu_s']:.2f}**",
+            f"**{restart['cpu_s']:.2f}**",
+        ]
+    )
+    rows.append(
+        [
+            "learner / `import torch`",
+            f"{start['wall_vs_import_torch']:.2f}x",
+            f"{restart['wall_vs_import_torch']:.2f}x",
+            f"{start['cpu_vs_import_torch']:.2f}x",
+            f"{restart['cpu_vs_import_torch']:.2f}x",
+        ]
+    )
     headers = ["phase", "start s", "restart s", "start CPU-s", "restart CPU-s"]
     return experiment.table(headers, rows) + f"\n\n(medians of {repeats} repeats; one CPU thread per process)"
 

@@ -364,11 +364,14 @@ def main(argv: list[str]) -> int:
         for r in results:
             d = asdict(r)
             d.update(
-                mb_s=r.mb_s, params_s=r.params_s, contribute_p50_ms=percentile(r.contribute_ms, 50),
-                contribute_p99_ms=percentile(r.contribute_ms, 99), round_p50_ms=percentile(r.round_trip_ms, 50),
+                mb_s=r.mb_s,
+                params_s=r.params_s,
+                contribute_p50_ms=percentile(r.contribute_ms, 50),
+                contribute_p99_ms=percentile(r.contribute_ms, 99),
+                round_p50_ms=percentile(r.round_trip_ms, 50),
                 round_p99_ms=percentile(r.round_trip_ms, 99),
                 median_contribute_ms=statistics.median(r.contribute_ms) if r.contribute_ms else None,
-            )  # fmt: skip
+            )
             del d["contribute_ms"], d["round_trip_ms"]
             summary.append(d)
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -42,8 +42,14 @@ class Release:
 class Syncer:
     """Every fragment's version, outer state, pending contributions and open round; ``alive`` learners."""
 
-    def __init__(self, settings: DiLoCoSettings, alive: int, plan: FragmentPlan, params: Arrays,
-                 block_size: int = codec.q.DEFAULT_BLOCK_SIZE) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: DiLoCoSettings,
+        alive: int,
+        plan: FragmentPlan,
+        params: Arrays,
+        block_size: int = codec.q.DEFAULT_BLOCK_SIZE,
+    ) -> None:
         """``block_size``: the block of a blocked download codec (``settings.down_codec``)."""
         self.settings, self.alive, self.plan = settings, alive, plan
         self.block_size = block_size
@@ -90,10 +96,17 @@ class Syncer:
             return None
         s = self.settings
         d = rounds.decide(
-            state, now=now, quorum=s.quorum, alive=self.alive, step_time=self.step_time, sync_time=0.0,
-            overlap=s.overlap, gamma=s.grace_gamma, cap=s.grace_cap_steps * self.step_time,
+            state,
+            now=now,
+            quorum=s.quorum,
+            alive=self.alive,
+            step_time=self.step_time,
+            sync_time=0.0,
+            overlap=s.overlap,
+            gamma=s.grace_gamma,
+            cap=s.grace_cap_steps * self.step_time,
             max_staleness=s.max_staleness,
-        )  # fmt: skip
+        )
         if d.excluded:
             for learner, _ in d.excluded:
                 self.pending[p].pop(int(learner), None)
@@ -107,8 +120,11 @@ class Syncer:
 
     def flush(self, p: int) -> Release | None:
         """At the end of a run: merge whatever fresh contributions are pending, quorum or not."""
-        fresh = [c for c in self.pending[p].values()
-                 if not rounds.is_stale(c.base_version, self.versions[p], self.settings.max_staleness)]  # fmt: skip
+        fresh = [
+            c
+            for c in self.pending[p].values()
+            if not rounds.is_stale(c.base_version, self.versions[p], self.settings.max_staleness)
+        ]
         self.pending[p] = {}
         return self._merge(p, sorted(fresh, key=lambda c: c.learner))
 
@@ -124,8 +140,15 @@ class Syncer:
         if not contribs:
             return None
         frag = self.plan.fragments[p]
-        result = merge_round(frag, self.fragment(p), self.outer[p], self.versions[p], contribs, self.settings,
-                             down_block_size=self.block_size)  # fmt: skip
+        result = merge_round(
+            frag,
+            self.fragment(p),
+            self.outer[p],
+            self.versions[p],
+            contribs,
+            self.settings,
+            down_block_size=self.block_size,
+        )
         if len(contribs) > 1 and frag.kind == "dense":
             mean_norm = statistics.fmean(_norm(c.tensors) for c in contribs)
             if mean_norm > 0:
@@ -142,8 +165,9 @@ class Syncer:
         """The new version as it goes down: whole in fp32, or (``down_codec``) the update from the
         previous version that the round published (``diloco_core.downlink``)."""
         if result.down_blob is None:
-            blob = codec.encode(result.params, fragment=p, base_version=result.version, kind="params",
-                                quantizer="fp32")  # fmt: skip
+            blob = codec.encode(
+                result.params, fragment=p, base_version=result.version, kind="params", quantizer="fp32"
+            )
             return Release(result.version, dict(result.params), blob)
         return Release(result.version, result.params, result.down_blob, update=True)
 

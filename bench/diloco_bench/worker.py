@@ -45,11 +45,23 @@ def start_synchronizer(args: argparse.Namespace, store: Path) -> BenchSync:
     sync = BenchSync(
         store,
         [
-            "--inner-steps", str(args.inner_steps), "--fragments", str(args.fragments),
-            "--overlap", str(args.overlap), "--quorum", "1", "--codec", args.codec, "--down-codec", args.down_codec,
-            "--error-feedback" if args.error_feedback else "--no-error-feedback", "--log-level", "WARNING",
+            "--inner-steps",
+            str(args.inner_steps),
+            "--fragments",
+            str(args.fragments),
+            "--overlap",
+            str(args.overlap),
+            "--quorum",
+            "1",
+            "--codec",
+            args.codec,
+            "--down-codec",
+            args.down_codec,
+            "--error-feedback" if args.error_feedback else "--no-error-feedback",
+            "--log-level",
+            "WARNING",
         ],
-    )  # fmt: skip
+    )
     sync.start()
     return sync
 
@@ -150,9 +162,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--down-codec", default=job.down_codec, help="global versions down (default: the product's)"
     )
     ap.add_argument(
-        "--error-feedback", action=argparse.BooleanOptionalAction, default=job.error_feedback,
+        "--error-feedback",
+        action=argparse.BooleanOptionalAction,
+        default=job.error_feedback,
         help="learners' error feedback (default: the product's)",
-    )  # fmt: skip
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: PyTorch's default)")
     ap.add_argument("--log-every", type=int, default=5, help="steps between the learners' logged steps")
     ap.add_argument(

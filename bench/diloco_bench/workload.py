@@ -53,16 +53,25 @@ class Corpus:
     def __init__(self, w: Workload) -> None:
         train, held = split_corpus(load_corpus(w.corpus, w.corpus_bytes), 0.02)
         self.train = train
-        self.held_out = eval_batches(held, batch_size=16, block_size=w.block_size, max_batches=w.eval_batches,
-                                     device=torch.device(w.device))  # fmt: skip
+        self.held_out = eval_batches(
+            held,
+            batch_size=16,
+            block_size=w.block_size,
+            max_batches=w.eval_batches,
+            device=torch.device(w.device),
+        )
 
     def stream(
         self, w: Workload, m: int, count: int, seed: int, batch_size: int | None = None
     ) -> BatchStream:
         return BatchStream(
-            self.train, Shard(m, count, "bench"), batch_size=batch_size or w.batch_size,
-            block_size=w.block_size, seed=seed, device=torch.device(w.device),
-        )  # fmt: skip
+            self.train,
+            Shard(m, count, "bench"),
+            batch_size=batch_size or w.batch_size,
+            block_size=w.block_size,
+            seed=seed,
+            device=torch.device(w.device),
+        )
 
 
 @torch.no_grad()
@@ -85,8 +94,13 @@ def load_params(model: nn.Module, values: Arrays) -> None:
         params[name].copy_(torch.from_numpy(np.asarray(v, dtype=np.float32)))
 
 
-def inner_step(model: nn.Module, opt: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor],
-               step: int, cfg: TrainSettings) -> None:  # fmt: skip
+def inner_step(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    step: int,
+    cfg: TrainSettings,
+) -> None:
     for group in opt.param_groups:
         group["lr"] = lr_at(step, cfg)
     with autocast_for(batch[0].device):

@@ -144,9 +144,14 @@ def encode(
         values, scales = q.quantize(arr.astype(np.float32, copy=False), quantizer, block_size)
         parts[name] = QuantizedTensor(tuple(arr.shape), values, scales, str(arr.dtype))
     return encode_quantized(
-        parts, fragment=fragment, base_version=base_version, kind=kind, quantizer=quantizer,
-        block_size=block_size, level=level,
-    )  # fmt: skip
+        parts,
+        fragment=fragment,
+        base_version=base_version,
+        kind=kind,
+        quantizer=quantizer,
+        block_size=block_size,
+        level=level,
+    )
 
 
 def encode_quantized(

@@ -135,9 +135,12 @@ class ModelSettings(_Model):
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout of the built-in model")
     seed: int = Field(0, description="seed of the initial parameters (the same on every learner)")
     vocab_size: int = Field(
-        256, ge=2, le=2**32, description="vocabulary of the built-in model: 256 for the byte-level text "
+        256,
+        ge=2,
+        le=2**32,
+        description="vocabulary of the built-in model: 256 for the byte-level text "
         "corpus; with token data, more than the largest token id (a larger id stops the learner)",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelSettings:
@@ -160,10 +163,11 @@ class TrainSettings(_Model):
     )
     warmup_steps: int = Field(50, ge=0, description="linear warm-up steps of the inner learning rate")
     lr_schedule: LrSchedule = Field(
-        "cosine", description="the inner learning rate after the warm-up: 'cosine' decay to lr x min_lr_ratio "
+        "cosine",
+        description="the inner learning rate after the warm-up: 'cosine' decay to lr x min_lr_ratio "
         "at max_steps; 'wsd' (warmup-stable-decay) at lr, then linear to lr x min_lr_ratio over the last "
         "decay_fraction of max_steps; 'constant' at lr",
-    )  # fmt: skip
+    )
     decay_fraction: float = Field(
         0.2, gt=0.0, le=1.0, description="share of max_steps the final decay of the wsd schedule takes"
     )
@@ -173,13 +177,16 @@ class TrainSettings(_Model):
     beta2: float = Field(0.95, description="AdamW beta2")
     grad_clip: float = Field(1.0, ge=0.0, description="gradient norm clipping of the inner steps (0: none)")
     precision: Precision = Field(
-        "auto", description="arithmetic of the forward passes: 'bf16' or 'fp16' autocast (fp16 with a "
+        "auto",
+        description="arithmetic of the forward passes: 'bf16' or 'fp16' autocast (fp16 with a "
         "gradient scaler), 'fp32' none, 'auto' bf16 on CUDA and fp32 elsewhere",
-    )  # fmt: skip
+    )
     checkpoint_every: int = Field(
-        100, ge=0, description="steps between a learner's checkpoints, written in the background (one due "
+        100,
+        ge=0,
+        description="steps between a learner's checkpoints, written in the background (one due "
         "while the previous is still being written is skipped); 0: only on SIGTERM and at the end",
-    )  # fmt: skip
+    )
     checkpoints_kept: int = Field(2, ge=1, le=1000, description="a learner's newest checkpoints kept")
 
 
@@ -192,33 +199,40 @@ class DataSettings(_Model):
     )
     non_iid: bool = Field(False, description="give each learner a distinct part of the corpus (non-IID data)")
     format: Annotated[DataFormat, Cli("data-format")] = Field(
-        "text", description="how the corpus is stored: 'text' (read as bytes, or through --tokenizer), 'tokens' "
+        "text",
+        description="how the corpus is stored: 'text' (read as bytes, or through --tokenizer), 'tokens' "
         "(nanoGPT-style .bin files of token ids), 'parquet' (Parquet or Arrow files, a Hugging Face dataset's "
         "to_parquet or save_to_disk, with a column of token id lists)",
-    )  # fmt: skip
+    )
     token_dtype: TokenDtype = Field(
-        "uint16", description="integer type of the ids in 'tokens' .bin files (nanoGPT writes uint16; vocabularies "
+        "uint16",
+        description="integer type of the ids in 'tokens' .bin files (nanoGPT writes uint16; vocabularies "
         "over 65536 need uint32)",
-    )  # fmt: skip
+    )
     column: Annotated[str, Cli("data-column")] = Field(
         "input_ids", min_length=1, description="the 'parquet' column that holds each row's token ids"
     )
     eos_token: int | None = Field(
-        None, ge=0, description="token id put between documents: between the rows of 'parquet' data (none when "
+        None,
+        ge=0,
+        description="token id put between documents: between the rows of 'parquet' data (none when "
         "unset) and between the files of a tokenized text corpus (default: the tokenizer's end-of-text token)",
-    )  # fmt: skip
+    )
     tokenizer: str | None = Field(
-        None, description="a Hugging Face tokenizers tokenizer.json (a path or s3:// URL): the 'text' corpus is "
+        None,
+        description="a Hugging Face tokenizers tokenizer.json (a path or s3:// URL): the 'text' corpus is "
         "tokenized with it, file by file, instead of read as bytes",
-    )  # fmt: skip
+    )
     cache_dir: Annotated[str | None, Cli("data-cache-dir")] = Field(
-        None, description="where token data is kept locally: shards downloaded from S3 and parquet or tokenized "
+        None,
+        description="where token data is kept locally: shards downloaded from S3 and parquet or tokenized "
         "text turned into token files (default: diloco-data under the system's temporary folder)",
-    )  # fmt: skip
+    )
     sample_log: str | None = Field(
-        None, description="a file where each learner process appends, per batch it draws of token data, one JSON "
+        None,
+        description="a file where each learner process appends, per batch it draws of token data, one JSON "
         "line with the batch, its step and its samples' ids (for audits and tests; off by default)",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DataSettings:
@@ -234,9 +248,10 @@ class TrackingSettings(_Model):
     """Where a job's learners and synchronizers send their scalars (``diloco_core.tracking``)."""
 
     tensorboard: str | None = Field(
-        None, description="TensorBoard event files: a folder or an s3:// prefix (one run per learner and per "
+        None,
+        description="TensorBoard event files: a folder or an s3:// prefix (one run per learner and per "
         "synchronizer shard under it)",
-    )  # fmt: skip
+    )
     wandb_project: str | None = Field(
         None,
         description="a Weights & Biases project (the wandb package; WANDB_API_KEY, WANDB_MODE=offline ...)",

@@ -41,13 +41,26 @@ class Published:
 
 
 def publish(
-    previous: Arrays, merged: Arrays, residual: Arrays | None, *, fragment: int, version: int, quantizer: str,
+    previous: Arrays,
+    merged: Arrays,
+    residual: Arrays | None,
+    *,
+    fragment: int,
+    version: int,
+    quantizer: str,
     block_size: int = codec.q.DEFAULT_BLOCK_SIZE,
-) -> Published:  # fmt: skip
+) -> Published:
     """Version ``version + 1`` from version ``version`` (``previous``) and the merge's result."""
     diff = {n: np.asarray(merged[n], np.float32) - np.asarray(previous[n], np.float32) for n in previous}
-    enc = feedback.encode(diff, residual, fragment=fragment, base_version=version, kind="update",
-                          quantizer=quantizer, block_size=block_size)  # fmt: skip
+    enc = feedback.encode(
+        diff,
+        residual,
+        fragment=fragment,
+        base_version=version,
+        kind="update",
+        quantizer=quantizer,
+        block_size=block_size,
+    )
     return Published(version + 1, enc.blob, add(previous, enc.decoded), enc.residual)
 
 

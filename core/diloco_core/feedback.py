@@ -61,13 +61,20 @@ def compensate(delta: Arrays, residual: Arrays | None) -> dict[str, F32]:
 
 
 def encode(
-    delta: Arrays, residual: Arrays | None, *, fragment: int, base_version: int, kind: codec.PayloadKind,
-    quantizer: str, block_size: int = codec.q.DEFAULT_BLOCK_SIZE,
-) -> Encoded:  # fmt: skip
+    delta: Arrays,
+    residual: Arrays | None,
+    *,
+    fragment: int,
+    base_version: int,
+    kind: codec.PayloadKind,
+    quantizer: str,
+    block_size: int = codec.q.DEFAULT_BLOCK_SIZE,
+) -> Encoded:
     """Encode ``delta + residual``; the new residual is what the payload does not carry. A non-finite
     value leaves a non-finite residual, which the merge refuses the next time (``merge.check_finite``)."""
     c = compensate(delta, residual)
-    blob = codec.encode(c, fragment=fragment, base_version=base_version, kind=kind, quantizer=quantizer,
-                        block_size=block_size)  # fmt: skip
+    blob = codec.encode(
+        c, fragment=fragment, base_version=base_version, kind=kind, quantizer=quantizer, block_size=block_size
+    )
     decoded = codec.decode(blob).tensors
     return Encoded(blob, decoded, {n: c[n] - decoded[n] for n in c}, fragment, base_version, quantizer)

@@ -237,7 +237,7 @@ def build_plan(
             tuple(sorted(g, key=lambda s: s.name)),
             i * inner_steps // num_fragments,
             tuple(sorted(s.name for s in g if s.name in embedding_names)) if kinds[i] == "dense" else (),
-        )  # fmt: skip
+        )
         for i, g in enumerate(groups)
     )
     return FragmentPlan(frags, inner_steps, overlap, strategy)

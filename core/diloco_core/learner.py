@@ -192,9 +192,12 @@ class FragmentCounters:
         """Fragment ``p``'s progress since its previous send (or its version) is being sent."""
         c = self._counters[p]
         sent = Sent(
-            base_version=c.base_version, since=c.sent_at, steps=c.steps - c.sent_at,
-            tokens=c.tokens - c.sent_tokens, seq=c.seq + 1,
-        )  # fmt: skip
+            base_version=c.base_version,
+            since=c.sent_at,
+            steps=c.steps - c.sent_at,
+            tokens=c.tokens - c.sent_tokens,
+            seq=c.seq + 1,
+        )
         c.sent_at, c.sent_tokens, c.seq, c.since_send = c.steps, c.tokens, sent.seq, 0
         return sent
 

@@ -133,9 +133,11 @@ class OuterOptimizer:
         out: dict[str, F32] = {}
         for n in params:
             out[n], momentum[n] = self._nesterov(
-                state.momentum.get(n), np.asarray(params[n], np.float32), np.asarray(delta[n], np.float32),
+                state.momentum.get(n),
+                np.asarray(params[n], np.float32),
+                np.asarray(delta[n], np.float32),
                 self.lr_at(state.steps),
-            )  # fmt: skip
+            )
         return out, OuterState(state.steps + 1, momentum, state.buffer, state.residual)
 
     def _nesterov(self, u: F32 | None, p: F32, d: F32, lr: np.float32) -> tuple[F32, F32]:

@@ -163,9 +163,11 @@ class Heartbeat(_Msg):
     eval_loss: float | None = Field(None, ge=-MAX_LOSS, le=MAX_LOSS, allow_inf_nan=False)
     bytes_sent: int = Field(0, ge=0, le=MAX_BYTES, description="payload bytes of the contributions sent")
     wire_sent: int = Field(
-        0, ge=0, le=MAX_BYTES,
+        0,
+        ge=0,
+        le=MAX_BYTES,
         description="bytes at the socket the learner's connections sent (heads, bodies, TLS; diloco_core.wire)",
-    )  # fmt: skip
+    )
     wire_received: int = Field(0, ge=0, le=MAX_BYTES, description="bytes at the socket they received")
     blocked_s: Seconds = Field(0.0, description="total time spent blocked on communication")
 
@@ -274,9 +276,10 @@ class StatusResponse(_Msg):
     bytes_in: int
     bytes_out: int
     wire_in: int = Field(
-        0, description="bytes at the socket every connection brought in since the synchronizer started "
+        0,
+        description="bytes at the socket every connection brought in since the synchronizer started "
         "(heads, bodies, TLS; read from the kernel's TCP counters where it has them)",
-    )  # fmt: skip
+    )
     wire_out: int = Field(0, description="bytes at the socket every connection took out since it started")
     tokens: int
     goodput: float | None = None

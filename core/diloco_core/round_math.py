@@ -112,18 +112,26 @@ def merge_round(
     (none, mismatched tensors or shapes). ``down_block_size``: the block of a blocked download codec."""
     weights = round_weights(contributions, version, settings)
     update = merge_fragment(
-        [c.tensors for c in contributions], weights, rule=settings.merge_rule, kind=fragment.kind,
+        [c.tensors for c in contributions],
+        weights,
+        rule=settings.merge_rule,
+        kind=fragment.kind,
         mean_tensors=fragment.mean_tensors,
-    )  # fmt: skip
+    )
     new_params, new_outer = outer_optimizer(settings).step(outer, params, update, count=len(contributions))
     down_blob = None
     if settings.down_codec == "fp32":
         new_outer = replace(new_outer, residual={})
     else:
         published = downlink.publish(
-            params, new_params, outer.residual or None, fragment=fragment.index, version=version,
-            quantizer=settings.down_codec, block_size=down_block_size,
-        )  # fmt: skip
+            params,
+            new_params,
+            outer.residual or None,
+            fragment=fragment.index,
+            version=version,
+            quantizer=settings.down_codec,
+            block_size=down_block_size,
+        )
         new_params, down_blob = published.params, published.blob
         new_outer = replace(new_outer, residual=published.residual)
     return RoundResult(

@@ -111,9 +111,14 @@ def grace_left(
     if state.first_quorum_at is None:
         return None
     deadline = grace_deadline(
-        state, state.first_quorum_at, step_time=step_time, sync_time=sync_time, overlap=overlap,
-        gamma=gamma, cap=cap,
-    )  # fmt: skip
+        state,
+        state.first_quorum_at,
+        step_time=step_time,
+        sync_time=sync_time,
+        overlap=overlap,
+        gamma=gamma,
+        cap=cap,
+    )
     return max(deadline - now, 0.0)
 
 

@@ -171,9 +171,12 @@ def screened_round(
             kept.append((c, norm))
         else:
             excluded.append(
-                (c, f"norm {norm:.4g} is above the limit {limit:.4g} for {c.steps} steps "
-                    f"(max_update_norm_factor {factor:g})"),
-            )  # fmt: skip
+                (
+                    c,
+                    f"norm {norm:.4g} is above the limit {limit:.4g} for {c.steps} steps "
+                    f"(max_update_norm_factor {factor:g})",
+                ),
+            )
     while kept:
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found by the checks below

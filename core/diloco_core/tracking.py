@@ -100,8 +100,12 @@ class WandbSink:
         import wandb
 
         self._run = wandb.init(
-            project=project, name=run, group=group, config=dict(config), reinit="create_new",
-        )  # fmt: skip
+            project=project,
+            name=run,
+            group=group,
+            config=dict(config),
+            reinit="create_new",
+        )
 
     def log(self, wall_time: float, step: int, scalars: Scalars) -> None:
         self._run.log(dict(scalars), step=step)

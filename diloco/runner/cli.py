@@ -83,17 +83,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="diloco run", description=__doc__)
     add_flags(p, FLAGS)
     p.add_argument(
-        "-f", "--file", type=Path, default=None, metavar="JOB_YAML",
+        "-f",
+        "--file",
+        type=Path,
+        default=None,
+        metavar="JOB_YAML",
         help="run the DiLoCoJob manifest that kubectl apply takes: each learner unit a local learner process "
         "(its pods as one process), the spec's model, data, training, DiLoCo and tracking settings; flags given "
         "beside it win (except --learners and --batch-size, which the units say)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--resume", type=Path, default=None, metavar="RUN_DIR",
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
         help="continue a stopped run in its folder with its settings (no failures injected): each learner "
         "resumes from its newest checkpoint (step, optimizer, data position), the synchronizer from the "
         "stored state; only --time-limit and --plain may be given with it",
-    )  # fmt: skip
+    )
     chaos = p.add_argument_group("heterogeneity")
     chaos.add_argument(
         "--speed-factors", default=None, help="step-time multiplier per learner, e.g. 1,1,1.18,1.18"

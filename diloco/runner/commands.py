@@ -97,15 +97,22 @@ def storage_url(settings: RunSettings, paths: RunPaths) -> str:
 def build_synchronizer_argv(settings: RunSettings, paths: RunPaths, *, port: int) -> list[str]:
     """The job secret travels in the environment (``DILOCO_JOB_SECRET``), never on a command line."""
     return [
-        settings.python, "-m", "diloco_sync",
-        "--host", settings.host,
-        "--port", str(port),
-        "--storage", storage_url(settings, paths),
-        "--heartbeat-interval-s", str(HEARTBEAT_INTERVAL_S),
-        "--job-id", run_job_id(settings, paths),
+        settings.python,
+        "-m",
+        "diloco_sync",
+        "--host",
+        settings.host,
+        "--port",
+        str(port),
+        "--storage",
+        storage_url(settings, paths),
+        "--heartbeat-interval-s",
+        str(HEARTBEAT_INTERVAL_S),
+        "--job-id",
+        run_job_id(settings, paths),
         *to_argv(ALGORITHM_FLAGS, settings.algorithm()),
         *to_argv(TRACKING_FLAGS, run_tracking(settings, paths)),
-    ]  # fmt: skip
+    ]
 
 
 def build_worker_argv(settings: RunSettings, paths: RunPaths, learner: int, *, sync_url: str) -> list[str]:

@@ -57,10 +57,16 @@ class GlobalEvaluator:
         torch.set_num_threads(1)
         self._torch = torch
         self._device = torch.device(device)
-        self._task = load_task(TaskContext(
-            model, data.model_copy(update={"sample_log": None}), TrainSettings(batch_size=batch_size),
-            Shard(0, 1, EVALUATOR_ID), self._device, corpus_max_bytes,
-        ))  # fmt: skip
+        self._task = load_task(
+            TaskContext(
+                model,
+                data.model_copy(update={"sample_log": None}),
+                TrainSettings(batch_size=batch_size),
+                Shard(0, 1, EVALUATOR_ID),
+                self._device,
+                corpus_max_bytes,
+            )
+        )
         if not self._task.eval_batches:
             raise ValueError(
                 f"the task of {model.entry_point!r} has no held-out batches: nothing to evaluate on"

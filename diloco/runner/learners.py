@@ -28,9 +28,16 @@ class Learners:
     """The run's learner slots (one per learner, or per rank of the ddp unit) and their processes."""
 
     def __init__(
-        self, settings: RunSettings, paths: RunPaths, record: RunRecord, *, sync_url: str, job_secret: str,
-        master_port: int, note: Callable[[str], None],
-    ) -> None:  # fmt: skip
+        self,
+        settings: RunSettings,
+        paths: RunPaths,
+        record: RunRecord,
+        *,
+        sync_url: str,
+        job_secret: str,
+        master_port: int,
+        note: Callable[[str], None],
+    ) -> None:
         self.s, self.paths, self.record, self.note = settings, paths, record, note
         self.sync_url, self.secret, self.master_port = sync_url, job_secret, master_port
         self.failures = settings.failures
@@ -53,8 +60,9 @@ class Learners:
 
     def launch(self, slot: LearnerSlot, now: float) -> None:
         argv = build_worker_argv(self.s, self.paths, slot.index, sync_url=self.sync_url)
-        env = build_worker_env(self.s, slot.index, dict(os.environ), job_secret=self.secret,
-                               master_port=self.master_port)  # fmt: skip
+        env = build_worker_env(
+            self.s, slot.index, dict(os.environ), job_secret=self.secret, master_port=self.master_port
+        )
         slot.child = launch(f"learner-{slot.index}", argv, self.paths.log_file(f"learner-{slot.index}"), env)
         slot.incarnation += 1
         slot.launched_at_s = now
@@ -167,8 +175,10 @@ class Learners:
             if kill is not None:
                 kill.rejoined_at_s = now
                 slot.pending_kill = None
-                self.note(f"[{now:6.1f}s] {self.who(slot)} rejoined at step {step} (killed at step {kill.step}, "
-                          f"resumed from step {resumed})")  # fmt: skip
+                self.note(
+                    f"[{now:6.1f}s] {self.who(slot)} rejoined at step {step} (killed at step {kill.step}, "
+                    f"resumed from step {resumed})"
+                )
         slot.step = step
 
     # ---- the end ----------------------------------------------------------------------------------
@@ -240,12 +250,20 @@ class Learners:
             )
             mfu = counts.mfu
         return LearnerTotals(
-            learner=slot.index, learner_id=slot.learner_id, speed_factor=slot.speed_factor,
-            bandwidth_limit=slot.bandwidth_limit, steps=steps, tokens=tokens,
-            launches=slot.incarnation + 1, finished=slot.state == "finished", bytes_sent=sent,
+            learner=slot.index,
+            learner_id=slot.learner_id,
+            speed_factor=slot.speed_factor,
+            bandwidth_limit=slot.bandwidth_limit,
+            steps=steps,
+            tokens=tokens,
+            launches=slot.incarnation + 1,
+            finished=slot.state == "finished",
+            bytes_sent=sent,
             allreduce_bytes=reduced,
-            tokens_per_s=tokens_per_s, mfu=mfu, gpu=self.s.gpu_of(slot.index),
-        )  # fmt: skip
+            tokens_per_s=tokens_per_s,
+            mfu=mfu,
+            gpu=self.s.gpu_of(slot.index),
+        )
 
     # ---- naming -----------------------------------------------------------------------------------
 

@@ -66,8 +66,15 @@ class Orchestrator:
             resumed=resumed,
         )
         self._notes: list[str] = []
-        self.learners = Learners(settings, paths, self.record, sync_url=self.sync_url, job_secret=self.secret,
-                                 master_port=free_port(settings.host), note=self._note)  # fmt: skip
+        self.learners = Learners(
+            settings,
+            paths,
+            self.record,
+            sync_url=self.sync_url,
+            job_secret=self.secret,
+            master_port=free_port(settings.host),
+            note=self._note,
+        )
         self.schedule = build_chaos_schedule(settings)
         self.sync: Child | None = None
         self.losses = LossTracker(self._make_evaluator, EVAL_INTERVAL_S)
@@ -245,12 +252,17 @@ class Orchestrator:
 
         s = self.s
         evaluator = GlobalEvaluator(
-            sync_url=self.sync_url, job_secret=self.secret, model=s.model, data=s.data,
-            batch_size=s.batch_size_of(0), fragments=s.algorithm().fragments,
-            corpus_max_bytes=CORPUS_BYTES[s.device], precision=s.train.precision,
+            sync_url=self.sync_url,
+            job_secret=self.secret,
+            model=s.model,
+            data=s.data,
+            batch_size=s.batch_size_of(0),
+            fragments=s.algorithm().fragments,
+            corpus_max_bytes=CORPUS_BYTES[s.device],
+            precision=s.train.precision,
             device=f"cuda:{s.gpus[0]}" if s.device == "cuda" else "cpu",
             wire=self.wire,
-        )  # fmt: skip
+        )
         self.record.num_params = evaluator.num_params
         return evaluator
 
@@ -285,18 +297,29 @@ class Orchestrator:
 
     def _snapshot(self, now: float) -> Snapshot:
         rows = tuple(
-            LearnerRow(slot.learner_id if self.s.mode != "ddp" else f"rank-{slot.index}", slot.state, slot.step,
-                       slot.tokens_per_s if slot.state == "training" else 0.0, slot.staleness, slot.speed_factor)
+            LearnerRow(
+                slot.learner_id if self.s.mode != "ddp" else f"rank-{slot.index}",
+                slot.state,
+                slot.step,
+                slot.tokens_per_s if slot.state == "training" else 0.0,
+                slot.staleness,
+                slot.speed_factor,
+            )
             for slot in self.learners
-        )  # fmt: skip
+        )
         tokens = sum(slot.tokens for slot in self.learners)
         return Snapshot(
-            mode=self.s.mode, elapsed_s=now, learners=rows,
-            version=max(self.record.versions.values(), default=-1), rounds=self.record.rounds,
+            mode=self.s.mode,
+            elapsed_s=now,
+            learners=rows,
+            version=max(self.record.versions.values(), default=-1),
+            rounds=self.record.rounds,
             loss=self.record.losses[-1].loss if self.record.losses else None,
-            bytes_sent=self.record.sent_bytes, tokens=tokens, notes=tuple(self._notes),
+            bytes_sent=self.record.sent_bytes,
+            tokens=tokens,
+            notes=tuple(self._notes),
             eta_s=run_time_left(self.s, now, tokens, [slot.step for slot in self.learners]),
-        )  # fmt: skip
+        )
 
 
 def run_time_left(settings: RunSettings, elapsed_s: float, tokens: int, steps: list[int]) -> float | None:
@@ -305,11 +328,13 @@ def run_time_left(settings: RunSettings, elapsed_s: float, tokens: int, steps: l
     if elapsed_s <= 0:
         return None
     slowest = min(steps, default=0)
-    left: float | None = time_left([
-        (elapsed_s, settings.time_limit_s, 1.0),
-        (tokens, settings.token_budget or math.inf, tokens / elapsed_s),
-        (slowest, settings.train.max_steps, slowest / elapsed_s),
-    ])  # fmt: skip
+    left: float | None = time_left(
+        [
+            (elapsed_s, settings.time_limit_s, 1.0),
+            (tokens, settings.token_budget or math.inf, tokens / elapsed_s),
+            (slowest, settings.train.max_steps, slowest / elapsed_s),
+        ]
+    )
     return left
 
 

@@ -165,8 +165,10 @@ def _startup_lines(report: Report) -> list[str]:
         f"{g.steady_s:.1f} s",
     ]
     if first:
-        lines.append(f"- launch to first step: {_mean(first):.1f} s on average at start ({len(first)} launches)"
-                     + (f", {_mean(later):.1f} s on restarts ({len(later)})" if later else ""))  # fmt: skip
+        lines.append(
+            f"- launch to first step: {_mean(first):.1f} s on average at start ({len(first)} launches)"
+            + (f", {_mean(later):.1f} s on restarts ({len(later)})" if later else "")
+        )
     return lines
 
 

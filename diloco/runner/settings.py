@@ -126,8 +126,13 @@ class RunSettings(BaseModel):
     @property
     def failures(self) -> FailureModel:
         """The failure model of this run (shared with ``diloco simulate run``)."""
-        return failure_model_for(self.mode, learners=self.learners, mtbf_s=self.mtbf_s, repair_s=self.repair_s,
-                                 seed=self.model.seed)  # fmt: skip
+        return failure_model_for(
+            self.mode,
+            learners=self.learners,
+            mtbf_s=self.mtbf_s,
+            repair_s=self.repair_s,
+            seed=self.model.seed,
+        )
 
 
 def build_algorithm(s: RunSettings) -> DiLoCoSettings:
@@ -150,9 +155,21 @@ def build_algorithm(s: RunSettings) -> DiLoCoSettings:
     # one unit (one learner to the synchronizer) whose ranks average gradients every step; the
     # synchronizer only keeps the global copy (and the checkpoint of record): its outer step is a copy
     return s.diloco.model_copy(
-        update={"inner_steps": 1, "fragments": 1, "overlap": 0, "quorum": 1, "codec": "fp32", "error_feedback": False, "down_codec": "fp32",
-                "outer_lr": 1.0, "outer_warmup": 0, "outer_momentum": 0.0, "delayed_nesterov": 0, "merge_rule": "mean"}
-    )  # fmt: skip
+        update={
+            "inner_steps": 1,
+            "fragments": 1,
+            "overlap": 0,
+            "quorum": 1,
+            "codec": "fp32",
+            "error_feedback": False,
+            "down_codec": "fp32",
+            "outer_lr": 1.0,
+            "outer_warmup": 0,
+            "outer_momentum": 0.0,
+            "delayed_nesterov": 0,
+            "merge_rule": "mean",
+        }
+    )
 
 
 def resolve_gpus(s: RunSettings, visible: int) -> tuple[int, ...]:

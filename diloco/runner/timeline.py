@@ -176,8 +176,12 @@ class Goodput:
         return self.useful_s / self.steady_s if self.steady_s > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
-        return vars(self) | {"useful_s": self.useful_s, "goodput": self.goodput, "steady_s": self.steady_s,
-                             "steady_goodput": self.steady_goodput}  # fmt: skip
+        return vars(self) | {
+            "useful_s": self.useful_s,
+            "goodput": self.goodput,
+            "steady_s": self.steady_s,
+            "steady_goodput": self.steady_goodput,
+        }
 
 
 def startup_seconds(intervals: Iterable[Interval]) -> float:

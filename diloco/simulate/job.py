@@ -80,9 +80,13 @@ class SimulatedJob:
 
 
 def simulate_job(
-    model: FailureModel, timing: JobTiming, *, time_limit_s: float, max_steps: int,
+    model: FailureModel,
+    timing: JobTiming,
+    *,
+    time_limit_s: float,
+    max_steps: int,
     failures: Sequence[Failure] | None = None,
-) -> SimulatedJob:  # fmt: skip
+) -> SimulatedJob:
     """Run the job from time 0 until ``time_limit_s`` or until every learner finished; ``failures``
     (in time order) replaces the model's own draw."""
     if time_limit_s <= 0 or max_steps < 1:
@@ -147,8 +151,15 @@ def _phase_ends(
             timeline.enter(i, "starting", now)
 
 
-def _fail(learner: int, learners: list[_Learner], model: FailureModel, timeline: Timeline, timing: JobTiming,
-          now: float, job: SimulatedJob) -> None:  # fmt: skip
+def _fail(
+    learner: int,
+    learners: list[_Learner],
+    model: FailureModel,
+    timeline: Timeline,
+    timing: JobTiming,
+    now: float,
+    job: SimulatedJob,
+) -> None:
     """A failure instant of ``learner``: its group goes down if it is up, else it is absorbed."""
     if learners[learner].phase not in ("starting", "training"):
         job.absorbed += 1

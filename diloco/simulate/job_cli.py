@@ -27,12 +27,17 @@ from diloco.simulate.job import JobTiming, simulate_job
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="diloco simulate run", description=__doc__.splitlines()[0],
+        prog="diloco simulate run",
+        description=__doc__.splitlines()[0],
         epilog="Every `diloco run` flag is accepted as well (see `diloco run --help`).",
         allow_abbrev=False,  # --seed is the run's flag, not short for --seeds
-    )  # fmt: skip
-    p.add_argument("--restart", type=float, required=True,
-                   help="measured seconds from a relaunched learner's launch to its first step")  # fmt: skip
+    )
+    p.add_argument(
+        "--restart",
+        type=float,
+        required=True,
+        help="measured seconds from a relaunched learner's launch to its first step",
+    )
     p.add_argument(
         "--startup",
         type=float,
@@ -82,9 +87,11 @@ def render(settings: RunSettings, timing: JobTiming, runs: list[dict[str, Any]])
     ]
     for run in runs:
         g = run["goodput"]
-        lines.append(f"{run['seed']:>6}{_pct(g['goodput']):>10}{_pct(g['steady_goodput']):>10}"
-                     f"{_pct(g['startup_s'] / g['total_s']):>10}{g['blocked_s']:>9.0f}s{g['lost_s']:>7.0f}s"
-                     f"{run['kills']:>7}")  # fmt: skip
+        lines.append(
+            f"{run['seed']:>6}{_pct(g['goodput']):>10}{_pct(g['steady_goodput']):>10}"
+            f"{_pct(g['startup_s'] / g['total_s']):>10}{g['blocked_s']:>9.0f}s{g['lost_s']:>7.0f}s"
+            f"{run['kills']:>7}"
+        )
     if len(runs) > 1:
         mean = {
             k: statistics.fmean(r["goodput"][k] or 0.0 for r in runs) for k in ("goodput", "steady_goodput")

@@ -201,7 +201,7 @@ async def contribute(
             le=MAX_TOKENS,
             description=f"tokens trained on since that version (at most {MAX_TOKENS_PER_STEP:.0e} per step)",
         ),
-    ],  # fmt: skip
+    ],
     seq: Annotated[
         int, Query(ge=0, le=MAX_SEQ, description="the learner's sequence number (idempotency)")
     ] = 0,
@@ -217,9 +217,10 @@ async def contribute(
     """Contribute an outer gradient (codec payload, kind "outer_grad") to a fragment's next round."""
     if tokens > steps * MAX_TOKENS_PER_STEP:
         raise ApiError(
-            400, "bad_request",
+            400,
+            "bad_request",
             f"{tokens} tokens in {steps} steps is more than {MAX_TOKENS_PER_STEP:.0e} tokens per step",
-        )  # fmt: skip
+        )
     declared = declared_problem(request.scope["state"][TOKEN_CLAIMS], steps, tokens)
     if declared is not None:
         raise ApiError(400, "bad_request", declared)
@@ -276,7 +277,7 @@ async def fetch_fragment(
             allow_inf_nan=False,
             description="seconds to wait for a newer version (long-poll; the synchronizer caps it)",
         ),
-    ] = 0.0,  # fmt: skip
+    ] = 0.0,
     announce_rounds: Annotated[
         bool,
         Query(description="answer 204 when a round on newer_than opens that this learner has not joined"),

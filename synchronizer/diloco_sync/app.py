@@ -55,9 +55,11 @@ def create_app(
     (``connections.guarded_protocol``), which the service reports."""
     service = service or build_service(settings)
     tracking = open_tracking(
-        settings.job.tracking, run=f"synchronizer-{settings.shard_index}", group=settings.job.job_id,
+        settings.job.tracking,
+        run=f"synchronizer-{settings.shard_index}",
+        group=settings.job.job_id,
         config=settings.job.model_dump(mode="json", include={"diloco"}),
-    )  # fmt: skip
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

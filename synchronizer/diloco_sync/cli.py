@@ -103,8 +103,10 @@ def main(argv: list[str]) -> int:
     if max_connections < settings.max_connections:
         logger.warning(
             "at most %d open connections (not %d): the process may open %d files",
-            max_connections, settings.max_connections, open_files_limit(),
-        )  # fmt: skip
+            max_connections,
+            settings.max_connections,
+            open_files_limit(),
+        )
     limits = ConnectionLimits(
         settings.header_timeout_s, settings.body_timeout_s, max_connections, settings.min_body_rate
     )

@@ -75,7 +75,7 @@ class Committer:
                 learner: at
                 for learner, at in merged_through(fs.merged_through, contributions).items()
                 if at[0] >= oldest
-            },  # fmt: skip
+            },
             contribution_norms=list(outcome.norms.contributions),
             update_norms=list(outcome.norms.updates),
             reference_norm=outcome.norms.reference,
@@ -120,9 +120,16 @@ class Committer:
         log.info(
             "fragment %d: version %d from %s (steps %s, tokens %s, weights %s, %d excluded, update norm %.4g, "
             "merge %.3fs)",
-            p, result.version, log_entry["participants"], log_entry["steps"], log_entry["tokens"],
-            [round(w, 3) for w in result.weights], len(outcome.excluded), log_entry["update_norm"], outcome.merge_s,
-        )  # fmt: skip
+            p,
+            result.version,
+            log_entry["participants"],
+            log_entry["steps"],
+            log_entry["tokens"],
+            [round(w, 3) for w in result.weights],
+            len(outcome.excluded),
+            log_entry["update_norm"],
+            outcome.merge_s,
+        )
 
     async def collect(self, p: int) -> None:
         """Delete the fragment's versions older than the ones kept; a failure only waits for the next round."""

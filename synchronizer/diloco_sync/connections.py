@@ -194,8 +194,9 @@ class GuardedH11Protocol(H11Protocol):
         if not self.connections_state.admit(self, self.loop.time()):
             log.warning(
                 "connection limit (%d) reached and every connection is busy with a request or just "
-                "connected: refusing new ones", self._limits.max_connections,
-            )  # fmt: skip
+                "connected: refusing new ones",
+                self._limits.max_connections,
+            )
             return False
         self._admitted = True
         self._await_head(fresh=True)
@@ -256,8 +257,9 @@ class GuardedH11Protocol(H11Protocol):
             return False
         log.warning(
             "closed a connection whose request body arrived at %.0f bytes/s (at least %.0f)",
-            self._body_bytes / max(now - since, 1e-9), self._limits.min_body_rate,
-        )  # fmt: skip
+            self._body_bytes / max(now - since, 1e-9),
+            self._limits.min_body_rate,
+        )
         self.connections_state.forget(self)
         self._close()
         return True
@@ -318,8 +320,15 @@ class _GuardedTLS(sslproto.SSLProtocol):
     def __init__(self, http: GuardedH11Protocol, context: ssl.SSLContext, timeout_s: float) -> None:
         # no waiter (nothing awaits the handshake: the HTTP layer is told when it is done); the
         # timeouts are floats at runtime, whatever the stubs say
-        super().__init__(http.loop, http, context, None, server_side=True,  # type: ignore[arg-type]
-                         ssl_handshake_timeout=timeout_s, ssl_shutdown_timeout=timeout_s)  # type: ignore[arg-type]  # fmt: skip
+        super().__init__(
+            http.loop,
+            http,
+            context,
+            None,
+            server_side=True,  # type: ignore[arg-type]
+            ssl_handshake_timeout=timeout_s,
+            ssl_shutdown_timeout=timeout_s,
+        )  # type: ignore[arg-type]
         self._http = http
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -377,9 +386,13 @@ class ServerCertificate:
     ``check_every_s``; a renewal that cannot be used keeps the previous certificate (logged)."""
 
     def __init__(
-        self, cert_file: str, key_file: str, *, check_every_s: float = 30.0,
+        self,
+        cert_file: str,
+        key_file: str,
+        *,
+        check_every_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cert_file, self.key_file, self.check_every_s, self._clock = (
             cert_file,
             key_file,

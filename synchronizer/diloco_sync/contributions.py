@@ -76,9 +76,15 @@ class ContributionDesk:
         return min(self.settings.max_body_bytes, bound)
 
     def precheck(
-        self, learner_id: str, p: int, base_version: int, seq: int, since: int = 0, steps: int = 1,
+        self,
+        learner_id: str,
+        p: int,
+        base_version: int,
+        seq: int,
+        since: int = 0,
+        steps: int = 1,
         tokens: int = 0,
-    ) -> FragmentState:  # fmt: skip
+    ) -> FragmentState:
         """The checks that need no body: registration (a learner that left is refused until it
         registers again), fragment, initialisation, staleness.
 
@@ -110,9 +116,15 @@ class ContributionDesk:
             status, code, reason = refusal
             raise ApiError(status, code, reason, current_version=fs.version if status == 409 else None)
         too_fast = pace_problem(
-            learner_id, fs.index, base_version, since + steps, fs.version_times.get(base_version), self.clock(),
-            min_step_s=self.settings.min_step_time_s, slack_steps=2 * self.diloco.inner_steps,
-        )  # fmt: skip
+            learner_id,
+            fs.index,
+            base_version,
+            since + steps,
+            fs.version_times.get(base_version),
+            self.clock(),
+            min_step_s=self.settings.min_step_time_s,
+            slack_steps=2 * self.diloco.inner_steps,
+        )
         if too_fast is not None:
             raise ApiError(400, "bad_request", too_fast)
 
@@ -123,24 +135,35 @@ class ContributionDesk:
         max_staleness = self.diloco.max_staleness
         if base_version > fs.version:
             raise ApiError(
-                409, "stale", f"base version {base_version} is newer than fragment {fs.index}'s {fs.version}: resynchronise",
+                409,
+                "stale",
+                f"base version {base_version} is newer than fragment {fs.index}'s {fs.version}: resynchronise",
                 current_version=fs.version,
-            )  # fmt: skip
+            )
         round_version = fs.version + 1 if fs.phase == "merging" else fs.version
         if rounds.is_stale(base_version, round_version, max_staleness):
             lag = rounds.staleness(base_version, round_version)
             merging = f" (version {round_version} is being merged)" if round_version != fs.version else ""
             raise ApiError(
-                409, "stale",
+                409,
+                "stale",
                 f"base version {base_version} is {lag} versions behind fragment {fs.index}'s {round_version}{merging} "
                 f"(at most {max_staleness} allowed): fetch the fragment and continue from it",
                 current_version=fs.version,
-            )  # fmt: skip
+            )
 
     async def contribute(
-        self, learner_id: str, p: int, *, base_version: int, steps: int, tokens: int, seq: int, blob: bytes,
+        self,
+        learner_id: str,
+        p: int,
+        *,
+        base_version: int,
+        steps: int,
+        tokens: int,
+        seq: int,
+        blob: bytes,
         since: int = 0,
-    ) -> ContributionResult:  # fmt: skip
+    ) -> ContributionResult:
         fs = self.precheck(learner_id, p, base_version, seq, since, steps, tokens)
         key = contribution_key(learner_id, p, base_version, seq)
         if not fs.reserve(key):
@@ -148,9 +171,15 @@ class ContributionDesk:
             return self._result("duplicate", fs, base_version, durable=fs.is_durable(key))
         try:
             meta = PendingMeta(
-                learner_id=learner_id, fragment=p, base_version=base_version, seq=seq, steps=steps,
-                tokens=tokens, received_at=self.clock(), since=since,
-            )  # fmt: skip
+                learner_id=learner_id,
+                fragment=p,
+                base_version=base_version,
+                seq=seq,
+                steps=steps,
+                tokens=tokens,
+                received_at=self.clock(),
+                since=since,
+            )
             taken = await anyio.to_thread.run_sync(self._take, fs, meta, blob, self.guard.ok)
             if taken.failure is not None:
                 self.guard.mark_down(taken.failure)
@@ -162,10 +191,18 @@ class ContributionDesk:
                 self._delete_later([taken.storage_key] if taken.storage_key else [])
                 raise
             c = Contribution(
-                learner_id=learner_id, fragment=p, base_version=base_version, seq=seq, steps=steps,
-                tokens=tokens, tensors=taken.tensors, nbytes=len(blob), received_at=meta.received_at,
-                storage_key=taken.storage_key, since=since,
-            )  # fmt: skip
+                learner_id=learner_id,
+                fragment=p,
+                base_version=base_version,
+                seq=seq,
+                steps=steps,
+                tokens=tokens,
+                tensors=taken.tensors,
+                nbytes=len(blob),
+                received_at=meta.received_at,
+                storage_key=taken.storage_key,
+                since=since,
+            )
             if c.storage_key is None:
                 self._hold_in_memory(c, blob)
             self._enqueue(fs, c)
@@ -210,10 +247,11 @@ class ContributionDesk:
         """Storage is down: keep the payload in memory within the budget, or answer 503 (retryable)."""
         if not self.guard.reserve(len(blob)):
             raise ApiError(
-                503, "storage_unavailable",
+                503,
+                "storage_unavailable",
                 f"storage is unavailable and {self.guard.buffered_bytes} bytes are already held in memory: retry later",
                 retryable=True,
-            )  # fmt: skip
+            )
         c.blob = blob
 
     def _enqueue(self, fs: FragmentState, c: Contribution) -> None:
@@ -257,9 +295,15 @@ class ContributionDesk:
                 blob = c.blob
                 if blob is not None and c.storage_key is None:
                     meta = PendingMeta(
-                        learner_id=c.learner_id, fragment=c.fragment, base_version=c.base_version, seq=c.seq,
-                        steps=c.steps, tokens=c.tokens, received_at=c.received_at, since=c.since,
-                    )  # fmt: skip
+                        learner_id=c.learner_id,
+                        fragment=c.fragment,
+                        base_version=c.base_version,
+                        seq=c.seq,
+                        steps=c.steps,
+                        tokens=c.tokens,
+                        received_at=c.received_at,
+                        since=c.since,
+                    )
                     key = await anyio.to_thread.run_sync(self.store.put_pending, meta, blob)
                     if fs.mark_durable(c, key):
                         self.guard.release(len(blob))

@@ -105,11 +105,21 @@ def fold(earlier: Contribution, later: Contribution) -> Contribution:
     the outer gradients, steps and tokens; ``later``'s own key, blob and stored copy stay its own."""
     tensors = {name: earlier.tensors[name] + later.tensors[name] for name in later.tensors}
     return Contribution(
-        learner_id=later.learner_id, fragment=later.fragment, base_version=later.base_version, seq=later.seq,
-        steps=earlier.steps + later.steps, tokens=earlier.tokens + later.tokens, tensors=tensors,
-        nbytes=later.nbytes, received_at=earlier.received_at, storage_key=later.storage_key, blob=later.blob,
-        since=earlier.since, through=later.through, parts=(*earlier.received(), *later.parts),
-    )  # fmt: skip
+        learner_id=later.learner_id,
+        fragment=later.fragment,
+        base_version=later.base_version,
+        seq=later.seq,
+        steps=earlier.steps + later.steps,
+        tokens=earlier.tokens + later.tokens,
+        tensors=tensors,
+        nbytes=later.nbytes,
+        received_at=earlier.received_at,
+        storage_key=later.storage_key,
+        blob=later.blob,
+        since=earlier.since,
+        through=later.through,
+        parts=(*earlier.received(), *later.parts),
+    )
 
 
 def fold_problem(pending: Contribution, steps: int, tokens: int) -> str | None:
@@ -509,10 +519,19 @@ class FragmentState:
         return taken
 
     def commit(
-        self, *, version: int, params: Arrays, payload: bytes, outer: OuterState, now: float, quorum: int,
-        norms: NormHistory | None = None, excluded: int = 0, update: bytes | None = None,
+        self,
+        *,
+        version: int,
+        params: Arrays,
+        payload: bytes,
+        outer: OuterState,
+        now: float,
+        quorum: int,
+        norms: NormHistory | None = None,
+        excluded: int = 0,
+        update: bytes | None = None,
         merged: Collection[str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """The merged version is durable: make it current, wake every long-poll waiting for it, and
         start the next round with whatever is still pending. Every contribution of the merge (those
         its checks excluded too) is done with: its keys are applied. Only the progress of those
@@ -569,9 +588,13 @@ class FragmentState:
         )
 
     def _publish(
-        self, version: int, params: Arrays, payload: bytes, update: bytes | None = None,
+        self,
+        version: int,
+        params: Arrays,
+        payload: bytes,
+        update: bytes | None = None,
         initial_digest: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Make a new version current and wake every long-poll waiting for it (``initial_digest``: of
         version 0, which only the initial parameters are)."""
         self._version, self._params, self._payload = version, params, payload

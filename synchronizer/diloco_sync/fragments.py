@@ -86,13 +86,15 @@ class Fragments:
     def uninitialised(self) -> list[int]:
         """Owned fragments with no parameters that nobody is initialising right now."""
         return [
-            p for p in self.settings.owned_fragments
+            p
+            for p in self.settings.owned_fragments
             if p not in self._states or self._states[p].phase == "uninitialised"
-        ]  # fmt: skip
+        ]
 
     def initial_digests(self) -> dict[int, str]:
         """The digest of version 0 of every owned fragment still at it."""
         return {
-            p: d for p in self.settings.owned_fragments
+            p: d
+            for p in self.settings.owned_fragments
             if p in self._states and (d := self._states[p].initial_digest) is not None
-        }  # fmt: skip
+        }

@@ -56,9 +56,12 @@ class PerLearnerLimits:
             return
         upload = scope["method"] in ("POST", "PUT") and self.is_upload(scope["path"])
         reason = over_limit(
-            self.requests[learner], self.uploads[learner], upload=upload,
-            max_requests=self.max_requests, max_uploads=self.max_uploads,
-        )  # fmt: skip
+            self.requests[learner],
+            self.uploads[learner],
+            upload=upload,
+            max_requests=self.max_requests,
+            max_uploads=self.max_uploads,
+        )
         if reason is not None:
             body = ErrorBody(code="too_many_requests", reason=reason, retryable=True)
             await JSONResponse(body.model_dump(), status_code=429, headers={"Retry-After": "1"})(

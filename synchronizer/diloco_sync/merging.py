@@ -47,9 +47,13 @@ def encode_outer_state(state: OuterState, fragment: int, version: int) -> bytes:
     """The outer optimizer's state for storage only: fp32 (lossless) with zstd's fastest level, as
     fp32 momentum barely compresses and this object is written every round but read only at start-up."""
     return codec.encode(
-        state.to_arrays(), fragment=fragment, base_version=version, kind="params", quantizer="fp32",
+        state.to_arrays(),
+        fragment=fragment,
+        base_version=version,
+        kind="params",
+        quantizer="fp32",
         level=_OUTER_STATE_LEVEL,
-    )  # fmt: skip
+    )
 
 
 def run_round(
@@ -71,9 +75,14 @@ def run_round(
     payload = encode_params(result.params, spec.index, result.version)
     outer_blob = encode_outer_state(result.outer, spec.index, result.version)
     return RoundOutcome(
-        result, payload, outer_blob, merge_s=time.perf_counter() - started, merged=screened.merged,
-        excluded=screened.excluded, norms=screened.history.after(screened.norms, tensors_norm(result.update)),
-    )  # fmt: skip
+        result,
+        payload,
+        outer_blob,
+        merge_s=time.perf_counter() - started,
+        merged=screened.merged,
+        excluded=screened.excluded,
+        norms=screened.history.after(screened.norms, tensors_norm(result.update)),
+    )
 
 
 def recent_round_keys(versions: dict[int, int], n: int) -> list[tuple[int, int]]:

@@ -17,16 +17,20 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.contributions = Counter(
-            "diloco_sync_contributions", "Contributions by result (accepted, duplicate, an error code, or excluded from a round by its checks)",
-            ["result"], registry=r,
-        )  # fmt: skip
+            "diloco_sync_contributions",
+            "Contributions by result (accepted, duplicate, an error code, or excluded from a round by its checks)",
+            ["result"],
+            registry=r,
+        )
         self.bytes_in = Counter("diloco_sync_bytes_in", "Payload bytes received", registry=r)
         self.bytes_out = Counter("diloco_sync_bytes_out", "Payload bytes served", registry=r)
         self.rounds = Counter("diloco_sync_rounds", "Completed rounds", ["fragment"], registry=r)
         self.round_participants = Histogram(
-            "diloco_sync_round_participants", "Learners merged per round",
-            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), registry=r,
-        )  # fmt: skip
+            "diloco_sync_round_participants",
+            "Learners merged per round",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
+            registry=r,
+        )
         self.merge_seconds = Histogram(
             "diloco_sync_merge_seconds",
             "Merge + outer step time per round",
@@ -55,8 +59,10 @@ class Metrics:
         self.contribution_staleness = Histogram(
             "diloco_sync_contribution_staleness",
             "Versions between a merged contribution's base version and the version it was merged into",
-            ["fragment"], buckets=_STALENESS_BUCKETS, registry=r,
-        )  # fmt: skip
+            ["fragment"],
+            buckets=_STALENESS_BUCKETS,
+            registry=r,
+        )
         self.learner_loss = Gauge(
             "diloco_sync_learner_loss", "Last held-out loss a learner reported", ["learner"], registry=r
         )
@@ -66,8 +72,10 @@ class Metrics:
         self.learner_wire_bytes = Gauge(
             "diloco_sync_learner_wire_bytes",
             "Bytes at the socket a learner reports its connections carried (heads, bodies, TLS), by direction "
-            "(sent: from the learner)", ["learner", "direction"], registry=r,
-        )  # fmt: skip
+            "(sent: from the learner)",
+            ["learner", "direction"],
+            registry=r,
+        )
         self.storage_ok.set(1)
 
     def watch_wire(self, wire: WireTally) -> None:
@@ -75,8 +83,10 @@ class Metrics:
         wire_bytes = Gauge(
             "diloco_sync_wire_bytes",
             "Bytes at the socket of every connection since start (heads, bodies, TLS), by direction "
-            "(received: from the clients)", ["direction"], registry=self.registry,
-        )  # fmt: skip
+            "(received: from the clients)",
+            ["direction"],
+            registry=self.registry,
+        )
         wire_bytes.labels("received").set_function(lambda: wire.totals()[1])
         wire_bytes.labels("sent").set_function(lambda: wire.totals()[0])
 

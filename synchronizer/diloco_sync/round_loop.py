@@ -93,8 +93,12 @@ class RoundRunner:
         for gapped in fs.drop_stale_gaps(self.diloco.max_staleness):
             log.warning(
                 "fragment %d: dropping contribution %s: its base is stale and learner %s never resent "
-                "its progress before step %d", fs.index, gapped.key, gapped.learner_id, gapped.since,
-            )  # fmt: skip
+                "its progress before step %d",
+                fs.index,
+                gapped.key,
+                gapped.learner_id,
+                gapped.since,
+            )
             self.release.discard(gapped)
         decision = self.policy.decide(fs.round, now)
         if decision.excluded:
@@ -152,8 +156,11 @@ class RoundRunner:
         for c, reason in excluded:
             log.warning(
                 "fragment %d: contribution %s of learner %s excluded from the round: %s",
-                fs.index, c.key, c.learner_id, reason,
-            )  # fmt: skip
+                fs.index,
+                c.key,
+                c.learner_id,
+                reason,
+            )
         if excluded:
             self.on_excluded(fs.index, len(excluded))
 
@@ -167,10 +174,17 @@ class RoundRunner:
         """The round is durable: make it current, record it, then tidy the fragment's storage."""
         result = outcome.result
         fs.commit(
-            version=result.version, params=result.params, payload=outcome.payload, outer=result.outer,
-            now=self.clock(), quorum=self.diloco.quorum, norms=outcome.norms, excluded=len(outcome.excluded),
-            update=result.down_blob, merged={c.key for c in outcome.merged},
-        )  # fmt: skip
+            version=result.version,
+            params=result.params,
+            payload=outcome.payload,
+            outer=result.outer,
+            now=self.clock(),
+            quorum=self.diloco.quorum,
+            norms=outcome.norms,
+            excluded=len(outcome.excluded),
+            update=result.down_blob,
+            merged={c.key for c in outcome.merged},
+        )
         try:
             for c in contributions:
                 self.release.discard(c)

@@ -51,9 +51,13 @@ class RoundPolicy:
     def decide(self, state: rounds.RoundState, now: float) -> rounds.Decision:
         d = self.diloco
         return rounds.decide(
-            state, now=now, quorum=d.quorum, alive=self.registry.alive_count(now),
-            max_staleness=d.max_staleness, **self._pace(now),
-        )  # fmt: skip
+            state,
+            now=now,
+            quorum=d.quorum,
+            alive=self.registry.alive_count(now),
+            max_staleness=d.max_staleness,
+            **self._pace(now),
+        )
 
     def grace_left(self, state: rounds.RoundState, now: float) -> float | None:
         """Seconds until the round's grace deadline (None while its quorum is not reached)."""

@@ -87,9 +87,13 @@ class SyncService:
         bucket) fails the start-up with what to check."""
         try:
             loaded: LoadedState = await self.guard.call_until_done(
-                load_state, self.store, self.settings.owned_fragments, self.settings.recent_rounds,
-                what="loading the committed state", outages_only=True,
-            )  # fmt: skip
+                load_state,
+                self.store,
+                self.settings.owned_fragments,
+                self.settings.recent_rounds,
+                what="loading the committed state",
+                outages_only=True,
+            )
         except StorageError as exc:
             raise RuntimeError(
                 f"cannot read the job's state from {self.store.store.describe()}: {exc}; check the "
@@ -123,17 +127,27 @@ class SyncService:
                 )
         for p, lf in loaded.fragments.items():
             self.fragments.get(p).restore(
-                version=lf.record.version, params=lf.params, payload=lf.payload,
+                version=lf.record.version,
+                params=lf.params,
+                payload=lf.payload,
                 outer=OuterState.from_arrays(lf.outer) if lf.outer is not None else OuterState(),
-                applied=lf.record.applied, rounds=lf.record.rounds, now=now, quorum=self.diloco.quorum,
-                merged_through=lf.record.merged_through, norms=lf.record.norm_history(),
+                applied=lf.record.applied,
+                rounds=lf.record.rounds,
+                now=now,
+                quorum=self.diloco.quorum,
+                merged_through=lf.record.merged_through,
+                norms=lf.record.norm_history(),
                 version_times=lf.record.version_times,
-            )  # fmt: skip
+            )
         log.info(
             "job %s shard %d loaded: plan %s, versions %s, %d learners, %d pending contributions",
-            self.settings.job.job_id, self.settings.shard_index, self.fragments.plan_hash[:12] or "(none yet)",
-            self.versions(), len(self.registry.learners), len(loaded.pending),
-        )  # fmt: skip
+            self.settings.job.job_id,
+            self.settings.shard_index,
+            self.fragments.plan_hash[:12] or "(none yet)",
+            self.versions(),
+            len(self.registry.learners),
+            len(loaded.pending),
+        )
         return loaded.pending
 
     # -- learners ------------------------------------------------------------------------------
@@ -253,9 +267,11 @@ class SyncService:
             payload = await anyio.to_thread.run_sync(encode_params, params, p, 0)
             digest = await anyio.to_thread.run_sync(downlink.digest, params)
             record = FragmentRecord(
-                version=0, params_key=self.store.layout.params(p, 0), outer_key=self.store.layout.outer(p, 0),
+                version=0,
+                params_key=self.store.layout.params(p, 0),
+                outer_key=self.store.layout.outer(p, 0),
                 version_times={0: self.clock()},
-            )  # fmt: skip
+            )
             outer_blob = encode_outer_state(fs.outer, p, 0)
             try:
                 await self.guard.call(
@@ -292,9 +308,15 @@ class SyncService:
             )
 
     async def fetch(
-        self, learner_id: str, p: int, newer_than: int, wait: float, *, announce_rounds: bool = False,
+        self,
+        learner_id: str,
+        p: int,
+        newer_than: int,
+        wait: float,
+        *,
+        announce_rounds: bool = False,
         have: int = -1,
-    ) -> tuple[int, bytes] | RoundOpen | None:  # fmt: skip
+    ) -> tuple[int, bytes] | RoundOpen | None:
         """The newest version if newer than ``newer_than`` (waiting up to ``wait`` s), else None.
 
         With ``announce_rounds``, a round on version ``newer_than`` that this learner has not joined

@@ -63,9 +63,11 @@ class SyncSettings(BaseModel):
         description="longest grace window after a round's quorum, whatever step times learners report",
     )
     header_timeout_s: float = Field(
-        10.0, gt=0.0, description="time a connection has to send a whole request head (from when it opened "
+        10.0,
+        gt=0.0,
+        description="time a connection has to send a whole request head (from when it opened "
         "or from the previous answer)",
-    )  # fmt: skip
+    )
     body_timeout_s: float = Field(
         60.0, gt=0.0, description="longest pause while a request body is being received"
     )
@@ -73,9 +75,11 @@ class SyncSettings(BaseModel):
         5.0, gt=0.0, description="idle time before a kept-alive connection is closed"
     )
     min_body_rate: float = Field(
-        1024.0, ge=0.0, description="bytes/s a request body must average once it has been arriving for "
+        1024.0,
+        ge=0.0,
+        description="bytes/s a request body must average once it has been arriving for "
         "--header-timeout-s (0: no minimum)",
-    )  # fmt: skip
+    )
     max_requests_per_learner: int = Field(
         0, ge=0, description="requests one learner may have in progress at once (0: twice the fragments + 16)"
     )
@@ -83,18 +87,23 @@ class SyncSettings(BaseModel):
         4, ge=1, description="uploads (init, contributions) one learner may have in progress at once"
     )
     min_step_time_s: float = Field(
-        0.0005, ge=0.0, description="the fastest an inner step of this job's learners can be: a contribution "
+        0.0005,
+        ge=0.0,
+        description="the fastest an inner step of this job's learners can be: a contribution "
         "claiming more steps on a version than its age allows at this pace (plus twice the inner steps) is "
         "refused (0: no bound)",
-    )  # fmt: skip
+    )
     revocations_file: str | None = Field(
-        None, description="JSON file of the lowest learner-token generation accepted per learner id "
+        None,
+        description="JSON file of the lowest learner-token generation accepted per learner id "
         '({"learner": 2}), re-read when it changes (the operator keeps it in a ConfigMap)',
-    )  # fmt: skip
+    )
     max_connections: int = Field(
-        4096, ge=8, description="open connections at most (fewer if the limit of open files is lower); "
+        4096,
+        ge=8,
+        description="open connections at most (fewer if the limit of open files is lower); "
         "beyond it a connection waiting for its request head is closed, else the new one gets 503",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SyncSettings:

@@ -51,9 +51,12 @@ def starting_error(failure: str | None, storage_ok: bool, storage_error: str | N
     """The answer of a ``/v1`` route before the state is loaded: 503 ``starting``, retry later."""
     reason = not_ready_reason(False, failure, storage_ok, storage_error) or "loading state"
     return ApiError(
-        503, "starting", f"the synchronizer is starting ({reason}): retry later",
-        retryable=True, headers={"Retry-After": str(RETRY_AFTER_S)},
-    )  # fmt: skip
+        503,
+        "starting",
+        f"the synchronizer is starting ({reason}): retry later",
+        retryable=True,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 def build_round_parts(
@@ -63,19 +66,36 @@ def build_round_parts(
     committed rounds go to ``tracking`` too."""
     settings = service.settings
     desk = ContributionDesk(
-        settings, service.fragments, service.registry, service.store, service.guard, service.metrics,
-        service.traffic, service.clock,
-    )  # fmt: skip
+        settings,
+        service.fragments,
+        service.registry,
+        service.store,
+        service.guard,
+        service.metrics,
+        service.traffic,
+        service.clock,
+    )
     committer = Committer(
-        service.store, service.guard, service.metrics, service.recent_rounds,
-        max_staleness=service.diloco.max_staleness, keep_versions=settings.keep_versions, clock=service.clock,
+        service.store,
+        service.guard,
+        service.metrics,
+        service.recent_rounds,
+        max_staleness=service.diloco.max_staleness,
+        keep_versions=settings.keep_versions,
+        clock=service.clock,
         tracking=tracking,
-    )  # fmt: skip
+    )
     runner = RoundRunner(
-        service.diloco, service.fragments, service.policy, committer, desk,
-        clock=service.clock, tick_s=settings.tick_s, on_tick=service.refresh_gauges,
+        service.diloco,
+        service.fragments,
+        service.policy,
+        committer,
+        desk,
+        clock=service.clock,
+        tick_s=settings.tick_s,
+        on_tick=service.refresh_gauges,
         on_excluded=lambda _p, n: service.metrics.contributions.labels("excluded").inc(n),
-    )  # fmt: skip
+    )
     desk.wake = runner.wake
     return desk, runner
 

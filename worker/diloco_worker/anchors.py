@@ -169,9 +169,13 @@ class DeviceSnapshot:
             self.done.synchronize()
         parts = self.layout.parts(quantizer, self.values.numpy(), self.scales.numpy())
         return codec.encode_quantized(
-            parts, fragment=fragment, base_version=base_version, kind="outer_grad", quantizer=quantizer,
+            parts,
+            fragment=fragment,
+            base_version=base_version,
+            kind="outer_grad",
+            quantizer=quantizer,
             block_size=self.layout.block_size,
-        )  # fmt: skip
+        )
 
 
 class StagedGlobal(Mapping[str, np.ndarray]):
@@ -181,9 +185,14 @@ class StagedGlobal(Mapping[str, np.ndarray]):
     need to know about it."""
 
     def __init__(
-        self, fragment: int, layout: FlatLayout, arrays: Arrays, host: Tensor, device: Tensor,
+        self,
+        fragment: int,
+        layout: FlatLayout,
+        arrays: Arrays,
+        host: Tensor,
+        device: Tensor,
         ready: torch.cuda.Event | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.fragment, self.layout, self._arrays = fragment, layout, arrays
         self.host, self.device, self.ready = host, device, ready
 
@@ -221,9 +230,13 @@ class DeviceAnchors:
     """Anchors as flat float32 buffers on ``device`` (or pinned host memory); torch arithmetic."""
 
     def __init__(
-        self, plan: FragmentPlan, params: Mapping[str, Tensor], device: torch.device,
-        placement: Placement = "auto", block_size: int = q.DEFAULT_BLOCK_SIZE,
-    ) -> None:  # fmt: skip
+        self,
+        plan: FragmentPlan,
+        params: Mapping[str, Tensor],
+        device: torch.device,
+        placement: Placement = "auto",
+        block_size: int = q.DEFAULT_BLOCK_SIZE,
+    ) -> None:
         self.plan, self.device = plan, device
         self.cuda = device.type == "cuda"
         self.layouts = {f.index: FlatLayout.of(f.tensors, block_size) for f in plan.fragments}
@@ -242,15 +255,26 @@ class DeviceAnchors:
         anchor_bytes = 4 * sum(layout.total for layout in self.layouts.values())
         free, total = torch.cuda.mem_get_info(self.device)
         param_bytes = sum(t.numel() * t.element_size() for ts in self.params.values() for t in ts)
-        chosen = wanted if wanted != "auto" else choose_placement(
-            anchor_bytes=anchor_bytes, param_bytes=param_bytes, work_bytes=16 * longest,
-            free_bytes=free, total_bytes=total,
-        )  # fmt: skip
+        chosen = (
+            wanted
+            if wanted != "auto"
+            else choose_placement(
+                anchor_bytes=anchor_bytes,
+                param_bytes=param_bytes,
+                work_bytes=16 * longest,
+                free_bytes=free,
+                total_bytes=total,
+            )
+        )
         log.info(
             "anchors of %.1f MiB in %s memory (%s; %.1f of %.1f GiB free on %s)",
-            anchor_bytes / 2**20, "device" if chosen == "device" else "pinned host",
-            "chosen" if wanted == "auto" else "as configured", free / 2**30, total / 2**30, self.device,
-        )  # fmt: skip
+            anchor_bytes / 2**20,
+            "device" if chosen == "device" else "pinned host",
+            "chosen" if wanted == "auto" else "as configured",
+            free / 2**30,
+            total / 2**30,
+            self.device,
+        )
         return chosen
 
     @property
@@ -427,9 +451,13 @@ class DeviceAnchors:
 
 
 def build_anchor_store(
-    plan: FragmentPlan, params: Mapping[str, Tensor], device: torch.device, *, compute: Compute = "auto",
+    plan: FragmentPlan,
+    params: Mapping[str, Tensor],
+    device: torch.device,
+    *,
+    compute: Compute = "auto",
     placement: Placement = "auto",
-) -> AnchorStore:  # fmt: skip
+) -> AnchorStore:
     """``auto``: torch on a CUDA device, the numpy reference elsewhere (on a CPU the reference keeps
     quantization in the sender thread, off the training thread)."""
     use_torch = compute == "torch" or (compute == "auto" and device.type == "cuda")

@@ -89,10 +89,12 @@ def _copy_to_host(t: torch.Tensor) -> torch.Tensor:
 
 
 def build_tensors(
-    model: nn.Module, opt: torch.optim.Optimizer, anchors: Mapping[int, Mapping[str, np.ndarray]],
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    anchors: Mapping[int, Mapping[str, np.ndarray]],
     residuals: Mapping[int, Mapping[str, np.ndarray]] | None = None,
     held: Mapping[int, Mapping[str, np.ndarray]] | None = None,
-) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:  # fmt: skip
+) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
     """Everything tensor-shaped, as independent contiguous CPU tensors keyed by role (copies: the
     live state may change while they are written)."""
     tensors = {f"param/{n}": _copy_to_host(p) for n, p in model.named_parameters()}

@@ -318,14 +318,22 @@ class Communicator:
             if exc.status == 401:  # the token expired or was revoked: its renewal is on its way
                 log.warning(
                     "step=%d fragment=%d version=%d the learner token was refused (%s): retrying with "
-                    "the renewed one", self.progress.step, c.fragment, c.base_version, exc.reason,
-                )  # fmt: skip
+                    "the renewed one",
+                    self.progress.step,
+                    c.fragment,
+                    c.base_version,
+                    exc.reason,
+                )
                 return False
             if exc.code == "out_of_order" and self._resend_earlier_first(c):
                 log.info(
                     "step=%d fragment=%d version=%d the synchronizer holds none of the earlier buffered "
-                    "parts: sending them first (%s)", self.progress.step, c.fragment, c.base_version, exc,
-                )  # fmt: skip
+                    "parts: sending them first (%s)",
+                    self.progress.step,
+                    c.fragment,
+                    c.base_version,
+                    exc,
+                )
                 return True
             with self._cv:
                 self.rejected += 1

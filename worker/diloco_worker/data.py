@@ -88,8 +88,11 @@ _TEXT_ONLY = (
 def _cut(blob: bytes, source: str, max_bytes: int, more: bool) -> bytes:
     """The first ``max_bytes`` of the corpus, saying so when that leaves some of it out."""
     if len(blob) > max_bytes or more:
-        log.info("corpus %s: the first %d bytes are used (--corpus-max-bytes); the rest is left out", source,
-                 max_bytes)  # fmt: skip
+        log.info(
+            "corpus %s: the first %d bytes are used (--corpus-max-bytes); the rest is left out",
+            source,
+            max_bytes,
+        )
     return blob[:max_bytes]
 
 

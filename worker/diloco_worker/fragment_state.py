@@ -61,9 +61,12 @@ class Contribution:
         copy to the host: the sender thread's work)."""
         if isinstance(self.tensors, Mapping):
             return encode(
-                self.tensors, fragment=self.fragment, base_version=self.base_version, kind="outer_grad",
+                self.tensors,
+                fragment=self.fragment,
+                base_version=self.base_version,
+                kind="outer_grad",
                 quantizer=quantizer,
-            )  # fmt: skip
+            )
         return self.tensors.encode(
             fragment=self.fragment, base_version=self.base_version, quantizer=quantizer
         )
@@ -160,8 +163,14 @@ class FragmentState:
         quantizer: str,
     ) -> feedback.Encoded:
         """On the feedback thread: the payload of ``anchor - params`` plus the residual, and the new residual."""
-        enc = feedback.encode(outer_gradient(anchor, params), self.store.residual(p), fragment=p, base_version=base,
-                              kind="outer_grad", quantizer=quantizer)  # fmt: skip
+        enc = feedback.encode(
+            outer_gradient(anchor, params),
+            self.store.residual(p),
+            fragment=p,
+            base_version=base,
+            kind="outer_grad",
+            quantizer=quantizer,
+        )
         self.store.set_residual(p, enc.residual)
         return enc
 
@@ -196,9 +205,11 @@ class FragmentState:
         return self.counters.to_list()
 
     def load_meta(
-        self, meta: list[dict[str, Any]], anchors: Mapping[int, Mapping[str, np.ndarray]],
+        self,
+        meta: list[dict[str, Any]],
+        anchors: Mapping[int, Mapping[str, np.ndarray]],
         residuals: Mapping[int, Mapping[str, np.ndarray]] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Counters, anchors and (error feedback) residuals from a checkpoint."""
         if len(meta) != len(self.counters):
             raise ValueError(f"checkpoint has {len(meta)} fragments, the plan has {len(self.counters)}")

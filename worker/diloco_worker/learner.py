@@ -159,20 +159,31 @@ def _run(
     clock.mark("task")
     plan = plan_for(task, settings)
     optimizer = make_optimizer(task.model, settings.train, settings.adamw)
-    fs = FragmentState.for_model(plan, task.model, functools.partial(
-        build_anchor_store, device=unit.device, compute=settings.sync_compute, placement=settings.anchor_memory,
-    ))  # fmt: skip
+    fs = FragmentState.for_model(
+        plan,
+        task.model,
+        functools.partial(
+            build_anchor_store,
+            device=unit.device,
+            compute=settings.sync_compute,
+            placement=settings.anchor_memory,
+        ),
+    )
     clock.mark("optimizer")
     store, state, held = _resume_if_any(settings, unit, task, optimizer, fs, plan)
     clock.mark("checkpoint")
     resumed = state.step > 0
     metrics = None
     tracking = (
-        open_tracking(settings.tracking, run=settings.learner_id, group=settings.job_id, config=settings.model_dump(
-            mode="json", include={"diloco", "model", "train", "data"}))
+        open_tracking(
+            settings.tracking,
+            run=settings.learner_id,
+            group=settings.job_id,
+            config=settings.model_dump(mode="json", include={"diloco", "model", "train", "data"}),
+        )
         if unit.is_leader
         else None
-    )  # fmt: skip
+    )
     if (settings.metrics_file or tracking) and unit.is_leader:
         # the process id tells a reader where a restarted learner's records begin
         metrics = MetricsLog(
@@ -256,9 +267,16 @@ class _Saver:
     The final checkpoint waits, and so does :meth:`close`."""
 
     def __init__(
-        self, store: ObjectStore, task: TrainingTask, opt: torch.optim.Optimizer, fs: FragmentState,
-        plan: FragmentPlan, settings: WorkerSettings, session: DiLoCoSession | None, unit: Unit,
-    ) -> None:  # fmt: skip
+        self,
+        store: ObjectStore,
+        task: TrainingTask,
+        opt: torch.optim.Optimizer,
+        fs: FragmentState,
+        plan: FragmentPlan,
+        settings: WorkerSettings,
+        session: DiLoCoSession | None,
+        unit: Unit,
+    ) -> None:
         self.task, self.opt, self.fs, self.plan, self.session = task, opt, fs, plan, session
         self.may_skip = not unit.distributed
         self.config = settings.model_dump(mode="json", exclude={"token"})
@@ -280,10 +298,16 @@ class _Saver:
             "plan_hash": self.plan.hash(),
             "config": self.config,
         }
-        self.writer.submit(snapshot_checkpoint(
-            model=self.task.model, optimizer=self.opt, anchors=self.fs.anchors, meta=meta,
-            residuals=self.fs.residuals, held=self.session.held() if self.session is not None else None,
-        ))  # fmt: skip
+        self.writer.submit(
+            snapshot_checkpoint(
+                model=self.task.model,
+                optimizer=self.opt,
+                anchors=self.fs.anchors,
+                meta=meta,
+                residuals=self.fs.residuals,
+                held=self.session.held() if self.session is not None else None,
+            )
+        )
 
     def close(self) -> None:
         self.writer.close()

@@ -95,8 +95,9 @@ class DiLoCoSession:
         if unit.is_leader:
             assert settings.sync_url
             token = TokenSource(settings.token, settings.token_file)
-            self.client = SyncClient(settings.sync_url, settings.learner_id, token,
-                                     verify=tls_verify(settings.sync_ca_file))  # fmt: skip
+            self.client = SyncClient(
+                settings.sync_url, settings.learner_id, token, verify=tls_verify(settings.sync_ca_file)
+            )
 
     # ---- start-up ----
     def _register_once(self, client: SyncClient) -> proto.RegisterResponse:
@@ -187,9 +188,10 @@ class DiLoCoSession:
         if routes.num_shards > 1:
             log.info(
                 "learner=%s registered with %d synchronizer shards: %s",
-                self.settings.learner_id, routes.num_shards,
+                self.settings.learner_id,
+                routes.num_shards,
                 ", ".join(f"{s.index}={s.url} fragments {list(s.fragments)}" for s in routes.shards),
-            )  # fmt: skip
+            )
         return versions
 
     def _await_initialised(self, versions: dict[int, int]) -> bool:
@@ -240,8 +242,13 @@ class DiLoCoSession:
         while not self.stop.is_set():
             if version >= 0 and version >= theirs:
                 if held is not None:
-                    log.info("fragment=%d version=%d from the copy held at version %d and %d update(s)",
-                             f.index, version, held[0], taken)  # fmt: skip
+                    log.info(
+                        "fragment=%d version=%d from the copy held at version %d and %d update(s)",
+                        f.index,
+                        version,
+                        held[0],
+                        taken,
+                    )
                 return version, values
 
             def fetch(v: int = version) -> GlobalFragment | None:
@@ -393,9 +400,12 @@ class DiLoCoSession:
                 if version < c.base_version:
                     self.comm.answered(p)  # a round this learner has moved past
                 elif should_send_partial(
-                    requested_version=version, base_version=c.base_version, steps=c.steps,
-                    sent_at=c.sent_at, pending=self.comm.pending(p),
-                ):  # fmt: skip
+                    requested_version=version,
+                    base_version=c.base_version,
+                    steps=c.steps,
+                    sent_at=c.sent_at,
+                    pending=self.comm.pending(p),
+                ):
                     chosen |= 1 << p
         chosen = self.unit.share_int(chosen)  # every rank of the unit counts the same sends
         for p in range(len(self.fs.counters)):
@@ -409,8 +419,12 @@ class DiLoCoSession:
             self.comm.answered(p)
             log.info(
                 "learner=%s step=%d fragment=%d version=%d partial outer gradient queued (%d steps)",
-                self.settings.learner_id, step, p, contribution.base_version, contribution.steps,
-            )  # fmt: skip
+                self.settings.learner_id,
+                step,
+                p,
+                contribution.base_version,
+                contribution.steps,
+            )
 
     def _await_globals(self, waiting: set[int], state: LoopState, t0: float) -> bool:
         """Blocking sync: take arriving global versions until every fragment of ``waiting`` has a new
@@ -439,8 +453,13 @@ class DiLoCoSession:
             self._beat("blocked")
         if waiting:
             why = "stop requested" if stop else "too few learners left to close the round"
-            log.info("learner=%s step=%d %s; no longer waiting for fragments %s",
-                     self.settings.learner_id, state.step, why, sorted(waiting))  # fmt: skip
+            log.info(
+                "learner=%s step=%d %s; no longer waiting for fragments %s",
+                self.settings.learner_id,
+                state.step,
+                why,
+                sorted(waiting),
+            )
         return stop
 
     def _round_can_close(self) -> bool:
@@ -466,9 +485,11 @@ class DiLoCoSession:
         if self.metrics:
             wire_sent, wire_received = self.comm.wire_bytes()
             self.metrics.set(
-                bytes_sent=self.comm.bytes_sent, wire_sent=wire_sent, wire_received=wire_received,
+                bytes_sent=self.comm.bytes_sent,
+                wire_sent=wire_sent,
+                wire_received=wire_received,
                 versions=self.fs.versions(),
-            )  # fmt: skip
+            )
 
     def _beat(self, phase: str) -> None:
         if self.health is not None:

@@ -48,20 +48,25 @@ class WorkerSettings(BaseModel):
 
     sync_url: str | None = Field(None, description="the synchronizer (shard 0 of a sharded one)")
     sync_ca_file: str | None = Field(
-        None, description="CA bundle (PEM) that an https synchronizer's certificate must chain to "
+        None,
+        description="CA bundle (PEM) that an https synchronizer's certificate must chain to "
         "(default: the public certificate authorities)",
-    )  # fmt: skip
+    )
     learner_id: str = Field(
-        "learner-0", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        "learner-0",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
         description="this learner's id (under Kubernetes: the pod name)",
-    )  # fmt: skip
+    )
     token: Annotated[str | None, Cli(secret=True)] = Field(
         None, description="the learner token (default: derived from --job-secret)"
     )
     token_file: str | None = Field(
-        None, description="file holding the learner token, re-read whenever it changes (a mounted Secret "
+        None,
+        description="file holding the learner token, re-read whenever it changes (a mounted Secret "
         "that the operator renews)",
-    )  # fmt: skip
+    )
     unit: str = Field("", description="the learner unit this learner belongs to")
     job_id: str = Field(
         "local", min_length=1, max_length=63, description="the training job's id (its experiment in tracking)"
@@ -80,10 +85,11 @@ class WorkerSettings(BaseModel):
     )
     num_learners: int = Field(1, ge=1, description="number of data shards: the job's learners (units)")
     units_file: str | None = Field(
-        None, description="the job's learner units, a JSON file {\"units\": [names]} (the operator's): this "
+        None,
+        description="the job's learner units, a JSON file {\"units\": [names]} (the operator's): this "
         "learner's data shard is its unit's (--unit) place among them, of as many; read at start-up, it "
         "overrides --learner-index and --num-learners",
-    )  # fmt: skip
+    )
     checkpoint_dir: str | None = Field(None, description="a folder or an s3:// prefix for checkpoints")
     eval_every: int = Field(0, ge=0, description="steps between local evaluations; 0: never")
     log_every: int = Field(10, ge=1, description="steps between progress lines")
@@ -106,9 +112,11 @@ class WorkerSettings(BaseModel):
         "(fused on CUDA, loop on a CPU, foreach elsewhere)",
     )
     peak_tflops: float = Field(
-        0.0, ge=0.0, description="the device's peak TFLOP/s that MFU is measured against (0: the bf16 peak of "
+        0.0,
+        ge=0.0,
+        description="the device's peak TFLOP/s that MFU is measured against (0: the bf16 peak of "
         "a known GPU; none on a CPU)",
-    )  # fmt: skip
+    )
     anchor_memory: Literal["auto", "device", "host"] = Field(
         "auto",
         description="with the torch path on CUDA: keep the anchors in 'device' memory or in pinned "

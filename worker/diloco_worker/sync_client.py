@@ -182,9 +182,16 @@ class SyncClient:
         return proto.FragmentVersionInfo.model_validate(resp.json())
 
     def contribute(
-        self, fragment: int, payload: bytes, *, base_version: int, steps: int, tokens: int, seq: int,
+        self,
+        fragment: int,
+        payload: bytes,
+        *,
+        base_version: int,
+        steps: int,
+        tokens: int,
+        seq: int,
         since: int = 0,
-    ) -> proto.ContributionResult:  # fmt: skip
+    ) -> proto.ContributionResult:
         params = {"base_version": base_version, "steps": steps, "tokens": tokens, "seq": seq}
         if since:
             params["since"] = since

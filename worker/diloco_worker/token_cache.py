@@ -148,9 +148,13 @@ def text_chunks(files: Iterable[SourceFile], tokenizer: Any, eos: int) -> Iterat
 
 
 def cached_tokens(
-    cache_dir: Path, key: str, chunks: Callable[[], Iterator[np.ndarray]], dtype: np.dtype, vocab_size: int,
+    cache_dir: Path,
+    key: str,
+    chunks: Callable[[], Iterator[np.ndarray]],
+    dtype: np.dtype,
+    vocab_size: int,
     what: str,
-) -> Path:  # fmt: skip
+) -> Path:
     """The token file named ``key`` in the cache, written from ``chunks`` unless it is there already
     (written under a temporary name, then renamed). An id not below ``vocab_size`` is an error."""
     path = cache_dir / "tokens" / f"{key}.{dtype.name}"

@@ -179,11 +179,16 @@ class SampleLog:
         self.path, self.shard, self.grad_accum = path, shard, grad_accum
 
     def write(self, batch: int, samples: np.ndarray) -> None:
-        line = json.dumps({
-            "pid": os.getpid(), "shard": self.shard.index, "rank": self.shard.rank, "batch": batch,
-            "step": batch // self.grad_accum + 1,
-            "samples": [int(s) for s in samples],
-        })  # fmt: skip
+        line = json.dumps(
+            {
+                "pid": os.getpid(),
+                "shard": self.shard.index,
+                "rank": self.shard.rank,
+                "batch": batch,
+                "step": batch // self.grad_accum + 1,
+                "samples": [int(s) for s in samples],
+            }
+        )
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, (line + "\n").encode())
@@ -202,9 +207,16 @@ class TokenStream(Iterator[Any]):
     """Training batches of one shard; ``cursor`` is the index of the next batch."""
 
     def __init__(
-        self, corpus: TokenCorpus, deal: WindowDeal, *, batch_size: int, start: int = 0,
-        device: torch.device | None = None, as_dict: bool = False, sample_log: SampleLog | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        corpus: TokenCorpus,
+        deal: WindowDeal,
+        *,
+        batch_size: int,
+        start: int = 0,
+        device: torch.device | None = None,
+        as_dict: bool = False,
+        sample_log: SampleLog | None = None,
+    ) -> None:
         self.corpus, self.deal, self.batch_size, self.cursor = corpus, deal, batch_size, start
         self.device, self.as_dict, self.sample_log = device or torch.device("cpu"), as_dict, sample_log
 
@@ -230,9 +242,14 @@ def eval_windows(split: Split, batch_size: int, max_batches: int = EVAL_BATCHES)
 
 
 def token_eval_batches(
-    corpus: TokenCorpus, split: Split, *, batch_size: int, device: torch.device | None = None,
-    as_dict: bool = False, max_batches: int = EVAL_BATCHES,
-) -> list[Any]:  # fmt: skip
+    corpus: TokenCorpus,
+    split: Split,
+    *,
+    batch_size: int,
+    device: torch.device | None = None,
+    as_dict: bool = False,
+    max_batches: int = EVAL_BATCHES,
+) -> list[Any]:
     windows = eval_windows(split, batch_size, max_batches)
     dev = device or torch.device("cpu")
     return [
@@ -285,9 +302,12 @@ def open_token_corpus(data: DataSettings, *, block_size: int, vocab_size: int) -
 
 def _opened(corpus: TokenCorpus) -> TokenCorpus:
     log.info(
-        "corpus %s: %d windows of %d tokens in %d file(s)", corpus.name, corpus.n_windows, corpus.window,
+        "corpus %s: %d windows of %d tokens in %d file(s)",
+        corpus.name,
+        corpus.n_windows,
+        corpus.window,
         len(corpus.files),
-    )  # fmt: skip
+    )
     return corpus
 
 

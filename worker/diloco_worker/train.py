@@ -105,9 +105,12 @@ def make_optimizer(model: nn.Module, cfg: TrainSettings, impl: AdamWImpl = "auto
     if chosen == "loop":  # torch's single-tensor update without its start-up cost (see .adamw)
         return AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     return torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=chosen == "fused" or None,
+        groups,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        fused=chosen == "fused" or None,
         foreach=chosen == "foreach",
-    )  # fmt: skip
+    )
 
 
 def autocast_dtype(device: torch.device, precision: Precision = "auto") -> torch.dtype | None:
@@ -139,9 +142,11 @@ def make_grad_scaler(
 
 
 def _clip_and_step(
-    optimizer: torch.optim.Optimizer, params: Sequence[nn.Parameter], cfg: TrainSettings,
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[nn.Parameter],
+    cfg: TrainSettings,
     scaler: torch.amp.GradScaler | None,
-) -> torch.Tensor | None:  # fmt: skip
+) -> torch.Tensor | None:
     """Clip the gradients and step; returns their norm before clipping (on the device), None without
     clipping. With a scaler the gradients are unscaled first, so clipping sees their true norm, and a
     step whose gradients are not finite is skipped while the scale backs off (torch's GradScaler)."""
@@ -198,10 +203,18 @@ class StepClock:
 
 
 def _emit(
-    state: LoopState, loss: float, step_time: float, step_tokens: int, metrics: MetricsLog | None,
-    clock: StepClock | None = None, flops_per_token: float | None = None, peak_flops: float | None = None,
-    lr: float | None = None, grad_norm: float | None = None, steps_left: int = 0,
-) -> None:  # fmt: skip
+    state: LoopState,
+    loss: float,
+    step_time: float,
+    step_tokens: int,
+    metrics: MetricsLog | None,
+    clock: StepClock | None = None,
+    flops_per_token: float | None = None,
+    peak_flops: float | None = None,
+    lr: float | None = None,
+    grad_norm: float | None = None,
+    steps_left: int = 0,
+) -> None:
     tps = step_tokens / step_time if step_time > 0 else 0.0
     if clock is not None and not clock.per_step and clock.window_tokens_per_s is not None:
         tps = clock.window_tokens_per_s
@@ -209,9 +222,14 @@ def _emit(
     mfu = tps * flops_per_token / peak_flops if flops_per_token and peak_flops else None
     eta_s = steps_left * step_time
     log.info(
-        "step=%d loss=%.4f tokens/s=%.0f step_time=%.3fs%s eta=%s", state.step, loss, tps, step_time,
-        f" mfu={100 * mfu:.1f}%" if mfu is not None else "", describe_duration(eta_s),
-    )  # fmt: skip
+        "step=%d loss=%.4f tokens/s=%.0f step_time=%.3fs%s eta=%s",
+        state.step,
+        loss,
+        tps,
+        step_time,
+        f" mfu={100 * mfu:.1f}%" if mfu is not None else "",
+        describe_duration(eta_s),
+    )
     if metrics:
         metrics.write(
             step=state.step,
@@ -312,9 +330,19 @@ def train(
             clock.close_window(state)
             if metrics is not None and unit.distributed:  # the unit's all-reduce, this rank's side
                 metrics.set(allreduce_bytes=unit.collective.ring_bytes(unit.world_size))
-            _emit(state, loss_value, step_time, step_tokens, metrics, clock, flops_per_token, peak_flops,
-                  lr=lr_at(state.step - 1, cfg), grad_norm=float(grad_norm) if grad_norm is not None else None,
-                  steps_left=cfg.max_steps - state.step)  # fmt: skip
+            _emit(
+                state,
+                loss_value,
+                step_time,
+                step_tokens,
+                metrics,
+                clock,
+                flops_per_token,
+                peak_flops,
+                lr=lr_at(state.step - 1, cfg),
+                grad_norm=float(grad_norm) if grad_norm is not None else None,
+                steps_left=cfg.max_steps - state.step,
+            )
         at_end = stopping or state.step >= cfg.max_steps
         if save and ((checkpoint_every and state.step % checkpoint_every == 0) or at_end):
             if scaler is not None:

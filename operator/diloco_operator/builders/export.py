@@ -45,15 +45,22 @@ def eval_batch_size(spec: DiLoCoJobSpec) -> int:
 
 def export_command(job: JobRef, spec: DiLoCoJobSpec) -> list[str]:
     return [
-        "diloco", "export",
-        "--job-config", f"{env.CONFIG_DIR}/{env.CONFIG_KEY}",
-        "--job-id", job_id(job, spec),
-        "--storage", spec.storage.url,
-        "--out", export_url(spec),
-        "--batch-size", str(eval_batch_size(spec)),
+        "diloco",
+        "export",
+        "--job-config",
+        f"{env.CONFIG_DIR}/{env.CONFIG_KEY}",
+        "--job-id",
+        job_id(job, spec),
+        "--storage",
+        spec.storage.url,
+        "--out",
+        export_url(spec),
+        "--batch-size",
+        str(eval_batch_size(spec)),
         "--evaluate",
-        "--summary-file", TERMINATION_LOG,
-    ]  # fmt: skip
+        "--summary-file",
+        TERMINATION_LOG,
+    ]
 
 
 def build_export_job(job: JobRef, spec: DiLoCoJobSpec) -> dict[str, Any]:

@@ -65,8 +65,14 @@ def export_state(
 ) -> ExportStatus:
     """An export status with every field set, None ones too: the merge patch that writes it then
     removes what an earlier export said (a field left unset would keep it)."""
-    return ExportStatus(state=state, location=location, versions=versions, rounds=rounds,
-                        held_out_loss=held_out_loss, message=message)  # fmt: skip
+    return ExportStatus(
+        state=state,
+        location=location,
+        versions=versions,
+        rounds=rounds,
+        held_out_loss=held_out_loss,
+        message=message,
+    )
 
 
 def summary_status(message: str, location: str) -> ExportStatus:
