@@ -324,11 +324,11 @@ class _GuardedTLS(sslproto.SSLProtocol):
             http.loop,
             http,
             context,
-            None,
-            server_side=True,  # type: ignore[arg-type]
-            ssl_handshake_timeout=timeout_s,
+            None,  # type: ignore[arg-type]
+            server_side=True,
+            ssl_handshake_timeout=timeout_s,  # type: ignore[arg-type]
             ssl_shutdown_timeout=timeout_s,
-        )  # type: ignore[arg-type]
+        )
         self._http = http
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
