@@ -123,6 +123,11 @@ class Layout:
     def learners(self) -> str:
         return f"{self.root}/learners.json"
 
+    @property
+    def deal(self) -> str:
+        """What the job's training data dealt to its units (``diloco_core.dealing``)."""
+        return f"{self.root}/deal.json"
+
     def fragment_prefix(self, fragment: int) -> str:
         return f"{self.root}/fragments/{fragment}/"
 

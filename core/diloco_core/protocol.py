@@ -39,6 +39,11 @@ body that is not UTF-8 JSON), carries an ``ErrorBody``.
   and, once the round's quorum is reached, ``X-DiLoCo-Round-Deadline-S`` (seconds left of its grace
   window). The learner then sends its partial outer gradient (steps/tokens so far) at its next step
   boundary; contributions accepted before the deadline join the round.
+- ``POST /v1/data/ranges``  RangeRequest → RangeResponse: the range of the job's training stream that
+  holds a position of the calling unit's own data sequence (``diloco_core.dealing``), dealt once and
+  durable before the answer, so a position always maps to the same range; 409 ``deal_refused`` for a
+  position too far past the unit's ranges, or from a synchronizer shard other than 0 (the dealer),
+  503 ``storage_unavailable`` (retry).
 - ``GET  /v1/status`` → StatusResponse;  ``GET /metrics``, ``/healthz``, ``/readyz``, ``/`` (HTML page);
   ``/readyz`` names the storage and the failing object only to a caller with a learner's token.
 
@@ -76,6 +81,7 @@ from diloco_core.bounds import (
     Tokens,
     fragment_map,
 )
+from diloco_core.dealing import MAX_POSITION, MAX_RANGE
 
 API_PREFIX = "/v1"
 # The routes under API_PREFIX; a placeholder is named as the synchronizer's path parameter
@@ -87,6 +93,7 @@ INIT_PATH = "/fragments/{p}/init"
 CONTRIBUTIONS_PATH = "/fragments/{p}/contributions"
 FRAGMENT_PATH = "/fragments/{p}"
 STATUS_PATH = "/status"
+DATA_RANGES_PATH = "/data/ranges"
 LEARNER_HEADER = "X-DiLoCo-Learner"
 VERSION_HEADER = "X-DiLoCo-Version"
 FRAGMENT_HEADER = "X-DiLoCo-Fragment"
@@ -99,6 +106,20 @@ LearnerState = Literal["training", "rejoining", "leaving", "left", "dead"]
 
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class RangeRequest(_Msg):
+    """The range of the calling unit's data that holds ``position`` of its sequence; ranges dealt to
+    reach it hold ``size`` positions each."""
+
+    position: int = Field(..., ge=0, le=MAX_POSITION)
+    size: int = Field(..., ge=1, le=MAX_RANGE)
+
+
+class RangeResponse(_Msg):
+    offset: int = Field(..., description="the range's first position in the unit's sequence")
+    start: int = Field(..., description="the range's first position in the job's training stream")
+    size: int
 
 
 class RegisterRequest(_Msg):

@@ -24,6 +24,7 @@ from diloco_core.protocol import (
     API_PREFIX,
     CONTENT_TYPE,
     CONTRIBUTIONS_PATH,
+    DATA_RANGES_PATH,
     FRAGMENT_HEADER,
     FRAGMENT_PATH,
     HEARTBEAT_PATH,
@@ -39,6 +40,8 @@ from diloco_core.protocol import (
     FragmentVersionInfo,
     Heartbeat,
     HeartbeatResponse,
+    RangeRequest,
+    RangeResponse,
     RegisterRequest,
     RegisterResponse,
     StatusResponse,
@@ -50,6 +53,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from .auth import AUTHENTICATED_LEARNER, TOKEN_CLAIMS, declared_problem, same_learner
 from .body import read_limited_body
 from .contributions import ContributionDesk
+from .dealer import Dealer
 from .errors import ApiError, error_responses
 from .service import RoundOpen, SyncService
 from .startup import Startup
@@ -103,8 +107,17 @@ def get_desk(request: Request) -> ContributionDesk:
     return desk
 
 
+def get_dealer(request: Request) -> Dealer:
+    """The dealer of the job's data, once the state is loaded (503 ``starting`` until then)."""
+    startup: Startup = request.app.state.startup
+    startup.check_ready()
+    dealer: Dealer = request.app.state.dealer
+    return dealer
+
+
 Service = Annotated[SyncService, Depends(get_service)]
 Desk = Annotated[ContributionDesk, Depends(get_desk)]
+DataDealer = Annotated[Dealer, Depends(get_dealer)]
 
 
 def authenticated_learner(
@@ -152,6 +165,17 @@ async def heartbeat(
     """
     same_learner(learner, learner_id)
     return service.heartbeat(learner_id, body)
+
+
+@router.post(
+    DATA_RANGES_PATH, response_model=RangeResponse, responses=error_responses(400, 401, 409, 429, 503)
+)
+async def data_range(body: RangeRequest, dealer: DataDealer, learner: Learner) -> RangeResponse:
+    """The range of the job's training stream that holds a position of the calling unit's data
+    (``diloco_core.dealing``): the same answer for the same position, before and after any restart;
+    409 ``deal_refused`` for a position too far past the unit's ranges."""
+    dealt = await dealer.range(learner, body.position, body.size)
+    return RangeResponse(offset=dealt.offset, start=dealt.start, size=dealt.size)
 
 
 @router.post(LEAVE_PATH, status_code=204, responses=error_responses(401, 403, 429, 503))

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 from .api import is_binary_route, is_learner_route, router
 from .auth import AuthenticateFirst, TokenCheck, authenticated_or_none
 from .body import JsonBodyLimit
+from .dealer import Dealer
 from .errors import ApiError, api_error_handler, http_error_handler, validation_error_handler
 from .learner_limits import PerLearnerLimits, default_max_requests
 from .persistence import StateStore
@@ -66,6 +67,7 @@ def create_app(
         desk, runner = build_round_parts(service, tracking)
         startup = Startup(service, desk, runner, on_fatal)
         app.state.service, app.state.desk, app.state.startup = service, desk, startup
+        app.state.dealer = Dealer(service.store, service.guard, settings.shard_index)
         startup.begin()  # the server answers while the state loads (storage may be down)
         try:
             yield
@@ -95,11 +97,7 @@ def create_app(
         settings.job_secret.get_secret_value(), Revocations(settings.revocations_file).min_generation
     )
     # added last, so it runs first: nothing about a learner route's request is read before this
-    app.add_middleware(
-        AuthenticateFirst,
-        check=tokens,
-        protects=is_learner_route,
-    )
+    app.add_middleware(AuthenticateFirst, check=tokens, protects=is_learner_route)
     app.include_router(router)
     page = resources.files("diloco_sync").joinpath("static/index.html").read_text(encoding="utf-8")
 

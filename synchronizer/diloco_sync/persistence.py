@@ -13,6 +13,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
+from diloco_core.dealing import DealRecord
 from diloco_core.layout import (
     FragmentRecord,
     Layout,
@@ -91,6 +92,15 @@ class StateStore:
 
     def save_learners(self, registry: LearnerRegistryRecord) -> None:
         self.store.put(self.layout.learners, registry.model_dump_json().encode())
+
+    def load_deal(self) -> DealRecord:
+        try:
+            return DealRecord.model_validate_json(self.store.get(self.layout.deal))
+        except ObjectNotFound:
+            return DealRecord()
+
+    def save_deal(self, record: DealRecord) -> None:
+        self.store.put(self.layout.deal, record.model_dump_json().encode())
 
     def read(self, key: str) -> bytes:
         return self.store.get(key)

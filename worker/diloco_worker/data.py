@@ -30,6 +30,10 @@ class CorpusError(ValueError):
     """The corpus cannot be read or is too small."""
 
 
+class DataStopped(RuntimeError):
+    """The learner was asked to stop while it waited for its data (its next range of the job's stream)."""
+
+
 @dataclass(frozen=True)
 class Shard:
     """Which part of the training data a process reads: shard ``index`` of ``count`` (a learner's, one

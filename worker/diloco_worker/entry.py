@@ -27,6 +27,7 @@ from .data import (
     load_corpus,
     split_corpus,
 )
+from .dealing import UnitRanges
 from .model import EMBEDDING_NAMES, build_gpt, lm_loss
 from .tokens import token_batches, uses_tokens
 
@@ -45,6 +46,9 @@ class TaskContext:
     shard: Shard
     device: torch.device
     corpus_max_bytes: int = DEFAULT_MAX_BYTES
+    # the unit's ranges of the job's data when the synchronizer deals them (``diloco_worker.dealing``);
+    # None without a synchronizer: the shard is then the unit's own part of every epoch
+    ranges: UnitRanges | None = None
 
 
 def count_tokens(batch: Any) -> int:

@@ -27,7 +27,9 @@ from .checkpoint import (
     snapshot_checkpoint,
 )
 from .comms import Held
+from .credentials import TokenSource
 from .data import Shard
+from .dealing import UnitRanges
 from .distributed import Unit, join_unit
 from .entry import TaskContext, TrainingTask, load_task
 from .fragment_state import FragmentState
@@ -38,6 +40,7 @@ from .model import flops_per_token
 from .session import DiLoCoSession
 from .settings import WorkerSettings
 from .startup import FirstStep, StartupClock
+from .sync_client import SyncClient, tls_verify
 from .train import LoopState, make_optimizer, train
 
 log = logging.getLogger("diloco_worker.learner")
@@ -151,8 +154,9 @@ def _run(
         rank=unit.rank,
         ranks=unit.world_size,
     )
+    ranges = _unit_ranges(settings, unit, stop)
     ctx = TaskContext(
-        settings.model, settings.data, settings.train, shard, unit.device, settings.corpus_max_bytes
+        settings.model, settings.data, settings.train, shard, unit.device, settings.corpus_max_bytes, ranges
     )
     task = load_task(ctx)
     task.model.to(unit.device)
@@ -173,22 +177,7 @@ def _run(
     store, state, held = _resume_if_any(settings, unit, task, optimizer, fs, plan)
     clock.mark("checkpoint")
     resumed = state.step > 0
-    metrics = None
-    tracking = (
-        open_tracking(
-            settings.tracking,
-            run=settings.learner_id,
-            group=settings.job_id,
-            config=settings.model_dump(mode="json", include={"diloco", "model", "train", "data"}),
-        )
-        if unit.is_leader
-        else None
-    )
-    if (settings.metrics_file or tracking) and unit.is_leader:
-        # the process id tells a reader where a restarted learner's records begin
-        metrics = MetricsLog(
-            settings.metrics_file, tracking=tracking, learner=settings.learner_id, pid=os.getpid()
-        )
+    metrics = _open_metrics(settings) if unit.is_leader else None
     tokens_per_step = (
         settings.train.batch_size * settings.train.grad_accum * settings.model.block_size * unit.world_size
     )
@@ -246,7 +235,40 @@ def _run(
             session.close()
         if metrics is not None:
             metrics.close()
+        if ranges is not None and ranges.client is not None:
+            ranges.client.close()
     return 0
+
+
+def _open_metrics(settings: WorkerSettings) -> MetricsLog | None:
+    """The unit leader's metrics file and tracking (TensorBoard, W&B, MLflow), when either is set."""
+    tracking = open_tracking(
+        settings.tracking,
+        run=settings.learner_id,
+        group=settings.job_id,
+        config=settings.model_dump(mode="json", include={"diloco", "model", "train", "data"}),
+    )
+    if not settings.metrics_file and not tracking:
+        return None
+    # the process id tells a reader where a restarted learner's records begin
+    return MetricsLog(settings.metrics_file, tracking=tracking, learner=settings.learner_id, pid=os.getpid())
+
+
+def _unit_ranges(settings: WorkerSettings, unit: Unit, stop: threading.Event) -> UnitRanges | None:
+    """The unit's ranges of the job's data, dealt by the synchronizer (its leader asks); None for a
+    learner without a synchronizer."""
+    if settings.standalone:
+        return None
+    client = None
+    if unit.is_leader:
+        assert settings.sync_url
+        client = SyncClient(
+            settings.sync_url,
+            settings.learner_id,
+            TokenSource(settings.token, settings.token_file),
+            verify=tls_verify(settings.sync_ca_file),
+        )
+    return UnitRanges(client, unit, stop)
 
 
 def _report_startup(

@@ -172,6 +172,12 @@ class SyncClient:
         extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
         self._request("POST", proto.LEAVE_PATH.format(learner_id=self.learner_id), **extra)
 
+    def data_range(self, position: int, size: int) -> proto.RangeResponse:
+        """The range of the job's training stream that holds ``position`` of this unit's data (new
+        ranges of ``size`` positions)."""
+        resp = self._request("POST", proto.DATA_RANGES_PATH, json={"position": position, "size": size})
+        return proto.RangeResponse.model_validate(resp.json())
+
     def init_fragment(self, fragment: int, payload: bytes) -> proto.FragmentVersionInfo:
         resp = self._request(
             "PUT",

@@ -7,14 +7,15 @@ is not used); window ``w`` has one global index over all files in order. The las
 the windows are held out: they are never trained on, and the evaluation batches are fixed windows of
 them, the same for every learner.
 
-The training windows are dealt afresh in each epoch ``e``: a permutation seeded by (seed, e), whose
-``j``-th window goes to shard ``j % count``. A shard (a learner's: one per learner unit) is a sequence,
-its windows of epoch 0, then of epoch 1, ...; with one process its batch ``i`` is windows
-``[i*B, (i+1)*B)`` of that sequence. The ``R`` processes of a learner unit take turns: rank ``r``'s batch
-``i`` is the sequence's batch ``i*R + r``, so a unit resized to another number of processes keeps its
-shard (no other unit's data moves), and its processes never share a window. The batch index is the
-data cursor a learner checkpoints, so a resumed learner trains exactly the windows a learner that never
-stopped would have, and within one epoch of every shard no window is trained twice or left out.
+The training windows form one stream for the job: epoch ``e`` is a permutation seeded by (seed, e).
+With a synchronizer the stream is dealt to the learner units in ranges (``diloco_core.dealing``,
+:class:`DealtWindows`): a unit reads a sequence of its own, the ranges it was dealt one after the
+other, so units added, removed or restarted never re-deal a window. Without one (or non-IID), shard
+``j`` of ``count`` takes every ``count``-th window of each epoch's permutation (:class:`WindowDeal`).
+With one process a unit's batch ``i`` is windows ``[i*B, (i+1)*B)`` of its sequence. The ``R``
+processes of a learner unit take turns: rank ``r``'s batch ``i`` is the sequence's batch ``i*R + r``,
+so its processes never share a window. The batch index is the data cursor a learner checkpoints, so a
+resumed learner trains exactly the windows a learner that never stopped would have.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from diloco_core.config import DataSettings
 
 from .data import CorpusError, Shard, to_batch
 from .data_sources import SourceFile, list_files, local_file, one_file, resolve_cache_dir
+from .dealing import UnitRanges, range_size
 from .token_cache import (
     cache_key,
     cached_tokens,
@@ -170,6 +172,30 @@ class WindowDeal:
         return out
 
 
+class DealtWindows:
+    """The windows of a unit whose data the synchronizer deals (``diloco_core.dealing``): position ``p``
+    of the unit's sequence is the position the unit's ranges give in the job's stream, whose epoch ``e``
+    is the permutation of the training windows that ``WindowDeal`` takes for one shard."""
+
+    def __init__(
+        self, train_windows: int, shard: Shard, seed: int, ranges: UnitRanges, batch_size: int
+    ) -> None:
+        self.train_windows, self.shard, self.ranges = train_windows, shard, ranges
+        self.unit_batch = batch_size * shard.ranks
+        self.size = range_size(train_windows, self.unit_batch)
+        self._whole = WindowDeal(train_windows, Shard(0, 1, shard.key), seed)
+
+    def windows(self, positions: np.ndarray) -> np.ndarray:
+        if len(positions) == 0:
+            return np.empty(0, dtype=np.int64)
+        # the whole unit batch these positions are in: every rank covers the same span at once
+        lo = int(positions[0]) // self.unit_batch * self.unit_batch
+        hi = (int(positions[-1]) // self.unit_batch + 1) * self.unit_batch
+        self.ranges.cover(lo, hi, self.size)
+        stream = np.array([self.ranges.stream(int(p)) for p in positions], dtype=np.int64)
+        return self._whole.windows(stream)
+
+
 class SampleLog:
     """``--sample-log``: one JSON line per batch drawn, appended by a single write (processes sharing
     the file never interleave within a line): the process id, shard, batch index, the step it belongs
@@ -209,7 +235,7 @@ class TokenStream(Iterator[Any]):
     def __init__(
         self,
         corpus: TokenCorpus,
-        deal: WindowDeal,
+        deal: WindowDeal | DealtWindows,
         *,
         batch_size: int,
         start: int = 0,
@@ -322,8 +348,13 @@ def token_batches(ctx: TaskContext, *, as_dict: bool = False, vocab_size: int | 
     ``{"input_ids", "labels"}``. Ids must be below ``vocab_size`` (default ``ctx.model.vocab_size``)."""
     vocab = vocab_size if vocab_size is not None else ctx.model.vocab_size
     corpus = open_token_corpus(ctx.data, block_size=ctx.model.block_size, vocab_size=vocab)
-    split = split_windows(corpus, ctx.data.eval_fraction, ctx.shard.count)
-    deal = WindowDeal(split.train, ctx.shard, ctx.model.seed, ctx.data.non_iid)
+    dealt = ctx.ranges is not None and not ctx.data.non_iid  # a non-IID shard is the unit's own
+    split = split_windows(corpus, ctx.data.eval_fraction, 1 if dealt else ctx.shard.count)
+    deal: WindowDeal | DealtWindows
+    if ctx.ranges is not None and dealt:
+        deal = DealtWindows(split.train, ctx.shard, ctx.model.seed, ctx.ranges, ctx.train.batch_size)
+    else:
+        deal = WindowDeal(split.train, ctx.shard, ctx.model.seed, ctx.data.non_iid)
     sample_log = (
         SampleLog(ctx.data.sample_log, ctx.shard, ctx.train.grad_accum) if ctx.data.sample_log else None
     )

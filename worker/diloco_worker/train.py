@@ -23,9 +23,10 @@ from typing import Any, Literal, Protocol
 import torch
 from diloco_core.config import Precision, TrainSettings
 from diloco_core.progress import describe_duration
-from torch import nn
+from torch import Tensor, nn
 
 from .adamw import AdamW
+from .data import DataStopped
 from .distributed import Unit
 from .entry import TrainingTask
 from .health import Health
@@ -246,6 +247,35 @@ def _emit(
         )
 
 
+def _accumulate(
+    task: TrainingTask,
+    model: nn.Module,
+    batches: Iterator[Any],
+    cfg: TrainSettings,
+    state: LoopState,
+    unit: Unit,
+    scaler: torch.amp.GradScaler | None,
+) -> tuple[Tensor, int]:
+    """One step's forward and backward passes over its ``grad_accum`` batches: the step's loss (kept
+    on the device) and tokens. A ``DataStopped`` while a batch is awaited leaves the cursor at the step's
+    first batch, so that a checkpoint taken then resumes the step whole."""
+    loss_sum = torch.zeros((), dtype=torch.float64, device=unit.device)
+    step_tokens, first = 0, state.cursor
+    for micro in range(cfg.grad_accum):
+        try:
+            batch = next(batches)
+        except DataStopped:
+            state.cursor = first
+            raise
+        state.cursor += 1
+        with unit.no_sync(model, skip=micro < cfg.grad_accum - 1), autocast_for(unit.device, cfg.precision):
+            loss = task.loss_fn(model, batch) / cfg.grad_accum
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        loss_sum += loss.detach()
+        step_tokens += task.tokens_of(batch) * unit.world_size
+    return loss_sum, step_tokens
+
+
 def train(
     task: TrainingTask,
     optimizer: torch.optim.Optimizer,
@@ -290,16 +320,13 @@ def train(
             group["lr"] = lr_at(state.step, cfg)
         # the step's loss stays on the device until a logged step reads it (float64: the sum a
         # Python float would give)
-        loss_sum = torch.zeros((), dtype=torch.float64, device=unit.device)
-        step_tokens = 0
-        for micro in range(cfg.grad_accum):
-            batch = next(batches)
-            state.cursor += 1
-            with unit.no_sync(model, skip=micro < cfg.grad_accum - 1), autocast_for(unit.device, precision):
-                loss = task.loss_fn(model, batch) / cfg.grad_accum
-            (loss if scaler is None else scaler.scale(loss)).backward()
-            loss_sum += loss.detach()
-            step_tokens += task.tokens_of(batch) * unit.world_size
+        try:
+            loss_sum, step_tokens = _accumulate(task, model, batches, cfg, state, unit, scaler)
+        except DataStopped:  # asked to stop while waiting for data: the step is not taken
+            log.info("step=%d stopping on request while waiting for data", state.step)
+            if save:
+                save(state, True)
+            break
         # the norm before clipping, on the device until a logged step reads it
         grad_norm = _clip_and_step(optimizer, params, cfg, scaler)
         state.step += 1
