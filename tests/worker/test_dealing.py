@@ -12,11 +12,15 @@ import numpy as np
 import pytest
 from diloco_core.dealing import DealRecord, DealtRange, deal
 from diloco_core.protocol import RangeResponse
+from diloco_worker.data import Shard
 from diloco_worker.dealing import UnitRanges, range_size
 from diloco_worker.distributed import Unit
 from diloco_worker.sync_client import SyncUnavailable
+from diloco_worker.tokens import WindowDeal
 
+from tests.support.ports import free_port
 from tests.support.process import ManagedProcess, stop_all
+from tests.support.waiting import wait_for
 from tests.worker.helpers import Synchronizer, learner_process
 from tests.worker.test_tokens import PLAN, _wait_step, write_bin
 
@@ -120,3 +124,54 @@ def test_units_added_removed_and_resumed_never_train_a_window_twice(tmp_path: Pa
     assert len(trained) == len(set(trained)), "a window was trained by two learners, or twice by one"
     deal_record = json.loads(next((tmp_path).rglob("deal.json")).read_text())
     assert sorted(deal_record["units"]) == ["a", "b", "c"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_two_process_unit_reads_its_dealt_ranges_and_its_second_rank_never_asks(tmp_path: Path) -> None:
+    """Rank 0 asks the synchronizer for the unit's ranges and rank 1, given an address where nothing
+    listens, takes them from rank 0: the two ranks take turns along the unit's sequence, share no
+    window, and together read exactly the positions their ranges hold, in order."""
+    block, vocab, steps = 32, 300, 40
+    write_bin(
+        tmp_path / "corpus" / "train.bin", np.random.default_rng(4).integers(0, vocab, WINDOWS * (block + 1))
+    )
+    sync = Synchronizer(tmp_path, inner_steps=8, fragments=2)
+    sync.start()
+    unit_env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    common = [
+        *PLAN, "--data-format", "tokens", "--corpus", str(tmp_path / "corpus"), "--vocab-size", str(vocab),
+        "--eval-fraction", "0.1", "--data-cache-dir", str(tmp_path / "cache"), "--max-steps", str(steps),
+        "--unit", "unit-a",
+    ]  # fmt: skip
+    ranks = [
+        learner_process(
+            tmp_path / f"r{r}",
+            "unit-a",
+            sync.url if r == 0 else f"http://127.0.0.1:{free_port()}",
+            [*common, "--sample-log", str(tmp_path / f"rank{r}.samples")],
+            env={**unit_env, "RANK": str(r)},
+        )
+        for r in (0, 1)
+    ]
+    try:
+        for proc in ranks:
+            proc.start()
+        for proc in ranks:
+            wait_for(lambda proc=proc: not proc.running(), timeout=400, what=f"{proc.name} ends")
+            assert proc.returncode() == 0, proc.failure_report()
+    finally:
+        stop_all(ranks)
+        sync.stop()
+    logs = [_windows(tmp_path / f"rank{r}.samples") for r in (0, 1)]
+    assert [[b for b, _ in log] for log in logs] == [list(range(steps))] * 2
+    # unit batch 2i is rank 0's batch i, 2i+1 rank 1's: one sequence, dealt in order from position 0
+    sequence = [w for i in range(steps) for r in (0, 1) for w in logs[r][i][1]]
+    assert len(sequence) == len(set(sequence))
+    # the only unit: its sequence is the job's stream from its start, epoch 0's permutation
+    whole = WindowDeal(WINDOWS * 9 // 10, Shard(0, 1, "unit-a/0"), seed=0)
+    assert sequence == whole.windows(np.arange(len(sequence), dtype=np.int64)).tolist()
+    record = json.loads(next(tmp_path.rglob("deal.json")).read_text())
+    assert list(record["units"]) == ["unit-a"]
+    size = range_size(WINDOWS * 9 // 10, 2 * 8)
+    assert [r["size"] for r in record["units"]["unit-a"]] == [size] * -(-len(sequence) // size)
