@@ -29,10 +29,9 @@ LARGE_MODULES = {
 LONG_FUNCTIONS = {
     "bench/diloco_bench/attack.py:continuations": 118,
     "bench/diloco_bench/operator_scale.py:run_once": 118,
-    "worker/diloco_worker/learner.py:_run": 106,
-    "worker/diloco_worker/train.py:train": 106,
-    "synchronizer/diloco_sync/app.py:create_app": 95,
-    "bench/diloco_bench/quality.py:main": 81,
+    "worker/diloco_worker/learner.py:_run": 94,
+    "worker/diloco_worker/train.py:train": 103,
+    "synchronizer/diloco_sync/app.py:create_app": 92,
 }
 
 

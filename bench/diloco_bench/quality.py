@@ -18,7 +18,7 @@ from pathlib import Path
 from diloco_bench import experiment, harness, plots, runs, workload
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = experiment.parser("diloco bench quality", __doc__, steps=128, seeds="0,1,2")
     p.add_argument("--learners", type=int, default=4, help="M (default %(default)s)")
     p.add_argument("--inner-steps", type=int, default=16, help="H (default %(default)s)")
@@ -57,6 +57,11 @@ def main(argv: list[str]) -> int:
         default=None,
         help="run nothing: report on the --json files of earlier runs (e.g. one per seed, run in parallel)",
     )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = _parser()
     if "--defaults" in argv:
         d = runs.product_defaults()
         p.set_defaults(
