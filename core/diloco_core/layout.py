@@ -159,8 +159,13 @@ def version_of_key(key: str) -> int | None:
 
 
 def contribution_key(learner_id: str, fragment: int, base_version: int, seq: int) -> str:
-    """The idempotency key of a contribution."""
+    """The idempotency key of a contribution (a learner id holds no ``/``)."""
     return f"{learner_id}/{fragment}/{base_version}/{seq}"
+
+
+def key_base_version(key: str) -> int:
+    """The base version a ``contribution_key`` names."""
+    return int(key.split("/")[2])
 
 
 def pack_pending(meta: PendingMeta, payload: bytes) -> bytes:

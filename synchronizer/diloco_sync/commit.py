@@ -14,11 +14,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio.to_thread
-from diloco_core.layout import FragmentRecord
+from diloco_core.layout import FragmentRecord, key_base_version
 from diloco_core.protocol import RoundRecord
 from diloco_core.tracking import Tracking
 
-from .fragment_state import Contribution, FragmentState, merged_through
+from .contribution import Contribution, merged_through
+from .fragment_state import FragmentState
 from .merging import RoundOutcome, round_log, round_record, round_scalars
 from .metrics import Metrics
 from .pace import kept_times
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 def applied_to_keep(keys: list[str], version: int, max_staleness: int) -> list[str]:
     """Idempotency keys still worth remembering: older bases would be refused as stale anyway."""
     oldest = version - max_staleness - 1
-    return [k for k in keys if int(k.split("/")[2]) >= oldest]
+    return [k for k in keys if key_base_version(k) >= oldest]
 
 
 class Committer:

@@ -28,8 +28,9 @@ from diloco_core.layout import PendingMeta, contribution_key
 from diloco_core.protocol import ContributionResult
 from diloco_core.storage import StorageError
 
+from .contribution import Arrays, Contribution
 from .errors import ApiError, learner_left, not_registered
-from .fragment_state import Arrays, Contribution, FragmentState
+from .fragment_state import FragmentState
 from .fragments import Fragments
 from .ingest import validate_outer_gradient
 from .learners import LearnerRegistry

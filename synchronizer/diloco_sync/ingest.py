@@ -10,8 +10,8 @@ from diloco_core import codec
 from diloco_core.fragments import Fragment
 from diloco_core.merge import check_finite
 
+from .contribution import Arrays
 from .errors import ApiError
-from .fragment_state import Arrays
 
 
 def _decode(blob: bytes, spec: Fragment, max_bytes: int) -> codec.Payload:

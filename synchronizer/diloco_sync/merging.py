@@ -18,7 +18,7 @@ from diloco_core.protocol import RoundRecord
 from diloco_core.round_math import RoundResult
 from diloco_core.screening import NormHistory, screened_round, tensors_norm
 
-from .fragment_state import Arrays, Contribution
+from .contribution import Arrays, Contribution
 from .ingest import encode_params
 
 NO_HISTORY = NormHistory()

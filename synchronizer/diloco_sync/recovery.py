@@ -19,7 +19,7 @@ from diloco_core.fragments import FragmentPlan
 from diloco_core.layout import FragmentRecord, LearnerRegistryRecord, contribution_key
 from diloco_core.protocol import RoundRecord
 
-from .fragment_state import Arrays, Contribution
+from .contribution import Arrays, Contribution
 from .merging import recent_round_keys, rounds_from_logs
 from .persistence import StateStore
 

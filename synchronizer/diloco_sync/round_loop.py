@@ -19,7 +19,8 @@ import anyio.to_thread
 from diloco_core.config import DiLoCoSettings
 
 from .commit import Committer
-from .fragment_state import Contribution, FragmentState
+from .contribution import Contribution
+from .fragment_state import FragmentState
 from .fragments import Fragments
 from .merging import NothingMerged, RoundOutcome, run_round
 from .round_policy import RoundPolicy

@@ -35,8 +35,8 @@ from diloco_core.sharding import shard_fragments
 from diloco_core.storage import StorageError
 from diloco_core.wire import WireTally
 
+from .contribution import Contribution
 from .errors import ApiError, learner_left, not_registered
-from .fragment_state import Contribution
 from .fragments import Fragments
 from .ingest import encode_params, validate_initial_params
 from .learners import LearnerLeft, LearnerRegistry, UnknownLearner

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from diloco_core.bounds import MAX_STEPS, MAX_TOKENS, MAX_TOKENS_PER_STEP
 from diloco_core.outer import OuterState
-from diloco_sync.fragment_state import Contribution, FragmentState, TransitionError, fold_problem
+from diloco_sync.contribution import Contribution, fold_problem
+from diloco_sync.fragment_state import FragmentState, TransitionError
 
 from tests.synchronizer.helpers import initial_params, tiny_plan
 

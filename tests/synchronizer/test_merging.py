@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from diloco_core import codec
 from diloco_core.outer import OuterState
-from diloco_sync.fragment_state import Contribution
+from diloco_sync.contribution import Contribution
 from diloco_sync.merging import recent_round_keys, rounds_from_logs, run_round
 
 from tests.core.round_cases import cases, digest, load_golden, summary
