@@ -130,7 +130,7 @@ class Syncer:
 
     def _add(self, p: int, c: Pending, now: float) -> None:
         state = self.state[p] or rounds.open_round(p, self.versions[p], now)
-        entry = rounds.Contribution(str(c.learner), c.base_version, c.steps, c.tokens, now)
+        entry = rounds.RoundEntry(str(c.learner), c.base_version, c.steps, c.tokens, now)
         self.state[p] = rounds.add_contribution(
             state, entry, quorum=self.settings.quorum, max_staleness=self.settings.max_staleness
         )

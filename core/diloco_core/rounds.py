@@ -20,7 +20,7 @@ from typing import Literal
 
 
 @dataclass(frozen=True)
-class Contribution:
+class RoundEntry:
     """What the round knows about one learner's contribution (the payload itself lives elsewhere)."""
 
     learner: str
@@ -36,7 +36,7 @@ class RoundState:
     version: int
     opened_at: float
     first_quorum_at: float | None = None
-    pending: Mapping[str, Contribution] = field(default_factory=dict)
+    pending: Mapping[str, RoundEntry] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def open_round(fragment: int, version: int, now: float) -> RoundState:
 
 
 def add_contribution(
-    state: RoundState, contribution: Contribution, *, quorum: int, max_staleness: int | None = None
+    state: RoundState, contribution: RoundEntry, *, quorum: int, max_staleness: int | None = None
 ) -> RoundState:
     """The state with ``contribution`` added (replacing the learner's earlier one) and the quorum time set."""
     pending = {**state.pending, contribution.learner: contribution}
@@ -137,8 +137,8 @@ def add_contribution(
     return new
 
 
-def _fresh(state: RoundState, max_staleness: int | None) -> tuple[list[Contribution], list[tuple[str, str]]]:
-    fresh: list[Contribution] = []
+def _fresh(state: RoundState, max_staleness: int | None) -> tuple[list[RoundEntry], list[tuple[str, str]]]:
+    fresh: list[RoundEntry] = []
     excluded: list[tuple[str, str]] = []
     for learner in sorted(state.pending):
         c = state.pending[learner]

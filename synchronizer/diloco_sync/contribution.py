@@ -84,9 +84,9 @@ def fold_problem(pending: Contribution, steps: int, tokens: int) -> str | None:
     return None
 
 
-def round_entry(c: Contribution) -> policy.Contribution:
+def round_entry(c: Contribution) -> policy.RoundEntry:
     """What the round policy knows of a contribution."""
-    return policy.Contribution(c.learner_id, c.base_version, c.steps, c.tokens, c.received_at)
+    return policy.RoundEntry(c.learner_id, c.base_version, c.steps, c.tokens, c.received_at)
 
 
 def _relation(

@@ -25,7 +25,7 @@ from diloco_core.learner import FragmentCounters, apply_global, outer_gradient
 from diloco_core.merge import check_finite
 from diloco_core.outer import OuterState
 from diloco_core.round_math import merge_round
-from diloco_core.rounds import Contribution, add_contribution, decide, open_round
+from diloco_core.rounds import RoundEntry, add_contribution, decide, open_round
 from torch import nn
 
 M, H, ROUNDS, BATCH, CTX, VOCAB = 3, 4, 4, 8, 6, 64
@@ -133,7 +133,7 @@ def library_diloco(init: nn.Module) -> list[dict[str, np.ndarray]]:
             blobs[f"learner-{m}"] = codec.encode(
                 delta, fragment=0, base_version=sent.base_version, kind="outer_grad", quantizer=settings.codec
             )
-            contribution = Contribution(f"learner-{m}", sent.base_version, sent.steps, sent.tokens, rnd + 0.5)
+            contribution = RoundEntry(f"learner-{m}", sent.base_version, sent.steps, sent.tokens, rnd + 0.5)
             state = add_contribution(state, contribution, quorum=M, max_staleness=0)
         decision = decide(
             state,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from diloco_core.rounds import (
-    Contribution,
     Decision,
+    RoundEntry,
     RoundState,
     add_contribution,
     decide,
@@ -20,8 +20,8 @@ from diloco_core.rounds import (
 POLICY = {"step_time": 1.0, "sync_time": 0.2, "overlap": 2, "gamma": 0.5, "cap": 1.0}
 
 
-def c(learner: str, at: float, base: int = 5) -> Contribution:
-    return Contribution(learner=learner, base_version=base, steps=8, tokens=800, arrived_at=at)
+def c(learner: str, at: float, base: int = 5) -> RoundEntry:
+    return RoundEntry(learner=learner, base_version=base, steps=8, tokens=800, arrived_at=at)
 
 
 def test_grace_window_is_the_clipped_share_of_the_slack() -> None:
@@ -59,7 +59,7 @@ def test_staleness_helpers() -> None:
     assert is_stale(2, 5, max_staleness=2)
 
 
-def _state(*contribs: Contribution, quorum: int, opened: float = 10.0) -> RoundState:
+def _state(*contribs: RoundEntry, quorum: int, opened: float = 10.0) -> RoundState:
     s = open_round(fragment=1, version=5, now=opened)
     for x in contribs:
         s = add_contribution(s, x, quorum=quorum, max_staleness=2)

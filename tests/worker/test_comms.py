@@ -7,7 +7,7 @@ from diloco_core import bounds
 from diloco_core.fragments import build_plan
 from diloco_core.protocol import Heartbeat
 from diloco_worker.comms import CommSettings, Communicator, TokenBucket, backoff_delay
-from diloco_worker.fragment_state import Contribution
+from diloco_worker.fragment_state import Outgoing
 from diloco_worker.sync_client import SyncClient
 
 
@@ -31,8 +31,8 @@ def test_token_bucket_spaces_sends_by_size() -> None:
     assert TokenBucket(0).delay_for(10**9) == 0.0
 
 
-def _contribution(p: int, seq: int) -> Contribution:
-    return Contribution(p, 0, 4 * seq, 100 * seq, seq, {"w": np.zeros(2, dtype=np.float32)})
+def _contribution(p: int, seq: int) -> Outgoing:
+    return Outgoing(p, 0, 4 * seq, 100 * seq, seq, {"w": np.zeros(2, dtype=np.float32)})
 
 
 def test_every_outer_gradient_is_queued_in_order() -> None:

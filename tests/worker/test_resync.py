@@ -11,7 +11,7 @@ from diloco_core.auth import learner_token
 from diloco_core.codec import encode
 from diloco_core.fragments import build_plan
 from diloco_worker.comms import CommSettings, Communicator
-from diloco_worker.fragment_state import Contribution
+from diloco_worker.fragment_state import Outgoing
 from diloco_worker.sync_client import SyncClient, SyncRejected
 
 from tests.support.waiting import wait_for
@@ -58,7 +58,7 @@ def test_stale_contribution_is_refused_and_the_fragment_is_fetched_again(tmp_pat
         )
         comm.start()
         try:
-            comm.submit(Contribution(0, 0, 4, 16, 2, delta))
+            comm.submit(Outgoing(0, 0, 4, 16, 2, delta))
             arrivals = wait_for(comm.take_arrivals, timeout=30, what="the fragment fetched again")
             assert comm.rejected == 1
             version, tensors = arrivals[0]

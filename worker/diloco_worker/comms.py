@@ -35,7 +35,7 @@ from diloco_core import protocol as proto
 from diloco_core.codec import CodecError, Payload, decode
 from diloco_core.fragments import FragmentPlan
 
-from .fragment_state import Contribution
+from .fragment_state import Outgoing
 from .sync_client import RoundOpen, ShardClients, SyncClient, SyncRejected, SyncUnavailable
 
 log = logging.getLogger("diloco_worker.comms")
@@ -123,7 +123,7 @@ class Communicator:
         self.updates = 0  # global versions that came as updates to the copy held (compressed downloads)
         self._on_unknown = on_unknown_learner
         self._stage = stage
-        self._slots: dict[int, list[Contribution]] = {}  # per fragment, oldest first
+        self._slots: dict[int, list[Outgoing]] = {}  # per fragment, oldest first
         self._arrivals: dict[int, tuple[int, Mapping[str, np.ndarray]]] = {}
         self._known = dict(versions)  # newest version each poller has delivered
         # with hold_versions: per fragment, the newest version held exactly and its values
@@ -132,9 +132,7 @@ class Communicator:
         self._requests: dict[int, int] = {}  # fragment → version of a round asking for this learner
         self._announced: dict[int, int] = {}  # fragment → version of the last round heard of
         self._inflight: set[int] = set()  # fragments whose outer gradient is being sent
-        self._buffered: dict[
-            int, list[tuple[float, Contribution]]
-        ] = {}  # answered not durable: (resend at, c)
+        self._buffered: dict[int, list[tuple[float, Outgoing]]] = {}  # answered not durable: (resend at, c)
         self._cv = threading.Condition()
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -161,7 +159,7 @@ class Communicator:
             self._threads.append(t)
 
     # ---- called by the training thread (never blocks on the network) ----
-    def submit(self, c: Contribution) -> None:
+    def submit(self, c: Outgoing) -> None:
         with self._cv:
             self._slots.setdefault(c.fragment, []).append(c)
             self._cv.notify_all()
@@ -261,7 +259,7 @@ class Communicator:
             if due:
                 self._slots[p] = sorted([*due, *self._slots.get(p, [])], key=lambda c: c.seq)
 
-    def _resend_earlier_first(self, c: Contribution) -> bool:
+    def _resend_earlier_first(self, c: Outgoing) -> bool:
         """The synchronizer lacks progress before ``c`` (it restarted and lost parts it had only
         buffered): queue this fragment's buffered parts of ``c``'s base for sending now, ``c`` after
         them. False when none is earlier than ``c`` (then nothing here can fill the gap)."""
@@ -285,7 +283,7 @@ class Communicator:
         with self._cv:
             return [c.seq for _, c in self._buffered.get(p, [])]
 
-    def _send_one(self, client: SyncClient, c: Contribution) -> bool:
+    def _send_one(self, client: SyncClient, c: Outgoing) -> bool:
         """True when the contribution is done with (accepted or refused for good).
 
         Its log lines name the learner's step when the send ended (``progress.step``, the newest the

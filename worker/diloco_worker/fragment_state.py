@@ -45,7 +45,7 @@ class FeedbackPayload:
 
 
 @dataclass(frozen=True)
-class Contribution:
+class Outgoing:
     """An outer gradient ready to be sent."""
 
     fragment: int
@@ -122,9 +122,7 @@ class FragmentState:
         """Fragments whose outer gradient should be sent now."""
         return self.counters.due()
 
-    def take_contribution(
-        self, p: int, quantizer: str = "int4", error_feedback: bool = False
-    ) -> Contribution:
+    def take_contribution(self, p: int, quantizer: str = "int4", error_feedback: bool = False) -> Outgoing:
         """delta_p = A_p - theta_p (for a payload in ``quantizer``); the fragment is marked as sent and
         its anchor moves to the sent point.
 
@@ -137,7 +135,7 @@ class FragmentState:
         if not error_feedback or self.store.feeds_back(quantizer):
             delta = self.store.outer_gradient(p, quantizer, error_feedback)
             self.store.advance_anchor(p)
-            return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, delta, since=c.since)
+            return Outgoing(p, c.base_version, c.steps, c.tokens, c.seq, delta, since=c.since)
         params = {
             n: self.params[n].detach().float().cpu().numpy().copy() for n in self.plan.fragments[p].names
         }
@@ -146,7 +144,7 @@ class FragmentState:
             self._feedback = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"feedback-{id(self):x}")
         job = self._feedback.submit(self._encode_with_feedback, p, anchor, params, c.base_version, quantizer)
         self.store.advance_anchor(p)
-        return Contribution(p, c.base_version, c.steps, c.tokens, c.seq, FeedbackPayload(job), since=c.since)
+        return Outgoing(p, c.base_version, c.steps, c.tokens, c.seq, FeedbackPayload(job), since=c.since)
 
     def _feedback_done(self) -> None:
         """Wait until the payloads already due are encoded (one thread, in order: a no-op queued
