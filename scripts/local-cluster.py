@@ -19,11 +19,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.support.kube import ControlPlane  # noqa: E402
-from tests.support.node import RealNode, load_image_set  # noqa: E402
+from diloco_testbed.kube import ControlPlane
+from diloco_testbed.node import RealNode, load_image_set
 
 USAGE = """
 A real local cluster is up: one node ({node}), the project's images loaded.

@@ -8,7 +8,7 @@
 - `namespace` (function): a fresh namespace in that cluster, deleted after the test.
 - `s3` (session): SeaweedFS with an access/secret key; `s3_server_factory` (function): a callable
   that starts a dedicated server which the test may `.stop()` and `.start()` again.
-- `real_node` (session): a real node (containerd, kubelet, kube-proxy, CoreDNS; tests/support/node.py)
+- `real_node` (session): a real node (containerd, kubelet, kube-proxy, CoreDNS; diloco_testbed.node)
   joined to the control plane of `kube`, with the images of scripts/build-test-images.sh (named by
   $DILOCO_TEST_IMAGES) imported; None with DILOCO_TEST_KUBECONFIG, whose cluster has nodes of its own.
 
@@ -34,8 +34,9 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:  # `tests.support` must import however pytest was started
     sys.path.insert(0, str(_ROOT))
 
-from tests.support.kube import Cluster, ControlPlane, connect_cluster  # noqa: E402
-from tests.support.node import RealNode, load_image_set  # noqa: E402
+from diloco_testbed.kube import Cluster, ControlPlane, connect_cluster  # noqa: E402
+from diloco_testbed.node import RealNode, load_image_set  # noqa: E402
+
 from tests.support.s3 import S3Server  # noqa: E402
 
 

@@ -15,12 +15,12 @@ from diloco_operator.builders.config import build_job_config
 from diloco_operator.builders.names import JobRef
 from diloco_operator.schema.spec import parse_spec
 from diloco_sync.cli import parse_settings as parse_sync_settings
+from diloco_testbed.ports import free_port
+from diloco_testbed.waiting import wait_for
 from diloco_worker.settings import parse_settings as parse_worker_settings
 
 from diloco.job_file import component_argv
 from tests.support.manifests import job_manifest, write_manifest
-from tests.support.ports import free_port
-from tests.support.waiting import wait_for
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "single-region.yaml"
 

@@ -226,12 +226,10 @@ def wait(probe: Callable[[], bool], timeout: float, what: str, *watchers: Watche
 
 @contextmanager
 def control_plane(args: argparse.Namespace) -> Iterator[Any]:
-    """The test control plane (from the checkout's tests/support), with kwok nodes for the job."""
-    if not (ROOT / "tests" / "support" / "kube.py").is_file():
-        raise SystemExit("diloco bench operator runs from a checkout of the project (it uses tests/support)")
-    sys.path.insert(0, str(ROOT))
-    from tests.support import kwok
-    from tests.support.kube import ControlPlane
+    """The test control plane (``diloco_testbed``, installed with the project), with kwok nodes for the
+    job."""
+    from diloco_testbed import kwok
+    from diloco_testbed.kube import ControlPlane
 
     extra = {}
     if args.controller_manager_qps:
@@ -282,11 +280,9 @@ def control_plane(args: argparse.Namespace) -> Iterator[Any]:
 def run_once(
     plane: Any, args: argparse.Namespace, operator: str, package_dir: str | None, run: int
 ) -> RunResult:
+    from diloco_testbed.ports import free_port
+    from diloco_testbed.process import ManagedProcess
     from kubernetes import client as k8s
-
-    sys.path.insert(0, str(ROOT))
-    from tests.support.ports import free_port
-    from tests.support.process import ManagedProcess
 
     ns = plane.create_namespace(f"bench-{operator}-{run}")
     metrics_port = free_port()

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from tests.support.prereq import require_binary
+from diloco_testbed.prereq import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "diloco"

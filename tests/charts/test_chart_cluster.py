@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from diloco_testbed.kube import Cluster, ControlPlane
+from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
 
 from tests.charts.helm import CHART, Manifest, helm, render, values_args
-from tests.support.kube import Cluster, ControlPlane
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

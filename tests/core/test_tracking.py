@@ -11,11 +11,11 @@ import pytest
 from diloco_core.config import TrackingSettings
 from diloco_core.storage import S3Store
 from diloco_core.tracking import TensorBoardSink, Tracking, TrackingError, _require, open_tracking
+from diloco_testbed.waiting import wait_for
 
 from tests.support import wandb_files
 from tests.support.s3 import S3Server
 from tests.support.tensorboard_files import read_scalars
-from tests.support.waiting import wait_for
 
 
 def test_no_sink_asked_for_means_no_tracking() -> None:

@@ -15,13 +15,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from diloco_testbed.kube import Cluster
+from diloco_testbed.node import RealNode
+from diloco_testbed.prereq import unavailable
+from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
-
-from tests.support.kube import Cluster
-from tests.support.node import RealNode
-from tests.support.prereq import unavailable
-from tests.support.waiting import wait_for
 
 IMAGE_VARIABLES = {
     "worker": "DILOCO_TEST_WORKER_IMAGE",

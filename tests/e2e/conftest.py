@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from diloco_testbed.kube import Cluster
+from diloco_testbed.node import RealNode
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster
@@ -15,8 +17,6 @@ from tests.e2e.stack import (
     helm_uninstall,
     storage_secret_and_bucket,
 )
-from tests.support.kube import Cluster
-from tests.support.node import RealNode
 
 
 @pytest.fixture(scope="package")

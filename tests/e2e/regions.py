@@ -18,12 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from diloco_testbed.kube import ControlPlane
+from diloco_testbed.node import RealNode
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster
 from tests.e2e.stack import S3Credentials, deploy_seaweedfs, helm_install_operator, storage_secret_and_bucket
-from tests.support.kube import ControlPlane
-from tests.support.node import RealNode
 from tests.support.wan import Wan
 
 

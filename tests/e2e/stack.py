@@ -17,13 +17,13 @@ import numpy as np
 import yaml
 from diloco_core.auth import learner_token
 from diloco_core.codec import decode
+from diloco_testbed.pki import Ca, issue_server_cert
+from diloco_testbed.prereq import require_binary
+from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from tests.e2e.cluster import E2ECluster, pod_logs, wait_pod_phase
-from tests.support.pki import Ca, issue_server_cert
-from tests.support.prereq import require_binary
-from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "diloco"

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
+from diloco_testbed.pki import make_ca
+from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster
@@ -24,8 +26,6 @@ from tests.e2e.stack import (
     job_status,
     run_tool,
 )
-from tests.support.pki import make_ca
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from diloco_core.config import ModelSettings
+from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster, pod_logs
@@ -30,7 +31,6 @@ from tests.e2e.stack import (
     run_tool,
     warning_events,
 )
-from tests.support.waiting import wait_for
 from tests.worker.helpers import held_out_loss
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]

@@ -32,6 +32,9 @@ from typing import Any
 
 import pytest
 import yaml
+from diloco_testbed.node import RealNode
+from diloco_testbed.pki import make_ca
+from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster, pod_logs
@@ -45,9 +48,6 @@ from tests.e2e.stack import (
     job_status,
     run_tool,
 )
-from tests.support.node import RealNode
-from tests.support.pki import make_ca
-from tests.support.waiting import wait_for
 from tests.support.wan import Wan
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import yaml
 from botocore.config import Config
+from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster, pod_logs
@@ -37,7 +38,6 @@ from tests.e2e.stack import (
 )
 from tests.support.hf_gpt2 import MODEL, example_env, held_out_loss, write_tokens
 from tests.support.tensorboard_files import read_scalars
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 import torch
+from diloco_testbed.waiting import wait_for
 from diloco_worker.metrics import read_metrics
 
 from tests.support.hf_gpt2 import MODEL, example_env, held_out_loss, write_tokens
 from tests.support.manifests import job_manifest, write_manifest
 from tests.support.tensorboard_files import read_scalars
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 300

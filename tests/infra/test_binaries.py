@@ -7,8 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from tests.support.prereq import require_binary
+from diloco_testbed.prereq import require_binary
 
 pytestmark = pytest.mark.integration
 

@@ -7,12 +7,11 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from diloco_testbed.kube import Cluster
+from diloco_testbed.kwok import FAIL_LABEL
+from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 from kubernetes import watch
-
-from tests.support.kube import Cluster
-from tests.support.kwok import FAIL_LABEL
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

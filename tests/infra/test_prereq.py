@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tests.support.prereq import BUILD_HINT, bin_dir, require_binary, unavailable
+from diloco_testbed.prereq import BUILD_HINT, bin_dir, require_binary, unavailable
 
 
 @pytest.mark.parametrize(

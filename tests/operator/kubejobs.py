@@ -11,14 +11,13 @@ from typing import Any
 
 import kopf
 import yaml
+from diloco_testbed.ports import free_port
+from diloco_testbed.process import ManagedProcess
+from diloco_testbed.waiting import wait_for
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
-
-from tests.support.ports import free_port
-from tests.support.process import ManagedProcess
-from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "diloco.dev", "v1alpha1", "dilocojobs"

@@ -12,6 +12,9 @@ from diloco_operator.builders.learners import TERMINATION_GRACE_SECONDS
 from diloco_operator.kube import Kube, api_error
 from diloco_operator.runtime.passes import post_events
 from diloco_operator.status.events import Event
+from diloco_testbed.kwok import FAIL_LABEL
+from diloco_testbed.ports import free_port
+from diloco_testbed.waiting import wait_for
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -35,9 +38,6 @@ from tests.operator.kubejobs import (
     unit,
 )
 from tests.operator.schema.test_crd import example_docs, schema
-from tests.support.kwok import FAIL_LABEL
-from tests.support.ports import free_port
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kwok]
 

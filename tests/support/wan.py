@@ -1,6 +1,6 @@
 """A wide-area link between two real nodes on this machine: two "regions".
 
-Each real node runs in a network namespace of its own (``tests.support.node``). ``Wan`` joins the
+Each real node runs in a network namespace of its own (``diloco_testbed.node``). ``Wan`` joins the
 namespaces of two nodes with a veth pair of their own, the only path between them (this machine does
 not forward between the nodes' links to it), and makes it behave like a thin, fragile WAN link:
 
@@ -25,7 +25,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-from .node import Instance
+from diloco_testbed.node import Instance
 
 WAN_NET = "10.236.0.0/16"
 BURST = "4kb"  # a few packets: the rate holds even for uploads of a few tens of kB

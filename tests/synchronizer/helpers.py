@@ -15,10 +15,9 @@ from diloco_core import codec, downlink
 from diloco_core.auth import learner_token
 from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.protocol import LEARNER_HEADER, VERSION_HEADER
-
-from tests.support.ports import free_port
-from tests.support.process import ManagedProcess
-from tests.support.waiting import wait_for
+from diloco_testbed.ports import free_port
+from diloco_testbed.process import ManagedProcess
+from diloco_testbed.waiting import wait_for
 
 SECRET = "test-job-secret"
 SHAPES: list[tuple[str, list[int]]] = [

@@ -18,9 +18,9 @@ import pytest
 import zstandard
 from diloco_core import codec
 from diloco_sync.logs import LOG_BURST
+from diloco_testbed.waiting import wait_for
 
 from tests.support.s3 import S3Server
-from tests.support.waiting import wait_for
 from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import (
     Learner,

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from diloco_bench import sync_ingest
 from diloco_sync.cli import UsageError, parse_settings
+from diloco_testbed.pki import make_pki
 
-from tests.support.pki import make_pki
 from tests.support.s3 import S3Server
 from tests.synchronizer.helpers import Learner, SyncProcess, initial_params, tiny_plan
 

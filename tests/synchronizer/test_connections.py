@@ -19,8 +19,7 @@ from diloco_sync.connections import (
     body_too_slow,
     effective_max_connections,
 )
-
-from tests.support.pki import issue_server_cert, make_ca
+from diloco_testbed.pki import issue_server_cert, make_ca
 
 
 def test_the_cap_leaves_descriptors_for_everything_else() -> None:

@@ -11,9 +11,9 @@ import random
 from collections.abc import Callable
 
 import pytest
+from diloco_testbed.waiting import wait_for
 
 from tests.support.s3 import S3Server
-from tests.support.waiting import wait_for
 from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import (
     Learner,

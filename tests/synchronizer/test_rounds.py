@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from diloco_core.protocol import ROUND_DEADLINE_HEADER, ROUND_OPEN_HEADER
+from diloco_testbed.waiting import wait_for
 
-from tests.support.waiting import wait_for
 from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import Learner, encode_grad, initial_params, outer_grad, status, tiny_plan
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from diloco_testbed.ports import free_ports
 
-from tests.support.ports import free_ports
 from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import Learner, encode_grad, initial_params, outer_grad, status, tiny_plan
 

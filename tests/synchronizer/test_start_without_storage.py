@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from diloco_testbed.waiting import wait_for
 
 from tests.support.s3 import S3Server
-from tests.support.waiting import wait_for
 from tests.synchronizer.helpers import (
     Learner,
     SyncProcess,

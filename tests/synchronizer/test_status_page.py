@@ -6,8 +6,8 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
+from diloco_testbed.prereq import unavailable
 
-from tests.support.prereq import unavailable
 from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import Learner, encode_grad, initial_params, outer_grad, tiny_plan
 

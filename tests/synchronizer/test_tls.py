@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from diloco_testbed.pki import issue_server_cert, make_ca
+from diloco_testbed.waiting import wait_for
 
-from tests.support.pki import issue_server_cert, make_ca
-from tests.support.waiting import wait_for
 from tests.synchronizer.helpers import SyncProcess
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from diloco_testbed.waiting import wait_for
 
-from tests.support.waiting import wait_for
 from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import Learner, encode_grad, initial_params, outer_grad, tiny_plan
 

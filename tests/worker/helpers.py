@@ -15,12 +15,11 @@ import torch
 from diloco_core.auth import learner_token
 from diloco_core.codec import decode
 from diloco_core.config import DataSettings, ModelSettings, TrainSettings
+from diloco_testbed.ports import free_port
+from diloco_testbed.process import ManagedProcess
+from diloco_testbed.waiting import wait_for
 from diloco_worker.data import eval_batches, load_corpus, split_corpus
 from diloco_worker.model import build_gpt, lm_loss
-
-from tests.support.ports import free_port
-from tests.support.process import ManagedProcess
-from tests.support.waiting import wait_for
 
 SECRET = "test-secret"
 CORPUS_BYTES = 300_000

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from diloco_testbed.process import ManagedProcess, stop_all
+from diloco_testbed.waiting import wait_for
 
-from tests.support.process import ManagedProcess, stop_all
-from tests.support.waiting import wait_for
 from tests.worker.helpers import Synchronizer, learner_process, metric_step
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

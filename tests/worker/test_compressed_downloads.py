@@ -15,6 +15,7 @@ from diloco_core import protocol as proto
 from diloco_core.auth import learner_token
 from diloco_core.codec import decode, encode
 from diloco_core.fragments import FragmentPlan, build_plan
+from diloco_testbed.waiting import wait_for
 from diloco_worker.comms import CommSettings, Communicator
 from diloco_worker.data import Shard
 from diloco_worker.entry import TaskContext, load_task
@@ -22,7 +23,6 @@ from diloco_worker.learner import plan_for
 from diloco_worker.settings import parse_settings
 from diloco_worker.sync_client import GlobalFragment, SyncClient
 
-from tests.support.waiting import wait_for
 from tests.worker.helpers import SECRET, TINY_FLAGS, Synchronizer, iter_logs, learner_process
 
 pytestmark = pytest.mark.integration

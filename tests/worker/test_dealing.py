@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 from diloco_core.dealing import DealRecord, DealtRange, deal
 from diloco_core.protocol import RangeResponse
+from diloco_testbed.ports import free_port
+from diloco_testbed.process import ManagedProcess, stop_all
+from diloco_testbed.waiting import wait_for
 from diloco_worker.data import Shard
 from diloco_worker.dealing import UnitRanges, range_size
 from diloco_worker.distributed import Unit
 from diloco_worker.sync_client import SyncUnavailable
 from diloco_worker.tokens import WindowDeal
 
-from tests.support.ports import free_port
-from tests.support.process import ManagedProcess, stop_all
-from tests.support.waiting import wait_for
 from tests.worker.helpers import Synchronizer, learner_process
 from tests.worker.test_tokens import PLAN, _wait_step, write_bin
 

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from diloco_testbed.ports import free_port
 from diloco_worker.distributed import UnitConfigError, join_unit, rank_from_env
-
-from tests.support.ports import free_port
 
 
 def test_single_process_by_default() -> None:

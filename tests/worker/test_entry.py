@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 from diloco_core.config import DataSettings, DiLoCoSettings
+from diloco_testbed.process import ManagedProcess
+from diloco_testbed.waiting import wait_for
 from diloco_worker.data import Shard
 from diloco_worker.entry import EntryPointError, TaskContext, TrainingTask, count_tokens, load_task
 from diloco_worker.learner import run_learner
 from diloco_worker.settings import WorkerSettings
 
-from tests.support.process import ManagedProcess
-from tests.support.waiting import wait_for
 from tests.worker.helpers import SECRET, TINY, TINY_FLAGS, Synchronizer, clean_env, tiny_train
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from diloco_testbed.ports import free_port
+from diloco_testbed.process import ManagedProcess
+from diloco_testbed.waiting import wait_for
 from diloco_worker.health import Health, HealthServer, probe_answer
 
-from tests.support.ports import free_port
-from tests.support.process import ManagedProcess
-from tests.support.waiting import wait_for
 from tests.worker.helpers import TINY_FLAGS, clean_env, metric_step
 
 

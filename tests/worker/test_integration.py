@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from diloco_testbed.ports import free_port
+from diloco_testbed.process import ManagedProcess, stop_all
+from diloco_testbed.waiting import wait_for
 
-from tests.support.ports import free_port
-from tests.support.process import ManagedProcess, stop_all
-from tests.support.waiting import wait_for
 from tests.worker.helpers import (
     Synchronizer,
     held_out_loss,

@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
+from diloco_testbed.process import stop_all
+from diloco_testbed.waiting import wait_for
 from diloco_worker.metrics import read_metrics
 from diloco_worker.startup import PHASES
 
-from tests.support.process import stop_all
 from tests.support.tensorboard_files import read_scalars
-from tests.support.waiting import wait_for
 from tests.worker.helpers import Synchronizer, iter_logs, learner_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

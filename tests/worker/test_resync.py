@@ -10,11 +10,11 @@ from diloco_core import protocol as proto
 from diloco_core.auth import learner_token
 from diloco_core.codec import encode
 from diloco_core.fragments import build_plan
+from diloco_testbed.waiting import wait_for
 from diloco_worker.comms import CommSettings, Communicator
 from diloco_worker.fragment_state import Outgoing
 from diloco_worker.sync_client import SyncClient, SyncRejected
 
-from tests.support.waiting import wait_for
 from tests.worker.helpers import SECRET, Synchronizer
 
 pytestmark = pytest.mark.integration

@@ -6,10 +6,10 @@ import functools
 from pathlib import Path
 
 import pytest
+from diloco_testbed.ports import free_ports
+from diloco_testbed.process import ManagedProcess, stop_all
+from diloco_testbed.waiting import wait_for
 
-from tests.support.ports import free_ports
-from tests.support.process import ManagedProcess, stop_all
-from tests.support.waiting import wait_for
 from tests.worker.helpers import Synchronizer, iter_logs, learner_process, metric_step
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from diloco_core.storage import FilesystemStore
+from diloco_testbed.process import stop_all
+from diloco_testbed.waiting import wait_for
 from diloco_worker.checkpoint import list_checkpoints, load_latest
 from diloco_worker.metrics import read_metrics
 
-from tests.support.process import stop_all
-from tests.support.waiting import wait_for
 from tests.worker.helpers import Synchronizer, iter_logs, learner_process, metric_step
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

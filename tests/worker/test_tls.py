@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from diloco_testbed.pki import Ca, issue_server_cert, make_ca
+from diloco_testbed.process import ManagedProcess
+from diloco_testbed.waiting import wait_for
 
-from tests.support.pki import Ca, issue_server_cert, make_ca
-from tests.support.process import ManagedProcess
-from tests.support.waiting import wait_for
 from tests.worker.helpers import Synchronizer, iter_logs, learner_process, metric_step
 
 pytestmark = pytest.mark.integration

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from diloco_core.auth import learner_token
+from diloco_testbed.process import stop_all
+from diloco_testbed.waiting import wait_for
 
-from tests.support.process import stop_all
-from tests.support.waiting import wait_for
 from tests.worker.helpers import SECRET, Synchronizer, learner_process
 
 pytestmark = pytest.mark.integration

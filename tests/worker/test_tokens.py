@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 from diloco_core.config import DataSettings, ModelSettings
+from diloco_testbed.process import ManagedProcess, stop_all
+from diloco_testbed.waiting import wait_for
 from diloco_worker.data import CorpusError, Shard
 from diloco_worker.entry import TaskContext, builtin_task, count_tokens
 from diloco_worker.model import lm_loss
@@ -27,8 +29,6 @@ from diloco_worker.tokens import (
     token_batches,
 )
 
-from tests.support.process import ManagedProcess, stop_all
-from tests.support.waiting import wait_for
 from tests.worker.helpers import Synchronizer, iter_logs, learner_process, metric_step, tiny_train
 
 BLOCK = 7  # windows of 8 tokens

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from diloco_testbed.ports import free_port
+from diloco_testbed.process import stop_all
+from diloco_testbed.waiting import wait_for
 from diloco_worker.health import Health
 
-from tests.support.ports import free_port
-from tests.support.process import stop_all
-from tests.support.waiting import wait_for
 from tests.worker.helpers import Synchronizer, iter_logs, learner_process
 
 FLAGS = ["--inner-steps", "4", "--fragments", "2", "--overlap", "1", "--max-steps", "12"]

@@ -17,12 +17,12 @@ from diloco_operator.builders.children import build_children
 from diloco_operator.builders.names import JobRef
 from diloco_operator.runtime.syncstatus import http_fetcher
 from diloco_operator.schema.spec import SpecError, config_map_references, parse_spec, secret_references
+from diloco_testbed.pki import issue_server_cert, make_ca
 
 from tests.operator.builders.test_children import by_kind, env_of
 from tests.operator.runtime.test_syncstatus import STATUS, Handler
 from tests.operator.schema.test_crd import schema
 from tests.operator.schema.test_spec import raw
-from tests.support.pki import issue_server_cert, make_ca
 
 JOB = JobRef("ra", "ml", "u")
 TLS = {"tls": {"secretName": "ra-sync-tls"}, "ca": {"secretName": "ra-sync-tls"}}

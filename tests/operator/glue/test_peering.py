@@ -15,6 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
+from diloco_testbed.kube import Cluster
+from diloco_testbed.process import ManagedProcess
+from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -32,9 +35,6 @@ from tests.operator.kubejobs import (
     phase_is,
     unit,
 )
-from tests.support.kube import Cluster
-from tests.support.process import ManagedProcess
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kwok]
 

@@ -9,6 +9,8 @@ import time
 from typing import Any
 
 import pytest
+from diloco_testbed.kube import Cluster
+from diloco_testbed.waiting import wait_for
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
 from kubernetes import watch
@@ -29,8 +31,6 @@ from tests.operator.kubejobs import (
     start_operator,
     unit,
 )
-from tests.support.kube import Cluster
-from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kwok]
 

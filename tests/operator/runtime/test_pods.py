@@ -16,6 +16,7 @@ from diloco_operator.runtime.pods import (
 )
 from diloco_operator.schema.spec import parse_spec
 from diloco_operator.status.pods import observe_pod
+from diloco_testbed.waiting import wait_for
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
 
@@ -31,7 +32,6 @@ from tests.operator.kubejobs import (
     running_on_kwok,
     unit,
 )
-from tests.support.waiting import wait_for
 
 SPEC = parse_spec(
     {

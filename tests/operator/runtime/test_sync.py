@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 from diloco_core.protocol import StatusResponse
+from diloco_testbed.ports import free_port
+from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 
 from tests.operator.kubejobs import (
@@ -30,8 +32,6 @@ from tests.operator.kubejobs import (
     start_operator,
     unit,
 )
-from tests.support.ports import free_port
-from tests.support.waiting import wait_for
 from tests.synchronizer.helpers import (
     Learner,
     SyncProcess,

@@ -1,4 +1,4 @@
-"""A TCP relay: ``python -m tests.support.relay [--instance=TAG] LISTEN_HOST:PORT=TARGET_HOST:PORT ...``.
+"""A TCP relay: ``python -m diloco_testbed.relay [--instance=TAG] LISTEN_HOST:PORT=TARGET_HOST:PORT ...``.
 
 A real node runs in its own network namespace, joined to this machine's by a veth pair; servers the
 tests start on loopback (the kube-apiserver, SeaweedFS) are reached from there through this relay,

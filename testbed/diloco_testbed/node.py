@@ -11,7 +11,7 @@ control planes) can run on one machine: instance ``i`` has
   (10.235.<i>.1, here) / ``dlc-v<i>`` (10.235.<i>.2, the node's address), with a route to its pod
   subnet 10.234.<i>.0/24. containerd, kubelet, kube-proxy and CoreDNS run in that namespace, so the
   node's bridge, veths and iptables chains exist only there and go with it;
-- a relay on 10.235.<i>.1 to the apiserver on loopback (``tests.support.relay``); pods reach it as
+- a relay on 10.235.<i>.1 to the apiserver on loopback (``diloco_testbed.relay``); pods reach it as
   the ``kubernetes`` Service (the apiserver runs with ``--endpoint-reconciler-type=none`` and the
   node writes that Service's endpoints);
 - its own containerd socket, state and root (the root, which holds the imported images, is kept
@@ -355,7 +355,7 @@ class RealNode:
         self.conf_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._network()
-            self._spawn("relay", [sys.executable, "-m", "tests.support.relay", f"--instance={self.inst.state_dir}",
+            self._spawn("relay", [sys.executable, "-m", "diloco_testbed.relay", f"--instance={self.inst.state_dir}",
                                   f"{self.inst.host_ip}:{self.apiserver_port}=127.0.0.1:{self.apiserver_port}"],
                         netns=False, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
             self._cgroup_root()
