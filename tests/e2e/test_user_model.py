@@ -206,6 +206,12 @@ def test_a_hugging_face_gpt2_job_on_s3_tokens_tracks_survives_kill_9_and_is_expo
 
     # the sample log: per learner, nothing trained twice and nothing skipped across the kill
     _check_sample_log(audit_dir / "samples.jsonl", c)
+    # the synchronizer dealt the data: each unit leader's ranges, in its storage, none twice
+    deal = json.loads(s3.get_object(Bucket=BUCKET, Key=f"jobs/{JOB}/shard-000/deal.json")["Body"].read())
+    assert set(deal["units"]) == {f"{JOB}-a-0", f"{JOB}-b-0"}, sorted(deal["units"])
+    starts = sorted(r["start"] for ranges in deal["units"].values() for r in ranges)
+    assert starts[0] == 0
+    assert len(starts) == len(set(starts))
     run_tool("kubectl", "delete", "-n", ns, "-f", str(manifest), "--wait=true", env=e2e.kube.env())
 
 
