@@ -17,8 +17,7 @@ TABLES = (ast.Dict, ast.List, ast.Tuple, ast.Set)
 LARGE_MODULES = {
     "synchronizer/diloco_sync/fragment_state.py": 631,
     "bench/diloco_bench/attack.py": 537,
-    "worker/diloco_worker/session.py": 534,
-    "worker/diloco_worker/comms.py": 490,
+    "worker/diloco_worker/session.py": 515,
     "worker/diloco_worker/anchors.py": 466,
     "bench/diloco_bench/operator_scale.py": 463,
     "core/diloco_core/codec.py": 435,

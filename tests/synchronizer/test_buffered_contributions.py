@@ -11,7 +11,7 @@ import pytest
 from diloco_core.auth import learner_token
 from diloco_testbed.waiting import wait_for
 from diloco_worker.comms import CommSettings, Communicator
-from diloco_worker.fragment_state import Contribution
+from diloco_worker.fragment_state import Outgoing
 from diloco_worker.sync_client import SyncClient
 
 from tests.support.s3 import S3Server
@@ -87,7 +87,7 @@ def test_the_learner_resends_a_buffered_contribution_until_it_is_durable(
     try:
         s3.stop()
         tensors = outer_grad(PLAN, 0, seed=3)
-        comm.submit(Contribution(0, 0, 4, 32, 1, {n: np.asarray(v) for n, v in tensors.items()}))
+        comm.submit(Outgoing(0, 0, 4, 32, 1, {n: np.asarray(v) for n, v in tensors.items()}))
         wait_for(lambda: comm.buffered(0) == [1], timeout=30, what="the answer: buffered")
         restart_through_the_outage(sync, s3)
         wait_for(lambda: comm.buffered(0) == [], timeout=60, what="the resend answered durable")
@@ -112,9 +112,9 @@ def test_a_later_part_waits_for_the_buffered_ones_a_restart_lost_and_every_step_
     comm = Communicator(client, PLAN, CommSettings(quantizer="fp32", poll_wait_s=1.0), versions={0: 0, 1: 0})
     comm.start()
 
-    def part(seq: int) -> Contribution:
+    def part(seq: int) -> Outgoing:
         tensors = outer_grad(PLAN, 0, seed=seq)
-        return Contribution(
+        return Outgoing(
             0, 0, 4, 32, seq, {n: np.asarray(v) for n, v in tensors.items()}, since=4 * (seq - 1)
         )
 

@@ -6,8 +6,9 @@ import numpy as np
 from diloco_core import bounds
 from diloco_core.fragments import build_plan
 from diloco_core.protocol import Heartbeat
-from diloco_worker.comms import CommSettings, Communicator, TokenBucket, backoff_delay
+from diloco_worker.comms import CommSettings, Communicator
 from diloco_worker.fragment_state import Outgoing
+from diloco_worker.pacing import TokenBucket, backoff_delay
 from diloco_worker.sync_client import SyncClient
 
 
@@ -44,8 +45,8 @@ def test_every_outer_gradient_is_queued_in_order() -> None:
     comm.submit(_contribution(0, 1))
     comm.submit(_contribution(1, 1))
     comm.submit(_contribution(0, 2))  # only the progress after the first: both must be sent
-    assert sorted(comm._slots) == [0, 1]
-    assert [c.seq for c in comm._slots[0]] == [1, 2]
+    assert sorted(comm.sender.slots) == [0, 1]
+    assert [c.seq for c in comm.sender.slots[0]] == [1, 2]
     assert not comm.flush(0.05)  # nothing can be sent while nobody is listening
 
 

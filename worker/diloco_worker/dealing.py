@@ -16,9 +16,9 @@ import threading
 
 from diloco_core.dealing import DealtRange, covering
 
-from .comms import backoff_delay
 from .data import CorpusError, DataStopped
 from .distributed import Unit
+from .pacing import backoff_delay
 from .sync_client import SyncClient, SyncRejected, SyncUnavailable
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,6 @@ from .checkpoint import (
     restore,
     snapshot_checkpoint,
 )
-from .comms import Held
 from .credentials import TokenSource
 from .data import Shard
 from .dealing import UnitRanges
@@ -37,6 +36,7 @@ from .hardware import peak_flops
 from .health import Health
 from .metrics import MetricsLog
 from .model import flops_per_token
+from .poller import Held
 from .session import DiLoCoSession
 from .settings import WorkerSettings
 from .startup import FirstStep, StartupClock

@@ -16,7 +16,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import numpy as np
@@ -26,13 +25,15 @@ from diloco_core.codec import decode, encode
 from diloco_core.config import SCHEDULES, DiLoCoSettings, Quantizer, Schedule
 from diloco_core.fragments import Fragment, FragmentPlan
 
-from .comms import CommSettings, Communicator, Held, backoff_delay
+from .comms import CommSettings, Communicator
 from .credentials import TokenSource
 from .distributed import Arrivals, Unit
 from .fragment_state import FragmentState
 from .health import Health
 from .lockstep import lockstep_counters, round_can_close
 from .metrics import MetricsLog
+from .pacing import backoff_delay
+from .poller import Held
 from .pull import should_send_partial
 from .routing import RoutingError, build_routes
 from .settings import WorkerSettings
@@ -502,11 +503,7 @@ class DiLoCoSession:
             if self.client is not None:
                 self.client.close()
             return
-        flushed = self.comm.flush(self.settings.shutdown_timeout_s / 2)
-        self.comm.stop()
-        shards = self.shards.indices
-        with ThreadPoolExecutor(max_workers=len(shards)) as pool:  # the shards are told side by side
-            told = all(list(pool.map(self._say_goodbye, shards)))
+        flushed, told = self.comm.leave(self.settings.shutdown_timeout_s, self.settings.learner_id)
         if told:
             log.info(
                 "learner=%s left the job (pending contributions flushed: %s)",
@@ -516,19 +513,3 @@ class DiLoCoSession:
         self.shards.close()
         if self.client is not None:
             self.client.close()  # a shard's client too, unless the answer did not tell which shard it is
-
-    def _say_goodbye(self, shard: int) -> bool:
-        """The final step and tokens, then leave; bounded so that the whole goodbye stays within the
-        timeout. True when the shard heard it."""
-        assert self.shards is not None
-        assert self.comm is not None
-        client, budget = self.shards.shard(shard), self.settings.shutdown_timeout_s / 4
-        try:
-            client.heartbeat(self.comm.heartbeat(), timeout_s=budget)
-            client.leave(timeout_s=budget)
-        except (SyncUnavailable, SyncRejected) as exc:
-            log.warning(
-                "learner=%s shard=%d could not announce leaving: %s", self.settings.learner_id, shard, exc
-            )
-            return False
-        return True

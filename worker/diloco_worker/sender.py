@@ -1,0 +1,219 @@
+"""The sending side of a learner's communication: one queue per fragment, a sender thread per
+synchronizer shard (``Communicator`` starts them), retries with backoff, and the resends of what the
+synchronizer only buffered (module ``comms``)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from .fragment_state import Outgoing
+from .pacing import TokenBucket, backoff_delay
+from .sync_client import ShardClients, SyncClient, SyncRejected, SyncUnavailable
+
+log = logging.getLogger("diloco_worker.comms")
+BUFFERED_RESEND_S = 5.0  # how often a contribution the synchronizer only buffered is sent again
+
+
+class Sender:
+    """The outer gradients waiting to be sent (``slots``, per fragment, oldest first), being sent
+    (``inflight``) and answered as only buffered; ``known_version(p)``: the newest global version of
+    ``p`` the learner has, ``resync(p)``: fetch ``p`` again, ``step()``: the learner's step (for logs)."""
+
+    def __init__(
+        self,
+        shards: ShardClients,
+        quantizer: str,
+        bandwidth_limit: float,
+        stop: threading.Event,
+        *,
+        known_version: Callable[[int], int],
+        resync: Callable[[int], None],
+        step: Callable[[], int],
+    ) -> None:
+        self.shards, self.quantizer, self.stop = shards, quantizer, stop
+        self._known_version, self._resync, self._step = known_version, resync, step
+        self.bytes_sent = 0
+        self.sent = self.rejected = 0
+        self.slots: dict[int, list[Outgoing]] = {}  # per fragment, oldest first
+        self.inflight: set[int] = set()  # fragments whose outer gradient is being sent
+        self._buffered: dict[int, list[tuple[float, Outgoing]]] = {}  # answered not durable: (resend at, c)
+        self._cv = threading.Condition()
+        self._bucket = TokenBucket(bandwidth_limit)
+        self._bucket_lock = threading.Lock()  # the bandwidth limit is the learner's, shared by the senders
+        self._rng = random.Random()
+
+    def submit(self, c: Outgoing) -> None:
+        with self._cv:
+            self.slots.setdefault(c.fragment, []).append(c)
+            self._cv.notify_all()
+
+    def pending(self, p: int) -> bool:
+        """True while an outer gradient of fragment ``p`` waits to be sent or is being sent."""
+        with self._cv:
+            return p in self.slots or p in self.inflight
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the pending contributions are sent (or given up); True when nothing is left."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while (self.slots or self.inflight) and time.monotonic() < deadline:
+                self._cv.wait(timeout=0.05)
+            return not self.slots and not self.inflight
+
+    def wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def _mine(self, shard: int) -> list[int]:
+        """The filled slots of the fragments ``shard`` owns (call with ``_cv`` held)."""
+        return [p for p in self.slots if self.shards.routes.owner(p) == shard]
+
+    def send_loop(self, shard: int) -> None:
+        """Send the outer gradients of ``shard``'s fragments, oldest first."""
+        client, attempt = self.shards.shard(shard), 0
+        while not self.stop.is_set():
+            with self._cv:
+                while not self._mine(shard) and not self.stop.is_set():
+                    self._cv.wait(timeout=0.5)
+                    self._requeue_buffered(shard)
+                mine = self._mine(shard)
+                if self.stop.is_set() and not mine:
+                    return
+                p = min(mine, key=lambda k: self.slots[k][0].seq)
+                c = self.slots[p].pop(0)
+                if not self.slots[p]:
+                    del self.slots[p]
+                self.inflight.add(p)
+            ok = self._send_one(client, c)
+            with self._cv:
+                self.inflight.discard(p)
+                if not ok:
+                    self.slots.setdefault(c.fragment, []).insert(0, c)  # retried before anything newer
+                self._cv.notify_all()
+            attempt = 0 if ok else attempt + 1
+            if not ok:
+                self.stop.wait(backoff_delay(attempt, self._rng))
+
+    def _requeue_buffered(self, shard: int) -> None:
+        """Queue again the buffered contributions of ``shard``'s fragments that are due for a resend
+        (in sequence order, before anything newer), dropping those a newer version superseded (call
+        with ``_cv`` held)."""
+        now = time.monotonic()
+        for p in [p for p in self._buffered if self.shards.routes.owner(p) == shard]:
+            known = self._known_version(p)
+            due = [c for at, c in self._buffered[p] if at <= now and c.base_version >= known]
+            self._buffered[p] = [
+                (at, c) for at, c in self._buffered[p] if at > now and c.base_version >= known
+            ]
+            if not self._buffered[p]:
+                del self._buffered[p]
+            if due:
+                self.slots[p] = sorted([*due, *self.slots.get(p, [])], key=lambda c: c.seq)
+
+    def _resend_earlier_first(self, c: Outgoing) -> bool:
+        """The synchronizer lacks progress before ``c`` (it restarted and lost parts it had only
+        buffered): queue this fragment's buffered parts of ``c``'s base for sending now, ``c`` after
+        them. False when none is earlier than ``c`` (then nothing here can fill the gap)."""
+        with self._cv:
+            held = self._buffered.get(c.fragment, [])
+            earlier = [b for _, b in held if b.base_version == c.base_version and b.seq < c.seq]
+            if not earlier:
+                return False
+            rest = [(at, b) for at, b in held if all(b is not e for e in earlier)]
+            if rest:
+                self._buffered[c.fragment] = rest
+            else:
+                self._buffered.pop(c.fragment, None)
+            slot = [*earlier, c, *self.slots.get(c.fragment, [])]
+            self.slots[c.fragment] = sorted(slot, key=lambda x: x.seq)
+            self._cv.notify_all()
+        return True
+
+    def buffered(self, p: int) -> list[int]:
+        """The sequence numbers of fragment ``p``'s contributions that the synchronizer only buffered."""
+        with self._cv:
+            return [c.seq for _, c in self._buffered.get(p, [])]
+
+    def _send_one(self, client: SyncClient, c: Outgoing) -> bool:
+        """True when the contribution is done with (accepted or refused for good).
+
+        Its log lines name the learner's step when the send ended (``progress.step``, the newest the
+        training thread reported); the step the outer gradient was taken at is on the "queued" line."""
+        payload = c.encode(self.quantizer)
+        with self._bucket_lock:
+            delay = self._bucket.delay_for(len(payload))
+        self.stop.wait(delay)
+        started = time.monotonic()
+        try:
+            res = client.contribute(
+                c.fragment,
+                payload,
+                base_version=c.base_version,
+                steps=c.steps,
+                tokens=c.tokens,
+                seq=c.seq,
+                since=c.since,
+            )
+        except SyncUnavailable as exc:
+            log.warning(
+                "step=%d fragment=%d version=%d send failed, will retry: %s",
+                self._step(),
+                c.fragment,
+                c.base_version,
+                exc,
+            )
+            return False
+        except SyncRejected as exc:
+            if exc.status == 401:  # the token expired or was revoked: its renewal is on its way
+                log.warning(
+                    "step=%d fragment=%d version=%d the learner token was refused (%s): retrying with "
+                    "the renewed one",
+                    self._step(),
+                    c.fragment,
+                    c.base_version,
+                    exc.reason,
+                )
+                return False
+            if exc.code == "out_of_order" and self._resend_earlier_first(c):
+                log.info(
+                    "step=%d fragment=%d version=%d the synchronizer holds none of the earlier buffered "
+                    "parts: sending them first (%s)",
+                    self._step(),
+                    c.fragment,
+                    c.base_version,
+                    exc,
+                )
+                return True
+            with self._cv:
+                self.rejected += 1
+            log.warning(
+                "step=%d fragment=%d version=%d contribution refused (%s); resynchronising",
+                self._step(),
+                c.fragment,
+                c.base_version,
+                exc,
+            )
+            self._resync(c.fragment)
+            return True
+        with self._cv:
+            self.bytes_sent += len(payload)
+            self.sent += 1
+        log.info(
+            "step=%d fragment=%d version=%d sent %d bytes (%d inner steps) in %.2fs: %s (pending %d)",
+            self._step(),
+            c.fragment,
+            c.base_version,
+            len(payload),
+            c.steps,
+            time.monotonic() - started,
+            res.status,
+            res.pending,
+        )
+        if not res.durable:  # lost if the synchronizer dies before its storage is back: send it again later
+            with self._cv:
+                self._buffered.setdefault(c.fragment, []).append((time.monotonic() + BUFFERED_RESEND_S, c))
+        return True
