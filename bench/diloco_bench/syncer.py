@@ -1,6 +1,7 @@
 """The synchronizer in virtual time: the real round policy (``diloco_core.rounds``) decides when each
-fragment merges, and the round pipeline the synchronizer service runs (``diloco_core.round_math``:
-token and staleness weights, RDA or mean, Nesterov or Delayed Nesterov) computes each new version."""
+fragment merges, and the round the synchronizer service runs (``diloco_core.screening.screened_round``:
+the checks and the norm bound with its history, then ``diloco_core.round_math``'s token and staleness
+weights, RDA or mean, Nesterov or Delayed Nesterov) computes each new version."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from diloco_core import codec, rounds
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import FragmentPlan
 from diloco_core.outer import OuterState
-from diloco_core.round_math import RoundResult, merge_round
+from diloco_core.round_math import RoundResult
+from diloco_core.screening import NormHistory, screened_round, tensors_norm
 
 Arrays = dict[str, np.ndarray]
 
@@ -65,6 +67,8 @@ class Syncer:
         self.participants = 0
         self.merged_steps = 0.0  # learner-steps, weighted by the fragment's share of the model
         self.norm_ratios: list[float] = []
+        self.norms = [NormHistory() for _ in range(P)]  # per fragment, as the synchronizer commits it
+        self.excluded = 0  # contributions the checks refused
 
     def fragment(self, p: int) -> Arrays:
         return {n: self.global_params[n] for n in self.plan.fragments[p].names}
@@ -140,15 +144,22 @@ class Syncer:
         if not contribs:
             return None
         frag = self.plan.fragments[p]
-        result = merge_round(
+        screened = screened_round(
             frag,
             self.fragment(p),
             self.outer[p],
             self.versions[p],
             contribs,
             self.settings,
+            self.norms[p],
             down_block_size=self.block_size,
         )
+        self.excluded += len(screened.excluded)
+        result = screened.result
+        if result is None:
+            return None
+        self.norms[p] = screened.history.after(screened.norms, tensors_norm(result.update))
+        contribs = list(screened.merged)
         if len(contribs) > 1 and frag.kind == "dense":
             mean_norm = statistics.fmean(_norm(c.tensors) for c in contribs)
             if mean_norm > 0:

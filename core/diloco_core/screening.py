@@ -34,6 +34,7 @@ from typing import Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from diloco_core import downlink
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
 from diloco_core.merge import check_finite
@@ -147,9 +148,12 @@ def screened_round(
     contributions: Sequence[M],
     settings: DiLoCoSettings,
     history: NormHistory,
+    *,
+    down_block_size: int = downlink.codec.q.DEFAULT_BLOCK_SIZE,
 ) -> Screened[M]:
     """``round_math.merge_round`` of the contributions that pass the checks, with a result that passes
-    them (see the module's docstring); never raises on a contribution's values."""
+    them (see the module's docstring); never raises on a contribution's values. ``down_block_size``:
+    the block of a blocked download codec."""
     factor = settings.max_update_norm_factor
     history = history.with_reference(tensors_norm(params))
     checked: list[tuple[M, float]] = []
@@ -180,7 +184,15 @@ def screened_round(
     while kept:
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found by the checks below
-                result = merge_round(fragment, params, outer, version, [c for c, _ in kept], settings)
+                result = merge_round(
+                    fragment,
+                    params,
+                    outer,
+                    version,
+                    [c for c, _ in kept],
+                    settings,
+                    down_block_size=down_block_size,
+                )
         except (ArithmeticError, ValueError) as exc:
             problem: str | None = f"the round could not be merged: {exc}"
         else:

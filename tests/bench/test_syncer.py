@@ -31,3 +31,27 @@ def test_the_harness_merges_reproduce_the_pinned_round_results() -> None:
                 pinned["version"], pinned["params"], pinned["outer"],
             ), f"{case.name} round {version}"  # fmt: skip
         assert syncer.outer[p] != OuterState()
+
+
+def test_the_harness_screens_each_round_as_the_synchronizer_does() -> None:
+    """A non-finite contribution and one far above the parameters' norm are excluded, each with its
+    reason counted, and the honest ones merge: the benchmarks' rounds apply the shipped checks."""
+    case = cases()[0]
+    p = case.fragment.index
+    others = {
+        t.name: np.zeros(t.shape, np.float32) for f in PLAN.fragments if f.index != p for t in f.tensors
+    }
+    syncer = Syncer(case.settings, alive=4, plan=PLAN, params={**case.params, **others})
+    honest = [
+        Pending(i, 0, 8, 800, {n: 0.01 * np.ones_like(v) for n, v in case.params.items()}) for i in (0, 1)
+    ]
+    poisoned = Pending(2, 0, 8, 800, {n: np.full_like(v, np.nan) for n, v in case.params.items()})
+    huge = Pending(3, 0, 8, 800, {n: 1e6 * np.ones_like(v) for n, v in case.params.items()})
+    syncer.pending[p] = {c.learner: c for c in (*honest, poisoned, huge)}
+    merged = syncer.flush(p)
+    assert merged is not None
+    assert syncer.excluded == 2
+    assert syncer.participants == 2
+    assert all(np.isfinite(v).all() for v in merged.params.values())
+    moved = max(float(np.abs(merged.params[n] - case.params[n]).max()) for n in case.params)
+    assert 0 < moved < 1.0
