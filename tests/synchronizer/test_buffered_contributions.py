@@ -114,9 +114,7 @@ def test_a_later_part_waits_for_the_buffered_ones_a_restart_lost_and_every_step_
 
     def part(seq: int) -> Outgoing:
         tensors = outer_grad(PLAN, 0, seed=seq)
-        return Outgoing(
-            0, 0, 4, 32, seq, {n: np.asarray(v) for n, v in tensors.items()}, since=4 * (seq - 1)
-        )
+        return Outgoing(0, 0, 4, 32, seq, {n: np.asarray(v) for n, v in tensors.items()}, since=4 * (seq - 1))
 
     def steps_of_a_merged() -> int:
         rounds = status(sync.url)["recent_rounds"]
