@@ -28,8 +28,7 @@ LARGE_MODULES = {
 LONG_FUNCTIONS = {
     "bench/diloco_bench/attack.py:continuations": 118,
     "bench/diloco_bench/operator_scale.py:run_once": 118,
-    "worker/diloco_worker/learner.py:_run": 94,
-    "worker/diloco_worker/train.py:train": 103,
+    "worker/diloco_worker/learner.py:_run": 89,
     "synchronizer/diloco_sync/app.py:create_app": 92,
 }
 

@@ -41,7 +41,7 @@ from .session import DiLoCoSession
 from .settings import WorkerSettings
 from .startup import FirstStep, StartupClock
 from .sync_client import SyncClient, tls_verify
-from .train import LoopState, make_optimizer, train
+from .train import LoopHooks, LoopOptions, LoopState, make_optimizer, train
 
 log = logging.getLogger("diloco_worker.learner")
 CHECKPOINTS_SHARED = 8  # the newest checkpoint steps each rank offers when the unit agrees on one
@@ -214,18 +214,13 @@ def _run(
             state,
             unit=unit,
             stop=stop,
-            hook=FirstStep(session, clock, functools.partial(_report_startup, settings, metrics)),
-            save=saver,
-            checkpoint_every=settings.train.checkpoint_every,
-            eval_every=settings.eval_every,
-            log_every=settings.log_every,
-            speed_factor=settings.speed_factor,
-            metrics=metrics,
-            stop_at_step=settings.stop_at_step,
-            health=health,
-            compile_model=settings.compile_model,
-            flops_per_token=flops_per_token(task.model),
-            peak_flops=peak_flops(unit.device, settings.peak_tflops),
+            options=_loop_options(settings, task, unit),
+            hooks=LoopHooks(
+                FirstStep(session, clock, functools.partial(_report_startup, settings, metrics)),
+                saver,
+                metrics,
+                health,
+            ),
         )
     finally:
         health.beat("leaving")
@@ -238,6 +233,19 @@ def _run(
         if ranges is not None and ranges.client is not None:
             ranges.client.close()
     return 0
+
+
+def _loop_options(settings: WorkerSettings, task: TrainingTask, unit: Unit) -> LoopOptions:
+    return LoopOptions(
+        checkpoint_every=settings.train.checkpoint_every,
+        eval_every=settings.eval_every,
+        log_every=settings.log_every,
+        speed_factor=settings.speed_factor,
+        stop_at_step=settings.stop_at_step,
+        compile_model=settings.compile_model,
+        flops_per_token=flops_per_token(task.model),
+        peak_flops=peak_flops(unit.device, settings.peak_tflops),
+    )
 
 
 def _open_metrics(settings: WorkerSettings) -> MetricsLog | None:

@@ -276,6 +276,33 @@ def _accumulate(
     return loss_sum, step_tokens
 
 
+@dataclass(frozen=True)
+class LoopOptions:
+    """How the loop runs: checkpoints, evaluations and log lines every so many steps (0: never, but
+    at the end for checkpoints), an emulated slowdown, an early stop, ``torch.compile``, and the model's
+    FLOPs per token with the device's peak (both known: logged steps carry the MFU)."""
+
+    checkpoint_every: int = 0
+    eval_every: int = 0
+    log_every: int = 10
+    speed_factor: float = 1.0
+    stop_at_step: int = 0
+    compile_model: bool = False
+    flops_per_token: float | None = None
+    peak_flops: float | None = None
+
+
+@dataclass(frozen=True)
+class LoopHooks:
+    """What the loop calls: the session at each step boundary (``hook``), the checkpoint writer
+    (``save(state, at_end)``), the metrics log and the health probe's beat."""
+
+    hook: StepHook | None = None
+    save: Callable[[LoopState, bool], None] | None = None
+    metrics: MetricsLog | None = None
+    health: Health | None = None
+
+
 def train(
     task: TrainingTask,
     optimizer: torch.optim.Optimizer,
@@ -284,98 +311,85 @@ def train(
     *,
     unit: Unit,
     stop: threading.Event,
-    hook: StepHook | None = None,
-    save: Callable[[LoopState, bool], None] | None = None,
-    checkpoint_every: int = 0,
-    eval_every: int = 0,
-    log_every: int = 10,
-    speed_factor: float = 1.0,
-    metrics: MetricsLog | None = None,
-    stop_at_step: int = 0,
-    health: Health | None = None,
-    compile_model: bool = False,
-    flops_per_token: float | None = None,
-    peak_flops: float | None = None,
+    options: LoopOptions = LoopOptions(),  # noqa: B008 - frozen
+    hooks: LoopHooks = LoopHooks(),  # noqa: B008 - frozen
 ) -> LoopState:
-    """Train until ``cfg.max_steps``, a stop request or ``stop_at_step``; a stop finishes the current step
-    first. The learning-rate schedule always spans ``cfg.max_steps``. With ``flops_per_token`` and the
-    device's ``peak_flops`` known, logged steps carry the model FLOPs utilisation (MFU)."""
+    """Train until ``cfg.max_steps``, a stop request or ``options.stop_at_step``; a stop finishes the
+    current step first. The learning-rate schedule always spans ``cfg.max_steps``."""
+    o, h = options, hooks
     model = unit.wrap(task.model)
-    if compile_model:
+    if o.compile_model:
         model = torch.compile(model)  # type: ignore[assignment]
     model.train()
     batches: Iterator[Any] = task.make_batches(state.cursor)
     params: Sequence[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
     on_cuda = unit.device.type == "cuda"
-    precision = cfg.precision
-    scaler = make_grad_scaler(unit.device, precision, state.grad_scaler)
+    scaler = make_grad_scaler(unit.device, cfg.precision, state.grad_scaler)
     clock = StepClock(per_step=not on_cuda, state=state)
-    first_step = True
     first_logged = state.step + 1  # logged in every process: its record carries the start-up figures
     while state.step < cfg.max_steps:
-        if health:
-            health.beat("training")
+        if h.health:
+            h.health.beat("training")
         t0 = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(state.step, cfg)
-        # the step's loss stays on the device until a logged step reads it (float64: the sum a
-        # Python float would give)
         try:
             loss_sum, step_tokens = _accumulate(task, model, batches, cfg, state, unit, scaler)
         except DataStopped:  # asked to stop while waiting for data: the step is not taken
             log.info("step=%d stopping on request while waiting for data", state.step)
-            if save:
-                save(state, True)
+            if h.save:
+                h.save(state, True)
             break
         # the norm before clipping, on the device until a logged step reads it
         grad_norm = _clip_and_step(optimizer, params, cfg, scaler)
         state.step += 1
         state.tokens += step_tokens
-        if speed_factor > 1.0:  # emulate slower hardware
-            if on_cuda:
-                torch.cuda.synchronize(unit.device)  # the step's device time, not the time to queue it
-            time.sleep((speed_factor - 1.0) * (time.perf_counter() - t0))
-        step_time = time.perf_counter() - t0
-        if first_step and compile_model:
-            if on_cuda:
-                torch.cuda.synchronize(unit.device)
-            log.info(
-                "torch.compile: the first step took %.1f s (compilation included)", time.perf_counter() - t0
-            )
-        first_step = False
-        asked = stop.is_set() or (stop_at_step > 0 and state.step >= stop_at_step)
-        stopping = hook.at_boundary(state, step_tokens, asked, clock.step_time(step_time)) if hook else asked
-        if eval_every and state.step % eval_every == 0:
-            state.eval_loss = evaluate(task.model, task, unit.device, precision)
-        if (
-            state.step % log_every == 0
-            or stopping
-            or state.step >= cfg.max_steps
-            or state.step == first_logged
-        ):
-            loss_value = float(loss_sum)
+        step_time = _step_time(t0, unit, o, first=state.step == first_logged)
+        asked = stop.is_set() or (o.stop_at_step > 0 and state.step >= o.stop_at_step)
+        stopping = (
+            h.hook.at_boundary(state, step_tokens, asked, clock.step_time(step_time)) if h.hook else asked
+        )
+        if o.eval_every and state.step % o.eval_every == 0:
+            state.eval_loss = evaluate(task.model, task, unit.device, cfg.precision)
+        at_end = stopping or state.step >= cfg.max_steps
+        if state.step % o.log_every == 0 or at_end or state.step == first_logged:
+            loss_value = float(loss_sum)  # waits for the device: the window closes after the work
             clock.close_window(state)
-            if metrics is not None and unit.distributed:  # the unit's all-reduce, this rank's side
-                metrics.set(allreduce_bytes=unit.collective.ring_bytes(unit.world_size))
+            if h.metrics is not None and unit.distributed:  # the unit's all-reduce, this rank's side
+                h.metrics.set(allreduce_bytes=unit.collective.ring_bytes(unit.world_size))
             _emit(
                 state,
                 loss_value,
                 step_time,
                 step_tokens,
-                metrics,
+                h.metrics,
                 clock,
-                flops_per_token,
-                peak_flops,
+                o.flops_per_token,
+                o.peak_flops,
                 lr=lr_at(state.step - 1, cfg),
                 grad_norm=float(grad_norm) if grad_norm is not None else None,
                 steps_left=cfg.max_steps - state.step,
             )
-        at_end = stopping or state.step >= cfg.max_steps
-        if save and ((checkpoint_every and state.step % checkpoint_every == 0) or at_end):
+        if h.save and ((o.checkpoint_every and state.step % o.checkpoint_every == 0) or at_end):
             if scaler is not None:
                 state.grad_scaler = scaler.state_dict()
-            save(state, at_end)
+            h.save(state, at_end)
         if stopping:
             log.info("step=%d stopping on request", state.step)
             break
     return state
+
+
+def _step_time(t0: float, unit: Unit, options: LoopOptions, *, first: bool) -> float:
+    """The step's time since ``t0``, after the emulated slowdown (``speed_factor``); the first step of a
+    compiled model says how long it took (compilation included)."""
+    on_cuda = unit.device.type == "cuda"
+    if options.speed_factor > 1.0:  # emulate slower hardware
+        if on_cuda:
+            torch.cuda.synchronize(unit.device)  # the step's device time, not the time to queue it
+        time.sleep((options.speed_factor - 1.0) * (time.perf_counter() - t0))
+    if first and options.compile_model:
+        if on_cuda:
+            torch.cuda.synchronize(unit.device)
+        log.info("torch.compile: the first step took %.1f s (compilation included)", time.perf_counter() - t0)
+    return time.perf_counter() - t0
