@@ -170,7 +170,7 @@ build_pause
 build_coredns
 build_k8s
 ln -sfn "$CACHE" "$HOME/.cache/diloco/bin/current"
-if [ ${#own_go_caches[@]} -gt 0 ] && { [ -d "$GOMODCACHE" ] || [ -d "$GOCACHE" ]; }; then
+if [ ${#own_go_caches[@]} -gt 0 ] && [ -d "$GOMODCACHE" ]; then  # a build ran: it downloaded modules
   log "removing Go's caches (${own_go_caches[*]})"
   go clean "${own_go_caches[@]}"
 fi
