@@ -321,12 +321,12 @@ def claims(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             tries += 1
             refused_as(
                 "more_tokens_than_declared",
-                lambda seq=seq: x.contribute(0, blob, base_version=0, steps=H, tokens=8 * H + 1, seq=seq),
-            )  # type: ignore[misc]
+                lambda seq=seq: x.contribute(0, blob, base_version=0, steps=H, tokens=8 * H + 1, seq=seq),  # type: ignore[misc]
+            )
             refused_as(
                 "more_steps_than_the_age_allows",
-                lambda seq=seq: x.contribute(0, blob, base_version=0, steps=10**6, tokens=8 * 10**6, seq=seq),
-            )  # type: ignore[misc]
+                lambda seq=seq: x.contribute(0, blob, base_version=0, steps=10**6, tokens=8 * 10**6, seq=seq),  # type: ignore[misc]
+            )
             for kind, token in others.items():
                 c = SyncClient(sync.url, "x", token, timeout_s=30.0)
                 refused_as(kind, lambda c=c: c.heartbeat(proto.Heartbeat(step=1, tokens=8, step_time_s=0.1)))  # type: ignore[misc]
