@@ -192,6 +192,7 @@ def _run(
             stop=stop,
             metrics=metrics,
             health=health,
+            client=ranges.client if ranges is not None else None,
         )
         session.connect(state, resumed=resumed, held=held)
     clock.mark("register")
@@ -230,8 +231,6 @@ def _run(
             session.close()
         if metrics is not None:
             metrics.close()
-        if ranges is not None and ranges.client is not None:
-            ranges.client.close()
     return 0
 
 
@@ -263,8 +262,8 @@ def _open_metrics(settings: WorkerSettings) -> MetricsLog | None:
 
 
 def _unit_ranges(settings: WorkerSettings, unit: Unit, stop: threading.Event) -> UnitRanges | None:
-    """The unit's ranges of the job's data, dealt by the synchronizer (its leader asks); None for a
-    learner without a synchronizer."""
+    """The unit's ranges of the job's data, dealt by the synchronizer (its leader asks, through the
+    client its session uses too); None for a learner without a synchronizer."""
     if settings.standalone:
         return None
     client = None

@@ -26,7 +26,6 @@ from diloco_core.config import SCHEDULES, DiLoCoSettings, Quantizer, Schedule
 from diloco_core.fragments import Fragment, FragmentPlan
 
 from .comms import CommSettings, Communicator
-from .credentials import TokenSource
 from .distributed import Arrivals, Unit
 from .fragment_state import FragmentState
 from .health import Health
@@ -44,7 +43,6 @@ from .sync_client import (
     SyncRejected,
     SyncUnavailable,
     SyncUntrusted,
-    tls_verify,
 )
 from .train import LoopState
 
@@ -73,7 +71,10 @@ class DiLoCoSession:
         stop: threading.Event,
         metrics: MetricsLog | None = None,
         health: Health | None = None,
+        client: SyncClient | None = None,
     ) -> None:
+        """``client``: the leader's connection to the synchronizer it was given (the one its data ranges
+        come through too, so that its bytes are counted once); the session closes it."""
         self.settings, self.plan, self.fs, self.unit = settings, plan, fragments, unit
         self.tokens_per_step, self.stop, self.metrics, self.health = tokens_per_step, stop, metrics, health
         self.alpha, self.quantizer, self.heartbeat_interval_s = 0.0, "int4", 2.0
@@ -94,11 +95,9 @@ class DiLoCoSession:
         # a synchronous job sends in lockstep: nothing to pull there
         self.partial_contributions = settings.partial_contributions and not settings.blocking_sync
         if unit.is_leader:
-            assert settings.sync_url
-            token = TokenSource(settings.token, settings.token_file)
-            self.client = SyncClient(
-                settings.sync_url, settings.learner_id, token, verify=tls_verify(settings.sync_ca_file)
-            )
+            if client is None:
+                raise ValueError("the unit's leader talks to the synchronizer: it needs a client")
+            self.client = client
 
     # ---- start-up ----
     def _register_once(self, client: SyncClient) -> proto.RegisterResponse:

@@ -348,11 +348,11 @@ def token_batches(ctx: TaskContext, *, as_dict: bool = False, vocab_size: int | 
     ``{"input_ids", "labels"}``. Ids must be below ``vocab_size`` (default ``ctx.model.vocab_size``)."""
     vocab = vocab_size if vocab_size is not None else ctx.model.vocab_size
     corpus = open_token_corpus(ctx.data, block_size=ctx.model.block_size, vocab_size=vocab)
-    dealt = ctx.ranges is not None and not ctx.data.non_iid  # a non-IID shard is the unit's own
-    split = split_windows(corpus, ctx.data.eval_fraction, 1 if dealt else ctx.shard.count)
+    ranges = None if ctx.data.non_iid else ctx.ranges  # a non-IID shard is the unit's own
+    split = split_windows(corpus, ctx.data.eval_fraction, 1 if ranges is not None else ctx.shard.count)
     deal: WindowDeal | DealtWindows
-    if ctx.ranges is not None and dealt:
-        deal = DealtWindows(split.train, ctx.shard, ctx.model.seed, ctx.ranges, ctx.train.batch_size)
+    if ranges is not None:
+        deal = DealtWindows(split.train, ctx.shard, ctx.model.seed, ranges, ctx.train.batch_size)
     else:
         deal = WindowDeal(split.train, ctx.shard, ctx.model.seed, ctx.data.non_iid)
     sample_log = (
