@@ -1,5 +1,19 @@
 """An accepted contribution waiting for its fragment's next round: its record, how a continuation
-folds into it, and how far each learner's progress is merged."""
+folds into it, and how far each learner's progress is merged.
+
+Exactly once, in order: a contribution covers the steps ``since < step <= through`` of its learner's
+progress on its base version. The fragment remembers, per learner, the newest base its merged
+progress is on and the step that progress reaches (``merged_through``, kept in the manifest; an
+excluded contribution's progress is not in it). A learner's progress on a base is taken in order: a
+part must start where the record of that progress ends (the merged step, or the end of the learner's
+pending part on that base), so a part never jumps over one the synchronizer does not hold
+(``progress_conflict`` names the refusal: ``out_of_order`` with the step to start from,
+``already_merged`` for progress merged, or on a base older than the newest merged one,
+``overlaps_pending``). One on the same base as the learner's pending one is added to it (``fold``:
+its parts), and one that covers it from the record's end supersedes it; the sum of the parts is held
+to the same bounds as one contribution (``fold_problem``). Contributions read back from storage at
+start-up may have a gap before them (a part only buffered in memory was lost with the process).
+"""
 
 from __future__ import annotations
 
@@ -89,7 +103,7 @@ def round_entry(c: Contribution) -> policy.RoundEntry:
     return policy.RoundEntry(c.learner_id, c.base_version, c.steps, c.tokens, c.received_at)
 
 
-def _relation(
+def relation(
     pending: Contribution, since: int, through: int
 ) -> Literal["after", "before", "covers", "overlaps"]:
     """Where the steps ``since < step <= through`` lie against a pending contribution's."""
@@ -115,3 +129,97 @@ def merged_through(
         elif c.base_version == base:
             out[c.learner_id] = (base, max(through, c.through))
     return out
+
+
+def progress_conflict(
+    previous: Contribution | None,
+    *,
+    learner_id: str,
+    fragment: int,
+    base_version: int,
+    since: int,
+    through: int,
+    newest_merged: int,
+    start: int,
+    current: int,
+    in_order: bool,
+) -> tuple[str, str] | None:
+    """Why a contribution of ``learner_id`` holding the steps ``since < step <= through`` of its
+    progress on ``base_version`` cannot be taken, as (code, reason); None when it can.
+    ``previous``: the learner's pending contribution; ``newest_merged``: the newest base its merged
+    progress is on; ``start``: where its progress on ``base_version`` not yet merged starts;
+    ``current``: the fragment's version. ``in_order``: it must also start where the record of the
+    learner's progress ends (off for contributions read back from storage, which may wait for a gap)."""
+    where = f"learner {learner_id}'s progress on version {base_version} of fragment {fragment}"
+    if base_version < newest_merged:
+        return "already_merged", (
+            f"learner {learner_id}'s progress on version {newest_merged} of fragment {fragment} is merged, "
+            f"so none on the older version {base_version} is taken: take version {current}"
+        )
+    if since < start:
+        return "already_merged", (
+            f"{where} through step {start} is merged already (this contribution starts after step {since}): "
+            f"send only the progress after step {start}, or take version {current}"
+        )
+    if previous is None or previous.base_version != base_version:
+        expected = start
+    else:
+        where_now = relation(previous, since, through)
+        if where_now == "overlaps":
+            return "overlaps_pending", (
+                f"learner {learner_id}'s pending contribution on version {base_version} of fragment "
+                f"{fragment} holds steps {previous.since + 1} to {previous.through}; this one holds "
+                f"steps {since + 1} to {through}"
+            )
+        fits = {
+            "after": since == previous.through,
+            "before": since == start and through == previous.since,
+            "covers": since == start,
+        }[where_now]
+        expected = since if fits else (previous.through if where_now == "after" else start)
+    if in_order and since != expected:
+        return "out_of_order", (
+            f"{where} is held through step {expected}; this contribution starts after step {since}: send "
+            f"the progress after step {expected} first"
+        )
+    return None
+
+
+def progress_refusal(
+    previous: Contribution | None,
+    *,
+    learner_id: str,
+    fragment: int,
+    base_version: int,
+    since: int,
+    steps: int,
+    tokens: int,
+    newest_merged: int,
+    start: int,
+    current: int,
+    in_order: bool,
+) -> tuple[int, str, str] | None:
+    """Why a contribution cannot be taken, as (HTTP status, code, reason), or None when it can: a
+    :func:`progress_conflict` (409), or a sum with the pending part it continues that is beyond the
+    bounds of one contribution (400, :func:`fold_problem`)."""
+    through = since + steps
+    conflict = progress_conflict(
+        previous,
+        learner_id=learner_id,
+        fragment=fragment,
+        base_version=base_version,
+        since=since,
+        through=through,
+        newest_merged=newest_merged,
+        start=start,
+        current=current,
+        in_order=in_order,
+    )
+    if conflict is not None:
+        return 409, *conflict
+    if previous is None or previous.base_version != base_version:
+        return None
+    if relation(previous, since, through) not in ("after", "before"):
+        return None
+    problem = fold_problem(previous, steps, tokens)
+    return (400, "bad_request", problem) if problem is not None else None

@@ -96,5 +96,5 @@ class Fragments:
         return {
             p: d
             for p in self.settings.owned_fragments
-            if p in self._states and (d := self._states[p].initial_digest) is not None
+            if p in self._states and (d := self._states[p].served.initial_digest) is not None
         }

@@ -322,7 +322,7 @@ class SyncService:
         With ``announce_rounds``, a round on version ``newer_than`` that this learner has not joined
         answers early with :class:`RoundOpen`: the learner is asked for its partial progress. A
         learner that holds version ``have`` exactly gets, with compressed downloads, the update from
-        it, or the first link of the chain of updates from it (``FragmentState.payload_for``).
+        it, or the first link of the chain of updates from it (``Publication.payload_for``).
         """
         fs = self.fragments.get(p)
         news = await fs.wait_newer(
@@ -330,7 +330,7 @@ class SyncService:
         )
         if news == "round":
             return RoundOpen(newer_than, self.policy.grace_left(fs.round, self.clock()))
-        sent = fs.payload_for(have, newer_than)
+        sent = fs.served.payload_for(have, newer_than)
         if news is None or sent is None:
             return None
         version, payload = sent

@@ -49,7 +49,7 @@ def test_initial_parameters_are_taken_once_and_a_failed_init_can_be_retried() ->
     assert (fs.phase, fs.version) == ("uninitialised", -1)
     fs.begin_init()
     fs.finish_init(initial_params(PLAN, 0), b"v0", 5.0, QUORUM, digest="0" * 32)
-    assert (fs.phase, fs.version, fs.payload_for(-1, -1)) == ("open", 0, (0, b"v0"))
+    assert (fs.phase, fs.version, fs.served.payload_for(-1, -1)) == ("open", 0, (0, b"v0"))
     assert (fs.round.version, fs.round.opened_at) == (0, 5.0)
     with pytest.raises(TransitionError):
         fs.begin_init()
@@ -134,7 +134,7 @@ def test_merge_then_commit_publishes_the_version_and_settle_frees_the_fragment()
         quorum=QUORUM,
         update=b"u1",
     )
-    assert (fs.phase, fs.version, fs.payload_for(-1, -1), fs.rounds, fs.outer) == (
+    assert (fs.phase, fs.version, fs.served.payload_for(-1, -1), fs.rounds, fs.outer) == (
         "committed",
         1,
         (1, b"v1"),
@@ -142,7 +142,7 @@ def test_merge_then_commit_publishes_the_version_and_settle_frees_the_fragment()
         new_outer,
     )
     # compressed downloads: the update only to a reader holding the previous version exactly
-    assert (fs.payload_for(0, 0), fs.payload_for(1, 1), fs.payload_for(-1, -1)) == (
+    assert (fs.served.payload_for(0, 0), fs.served.payload_for(1, 1), fs.served.payload_for(-1, -1)) == (
         (1, b"u1"), (1, b"v1"), (1, b"v1"),
     )  # fmt: skip
     assert fs.applied[-2:] == (b.key, a.key)
@@ -232,10 +232,11 @@ def test_an_opening_round_wakes_the_learners_that_have_not_joined_it() -> None:
     assert asyncio.run(scenario()) == ("round", None, None, False)
 
 
-def refusal(fs: FragmentState, *args: object, **kwargs: bool) -> str:
-    """``fs.conflict(...)`` as "code: reason", "" when the contribution may be taken."""
-    found = fs.conflict(*args, **kwargs)  # type: ignore[arg-type]
-    return f"{found[0]}: {found[1]}" if found else ""
+def refusal(fs: FragmentState, learner: str, base: int, since: int, through: int, **kwargs: bool) -> str:
+    """``fs.refusal(...)`` of the steps ``since < step <= through`` (one token a step) as "code:
+    reason", "" when the contribution may be taken."""
+    found = fs.refusal(learner, base, since, through - since, through - since, **kwargs)
+    return f"{found[1]}: {found[2]}" if found else ""
 
 
 def progress(
@@ -407,8 +408,8 @@ def test_a_reader_several_versions_behind_walks_the_chain_of_updates_while_it_is
             now=float(version), quorum=QUORUM, update=b"u%d" % version,
         )  # fmt: skip
         fs.settle()
-    assert fs.payload_for(0, 0) == (1, b"u1")  # the first link: the reader asks again from version 1
-    assert fs.payload_for(1, 1) == (2, b"u2")
-    assert fs.payload_for(2, 2) == (3, b"u3")
-    assert fs.payload_for(0, 2) == (3, b"v" * 200)  # it says it has a newer one than it holds: whole
-    assert fs.payload_for(-1, 0) == (3, b"v" * 200)  # holds nothing exactly
+    assert fs.served.payload_for(0, 0) == (1, b"u1")  # the first link: the reader asks again from version 1
+    assert fs.served.payload_for(1, 1) == (2, b"u2")
+    assert fs.served.payload_for(2, 2) == (3, b"u3")
+    assert fs.served.payload_for(0, 2) == (3, b"v" * 200)  # it says it has a newer one than it holds: whole
+    assert fs.served.payload_for(-1, 0) == (3, b"v" * 200)  # holds nothing exactly
