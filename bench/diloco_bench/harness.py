@@ -153,7 +153,7 @@ class DiLoCoRun:
                 if ln.counters.unsent(p):
                     self.send(ln, p, end, push_only=True)
         for p in range(len(self.plan.fragments)):
-            self.publish(p, self.syncer.flush(p), end)  # the learners receive the final version too
+            self.publish(p, self.syncer.flush(p, end), end)  # the learners receive the final version too
 
     def boundary(self, ln: SimLearner, now: float) -> None:
         ln.clock = now
@@ -182,18 +182,14 @@ class DiLoCoRun:
     def asked(self, ln: SimLearner) -> list[int]:
         """The fragments whose open round pulls this learner's partial progress now (the worker's rule)."""
         out = []
-        for p, state in enumerate(self.syncer.state):
-            c = ln.counters[p]
-            if (
-                state is not None
-                and ln.index not in self.syncer.pending[p]
-                and should_send_partial(
-                    requested_version=state.version,
-                    base_version=c.base_version,
-                    steps=c.steps,
-                    sent_at=c.sent_at,
-                    pending=False,
-                )
+        for p in range(len(self.plan.fragments)):
+            c, requested = ln.counters[p], self.syncer.round_for(p, ln.index)
+            if requested is not None and should_send_partial(
+                requested_version=requested,
+                base_version=c.base_version,
+                steps=c.steps,
+                sent_at=c.sent_at,
+                pending=False,
             ):
                 out.append(p)
         return out
@@ -202,7 +198,7 @@ class DiLoCoRun:
         contribution, nbytes = ln.contribution(p)
         ln.bytes_up += nbytes
         if push_only:
-            self.syncer.queue(p, contribution)
+            self.syncer.queue(p, contribution, now)
         else:
             self.publish(p, self.syncer.submit(p, contribution, now), now)
         return nbytes

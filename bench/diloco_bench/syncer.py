@@ -1,7 +1,9 @@
-"""The synchronizer in virtual time: the real round policy (``diloco_core.rounds``) decides when each
-fragment merges, and the round the synchronizer service runs (``diloco_core.screening.screened_round``:
-the checks and the norm bound with its history, then ``diloco_core.round_math``'s token and staleness
-weights, RDA or mean, Nesterov or Delayed Nesterov) computes each new version."""
+"""The synchronizer in virtual time: each fragment is the synchronizer service's own
+``diloco_sync.fragment_state.FragmentState`` (what waits, continuations, the round, exclusions, the
+in-order checks), the round policy (``diloco_core.rounds``) decides when it merges, and the round the
+service runs (``diloco_core.screening.screened_round``: the checks and the norm bound with its history,
+then ``diloco_core.round_math``'s token and staleness weights, RDA or mean, Nesterov or Delayed
+Nesterov) computes each new version."""
 
 from __future__ import annotations
 
@@ -15,14 +17,16 @@ from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import FragmentPlan
 from diloco_core.outer import OuterState
 from diloco_core.round_math import RoundResult
-from diloco_core.screening import NormHistory, screened_round, tensors_norm
+from diloco_core.screening import screened_round, tensors_norm
+from diloco_sync.contribution import Contribution
+from diloco_sync.fragment_state import FragmentState
 
 Arrays = dict[str, np.ndarray]
 
 
 @dataclass
-class Pending:
-    """A contribution waiting for its fragment's next round."""
+class Sent:
+    """What a learner sends for one fragment: its progress since its previous send on ``base_version``."""
 
     learner: int
     base_version: int
@@ -42,7 +46,7 @@ class Release:
 
 
 class Syncer:
-    """Every fragment's version, outer state, pending contributions and open round; ``alive`` learners."""
+    """Every fragment's state as the service keeps it, its grace deadline, and ``alive`` learners."""
 
     def __init__(
         self,
@@ -55,52 +59,92 @@ class Syncer:
         """``block_size``: the block of a blocked download codec (``settings.down_codec``)."""
         self.settings, self.alive, self.plan = settings, alive, plan
         self.block_size = block_size
-        self.global_params = {n: v.copy() for n, v in params.items()}
-        P = len(plan.fragments)
-        self.versions = [0] * P
-        self.outer = [OuterState() for _ in range(P)]
-        self.pending: list[dict[int, Pending]] = [{} for _ in range(P)]
-        self.state: list[rounds.RoundState | None] = [None] * P
-        self.deadlines: list[float | None] = [None] * P
+        self.fragments = [FragmentState(f) for f in plan.fragments]
+        for fs in self.fragments:
+            fs.restore(
+                version=0,
+                params={n: params[n].copy() for n in fs.spec.names},
+                payload=b"",  # the harness hands versions over as ``Release``
+                outer=OuterState(),
+                applied=(),
+                rounds=0,
+                now=0.0,
+                quorum=settings.quorum,
+            )
+        self.deadlines: list[float | None] = [None] * len(plan.fragments)
         self.step_time = 1.0
         self.rounds = 0
         self.participants = 0
         self.merged_steps = 0.0  # learner-steps, weighted by the fragment's share of the model
         self.norm_ratios: list[float] = []
-        self.norms = [NormHistory() for _ in range(P)]  # per fragment, as the synchronizer commits it
-        self.excluded = 0  # contributions the checks refused
+        self._seq = 0  # of the contributions, so that each has its own idempotency key
+
+    @property
+    def global_params(self) -> Arrays:
+        return {n: v for fs in self.fragments for n, v in (fs.params or {}).items()}
+
+    @property
+    def versions(self) -> list[int]:
+        return [fs.version for fs in self.fragments]
+
+    @property
+    def outer(self) -> list[OuterState]:
+        return [fs.outer for fs in self.fragments]
+
+    @property
+    def excluded(self) -> int:
+        """Contributions the rounds' checks excluded."""
+        return sum(fs.excluded for fs in self.fragments)
 
     def fragment(self, p: int) -> Arrays:
-        return {n: self.global_params[n] for n in self.plan.fragments[p].names}
+        params = self.fragments[p].params
+        assert params is not None
+        return params
 
-    def submit(self, p: int, c: Pending, now: float) -> Release | None:
-        """Queue a contribution (the progress after the learner's previous send on its base: it adds
-        to a pending one on the same base) and merge if the round policy says so."""
-        c = self.queue(p, c)
-        self._add(p, c, now)
+    def round_for(self, p: int, learner: int) -> int | None:
+        """The version of fragment ``p``'s round that is open without ``learner`` in it (the rule the
+        service's long-poll announces rounds by), or None."""
+        fs = self.fragments[p]
+        return fs.round.version if fs.round_open_for(str(learner), fs.version) else None
+
+    def submit(self, p: int, sent: Sent, now: float) -> Release | None:
+        """Take a learner's progress (it adds to its pending progress on the same base) and merge if
+        the round policy says so."""
+        self.queue(p, sent, now)
         return self.consider(p, now)
 
-    def queue(self, p: int, c: Pending) -> Pending:
-        """Put a contribution among fragment ``p``'s pending ones without asking the round policy
-        (the final flush); a pending one of the same learner on the same base takes it as a
-        continuation. Returns what is now pending for that learner."""
-        previous = self.pending[p].get(c.learner)
-        if previous is not None and previous.base_version == c.base_version:
-            summed = {n: previous.tensors[n] + c.tensors[n] for n in c.tensors}
-            c = Pending(
-                c.learner, c.base_version, previous.steps + c.steps, previous.tokens + c.tokens, summed
-            )
-        self.pending[p][c.learner] = c
-        return c
+    def queue(self, p: int, sent: Sent, now: float) -> None:
+        """Take a learner's progress without asking the round policy (the final flush), checked in
+        order as the service checks every contribution."""
+        fs, learner = self.fragments[p], str(sent.learner)
+        pending = fs.pending.get(learner)
+        on_base = pending is not None and pending.base_version == sent.base_version
+        since = pending.through if on_base and pending else fs.progress_start(learner, sent.base_version)
+        refused = fs.refusal(learner, sent.base_version, since, sent.steps, sent.tokens)
+        if refused is not None:
+            raise ValueError(f"the harness sent what the synchronizer refuses: {refused[2]}")
+        self._seq += 1
+        c = Contribution(
+            learner_id=learner,
+            fragment=p,
+            base_version=sent.base_version,
+            seq=self._seq,
+            steps=sent.steps,
+            tokens=sent.tokens,
+            tensors=sent.tensors,
+            nbytes=0,
+            received_at=now,
+            since=since,
+        )
+        fs.accept(c, self.settings.quorum)
 
     def consider(self, p: int, now: float) -> Release | None:
         """Merge fragment ``p`` if the round policy says so; returns the new version as it goes down."""
-        state = self.state[p]
-        if state is None:
+        fs, s = self.fragments[p], self.settings
+        if not fs.pending:
             return None
-        s = self.settings
         d = rounds.decide(
-            state,
+            fs.round,
             now=now,
             quorum=s.quorum,
             alive=self.alive,
@@ -112,64 +156,63 @@ class Syncer:
             max_staleness=s.max_staleness,
         )
         if d.excluded:
-            for learner, _ in d.excluded:
-                self.pending[p].pop(int(learner), None)
-            self.state[p] = rounds.open_round(p, self.versions[p], state.opened_at)
-            for c in self.pending[p].values():
-                self._add(p, c, state.opened_at)
+            fs.exclude([learner for learner, _ in d.excluded], s.quorum)
         if d.action == "wait":
             self.deadlines[p] = d.deadline
             return None
-        return self._merge(p, [self.pending[p].pop(int(n)) for n in d.participants])
+        return self._merge(p, fs.start_merge(d.participants), now) if d.participants else None
 
-    def flush(self, p: int) -> Release | None:
+    def flush(self, p: int, now: float) -> Release | None:
         """At the end of a run: merge whatever fresh contributions are pending, quorum or not."""
-        fresh = [
-            c
-            for c in self.pending[p].values()
-            if not rounds.is_stale(c.base_version, self.versions[p], self.settings.max_staleness)
+        fs, s = self.fragments[p], self.settings
+        stale = [
+            n for n, c in fs.pending.items() if rounds.is_stale(c.base_version, fs.version, s.max_staleness)
         ]
-        self.pending[p] = {}
-        return self._merge(p, sorted(fresh, key=lambda c: c.learner))
-
-    def _add(self, p: int, c: Pending, now: float) -> None:
-        state = self.state[p] or rounds.open_round(p, self.versions[p], now)
-        entry = rounds.RoundEntry(str(c.learner), c.base_version, c.steps, c.tokens, now)
-        self.state[p] = rounds.add_contribution(
-            state, entry, quorum=self.settings.quorum, max_staleness=self.settings.max_staleness
-        )
-
-    def _merge(self, p: int, contribs: list[Pending]) -> Release | None:
-        self.deadlines[p], self.state[p] = None, None
-        if not contribs:
+        fs.exclude(stale, s.quorum)
+        if not fs.pending:
             return None
-        frag = self.plan.fragments[p]
+        return self._merge(p, fs.start_merge(sorted(fs.pending, key=lambda n: (len(n), n))), now)
+
+    def _merge(self, p: int, contribs: list[Contribution], now: float) -> Release | None:
+        self.deadlines[p] = None
+        fs = self.fragments[p]
+        assert fs.params is not None
         screened = screened_round(
-            frag,
-            self.fragment(p),
-            self.outer[p],
-            self.versions[p],
+            fs.spec,
+            fs.params,
+            fs.outer,
+            fs.version,
             contribs,
             self.settings,
-            self.norms[p],
+            fs.norms,
             down_block_size=self.block_size,
         )
-        self.excluded += len(screened.excluded)
         result = screened.result
         if result is None:
+            fs.reject()
             return None
-        self.norms[p] = screened.history.after(screened.norms, tensors_norm(result.update))
-        contribs = list(screened.merged)
-        if len(contribs) > 1 and frag.kind == "dense":
-            mean_norm = statistics.fmean(_norm(c.tensors) for c in contribs)
+        merged = list(screened.merged)
+        if len(merged) > 1 and fs.spec.kind == "dense":
+            mean_norm = statistics.fmean(_norm(c.tensors) for c in merged)
             if mean_norm > 0:
                 self.norm_ratios.append(_norm(result.update) / mean_norm)
         release = self._release(p, result)
-        self.global_params.update(release.params)
-        self.outer[p], self.versions[p] = result.outer, result.version
+        fs.commit(
+            version=result.version,
+            params=release.params,
+            payload=b"",
+            outer=result.outer,
+            now=now,
+            quorum=self.settings.quorum,
+            norms=screened.history.after(screened.norms, tensors_norm(result.update)),
+            excluded=len(screened.excluded),
+            update=result.down_blob,
+            merged={c.key for c in merged},
+        )
+        fs.settle()
         self.rounds += 1
-        self.participants += len(contribs)
-        self.merged_steps += sum(c.steps for c in contribs) * frag.numel / self.plan.num_params
+        self.participants += len(merged)
+        self.merged_steps += sum(c.steps for c in merged) * fs.spec.numel / self.plan.num_params
         return release
 
     def _release(self, p: int, result: RoundResult) -> Release:
