@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from dataclasses import replace
 from typing import get_args
 
 from diloco_core.config import Quantizer
@@ -32,25 +31,25 @@ def methods(a: argparse.Namespace) -> list[runs.Method]:
     M, H = a.learners, a.inner_steps
     base = experiment.with_outer([runs.decoupled(M, inner_steps=H)], a)[0]
     lr, mom = a.large_h_outer_lr, a.large_h_outer_momentum
-    mom = base.outer_momentum if mom is None else mom
-    outer = f"outer lr {lr:g}" + (f", momentum {mom:g}" if mom != base.outer_momentum else "")
+    mom = base.settings.outer_momentum if mom is None else mom
+    outer = f"outer lr {lr:g}" + (f", momentum {mom:g}" if mom != base.settings.outer_momentum else "")
     rows = [
-        *(replace(base, name=f"H = {big}, {outer} (int4)", inner_steps=big, outer_lr=lr, outer_momentum=mom)
+        *(base.but(f"H = {big}, {outer} (int4)", inner_steps=big, outer_lr=lr, outer_momentum=mom)
           for big in a.large_h),
-        replace(base, name="int4 + error feedback", error_feedback=True),
-        replace(base, name="int2 + error feedback", codec="int2", error_feedback=True),
-        replace(base, name="int1 + error feedback", codec="int1", error_feedback=True),
-        replace(base, name=f"top-k (8/{a.quant_block}) + error feedback", codec="topk", block_size=a.quant_block,
+        base.but("int4 + error feedback", error_feedback=True),
+        base.but("int2 + error feedback", codec="int2", error_feedback=True),
+        base.but("int1 + error feedback", codec="int1", error_feedback=True),
+        base.but(f"top-k (8/{a.quant_block}) + error feedback", codec="topk", block_size=a.quant_block,
                 error_feedback=True),
-        replace(base, name=f"int4, down {a.down_codec}", down_codec=a.down_codec),
-        *(replace(base, name=f"H = {big}: {a.up_codec} + EF up, {a.down_codec} down", codec=a.up_codec,
+        base.but(f"int4, down {a.down_codec}", down_codec=a.down_codec),
+        *(base.but(f"H = {big}: {a.up_codec} + EF up, {a.down_codec} down", codec=a.up_codec,
                   down_codec=a.down_codec, block_size=a.quant_block, error_feedback=True, inner_steps=big,
                   outer_lr=lr, outer_momentum=mom) for big in a.large_h),
     ]  # fmt: skip
     return [
         runs.data_parallel(M, "fp32"),
         runs.data_parallel(M, "bf16"),
-        replace(base, name=f"decoupled (int4), H = {H}"),
+        base.but(f"decoupled (int4), H = {H}"),
         *rows,
     ]
 
@@ -106,9 +105,9 @@ def main(argv: list[str]) -> int:
     p = parser()
     a = p.parse_args(argv)
     experiment.check_inner_steps(p, a.inner_steps)
-    if min(a.large_h) < runs.Method.fragments:
+    if min(a.large_h) < runs.BENCH_SETTINGS.fragments:
         p.error(
-            f"--large-h must be at least {runs.Method.fragments} (one offset per fragment), got {a.large_h}"
+            f"--large-h must be at least {runs.BENCH_SETTINGS.fragments} (one offset per fragment), got {a.large_h}"
         )
     if a.steps < max(a.inner_steps, *a.large_h):
         p.error(f"--steps ({a.steps}) must be at least --inner-steps and --large-h to see a sync")

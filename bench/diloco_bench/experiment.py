@@ -6,11 +6,11 @@ import argparse
 import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from diloco_bench import plots
-from diloco_bench.runs import Method, RunResult
+from diloco_bench.runs import BENCH_SETTINGS, Method, RunResult
 from diloco_bench.workload import Workload
 
 
@@ -33,14 +33,14 @@ def parser(prog: str, description: str | None, *, steps: int, seeds: str = "0") 
         help="cpu or cuda: where every learner and the data-parallel "
         "baseline train (bf16 autocast on CUDA)",
     )
-    p.add_argument("--outer-lr", type=float, default=Method.outer_lr, help="outer SGD learning rate")
+    p.add_argument("--outer-lr", type=float, default=BENCH_SETTINGS.outer_lr, help="outer SGD learning rate")
     p.add_argument(
-        "--outer-momentum", type=float, default=Method.outer_momentum, help="outer Nesterov momentum"
+        "--outer-momentum", type=float, default=BENCH_SETTINGS.outer_momentum, help="outer Nesterov momentum"
     )
     p.add_argument(
         "--outer-warmup",
         type=int,
-        default=Method.outer_warmup,
+        default=BENCH_SETTINGS.outer_warmup,
         help="outer steps per fragment over which the outer learning rate rises to --outer-lr (0: none)",
     )
     output_flags(p)
@@ -70,16 +70,16 @@ def workload_from(a: argparse.Namespace) -> Workload:
 def with_outer(methods: Sequence[Method], a: argparse.Namespace) -> list[Method]:
     """The DiLoCo methods with the outer optimizer of the flags."""
     return [
-        replace(m, outer_lr=a.outer_lr, outer_momentum=a.outer_momentum, outer_warmup=a.outer_warmup)
+        m.but(outer_lr=a.outer_lr, outer_momentum=a.outer_momentum, outer_warmup=a.outer_warmup)
         for m in methods
     ]
 
 
 def check_inner_steps(p: argparse.ArgumentParser, inner_steps: int) -> None:
     """Decoupled runs use P = 4 fragments with distinct offsets and overlap 2: H must be at least 4."""
-    if inner_steps < Method.fragments:
+    if inner_steps < BENCH_SETTINGS.fragments:
         p.error(
-            f"--inner-steps must be at least {Method.fragments} (one offset per fragment), got {inner_steps}"
+            f"--inner-steps must be at least {BENCH_SETTINGS.fragments} (one offset per fragment), got {inner_steps}"
         )
 
 

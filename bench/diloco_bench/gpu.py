@@ -7,7 +7,7 @@ over bytes), bf16 autocast, the worker's optimizer (fused AdamW on CUDA). Measur
    step, tokens/s and MFU against the device's dense bf16 peak (``--peak-tflops`` to set it), and
    the compiler's start-up time. The loop is the worker's: no host synchronisation within a step,
    the loss read once at the end, batches from pinned memory.
-2. the step boundary of the learner's device path (``diloco_worker.anchors.DeviceAnchors``) for
+2. the step boundary of the learner's device path (``diloco_worker.device_anchors.DeviceAnchors``) for
    every fragment of a ``--fragments`` plan: the training thread's time to queue ``anchor -
    params`` + quantization + the copy to pinned memory, the time until that is done (side
    stream), hence G parameters/s of the quantizer; and applying a global version (the poller's
@@ -35,8 +35,9 @@ import torch
 from diloco_core import codec
 from diloco_core.config import ModelSettings, TrainSettings
 from diloco_core.fragments import build_plan
-from diloco_worker.anchors import DeviceAnchors, HostAnchors
+from diloco_worker.anchors import HostAnchors
 from diloco_worker.data import BatchStream, Shard, eval_batches, load_corpus, split_corpus
+from diloco_worker.device_anchors import DeviceAnchors
 from diloco_worker.hardware import peak_flops
 from diloco_worker.model import EMBEDDING_NAMES, build_gpt, flops_per_token, lm_loss
 from diloco_worker.train import autocast_for, lr_at, make_optimizer

@@ -110,12 +110,9 @@ class DiLoCoRun:
         probe = build_gpt(model_settings(w, seed))
         shapes = [(n, tuple(p.shape)) for n, p in probe.named_parameters()]
         emb = [n for n, _ in shapes if n in EMBEDDING_NAMES]
-        self.plan = build_plan(
-            shapes, method.fragments, method.inner_steps, method.overlap, embedding_names=emb
-        )
-        self.syncer = Syncer(
-            method.settings(), method.learners, self.plan, to_numpy(probe), method.block_size
-        )
+        s = method.settings
+        self.plan = build_plan(shapes, s.fragments, s.inner_steps, s.overlap, embedding_names=emb)
+        self.syncer = Syncer(method.settings, method.learners, self.plan, to_numpy(probe), method.block_size)
         self.learners = [
             SimLearner(m, method, w, timing, corpus, self.plan, seed) for m in range(method.learners)
         ]

@@ -12,7 +12,6 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from diloco_bench import experiment, harness, plots, runs, workload
@@ -63,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     p = _parser()
     if "--defaults" in argv:
-        d = runs.product_defaults()
+        d = runs.product_defaults().settings
         p.set_defaults(
             inner_steps=d.inner_steps,
             outer_lr=d.outer_lr,
@@ -76,11 +75,11 @@ def main(argv: list[str]) -> int:
     experiment.check_inner_steps(p, a.inner_steps)
     w, seeds = experiment.workload_from(a), experiment.seeds_from(a.seeds)
     decoupled = (
-        replace(runs.product_defaults(a.learners), inner_steps=a.inner_steps)
+        runs.product_defaults(a.learners).but(inner_steps=a.inner_steps)
         if a.defaults
         else runs.decoupled(a.learners, inner_steps=a.inner_steps)
     )
-    decoupled = replace(decoupled, delayed_nesterov=a.delayed_nesterov or decoupled.delayed_nesterov)
+    decoupled = decoupled.but(delayed_nesterov=a.delayed_nesterov or decoupled.settings.delayed_nesterov)
     by_key = {
         "dp": [runs.data_parallel(a.learners)],
         "sync": [runs.diloco_sync(a.learners, a.inner_steps)],
@@ -88,7 +87,7 @@ def main(argv: list[str]) -> int:
     }
     if a.after_version_schedule:
         by_key["decoupled"].append(
-            replace(decoupled, name=f"{decoupled.name}, after-version schedule", schedule="after-version")
+            decoupled.but(f"{decoupled.name}, after-version schedule", schedule="after-version")
         )
     keys = [k.strip() for k in a.only.split(",") if k.strip()] or list(by_key)
     if unknown := sorted(set(keys) - set(by_key)):

@@ -3,70 +3,56 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
-from diloco_core.config import DiLoCoSettings, Quantizer, Schedule
+from diloco_core.config import DiLoCoSettings, Quantizer
 
 WIRE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
+# The benchmarks' base settings: the job's (``DiLoCoSettings``) where it names them, else these, which the
+# experiments measured before the job's defaults moved; ``product_defaults`` runs the job's own.
+BENCH_SETTINGS = DiLoCoSettings(
+    codec="int4",
+    down_codec="fp32",
+    error_feedback=False,
+    outer_lr=0.7,
+    outer_momentum=0.5,  # 0.9 in the papers' long runs; 0.5 does better over ~8 outer steps
+    outer_warmup=0,
+)
+
+
 @dataclass(frozen=True)
 class Method:
-    """How the learners cooperate. ``quorum = 0`` means all learners (K = M)."""
+    """A way for learners to cooperate: a name and the job's settings (``DiLoCoSettings``, exactly as a
+    job would set them), with what only the harness varies: data-parallel or DiLoCo, how many learners,
+    whether they block on each merge, whether an open round pulls partial progress (``partial``: off by
+    default so that the experiments measured without it keep their figures), the wire of data-parallel's
+    gradients, and the block of the blocked quantizers (both directions; top-k keeps 8 values a block)."""
 
     name: str
+    settings: DiLoCoSettings = BENCH_SETTINGS
     kind: Literal["dp", "diloco"] = "diloco"
     learners: int = 4
-    inner_steps: int = 16
-    fragments: int = 4
-    overlap: int = 2
-    quorum: int = 1
-    grace_gamma: float = 0.5
-    grace_cap_steps: float = 1.0
-    codec: Quantizer = "int4"
-    merge_rule: Literal["rda", "mean"] = "rda"
-    token_weighting: bool = True
     blocking: bool = False
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.5  # 0.9 in the papers' long runs; 0.5 does better over ~8 outer steps
-    delayed_nesterov: int = 0  # apply the outer momentum every N contributions (0: plain Nesterov)
-    outer_warmup: int = 0  # outer steps over which the outer learning rate rises to outer_lr
-    staleness_power: float = 0.0  # weight x (1 + staleness)^-power
-    max_staleness: int = 4
-    dp_wire: str = "fp32"
-    # an open round pulls the partial progress of the other learners (never in blocking modes); off by
-    # default so that the experiments measured without it keep their figures; ``hetero`` turns it on
     partial: bool = False
-    error_feedback: bool = (
-        False  # learners carry each fragment's quantization residual into its next outer gradient
-    )
-    schedule: Schedule = "fixed"  # the papers' (t mod H = t_p); or "after-version"
-    down_codec: Quantizer = (
-        "fp32"  # fp32: every new version whole; otherwise its quantized difference to the previous one
-    )
-    block_size: int = 256  # of the blocked quantizers, both directions (topk keeps 8 values per block)
+    dp_wire: str = "fp32"
+    block_size: int = 256
 
-    def settings(self) -> DiLoCoSettings:
-        """The synchronizer's settings for this method (``quorum = 0``: every learner)."""
-        return DiLoCoSettings(
-            inner_steps=self.inner_steps,
-            fragments=self.fragments,
-            overlap=self.overlap,
-            quorum=self.quorum or self.learners,
-            grace_gamma=self.grace_gamma,
-            grace_cap_steps=self.grace_cap_steps,
-            outer_lr=self.outer_lr,
-            outer_momentum=self.outer_momentum,
-            delayed_nesterov=self.delayed_nesterov,
-            outer_warmup=self.outer_warmup,
-            codec=self.codec,
-            down_codec=self.down_codec,
-            merge_rule=self.merge_rule,
-            token_weighting=self.token_weighting,
-            staleness_power=self.staleness_power,
-            max_staleness=self.max_staleness,
-        )
+    def but(self, name: str | None = None, **changes: object) -> Method:
+        """This method renamed and with some of its fields or settings changed (``quorum=0``: every
+        learner); the settings are validated as a job's are."""
+        own = {k: v for k, v in changes.items() if k in _METHOD_FIELDS}
+        learners = own.get("learners", self.learners)
+        asked = {k: v for k, v in changes.items() if k not in _METHOD_FIELDS}
+        if asked.get("quorum") == 0:
+            asked["quorum"] = learners
+        settings = DiLoCoSettings.model_validate({**self.settings.model_dump(), **asked})
+        return replace(self, name=name or self.name, settings=settings, **own)  # type: ignore[arg-type]
+
+
+_METHOD_FIELDS = frozenset(f.name for f in fields(Method)) - {"name", "settings"}
 
 
 def data_parallel(learners: int = 4, wire: str = "fp32") -> Method:
@@ -75,8 +61,7 @@ def data_parallel(learners: int = 4, wire: str = "fp32") -> Method:
 
 def diloco_sync(learners: int = 4, inner_steps: int = 16, wire: Quantizer = "fp32") -> Method:
     """Synchronous DiLoCo: K = M, P = 1, tau = 0, plain mean, learners wait for every merge."""
-    return Method(
-        f"DiLoCo sync ({wire})",
+    return Method(f"DiLoCo sync ({wire})").but(
         learners=learners,
         inner_steps=inner_steps,
         fragments=1,
@@ -92,35 +77,14 @@ def diloco_sync(learners: int = 4, inner_steps: int = 16, wire: Quantizer = "fp3
 
 def decoupled(learners: int = 4, wire: Quantizer = "int4", **kw: object) -> Method:
     """Decoupled DiLoCo: K = 1 + grace, token weights, RDA, P = 4 fragments, tau = 2."""
-    return replace(Method(f"decoupled ({wire})", learners=learners, codec=wire), **kw)  # type: ignore[arg-type]
+    name = str(kw.pop("name", f"decoupled ({wire})"))
+    return Method(name).but(None, learners=learners, codec=wire, **kw)
 
 
 def product_defaults(learners: int = 4) -> Method:
     """Decoupled DiLoCo at the job's defaults (``DiLoCoSettings()``, what the CRD, ``diloco run`` and the
-    commands use when a job sets nothing): the same settings, read from the one declaration."""
-    s = DiLoCoSettings()
-    return Method(
-        "decoupled (defaults)",
-        learners=learners,
-        inner_steps=s.inner_steps,
-        fragments=s.fragments,
-        overlap=s.overlap,
-        quorum=s.quorum,
-        grace_gamma=s.grace_gamma,
-        grace_cap_steps=s.grace_cap_steps,
-        codec=s.codec,
-        merge_rule=s.merge_rule,
-        token_weighting=s.token_weighting,
-        outer_lr=s.outer_lr,
-        outer_momentum=s.outer_momentum,
-        delayed_nesterov=s.delayed_nesterov,
-        outer_warmup=s.outer_warmup,
-        staleness_power=s.staleness_power,
-        max_staleness=s.max_staleness,
-        error_feedback=s.error_feedback,
-        schedule=s.schedule,
-        down_codec=s.down_codec,
-    )
+    commands use when a job sets nothing)."""
+    return Method("decoupled (defaults)", settings=DiLoCoSettings(), learners=learners)
 
 
 @dataclass(frozen=True)

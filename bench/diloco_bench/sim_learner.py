@@ -47,7 +47,7 @@ class SimLearner:
         self.tokens_per_step = w.batch_size * w.block_size
         params = to_numpy(self.model)
         self.anchors = [{n: params[n].copy() for n in f.names} for f in plan.fragments]
-        self.counters = FragmentCounters(plan, schedule=method.schedule)
+        self.counters = FragmentCounters(plan, schedule=method.settings.schedule)
         for f in plan.fragments:  # every learner starts from the global version 0
             self.counters.set_base(f.index, 0)
         self.inbox: dict[int, tuple[float, int, Arrays]] = {}
@@ -102,14 +102,14 @@ class SimLearner:
         self.anchors[p] = (
             params  # the next send before a new version carries only the progress after this one
         )
-        if self.method.error_feedback:
+        if self.method.settings.error_feedback:
             enc = feedback.encode(
                 delta,
                 self.residuals[p],
                 fragment=p,
                 base_version=c.base_version,
                 kind="outer_grad",
-                quantizer=self.method.codec,
+                quantizer=self.method.settings.codec,
                 block_size=self.method.block_size,
             )
             self.residuals[p], blob = enc.residual, enc.blob
@@ -119,7 +119,7 @@ class SimLearner:
                 fragment=p,
                 base_version=c.base_version,
                 kind="outer_grad",
-                quantizer=self.method.codec,
+                quantizer=self.method.settings.codec,
                 block_size=self.method.block_size,
             )
         decoded = codec.decode(blob, fragment=self.plan.fragments[p]).tensors

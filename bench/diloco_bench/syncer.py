@@ -97,7 +97,7 @@ class Syncer:
         return sum(fs.excluded for fs in self.fragments)
 
     def fragment(self, p: int) -> Arrays:
-        params = self.fragments[p].params
+        params: Arrays | None = self.fragments[p].params
         assert params is not None
         return params
 

@@ -6,9 +6,9 @@ flags (``inner_steps`` → ``--inner-steps``; a field of a nested section, ``mod
 ``--n-layer``) and environment variables (``DILOCO_INNER_STEPS``); :func:`read` collects what the
 command line and the environment give, and :func:`validate` builds the settings: a flag wins over
 its variable, which wins over a base (a ``--job-config`` file), which wins over the model's defaults.
-Values reach the model as text, so the constraints written on its fields judge them, and
-:func:`describe_errors`, the one rendering of validation errors, names each setting and where its
-value came from.
+Values reach the model as text, so the constraints written on its fields judge them, and the one
+rendering of validation errors (:mod:`diloco_core.validation_errors`) names each setting and where
+its value came from.
 
 ``Annotated[..., Cli(...)]`` on a field renames its flag, gives it a short form, or marks it secret
 (its value never appears in a message; ``SecretStr`` fields are secret anyway). Booleans get
@@ -31,6 +31,8 @@ import yaml
 from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
+
+from diloco_core.validation_errors import describe_errors, dotted
 
 ENV_PREFIX = "DILOCO_"
 M = TypeVar("M", bound=BaseModel)
@@ -338,25 +340,6 @@ def _where_given(given: Given, base: Mapping[str, Any], base_source: str) -> Cal
         return name
 
     return where
-
-
-def dotted(loc: Sequence[Any]) -> str:
-    """A location as ``a.b.0`` (empty for the whole object)."""
-    return ".".join(str(p) for p in loc)
-
-
-def describe_errors(
-    errors: Iterable[Mapping[str, Any]], where: Callable[[tuple[Any, ...]], str] = dotted
-) -> str:
-    """``where: message; where: message`` — the one rendering of validation errors (pydantic's and
-    FastAPI's ``errors()``); ``where(loc)`` names the place (empty: the message alone). Never shows
-    the offending input, which may be a secret."""
-    parts = []
-    for e in errors:
-        message = str(e.get("msg", "invalid")).removeprefix("Value error, ")
-        place = where(tuple(e.get("loc", ())))
-        parts.append(f"{place}: {message}" if place else message)
-    return "; ".join(parts)
 
 
 def _get(settings: BaseModel, path: FieldPath) -> Any:

@@ -83,9 +83,27 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.wire = service.wire
+    _add_error_handlers(app)
+    tokens = TokenCheck(
+        settings.job_secret.get_secret_value(), Revocations(settings.revocations_file).min_generation
+    )
+    _add_middleware(app, settings, tokens)
+    app.include_router(router)
+    _add_index_page(app)
+    _add_probe_routes(app, tokens)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Refusals (the API's own, invalid requests, the framework's) answered in the protocol's ``ErrorBody``."""
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)
+
+
+def _add_middleware(app: FastAPI, settings: SyncSettings, tokens: TokenCheck) -> None:
+    """The cap on JSON bodies, the per-learner limits and, in front of both, the token check."""
     app.add_middleware(JsonBodyLimit, limit=settings.max_json_body_bytes, exempt=is_binary_route)
     app.add_middleware(
         PerLearnerLimits,
@@ -93,17 +111,20 @@ def create_app(
         max_uploads=settings.max_uploads_per_learner,
         is_upload=is_binary_route,
     )
-    tokens = TokenCheck(
-        settings.job_secret.get_secret_value(), Revocations(settings.revocations_file).min_generation
-    )
     # added last, so it runs first: nothing about a learner route's request is read before this
     app.add_middleware(AuthenticateFirst, check=tokens, protects=is_learner_route)
-    app.include_router(router)
+
+
+def _add_index_page(app: FastAPI) -> None:
     page = resources.files("diloco_sync").joinpath("static/index.html").read_text(encoding="utf-8")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
         return HTMLResponse(page)
+
+
+def _add_probe_routes(app: FastAPI, tokens: TokenCheck) -> None:
+    """Liveness, readiness and metrics, for the kubelet and Prometheus."""
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> PlainTextResponse:
@@ -134,9 +155,6 @@ def create_app(
         svc: SyncService = request.app.state.service
         svc.refresh_gauges()
         return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    return app
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -80,9 +80,9 @@ def main(argv: list[str]) -> int:
     import uvicorn
 
     from .app import create_app
+    from .certificate import ServerCertificate
     from .connections import (
         ConnectionLimits,
-        ServerCertificate,
         effective_max_connections,
         guarded_protocol,
         open_files_limit,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from diloco_core.flags import describe_errors
 from diloco_core.protocol import ErrorBody
+from diloco_core.validation_errors import describe_errors
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse

@@ -315,12 +315,16 @@ def test_bandwidth_larger_h_rows_take_their_own_outer_optimizer() -> None:
     rows = {m.name: m for m in bandwidth.methods(a)}
     big = rows["H = 64, outer lr 1, momentum 0.7 (int4)"]
     combined = rows["H = 64: int1 + EF up, int1 down"]
-    assert (big.inner_steps, big.outer_lr, big.outer_momentum) == (64, 1.0, 0.7)
-    assert (combined.inner_steps, combined.outer_lr, combined.outer_momentum) == (64, 1.0, 0.7)
+    assert (big.settings.inner_steps, big.settings.outer_lr, big.settings.outer_momentum) == (64, 1.0, 0.7)
+    assert (combined.settings.inner_steps, combined.settings.outer_lr, combined.settings.outer_momentum) == (
+        64,
+        1.0,
+        0.7,
+    )
     today = rows["decoupled (int4), H = 16"]
-    assert (today.inner_steps, today.outer_momentum) == (16, 0.8)
+    assert (today.settings.inner_steps, today.settings.outer_momentum) == (16, 0.8)
     same = {m.name: m for m in bandwidth.methods(bandwidth.parser().parse_args(["--outer-momentum", "0.8"]))}
-    assert same["H = 64, outer lr 0.7 (int4)"].outer_momentum == 0.8
+    assert same["H = 64, outer lr 0.7 (int4)"].settings.outer_momentum == 0.8
 
 
 def test_bandwidth_takes_several_larger_h_values_one_row_each_in_order() -> None:
@@ -328,7 +332,7 @@ def test_bandwidth_takes_several_larger_h_values_one_row_each_in_order() -> None
     names = [m.name for m in bandwidth.methods(a)]
     assert names[3:5] == ["H = 32, outer lr 0.7 (int4)", "H = 128, outer lr 0.7 (int4)"]
     assert names[-2:] == ["H = 32: int2 + EF up, int2 down", "H = 128: int2 + EF up, int2 down"]
-    assert [m.inner_steps for m in bandwidth.methods(a)][-2:] == [32, 128]
+    assert [m.settings.inner_steps for m in bandwidth.methods(a)][-2:] == [32, 128]
     for bad in (["--large-h", "32,x"], ["--large-h", "0"], ["--large-h", ","], ["--large-h", "2"]):
         with pytest.raises(SystemExit):
             bandwidth.main(bad)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
-from diloco_bench.operator_scale import PodReality, Timeline, job_manifest, lags
+from diloco_bench.operator_cluster import job_manifest
+from diloco_bench.operator_scale import victims
+from diloco_bench.operator_watch import JobStatus, PodReality, Timeline, lags
 
 
 def timeline(*points: tuple[float, int]) -> Timeline:
@@ -57,3 +60,20 @@ def test_the_job_has_the_units_and_pods_asked_for() -> None:
     spec = job_manifest(100, 8)["spec"]
     assert len(spec["learnerUnits"]) == 100
     assert {u["replicas"] for u in spec["learnerUnits"]} == {8}
+
+
+def test_the_job_status_counts_the_events_that_carry_ready_units() -> None:
+    s = JobStatus()
+    s.on_event(0.1, {"status": {}}, "ADDED")
+    s.on_event(0.2, {"status": {"readyUnits": 1}}, "MODIFIED")
+    s.on_event(0.3, {"status": {"readyUnits": 1}}, "MODIFIED")
+    assert (s.updates, s.timeline.points) == (2, [(0.2, 1)])
+
+
+def test_the_victims_are_one_pod_of_each_of_the_first_units() -> None:
+    def p(name: str, unit: str | None) -> SimpleNamespace:
+        labels = {} if unit is None else {"diloco.dev/unit": unit}
+        return SimpleNamespace(metadata=SimpleNamespace(name=name, labels=labels))
+
+    pods = [p("j-b-0", "b"), p("j-a-1", "a"), p("sync", None), p("j-a-0", "a"), p("j-c-0", "c")]
+    assert victims(pods, 2) == ["j-a-0", "j-b-0"]

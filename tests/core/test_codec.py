@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from diloco_core import codec
+from diloco_core import codec, payload_header
 from diloco_core import quantize as q
 from diloco_core.codec import (
     CorruptPayload,
@@ -281,7 +281,7 @@ def test_any_real_payload_fits_its_fragment_bounds(names: list[str], quantizer: 
     tensors = {name: np.full((n, 1), 1e30, np.float32) for name in names}
     blob = encode(tensors, fragment=0, base_version=2**40, kind="params", quantizer=quantizer, block_size=8)
     inner = zstandard.ZstdDecompressor().decompress(blob[codec._PREFIX.size :])
-    assert struct.unpack_from("<I", inner)[0] <= codec.max_header_size(frag)
+    assert struct.unpack_from("<I", inner)[0] <= payload_header.max_header_size(frag)
     assert len(inner) <= codec.max_decoded_size(frag)
     assert set(decode(blob, fragment=frag).tensors) == set(names)
 

@@ -13,7 +13,6 @@ from diloco_core.flags import (
     SettingsError,
     add_flags,
     derive_flags,
-    describe_errors,
     read,
     read_document,
     to_argv,
@@ -21,6 +20,7 @@ from diloco_core.flags import (
     unknown_variables,
     validate,
 )
+from diloco_core.validation_errors import describe_errors
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 

@@ -9,13 +9,8 @@ import pytest
 import torch
 from diloco_core.codec import decode
 from diloco_core.fragments import build_plan
-from diloco_worker.anchors import (
-    DeviceAnchors,
-    HostAnchors,
-    StagedGlobal,
-    build_anchor_store,
-    choose_placement,
-)
+from diloco_worker.anchors import HostAnchors, build_anchor_store
+from diloco_worker.device_anchors import DeviceAnchors, StagedGlobal, choose_placement
 from diloco_worker.fragment_state import FragmentState
 from diloco_worker.model import EMBEDDING_NAMES, build_gpt
 

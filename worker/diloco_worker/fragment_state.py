@@ -11,7 +11,7 @@ When a fragment is due, and the rest of the counting, is ``diloco_core.learner.F
 (docs/algorithm.md §3.2); this module bridges it to the tensors.
 
 The tensors (anchors, ``anchor - params``, taking a global version) live in an
-:class:`~.anchors.AnchorStore`: numpy on the host, or torch on the learner's device.
+:class:`~.anchor_store.AnchorStore`: numpy on the host, or torch on the learner's device.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from diloco_core.fragments import FragmentPlan
 from diloco_core.learner import FragmentCounters, outer_gradient
 from torch import nn
 
-from .anchors import AnchorStore, HostAnchors, OuterDelta
+from .anchor_store import AnchorStore, OuterDelta
+from .anchors import HostAnchors
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import re
 from typing import Any, Literal
 
 from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrackingSettings, TrainSettings
-from diloco_core.flags import describe_errors, dotted
+from diloco_core.validation_errors import describe_errors, dotted
 from pydantic import (
     BaseModel,
     ConfigDict,
