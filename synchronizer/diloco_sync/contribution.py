@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 from diloco_core import rounds as policy
 from diloco_core.bounds import MAX_STEPS, MAX_TOKENS, MAX_TOKENS_PER_STEP
-from diloco_core.layout import contribution_key
+from diloco_core.layout import PendingMeta, contribution_key
 
 Arrays = dict[str, npt.NDArray[np.float32]]
 
@@ -52,6 +52,17 @@ class Contribution:
     def __post_init__(self) -> None:
         if self.through < 0:
             self.through = self.since + self.steps
+
+    @classmethod
+    def from_meta(
+        cls, meta: PendingMeta, tensors: Arrays, nbytes: int, storage_key: str | None = None
+    ) -> Contribution:
+        """A contribution from the record stored beside its payload (``PendingMeta``: the fields they share)."""
+        return cls(**meta.model_dump(), tensors=tensors, nbytes=nbytes, storage_key=storage_key)
+
+    def meta(self) -> PendingMeta:
+        """The record stored beside its payload (``persistence.put_pending``)."""
+        return PendingMeta(**{name: getattr(self, name) for name in PendingMeta.model_fields})
 
     @property
     def key(self) -> str:

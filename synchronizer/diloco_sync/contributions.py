@@ -191,19 +191,7 @@ class ContributionDesk:
             except ApiError:
                 self._delete_later([taken.storage_key] if taken.storage_key else [])
                 raise
-            c = Contribution(
-                learner_id=learner_id,
-                fragment=p,
-                base_version=base_version,
-                seq=seq,
-                steps=steps,
-                tokens=tokens,
-                tensors=taken.tensors,
-                nbytes=len(blob),
-                received_at=meta.received_at,
-                storage_key=taken.storage_key,
-                since=since,
-            )
+            c = Contribution.from_meta(meta, taken.tensors, len(blob), taken.storage_key)
             if c.storage_key is None:
                 self._hold_in_memory(c, blob)
             self._enqueue(fs, c)
@@ -295,17 +283,7 @@ class ContributionDesk:
             for c in [part for pending in list(fs.pending.values()) for part in pending.received()]:
                 blob = c.blob
                 if blob is not None and c.storage_key is None:
-                    meta = PendingMeta(
-                        learner_id=c.learner_id,
-                        fragment=c.fragment,
-                        base_version=c.base_version,
-                        seq=c.seq,
-                        steps=c.steps,
-                        tokens=c.tokens,
-                        received_at=c.received_at,
-                        since=c.since,
-                    )
-                    key = await anyio.to_thread.run_sync(self.store.put_pending, meta, blob)
+                    key = await anyio.to_thread.run_sync(self.store.put_pending, c.meta(), blob)
                     if fs.mark_durable(c, key):
                         self.guard.release(len(blob))
                     else:  # merged or superseded meanwhile

@@ -85,20 +85,6 @@ def _load_pending(
             log.warning("dropping unreadable pending contribution %s: %s", key, exc)
             store.delete(key)
             continue
-        out.append(
-            Contribution(
-                learner_id=meta.learner_id,
-                fragment=meta.fragment,
-                base_version=meta.base_version,
-                seq=meta.seq,
-                steps=meta.steps,
-                tokens=meta.tokens,
-                tensors=tensors,
-                nbytes=len(blob),
-                received_at=meta.received_at,
-                storage_key=key,
-                since=meta.since,
-            )
-        )
+        out.append(Contribution.from_meta(meta, tensors, len(blob), key))
     out.sort(key=lambda c: (c.received_at, c.key))
     return out

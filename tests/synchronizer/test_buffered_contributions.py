@@ -82,7 +82,7 @@ def test_the_learner_resends_a_buffered_contribution_until_it_is_durable(
     s3 = s3_server_factory()
     sync, _ = started(sync_factory, s3)
     client = SyncClient(sync.url, "a", learner_token(SECRET, "a"))
-    comm = Communicator(client, PLAN, CommSettings(quantizer="fp32", poll_wait_s=1.0), versions={0: 0, 1: 0})
+    comm = Communicator(client, PLAN, CommSettings(codec="fp32", poll_wait_s=1.0), versions={0: 0, 1: 0})
     comm.start()
     try:
         s3.stop()
@@ -109,7 +109,7 @@ def test_a_later_part_waits_for_the_buffered_ones_a_restart_lost_and_every_step_
     b = Learner(sync.url, "b", PLAN)
     assert b.register().status_code == 200
     client = SyncClient(sync.url, "a", learner_token(SECRET, "a"))
-    comm = Communicator(client, PLAN, CommSettings(quantizer="fp32", poll_wait_s=1.0), versions={0: 0, 1: 0})
+    comm = Communicator(client, PLAN, CommSettings(codec="fp32", poll_wait_s=1.0), versions={0: 0, 1: 0})
     comm.start()
 
     def part(seq: int) -> Outgoing:

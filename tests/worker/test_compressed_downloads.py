@@ -72,7 +72,7 @@ def test_the_learner_follows_every_version_through_updates_bit_for_bit(tmp_path:
     rng = np.random.default_rng(0)
     try:
         x, y, version0 = _initialised(sync, rng)
-        settings = CommSettings(quantizer="fp32", poll_wait_s=1.0, hold_versions=True)
+        settings = CommSettings(codec="fp32", poll_wait_s=1.0, hold_versions=True)
         comm = Communicator(x, PLAN, settings, versions={0: 0}, held={0: (0, version0)})
         comm.start()
         try:
@@ -119,7 +119,7 @@ def test_a_learner_several_versions_behind_walks_the_chain_of_updates(tmp_path: 
         for r in range(4):
             _contribute(y, rng, r)
             wait_for(lambda r=r: sync.versions()[0] == r + 1, timeout=30, what=f"version {r + 1}")
-        settings = CommSettings(quantizer="fp32", poll_wait_s=1.0, hold_versions=True)
+        settings = CommSettings(codec="fp32", poll_wait_s=1.0, hold_versions=True)
         comm = Communicator(x, PLAN, settings, versions={0: 0}, held={0: (0, version0)})
         comm.start()
         try:

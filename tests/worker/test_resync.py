@@ -53,9 +53,7 @@ def test_stale_contribution_is_refused_and_the_fragment_is_fetched_again(tmp_pat
         assert refused.value.code == "stale"
 
         # x believes it already has the newest version: only the resync can bring it back
-        comm = Communicator(
-            x, PLAN, CommSettings(quantizer="fp32", poll_wait_s=1.0), versions={0: new_version}
-        )
+        comm = Communicator(x, PLAN, CommSettings(codec="fp32", poll_wait_s=1.0), versions={0: new_version})
         comm.start()
         try:
             comm.submit(Outgoing(0, 0, 4, 16, 2, delta))

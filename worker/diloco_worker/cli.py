@@ -72,8 +72,8 @@ def main(argv: list[str]) -> int:
             )
             return 2
         log.info("health endpoint on %s:%d (/healthz, /readyz)", settings.health_host, server.port)
+    from .handshake import FatalSyncError
     from .learner import run_learner  # torch loads only once the settings are known to be valid
-    from .session import FatalSyncError
 
     startup.mark("imports")
 

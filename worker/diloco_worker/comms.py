@@ -66,7 +66,7 @@ class Progress:
 
 @dataclass(frozen=True)
 class CommSettings:
-    quantizer: str = "int4"
+    codec: str = "int4"  # the job's codec: the quantizer of the outer gradients on the wire
     heartbeat_interval_s: float = 2.0
     poll_wait_s: float = 10.0
     bandwidth_limit: float = 0.0
@@ -108,7 +108,7 @@ class Communicator:
         )
         self.sender = Sender(
             self.shards,
-            settings.quantizer,
+            settings.codec,
             settings.bandwidth_limit,
             self._stop,
             known_version=self.poller.known_version,

@@ -123,8 +123,8 @@ class FragmentState:
         """Fragments whose outer gradient should be sent now."""
         return self.counters.due()
 
-    def take_contribution(self, p: int, quantizer: str = "int4", error_feedback: bool = False) -> Outgoing:
-        """delta_p = A_p - theta_p (for a payload in ``quantizer``); the fragment is marked as sent and
+    def take_contribution(self, p: int, codec: str = "int4", error_feedback: bool = False) -> Outgoing:
+        """delta_p = A_p - theta_p (for a payload in ``codec``); the fragment is marked as sent and
         its anchor moves to the sent point.
 
         With ``error_feedback`` the payload is ``delta_p`` plus the fragment's residual, and the
@@ -133,8 +133,8 @@ class FragmentState:
         feedback thread encodes the payloads in the order they fell due (the next residual depends on
         each). Either way the training thread does not wait for the encoding."""
         c = self.counters.mark_sent(p)
-        if not error_feedback or self.store.feeds_back(quantizer):
-            delta = self.store.outer_gradient(p, quantizer, error_feedback)
+        if not error_feedback or self.store.feeds_back(codec):
+            delta = self.store.outer_gradient(p, codec, error_feedback)
             self.store.advance_anchor(p)
             return Outgoing(p, c.base_version, c.steps, c.tokens, c.seq, delta, since=c.since)
         params = {
@@ -143,7 +143,7 @@ class FragmentState:
         anchor = self.store.arrays(p)  # replaced, never written in place, by the anchor's next move
         if self._feedback is None:
             self._feedback = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"feedback-{id(self):x}")
-        job = self._feedback.submit(self._encode_with_feedback, p, anchor, params, c.base_version, quantizer)
+        job = self._feedback.submit(self._encode_with_feedback, p, anchor, params, c.base_version, codec)
         self.store.advance_anchor(p)
         return Outgoing(p, c.base_version, c.steps, c.tokens, c.seq, FeedbackPayload(job), since=c.since)
 

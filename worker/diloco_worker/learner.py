@@ -176,25 +176,8 @@ def _run(
     clock.mark("optimizer")
     store, state, held = _resume_if_any(settings, unit, task, optimizer, fs, plan)
     clock.mark("checkpoint")
-    resumed = state.step > 0
     metrics = _open_metrics(settings) if unit.is_leader else None
-    tokens_per_step = (
-        settings.train.batch_size * settings.train.grad_accum * settings.model.block_size * unit.world_size
-    )
-    session = None
-    if not settings.standalone:
-        session = DiLoCoSession(
-            settings,
-            plan,
-            fs,
-            unit,
-            tokens_per_step=tokens_per_step,
-            stop=stop,
-            metrics=metrics,
-            health=health,
-            client=ranges.client if ranges is not None else None,
-        )
-        session.connect(state, resumed=resumed, held=held)
+    session = _open_session(settings, unit, stop, plan, fs, state, held, ranges, metrics, health)
     clock.mark("register")
     log.info(
         "learner=%s rank=%d/%d device=%s params=%d fragments=%d outer gradients in %s",
@@ -232,6 +215,40 @@ def _run(
         if metrics is not None:
             metrics.close()
     return 0
+
+
+def _open_session(
+    settings: WorkerSettings,
+    unit: Unit,
+    stop: threading.Event,
+    plan: FragmentPlan,
+    fs: FragmentState,
+    state: LoopState,
+    held: Held,
+    ranges: UnitRanges | None,
+    metrics: MetricsLog | None,
+    health: Health,
+) -> DiLoCoSession | None:
+    """The learner's DiLoCo session, registered and holding the job's current global state (see
+    :meth:`DiLoCoSession.connect`); None for a learner without a synchronizer."""
+    if settings.standalone:
+        return None
+    tokens_per_step = (
+        settings.train.batch_size * settings.train.grad_accum * settings.model.block_size * unit.world_size
+    )
+    session = DiLoCoSession(
+        settings,
+        plan,
+        fs,
+        unit,
+        tokens_per_step=tokens_per_step,
+        stop=stop,
+        metrics=metrics,
+        health=health,
+        client=ranges.client if ranges is not None else None,
+    )
+    session.connect(state, resumed=state.step > 0, held=held)
+    return session
 
 
 def _loop_options(settings: WorkerSettings, task: TrainingTask, unit: Unit) -> LoopOptions:

@@ -26,7 +26,7 @@ class Sender:
     def __init__(
         self,
         shards: ShardClients,
-        quantizer: str,
+        codec: str,
         bandwidth_limit: float,
         stop: threading.Event,
         *,
@@ -34,7 +34,7 @@ class Sender:
         resync: Callable[[int], None],
         step: Callable[[], int],
     ) -> None:
-        self.shards, self.quantizer, self.stop = shards, quantizer, stop
+        self.shards, self.codec, self.stop = shards, codec, stop
         self._known_version, self._resync, self._step = known_version, resync, step
         self.bytes_sent = 0
         self.sent = self.rejected = 0
@@ -143,7 +143,7 @@ class Sender:
 
         Its log lines name the learner's step when the send ended (``progress.step``, the newest the
         training thread reported); the step the outer gradient was taken at is on the "queued" line."""
-        payload = c.encode(self.quantizer)
+        payload = c.encode(self.codec)
         with self._bucket_lock:
             delay = self._bucket.delay_for(len(payload))
         self.stop.wait(delay)
