@@ -245,6 +245,7 @@ class DiLoCoRun:
             sum(ln.bytes_down for ln in lns),
             steps,
             rounds=s.rounds,
+            refused=s.refused,
             participants=s.participants / max(s.rounds, 1),
             norm_ratios=list(s.norm_ratios),
             wall_s=time.perf_counter() - started,

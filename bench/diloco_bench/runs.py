@@ -78,7 +78,7 @@ def diloco_sync(learners: int = 4, inner_steps: int = 16, wire: Quantizer = "fp3
 def decoupled(learners: int = 4, wire: Quantizer = "int4", **kw: object) -> Method:
     """Decoupled DiLoCo: K = 1 + grace, token weights, RDA, P = 4 fragments, tau = 2."""
     name = str(kw.pop("name", f"decoupled ({wire})"))
-    return Method(name).but(None, learners=learners, codec=wire, **kw)
+    return Method(name).but(None, **{"learners": learners, "codec": wire, **kw})
 
 
 def product_defaults(learners: int = 4) -> Method:
@@ -119,6 +119,9 @@ class RunResult:
     norm_ratios: list[float] = field(default_factory=list)  # ||merged|| / mean ||delta_m|| (>= 2 merged)
     wall_s: float = 0.0
     partials: int = 0  # partial outer gradients sent because a round asked for them
+    refused: int = (
+        0  # contributions the synchronizer's in-order checks refused (the learner's progress dropped)
+    )
     curve: list[tuple[int, float]] = field(default_factory=list)  # (tokens, held-out loss) along the way
 
     @property

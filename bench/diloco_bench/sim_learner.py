@@ -12,7 +12,7 @@ from diloco_worker.model import build_gpt
 from diloco_worker.train import make_optimizer
 
 from diloco_bench.runs import Method, Timing
-from diloco_bench.syncer import Release, Sent
+from diloco_bench.syncer import Release, Upload
 from diloco_bench.workload import (
     Arrays,
     Corpus,
@@ -94,7 +94,7 @@ class SimLearner:
             self.counters.advance(self.tokens_per_step)
             self.stepped = False
 
-    def contribution(self, p: int) -> tuple[Sent, int]:
+    def contribution(self, p: int) -> tuple[Upload, int]:
         """The outer gradient of fragment ``p`` through the real codec; (decoded, bytes on the wire)."""
         c = self.counters.mark_sent(p)
         params = self.fragment_params(p)
@@ -123,7 +123,7 @@ class SimLearner:
                 block_size=self.method.block_size,
             )
         decoded = codec.decode(blob, fragment=self.plan.fragments[p]).tensors
-        return Sent(self.index, c.base_version, c.steps, c.tokens, decoded), len(blob)
+        return Upload(self.index, c, decoded), len(blob)
 
     def train_step(self) -> float:
         inner_step(self.model, self.opt, next(self.stream), self.steps, self.cfg)

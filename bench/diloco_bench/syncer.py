@@ -15,6 +15,7 @@ import numpy as np
 from diloco_core import codec, rounds
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import FragmentPlan
+from diloco_core.learner import Sent
 from diloco_core.outer import OuterState
 from diloco_core.round_math import RoundResult
 from diloco_core.screening import screened_round, tensors_norm
@@ -24,14 +25,14 @@ from diloco_sync.fragment_state import FragmentState
 Arrays = dict[str, np.ndarray]
 
 
-@dataclass
-class Sent:
-    """What a learner sends for one fragment: its progress since its previous send on ``base_version``."""
+@dataclass(frozen=True)
+class Upload:
+    """One learner's send of one fragment: what it carries by the learner's counting rules
+    (``diloco_core.learner.Sent``: its base, the steps after ``since``, tokens, sequence number) and
+    its outer gradient as the synchronizer decodes it."""
 
     learner: int
-    base_version: int
-    steps: int
-    tokens: int
+    sent: Sent
     tensors: Arrays
 
 
@@ -77,7 +78,7 @@ class Syncer:
         self.participants = 0
         self.merged_steps = 0.0  # learner-steps, weighted by the fragment's share of the model
         self.norm_ratios: list[float] = []
-        self._seq = 0  # of the contributions, so that each has its own idempotency key
+        self.refused = 0  # contributions the in-order checks refused
 
     @property
     def global_params(self) -> Arrays:
@@ -107,36 +108,35 @@ class Syncer:
         fs = self.fragments[p]
         return fs.round.version if fs.round_open_for(str(learner), fs.version) else None
 
-    def submit(self, p: int, sent: Sent, now: float) -> Release | None:
+    def submit(self, p: int, upload: Upload, now: float) -> Release | None:
         """Take a learner's progress (it adds to its pending progress on the same base) and merge if
         the round policy says so."""
-        self.queue(p, sent, now)
+        self.queue(p, upload, now)
         return self.consider(p, now)
 
-    def queue(self, p: int, sent: Sent, now: float) -> None:
-        """Take a learner's progress without asking the round policy (the final flush), checked in
-        order as the service checks every contribution."""
-        fs, learner = self.fragments[p], str(sent.learner)
-        pending = fs.pending.get(learner)
-        on_base = pending is not None and pending.base_version == sent.base_version
-        since = pending.through if on_base and pending else fs.progress_start(learner, sent.base_version)
-        refused = fs.refusal(learner, sent.base_version, since, sent.steps, sent.tokens)
+    def queue(self, p: int, upload: Upload, now: float) -> str | None:
+        """Take a learner's progress without asking the round policy (the final flush), checked as
+        the service checks every contribution (in order, each step once); returns the code of a
+        refusal (the progress is dropped, as a worker holding no earlier part drops it), else None."""
+        fs, learner, sent = self.fragments[p], str(upload.learner), upload.sent
+        refused = fs.refusal(learner, sent.base_version, sent.since, sent.steps, sent.tokens)
         if refused is not None:
-            raise ValueError(f"the harness sent what the synchronizer refuses: {refused[2]}")
-        self._seq += 1
+            self.refused += 1
+            return refused[1]
         c = Contribution(
             learner_id=learner,
             fragment=p,
             base_version=sent.base_version,
-            seq=self._seq,
+            seq=sent.seq,
             steps=sent.steps,
             tokens=sent.tokens,
-            tensors=sent.tensors,
+            tensors=upload.tensors,
             nbytes=0,
             received_at=now,
-            since=since,
+            since=sent.since,
         )
         fs.accept(c, self.settings.quorum)
+        return None
 
     def consider(self, p: int, now: float) -> Release | None:
         """Merge fragment ``p`` if the round policy says so; returns the new version as it goes down."""

@@ -27,6 +27,10 @@ def test_a_run_is_deterministic_in_its_seed(corpus: workload.Corpus) -> None:
     assert (a.eval_loss, a.bytes_up, a.virtual_time) == (b.eval_loss, b.bytes_up, b.virtual_time)
     c = harness.run(method, TINY, timing, corpus, 2)
     assert c.eval_loss != a.eval_loss
+    assert (a.refused, c.refused) == (
+        0,
+        0,
+    )  # the synchronizer's checks refuse nothing an honest learner sends
 
 
 def test_synchronous_diloco_merges_everyone_every_h_steps(corpus: workload.Corpus) -> None:
@@ -76,7 +80,10 @@ def _reference_diloco(
     torch.manual_seed(seed)
     global_model = build_gpt(workload.model_settings(TINY, seed))
     outer = torch.optim.SGD(
-        global_model.parameters(), lr=runs.Method.outer_lr, momentum=runs.Method.outer_momentum, nesterov=True
+        global_model.parameters(),
+        lr=runs.BENCH_SETTINGS.outer_lr,
+        momentum=runs.BENCH_SETTINGS.outer_momentum,
+        nesterov=True,
     )
     cfg = TrainSettings(
         batch_size=TINY.batch_size, lr=TINY.lr, warmup_steps=TINY.warmup_steps, max_steps=inner * rounds
@@ -122,6 +129,7 @@ def test_an_open_round_pulls_the_partial_progress_of_slower_learners(corpus: wor
     alone = harness.run(runs.decoupled(4, inner_steps=8, partial=False), TINY, timing, corpus, 0)
     assert pulled.partials > 0
     assert alone.partials == 0
+    assert (pulled.refused, alone.refused) == (0, 0)  # partial progress is taken in order too
     # the slow half's steps reach the global model instead of being overwritten before they are sent
     assert pulled.merged_share > alone.merged_share
     assert pulled.participants > alone.participants

@@ -5,8 +5,8 @@ staleness weighting included), screens as the service does, and takes a learner'
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from diloco_bench.syncer import Sent, Syncer
+from diloco_bench.syncer import Syncer, Upload
+from diloco_core.learner import Sent
 from diloco_core.outer import OuterState
 
 from tests.core.round_cases import PLAN, cases, digest, load_golden
@@ -26,7 +26,11 @@ def test_the_harness_merges_reproduce_the_pinned_round_results() -> None:
             # refuses: each round's contributions come from learners new to the fragment, in the cases' order
             for g in given:
                 learner = 1000 * ord(g.learner_id) + version
-                syncer.queue(p, Sent(learner, g.base_version, g.steps, g.tokens, g.tensors), float(version))
+                syncer.queue(
+                    p,
+                    Upload(learner, Sent(g.base_version, 0, g.steps, g.tokens, 1), g.tensors),
+                    float(version),
+                )
             merged = syncer.flush(p, float(version))  # every pending contribution, in learner order
             assert merged is not None
             pinned = golden[case.name][version]
@@ -45,9 +49,12 @@ def test_the_harness_screens_each_round_as_the_synchronizer_does() -> None:
         t.name: np.zeros(t.shape, np.float32) for f in PLAN.fragments if f.index != p for t in f.tensors
     }
     syncer = Syncer(case.settings, alive=4, plan=PLAN, params={**case.params, **others})
-    honest = [Sent(i, 0, 8, 800, {n: 0.01 * np.ones_like(v) for n, v in case.params.items()}) for i in (0, 1)]
-    poisoned = Sent(2, 0, 8, 800, {n: np.full_like(v, np.nan) for n, v in case.params.items()})
-    huge = Sent(3, 0, 8, 800, {n: 1e6 * np.ones_like(v) for n, v in case.params.items()})
+    honest = [
+        Upload(i, Sent(0, 0, 8, 800, 1), {n: 0.01 * np.ones_like(v) for n, v in case.params.items()})
+        for i in (0, 1)
+    ]
+    poisoned = Upload(2, Sent(0, 0, 8, 800, 1), {n: np.full_like(v, np.nan) for n, v in case.params.items()})
+    huge = Upload(3, Sent(0, 0, 8, 800, 1), {n: 1e6 * np.ones_like(v) for n, v in case.params.items()})
     for c in (*honest, poisoned, huge):
         syncer.queue(p, c, 1.0)
     merged = syncer.flush(p, 1.0)
@@ -60,8 +67,9 @@ def test_the_harness_screens_each_round_as_the_synchronizer_does() -> None:
 
 
 def test_the_harness_takes_a_learners_progress_as_the_synchronizer_does() -> None:
-    """A second send on the same base adds to the pending one (a continuation); progress on a base
-    older than the learner's merged progress is refused, as the service refuses it."""
+    """A second send on the same base adds to the pending one (a continuation); a send overlapping the
+    pending one, or on a base older than the learner's merged progress, is refused, as the service
+    refuses it."""
     case = cases()[0]
     p = case.fragment.index
     others = {
@@ -69,13 +77,14 @@ def test_the_harness_takes_a_learners_progress_as_the_synchronizer_does() -> Non
     }
     syncer = Syncer(case.settings, alive=4, plan=PLAN, params={**case.params, **others})
     step = {n: 0.01 * np.ones_like(v) for n, v in case.params.items()}
-    syncer.queue(p, Sent(0, 0, 4, 400, step), 1.0)
-    syncer.queue(p, Sent(0, 0, 4, 400, step), 2.0)
+    syncer.queue(p, Upload(0, Sent(0, 0, 4, 400, 1), step), 1.0)
+    syncer.queue(p, Upload(0, Sent(0, 4, 4, 400, 2), step), 2.0)  # the steps after step 4: added up
+    assert syncer.queue(p, Upload(0, Sent(0, 6, 4, 400, 3), step), 2.5) == "overlaps_pending"  # 7, 8 again
     pending = syncer.fragments[p].pending["0"]
     assert (pending.since, pending.through, pending.tokens) == (0, 8, 800)
     assert np.allclose(next(iter(pending.tensors.values())), 0.02)
     assert syncer.flush(p, 3.0) is not None
-    syncer.queue(p, Sent(0, 1, 4, 400, step), 4.0)
+    syncer.queue(p, Upload(0, Sent(1, 0, 4, 400, 1), step), 4.0)
     assert syncer.flush(p, 5.0) is not None
-    with pytest.raises(ValueError, match="already_merged|is merged"):
-        syncer.queue(p, Sent(0, 0, 4, 400, step), 6.0)
+    assert syncer.queue(p, Upload(0, Sent(0, 8, 4, 400, 3), step), 6.0) == "already_merged"
+    assert syncer.refused == 2
