@@ -12,6 +12,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from diloco_core.endpoint_url import EndpointUrl
 from diloco_core.flags import Cli
 from diloco_core.quantize import QuantizerName
 
@@ -269,7 +270,7 @@ class StorageSettings(_Model):
     """Where a job keeps its state."""
 
     url: str = Field(..., description="file:///path or s3://bucket/prefix")
-    endpoint_url: str | None = Field(None, description="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    endpoint_url: EndpointUrl | None = Field(None, description="S3 endpoint (default: AWS_ENDPOINT_URL)")
     region: str | None = Field(None, description="S3 region (default: AWS_REGION)")
     keep_versions: int = Field(4, ge=1, description="fragment versions kept in storage")
 

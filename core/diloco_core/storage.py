@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
+from diloco_core.endpoint_url import check_endpoint_url
+
 _KEY_RE = re.compile(r"^[A-Za-z0-9._\-][A-Za-z0-9._\-/]*$")
 
 
@@ -248,6 +250,22 @@ class S3Store:
             raise err from exc
 
 
+def _endpoint_url(given: str | None) -> str | None:
+    """The S3 endpoint: ``given``, else the one of the standard AWS variables; ValueError (as the S3
+    client's own) naming where it came from when it is not an http:// or https:// URL."""
+    for source, url in (
+        ("endpoint", given),
+        ("AWS_ENDPOINT_URL_S3", os.environ.get("AWS_ENDPOINT_URL_S3")),
+        ("AWS_ENDPOINT_URL", os.environ.get("AWS_ENDPOINT_URL")),
+    ):
+        if url:
+            try:
+                return check_endpoint_url(url)
+            except ValueError as exc:
+                raise ValueError(f"{source}: {exc}") from None
+    return None
+
+
 def open_store(
     url: str,
     *,
@@ -259,7 +277,8 @@ def open_store(
     """Open ``file:///path`` or ``s3://bucket/prefix``.
 
     For S3, the endpoint and credentials come from the arguments or else from the standard AWS
-    variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``).
+    variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``);
+    an endpoint that is no http:// or https:// URL is a ValueError naming where it came from.
     """
     parsed = urlparse(url)
     if parsed.scheme == "file":
@@ -273,9 +292,7 @@ def open_store(
         return S3Store(
             parsed.netloc,
             parsed.path.strip("/"),
-            endpoint_url=endpoint_url
-            or os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL"),
+            endpoint_url=_endpoint_url(endpoint_url),
             region=region,
             access_key=access_key,
             secret_key=secret_key,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from diloco_core.config import JobConfig
+from diloco_core.endpoint_url import EndpointUrl
 from diloco_core.flags import Cli
 from diloco_core.sharding import shard_fragments, shard_of
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -24,7 +25,9 @@ class SyncSettings(BaseModel):
     storage_url: Annotated[str, Cli("storage")] = Field(
         ..., description="file:///path or s3://bucket/prefix (default: file:// of --data-dir)"
     )
-    storage_endpoint_url: str | None = Field(None, description="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    storage_endpoint_url: EndpointUrl | None = Field(
+        None, description="S3 endpoint (default: AWS_ENDPOINT_URL)"
+    )
     storage_region: str | None = Field(None, description="S3 region (default: AWS_REGION)")
     storage_access_key: str | None = Field(None, description="S3 access key (default: AWS_ACCESS_KEY_ID)")
     storage_secret_key: SecretStr | None = Field(

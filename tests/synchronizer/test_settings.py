@@ -24,6 +24,14 @@ def test_settings_refuse_inconsistent_shards_and_tls() -> None:
     assert not s.owns(9)
 
 
+def test_settings_refuse_a_storage_endpoint_without_its_scheme() -> None:
+    with pytest.raises(ValidationError, match="storage_endpoint_url") as refused:
+        SyncSettings(job_secret="x", storage_url="s3://b", storage_endpoint_url="seaweedfs:8333")
+    assert "'seaweedfs:8333' is not an S3 endpoint: expected an http:// or https:// URL" in str(refused.value)
+    s = SyncSettings(job_secret="x", storage_url="s3://b", storage_endpoint_url="http://seaweedfs:8333")
+    assert s.storage_endpoint_url == "http://seaweedfs:8333"
+
+
 def test_the_default_json_body_limit_fits_the_registration_of_a_big_model() -> None:
     """A 128-layer transformer's plan (2,050 tensors, long names) in a register body, with room to spare."""
     names: list[tuple[str, list[int]]] = [("model.embed_tokens.weight", [128256, 16384])]

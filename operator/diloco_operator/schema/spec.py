@@ -6,7 +6,8 @@ Field names are snake_case in Python and camelCase (the CRD's spelling) on the w
 core, and every setting of those sections has a CRD field, except the ones ``NO_CRD_FIELD`` lists
 with the reason (a test checks both). The apiserver has already applied
 the schema's defaults and ranges; the checks that the schema cannot express (quorum against the
-number of units, name lengths, references) live in ``validate_job``.
+number of units, synchronizer shards against fragments, name lengths, references) live in
+``validate_job``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from typing import Any, Literal
 
 from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrackingSettings, TrainSettings
+from diloco_core.endpoint_url import EndpointUrl
 from diloco_core.validation_errors import describe_errors, dotted
 from pydantic import (
     BaseModel,
@@ -114,7 +116,7 @@ class CredentialsRef(_Spec):
 
 
 class StorageSpec(_Spec):
-    endpoint: str | None = None
+    endpoint: EndpointUrl | None = None
     bucket: str = Field(..., min_length=3, max_length=63)
     prefix: str = ""
     region: str | None = None
@@ -315,6 +317,13 @@ def validate_job(name: str, spec: DiLoCoJobSpec) -> None:
         raise SpecError(
             f"spec.diloco.quorum ({d.quorum}) exceeds the number of learner units ({len(names)}); "
             "lower the quorum or add units"
+        )
+    shards = spec.synchronizer.shards
+    if spec.synchronizer.external is None and shards > d.fragments:
+        raise SpecError(
+            f"spec.synchronizer.shards ({shards}) must be at most spec.diloco.fragments ({d.fragments}): "
+            "a shard owns the fragments p with p % shards equal to its index, so a shard past the "
+            "fragments would own none; lower the shards or raise the fragments"
         )
     for unit in spec.learner_units:
         full = f"{name}-{unit.name}"

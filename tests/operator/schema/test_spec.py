@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -39,11 +40,22 @@ def test_parse_uses_camel_case_and_defaults() -> None:
         ({"learnerUnits": []}, "spec.learnerUnits"),
         ({"learnerUnits": [{"name": "Bad_Name"}]}, "spec.learnerUnits.0.name"),
         ({"surprise": 1}, "spec.surprise"),
+        (
+            {"storage": {"bucket": "bkt", "endpoint": "seaweedfs:8333"}},
+            "spec.storage.endpoint: 'seaweedfs:8333' is not an S3 endpoint: expected an http:// or https://",
+        ),
     ],
 )
 def test_parse_errors_name_the_field(extra: dict[str, Any], message: str) -> None:
-    with pytest.raises(SpecError, match=message.replace(".", r"\.")):
+    with pytest.raises(SpecError, match=re.escape(message)):
         parse_spec(raw(**extra))
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["http://seaweedfs.storage.svc:8333", "https://s3.example.com", "http://[::1]:9000/"]
+)
+def test_storage_endpoints_that_can_work(endpoint: str) -> None:
+    assert parse_spec(raw(storage={"bucket": "bkt", "endpoint": endpoint})).storage.endpoint == endpoint
 
 
 @pytest.mark.parametrize(
@@ -54,11 +66,28 @@ def test_parse_errors_name_the_field(extra: dict[str, Any], message: str) -> Non
         ("j", {"learnerUnits": [{"name": "a"}, {"name": "a"}]}, "unique"),
         ("j" * 40, {"learnerUnits": [{"name": "u" * 20}]}, "at most 52"),
         ("j", {"chaos": {"enabled": True, "units": ["zz"]}}, "zz"),
+        (
+            "j",
+            {"synchronizer": {"shards": 4}, "diloco": {"fragments": 2}},
+            "spec.synchronizer.shards (4) must be at most spec.diloco.fragments (2)",
+        ),
     ],
 )
 def test_validate_job(name: str, extra: dict[str, Any], message: str) -> None:
-    with pytest.raises(SpecError, match=message):
+    with pytest.raises(SpecError, match=re.escape(message)):
         validate_job(name, parse_spec(raw(**extra)))
+
+
+@pytest.mark.parametrize(
+    "synchronizer",
+    [
+        {"shards": 2},
+        # an external synchronizer: this job runs no shard
+        {"shards": 4, "external": {"url": "https://s", "tokenSecretRef": {"name": "t", "key": "k"}}},
+    ],
+)
+def test_shards_up_to_the_fragments_are_valid(synchronizer: dict[str, Any]) -> None:
+    validate_job("j", parse_spec(raw(synchronizer=synchronizer, diloco={"fragments": 2})))
 
 
 def test_valid_job_passes_and_lists_secret_references() -> None:
