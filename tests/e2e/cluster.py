@@ -11,16 +11,12 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from diloco_testbed.kube import Cluster
 from diloco_testbed.node import RealNode
 from diloco_testbed.prereq import unavailable
-from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
-from kubernetes.client.rest import ApiException
 
 IMAGE_VARIABLES = {
     "worker": "DILOCO_TEST_WORKER_IMAGE",
@@ -62,34 +58,6 @@ class E2ECluster:
         for name in self.namespaces:
             self.kube.delete_namespace(name)
         self.namespaces.clear()
-
-
-def wait_pod_phase(core: k8s.CoreV1Api, ns: str, name: str, phases: Iterable[str], timeout: float) -> Any:
-    wanted = tuple(phases)
-
-    def probe() -> Any:
-        pod = core.read_namespaced_pod(name, ns)
-        return pod if pod.status.phase in wanted else None
-
-    return wait_for(probe, timeout=timeout, what=f"pod {ns}/{name} in {wanted}", interval=1,
-                    describe=lambda: _describe_pod(core, ns, name))  # fmt: skip
-
-
-def _describe_pod(core: k8s.CoreV1Api, ns: str, name: str) -> str:
-    try:
-        pod = core.read_namespaced_pod(name, ns)
-    except ApiException as exc:
-        return f"cannot read the pod: {exc.status}"
-    statuses = [(c.name, c.state.to_dict() if c.state else None) for c in pod.status.container_statuses or []]
-    return f"phase {pod.status.phase}, conditions {pod.status.conditions}, containers {statuses}"
-
-
-def pod_logs(core: k8s.CoreV1Api, ns: str, name: str, container: str | None = None) -> str:
-    try:
-        response = core.read_namespaced_pod_log(name, ns, container=container, _preload_content=False)
-        return bytes(response.data).decode(errors="replace")
-    except ApiException as exc:
-        return f"(no logs: {exc.status} {exc.reason})"
 
 
 def now() -> float:

@@ -7,16 +7,17 @@ from collections.abc import Iterator
 import pytest
 from diloco_testbed.kube import Cluster
 from diloco_testbed.node import RealNode
+from diloco_testbed.storage import (
+    SECRET,
+    STORAGE_NAMESPACE,
+    S3Credentials,
+    create_secret_and_bucket,
+    deploy_seaweedfs,
+)
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster
-from tests.e2e.stack import (
-    S3Credentials,
-    deploy_seaweedfs,
-    helm_install_operator,
-    helm_uninstall,
-    storage_secret_and_bucket,
-)
+from tests.e2e.stack import helm_install_operator, helm_uninstall
 
 
 @pytest.fixture(scope="package")
@@ -37,7 +38,8 @@ def api(e2e: E2ECluster) -> Iterator[k8s.ApiClient]:
 @pytest.fixture(scope="package")
 def s3_credentials(e2e: E2ECluster, api: k8s.ApiClient) -> S3Credentials:
     """SeaweedFS as a pod: Service ``seaweedfs`` in namespace ``storage``, where examples/ expect it."""
-    return deploy_seaweedfs(e2e, api)
+    e2e.new_namespace("storage", name=STORAGE_NAMESPACE)
+    return deploy_seaweedfs(api, e2e.images["seaweedfs"])
 
 
 @pytest.fixture(scope="package")
@@ -51,8 +53,8 @@ def storage_secret(
     e2e: E2ECluster, api: k8s.ApiClient, s3_credentials: S3Credentials, jobs_namespace: str
 ) -> str:
     """The Secret ``diloco-s3`` the examples name, in ``jobs_namespace``, and the bucket ``diloco``."""
-    storage_secret_and_bucket(e2e, api, jobs_namespace, s3_credentials)
-    return "diloco-s3"
+    create_secret_and_bucket(api, jobs_namespace, s3_credentials, e2e.images["sync"])
+    return SECRET
 
 
 @pytest.fixture(scope="package")

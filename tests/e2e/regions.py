@@ -20,10 +20,16 @@ from pathlib import Path
 
 from diloco_testbed.kube import ControlPlane
 from diloco_testbed.node import RealNode
+from diloco_testbed.storage import (
+    STORAGE_NAMESPACE,
+    S3Credentials,
+    create_secret_and_bucket,
+    deploy_seaweedfs,
+)
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster
-from tests.e2e.stack import S3Credentials, deploy_seaweedfs, helm_install_operator, storage_secret_and_bucket
+from tests.e2e.stack import helm_install_operator
 from tests.support.wan import Wan
 
 
@@ -69,6 +75,7 @@ def second_region(first: RealNode, workdir: Path, tmp: Path, *, rate: str) -> It
 
 def _storage(e2e: E2ECluster, api: k8s.ApiClient, jobs: str) -> S3Credentials:
     """The region's own S3 server (its learners' checkpoints stay in the region) and bucket."""
-    creds = deploy_seaweedfs(e2e, api)
-    storage_secret_and_bucket(e2e, api, jobs, creds)
+    e2e.new_namespace("storage", name=STORAGE_NAMESPACE)
+    creds = deploy_seaweedfs(api, e2e.images["seaweedfs"])
+    create_secret_and_bucket(api, jobs, creds, e2e.images["sync"])
     return creds

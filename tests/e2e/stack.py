@@ -1,14 +1,11 @@
-"""The product installed as a user would: SeaweedFS as the S3 server, the operator from the Helm
-chart, a storage Secret and bucket, and a way to ask a job's synchronizer and the cluster what
-they report (``kubectl get dilocojobs`` included)."""
+"""The product installed as a user would: the operator from the Helm chart (SeaweedFS, the storage
+Secret and the bucket are ``diloco_testbed.storage``'s), and a way to ask a job's synchronizer and
+the cluster what they report (``kubectl get dilocojobs`` included)."""
 
 from __future__ import annotations
 
-import json
-import secrets
 import ssl
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +16,14 @@ from diloco_core.auth import learner_token
 from diloco_core.codec import decode
 from diloco_testbed.pki import Ca, issue_server_cert
 from diloco_testbed.prereq import require_binary
-from diloco_testbed.waiting import wait_for
+from diloco_testbed.storage import S3_PORT, STORAGE_NAMESPACE
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from tests.e2e.cluster import E2ECluster, pod_logs, wait_pod_phase
+from tests.e2e.cluster import E2ECluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "diloco"
-STORAGE_NAMESPACE = "storage"  # where examples/ expect SeaweedFS: http://seaweedfs.storage.svc:8333
-S3_PORT = 8333
-BUCKET = "diloco"
-
-
-@dataclass(frozen=True)
-class S3Credentials:
-    access_key: str
-    secret_key: str
 
 
 def run_tool(name: str, *args: str, env: dict[str, str], timeout: float = 300) -> str:
@@ -44,50 +32,6 @@ def run_tool(name: str, *args: str, env: dict[str, str], timeout: float = 300) -
                           timeout=timeout, check=False)  # fmt: skip
     assert done.returncode == 0, f"{name} {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
-
-
-def deploy_seaweedfs(e2e: E2ECluster, api: k8s.ApiClient) -> S3Credentials:
-    """SeaweedFS (`weed mini`) as a Deployment and Service ``seaweedfs`` in namespace ``storage``,
-    with one identity whose keys are returned."""
-    creds = S3Credentials("AK" + secrets.token_hex(8).upper(), secrets.token_urlsafe(30))
-    ns = e2e.new_namespace("storage", name=STORAGE_NAMESPACE)
-    identities = {"identities": [{"name": "admin", "credentials": [
-        {"accessKey": creds.access_key, "secretKey": creds.secret_key}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}  # fmt: skip
-    core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
-    core.create_namespaced_secret(ns, {"metadata": {"name": "seaweedfs-identities"},
-                                       "stringData": {"identities.json": json.dumps(identities)}})  # fmt: skip
-    labels = {"app": "seaweedfs"}
-    container = {
-        "name": "seaweedfs", "image": e2e.images["seaweedfs"], "imagePullPolicy": "IfNotPresent",
-        "args": ["mini", "-dir=/data", "-ip=$(POD_IP)", "-ip.bind=0.0.0.0", f"-s3.port={S3_PORT}",
-                 "-s3.config=/etc/seaweedfs/identities.json", "-webdav=false", "-admin.ui=false",
-                 "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-s3.port.iceberg=0", "-s3.port.lance=0"],
-        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-        "ports": [{"name": "s3", "containerPort": S3_PORT}],
-        "readinessProbe": {"tcpSocket": {"port": S3_PORT}, "periodSeconds": 2},
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
-        "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "tmp", "mountPath": "/tmp"},
-                         {"name": "identities", "mountPath": "/etc/seaweedfs", "readOnly": True}],
-    }  # fmt: skip
-    apps.create_namespaced_deployment(ns, {
-        "metadata": {"name": "seaweedfs", "labels": labels},
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"containers": [container], "securityContext": {"runAsUser": 65535, "fsGroup": 65535},
-                     "volumes": [{"name": "data", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
-                                 {"name": "identities", "secret": {"secretName": "seaweedfs-identities"}}]}}},
-    })  # fmt: skip
-    core.create_namespaced_service(
-        ns,
-        {
-            "metadata": {"name": "seaweedfs"},
-            "spec": {"selector": labels, "ports": [{"name": "s3", "port": S3_PORT, "targetPort": "s3"}]},
-        },
-    )
-    wait_for(lambda: (apps.read_namespaced_deployment(name="seaweedfs", namespace=ns).status.ready_replicas or 0) >= 1,
-             timeout=180, what="SeaweedFS ready", interval=1)  # fmt: skip
-    return creds
 
 
 def running_pod_ip(core: k8s.CoreV1Api, ns: str, selector: str, what: str) -> str:
@@ -103,39 +47,6 @@ def running_pod_ip(core: k8s.CoreV1Api, ns: str, selector: str, what: str) -> st
 def seaweedfs_url(api: k8s.ApiClient) -> str:
     """SeaweedFS's S3 endpoint as this machine reaches it: its pod's address."""
     return f"http://{running_pod_ip(k8s.CoreV1Api(api), STORAGE_NAMESPACE, 'app=seaweedfs', 'SeaweedFS')}:{S3_PORT}"
-
-
-def storage_secret_and_bucket(e2e: E2ECluster, api: k8s.ApiClient, ns: str, creds: S3Credentials) -> None:
-    """The Secret ``diloco-s3`` the examples name, and the bucket, created from a pod with those keys."""
-    core = k8s.CoreV1Api(api)
-    core.create_namespaced_secret(ns, {"metadata": {"name": "diloco-s3"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key}})  # fmt: skip
-    script = (
-        "import boto3, botocore.exceptions as e, time\n"
-        f"s3 = boto3.client('s3', endpoint_url='http://seaweedfs.{STORAGE_NAMESPACE}.svc:{S3_PORT}', region_name='us-east-1')\n"
-        "for attempt in range(60):\n"
-        "    try:\n"
-        f"        s3.create_bucket(Bucket='{BUCKET}'); break\n"
-        "    except e.ClientError as exc:\n"
-        "        if 'BucketAlreadyOwnedByYou' in str(exc) or 'BucketAlreadyExists' in str(exc): break\n"
-        "        time.sleep(2)\n"
-        "    except e.BotoCoreError:\n"
-        "        time.sleep(2)\n"
-        f"print(s3.head_bucket(Bucket='{BUCKET}')['ResponseMetadata']['HTTPStatusCode'])\n"
-    )
-    env = [{"name": k, "valueFrom": {"secretKeyRef": {"name": "diloco-s3", "key": k}}}
-           for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]  # fmt: skip
-    core.create_namespaced_pod(ns, {
-        "metadata": {"name": "make-bucket"},
-        "spec": {"restartPolicy": "Never", "containers": [{
-            "name": "make-bucket", "image": e2e.images["sync"], "imagePullPolicy": "IfNotPresent",
-            "command": ["python", "-c", script], "env": env}]},
-    })  # fmt: skip
-    pod = wait_pod_phase(core, ns, "make-bucket", ("Succeeded", "Failed"), timeout=240)
-    logs = pod_logs(core, ns, "make-bucket")
-    assert pod.status.phase == "Succeeded", logs
-    assert "200" in logs, logs
-    core.delete_namespaced_pod("make-bucket", ns)
 
 
 def create_tls_secret(

@@ -14,13 +14,12 @@ from typing import Any
 import pytest
 import yaml
 from diloco_testbed.pki import make_ca
+from diloco_testbed.storage import BUCKET, ENDPOINT
 from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster
 from tests.e2e.stack import (
-    BUCKET,
-    STORAGE_NAMESPACE,
     create_ca_config_map,
     create_tls_secret,
     job_status,
@@ -29,7 +28,6 @@ from tests.e2e.stack import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-LOCAL_S3 = f"http://seaweedfs.{STORAGE_NAMESPACE}.svc:8333"
 
 
 def _with_test_images(e2e: E2ECluster, job: dict[str, Any]) -> dict[str, Any]:
@@ -65,8 +63,9 @@ def test_single_region_example_is_built_and_its_synchronizer_serves(
     e2e: E2ECluster, api: k8s.ApiClient, storage_secret: str, jobs_namespace: str, operator: str, tmp_path: Path,
 ) -> None:  # fmt: skip
     (job,) = yaml.safe_load_all((EXAMPLES / "single-region.yaml").read_text())
-    assert job["spec"]["storage"]["endpoint"] == LOCAL_S3  # the example's storage is the one deployed here
+    assert job["spec"]["storage"]["endpoint"] == ENDPOINT  # the example's storage is the one deployed here
     assert job["spec"]["storage"]["credentialsSecretRef"]["name"] == storage_secret
+    assert job["spec"]["storage"]["bucket"] == BUCKET
     job["spec"]["synchronizer"]["resources"] = {
         "requests": {"cpu": "100m", "memory": "256Mi"}
     }  # 2 cores here
@@ -88,7 +87,7 @@ def test_multi_region_example_region_b_reports_region_a_synchronizer(
     region_a, region_b = yaml.safe_load_all((EXAMPLES / "multi-region.yaml").read_text())
     for job in (region_a, region_b):
         _with_test_images(e2e, job)
-        job["spec"]["storage"].update({"endpoint": LOCAL_S3, "region": "us-east-1", "bucket": BUCKET})  # here
+        job["spec"]["storage"].update({"endpoint": ENDPOINT, "region": "us-east-1", "bucket": BUCKET})  # here
     core = k8s.CoreV1Api(api)
     a = region_a["metadata"]["name"]
     # the certificates the example names: region A's synchronizer serves HTTPS with a certificate for

@@ -4,9 +4,10 @@ reaches the apiserver as the `kubernetes` Service with its ServiceAccount token.
 from __future__ import annotations
 
 import pytest
+from diloco_testbed.pods import pod_logs, wait_pod_phase
 from kubernetes import client as k8s
 
-from tests.e2e.cluster import E2ECluster, pod_logs, wait_pod_phase
+from tests.e2e.cluster import E2ECluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import yaml
 from diloco_core.config import ModelSettings
+from diloco_testbed.pods import pod_logs
+from diloco_testbed.storage import BUCKET, ENDPOINT
 from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 
-from tests.e2e.cluster import E2ECluster, pod_logs
+from tests.e2e.cluster import E2ECluster
 from tests.e2e.stack import (
-    BUCKET,
-    STORAGE_NAMESPACE,
     Synchronizer,
     exists,
     job_status,
@@ -52,7 +52,7 @@ def job_manifest(e2e: E2ECluster) -> dict[str, Any]:
                        "pullPolicy": "IfNotPresent"},
             "model": MODEL,
             "train": {"lr": 3e-3, "warmupSteps": 10},
-            "storage": {"endpoint": f"http://seaweedfs.{STORAGE_NAMESPACE}.svc:8333", "bucket": BUCKET,
+            "storage": {"endpoint": ENDPOINT, "bucket": BUCKET,
                         "prefix": f"jobs/{JOB}", "credentialsSecretRef": {"name": "diloco-s3"}},
             "diloco": {"innerSteps": 8, "fragments": 2, "overlap": 1, "quorum": 1, "codec": "int8", "downCodec": "int4"},
             "learnerUnits": [

@@ -34,14 +34,14 @@ import pytest
 import yaml
 from diloco_testbed.node import RealNode
 from diloco_testbed.pki import make_ca
+from diloco_testbed.pods import pod_logs
+from diloco_testbed.storage import BUCKET, ENDPOINT
 from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 
-from tests.e2e.cluster import E2ECluster, pod_logs
+from tests.e2e.cluster import E2ECluster
 from tests.e2e.regions import Region, second_region
 from tests.e2e.stack import (
-    BUCKET,
-    STORAGE_NAMESPACE,
     Synchronizer,
     create_ca_config_map,
     create_tls_secret,
@@ -71,7 +71,7 @@ def job(e2e: E2ECluster, name: str, unit: str, synchronizer: dict[str, Any]) -> 
             "images": {"worker": e2e.images["worker"], "synchronizer": e2e.images["sync"],
                        "pullPolicy": "IfNotPresent"},
             "model": MODEL, "train": {"lr": 3e-3, "warmupSteps": 10}, "diloco": DILOCO,
-            "storage": {"endpoint": f"http://seaweedfs.{STORAGE_NAMESPACE}.svc:8333", "bucket": BUCKET,
+            "storage": {"endpoint": ENDPOINT, "bucket": BUCKET,
                         "prefix": f"jobs/{name}", "credentialsSecretRef": {"name": "diloco-s3"}},
             "learnerUnits": [{"name": unit, "replicas": 1, "batchSize": 8, "resources": SMALL}],
             "synchronizer": synchronizer,

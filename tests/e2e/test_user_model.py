@@ -23,14 +23,13 @@ import numpy as np
 import pytest
 import yaml
 from botocore.config import Config
+from diloco_testbed.pods import pod_logs
+from diloco_testbed.storage import BUCKET, ENDPOINT, S3Credentials
 from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 
-from tests.e2e.cluster import E2ECluster, pod_logs
+from tests.e2e.cluster import E2ECluster
 from tests.e2e.stack import (
-    BUCKET,
-    STORAGE_NAMESPACE,
-    S3Credentials,
     Synchronizer,
     job_status,
     run_tool,
@@ -71,7 +70,7 @@ def job_manifest(e2e: E2ECluster, audit: Path) -> dict[str, Any]:
             "model": MODEL,
             "data": {"corpus": f"s3://{BUCKET}/datasets/tokens", "format": "tokens", "sampleLog": f"{AUDIT}/samples.jsonl"},
             "train": {"lr": 0.003, "warmupSteps": 4, "checkpointEvery": CHECKPOINT_EVERY},
-            "storage": {"endpoint": f"http://seaweedfs.{STORAGE_NAMESPACE}.svc:8333", "bucket": BUCKET,
+            "storage": {"endpoint": ENDPOINT, "bucket": BUCKET,
                         "prefix": f"jobs/{JOB}", "credentialsSecretRef": {"name": "diloco-s3"}},
             "diloco": {"innerSteps": 8, "fragments": 2, "quorum": 1},
             "learners": {

@@ -57,6 +57,7 @@ class SyncView:
     ready: bool | None = (
         None  # readiness decided by its answer (external or wrong job); None: its pods decide
     )
+    unreachable: str = ""  # the URL asked (without credentials) when it gave no status
 
 
 @dataclass

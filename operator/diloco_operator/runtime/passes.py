@@ -37,12 +37,15 @@ from diloco_operator.runtime.reconcile import (
     run_chaos,
     wrong_job,
 )
+from diloco_operator.runtime.syncstatus import redacted_url
 from diloco_operator.schema.spec import DiLoCoJobSpec, SpecError, parse_spec, validate_job
 from diloco_operator.schema.status import ChaosStatus, JobStatus
 from diloco_operator.settings import OperatorSettings
+from diloco_operator.status.conditions import condition
 from diloco_operator.status.events import Event, diff_events, event_object
 from diloco_operator.status.export import export_events, job_export
-from diloco_operator.status.job import Observed, compute_status, condition, invalid_status
+from diloco_operator.status.job import Observed, compute_status, invalid_status
+from diloco_operator.status.pods import PodObserved
 from diloco_operator.status.units import unit_state_counts
 
 log = logging.getLogger(__name__)
@@ -164,14 +167,37 @@ def read_synchronizer(
 ) -> SyncView:
     """The synchronizer's answer, from its in-cluster URL or ``override`` (``--sync-url``, with
     ``{name}`` and ``{namespace}`` replaced by the job's), an https one checked against ``ca_pem``;
-    asked only when it can answer."""
+    asked only when it can answer. An external synchronizer's answer decides its readiness: the URL
+    that gave none is kept for the status's message."""
     url = override.format(name=job.name, namespace=job.namespace) if override else sync_url(job, spec)
     external = spec.synchronizer.external is not None
-    sync = fetch(url, ca_pem) if (sync_ready or external or override) else None
-    problem = wrong_job(sync, job, spec, url)
+    asked = sync_ready or external or bool(override)
+    sync = fetch(url, ca_pem) if asked else None
+    shown = redacted_url(url)
+    problem = wrong_job(sync, job, spec, shown)
     if problem:
         sync = None
-    return SyncView(sync, problem, (sync is not None) if (external or problem) else None)
+    ready = (sync is not None) if (external or problem) else None
+    return SyncView(sync, problem, ready, shown if external and sync is None and not problem else "")
+
+
+def observation(
+    spec: DiLoCoJobSpec, job: str, pods: list[PodObserved], view: SyncView, chaos_status: ChaosStatus
+) -> Observed:
+    """What the status is computed from: the job's pods as the watch saw them, the synchronizer's
+    last answer (``view``) and the chaos bookkeeping."""
+    pods_sync_ready, sync_unschedulable = sync_observation(spec, pods)
+    return Observed(
+        unit_observations(spec, pods),
+        view.ready if view.ready is not None else pods_sync_ready,
+        view.status,
+        chaos_status.kills,
+        {k: float(v) for k, v in chaos_status.down_until.items() if v is not None},
+        job=job,
+        sync_problem=view.problem,
+        sync_unschedulable=sync_unschedulable,
+        sync_unreachable=view.unreachable,
+    )
 
 
 def compute(
@@ -180,22 +206,9 @@ def compute(
     """The job's status from the pods the watch saw and the synchronizer's last answer (pure but for
     the reads of the cache); its events are the differences from the last status."""
     job, old = state.ref, state.current_status()
-    pods = ctx.pods.pods(job.namespace, job.name)
-    pods_sync_ready, sync_unschedulable = sync_observation(spec, pods)
-    view = state.sync
-    sync_ready = view.ready if view.ready is not None else pods_sync_ready
     chaos_status = state.chaos or old.chaos or ChaosStatus()
-    down = {k: float(v) for k, v in chaos_status.down_until.items() if v is not None}
-    obs = Observed(
-        unit_observations(spec, pods),
-        sync_ready,
-        view.status,
-        chaos_status.kills,
-        down,
-        job=job.name,
-        sync_problem=view.problem,
-        sync_unschedulable=sync_unschedulable,
-    )
+    pods = ctx.pods.pods(job.namespace, job.name)
+    obs = observation(spec, job.name, pods, state.sync, chaos_status)
     new = compute_status(spec, obs, old, now, state.body["metadata"].get("generation"))
     gate = chaos.chaos_gate(spec.chaos, ctx.settings.allow_chaos)
     conditions = new.conditions

@@ -6,6 +6,7 @@ import functools
 import logging
 import ssl
 from collections.abc import Callable
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from diloco_core.protocol import API_PREFIX, StatusResponse
@@ -39,3 +40,10 @@ def http_fetcher(timeout: float) -> Callable[[str, str | None], StatusResponse |
             return None
 
     return fetch
+
+
+def redacted_url(url: str) -> str:
+    """``url`` as a status message may show it: without user info, query or fragment, which may
+    carry credentials."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))

@@ -7,7 +7,8 @@ Inputs are what the handler observed (StatefulSets, synchronizer Deployments, th
 Phases: ``Pending`` (not yet enough units ready), ``Running`` (synchronizer ready and at least
 ``quorum`` units fully ready), ``Degraded`` (was running, now below quorum or without its
 synchronizer), ``Suspended``, ``Succeeded`` (budget reached), ``Failed`` (the spec can never work).
-Each unit's own status is computed in ``units``, the events in ``events``.
+Each unit's own status is computed in ``units``, the conditions in ``conditions``, the events in
+``events``.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ from typing import Any
 from diloco_core.protocol import StatusResponse
 
 from diloco_operator.schema.spec import DiLoCoJobSpec
-from diloco_operator.schema.status import (
-    ACTIVE_PHASES,
-    STOPPED_PHASES,
-    ChaosStatus,
-    Condition,
-    JobStatus,
-    Phase,
-    UnitStatus,
-    iso,
+from diloco_operator.schema.status import ACTIVE_PHASES, STOPPED_PHASES, ChaosStatus, JobStatus, Phase
+from diloco_operator.status.conditions import (
+    condition,
+    health_condition,
+    learners_condition,
+    quorum_condition,
+    scheduled_condition,
+    sync_condition,
 )
 from diloco_operator.status.units import UnitObserved, gone_units, unit_status
 
@@ -43,18 +43,7 @@ class Observed:
     job: str = ""  # the job's name: its learners are its pods, ``<job>-<unit>-<ordinal>``
     sync_problem: str | None = None  # why the synchronizer's answer was not used (a wrong job, say)
     sync_unschedulable: str = ""  # the scheduler's message about a synchronizer pod it cannot place
-
-
-def condition(
-    previous: Sequence[Condition], ctype: str, ok: bool | None, reason: str, message: str, now: datetime
-) -> Condition:
-    """A condition (``ok`` None: Unknown); its lastTransitionTime moves only when its status changes."""
-    status = "Unknown" if ok is None else "True" if ok else "False"
-    since = iso(now)
-    for old in previous:
-        if old.type == ctype and old.status == status and old.last_transition_time:
-            since = old.last_transition_time
-    return Condition(type=ctype, status=status, reason=reason, message=message, last_transition_time=since)
+    sync_unreachable: str = ""  # the synchronizer URL asked that gave no status (without credentials)
 
 
 def budget_reached(spec: DiLoCoJobSpec, sync: StatusResponse | None) -> bool:
@@ -93,29 +82,19 @@ def compute_status(
     prev = old.conditions
     gone = [] if phase in STOPPED_PHASES else gone_units(units, now, spec.unit_lost_after_seconds)
     units = [u.model_copy(update={"state": "Lost"}) if u.name in gone else u for u in units]
-    quorum = spec.diloco.quorum
     conditions = [
         condition(prev, "SpecValid", True, "Valid", "the spec is valid", now),
-        sync_condition(prev, obs, now),
-        condition(
+        sync_condition(
             prev,
-            "QuorumMet",
-            ready >= quorum,
-            "Quorum" if ready >= quorum else "BelowQuorum",
-            f"{ready} of {len(units)} units ready, quorum {quorum}",
-            now,
+            ready=obs.sync_ready,
+            problem=obs.sync_problem,
+            unreachable=obs.sync_unreachable,
+            phase=phase,
+            now=now,
         ),
-        condition(
-            prev,
-            "UnitsHealthy",
-            not gone,
-            "UnitGone" if gone else "AllUnitsPresent",
-            f"units down for more than {spec.unit_lost_after_seconds:g}s: {', '.join(gone)}"
-            if gone
-            else "no unit is gone",
-            now,
-        ),
-        learners_condition(prev, obs.sync, units, now),
+        quorum_condition(prev, ready, len(units), spec.diloco.quorum, phase, now),
+        health_condition(prev, gone, spec.unit_lost_after_seconds, now),
+        learners_condition(prev, units, obs.sync is not None, phase, now),
         scheduled_condition(prev, units, obs.sync_unschedulable, now),
         condition(prev, "Ready", phase == "Running", phase, f"job is {phase}", now),
     ]
@@ -133,67 +112,17 @@ def compute_status(
     )
 
 
-def sync_condition(prev: Sequence[Condition], obs: Observed, now: datetime) -> Condition:
-    if obs.sync_problem:
-        return condition(prev, "SynchronizerReady", False, "WrongJob", obs.sync_problem, now)
-    return condition(
-        prev,
-        "SynchronizerReady",
-        obs.sync_ready,
-        "Available" if obs.sync_ready else "NotAvailable",
-        "synchronizer available" if obs.sync_ready else "synchronizer not available",
-        now,
-    )
-
-
-def learners_condition(
-    prev: Sequence[Condition], sync: StatusResponse | None, units: Sequence[UnitStatus], now: datetime
-) -> Condition:
-    """Whether the synchronizer hears from every unit it knows (Unknown without its status)."""
-    if sync is None:
-        return condition(
-            prev,
-            "LearnersAlive",
-            None,
-            "NoSynchronizerStatus",
-            "the synchronizer's status is not available",
-            now,
-        )
-    dead = [u.name for u in units if u.reason == "LearnersDead"]
-    if dead:
-        return condition(
-            prev,
-            "LearnersAlive",
-            False,
-            "LearnersDead",
-            f"the synchronizer reports the learners of units {', '.join(dead)} dead",
-            now,
-        )
-    return condition(prev, "LearnersAlive", True, "Alive", "no unit's learners are dead", now)
-
-
-def scheduled_condition(
-    prev: Sequence[Condition], units: Sequence[UnitStatus], sync_unschedulable: str, now: datetime
-) -> Condition:
-    """Whether every pod of the job found a node; False names each unit (and the synchronizer) the
-    scheduler cannot place, with its message ("0/4 nodes are available: ...")."""
-    waiting = [f"unit {u.name}: {u.message}" for u in units if u.reason == "Unschedulable"]
-    if sync_unschedulable:
-        waiting.append(f"synchronizer: {sync_unschedulable}")
-    if waiting:
-        return condition(prev, "PodsScheduled", False, "Unschedulable", "; ".join(waiting), now)
-    return condition(prev, "PodsScheduled", True, "Scheduled", "no pod of the job waits for a node", now)
-
-
 def sync_summary(sync: StatusResponse | None) -> dict[str, Any]:
     """The job-wide progress fields of the status (none without the synchronizer's status: the
-    stored ones stay)."""
+    stored ones stay). ``version`` is the newest global version of any fragment, absent while no
+    fragment has one (0 is the initial parameters)."""
     if sync is None:
         return {}
+    versions = [f.version for f in sync.fragments if f.version >= 0]  # -1: no parameters yet
     out: dict[str, Any] = {
         "rounds": sync.rounds,
         "tokens": sync.tokens,
-        "version": max((f.version for f in sync.fragments), default=-1),
+        "version": max(versions) if versions else None,  # None removes a stored one
     }
     if sync.goodput is not None:
         out["goodput"] = sync.goodput

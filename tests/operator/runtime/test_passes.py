@@ -105,10 +105,20 @@ def test_a_suspended_job_raises_no_warning(api: k8s.ApiClient, namespace: str, o
         describe=lambda: str(get_job(api, namespace, "rest").get("status")),
     )
     wait_for(lambda: not learner_pods(api, namespace, "rest"), timeout=60, what="learner pods gone")
-    quorum = next(
-        c for c in get_job(api, namespace, "rest")["status"]["conditions"] if c["type"] == "QuorumMet"
+
+    def reasons() -> dict[str, tuple[str, str]]:
+        conditions = get_job(api, namespace, "rest")["status"]["conditions"]
+        return {c["type"]: (c["status"], c["reason"]) for c in conditions}
+
+    down_on_purpose = ("False", "JobSuspended")
+    wait_for(
+        lambda: all(
+            reasons()[c] == down_on_purpose for c in ("QuorumMet", "LearnersAlive", "SynchronizerReady")
+        ),
+        timeout=60,
+        what="the conditions of the units and synchronizer scaled down to say JobSuspended",
+        describe=lambda: str(reasons()),
     )
-    assert quorum["status"] == "False"  # the units are down, on purpose
     events = (
         k8s.CoreV1Api(api).list_namespaced_event(namespace, field_selector="involvedObject.name=rest").items
     )

@@ -104,7 +104,10 @@ def test_learners_reported_dead_make_the_unit_not_ready_and_the_job_degraded() -
 
 def test_a_unit_with_one_live_learner_or_a_clean_leave_is_not_dead() -> None:
     status = sync(
-        learner("j-u0-0", "u0", state="dead"), learner("j-u0-1", "u0"), learner("j-u1-0", "u1", state="left")
+        learner("j-u0-0", "u0", state="dead"),
+        learner("j-u0-1", "u0"),
+        learner("j-u1-0", "u1", state="left"),
+        learner("j-u2-0", "u2"),
     )
     s = compute_status(spec(), observed(status), JobStatus(), NOW)
     assert [u.reason for u in s.units] == ["Ready", "Ready", "Ready"]
