@@ -99,6 +99,11 @@ VERSION_HEADER = "X-DiLoCo-Version"
 FRAGMENT_HEADER = "X-DiLoCo-Fragment"
 ROUND_OPEN_HEADER = "X-DiLoCo-Round-Open"
 ROUND_DEADLINE_HEADER = "X-DiLoCo-Round-Deadline-S"
+# a heartbeat riding on a request sent anyway (a contribution, a long-poll): the ``Heartbeat`` as JSON;
+# the answer carries HEARTBEAT_RECORDED_HEADER when it was recorded (else the learner's own heartbeat
+# request, sent when nothing carried one for an interval, hears why)
+HEARTBEAT_HEADER = "X-DiLoCo-Heartbeat"
+HEARTBEAT_RECORDED_HEADER = "X-DiLoCo-Heartbeat-Recorded"
 CONTENT_TYPE = "application/octet-stream"
 
 LearnerState = Literal["training", "rejoining", "leaving", "left", "dead"]

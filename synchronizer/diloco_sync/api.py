@@ -27,6 +27,7 @@ from diloco_core.protocol import (
     DATA_RANGES_PATH,
     FRAGMENT_HEADER,
     FRAGMENT_PATH,
+    HEARTBEAT_HEADER,
     HEARTBEAT_PATH,
     INIT_PATH,
     LEARNER_HEADER,
@@ -52,6 +53,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .auth import AUTHENTICATED_LEARNER, TOKEN_CLAIMS, declared_problem, same_learner
 from .body import read_limited_body
+from .carried_heartbeat import record_carried
 from .contributions import ContributionDesk
 from .dealer import Dealer
 from .errors import ApiError, error_responses
@@ -136,6 +138,14 @@ def authenticated_learner(
 
 Learner = Annotated[str, Depends(authenticated_learner)]
 FragmentIndex = Annotated[int, Path(ge=0, lt=MAX_FRAGMENTS, description="the fragment")]
+CarriedHeartbeat = Annotated[
+    str | None,
+    Header(
+        alias=HEARTBEAT_HEADER,
+        description="a heartbeat (the heartbeat request's JSON body) riding on this request; the answer "
+        "has X-DiLoCo-Heartbeat-Recorded: 1 when it was recorded",
+    ),
+]
 
 
 @router.post(
@@ -210,6 +220,7 @@ async def init_fragment(
 )
 async def contribute(
     request: Request,
+    response: Response,
     service: Service,
     desk: Desk,
     p: FragmentIndex,
@@ -237,8 +248,13 @@ async def contribute(
             description="the learner's steps on that version already sent: the outer gradient holds the progress after them",
         ),
     ] = 0,
+    heartbeat: CarriedHeartbeat = None,
 ) -> ContributionResult:
-    """Contribute an outer gradient (codec payload, kind "outer_grad") to a fragment's next round."""
+    """Contribute an outer gradient (codec payload, kind "outer_grad") to a fragment's next round.
+    It may carry a heartbeat (``X-DiLoCo-Heartbeat``)."""
+    carried: dict[str, str] = {}
+    record_carried(heartbeat, learner_id, service.heartbeat, carried)
+    response.headers.update(carried)
     if tokens > steps * MAX_TOKENS_PER_STEP:
         raise ApiError(
             400,
@@ -315,19 +331,23 @@ async def fetch_fragment(
             "version comes as the update from it (a codec payload of kind 'update'; -1: send it whole)",
         ),
     ] = -1,
+    heartbeat: CarriedHeartbeat = None,
 ) -> Response:
     """The newest version of a fragment, with ``X-DiLoCo-Version``; 304 if none newer arrives in time;
-    204 with ``X-DiLoCo-Round-Open`` when asked to announce a round this learner should join."""
+    204 with ``X-DiLoCo-Round-Open`` when asked to announce a round this learner should join. It may
+    carry a heartbeat (``X-DiLoCo-Heartbeat``), recorded before the wait."""
+    carried: dict[str, str] = {}
+    record_carried(heartbeat, learner_id, service.heartbeat, carried)
     found = await service.fetch(learner_id, p, newer_than, wait, announce_rounds=announce_rounds, have=have)
     if isinstance(found, RoundOpen):
-        headers = {ROUND_OPEN_HEADER: str(found.version), FRAGMENT_HEADER: str(p)}
+        headers = {ROUND_OPEN_HEADER: str(found.version), FRAGMENT_HEADER: str(p), **carried}
         if found.deadline_s is not None:
             headers[ROUND_DEADLINE_HEADER] = f"{found.deadline_s:.3f}"
         return Response(status_code=204, headers=headers)
     if found is None:
-        return Response(status_code=304, headers={FRAGMENT_HEADER: str(p)})
+        return Response(status_code=304, headers={FRAGMENT_HEADER: str(p), **carried})
     version, payload = found
-    headers = {VERSION_HEADER: str(version), FRAGMENT_HEADER: str(p)}
+    headers = {VERSION_HEADER: str(version), FRAGMENT_HEADER: str(p), **carried}
     return Response(content=payload, media_type=CONTENT_TYPE, headers=headers)
 
 

@@ -134,6 +134,7 @@ def main(argv: list[str]) -> int:
         timeout_graceful_shutdown=5,
         http=guarded_protocol(limits, tls, app.state.wire),  # type: ignore[arg-type]  # a protocol factory works
         timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]  # a float works
+        server_header=False,  # every answer's head is on a learner's link; the software is nobody's business
     )
     if tls is not None:
         logger.info("serving HTTPS with the certificate %s", settings.tls_cert)

@@ -1,6 +1,9 @@
-"""The per-shard clients: which client a fragment's calls go through (no call is made here)."""
+"""The per-shard clients: which client a fragment's calls go through; what a request's head carries."""
 
 from __future__ import annotations
+
+import socket
+import threading
 
 from diloco_core.protocol import ShardInfo
 from diloco_worker.routing import build_routes
@@ -28,3 +31,33 @@ def test_one_synchronizer_serves_every_fragment() -> None:
     assert single.indices == [0]
     assert all(single.owner(p) is client for p in range(3))
     client.close()
+
+
+def test_a_request_head_carries_only_what_the_synchronizer_reads() -> None:
+    """Every request's head is on the learner's link (a long-poll every few seconds per fragment):
+    none of the HTTP client's default headers that say nothing to the synchronizer."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    heads: list[bytes] = []
+
+    def answer_once() -> None:
+        conn, _ = server.accept()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        heads.append(data)
+        conn.sendall(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 0\r\n\r\n")
+        conn.close()
+
+    thread = threading.Thread(target=answer_once, daemon=True)
+    thread.start()
+    client = SyncClient(f"http://127.0.0.1:{server.getsockname()[1]}", "w0", "token")
+    assert client.fetch(0, newer_than=3, wait_s=1.0) is None
+    thread.join(5)
+    client.close()
+    server.close()
+    lines = heads[0].decode().split("\r\n")
+    names = {line.split(":", 1)[0].lower() for line in lines[1:] if line}
+    assert names == {"host", "user-agent", "x-diloco-learner", "authorization"}
+    assert "User-Agent: diloco" in lines

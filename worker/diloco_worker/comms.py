@@ -117,6 +117,8 @@ class Communicator:
         )
         self._rng = random.Random()
         self._threads: list[threading.Thread] = []
+        for i in self.shards.indices:  # contributions and long-polls carry the heartbeats they can
+            self.shards.shard(i).beats.carry(self.heartbeat, settings.heartbeat_interval_s)
 
     def start(self) -> None:
         targets: list[tuple[str, Callable[[], None]]] = []
@@ -211,11 +213,14 @@ class Communicator:
 
     # ---- the heartbeat thread ----
     def _hb_loop(self, shard: int) -> None:
-        """Keep this learner alive on ``shard`` (each shard has its own learner registry)."""
-        client, attempt = self.shards.shard(shard), 0
-        while not self._stop.wait(
-            self.settings.heartbeat_interval_s if attempt == 0 else backoff_delay(attempt, self._rng)
-        ):
+        """Keep this learner alive on ``shard`` (each shard has its own learner registry): a heartbeat
+        request whenever nothing carried one for an interval (``carried_beats``)."""
+        client, attempt, every_s = self.shards.shard(shard), 0, self.settings.heartbeat_interval_s
+        delay = every_s
+        while not self._stop.wait(delay):
+            if attempt == 0 and (owed_in := client.beats.due_in(every_s)) > 0:
+                delay = owed_in  # a contribution or a long-poll carried one meanwhile
+                continue
             try:
                 client.heartbeat(self.heartbeat())
                 attempt = 0
@@ -230,6 +235,7 @@ class Communicator:
                         self._on_unknown(shard)
                     except Exception as reg_exc:  # a failed re-registration is retried on the next beat
                         log.warning("re-registration failed: %s", reg_exc)
+            delay = every_s if attempt == 0 else backoff_delay(attempt, self._rng)
 
     def wire_bytes(self) -> tuple[int, int]:
         """Bytes at the socket this learner's connections sent and received so far (every shard's)."""

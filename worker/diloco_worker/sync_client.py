@@ -15,6 +15,7 @@ import httpx
 from diloco_core import protocol as proto
 from diloco_core.wire import WireTally
 
+from .carried_beats import CarriedBeats
 from .credentials import TokenSource
 from .routing import Routes, single_route
 from .wire_transport import counting_transport
@@ -131,12 +132,18 @@ class SyncClient:
         self.learner_id, self.base_url, self.verify = learner_id, base_url, verify
         self.token = token if isinstance(token, TokenSource) else TokenSource(token)
         self.wire = wire if wire is not None else WireTally()
+        self.beats = CarriedBeats()  # heartbeats its contributions and long-polls carry
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={proto.LEARNER_HEADER: learner_id},
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             transport=counting_transport(self.wire, verify),
         )
+        # every request's head is on the learner's link: none of httpx's defaults that say nothing here
+        # (HTTP/1.1 keeps the connection alive anyway; payloads are zstd already, answers never compressed)
+        for name in ("Accept", "Accept-Encoding", "Connection"):
+            self._http.headers.pop(name, None)
+        self._http.headers["User-Agent"] = "diloco"
 
     def close(self) -> None:
         self._http.close()
@@ -165,7 +172,9 @@ class SyncClient:
     def heartbeat(self, hb: proto.Heartbeat, *, timeout_s: float | None = None) -> proto.HeartbeatResponse:
         extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
         path = proto.HEARTBEAT_PATH.format(learner_id=self.learner_id)
+        sent_at = self.beats.clock()
         resp = self._request("POST", path, json=hb.model_dump(mode="json"), **extra)
+        self.beats.beat(sent_at)
         return proto.HeartbeatResponse.model_validate(resp.json())
 
     def leave(self, *, timeout_s: float | None = None) -> None:
@@ -201,13 +210,15 @@ class SyncClient:
         params = {"base_version": base_version, "steps": steps, "tokens": tokens, "seq": seq}
         if since:
             params["since"] = since
+        sent_at = self.beats.clock()
         resp = self._request(
             "POST",
             proto.CONTRIBUTIONS_PATH.format(p=fragment),
             params=params,
             content=payload,
-            headers={"Content-Type": proto.CONTENT_TYPE},
+            headers={"Content-Type": proto.CONTENT_TYPE, **self.beats.header(sent_at)},
         )
+        self.beats.answered(sent_at, resp.headers)
         return proto.ContributionResult.model_validate(resp.json())
 
     def fetch(
