@@ -25,6 +25,7 @@ _PLURALS: dict[tuple[str, str], str] = {
     ("apps/v1", "Deployment"): "deployments",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("batch/v1", "Job"): "jobs",
     ("diloco.dev/v1alpha1", "DiLoCoJob"): "dilocojobs",
     ("events.k8s.io/v1", "Event"): "events",

@@ -54,6 +54,16 @@ class OperatorSettings(BaseModel):
         description="liveness fails once the API has held a job version that the watch has not "
         "delivered for this long",
     )
+    sync_network_policy: bool = Field(
+        True,
+        description="give each job's synchronizer pods a NetworkPolicy that admits only the job's "
+        "learners and the operator's namespace; --no-sync-network-policy deletes them",
+    )
+    operator_namespace: str | None = Field(
+        None,
+        description="the namespace this operator runs in, admitted by those NetworkPolicies (for "
+        "status polling; the chart sets it); unset: an operator outside the cluster",
+    )
     allow_chaos: bool = Field(False, description="let jobs with spec.chaos.enabled kill their learner pods")
     chaos_seed: int | None = Field(
         None, description="seed of the chaos random generator (reproducible game days)"

@@ -218,7 +218,8 @@ def test_notes_tell_the_user_what_to_do_next(kube: Cluster, namespace: str, tmp_
     assert "kubectl apply -n team-a -f" in notes
     assert "kubectl get dilocojobs -A -w" in notes
     assert "It reconciles DiLoCoJobs in: team-a." in notes
-    assert "accept connections only from learners, the operator and from 10.20.0.0/16." in notes
+    assert "the operator gives it a NetworkPolicy" in notes  # every job, wherever it runs
+    assert "admits the learners of the namespace, the operator and 10.20.0.0/16." in notes
 
 
 def _namespace(api: k8s.ApiClient, name: str) -> k8s.V1Namespace | None:

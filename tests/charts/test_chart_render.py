@@ -166,6 +166,16 @@ def test_network_policy_admits_only_learners_operator_and_configured_peers_on_th
     assert of_kind(render(tmp_path, {"networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
 
 
+def test_the_operator_guards_every_jobs_synchronizer_unless_per_job_policies_are_off(tmp_path: Path) -> None:
+    def env(values: dict[str, Any] | None) -> dict[str, str]:
+        return {e["name"]: e.get("value") for e in _container(render(tmp_path, values))["env"]}
+
+    on = env(None)  # every namespace: the chart's own policy reaches only the release namespace
+    assert on["DILOCO_OPERATOR_SYNC_NETWORK_POLICY"] == "true"
+    assert on["DILOCO_OPERATOR_OPERATOR_NAMESPACE"] == "diloco-system"
+    assert env({"networkPolicy": {"perJob": False}})["DILOCO_OPERATOR_SYNC_NETWORK_POLICY"] == "false"
+
+
 def test_service_monitors_render_when_the_cluster_serves_them(tmp_path: Path) -> None:
     values = {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}}
     manifests = render(tmp_path, values, extra=("--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"))

@@ -70,6 +70,7 @@ class JobState:
     sync: SyncView = field(default_factory=SyncView)
     chaos: ChaosStatus | None = None  # built-in chaos bookkeeping of the last reconcile
     templates: dict[str, str] = field(default_factory=dict)  # unit -> its pods' current template hash
+    restarts: dict[str, float] = field(default_factory=dict)  # unit -> when its outdated pods were deleted
     requested_generation: int | None = None  # the newest generation a reconcile was asked for
     reconciled_generation: int | None = None
     validated_generation: int | None = None

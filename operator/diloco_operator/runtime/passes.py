@@ -26,6 +26,7 @@ from diloco_operator.runtime.pods import (
     PodCache,
     PodWatch,
     outdated_pods,
+    restarts_under_way,
     sync_observation,
     unit_observations,
 )
@@ -35,6 +36,7 @@ from diloco_operator.runtime.reconcile import (
     read_ca_bundle,
     reconcile_children,
     run_chaos,
+    sync_ingress,
     wrong_job,
 )
 from diloco_operator.runtime.syncstatus import redacted_url
@@ -131,6 +133,7 @@ def reconcile(ctx: Context, state: JobState, spec: DiLoCoJobSpec, req: Request, 
         learners_stopped=stopped,
         down=down,
         pool=ctx.pool,
+        ingress=sync_ingress(ctx.settings),
     )
     state.validated_generation = state.reconciled_generation = generation
     state.learners_stopped = stopped
@@ -182,10 +185,15 @@ def read_synchronizer(
 
 
 def observation(
-    spec: DiLoCoJobSpec, job: str, pods: list[PodObserved], view: SyncView, chaos_status: ChaosStatus
+    spec: DiLoCoJobSpec,
+    job: str,
+    pods: list[PodObserved],
+    view: SyncView,
+    chaos_status: ChaosStatus,
+    restarting: frozenset[str] = frozenset(),
 ) -> Observed:
     """What the status is computed from: the job's pods as the watch saw them, the synchronizer's
-    last answer (``view``) and the chaos bookkeeping."""
+    last answer (``view``), the chaos bookkeeping and the units the operator is restarting."""
     pods_sync_ready, sync_unschedulable = sync_observation(spec, pods)
     return Observed(
         unit_observations(spec, pods),
@@ -197,6 +205,7 @@ def observation(
         sync_problem=view.problem,
         sync_unschedulable=sync_unschedulable,
         sync_unreachable=view.unreachable,
+        restarting=restarting,
     )
 
 
@@ -208,7 +217,7 @@ def compute(
     job, old = state.ref, state.current_status()
     chaos_status = state.chaos or old.chaos or ChaosStatus()
     pods = ctx.pods.pods(job.namespace, job.name)
-    obs = observation(spec, job.name, pods, state.sync, chaos_status)
+    obs = observation(spec, job.name, pods, state.sync, chaos_status, frozenset(state.restarts))
     new = compute_status(spec, obs, old, now, state.body["metadata"].get("generation"))
     gate = chaos.chaos_gate(spec.chaos, ctx.settings.allow_chaos)
     conditions = new.conditions
@@ -224,15 +233,17 @@ def compute(
     return new, events
 
 
-def restart_outdated(ctx: Context, state: JobState, spec: DiLoCoJobSpec) -> list[Event]:
+def restart_outdated(ctx: Context, state: JobState, spec: DiLoCoJobSpec, now: datetime) -> list[Event]:
     """Delete, all at once, the pods of each unit made from an older pod template: a unit is one
-    torch.distributed group, which must restart together (its StatefulSet is ``OnDelete``)."""
+    torch.distributed group, which must restart together (its StatefulSet is ``OnDelete``). Each
+    unit restarted is remembered from ``now``: its pods down are the operator's doing, no loss."""
     job = state.ref
     events = []
     replicas = {u.name: u.replicas for u in spec.learner_units}
     for unit, pods in sorted(outdated_pods(ctx.pods.pods(job.namespace, job.name), state.templates).items()):
         deleted = [p.name for p in pods if ctx.kube.delete("v1", "Pod", job.namespace, p.name, uid=p.uid)]
         if deleted:
+            state.restarts[unit] = now.timestamp()
             log.info(
                 "job %s/%s: unit %s restarts together for its new pod template: %s",
                 job.namespace,
@@ -303,9 +314,12 @@ def refresh_pass(ctx: Context, state: JobState) -> Request | None:
     except SpecError as exc:
         invalid(ctx, state, str(exc), generation)
         return None
-    new, events = compute(ctx, state, spec, datetime.now(UTC))
+    now = datetime.now(UTC)
+    pods = ctx.pods.pods(state.ref.namespace, state.ref.name)
+    state.restarts = restarts_under_way(spec, pods, state.templates, state.restarts, now.timestamp())
+    new, events = compute(ctx, state, spec, now)
     write_status(ctx, state, new, events)
-    post_events(ctx.kube, state.body, restart_outdated(ctx, state, spec), ctx.instance)
+    post_events(ctx.kube, state.body, restart_outdated(ctx, state, spec, now), ctx.instance)
     ctx.metrics.reconciles.labels("status", "ok").inc()
     if state.current_status().phase == "Succeeded" and not state.learners_stopped:
         return Request(reconcile=True, trigger="succeeded")  # scale the learners down now

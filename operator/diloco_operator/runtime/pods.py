@@ -1,5 +1,6 @@
 """What the pod watch tells about a job's pods: which are ready, which the scheduler cannot place,
-which pod template each was made from, and learner units losing a pod and getting it back.
+which pod template each was made from, which units the operator's restart has not yet brought back,
+and learner units losing a pod and getting it back.
 
 The operator watches the pods it manages (label ``app.kubernetes.io/managed-by``), and every event
 lands in :class:`PodCache`; the job's status is computed from it (``unit_observations``,
@@ -98,13 +99,41 @@ def outdated_pods(pods: Iterable[PodObserved], templates: Mapping[str, str]) -> 
     return out
 
 
+def restarts_under_way(
+    spec: DiLoCoJobSpec,
+    pods: Iterable[PodObserved],
+    templates: Mapping[str, str],
+    started: Mapping[str, float],
+    now: float,
+) -> dict[str, float]:
+    """The operator's restarts of learner units (unit -> when it deleted the unit's outdated pods,
+    epoch seconds) that are still under way: younger than ``unitLostAfterSeconds``, and the unit not
+    yet back (as many live pods as its replicas, each ready and made from the unit's current pod
+    template, ``templates``). A unit no longer in the spec is back."""
+    replicas = {u.name: u.replicas for u in spec.learner_units}
+    live: dict[str, list[PodObserved]] = {}
+    for pod in pods:
+        if pod.component == "learner" and not pod.deleting:
+            live.setdefault(pod.unit, []).append(pod)
+    out = {}
+    for unit, since in started.items():
+        mine = live.get(unit, [])
+        back = len(mine) >= replicas.get(unit, 0) and all(
+            p.ready and p.template == templates.get(unit) for p in mine
+        )
+        if not back and now - since <= spec.unit_lost_after_seconds:
+            out[unit] = since
+    return out
+
+
 class PodWatch:
     """Reports a learner unit losing a pod (failed or no longer ready) and the replacement rejoining.
 
     Fed with every learner pod event, so a pod that is replaced within a second is still seen.
     A StatefulSet's replacement pod has the same name, which ties the two reports together.
-    Deleting a healthy pod (scaling, suspend, a restart for a new template) is not a loss. The
-    memory is per operator process.
+    Deleting a pod (scaling, suspend, a restart for a new template) is not a loss, nor is the
+    ``Failed`` phase the kubelet gives a deleted pod whose containers ended on SIGTERM. The memory is
+    per operator process.
     """
 
     def __init__(self) -> None:
@@ -114,7 +143,7 @@ class PodWatch:
         was_ready, lost = self._pods.get(key, (False, False))
         pod = key.rsplit("/", 1)[-1]
         event = None
-        if not lost and (phase == "Failed" or (was_ready and not ready and not deleted)):
+        if not lost and not deleted and (phase == "Failed" or (was_ready and not ready)):
             lost = True
             why = "failed" if phase == "Failed" else "is no longer ready"
             event = Event("Warning", "UnitLost", f"learner unit {unit}: pod {pod} {why}")

@@ -35,6 +35,7 @@ from diloco_operator.builders.names import (
     learner_token_secret_name,
     secret_name,
 )
+from diloco_operator.builders.network import SyncIngress
 from diloco_operator.builders.tokens import claim_annotations, mint_reason, unit_claims
 from diloco_operator.kube import Kube, api_error, is_subset
 from diloco_operator.runtime import chaos
@@ -47,6 +48,7 @@ from diloco_operator.schema.spec import (
     secret_references,
     validate_job,
 )
+from diloco_operator.settings import OperatorSettings
 from diloco_operator.status.events import Event
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ PRUNED_KINDS = (
     ("v1", "Service"),
     ("apps/v1", "Deployment"),
     ("batch/v1", "Job"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 # Children whose content comes partly from free-form fields of the spec (resources, tolerations,
 # affinity, node selectors): the apiserver validates them by a dry run before anything is applied.
@@ -74,6 +77,11 @@ class Outcome:
     deleted: int = 0
     victims: list[chaos.Victim] = field(default_factory=list)
     down: dict[str, float] = field(default_factory=dict)  # units under chaos repair until (epoch s)
+
+
+def sync_ingress(settings: OperatorSettings) -> SyncIngress | None:
+    """Who the synchronizers' own NetworkPolicies admit besides their learners (None: no policies)."""
+    return SyncIngress(settings.operator_namespace) if settings.sync_network_policy else None
 
 
 def check_spec(kube: Kube, job: JobRef, raw: Mapping[str, Any]) -> DiLoCoJobSpec:
@@ -298,11 +306,15 @@ def reconcile_children(
     learners_stopped: bool,
     down: dict[str, float],
     pool: ThreadPoolExecutor,
+    ingress: SyncIngress | None = None,
 ) -> tuple[Outcome, list[dict[str, Any]]]:
     """Bring the job's children to the spec (``down``: units chaos keeps scaled to zero); returns
     what was done and the desired children. ``validate``: dry-run the children first (a new
-    spec generation). SpecError when the apiserver refuses a child as built."""
-    desired = build_children(job, spec, learners_stopped=learners_stopped, down_units=frozenset(down))
+    spec generation). ``ingress``: see ``sync_ingress``. SpecError when the apiserver refuses a
+    child as built."""
+    desired = build_children(
+        job, spec, learners_stopped=learners_stopped, down_units=frozenset(down), ingress=ingress
+    )
     if validate:
         validate_children(kube, desired)
     outcome = Outcome(down=dict(down))

@@ -65,16 +65,30 @@ def sync_condition(
     return condition(prev, ctype, False, "NotAvailable", "synchronizer not available", now)
 
 
+RESTARTING = "UnitsRestarting"  # QuorumMet's reason while the operator's restart alone keeps it False
+
+
 def quorum_condition(
-    prev: Sequence[Condition], ready: int, total: int, quorum: int, phase: Phase, now: datetime
+    prev: Sequence[Condition],
+    ready: int,
+    total: int,
+    quorum: int,
+    phase: Phase,
+    now: datetime,
+    restarting: Sequence[str] = (),
 ) -> Condition:
-    """``QuorumMet``: at least ``quorum`` units fully ready."""
+    """``QuorumMet``: at least ``quorum`` units fully ready. ``restarting``: the units not ready
+    because the operator restarts them for a new pod template; when they alone keep the job below
+    quorum, the reason says so (``UnitsRestarting``), not ``BelowQuorum``."""
     counts = f"{ready} of {total} units ready, quorum {quorum}"
     if ready >= quorum:
         return condition(prev, "QuorumMet", True, "Quorum", counts, now)
     stopped = stopped_reason(phase)
     if stopped:
         return condition(prev, "QuorumMet", False, stopped, f"{counts}; {stopped_message(phase)}", now)
+    if restarting and ready + len(restarting) >= quorum:
+        message = f"{counts}; the operator restarts units {', '.join(restarting)} for their new pod template"
+        return condition(prev, "QuorumMet", False, RESTARTING, message, now)
     return condition(prev, "QuorumMet", False, "BelowQuorum", counts, now)
 
 

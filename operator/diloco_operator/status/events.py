@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from diloco_operator.schema.status import ACTIVE_PHASES, STOPPED_PHASES, JobStatus
+from diloco_operator.status.conditions import RESTARTING
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,10 @@ def diff_events(old: JobStatus, new: JobStatus) -> list[Event]:
     scheduler cannot place, phase.
 
     A job that Succeeded or is Suspended has its units scaled down on purpose: no warning for that.
+    Nor for units the operator restarts for a new pod template (``QuorumMet`` False with the reason
+    ``UnitsRestarting``, announced by the Normal event ``UnitRestart``): ``QuorumLost`` comes only
+    if the job is still below quorum once the restart had ``unitLostAfterSeconds`` to come back, and
+    no ``QuorumRegained`` follows a restart that came back in time.
 
     Units lost and rejoined are reported as they happen by ``pods.PodWatch`` (a pod replaced within
     a second may never show in a status).
@@ -61,9 +66,10 @@ def diff_events(old: JobStatus, new: JobStatus) -> list[Event]:
     events: list[Event] = []
     was, now = _cond(old, "QuorumMet"), _cond(new, "QuorumMet")
     stopped = new.phase in STOPPED_PHASES  # its units are scaled down on purpose
-    if was == "True" and now == "False" and not stopped:
+    restart_was = old.phase in ACTIVE_PHASES and _reason(old, "QuorumMet") == RESTARTING
+    if (was == "True" or restart_was) and _reason(new, "QuorumMet") == "BelowQuorum" and not stopped:
         events.append(Event("Warning", "QuorumLost", _msg(new, "QuorumMet")))
-    elif was == "False" and now == "True" and old.phase in ACTIVE_PHASES:
+    elif was == "False" and now == "True" and old.phase in ACTIVE_PHASES and not restart_was:
         events.append(Event("Normal", "QuorumRegained", _msg(new, "QuorumMet")))
     if _cond(old, "UnitsHealthy") != "False" and _cond(new, "UnitsHealthy") == "False":
         events.append(Event("Warning", "UnitGone", _msg(new, "UnitsHealthy")))
@@ -103,6 +109,11 @@ def _dead_units(status: JobStatus) -> list[str]:
 def _cond(status: JobStatus, ctype: str) -> str | None:
     c = status.condition(ctype)
     return c.status if c else None
+
+
+def _reason(status: JobStatus, ctype: str) -> str | None:
+    c = status.condition(ctype)
+    return c.reason if c else None
 
 
 def _msg(status: JobStatus, ctype: str) -> str:

@@ -7,6 +7,8 @@ Inputs are what the handler observed (StatefulSets, synchronizer Deployments, th
 Phases: ``Pending`` (not yet enough units ready), ``Running`` (synchronizer ready and at least
 ``quorum`` units fully ready), ``Degraded`` (was running, now below quorum or without its
 synchronizer), ``Suspended``, ``Succeeded`` (budget reached), ``Failed`` (the spec can never work).
+A running job whose units are below quorum only because the operator restarts some of them (for a
+new pod template, within ``unitLostAfterSeconds``) stays ``Running``: that is no loss.
 Each unit's own status is computed in ``units``, the conditions in ``conditions``, the events in
 ``events``.
 """
@@ -44,6 +46,7 @@ class Observed:
     sync_problem: str | None = None  # why the synchronizer's answer was not used (a wrong job, say)
     sync_unschedulable: str = ""  # the scheduler's message about a synchronizer pod it cannot place
     sync_unreachable: str = ""  # the synchronizer URL asked that gave no status (without credentials)
+    restarting: frozenset[str] = frozenset()  # units whose outdated pods the operator deleted, not yet back
 
 
 def budget_reached(spec: DiLoCoJobSpec, sync: StatusResponse | None) -> bool:
@@ -55,12 +58,18 @@ def budget_reached(spec: DiLoCoJobSpec, sync: StatusResponse | None) -> bool:
     return steps is not None and bool(sync.learners) and all(s.step >= steps for s in sync.learners)
 
 
-def choose_phase(spec: DiLoCoJobSpec, obs: Observed, ready_units: int, old_phase: str | None) -> Phase:
+def choose_phase(
+    spec: DiLoCoJobSpec, obs: Observed, ready_units: int, old_phase: str | None, restarting: int = 0
+) -> Phase:
+    """``restarting``: the units not ready because the operator restarts them; a running job that
+    they alone keep below quorum stays ``Running``."""
     if old_phase == "Succeeded" or budget_reached(spec, obs.sync):
         return "Succeeded"
     if spec.suspend:
         return "Suspended"
     if obs.sync_ready and ready_units >= spec.diloco.quorum:
+        return "Running"
+    if old_phase == "Running" and obs.sync_ready and ready_units + restarting >= spec.diloco.quorum:
         return "Running"
     if old_phase in ACTIVE_PHASES:
         return "Degraded"
@@ -78,7 +87,8 @@ def compute_status(
         observed = seen.get(unit.name, UnitObserved(unit.name, 0, 0, exists=False))
         units.append(unit_status(unit.replicas, observed, old_units.get(unit.name), obs.sync, now, obs.job))
     ready = sum(1 for u in units if u.ready)
-    phase = choose_phase(spec, obs, ready, old.phase)
+    restarting = [u.name for u in units if not u.ready and u.name in obs.restarting]
+    phase = choose_phase(spec, obs, ready, old.phase, len(restarting))
     prev = old.conditions
     gone = [] if phase in STOPPED_PHASES else gone_units(units, now, spec.unit_lost_after_seconds)
     units = [u.model_copy(update={"state": "Lost"}) if u.name in gone else u for u in units]
@@ -92,7 +102,7 @@ def compute_status(
             phase=phase,
             now=now,
         ),
-        quorum_condition(prev, ready, len(units), spec.diloco.quorum, phase, now),
+        quorum_condition(prev, ready, len(units), spec.diloco.quorum, phase, now, restarting),
         health_condition(prev, gone, spec.unit_lost_after_seconds, now),
         learners_condition(prev, units, obs.sync is not None, phase, now),
         scheduled_condition(prev, units, obs.sync_unschedulable, now),

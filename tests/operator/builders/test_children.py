@@ -106,6 +106,7 @@ def test_children_per_unit_and_owner_references() -> None:
         ("ConfigMap", "gpt-small-config"),
         ("ConfigMap", "gpt-small-revocations"),
         ("Deployment", "gpt-small-sync"),
+        ("NetworkPolicy", "gpt-small-sync"),
         ("Service", "gpt-small-sync"),
     ]
     for unit in units:

@@ -11,6 +11,7 @@ from diloco_operator.runtime.pods import (
     PodCache,
     PodWatch,
     outdated_pods,
+    restarts_under_way,
     sync_observation,
     unit_observations,
 )
@@ -75,6 +76,12 @@ def pod(
         conditions if conditions is not None else [{"type": "Ready", "status": "True" if ready else "False"}]
     )
     return {"metadata": meta, "status": {"phase": "Running" if ready else "Pending", "conditions": conds}}
+
+
+def warnings(api: k8s.ApiClient, ns: str, job: str) -> list[str]:
+    """The reasons of the Warning events about the job."""
+    items = k8s.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={job}").items
+    return [e.reason for e in items if e.type == "Warning"]
 
 
 def test_observe_pod_reads_readiness_the_schedulers_message_and_the_template() -> None:
@@ -147,6 +154,54 @@ def test_pod_watch_reports_lost_and_rejoined() -> None:
         None,
         None,
     ]
+
+
+def test_a_pod_deleted_on_purpose_that_ends_failed_is_no_loss() -> None:
+    """Suspending, scaling down or restarting a unit deletes its pods; the kubelet then gives each
+    one whose container ended on SIGTERM the phase Failed. That is the deletion, not a failure."""
+    watch = PodWatch()
+    assert watch.observe("ns/j-a-0", "a", phase="Running", ready=True, deleted=False) is None
+    assert watch.observe("ns/j-a-0", "a", phase="Running", ready=True, deleted=True) is None
+    assert watch.observe("ns/j-a-0", "a", phase="Running", ready=False, deleted=True) is None
+    assert watch.observe("ns/j-a-0", "a", phase="Failed", ready=False, deleted=True) is None
+    # a pod that fails on its own is still a loss
+    assert watch.observe("ns/j-b-0", "b", phase="Running", ready=True, deleted=False) is None
+    ev = watch.observe("ns/j-b-0", "b", phase="Failed", ready=False, deleted=False)
+    assert ev is not None
+    assert (ev.type, ev.reason) == ("Warning", "UnitLost")
+
+
+@pytest.mark.parametrize(
+    ("pods", "age", "under_way"),
+    [
+        ([], 10.0, True),  # the outdated pods are gone, the replacements not yet created
+        ([pod("j-a-0", unit="a", template="old"), pod("j-a-1", unit="a", template="old")], 0.0, True),
+        ([pod("j-a-0", unit="a", template="old", deleting=True)], 5.0, True),
+        (
+            [pod("j-a-0", unit="a", template="new"), pod("j-a-1", unit="a", template="new", ready=False)],
+            5.0,
+            True,
+        ),
+        ([pod("j-a-0", unit="a", template="new")], 5.0, True),  # one of its two pods
+        # back: both its pods ready, from the current template
+        (
+            [pod("j-a-0", unit="a", template="new"), pod("j-a-1", unit="a", template="new")],
+            5.0,
+            False,
+        ),
+        ([], 301.0, False),  # past unitLostAfterSeconds (300): a loss like any other from now on
+    ],
+)
+def test_a_restart_is_under_way_until_the_unit_is_back_or_unit_lost_after_has_passed(
+    pods: list[dict[str, Any]], age: float, under_way: bool
+) -> None:
+    seen = [observe_pod(p) for p in pods]
+    out = restarts_under_way(SPEC, seen, {"a": "new", "b": "t1"}, {"a": 1000.0}, 1000.0 + age)
+    assert out == ({"a": 1000.0} if under_way else {})
+
+
+def test_a_restart_of_a_unit_removed_from_the_spec_is_over() -> None:
+    assert restarts_under_way(SPEC, [], {}, {"gone": 1000.0}, 1001.0) == {}
 
 
 @pytest.mark.integration
@@ -295,3 +350,42 @@ def test_resizing_a_unit_restarts_its_pods_together_and_no_other(
         .items
     } == sync_pods
     wait_for(lambda: phase_is(api, namespace, "grow", "Running", "2/2"), timeout=60, what="Running again")
+    assert warnings(api, namespace, "grow") == []  # the operator's own restart: no QuorumLost, no UnitLost
+
+
+@pytest.mark.integration
+@pytest.mark.kwok
+def test_a_unit_the_operator_restarts_is_no_loss_until_unit_lost_after_has_passed(
+    api: k8s.ApiClient, namespace: str, operator: KopfRunner
+) -> None:
+    """A new pod template restarts unit a; its new pod finds no node. The job, at quorum only with
+    unit a, stays Running (QuorumMet False, reason UnitsRestarting) and raises no QuorumLost until
+    ``unitLostAfterSeconds`` has passed; then it is Degraded like for any other loss."""
+    spec = {"diloco": {"quorum": 2}, "unitLostAfterSeconds": 20}
+    create_job(api, namespace, job_manifest("swap", [unit("a"), unit("b")], **spec))
+    wait_for(lambda: phase_is(api, namespace, "swap", "Running", "2/2"), timeout=90, what="phase Running")
+    nowhere = {"example.com/gpu-type": "h100"}  # no kwok node has it
+    patch_spec(api, namespace, "swap", {"learnerUnits": [unit("a", nodeSelector=nowhere), unit("b")]})
+
+    def quorum() -> tuple[str, str, str]:
+        status = get_job(api, namespace, "swap").get("status") or {}
+        cond = next(c for c in status.get("conditions") or [] if c["type"] == "QuorumMet")
+        return status.get("phase", ""), cond["status"], cond["reason"]
+
+    wait_for(
+        lambda: quorum() == ("Running", "False", "UnitsRestarting"),
+        timeout=30,  # the restart lasts 20s from the deletion of the outdated pod
+        interval=0.2,
+        what="Running while unit a restarts",
+        describe=lambda: str(quorum()),
+    )
+    assert set(warnings(api, namespace, "swap")) <= {"Unschedulable"}  # its new pod finds no node
+    assert "UnitRestart" in events(api, namespace, "swap")
+    wait_for(
+        lambda: quorum() == ("Degraded", "False", "BelowQuorum"),
+        timeout=60,
+        what="Degraded once unitLostAfterSeconds has passed",
+        describe=lambda: str(quorum()),
+    )
+    wait_for(lambda: "QuorumLost" in events(api, namespace, "swap"), timeout=15, what="the QuorumLost event")
+    assert events(api, namespace, "swap").count("QuorumLost") == 1

@@ -306,3 +306,48 @@ def test_a_merge_patch_is_what_the_apiserver_stores() -> None:
     )
     assert after == JobStatus(phase="Degraded", chaos=ChaosStatus(kills=1, down_until={"b": 9.0}))
     assert merge_patch({"a": {"b": 1}}, {"a": {"c": None, "d": {"e": None}}}) == {"a": {"b": 1, "d": {}}}
+
+
+def restarting(ready: list[int], units: frozenset[str]) -> Observed:
+    return Observed([UnitObserved(f"u{i}", 2, r) for i, r in enumerate(ready)], True, restarting=units)
+
+
+def test_units_the_operator_restarts_raise_no_warning_and_keep_the_job_running() -> None:
+    """A new pod template (a new worker image, say): the operator deletes the units' outdated pods,
+    which drops the job below quorum until the replacements are ready. That is no loss."""
+    job = spec(quorum=2, unitLostAfterSeconds=60)
+    running = compute_status(job, observed([2, 2, 2]), JobStatus(), NOW)
+    down = compute_status(job, restarting([0, 0, 2], frozenset({"u0", "u1"})), running, NOW)
+    assert down.phase == "Running"
+    quorum = next(c for c in down.conditions if c.type == "QuorumMet")
+    assert (quorum.status, quorum.reason) == ("False", "UnitsRestarting")
+    assert "u0, u1" in quorum.message
+    later = NOW + timedelta(seconds=13)
+    back = compute_status(job, observed([2, 2, 2]), down, later)
+    assert back.phase == "Running"
+    assert [*diff_events(running, down), *diff_events(down, back)] == []
+
+
+def test_a_restart_that_does_not_come_back_is_a_loss_once_its_grace_is_over() -> None:
+    job = spec(quorum=2, unitLostAfterSeconds=60)
+    running = compute_status(job, observed([2, 2, 2]), JobStatus(), NOW)
+    down = compute_status(job, restarting([0, 0, 2], frozenset({"u0", "u1"})), running, NOW)
+    # past unitLostAfterSeconds the runtime no longer counts the restart (pods.restarts_under_way)
+    over = compute_status(job, observed([0, 0, 2]), down, NOW + timedelta(seconds=61))
+    assert over.phase == "Degraded"
+    assert [(e.type, e.reason) for e in diff_events(down, over)] == [
+        ("Warning", "QuorumLost"),
+        ("Warning", "UnitGone"),
+    ]
+    back = compute_status(job, observed([2, 2, 2]), over, NOW + timedelta(seconds=70))
+    assert [e.reason for e in diff_events(over, back)] == ["QuorumRegained", "Running"]
+
+
+def test_a_unit_lost_during_a_restart_is_still_a_loss() -> None:
+    job = spec(quorum=2)
+    running = compute_status(job, observed([2, 2, 2]), JobStatus(), NOW)
+    down = compute_status(job, restarting([0, 2, 0], frozenset({"u0"})), running, NOW)
+    assert down.phase == "Running"
+    lost = compute_status(job, restarting([0, 1, 0], frozenset({"u0"})), down, NOW)
+    assert lost.phase == "Degraded"
+    assert [(e.type, e.reason) for e in diff_events(down, lost)] == [("Warning", "QuorumLost")]
