@@ -106,12 +106,12 @@ def s3(test_logs_dir: Path) -> Iterator[S3Server]:
     try:
         yield server
     finally:
-        server.stop()
+        server.discard()
 
 
 @pytest.fixture
 def s3_server_factory(test_logs_dir: Path) -> Iterator[Callable[[], S3Server]]:
-    """`s3_server_factory()` starts a dedicated S3 server; all are stopped after the test."""
+    """`s3_server_factory()` starts a dedicated S3 server; all are killed after the test."""
     servers: list[S3Server] = []
 
     def start() -> S3Server:
@@ -124,7 +124,7 @@ def s3_server_factory(test_logs_dir: Path) -> Iterator[Callable[[], S3Server]]:
         yield start
     finally:
         for server in servers:
-            server.stop()
+            server.discard()
 
 
 GPU_SKIP_REASON = "needs a CUDA GPU; PyTorch sees none on this machine (tests marked gpu are skipped)"

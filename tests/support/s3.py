@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,8 @@ class S3Server:
             "-admin.ui=false", f"-admin.port={p['admin']}",
             f"-admin.port.grpc={p['admin'] + _ADMIN_GRPC_OFFSET}",
             "-master.telemetry=false", "-master.volumeSizeLimitMB=64",
+            # one node in one process: no other server to hand over to, so SIGTERM stops it at once
+            "-volume.preStopSeconds=0",
             f"-s3.config={self.config_path}",
         ]  # fmt: skip
 
@@ -100,8 +104,16 @@ class S3Server:
         return bool(client.get_object(Bucket=bucket, Key="probe")["Body"].read() == b"ok")
 
     def stop(self) -> None:
+        """SIGTERM: the server shuts down cleanly, its data kept for a later ``start()``."""
         if self._process is not None:
             self._process.stop()
+
+    def discard(self) -> None:
+        """SIGKILL, for a server whose data nobody reads again: no shutdown to wait for."""
+        if self._process is not None and self._process.running():
+            assert self._process.pid is not None
+            os.kill(self._process.pid, signal.SIGKILL)
+            self._process.stop()  # waits for it to die
 
     def running(self) -> bool:
         return self._process is not None and self._process.running()

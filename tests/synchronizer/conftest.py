@@ -1,6 +1,6 @@
-"""Fixtures of the synchronizer tests: real synchronizer processes, stopped after each test, and
-``store``, the storage they keep their state in: a file:// folder, or a fresh bucket on the session's
-real S3 server (SeaweedFS)."""
+"""Fixtures of the synchronizer tests: real synchronizer processes, killed after each test (or, from
+``module_sync_factory``, after the module), and ``store``, the storage they keep their state in: a
+file:// folder, or a fresh bucket on the session's real S3 server (SeaweedFS)."""
 
 from __future__ import annotations
 
@@ -37,25 +37,51 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreTarget:
     return StoreTarget("s3", f"s3://{s3.new_bucket()}/jobs", s3.env())
 
 
-@pytest.fixture
-def sync_factory(test_logs_dir: Path, tmp_path: Path) -> Iterator[SyncFactory]:
-    """``sync_factory(storage_url=None, args=(), env=None)`` starts a synchronizer and returns it."""
-    started: list[SyncProcess] = []
+class SyncStarter:
+    """``starter(storage_url=None, args=(), env=None, port=None)`` starts a synchronizer and returns
+    it; without ``storage_url``, on a new file:// store in ``folder``. ``discard()`` kills them all."""
 
-    def start(
+    def __init__(self, log_dir: Path, folder: Path) -> None:
+        self.log_dir, self.folder = log_dir, folder
+        self.started: list[SyncProcess] = []
+
+    def __call__(
+        self,
         storage_url: str | None = None,
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         port: int | None = None,
     ) -> SyncProcess:
-        url = storage_url or f"file://{tmp_path / f'store-{len(started)}'}"
-        proc = SyncProcess(test_logs_dir / "sync", url, args, env, port)
-        started.append(proc)
+        url = storage_url or f"file://{self.folder / f'store-{len(self.started)}'}"
+        proc = SyncProcess(self.log_dir / "sync", url, args, env, port)
+        self.started.append(proc)
         proc.start()
         return proc
 
+    def discard(self) -> None:
+        for proc in reversed(self.started):
+            proc.discard()
+
+
+@pytest.fixture
+def sync_factory(test_logs_dir: Path, tmp_path: Path) -> Iterator[SyncFactory]:
+    """``sync_factory(storage_url=None, args=(), env=None, port=None)``: a synchronizer of this test."""
+    starter = SyncStarter(test_logs_dir, tmp_path)
     try:
-        yield start
+        yield starter
     finally:
-        for proc in reversed(started):
-            proc.stop()
+        starter.discard()
+
+
+@pytest.fixture(scope="module")
+def module_sync_factory(
+    test_logs_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SyncFactory]:
+    """``sync_factory``'s, for a synchronizer that the tests of one module share: only for tests
+    that neither stop, fill nor reconfigure it, and whose checks hold whatever the module's other
+    tests did to it."""
+    starter = SyncStarter(test_logs_dir, tmp_path_factory.mktemp("module-stores"))
+    try:
+        yield starter
+    finally:
+        starter.discard()

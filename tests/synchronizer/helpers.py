@@ -133,10 +133,17 @@ class SyncProcess:
         pid = self.process.pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not self.process.running(), timeout=10, what="synchronizer to die")
+        wait_for(lambda: not self.process.running(), timeout=10, what="synchronizer to die", interval=0.01)
 
     def stop(self) -> None:
+        """SIGTERM: the synchronizer shuts down cleanly (then SIGKILL if it does not)."""
         self.process.stop()
+
+    def discard(self) -> None:
+        """At the end of a test: SIGKILL when still running, since nothing reads what a clean
+        shutdown would leave (tests that stop it cleanly call ``stop()`` themselves)."""
+        if self.process.running():
+            self.kill9()
 
 
 class Learner:

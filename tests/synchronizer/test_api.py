@@ -23,7 +23,15 @@ from diloco_core.protocol import (
 )
 
 from tests.synchronizer.conftest import StoreTarget, SyncFactory
-from tests.synchronizer.helpers import Learner, encode_grad, initial_params, outer_grad, status, tiny_plan
+from tests.synchronizer.helpers import (
+    Learner,
+    SyncProcess,
+    encode_grad,
+    initial_params,
+    outer_grad,
+    status,
+    tiny_plan,
+)
 
 pytestmark = pytest.mark.integration
 # the outer step and downloads the expected values below are written for (not the job's defaults)
@@ -106,8 +114,15 @@ def test_three_learners_round_trip(sync_factory: SyncFactory, store: StoreTarget
     assert httpx.get(f"{sync.url}/readyz").json()["ready"] is True
 
 
-def test_plan_mismatch_and_heartbeat(sync_factory: SyncFactory) -> None:
-    sync = sync_factory(args=ARGS)
+@pytest.fixture(scope="module")
+def no_init_sync(module_sync_factory: SyncFactory) -> SyncProcess:
+    """A synchronizer of ``ARGS`` shared by the tests that initialise no fragment and register no
+    learner but "a": the learner list holds "a" alone, whichever of them ran first."""
+    return module_sync_factory(args=ARGS)
+
+
+def test_plan_mismatch_and_heartbeat(no_init_sync: SyncProcess) -> None:
+    sync = no_init_sync
     plan = tiny_plan()
     a = Learner(sync.url, "a", plan)
     assert a.register().status_code == 200
@@ -131,8 +146,8 @@ def test_plan_mismatch_and_heartbeat(sync_factory: SyncFactory) -> None:
     assert status(sync.url)["learners"][0]["state"] == "left"  # type: ignore[index]
 
 
-def test_openapi_lists_the_protocol_routes(sync_factory: SyncFactory) -> None:
-    sync = sync_factory(args=ARGS)
+def test_openapi_lists_the_protocol_routes(no_init_sync: SyncProcess) -> None:
+    sync = no_init_sync
     doc = httpx.get(f"{sync.url}/openapi.json").json()
     paths = doc["paths"]
     assert set(paths) >= {

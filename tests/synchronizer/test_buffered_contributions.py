@@ -90,7 +90,13 @@ def test_the_learner_resends_a_buffered_contribution_until_it_is_durable(
         comm.submit(Outgoing(0, 0, 4, 32, 1, {n: np.asarray(v) for n, v in tensors.items()}))
         wait_for(lambda: comm.buffered(0) == [1], timeout=30, what="the answer: buffered")
         restart_through_the_outage(sync, s3)
-        wait_for(lambda: comm.buffered(0) == [], timeout=60, what="the resend answered durable")
+        # a resend that is due leaves the buffered list for the queue, where it waits while the
+        # restarted synchronizer answers 503: only an empty queue too means it was answered durable
+        wait_for(
+            lambda: comm.buffered(0) == [] and not comm.pending(0),
+            timeout=60,
+            what="the resend answered durable",
+        )
         assert status(sync.url)["fragments"][0]["pending"] == 1  # type: ignore[index]
         assert comm.rejected == 0
     finally:

@@ -18,6 +18,7 @@ from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import (
     SECRET,
     Learner,
+    SyncProcess,
     encode_grad,
     encode_params,
     initial_params,
@@ -35,8 +36,15 @@ def _sample(metrics: str, series: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def test_heartbeat_of_an_unknown_learner_answers_404_not_registered(sync_factory: SyncFactory) -> None:
-    sync = sync_factory(args=ARGS)
+@pytest.fixture(scope="module")
+def shared_sync(module_sync_factory: SyncFactory) -> SyncProcess:
+    """A synchronizer of ``ARGS`` shared by two tests: one whose requests, an unknown learner's, are
+    refused before they touch any state, and one that needs it otherwise fresh."""
+    return module_sync_factory(args=ARGS)
+
+
+def test_heartbeat_of_an_unknown_learner_answers_404_not_registered(shared_sync: SyncProcess) -> None:
+    sync = shared_sync
     ghost = Learner(sync.url, "ghost", tiny_plan())
     r = ghost.heartbeat(3)
     assert r.status_code == 404, r.text
@@ -78,8 +86,8 @@ def test_worker_client_sees_404_and_registers_again_after_the_registry_is_lost(
         client.close()
 
 
-def test_learner_loss_tokens_and_contribution_staleness_are_exported(sync_factory: SyncFactory) -> None:
-    sync = sync_factory(args=ARGS)
+def test_learner_loss_tokens_and_contribution_staleness_are_exported(shared_sync: SyncProcess) -> None:
+    sync = shared_sync
     plan = tiny_plan()
     a, b = Learner(sync.url, "a", plan), Learner(sync.url, "b", plan)
     for learner in (a, b):
