@@ -119,7 +119,9 @@ class Syncer:
         the service checks every contribution (in order, each step once); returns the code of a
         refusal (the progress is dropped, as a worker holding no earlier part drops it), else None."""
         fs, learner, sent = self.fragments[p], str(upload.learner), upload.sent
-        refused = fs.refusal(learner, sent.base_version, sent.since, sent.steps, sent.tokens)
+        refused: tuple[int, str, str] | None = fs.refusal(
+            learner, sent.base_version, sent.since, sent.steps, sent.tokens
+        )
         if refused is not None:
             self.refused += 1
             return refused[1]

@@ -95,3 +95,37 @@ def test_a_ring_all_reduce_sends_two_n_minus_one_over_n_of_each_buffer() -> None
     assert c.ring_bytes(1) == 0
     assert c.ring_bytes(2) == 1000
     assert c.ring_bytes(4) == 1500
+
+
+_TERMS = """
+import sys, torch
+from diloco_worker.distributed import join_unit
+from diloco_worker.handshake import JobTerms
+
+rank = int(sys.argv[1])
+unit = join_unit({"WORLD_SIZE": "2", "RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                  "MASTER_PORT": sys.argv[2]}, torch.device("cpu"))
+terms = JobTerms(alpha=0.3, schedule="after-version") if rank == 0 else JobTerms()  # only rank 0 registers
+terms.share(unit)
+print("TERMS", terms.alpha, terms.schedule)
+unit.close()
+"""
+
+
+@pytest.mark.integration
+def test_every_rank_of_a_unit_follows_the_terms_rank_0_registered_with(tmp_path: Path) -> None:
+    """Only rank 0 registers; the others take its mixing alpha and schedule, or they would mix the
+    arriving versions differently and the unit's replicas would drift apart."""
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _TERMS, str(rank), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert [out.split("TERMS ")[-1].strip() for out in outputs] == ["0.3 after-version"] * 2, outputs

@@ -35,15 +35,19 @@ def _slow_reported_a_step_time(sync: Synchronizer, slow: ManagedProcess) -> bool
 
 def _run(tmp: Path, *, pull: bool, schedule: str) -> list[dict[str, Any]]:
     tmp.mkdir(parents=True)
+    # a grace window of up to two of the fast learner's steps (the whole slack the overlap leaves), so
+    # that a round the fast learner opens can wait for the slow learner's next step boundary (its
+    # steps are three of the fast one's) often enough to count: what is measured is the pull
+    grace = ["--grace-gamma", "1.0", "--grace-cap-steps", "2"]
     sync = Synchronizer(
-        tmp, inner_steps=H, fragments=P, overlap=OVERLAP, quorum=1, extra=["--schedule", schedule]
+        tmp, inner_steps=H, fragments=P, overlap=OVERLAP, quorum=1, extra=["--schedule", schedule, *grace]
     )
     sync.start()
     env = None if pull else {"DILOCO_PARTIAL_CONTRIBUTIONS": "0"}
     # the sleeps of --speed-factor make the steps long against the HTTP and merge latencies; 3x slower.
     # The slow learner starts first and trains through all of the fast learner's run.
-    slow = learner_process(tmp, "slow", sync.url, [*PLAN, "--max-steps", "400", "--speed-factor", "12"], env)
-    fast = learner_process(tmp, "fast", sync.url, [*PLAN, "--max-steps", "60", "--speed-factor", "4"], env)
+    slow = learner_process(tmp, "slow", sync.url, [*PLAN, "--max-steps", "400", "--speed-factor", "36"], env)
+    fast = learner_process(tmp, "fast", sync.url, [*PLAN, "--max-steps", "120", "--speed-factor", "12"], env)
     procs: list[ManagedProcess] = [slow, fast]
     try:
         slow.start()

@@ -159,6 +159,14 @@ class Unit:
         dist.broadcast(t, src=0)
         return int(t.item())
 
+    def share_float(self, value: float) -> float:
+        """Rank 0's ``value`` on every rank."""
+        if not self.distributed:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self._comm_device())
+        dist.broadcast(t, src=0)
+        return float(t.item())
+
     def all_min(self, value: int) -> int:
         """The smallest ``value`` over the unit's ranks, on every rank."""
         if not self.distributed:

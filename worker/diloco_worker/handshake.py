@@ -18,9 +18,10 @@ from typing import TypeVar
 
 from diloco_core import protocol as proto
 from diloco_core.codec import encode
-from diloco_core.config import DiLoCoSettings, Quantizer, Schedule
+from diloco_core.config import SCHEDULES, DiLoCoSettings, Quantizer, Schedule
 from diloco_core.fragments import FragmentPlan
 
+from .distributed import Unit
 from .fragment_state import FragmentState
 from .pacing import backoff_delay
 from .routing import RoutingError, build_routes
@@ -48,8 +49,14 @@ class JobTerms:
     heartbeat_interval_s: float = 2.0
     quorum: int = 1
     error_feedback: bool = False
-    schedule: Schedule = "fixed"  # rank 0 tells the other ranks of its unit
+    schedule: Schedule = "fixed"  # rank 0 tells the other ranks of its unit (``share``)
     down_codec: Quantizer = "fp32"  # whether to keep versions for their updates
+
+    def share(self, unit: Unit) -> None:
+        """Take rank 0's terms on every rank of the unit: only rank 0 registers, and every rank
+        counts steps by the schedule and mixes arriving versions in with ``alpha``."""
+        self.alpha = unit.share_float(self.alpha)
+        self.schedule = SCHEDULES[unit.share_int(SCHEDULES.index(self.schedule))]
 
     def take(self, resp: proto.RegisterResponse) -> None:
         """Follow the terms of an answer (the settings this learner does not know are left out)."""

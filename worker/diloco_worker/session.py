@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 
-from diloco_core.config import SCHEDULES
 from diloco_core.fragments import FragmentPlan
 
 from .blocking_sync import BlockingSync
@@ -104,8 +103,8 @@ class DiLoCoSession:
         # as decoded, and the checkpoint's copies of the fragments that needed nothing new
         first = {**kept, **{p: (version, dict(tensors)) for p, (version, tensors) in arrivals.items()}}
         _, arrivals = self.unit.boundary(False, arrivals, self.plan)
-        # every rank of the unit counts, so every rank follows the job's schedule
-        self.fs.set_schedule(SCHEDULES[self.unit.share_int(SCHEDULES.index(self.terms.schedule))])
+        self.terms.share(self.unit)  # every rank counts by the job's schedule and mixes with its alpha
+        self.fs.set_schedule(self.terms.schedule)
         for p, (version, tensors) in sorted(arrivals.items()):
             if resumed:
                 self.fs.apply(p, version, tensors, self.terms.alpha)

@@ -173,6 +173,7 @@ class SyncClient:
         extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
         path = proto.HEARTBEAT_PATH.format(learner_id=self.learner_id)
         sent_at = self.beats.clock()
+        self.beats.sending(sent_at)
         resp = self._request("POST", path, json=hb.model_dump(mode="json"), **extra)
         self.beats.beat(sent_at)
         return proto.HeartbeatResponse.model_validate(resp.json())
