@@ -234,6 +234,7 @@ async def on_pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         phase=pod.phase,
         ready=pod.ready,
         deleted=deleted or pod.deleting,
+        gone=deleted,
     )
     if ev is not None:
         await asyncio.to_thread(post_events, ctx.kube, worker.state.body, [ev], ctx.instance)

@@ -132,26 +132,33 @@ class PodWatch:
     Fed with every learner pod event, so a pod that is replaced within a second is still seen.
     A StatefulSet's replacement pod has the same name, which ties the two reports together.
     Deleting a pod (scaling, suspend, a restart for a new template) is not a loss, nor is the
-    ``Failed`` phase the kubelet gives a deleted pod whose containers ended on SIGTERM. The memory is
-    per operator process.
+    ``Failed`` phase the kubelet gives a pod seen being deleted before it failed (its containers
+    ended on SIGTERM). A pod seen ``Failed`` first, even as its StatefulSet deletes it, is a loss.
+    The memory is per operator process.
     """
 
     def __init__(self) -> None:
-        self._pods: dict[str, tuple[bool, bool]] = {}  # ready, lost
+        self._pods: dict[str, tuple[bool, bool, bool]] = {}  # ready, lost, deleted before it failed
 
-    def observe(self, key: str, unit: str, *, phase: str, ready: bool, deleted: bool) -> Event | None:
-        was_ready, lost = self._pods.get(key, (False, False))
+    def observe(
+        self, key: str, unit: str, *, phase: str, ready: bool, deleted: bool, gone: bool = False
+    ) -> Event | None:
+        """``deleted``: the pod is being deleted or gone; ``gone``: its last event (a replacement of
+        the same name starts afresh)."""
+        was_ready, lost, stopping = self._pods.get(key, (False, False, False))
+        stopping = stopping or (deleted and phase != "Failed")
         pod = key.rsplit("/", 1)[-1]
         event = None
-        if not lost and not deleted and (phase == "Failed" or (was_ready and not ready)):
+        failed = phase == "Failed" and not stopping
+        if not lost and (failed or (was_ready and not ready and not deleted)):
             lost = True
             why = "failed" if phase == "Failed" else "is no longer ready"
             event = Event("Warning", "UnitLost", f"learner unit {unit}: pod {pod} {why}")
         elif lost and ready and phase == "Running" and not deleted:
             lost = False
             event = Event("Normal", "UnitRejoined", f"learner unit {unit}: pod {pod} is back and ready")
-        if deleted and not lost:
+        if gone and not lost:
             self._pods.pop(key, None)
         else:
-            self._pods[key] = (ready and not deleted, lost)
+            self._pods[key] = (ready and not deleted, lost, stopping)
         return event

@@ -169,6 +169,17 @@ def test_a_pod_deleted_on_purpose_that_ends_failed_is_no_loss() -> None:
     ev = watch.observe("ns/j-b-0", "b", phase="Failed", ready=False, deleted=False)
     assert ev is not None
     assert (ev.type, ev.reason) == ("Warning", "UnitLost")
+    # and so is one first seen Failed while its StatefulSet already deletes it (it failed first)
+    assert watch.observe("ns/j-c-0", "c", phase="Running", ready=True, deleted=False) is None
+    ev = watch.observe("ns/j-c-0", "c", phase="Failed", ready=False, deleted=True)
+    assert ev is not None
+    assert ev.reason == "UnitLost"
+    # a pod deleted on purpose that is gone leaves nothing behind for its replacement of the same name
+    assert watch.observe("ns/j-a-0", "a", phase="Failed", ready=False, deleted=True, gone=True) is None
+    assert watch.observe("ns/j-a-0", "a", phase="Running", ready=True, deleted=False) is None
+    ev = watch.observe("ns/j-a-0", "a", phase="Failed", ready=False, deleted=False)
+    assert ev is not None
+    assert ev.reason == "UnitLost"
 
 
 @pytest.mark.parametrize(
