@@ -241,7 +241,12 @@ def test_a_unit_no_node_can_take_says_unschedulable_with_the_schedulers_reason(
     units = {u["name"]: u for u in get_job(api, namespace, "stuck")["status"]["units"]}
     assert (units["gpu"]["reason"], units["gpu"]["state"]) == ("Unschedulable", "NotReady")
     assert "didn't match" in units["gpu"]["message"]
-    assert units["a"]["reason"] == "Ready"
+    wait_for(  # the other unit's pod is placed, and ready once kwok says so
+        lambda: {u["name"]: u for u in get_job(api, namespace, "stuck")["status"]["units"]}["a"]["reason"]
+        == "Ready",
+        timeout=60,
+        what="unit a ready",
+    )
     wait_for(
         lambda: "Unschedulable" in events(api, namespace, "stuck"), timeout=30, what="the Unschedulable event"
     )
