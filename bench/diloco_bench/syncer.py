@@ -7,7 +7,6 @@ Nesterov) computes each new version."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
@@ -96,11 +95,6 @@ class Syncer:
     def excluded(self) -> int:
         """Contributions the rounds' checks excluded."""
         return sum(fs.excluded for fs in self.fragments)
-
-    def fragment(self, p: int) -> Arrays:
-        params: Arrays | None = self.fragments[p].params
-        assert params is not None
-        return params
 
     def round_for(self, p: int, learner: int) -> int | None:
         """The version of fragment ``p``'s round that is open without ``learner`` in it (the rule the
@@ -194,10 +188,11 @@ class Syncer:
             fs.reject()
             return None
         merged = list(screened.merged)
+        update_norm = tensors_norm(result.update)
         if len(merged) > 1 and fs.spec.kind == "dense":
-            mean_norm = statistics.fmean(_norm(c.tensors) for c in merged)
+            mean_norm = statistics.fmean(tensors_norm(c.tensors) for c in merged)
             if mean_norm > 0:
-                self.norm_ratios.append(_norm(result.update) / mean_norm)
+                self.norm_ratios.append(update_norm / mean_norm)
         release = self._release(p, result)
         fs.commit(
             version=result.version,
@@ -206,7 +201,7 @@ class Syncer:
             outer=result.outer,
             now=now,
             quorum=self.settings.quorum,
-            norms=screened.history.after(screened.norms, tensors_norm(result.update)),
+            norms=screened.history.after(screened.norms, update_norm),
             excluded=len(screened.excluded),
             update=result.down_blob,
             merged={c.key for c in merged},
@@ -226,11 +221,3 @@ class Syncer:
             )
             return Release(result.version, dict(result.params), blob)
         return Release(result.version, result.params, result.down_blob, update=True)
-
-
-def _norm(arrays: Arrays) -> float:
-    return math.sqrt(
-        sum(
-            float(np.dot(v.ravel().astype(np.float64), v.ravel().astype(np.float64))) for v in arrays.values()
-        )
-    )
