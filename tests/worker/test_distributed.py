@@ -40,54 +40,6 @@ def test_multi_process_unit_needs_the_leader_address() -> None:
         join_unit({"WORLD_SIZE": "2", "RANK": "1"}, torch.device("cpu"))
 
 
-_AGREE = """
-import json, sys, torch
-from safetensors.torch import save
-from diloco_core.storage import FilesystemStore
-from diloco_worker.distributed import join_unit
-from diloco_worker.learner import _unit_checkpoint
-
-root, rank, steps = sys.argv[1], int(sys.argv[2]), [int(s) for s in sys.argv[3].split(",") if s]
-store = FilesystemStore(f"{root}/rank-{rank}")
-for step in steps:
-    store.put(f"ckpt-{step:010d}/tensors.safetensors", save({"w": torch.zeros(1)}))
-    store.put(f"ckpt-{step:010d}/meta.json", json.dumps({"format": 1, "step": step}).encode())
-unit = join_unit({"WORLD_SIZE": "2", "RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-                  "MASTER_PORT": sys.argv[4]}, torch.device("cpu"))
-ckpt = _unit_checkpoint(store, unit)
-print("AGREED", ckpt.step if ckpt is not None else 0)
-unit.close()
-"""
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize(
-    ("rank_steps", "agreed"),
-    [
-        (("10,20", "20,30"), 20),  # a failure between the two ranks' writes of step 30
-        (("", "10"), 0),  # rank 0 has none: both start afresh
-        (("20,30", "20,30"), 30),
-    ],
-)
-def test_the_ranks_of_a_unit_resume_from_the_same_checkpoint(
-    tmp_path: Path, rank_steps: tuple[str, str], agreed: int
-) -> None:
-    """Two real processes in a gloo group, each with its own checkpoint folder."""
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _AGREE, str(tmp_path), str(rank), steps, port],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank, steps in enumerate(rank_steps)
-    ]
-    outputs = [p.communicate(timeout=180)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    assert [out.split("AGREED ")[-1].strip() for out in outputs] == [str(agreed)] * 2, outputs
-
-
 def test_a_ring_all_reduce_sends_two_n_minus_one_over_n_of_each_buffer() -> None:
     from diloco_worker.distributed import Collective
 

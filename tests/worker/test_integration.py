@@ -215,3 +215,62 @@ def test_two_process_unit_trains_and_only_rank_0_talks_to_the_synchronizer(tmp_p
     finally:
         stop_all([rank0, rank1])
         sync.stop()
+
+
+def _resumed_at(proc: ManagedProcess) -> int:
+    lines = [ln for ln in iter_logs(proc) if "resumed from checkpoint" in ln]
+    assert lines, proc.failure_report()
+    return int(lines[-1].split("step=")[1].split()[0])
+
+
+def _last_checkpoint(proc: ManagedProcess) -> int:
+    lines = [ln for ln in iter_logs(proc) if "checkpoint written" in ln]
+    assert lines, proc.failure_report()
+    return int(lines[-1].split("step=")[1].split()[0])
+
+
+def test_a_unit_resized_from_one_process_to_two_and_back_keeps_its_progress(tmp_path: Path) -> None:
+    """The leader's checkpoint folder is the same whatever the unit's size (the operator gives each pod
+    its own), so the unit resumes from the newest step it reached as one process or as two, and the
+    synchronizer counts every token the unit trained once."""
+    sync = Synchronizer(tmp_path, inner_steps=H, fragments=P)
+    sync.start()
+    flags = [*PLAN, "--max-steps", "48", "--checkpoint-every", "4", "--unit", "unit-a"]
+    pod0 = [*flags, "--checkpoint-dir", str(tmp_path / "ck" / "unit-a-0")]
+    pod1 = [*flags, "--checkpoint-dir", str(tmp_path / "ck" / "unit-a-1")]
+    unit_env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for folder in ("one", "two", "two-1", "again"):
+        (tmp_path / folder).mkdir()
+    one = learner_process(tmp_path / "one", "unit-a", sync.url, pod0)
+    rank0 = learner_process(tmp_path / "two", "unit-a", sync.url, pod0, env={**unit_env, "RANK": "0"})
+    rank1 = learner_process(tmp_path / "two-1", "unit-a", sync.url, pod1, env={**unit_env, "RANK": "1"})
+    again = learner_process(tmp_path / "again", "unit-a", sync.url, pod0)
+    per_process_step = 8 * 32  # TINY_FLAGS: batch 8, context 32
+    try:
+        one.start()
+        _wait_step(one, tmp_path / "one" / "unit-a.jsonl", 12)
+        one.stop(timeout=90)  # SIGTERM: the step, what is due, a checkpoint
+        assert one.returncode() == 0, one.failure_report()
+        as_one = _last_checkpoint(one)
+
+        rank0.start()
+        rank1.start()
+        _wait_step(rank0, tmp_path / "two" / "unit-a.jsonl", as_one + 8, timeout=300)
+        rank0.stop(timeout=90)
+        rank1.stop(timeout=90)
+        assert (rank0.returncode(), rank1.returncode()) == (0, 0), rank0.failure_report()
+        assert _resumed_at(rank0) == _resumed_at(rank1) == as_one
+        assert any(f"data cursor {as_one} -> {-(-as_one // 2)}" in ln for ln in iter_logs(rank1))
+        as_two = _last_checkpoint(rank0)
+        assert _last_checkpoint(rank1) == as_two
+
+        again.start()
+        assert _finish(again, timeout=400) == 0, again.failure_report()
+        assert _resumed_at(again) == as_two
+        learner = sync.status()["learners"][0]
+        assert learner["step"] == 48
+        two_steps = as_two - as_one
+        assert learner["tokens"] == (as_one + 2 * two_steps + 48 - as_two) * per_process_step
+    finally:
+        stop_all([one, rank0, rank1, again])
+        sync.stop()

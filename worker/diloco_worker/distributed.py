@@ -167,6 +167,20 @@ class Unit:
         dist.broadcast(t, src=0)
         return float(t.item())
 
+    def share_bytes(self, data: bytes) -> bytes:
+        """Rank 0's ``data`` on every rank (what the others pass is ignored)."""
+        if not self.distributed:
+            return data
+        size = self.share_int(len(data))
+        if size == 0:
+            return b""
+        if self.is_leader:
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self._comm_device())
+        else:
+            buf = torch.empty(size, dtype=torch.uint8, device=self._comm_device())
+        dist.broadcast(buf, src=0)
+        return buf.cpu().numpy().tobytes()
+
     def all_min(self, value: int) -> int:
         """The smallest ``value`` over the unit's ranks, on every rank."""
         if not self.distributed:

@@ -15,17 +15,7 @@ from diloco_core.storage import ObjectStore
 from diloco_core.tracking import open_tracking
 
 from .anchors import DeviceAnchors, build_anchor_store
-from .checkpoint import (
-    Checkpoint,
-    CheckpointWriter,
-    common_step,
-    list_checkpoints,
-    load_at,
-    load_latest,
-    open_checkpoint_store,
-    restore,
-    snapshot_checkpoint,
-)
+from .checkpoint import Checkpoint, CheckpointWriter, restore, snapshot_checkpoint
 from .credentials import TokenSource
 from .data import Shard
 from .dealing import UnitRanges
@@ -37,6 +27,7 @@ from .health import Health
 from .metrics import MetricsLog
 from .model import flops_per_token
 from .poller import Held
+from .resume import unit_checkpoint
 from .session import DiLoCoSession
 from .settings import WorkerSettings
 from .startup import FirstStep, StartupClock
@@ -44,7 +35,6 @@ from .sync_client import SyncClient, tls_verify
 from .train import LoopHooks, LoopOptions, LoopState, make_optimizer, train
 
 log = logging.getLogger("diloco_worker.learner")
-CHECKPOINTS_SHARED = 8  # the newest checkpoint steps each rank offers when the unit agrees on one
 
 
 def pick_device(name: str, env: Mapping[str, str]) -> torch.device:
@@ -94,31 +84,15 @@ def _resume_if_any(
     plan: FragmentPlan,
 ) -> tuple[ObjectStore | None, LoopState, Held]:
     """The checkpoint store (one folder per rank in a multi-process unit), the state to start from
-    and the global versions held exactly."""
+    and the global versions held exactly (``resume``: a resized unit resumes from its leader's)."""
     if not settings.checkpoint_dir:
         return None, LoopState(), {}
-    location = settings.checkpoint_dir.rstrip("/") + (f"/rank-{unit.rank}" if unit.distributed else "")
-    store = open_checkpoint_store(location)
-    ckpt = _unit_checkpoint(store, unit) if unit.distributed else load_latest(store)
+    store, ckpt = unit_checkpoint(settings.checkpoint_dir, unit, settings.train.batch_size)
     if ckpt is None:
         return store, LoopState(), {}
     state, held = _resume(ckpt, task, opt, fs, plan.hash())
     log.info("learner=%s step=%d resumed from checkpoint", settings.learner_id, state.step)
     return store, state, held
-
-
-def _unit_checkpoint(store: ObjectStore, unit: Unit) -> Checkpoint | None:
-    """The checkpoint of the newest step that every rank of the unit holds and can read (or None,
-    the same on every rank), so that the ranks resume in step."""
-    steps = list_checkpoints(store)[-CHECKPOINTS_SHARED:]
-    step = common_step(unit.gather_ints(steps, CHECKPOINTS_SHARED))
-    ckpt = load_at(store, step) if step > 0 else None
-    if step > 0 and unit.all_min(int(ckpt is not None)) == 0:
-        log.warning(
-            "rank %d: a rank cannot read its checkpoint of step %d; the unit starts afresh", unit.rank, step
-        )
-        return None
-    return ckpt
 
 
 def run_learner(
@@ -324,7 +298,7 @@ class _Saver:
         unit: Unit,
     ) -> None:
         self.task, self.opt, self.fs, self.plan, self.session = task, opt, fs, plan, session
-        self.may_skip = not unit.distributed
+        self.may_skip, self.ranks = not unit.distributed, unit.world_size
         self.config = settings.model_dump(mode="json", exclude={"token"})
         learner = settings.learner_id
         self.writer = CheckpointWriter(
@@ -343,6 +317,7 @@ class _Saver:
             "fragments": self.fs.meta(),
             "plan_hash": self.plan.hash(),
             "config": self.config,
+            "unit_ranks": self.ranks,
         }
         self.writer.submit(
             snapshot_checkpoint(
