@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
 from diloco_core.endpoint_url import check_endpoint_url
+from diloco_core.s3_transfer import TransferError, TransferSettings, download, upload
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9._\-][A-Za-z0-9._\-/]*$")
 
@@ -144,7 +145,8 @@ def _s3_status(exc: Exception) -> int:
 
 
 class S3Store:
-    """Objects in an S3 bucket under ``prefix`` (boto3). A single PUT is atomic in S3."""
+    """Objects in an S3 bucket under ``prefix`` (boto3). Writes are atomic (a single PUT, or a multipart
+    upload, which S3 completes at once); large objects go in parts both ways (``s3_transfer``)."""
 
     def __init__(
         self,
@@ -158,13 +160,16 @@ class S3Store:
         connect_timeout_s: float = 3.0,
         read_timeout_s: float = 30.0,
         max_attempts: int = 2,
+        transfer: TransferSettings | None = None,
     ) -> None:
         import boto3
         from botocore.config import Config
 
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.transfer = transfer or TransferSettings()
         config = Config(
+            max_pool_connections=max(10, 2 * self.transfer.workers),
             connect_timeout=connect_timeout_s,
             read_timeout=read_timeout_s,
             retries={"max_attempts": max_attempts, "mode": "standard"},
@@ -195,18 +200,22 @@ class S3Store:
             code, status = _s3_error_code(exc), _s3_status(exc)
             if code in ("NoSuchKey", "404", "NotFound"):
                 return ObjectNotFound(what)
-            if status >= 500 or code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"):
+            if status >= 500 or code in (
+                "PreconditionFailed",
+                "SlowDown",
+                "ServiceUnavailable",
+                "InternalError",
+                "RequestTimeout",
+            ):
                 return StorageUnavailable(f"{what}: {code or status}")
             return StorageError(f"{what}: {code} (HTTP {status}) in bucket {self.bucket!r}")
-        if isinstance(exc, BotoCoreError):
+        if isinstance(exc, BotoCoreError | TransferError):
             return StorageUnavailable(f"{what}: {exc}")
         return StorageError(f"{what}: {exc}")
 
     def get(self, key: str) -> bytes:
         try:
-            obj = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
-            data: bytes = obj["Body"].read()
-            return data
+            return download(self._client, self.bucket, self._key(key), self.transfer)
         except StorageError:
             raise
         except Exception as exc:
@@ -214,7 +223,7 @@ class S3Store:
 
     def put(self, key: str, data: bytes) -> None:
         try:
-            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+            upload(self._client, self.bucket, self._key(key), data, self.transfer)
         except StorageError:
             raise
         except Exception as exc:

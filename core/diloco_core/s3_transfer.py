@@ -1,0 +1,114 @@
+"""Large objects on S3: uploads in parts and downloads in concurrent byte ranges.
+
+A single PUT is limited to 5 GB by S3 and sends an object over one connection; a fragment of a large
+model in fp32 is larger than that. Objects above the part size are uploaded as a multipart upload
+(boto3's transfer manager: parts sent concurrently, the upload aborted on failure); like a single PUT
+it is atomic, as the object exists only once the upload is completed. Downloads ask for the first
+part as a byte range, which also tells the object's size; the other parts follow concurrently, each
+on the same version of the object (``If-Match`` its ETag), into one buffer.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+MIN_PART = 5 * 1024**2  # S3's smallest part (all but the last)
+MAX_PARTS = 10_000  # S3's most parts in one upload
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
+
+
+class TransferError(Exception):
+    """A download came back other than asked (a short range): retrying may cure it."""
+
+
+@dataclass(frozen=True)
+class TransferSettings:
+    """``part_bytes``: objects above this go in parts of (at least) this size; ``workers``: parts in
+    flight at once, per object."""
+
+    part_bytes: int = 64 * 1024**2
+    workers: int = 8
+
+    def __post_init__(self) -> None:
+        if self.part_bytes < MIN_PART or self.workers < 1:
+            raise ValueError(f"part_bytes must be at least {MIN_PART} and workers at least 1")
+
+
+def part_size(total: int, part_bytes: int) -> int:
+    """The part size for an object of ``total`` bytes: ``part_bytes``, or larger so that no upload
+    needs more than S3's 10,000 parts."""
+    return max(part_bytes, -(-total // MAX_PARTS))
+
+
+def byte_ranges(total: int, start: int, part: int) -> list[tuple[int, int]]:
+    """The inclusive byte ranges of ``part`` bytes that cover ``[start, total)``."""
+    return [(lo, min(lo + part, total) - 1) for lo in range(start, total, part)]
+
+
+def parse_content_range(header: str) -> tuple[int, int, int]:
+    """``bytes FIRST-LAST/TOTAL`` as three ints; ValueError for anything else (a ``*`` total too)."""
+    m = _CONTENT_RANGE.match(header.strip())
+    if m is None:
+        raise ValueError(f"unexpected Content-Range {header!r}")
+    first, last, total = (int(g) for g in m.groups())
+    if not first <= last < total:
+        raise ValueError(f"inconsistent Content-Range {header!r}")
+    return first, last, total
+
+
+def upload(client: Any, bucket: str, key: str, data: bytes, settings: TransferSettings) -> None:
+    """``data`` under ``key``: one PUT up to the part size, else a multipart upload."""
+    if len(data) <= settings.part_bytes:
+        client.put_object(Bucket=bucket, Key=key, Body=data)
+        return
+    from boto3.s3.transfer import TransferConfig
+
+    part = part_size(len(data), settings.part_bytes)
+    config = TransferConfig(
+        multipart_threshold=settings.part_bytes,
+        multipart_chunksize=part,
+        max_concurrency=settings.workers,
+        use_threads=settings.workers > 1,
+    )
+    client.upload_fileobj(io.BytesIO(data), bucket, key, Config=config)
+
+
+def download(client: Any, bucket: str, key: str, settings: TransferSettings) -> bytes:
+    """The object under ``key``: its first part with its size, then the rest in concurrent ranges."""
+    from botocore.exceptions import ClientError
+
+    try:
+        first = client.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{settings.part_bytes - 1}")
+    except ClientError as exc:
+        if (getattr(exc, "response", None) or {}).get("Error", {}).get("Code") != "InvalidRange":
+            raise
+        return bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())  # an empty object
+    head: bytes = first["Body"].read()
+    content_range = first.get("ContentRange")
+    if not content_range:  # the server sent the whole object
+        return head
+    _, last, total = parse_content_range(content_range)
+    if last + 1 != len(head):
+        raise TransferError(f"{key}: a range of {last + 1} bytes came with {len(head)}")
+    ranges = byte_ranges(total, len(head), settings.part_bytes)
+    if not ranges:
+        return head
+    etag = first.get("ETag")
+
+    def fetch(span: tuple[int, int]) -> bytes:
+        extra = {"IfMatch": etag} if etag else {}
+        got = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={span[0]}-{span[1]}", **extra)
+        body: bytes = got["Body"].read()
+        if len(body) != span[1] - span[0] + 1:
+            raise TransferError(f"{key}: bytes {span[0]}-{span[1]} came back as {len(body)} bytes")
+        return body
+
+    with ThreadPoolExecutor(
+        max_workers=min(settings.workers, len(ranges)), thread_name_prefix="s3-get"
+    ) as pool:
+        parts = list(pool.map(fetch, ranges))
+    return b"".join([head, *parts])
