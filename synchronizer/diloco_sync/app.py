@@ -42,7 +42,9 @@ def build_service(settings: SyncSettings) -> SyncService:
         access_key=settings.storage_access_key,
         secret_key=secret.get_secret_value() if secret is not None else None,
     )
-    return SyncService(settings, StateStore(store, settings.shard_index, settings.job.job_id))
+    return SyncService(
+        settings, StateStore(store, settings.shard_index, settings.job.job_id, owner=settings.owner)
+    )
 
 
 def create_app(
@@ -51,7 +53,8 @@ def create_app(
     on_fatal: Callable[[str], None] | None = None,
 ) -> FastAPI:
     """The application; ``on_fatal(reason)`` is called when loading the state fails for good (wrong
-    credentials, storage of another job): the caller stops the server and exits non-zero.
+    credentials, storage of another job: ``cannot start: ...``) or when another job takes the
+    storage prefix while it runs (``stopped: ...``): the caller stops the server and exits non-zero.
     ``app.state.wire`` is where the server's connections count their bytes at the socket
     (``connections.guarded_protocol``), which the service reports."""
     service = service or build_service(settings)

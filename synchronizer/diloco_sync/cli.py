@@ -114,7 +114,8 @@ def main(argv: list[str]) -> int:
     server: uvicorn.Server | None = None
 
     def fail(reason: str) -> None:
-        """Loading the state failed for good: stop serving, exit non-zero with the reason."""
+        """Loading failed for good, or another job took the storage prefix: stop serving, exit
+        non-zero with the reason (the log's last line, a container's termination message)."""
         failures.append(reason)
         if server is not None:
             server.should_exit = True
@@ -141,7 +142,7 @@ def main(argv: list[str]) -> int:
     server = uvicorn.Server(config)
     _serve(server)
     if failures:
-        print(f"diloco synchronizer: cannot start: {failures[0]}", file=sys.stderr)
+        print(f"diloco synchronizer: {failures[0]}", file=sys.stderr)
         return 1
     if not server.started:
         return 3  # uvicorn could not start (it logged why), as uvicorn.run exits

@@ -3,6 +3,10 @@
 Commit protocol of a round (fragment p, new version v): parameters, outer state and the round log are
 written first under new keys, then the manifest naming them. A crash before the manifest leaves the
 old version in force; the orphans are collected by ``collect_garbage``.
+
+The storage prefix belongs to one job (``diloco_core.ownership``): ``claim`` takes it at start-up,
+and every write of the state (plan, learner registry, deal, commit) first checks that it still
+does (``check_owner``). Once another job holds it, this store writes and deletes nothing more.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
@@ -25,7 +31,17 @@ from diloco_core.layout import (
     unpack_pending,
     version_of_key,
 )
-from diloco_core.storage import ObjectNotFound, ObjectStore, StorageError
+from diloco_core.ownership import (
+    MARKER_KEY,
+    JobMarker,
+    MarkerUnreadable,
+    claim_decision,
+    conflict_message,
+    encode_marker,
+    new_marker,
+    parse_marker,
+)
+from diloco_core.storage import ObjectNotFound, ObjectStore, StorageError, StorageUnavailable
 
 log = logging.getLogger(__name__)
 _WRITERS = 3  # parameters, outer-optimizer state and round log of one commit
@@ -35,14 +51,32 @@ class StateMismatch(RuntimeError):
     """The stored state belongs to another job: starting would corrupt it, so refuse to start."""
 
 
-class StateStore:
-    """One shard's durable state on an ``ObjectStore``."""
+class StorageOwnedByAnotherJob(StateMismatch):
+    """Another job holds the storage prefix (its marker names another owner)."""
 
-    def __init__(self, store: ObjectStore, shard: int, job_id: str) -> None:
+
+class StateStore:
+    """One shard's durable state on an ``ObjectStore``. ``owner``: the job's identity in the prefix's
+    marker (default: ``job_id``); ``on_lost(reason)`` is called once, from the thread that noticed,
+    when another job took the prefix while this store was using it."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        shard: int,
+        job_id: str,
+        owner: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.layout = Layout(shard)
         self.shard = shard
         self.job_id = job_id
+        self.owner = owner or job_id
+        self.clock = clock
+        self.on_lost: Callable[[str], None] | None = None
+        self._lost: str | None = None
+        self._owner_lock = threading.Lock()
         self._manifest_lock = threading.Lock()
         self._committed: dict[int, FragmentRecord] = {}
         self._plan_hash = ""
@@ -51,6 +85,69 @@ class StateStore:
         self._written: dict[int, set[str]] = {}  # per fragment: parameter/outer objects written here
         self._listed: set[int] = set()  # fragments whose stored objects were listed once
         self._writers = ThreadPoolExecutor(max_workers=_WRITERS, thread_name_prefix="state-writer")
+
+    # -- the prefix's owner ---------------------------------------------------------------------
+
+    @property
+    def marker_location(self) -> str:
+        return f"{self.store.describe()}/{MARKER_KEY}"
+
+    def claim(self) -> JobMarker:
+        """Take the storage prefix for this job before anything else is read or written: write the
+        marker when there is none, then read it back (of two claiming at once, the last writer wins).
+        Raises ``StorageOwnedByAnotherJob`` when another job holds it, ``StateMismatch`` when the
+        marker cannot be read (it is not overwritten), ``StorageUnavailable`` to be retried."""
+        where = self.marker_location
+        existing = self._read_marker()
+        decision = claim_decision(existing, self.owner)
+        if existing is not None and decision == "refuse":
+            raise StorageOwnedByAnotherJob(conflict_message(existing, self.owner, where))
+        if existing is not None:
+            return existing
+        self.store.put(MARKER_KEY, encode_marker(new_marker(self.owner, self.job_id, self.clock())))
+        back = self._read_marker()
+        if back is None:
+            raise StorageUnavailable(f"{where} was gone right after it was written")
+        if claim_decision(back, self.owner) != "owned":
+            raise StorageOwnedByAnotherJob(conflict_message(back, self.owner, where))
+        log.info("storage prefix claimed for %s: %s", self.owner, where)
+        return back
+
+    def check_owner(self) -> None:
+        """Before a write of the state: raise ``StorageOwnedByAnotherJob`` once another job holds the
+        prefix, or its marker can no longer be read (for good: nothing more is written). A marker
+        deleted meanwhile is claimed again."""
+        self._ensure_kept()
+        try:
+            self.claim()
+        except StateMismatch as exc:
+            self._lose(str(exc))
+
+    def _read_marker(self) -> JobMarker | None:
+        try:
+            raw = self.store.get(MARKER_KEY)
+        except ObjectNotFound:
+            return None
+        try:
+            return parse_marker(raw, self.marker_location)
+        except MarkerUnreadable as exc:
+            raise StateMismatch(str(exc)) from exc
+
+    def _ensure_kept(self) -> None:
+        """Raise ``StorageOwnedByAnotherJob`` when the prefix was lost (no storage call)."""
+        if self._lost is not None:
+            raise StorageOwnedByAnotherJob(self._lost)
+
+    def _lose(self, reason: str) -> None:
+        with self._owner_lock:
+            first = self._lost is None
+            if first:
+                self._lost = reason
+        if first:
+            log.error("stopping all writes: %s", reason)
+            if self.on_lost is not None:
+                self.on_lost(reason)
+        raise StorageOwnedByAnotherJob(reason)
 
     # -- reading at start-up -------------------------------------------------------------------
 
@@ -79,6 +176,7 @@ class StateStore:
         return data
 
     def save_plan(self, plan: dict[str, Any], plan_hash: str) -> None:
+        self.check_owner()
         self.store.put(self.layout.plan, json.dumps(plan, sort_keys=True).encode())
         with self._manifest_lock:
             self._plan_hash = plan_hash
@@ -91,6 +189,7 @@ class StateStore:
             return LearnerRegistryRecord()
 
     def save_learners(self, registry: LearnerRegistryRecord) -> None:
+        self.check_owner()
         self.store.put(self.layout.learners, registry.model_dump_json().encode())
 
     def load_deal(self) -> DealRecord:
@@ -100,6 +199,7 @@ class StateStore:
             return DealRecord()
 
     def save_deal(self, record: DealRecord) -> None:
+        self.check_owner()
         self.store.put(self.layout.deal, record.model_dump_json().encode())
 
     def read(self, key: str) -> bytes:
@@ -131,6 +231,7 @@ class StateStore:
 
     def put_pending(self, meta: PendingMeta, payload: bytes) -> str:
         key = self.layout.pending(meta.fragment, meta.learner_id, meta.base_version, meta.seq)
+        self._ensure_kept()
         self.store.put(key, pack_pending(meta, payload))
         return key
 
@@ -147,6 +248,7 @@ class StateStore:
             return None
 
     def delete(self, key: str) -> None:
+        self._ensure_kept()
         self.store.delete(key)
 
     # -- commits -------------------------------------------------------------------------------
@@ -164,8 +266,9 @@ class StateStore:
         """Write the objects of a new fragment version, then the manifest that makes it current.
 
         The objects are independent of each other, so they are written concurrently; the manifest is
-        written only after all of them are durable.
+        written only after all of them are durable. The prefix's owner is checked first.
         """
+        self.check_owner()
         objects = {record.params_key: params_blob}
         if outer_blob is not None and record.outer_key is not None:
             objects[record.outer_key] = outer_blob
@@ -213,6 +316,7 @@ class StateStore:
         The first call for a fragment lists its objects (orphans of an earlier process included);
         later calls only look at the objects this process wrote, so a round never lists the store.
         """
+        self._ensure_kept()
         with self._manifest_lock:
             record = self._committed.get(fragment)
         if record is None:

@@ -1,11 +1,12 @@
 """Start-up: read the last committed state back from storage (blocking; run in a thread).
 
-What survives a crash: every version named by the manifest (parameters and outer state), the
-learner registry, and every contribution that was answered 202 while storage was up (it was
-written under ``pending/`` before the answer). Pending contributions whose idempotency key the
-manifest lists as applied were merged already: they are deleted, never replayed. The rest are
-replayed into the next round of their fragment. The status's recent rounds are read back from
-the round logs, and learners that had left cleanly stay left.
+The storage prefix is claimed for the job first (``StateStore.claim``). What survives a crash:
+every version named by the manifest (parameters and outer state), the learner registry, and every
+contribution that was answered 202 while storage was up (it was written under ``pending/`` before
+the answer). Pending contributions whose idempotency key the manifest lists as applied were merged
+already: they are deleted, never replayed. The rest are replayed into the next round of their
+fragment. The status's recent rounds are read back from the round logs, and learners that had left
+cleanly stay left.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class LoadedState:
 
 
 def load_state(store: StateStore, owned: list[int], recent_rounds: int = 0) -> LoadedState:
+    """The committed state, once the storage prefix is claimed for this job (``StateStore.claim``:
+    nothing is read before, so a prefix of another job is refused before its state is looked at)."""
+    store.claim()
     state = LoadedState(plan=store.load_plan(), learners=store.load_learners())
     manifest = store.load_manifest()
     if manifest is None or state.plan is None:

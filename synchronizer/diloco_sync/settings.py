@@ -2,6 +2,7 @@
 
 Every field is a flag and a ``DILOCO_*`` variable of ``diloco synchronizer`` (``diloco_sync.cli``),
 its description the flag's help; ``job.job_id`` and every field of ``job.diloco`` are flags too.
+``job_owner`` (``--job-owner``) names the job in its storage prefix's marker (``diloco_core.ownership``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ class SyncSettings(BaseModel):
 
     job: JobConfig = JobConfig()
     job_secret: SecretStr = Field(..., description="the job secret (prefer DILOCO_JOB_SECRET)")
+    job_owner: str | None = Field(
+        None,
+        description="who owns the storage prefix, named in its marker job.json: a synchronizer of "
+        "another owner refuses the prefix (default: the job id; the operator gives <namespace>/<name>)",
+    )
     storage_url: Annotated[str, Cli("storage")] = Field(
         ..., description="file:///path or s3://bucket/prefix (default: file:// of --data-dir)"
     )
@@ -123,6 +129,11 @@ class SyncSettings(BaseModel):
         if (self.storage_access_key is None) != (self.storage_secret_key is None):
             raise ValueError("S3 credentials need both the access key and the secret key")
         return self
+
+    @property
+    def owner(self) -> str:
+        """The job's identity in the storage prefix's marker (``diloco_core.ownership``)."""
+        return self.job_owner or self.job.job_id
 
     @property
     def owned_fragments(self) -> list[int]:

@@ -6,7 +6,8 @@ it) and stops at once on SIGTERM (the load is cancelled). Until the state is loa
 answers 503 with why, and every ``/v1`` route 503 ``starting`` (``retryable``, with ``Retry-After``).
 Once loaded, the pending contributions are replayed and the round loop and the storage watcher
 start. A failure that waiting cannot cure (wrong credentials, storage of another job) is handed
-to ``on_fatal``, which stops the server with the reason.
+to ``on_fatal`` (``cannot start: <why>``), which stops the server with the reason; so is another
+job taking the storage prefix while this one runs (``stopped: <why>``, ``StateStore.on_lost``).
 """
 
 from __future__ import annotations
@@ -114,10 +115,17 @@ class Startup:
         self.on_fatal = on_fatal
         self.loaded = False
         self.failure: str | None = None
+        self.stopped: str | None = None  # why it stopped after loading (its storage prefix was taken)
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
 
     def begin(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def lost(reason: str) -> None:  # called from the storage thread that noticed
+            loop.call_soon_threadsafe(self._lost, reason)
+
+        self.service.store.on_lost = lost
         self._tasks.append(asyncio.create_task(self._load_then_run(), name="load-state"))
 
     async def _load_then_run(self) -> None:
@@ -132,7 +140,7 @@ class Startup:
             self.failure = str(exc)
             log.error("cannot start: %s", exc)
             if self.on_fatal is not None:
-                self.on_fatal(self.failure)
+                self.on_fatal(f"cannot start: {self.failure}")
             return
         if self._stopping:
             return
@@ -142,6 +150,15 @@ class Startup:
         ]
         self.loaded = True
         log.info("synchronizer ready: storage %s", svc.store.store.describe())
+
+    def _lost(self, reason: str) -> None:
+        """Another job took the storage prefix: nothing more is written; stop with the reason."""
+        if self._stopping or self.stopped is not None:
+            return
+        self.stopped = reason
+        self.runner.stop()
+        if self.on_fatal is not None:
+            self.on_fatal(f"stopped: {reason}")
 
     async def _after_outage(self) -> None:
         """Storage is back: write what only memory holds (raises while storage still fails)."""
@@ -158,6 +175,8 @@ class Startup:
         """Why the synchronizer is not ready; without ``detailed``, nothing that names the storage
         (endpoint, bucket, object keys), which a start-up failure or storage error may."""
         guard = self.service.guard
+        if self.stopped is not None:
+            return f"stopped: {self.stopped}" if detailed else "stopped: the synchronizer's log says why"
         if detailed:
             return not_ready_reason(self.loaded, self.failure, guard.ok, guard.last_error)
         failure = "the synchronizer's log says why" if self.failure is not None else None

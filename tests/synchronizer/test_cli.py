@@ -83,8 +83,9 @@ def test_load_script_reports_throughput_and_baseline(capsys: pytest.CaptureFixtu
 
 @pytest.mark.integration
 def test_refuses_storage_of_another_job(tmp_path: Path, test_logs_dir: Path) -> None:
+    """The manifest's job id is checked too, where the prefix's marker lets the owner in."""
     store = f"file://{tmp_path / 'store'}"
-    args = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1"]
+    args = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--job-owner", "same-owner"]
     first = SyncProcess(test_logs_dir / "sync", store, [*args, "--job-id", "job-a"])
     first.start()
     try:

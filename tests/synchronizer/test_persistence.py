@@ -1,12 +1,15 @@
-"""The state store's commits and garbage collection on a real filesystem store."""
+"""The state store's commits, garbage collection and claim of its storage prefix, on a real
+filesystem store."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from diloco_core.layout import FragmentRecord
+import pytest
+from diloco_core.layout import FragmentRecord, LearnerRegistryRecord
+from diloco_core.ownership import CONFLICT, MARKER_KEY, encode_marker, new_marker, parse_marker
 from diloco_core.storage import FilesystemStore
-from diloco_sync.persistence import StateStore
+from diloco_sync.persistence import StateMismatch, StateStore, StorageOwnedByAnotherJob
 
 
 def _commit(state: StateStore, p: int, version: int) -> None:
@@ -50,3 +53,78 @@ def test_commits_write_every_object_and_collection_keeps_the_newest_versions(tmp
     assert manifest is not None
     assert {p: r.version for p, r in manifest.fragments.items()} == {0: 0, 1: 5}
     assert manifest.rounds == 7  # one commit in the first process, six here
+
+
+class RacingStore(FilesystemStore):
+    """A filesystem store where another job writes its marker right after each of ours."""
+
+    def __init__(self, root: Path, rival: str) -> None:
+        super().__init__(root)
+        self.rival = rival
+
+    def put(self, key: str, data: bytes) -> None:
+        super().put(key, data)
+        if key == MARKER_KEY:
+            super().put(key, encode_marker(new_marker(self.rival, "llm", 2.0)))
+
+
+def test_claims_an_empty_prefix_and_refuses_another_owner(tmp_path: Path) -> None:
+    fs = FilesystemStore(tmp_path)
+    mine = StateStore(fs, 0, "llm", owner="team-a/llm", clock=lambda: 1.0)
+    assert mine.claim() == new_marker("team-a/llm", "llm", 1.0)
+    assert parse_marker(fs.get(MARKER_KEY), "here").owner == "team-a/llm"
+    assert StateStore(fs, 1, "llm", owner="team-a/llm").claim().claimed_at == 1.0  # another shard: as is
+
+    with pytest.raises(StorageOwnedByAnotherJob, match=f"^{CONFLICT}: .*'team-a/llm'.*'team-b/llm'"):
+        StateStore(fs, 0, "llm", owner="team-b/llm").claim()
+    assert parse_marker(fs.get(MARKER_KEY), "here").owner == "team-a/llm"
+
+
+def test_of_two_claiming_at_once_the_last_writer_wins(tmp_path: Path) -> None:
+    with pytest.raises(StorageOwnedByAnotherJob, match="'team-b/llm'"):
+        StateStore(RacingStore(tmp_path, "team-b/llm"), 0, "llm", owner="team-a/llm").claim()
+
+
+def test_an_unreadable_marker_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    fs = FilesystemStore(tmp_path)
+    fs.put(MARKER_KEY, b"not json")
+    with pytest.raises(StateMismatch, match="cannot be read"):
+        StateStore(fs, 0, "llm").claim()
+    assert fs.get(MARKER_KEY) == b"not json"
+
+
+def test_a_prefix_taken_while_running_stops_every_write(tmp_path: Path) -> None:
+    fs = FilesystemStore(tmp_path)
+    lost: list[str] = []
+    state = StateStore(fs, 0, "llm", owner="team-a/llm")
+    state.on_lost = lost.append
+    state.claim()
+    _commit(state, 0, 0)
+    fs.put(MARKER_KEY, encode_marker(new_marker("team-b/llm", "llm", 5.0)))
+    with pytest.raises(StorageOwnedByAnotherJob, match="'team-b/llm'"):
+        _commit(state, 0, 1)
+    assert not fs.exists(state.layout.params(0, 1))  # nothing of the round was written
+    fs.delete(MARKER_KEY)  # lost for good: not claimed again
+    for write in (
+        lambda: _commit(state, 0, 1),
+        lambda: state.save_learners(LearnerRegistryRecord()),
+        lambda: state.collect_garbage(0, keep_versions=1),
+        lambda: state.delete(state.layout.manifest),
+    ):
+        with pytest.raises(StorageOwnedByAnotherJob):
+            write()
+    assert len(lost) == 1
+    assert lost[0].startswith(CONFLICT)
+    assert not fs.exists(MARKER_KEY)
+    manifest = StateStore(fs, 0, "llm", owner="team-a/llm").load_manifest()
+    assert manifest is not None
+    assert manifest.fragments[0].version == 0
+
+
+def test_a_marker_deleted_while_running_is_claimed_again(tmp_path: Path) -> None:
+    fs = FilesystemStore(tmp_path)
+    state = StateStore(fs, 0, "llm", owner="team-a/llm")
+    state.claim()
+    fs.delete(MARKER_KEY)
+    _commit(state, 0, 0)
+    assert parse_marker(fs.get(MARKER_KEY), "here").owner == "team-a/llm"

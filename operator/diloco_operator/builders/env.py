@@ -31,7 +31,9 @@ Learner (``diloco worker``) containers get:
 - then the spec's own ``spec.learners.env`` and the unit's ``env``, which may not name any of these
   (``pod_additions``).
 
-Synchronizer (``diloco synchronizer``) containers get ``DILOCO_JOB_ID``, ``DILOCO_JOB_SECRET``,
+Synchronizer (``diloco synchronizer``) containers get ``DILOCO_JOB_ID``, ``DILOCO_JOB_OWNER``
+(``<namespace>/<name>``: the job's identity in its storage prefix's marker, ``diloco_core.ownership``,
+so two jobs of one name in two namespaces never share a prefix), ``DILOCO_JOB_SECRET``,
 ``DILOCO_JOB_CONFIG``, ``DILOCO_STORAGE_CONFIG``, ``DILOCO_STORAGE`` (the s3:// URL),
 ``DILOCO_HOST`` (0.0.0.0), ``DILOCO_PORT``, ``DILOCO_SHARD_INDEX``,
 ``DILOCO_NUM_SHARDS``, ``DILOCO_SHARD_URLS`` (comma separated) and the same ``AWS_*`` variables;

@@ -46,6 +46,7 @@ def sync_env(job: JobRef, spec: DiLoCoJobSpec, shard: int) -> list[dict[str, Any
     urls = ",".join(sync_url(job, spec, i) for i in range(shards))
     return [
         env.value("DILOCO_JOB_ID", job.name),
+        env.value("DILOCO_JOB_OWNER", f"{job.namespace}/{job.name}"),
         env.job_secret_env(spec, secret_name(job.name)),
         *env.config_env(),
         env.value("DILOCO_STORAGE", spec.storage.url),
@@ -79,6 +80,9 @@ def build_sync_deployment(job: JobRef, spec: DiLoCoJobSpec, shard: int, digest: 
         "readinessProbe": http_probe("/readyz", port, 5, 3, scheme),
         "securityContext": container_security_context(),
         "volumeMounts": config_mounts() + tls_mounts(spec) + revocations_mounts(),
+        # why it exited (its log's last line: a storage prefix of another job, say) shows in the
+        # pod's termination message, which the job's status reads (``status.pods``)
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     return {
         "apiVersion": "apps/v1",

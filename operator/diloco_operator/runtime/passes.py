@@ -28,6 +28,7 @@ from diloco_operator.runtime.pods import (
     outdated_pods,
     restarts_under_way,
     sync_observation,
+    sync_storage_conflict,
     unit_observations,
 )
 from diloco_operator.runtime.reconcile import (
@@ -206,6 +207,7 @@ def observation(
         sync_unschedulable=sync_unschedulable,
         sync_unreachable=view.unreachable,
         restarting=restarting,
+        sync_conflict=sync_storage_conflict(pods),
     )
 
 
@@ -224,9 +226,7 @@ def compute(
     if gate is not None:
         conditions += (condition(old.conditions, "Chaos", gate.active, gate.reason, gate.message, now),)
     exported = job_export(spec, new, pods)
-    new = new.model_copy(
-        update={"message": None, "chaos": chaos_status, "conditions": conditions, "export": exported}
-    )
+    new = new.model_copy(update={"chaos": chaos_status, "conditions": conditions, "export": exported})
     events = diff_events(old, new) + export_events(old.export, exported)
     if gate is not None:
         events += chaos.gate_events(old, gate)

@@ -5,7 +5,8 @@ and learner units losing a pod and getting it back.
 The operator watches the pods it manages (label ``app.kubernetes.io/managed-by``), and every event
 lands in :class:`PodCache`; the job's status is computed from it (``unit_observations``,
 ``sync_observation``), so the status follows the pods as the watch delivers them, in order, and
-needs no LIST. The decisions here are pure; the cache only keeps the latest view of each pod.
+needs no LIST. A synchronizer that exits because another job owns its storage prefix says so in
+its termination message (``sync_storage_conflict``). The decisions here are pure; the cache only keeps the latest view of each pod.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from diloco_core.ownership import find_conflict
 
 from diloco_operator.schema.spec import DiLoCoJobSpec
 from diloco_operator.status.events import Event
@@ -86,6 +89,17 @@ def sync_observation(spec: DiLoCoJobSpec, pods: Iterable[PodObserved]) -> tuple[
     ready_shards = {p.shard for p in live if p.ready}
     ready = all(str(i) in ready_shards for i in range(spec.synchronizer.shards))
     return ready, next((p.unschedulable for p in live if p.unschedulable), "")
+
+
+def sync_storage_conflict(pods: Iterable[PodObserved]) -> str:
+    """Why a synchronizer pod that is not ready refuses its storage: the prefix belongs to another
+    job (``diloco_core.ownership``), as its container told when it last exited ("" when none did)."""
+    for pod in pods:
+        if pod.component == "synchronizer" and not pod.deleting and not pod.ready:
+            conflict = find_conflict(pod.message)
+            if conflict:
+                return conflict
+    return ""
 
 
 def outdated_pods(pods: Iterable[PodObserved], templates: Mapping[str, str]) -> dict[str, list[PodObserved]]:

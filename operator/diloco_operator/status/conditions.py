@@ -38,6 +38,9 @@ def stopped_message(phase: Phase) -> str:
     return f"the job is {phase}: its learner units are scaled down on purpose"
 
 
+STORAGE_CONFLICT = "StorageOwnedByAnotherJob"  # SynchronizerReady's reason: its storage prefix is taken
+
+
 def sync_condition(
     prev: Sequence[Condition],
     *,
@@ -46,14 +49,17 @@ def sync_condition(
     unreachable: str,
     phase: Phase,
     now: datetime,
+    conflict: str = "",
 ) -> Condition:
     """``SynchronizerReady``. ``unreachable``: the URL asked that gave no status (an external
-    synchronizer, say), named in the message. A suspended job's synchronizer is scaled down on
-    purpose; a finished job keeps its own (it serves the final model), so that one down is no less
-    a problem."""
+    synchronizer, say), named in the message; ``conflict``: why the synchronizer refuses its storage
+    prefix (another job owns it). A suspended job's synchronizer is scaled down on purpose; a
+    finished job keeps its own (it serves the final model), so that one down is no less a problem."""
     ctype = "SynchronizerReady"
     if problem:
         return condition(prev, ctype, False, "WrongJob", problem, now)
+    if conflict and not ready:
+        return condition(prev, ctype, False, STORAGE_CONFLICT, conflict, now)
     if ready:
         return condition(prev, ctype, True, "Available", "synchronizer available", now)
     if unreachable:

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from diloco_operator.schema.status import ACTIVE_PHASES, STOPPED_PHASES, JobStatus
-from diloco_operator.status.conditions import RESTARTING
+from diloco_operator.status.conditions import RESTARTING, STORAGE_CONFLICT
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def event_object(job: Mapping[str, Any], ev: Event, now: datetime, instance: str
 
 def diff_events(old: JobStatus, new: JobStatus) -> list[Event]:
     """Events for what changed between two statuses: quorum lost and regained, units gone, pods the
-    scheduler cannot place, phase.
+    scheduler cannot place, a synchronizer refusing a storage prefix of another job, phase.
 
     A job that Succeeded or is Suspended has its units scaled down on purpose: no warning for that.
     Nor for units the operator restarts for a new pod template (``QuorumMet`` False with the reason
@@ -83,6 +83,8 @@ def diff_events(old: JobStatus, new: JobStatus) -> list[Event]:
             )
         )
     events += unschedulable_events(old, new)
+    if _reason(new, "SynchronizerReady") == STORAGE_CONFLICT != _reason(old, "SynchronizerReady"):
+        events.append(Event("Warning", STORAGE_CONFLICT, _msg(new, "SynchronizerReady")))
     if old.phase != new.phase and new.phase in ("Succeeded", "Suspended", "Running"):
         events.append(Event("Normal", str(new.phase), f"job is {new.phase}"))
     return events

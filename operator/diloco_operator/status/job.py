@@ -47,6 +47,7 @@ class Observed:
     sync_unschedulable: str = ""  # the scheduler's message about a synchronizer pod it cannot place
     sync_unreachable: str = ""  # the synchronizer URL asked that gave no status (without credentials)
     restarting: frozenset[str] = frozenset()  # units whose outdated pods the operator deleted, not yet back
+    sync_conflict: str = ""  # why the synchronizer refuses its storage prefix (another job owns it)
 
 
 def budget_reached(spec: DiLoCoJobSpec, sync: StatusResponse | None) -> bool:
@@ -101,6 +102,7 @@ def compute_status(
             unreachable=obs.sync_unreachable,
             phase=phase,
             now=now,
+            conflict=obs.sync_conflict,
         ),
         quorum_condition(prev, ready, len(units), spec.diloco.quorum, phase, now, restarting),
         health_condition(prev, gone, spec.unit_lost_after_seconds, now),
@@ -111,6 +113,7 @@ def compute_status(
     optional: dict[str, Any] = {"observed_generation": generation} if generation is not None else {}
     return JobStatus(
         phase=phase,
+        message=obs.sync_conflict or None,  # None removes a stored one; a conflict waits for the user
         conditions=tuple(conditions),
         units=tuple(units),
         ready_units=ready,

@@ -30,7 +30,7 @@ class PodObserved:
     deleting: bool
     unschedulable: str  # the scheduler's message when it cannot place the pod, else ""
     template: str  # the pod template's hash annotation ("" when it has none)
-    message: str = ""  # the termination message of its (first) container, once it ended
+    message: str = ""  # the termination message of its (first) container, once it ended (or of its last run)
 
 
 def observe_pod(obj: Mapping[str, Any]) -> PodObserved:
@@ -65,10 +65,15 @@ def observe_pod(obj: Mapping[str, Any]) -> PodObserved:
 
 
 def termination_message(status: Mapping[str, Any]) -> str:
-    """What the pod's first container said as it ended ("" while it runs)."""
+    """What the pod's first container said as it ended; while it runs again or waits to (a
+    restarted container), what it said as its last run ended ("" when it never ended)."""
     containers = status.get("containerStatuses") or []
-    terminated = ((containers[0].get("state") or {}).get("terminated") or {}) if containers else {}
-    return str(terminated.get("message") or "")
+    first: Mapping[str, Any] = containers[0] if containers else {}
+    for state in ("state", "lastState"):
+        terminated = (first.get(state) or {}).get("terminated") or {}
+        if terminated:
+            return str(terminated.get("message") or "")
+    return ""
 
 
 def pod_job(obj: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -158,6 +158,8 @@ def test_synchronizer_environment_parses_into_its_settings(
         settings = parse_sync_settings([])
 
         assert settings.job.job_id == job
+        assert settings.owner == f"{NAMESPACE}/{job}"  # the same name in another namespace is another job
+        assert container_of(deployment)["terminationMessagePolicy"] == "FallbackToLogsOnError"
         assert settings.storage_url == env["DILOCO_STORAGE"]
         assert settings.shard_index == int(env["DILOCO_SHARD_INDEX"])
         assert settings.num_shards == int(env["DILOCO_NUM_SHARDS"])

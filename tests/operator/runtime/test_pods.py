@@ -13,6 +13,7 @@ from diloco_operator.runtime.pods import (
     outdated_pods,
     restarts_under_way,
     sync_observation,
+    sync_storage_conflict,
     unit_observations,
 )
 from diloco_operator.schema.spec import parse_spec
@@ -108,6 +109,32 @@ def test_units_and_synchronizer_as_their_pods_show_them() -> None:
     # shard 1's only pod is going away: not every shard is ready
     assert sync_observation(SPEC, pods) == (False, "")
     assert sync_observation(SPEC, [*pods, observe_pod(pod("j-sync-1-x", shard="1"))])[0] is True
+
+
+def exited(obj: dict[str, Any], message: str, *, now: bool = False) -> dict[str, Any]:
+    """``obj`` with its container's termination message: of its current state (``now``: it ended)
+    or of its last one (restarted)."""
+    terminated = {"terminated": {"exitCode": 1, "message": message}}
+    container = {"state": terminated} if now else {"state": {"waiting": {}}, "lastState": terminated}
+    return {**obj, "status": {**obj["status"], "containerStatuses": [container]}}
+
+
+def test_a_synchronizer_refusing_its_storage_prefix_is_told_by_its_last_exit() -> None:
+    refusal = "storage prefix owned by another job: s3://b/p/job.json names 'x/j'"
+    told = f"INFO stopping\ndiloco synchronizer: cannot start: {refusal}\n"
+    assert observe_pod(exited(pod("j-sync-0", shard="0", ready=False), told)).message == told
+    assert observe_pod(exited(pod("e-0", shard="0"), "summary", now=True)).message == "summary"
+    assert (
+        sync_storage_conflict([observe_pod(exited(pod("j-sync-0", shard="0", ready=False), told))]) == refusal
+    )
+    for other in (
+        exited(pod("j-sync-0", shard="0"), told),  # ready: it runs now
+        exited(pod("j-sync-0", shard="0", ready=False, deleting=True), told),
+        exited(pod("j-a-0", unit="a", ready=False), told),
+        exited(pod("j-sync-0", shard="0", ready=False), "ERROR storage unavailable"),
+        pod("j-sync-0", shard="0", ready=False),
+    ):
+        assert sync_storage_conflict([observe_pod(other)]) == ""
 
 
 def test_outdated_pods_are_those_of_another_template_not_yet_deleted() -> None:

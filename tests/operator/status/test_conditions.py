@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from diloco_core.ownership import conflict_message, new_marker
 from diloco_core.protocol import FragmentStatus, LearnerState, LearnerStatus, StatusResponse
 from diloco_operator.builders.names import JobRef
 from diloco_operator.runtime.passes import observation, read_synchronizer
@@ -15,13 +16,22 @@ from diloco_operator.schema.spec import DiLoCoJobSpec, parse_spec
 from diloco_operator.schema.status import ChaosStatus, Condition, JobStatus
 from diloco_operator.status.events import diff_events
 from diloco_operator.status.job import Observed, compute_status
+from diloco_operator.status.pods import observe_pod
 from diloco_operator.status.units import UnitObserved
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 JOB = JobRef("j", "ns", "uid-1")
 NO_NODE = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
 # reasons that tell a user something is wrong
-WARNINGS = {"BelowQuorum", "LearnersDead", "NotAvailable", "Unreachable", "UnitGone", "Unschedulable"}
+WARNINGS = {
+    "BelowQuorum",
+    "LearnersDead",
+    "NotAvailable",
+    "StorageOwnedByAnotherJob",
+    "Unreachable",
+    "UnitGone",
+    "Unschedulable",
+}
 
 
 def spec(units: int = 3, quorum: int = 2, **extra: Any) -> DiLoCoJobSpec:
@@ -219,3 +229,50 @@ def test_the_url_in_a_message_carries_no_credentials() -> None:
     assert "s3cret" not in view.problem
     assert "abc" not in view.problem
     assert "https://sync.a.example.com:8443/diloco" in view.problem
+
+
+def sync_pod(ready: bool, container: dict[str, Any]) -> dict[str, Any]:
+    """A synchronizer pod of job ``j`` as the watch shows it (``container``: its container's status)."""
+    labels = {"diloco.dev/job": "j", "app.kubernetes.io/component": "synchronizer", "diloco.dev/shard": "0"}
+    return {
+        "metadata": {"name": "j-sync-0-abc", "namespace": "ns", "uid": "u", "labels": labels},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [container],
+        },
+    }
+
+
+def test_a_synchronizer_refusing_another_jobs_storage_says_so_in_the_status() -> None:
+    refusal = conflict_message(new_marker("other/j", "j", 0.0), "ns/j", "s3://bkt/job.json")
+    log_tail = f"INFO shutting down\ndiloco synchronizer: cannot start: {refusal}\n"
+    crashing = {  # restarted by its Deployment: what it said as it exited is its last state's
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 1, "message": log_tail}},
+    }
+    view = read_synchronizer(lambda u, ca: None, None, JOB, spec(), sync_ready=False, ca_pem=None)
+    obs = observation(spec(), "j", [observe_pod(sync_pod(False, crashing))], view, ChaosStatus())
+    running = compute_status(spec(), observed((2, 2, 2), HEALTHY), JobStatus(), NOW)
+    status = compute_status(spec(), obs, running, NOW)
+    ready = conditions(status)["SynchronizerReady"]
+    assert (ready.status, ready.reason, ready.message) == ("False", "StorageOwnedByAnotherJob", refusal)
+    assert status.message == refusal
+    told = [
+        (e.type, e.message) for e in diff_events(running, status) if e.reason == "StorageOwnedByAnotherJob"
+    ]
+    assert told == [("Warning", refusal)]
+    assert diff_events(status, compute_status(spec(), obs, status, NOW)) == []  # told once
+
+    # the prefix given back: the synchronizer starts, and its last exit no longer counts once ready
+    back = observation(
+        spec(),
+        "j",
+        [observe_pod(sync_pod(True, {**crashing, "state": {"running": {}}}))],
+        view,
+        ChaosStatus(),
+    )
+    fixed = compute_status(spec(), back, status, NOW)
+    assert reason(fixed, "SynchronizerReady") == ("True", "Available")
+    assert fixed.message is None
+    assert back.sync_conflict == ""  # its last exit is still on the pod, but a ready pod refuses nothing

@@ -200,6 +200,7 @@ def test_the_status_is_a_merge_patch_in_the_crds_names() -> None:
     patch = running.to_patch()
     assert set(patch) == {
         "phase",
+        "message",  # null: removes what an earlier status said
         "conditions",
         "units",
         "readyUnits",
