@@ -27,6 +27,7 @@ from diloco_operator.runtime.pods import (
     PodWatch,
     outdated_pods,
     restarts_under_way,
+    sync_image_problem,
     sync_observation,
     sync_storage_conflict,
     unit_observations,
@@ -208,6 +209,7 @@ def observation(
         sync_unreachable=view.unreachable,
         restarting=restarting,
         sync_conflict=sync_storage_conflict(pods),
+        sync_image=sync_image_problem(pods),
     )
 
 

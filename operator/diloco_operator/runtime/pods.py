@@ -77,6 +77,7 @@ def unit_observations(spec: DiLoCoJobSpec, pods: Iterable[PodObserved]) -> list[
                 sum(1 for p in live if p.ready),
                 exists=bool(mine),
                 unschedulable=next((p.unschedulable for p in live if p.unschedulable), ""),
+                image_problem=next((p.image_problem for p in live if p.image_problem), ""),
             )
         )
     return out
@@ -89,6 +90,12 @@ def sync_observation(spec: DiLoCoJobSpec, pods: Iterable[PodObserved]) -> tuple[
     ready_shards = {p.shard for p in live if p.ready}
     ready = all(str(i) in ready_shards for i in range(spec.synchronizer.shards))
     return ready, next((p.unschedulable for p in live if p.unschedulable), "")
+
+
+def sync_image_problem(pods: Iterable[PodObserved]) -> str:
+    """Why a synchronizer pod cannot get its image ("" when none waits for one)."""
+    live = [p for p in pods if p.component == "synchronizer" and not p.deleting]
+    return next((p.image_problem for p in live if p.image_problem), "")
 
 
 def sync_storage_conflict(pods: Iterable[PodObserved]) -> str:

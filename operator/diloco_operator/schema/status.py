@@ -36,7 +36,7 @@ def parse_iso(s: str) -> datetime:
 ConditionStatus = Literal["True", "False", "Unknown"]
 UnitState = Literal["Ready", "NotReady", "Lost"]
 ExportState = Literal["Pending", "Running", "Succeeded", "Failed"]
-UnitReason = Literal["Ready", "PodsNotReady", "LearnersDead", "Unschedulable"]
+UnitReason = Literal["Ready", "PodsNotReady", "LearnersDead", "Unschedulable", "ImagePullFailed"]
 
 
 class _Status(BaseModel):

@@ -38,6 +38,7 @@ def stopped_message(phase: Phase) -> str:
     return f"the job is {phase}: its learner units are scaled down on purpose"
 
 
+IMAGE_PULL = "ImagePullFailed"  # a unit's and SynchronizerReady's reason: a pod cannot get its image
 STORAGE_CONFLICT = "StorageOwnedByAnotherJob"  # SynchronizerReady's reason: its storage prefix is taken
 
 
@@ -50,16 +51,19 @@ def sync_condition(
     phase: Phase,
     now: datetime,
     conflict: str = "",
+    image: str = "",
 ) -> Condition:
     """``SynchronizerReady``. ``unreachable``: the URL asked that gave no status (an external
     synchronizer, say), named in the message; ``conflict``: why the synchronizer refuses its storage
-    prefix (another job owns it). A suspended job's synchronizer is scaled down on purpose; a
+    prefix (another job owns it); ``image``: why a synchronizer pod cannot get its image. A suspended job's synchronizer is scaled down on purpose; a
     finished job keeps its own (it serves the final model), so that one down is no less a problem."""
     ctype = "SynchronizerReady"
     if problem:
         return condition(prev, ctype, False, "WrongJob", problem, now)
     if conflict and not ready:
         return condition(prev, ctype, False, STORAGE_CONFLICT, conflict, now)
+    if image and not ready:
+        return condition(prev, ctype, False, IMAGE_PULL, f"synchronizer: {image}", now)
     if ready:
         return condition(prev, ctype, True, "Available", "synchronizer available", now)
     if unreachable:
@@ -112,6 +116,7 @@ def health_condition(
 NOT_ALIVE = {
     "LearnersDead": "the synchronizer reports the learners of units {} dead",
     "Unschedulable": "the scheduler cannot place the pods of units {}",
+    "ImagePullFailed": "the pods of units {} cannot get their image (the units' messages say which and why)",
     "NotRunning": "no pod of units {} is ready",
     "NotHeardFrom": "the synchronizer has not heard from the learners of units {}",
 }
@@ -129,8 +134,8 @@ def learner_liveness(unit: UnitStatus, has_sync: bool) -> str:
         return "Alive"
     if running and not has_sync:
         return "Unknown"
-    if unit.reason == "Unschedulable":
-        return "Unschedulable"
+    if unit.reason in ("Unschedulable", IMAGE_PULL):
+        return unit.reason
     return "NotHeardFrom" if running else "NotRunning"
 
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from diloco_operator.schema.status import ACTIVE_PHASES, STOPPED_PHASES, JobStatus
-from diloco_operator.status.conditions import RESTARTING, STORAGE_CONFLICT
+from diloco_operator.status.conditions import IMAGE_PULL, RESTARTING, STORAGE_CONFLICT
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,7 @@ def diff_events(old: JobStatus, new: JobStatus) -> list[Event]:
             )
         )
     events += unschedulable_events(old, new)
+    events += image_pull_events(old, new)
     if _reason(new, "SynchronizerReady") == STORAGE_CONFLICT != _reason(old, "SynchronizerReady"):
         events.append(Event("Warning", STORAGE_CONFLICT, _msg(new, "SynchronizerReady")))
     if old.phase != new.phase and new.phase in ("Succeeded", "Suspended", "Running"):
@@ -102,6 +103,18 @@ def unschedulable_events(old: JobStatus, new: JobStatus) -> list[Event]:
     if newly:
         return [Event("Warning", "Unschedulable", "; ".join(f"unit {u.name}: {u.message}" for u in newly))]
     return []
+
+
+def image_pull_events(old: JobStatus, new: JobStatus) -> list[Event]:
+    """A Warning naming the image, for each unit (and the synchronizer) that starts failing to get its
+    image (never on every status refresh while it goes on failing)."""
+    before = {u.name for u in old.units if u.reason == IMAGE_PULL}
+    notes = [
+        f"unit {u.name}: {u.message}" for u in new.units if u.reason == IMAGE_PULL and u.name not in before
+    ]
+    if _reason(new, "SynchronizerReady") == IMAGE_PULL != _reason(old, "SynchronizerReady"):
+        notes.append(_msg(new, "SynchronizerReady"))
+    return [Event("Warning", IMAGE_PULL, note) for note in notes]
 
 
 def _dead_units(status: JobStatus) -> list[str]:

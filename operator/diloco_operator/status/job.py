@@ -47,6 +47,7 @@ class Observed:
     sync_unschedulable: str = ""  # the scheduler's message about a synchronizer pod it cannot place
     sync_unreachable: str = ""  # the synchronizer URL asked that gave no status (without credentials)
     restarting: frozenset[str] = frozenset()  # units whose outdated pods the operator deleted, not yet back
+    sync_image: str = ""  # why a synchronizer pod cannot get its image
     sync_conflict: str = ""  # why the synchronizer refuses its storage prefix (another job owns it)
 
 
@@ -103,6 +104,7 @@ def compute_status(
             phase=phase,
             now=now,
             conflict=obs.sync_conflict,
+            image=obs.sync_image,
         ),
         quorum_condition(prev, ready, len(units), spec.diloco.quorum, phase, now, restarting),
         health_condition(prev, gone, spec.unit_lost_after_seconds, now),

@@ -31,6 +31,7 @@ class PodObserved:
     unschedulable: str  # the scheduler's message when it cannot place the pod, else ""
     template: str  # the pod template's hash annotation ("" when it has none)
     message: str = ""  # the termination message of its (first) container, once it ended (or of its last run)
+    image_problem: str = ""  # why a container of it cannot get its image (which image, the kubelet's words)
 
 
 def observe_pod(obj: Mapping[str, Any]) -> PodObserved:
@@ -61,7 +62,25 @@ def observe_pod(obj: Mapping[str, Any]) -> PodObserved:
         unschedulable=unschedulable,
         template=str((meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION, "")),
         message=termination_message(status),
+        image_problem=image_problem(status),
     )
+
+
+IMAGE_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+
+
+def image_problem(status: Mapping[str, Any]) -> str:
+    """Why a container of the pod waits for an image it cannot get: the image, the kubelet's reason
+    and message ("" when none does)."""
+    for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting: Mapping[str, Any] = (c.get("state") or {}).get("waiting") or {}
+        reason = str(waiting.get("reason") or "")
+        if reason in IMAGE_WAITING:
+            said = str(waiting.get("message") or "").strip()
+            return f"image {c.get('image', '')!r} ({c.get('name', '')}): {reason}" + (
+                f": {said}" if said else ""
+            )
+    return ""
 
 
 def termination_message(status: Mapping[str, Any]) -> str:

@@ -5,7 +5,7 @@ A unit is ready when all its pods are ready and the synchronizer does not report
 unit's ``state`` is ``Ready``, ``NotReady`` or ``Lost`` (it was ready once and has been down for
 longer than ``unitLostAfterSeconds``); a unit whose pods the scheduler cannot place says so
 (reason ``Unschedulable``, with the scheduler's message), and so does the job's ``PodsScheduled``
-condition.
+condition; one whose pods cannot get their image says which image and why (``ImagePullFailed``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class UnitObserved:
     ready_replicas: int
     exists: bool = True
     unschedulable: str = ""
+    image_problem: str = ""  # why one of its pods cannot get its image
 
 
 def unit_progress(sync: StatusResponse | None, unit: str, job: str = "") -> dict[str, int]:
@@ -83,10 +84,14 @@ def unit_status(
         if dead
         else "Unschedulable"
         if seen.unschedulable
+        else "ImagePullFailed"
+        if seen.image_problem
         else "PodsNotReady"
     )
     if reason == "Unschedulable":
         since["message"] = seen.unschedulable
+    if reason == "ImagePullFailed":
+        since["message"] = seen.image_problem
     return UnitStatus(
         name=seen.name,
         replicas=spec_unit_replicas,

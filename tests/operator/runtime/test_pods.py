@@ -12,6 +12,7 @@ from diloco_operator.runtime.pods import (
     PodWatch,
     outdated_pods,
     restarts_under_way,
+    sync_image_problem,
     sync_observation,
     sync_storage_conflict,
     unit_observations,
@@ -90,6 +91,35 @@ def test_observe_pod_reads_readiness_the_schedulers_message_and_the_template() -
     assert (seen.unit, seen.component, seen.ready, seen.template) == ("a", "learner", False, "t9")
     assert seen.unschedulable.startswith("0/4 nodes are available")
     assert observe_pod(pod("j-a-0", unit="a")).unschedulable == ""
+
+
+@pytest.mark.parametrize(
+    ("statuses", "expected"),
+    [
+        (
+            {"containerStatuses": [{"name": "learner", "image": "w:typo", "state": {"waiting": {
+                "reason": "ImagePullBackOff", "message": 'Back-off pulling image "w:typo"'}}}]},
+            "image 'w:typo' (learner): ImagePullBackOff: Back-off pulling image \"w:typo\"",
+        ),
+        (
+            {"initContainerStatuses": [{"name": "init", "image": "i:1", "state": {"waiting": {
+                "reason": "ErrImagePull"}}}], "containerStatuses": []},
+            "image 'i:1' (init): ErrImagePull",
+        ),
+        ({"containerStatuses": [{"name": "learner", "state": {"waiting": {"reason": "ContainerCreating"}}}]}, ""),
+        ({"containerStatuses": [{"name": "learner", "state": {"running": {}}}]}, ""),
+        ({}, ""),
+    ],
+)  # fmt: skip
+def test_a_pod_that_cannot_get_its_image_says_which_and_why(statuses: dict[str, Any], expected: str) -> None:
+    obj = pod("j-a-0", unit="a", ready=False)
+    obj["status"] |= statuses
+    seen = observe_pod(obj)
+    assert seen.image_problem == expected
+    assert unit_observations(SPEC, [seen])[0].image_problem == expected
+    sync = pod("j-sync-0", shard="0", ready=False)
+    sync["status"] |= statuses
+    assert sync_image_problem([observe_pod(sync)]) == expected
 
 
 def test_units_and_synchronizer_as_their_pods_show_them() -> None:

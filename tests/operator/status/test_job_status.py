@@ -300,6 +300,32 @@ def test_a_unit_the_scheduler_cannot_place_says_why_once() -> None:
     assert unit_state_counts(worse)["not_ready"] == 2
 
 
+def test_an_image_that_cannot_be_pulled_is_named_in_the_unit_the_synchronizer_and_one_event() -> None:
+    said = "image 'reg.example/worker:typo' (learner): ImagePullBackOff: Back-off pulling image"
+    placed = Observed([UnitObserved(f"u{i}", 2, 2) for i in range(3)], True)
+    pulling = Observed(
+        [UnitObserved("u0", 2, 2), UnitObserved("u1", 2, 0, image_problem=said), UnitObserved("u2", 2, 2)],
+        False,
+        sync_image="image 'reg.example/sync:typo' (synchronizer): ErrImagePull",
+    )
+    running = compute_status(spec(), placed, JobStatus(), NOW)
+    failing = compute_status(spec(), pulling, running, NOW)
+    u1 = failing.units[1]
+    assert (u1.state, u1.reason, u1.message) == ("NotReady", "ImagePullFailed", said)
+    sync = next(c for c in failing.conditions if c.type == "SynchronizerReady")
+    assert (sync.status, sync.reason) == ("False", "ImagePullFailed")
+    assert sync.message == "synchronizer: image 'reg.example/sync:typo' (synchronizer): ErrImagePull"
+    warned = [(e.reason, e.message) for e in diff_events(running, failing) if e.reason == "ImagePullFailed"]
+    assert warned == [("ImagePullFailed", f"unit u1: {said}"), ("ImagePullFailed", sync.message)]
+    again = compute_status(spec(), pulling, failing, NOW)
+    assert [
+        e for e in diff_events(failing, again) if e.reason == "ImagePullFailed"
+    ] == []  # once, not per pass
+    # a pod the scheduler cannot place pulls nothing: that is what the unit says
+    both = Observed([UnitObserved("u0", 2, 0, unschedulable="0/4 nodes", image_problem=said)], True)
+    assert compute_status(spec(units=1, quorum=1), both, JobStatus(), NOW).units[0].reason == "Unschedulable"
+
+
 def test_a_merge_patch_is_what_the_apiserver_stores() -> None:
     stored = JobStatus(phase="Running", message="x", chaos=ChaosStatus(kills=1, down_until={"a": 5.0}))
     after = stored.merged(
