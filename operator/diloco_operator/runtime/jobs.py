@@ -24,6 +24,7 @@ from typing import Any
 from diloco_core.protocol import StatusResponse
 
 from diloco_operator.builders.names import JobRef
+from diloco_operator.runtime.rollout import RolloutPlan
 from diloco_operator.schema.status import ChaosStatus, JobStatus
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class JobState:
     chaos: ChaosStatus | None = None  # built-in chaos bookkeeping of the last reconcile
     templates: dict[str, str] = field(default_factory=dict)  # unit -> its pods' current template hash
     restarts: dict[str, float] = field(default_factory=dict)  # unit -> when its outdated pods were deleted
+    rollout: RolloutPlan = field(default_factory=RolloutPlan)  # the units to restart for a new template now
     requested_generation: int | None = None  # the newest generation a reconcile was asked for
     reconciled_generation: int | None = None
     validated_generation: int | None = None

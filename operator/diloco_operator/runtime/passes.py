@@ -41,6 +41,7 @@ from diloco_operator.runtime.reconcile import (
     sync_ingress,
     wrong_job,
 )
+from diloco_operator.runtime.rollout import failing_units, plan_rollout, rollout_condition
 from diloco_operator.runtime.syncstatus import redacted_url
 from diloco_operator.schema.spec import DiLoCoJobSpec, SpecError, parse_spec, validate_job
 from diloco_operator.schema.status import ChaosStatus, JobStatus
@@ -227,6 +228,7 @@ def compute(
     conditions = new.conditions
     if gate is not None:
         conditions += (condition(old.conditions, "Chaos", gate.active, gate.reason, gate.message, now),)
+    conditions += (rollout_condition(old.conditions, state.rollout, state.restarts, spec, pods, now),)
     exported = job_export(spec, new, pods)
     new = new.model_copy(update={"chaos": chaos_status, "conditions": conditions, "export": exported})
     events = diff_events(old, new) + export_events(old.export, exported)
@@ -236,13 +238,16 @@ def compute(
 
 
 def restart_outdated(ctx: Context, state: JobState, spec: DiLoCoJobSpec, now: datetime) -> list[Event]:
-    """Delete, all at once, the pods of each unit made from an older pod template: a unit is one
-    torch.distributed group, which must restart together (its StatefulSet is ``OnDelete``). Each
-    unit restarted is remembered from ``now``: its pods down are the operator's doing, no loss."""
+    """Delete, all at once, the pods of each unit the rollout restarts now (``state.rollout``) that are
+    made from an older pod template: a unit is one torch.distributed group, which must restart
+    together (its StatefulSet is ``OnDelete``). Each unit restarted is remembered from ``now``: its
+    pods down are the operator's doing, no loss."""
     job = state.ref
     events = []
     replicas = {u.name: u.replicas for u in spec.learner_units}
-    for unit, pods in sorted(outdated_pods(ctx.pods.pods(job.namespace, job.name), state.templates).items()):
+    outdated = outdated_pods(ctx.pods.pods(job.namespace, job.name), state.templates)
+    for unit in state.rollout.restart:
+        pods = outdated.get(unit, [])
         deleted = [p.name for p in pods if ctx.kube.delete("v1", "Pod", job.namespace, p.name, uid=p.uid)]
         if deleted:
             state.restarts[unit] = now.timestamp()
@@ -319,6 +324,13 @@ def refresh_pass(ctx: Context, state: JobState) -> Request | None:
     now = datetime.now(UTC)
     pods = ctx.pods.pods(state.ref.namespace, state.ref.name)
     state.restarts = restarts_under_way(spec, pods, state.templates, state.restarts, now.timestamp())
+    state.rollout = plan_rollout(
+        outdated_pods(pods, state.templates),
+        unit_observations(spec, pods),
+        state.restarts,
+        failing_units(pods, state.templates),
+        spec.diloco.quorum,
+    )
     new, events = compute(ctx, state, spec, now)
     write_status(ctx, state, new, events)
     post_events(ctx.kube, state.body, restart_outdated(ctx, state, spec, now), ctx.instance)

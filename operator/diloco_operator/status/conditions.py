@@ -38,6 +38,7 @@ def stopped_message(phase: Phase) -> str:
     return f"the job is {phase}: its learner units are scaled down on purpose"
 
 
+ROLLOUT_HALTED = "RolloutHalted"  # UnitsUpToDate's reason: a unit's pods of the new template fail
 IMAGE_PULL = "ImagePullFailed"  # a unit's and SynchronizerReady's reason: a pod cannot get its image
 STORAGE_CONFLICT = "StorageOwnedByAnotherJob"  # SynchronizerReady's reason: its storage prefix is taken
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from diloco_operator.schema.status import ACTIVE_PHASES, STOPPED_PHASES, JobStatus
-from diloco_operator.status.conditions import IMAGE_PULL, RESTARTING, STORAGE_CONFLICT
+from diloco_operator.status.conditions import IMAGE_PULL, RESTARTING, ROLLOUT_HALTED, STORAGE_CONFLICT
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,8 @@ def diff_events(old: JobStatus, new: JobStatus) -> list[Event]:
     events += image_pull_events(old, new)
     if _reason(new, "SynchronizerReady") == STORAGE_CONFLICT != _reason(old, "SynchronizerReady"):
         events.append(Event("Warning", STORAGE_CONFLICT, _msg(new, "SynchronizerReady")))
+    if _reason(new, "UnitsUpToDate") == ROLLOUT_HALTED != _reason(old, "UnitsUpToDate"):
+        events.append(Event("Warning", ROLLOUT_HALTED, _msg(new, "UnitsUpToDate")))
     if old.phase != new.phase and new.phase in ("Succeeded", "Suspended", "Running"):
         events.append(Event("Normal", str(new.phase), f"job is {new.phase}"))
     return events

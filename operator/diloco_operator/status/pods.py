@@ -32,6 +32,7 @@ class PodObserved:
     template: str  # the pod template's hash annotation ("" when it has none)
     message: str = ""  # the termination message of its (first) container, once it ended (or of its last run)
     image_problem: str = ""  # why a container of it cannot get its image (which image, the kubelet's words)
+    crash_loop: str = ""  # a container of it restarting over and over: its last words
 
 
 def observe_pod(obj: Mapping[str, Any]) -> PodObserved:
@@ -63,7 +64,20 @@ def observe_pod(obj: Mapping[str, Any]) -> PodObserved:
         template=str((meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION, "")),
         message=termination_message(status),
         image_problem=image_problem(status),
+        crash_loop=crash_loop(status),
     )
+
+
+def crash_loop(status: Mapping[str, Any]) -> str:
+    """A container of the pod that the kubelet holds back after repeated crashes: which, and what it
+    said as it last ended ("" when none is)."""
+    for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting: Mapping[str, Any] = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == "CrashLoopBackOff":
+            last = ((c.get("lastState") or {}).get("terminated") or {}).get("message") or ""
+            said = str(last).strip().splitlines()[-1] if str(last).strip() else ""
+            return f"{c.get('name', '')}: CrashLoopBackOff" + (f": {said}" if said else "")
+    return ""
 
 
 IMAGE_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
