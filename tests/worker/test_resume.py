@@ -69,9 +69,10 @@ root, rank, world, port, writes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]
 for folder, step, ranks in json.loads(writes):
     store = FilesystemStore(f"{root}/{folder}")
     tensors = {"w": torch.full((3,), float(step + 100 * int(folder.endswith("rank-1"))))}
-    meta = {"format": 1, "step": step, "unit_ranks": ranks, "loop": {"step": step, "cursor": step},
+    meta = {"format": 1, "step": step, "unit_ranks": max(ranks, 1), "loop": {"step": step, "cursor": step},
             "config": {"train": {"batch_size": 8}}}
-    store.put(f"ckpt-{step:010d}/tensors.safetensors", save(tensors))
+    blob = save(tensors) if ranks > 0 else b"not safetensors"  # a unit size of 0: a checkpoint that cannot be read
+    store.put(f"ckpt-{step:010d}/tensors.safetensors", blob)
     store.put(f"ckpt-{step:010d}/meta.json", json.dumps(meta).encode())
 env = {"WORLD_SIZE": str(world), "RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
 unit = join_unit(env, torch.device("cpu"))
@@ -155,3 +156,13 @@ def test_the_ranks_of_a_unit_resume_from_the_same_step(
     tmp_path: Path, writes: list[list[tuple[str, int, int]]], expected: list[str]
 ) -> None:
     assert _resume(tmp_path, 2, writes) == expected
+
+
+@pytest.mark.integration
+def test_a_checkpoint_that_cannot_be_read_is_passed_over_for_the_next_older(tmp_path: Path) -> None:
+    assert _resume(tmp_path, 1, [[("pod-0", 10, 1), ("pod-0", 20, 0)]]) == ["10 10 10.0"]
+    writes = [
+        [("pod-0/rank-0", 10, 2), ("pod-0/rank-0", 20, 0)],
+        [("pod-1/rank-1", 10, 2), ("pod-1/rank-1", 20, 2)],
+    ]
+    assert _resume(tmp_path / "unit", 2, writes) == ["10 10 10.0", "10 10 10.0"]

@@ -62,14 +62,17 @@ def choose(own_step: int, own_matches: bool, lead_step: int) -> Literal["own", "
     return "lead" if lead_step > 0 else "none"
 
 
-def newest_step(stores: list[ObjectStore]) -> tuple[int, ObjectStore | None]:
-    """The newest complete checkpoint step over these stores (0, None: none)."""
-    best: tuple[int, ObjectStore | None] = (0, None)
-    for store in stores:
-        steps = list_checkpoints(store)
-        if steps and steps[-1] > best[0]:
-            best = (steps[-1], store)
-    return best
+def newest_readable(stores: list[ObjectStore]) -> tuple[Checkpoint | None, ObjectStore | None]:
+    """The newest complete checkpoint over these stores that can be read, and its store (an
+    unreadable one is passed over for the next older)."""
+    found = sorted(
+        ((step, i) for i, store in enumerate(stores) for step in list_checkpoints(store)), reverse=True
+    )
+    for step, i in found:
+        ckpt = load_at(stores[i], step)
+        if ckpt is not None:
+            return ckpt, stores[i]
+    return None, None
 
 
 def _existing_store(location: str) -> ObjectStore | None:
@@ -88,28 +91,23 @@ def unit_checkpoint(location: str, unit: Unit, batch_size: int) -> tuple[ObjectS
     store = open_checkpoint_store(rank_folder(location, unit))
     steps = list_checkpoints(store)[-CHECKPOINTS_SHARED:]
     own_step = common_step(unit.gather_ints(steps, CHECKPOINTS_SHARED))
-    lead_step, lead_store = (0, None)
+    lead, lead_store = (None, None)
     if unit.is_leader:
         root = location.rstrip("/")
         other = _existing_store(f"{root}/rank-0" if not unit.distributed else root)
-        lead_step, lead_store = newest_step([store] if other is None else [store, other])
-    lead_step = unit.share_int(lead_step)
-    own = load_at(store, own_step) if own_step > 0 and own_step >= lead_step else None
+        lead, lead_store = newest_readable([store] if other is None else [store, other])
+    lead_step = unit.share_int(lead.step if lead is not None else 0)
+    own = None
+    if own_step > 0 and own_step >= lead_step:
+        same = lead is not None and lead_store is store and lead.step == own_step
+        own = lead if same else load_at(store, own_step)
     matches = own is not None and own.meta.get("unit_ranks", unit.world_size) == unit.world_size
     choice = choose(own_step, unit.all_min(int(matches)) == 1, lead_step)
     if choice == "own":
         return store, own
     if choice == "none":
         return store, None
-    ckpt = load_at(lead_store, lead_step) if lead_store is not None else None
-    if not unit.share_flag(ckpt is not None):
-        log.warning(
-            "rank %d: the leader cannot read its checkpoint of step %d; the unit starts afresh",
-            unit.rank,
-            lead_step,
-        )
-        return store, None
-    shared = share_checkpoint(unit, ckpt)
+    shared = share_checkpoint(unit, lead)
     return store, resized(shared, unit.world_size, batch_size)
 
 
