@@ -23,6 +23,7 @@ from .contribution import Contribution
 from .fragment_state import FragmentState
 from .fragments import Fragments
 from .merging import NothingMerged, RoundOutcome, run_round
+from .persistence import StateMismatch
 from .round_policy import RoundPolicy
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,10 @@ class RoundRunner:
             log_entry = await self.committer.write(fs, outcome, list(outcome.merged), timing)
         except asyncio.CancelledError:
             raise
+        except StateMismatch as exc:  # the prefix is another job's now: the server stops with the reason
+            log.error("fragment %d: round not committed: %s", fs.index, exc)
+            for c in fs.abort():
+                self.release.forget(c)
         except Exception:
             # their stored copies stay, so a restart replays them; only the memory is given back now
             log.exception(

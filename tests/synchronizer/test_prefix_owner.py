@@ -83,7 +83,10 @@ def test_a_synchronizer_whose_prefix_was_taken_stops_writing_and_exits(
     wait_for(lambda: not sync.process.running(), timeout=60, what="the synchronizer to exit")
     learner.close()
     assert sync.process.returncode() == 1, sync.process.failure_report()
-    last = sync.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1]
+    said = sync.log_path.read_text(encoding="utf-8", errors="replace")
+    assert "round not committed: " + CONFLICT in said  # one line, not a traceback
+    assert "round failed" not in said
+    last = said.strip().splitlines()[-1]
     assert last.startswith(f"diloco synchronizer: stopped: {CONFLICT}: "), last
     assert "'team-b/llm'" in last
     assert objects.get("shard-000/manifest.json") == manifest  # the round was never committed
