@@ -286,13 +286,22 @@ def load_at(store: ObjectStore, step: int) -> Checkpoint | None:
     return Checkpoint(meta, tensors)
 
 
+def newest_readable(stores: Sequence[ObjectStore]) -> tuple[Checkpoint | None, ObjectStore | None]:
+    """The newest complete checkpoint over these stores that can be read, and its store (an
+    unreadable one is passed over for the next older); (None, None) when there is none."""
+    found = sorted(
+        ((step, i) for i, store in enumerate(stores) for step in list_checkpoints(store)), reverse=True
+    )
+    for step, i in found:
+        ckpt = load_at(stores[i], step)
+        if ckpt is not None:
+            return ckpt, stores[i]
+    return None, None
+
+
 def load_latest(store: ObjectStore) -> Checkpoint | None:
     """The newest complete checkpoint that can be read, or None."""
-    for step in reversed(list_checkpoints(store)):
-        ckpt = load_at(store, step)
-        if ckpt is not None:
-            return ckpt
-    return None
+    return newest_readable([store])[0]
 
 
 def common_step(per_rank: Sequence[Sequence[int]]) -> int:

@@ -28,7 +28,14 @@ from diloco_core.storage import ObjectStore
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from .checkpoint import Checkpoint, common_step, list_checkpoints, load_at, open_checkpoint_store
+from .checkpoint import (
+    Checkpoint,
+    common_step,
+    list_checkpoints,
+    load_at,
+    newest_readable,
+    open_checkpoint_store,
+)
 from .distributed import Unit
 
 log = logging.getLogger("diloco_worker.resume")
@@ -60,19 +67,6 @@ def choose(own_step: int, own_matches: bool, lead_step: int) -> Literal["own", "
     if own_step > 0 and own_step >= lead_step and own_matches:
         return "own"
     return "lead" if lead_step > 0 else "none"
-
-
-def newest_readable(stores: list[ObjectStore]) -> tuple[Checkpoint | None, ObjectStore | None]:
-    """The newest complete checkpoint over these stores that can be read, and its store (an
-    unreadable one is passed over for the next older)."""
-    found = sorted(
-        ((step, i) for i, store in enumerate(stores) for step in list_checkpoints(store)), reverse=True
-    )
-    for step, i in found:
-        ckpt = load_at(stores[i], step)
-        if ckpt is not None:
-            return ckpt, stores[i]
-    return None, None
 
 
 def _existing_store(location: str) -> ObjectStore | None:
