@@ -228,7 +228,9 @@ def compute(
     conditions = new.conditions
     if gate is not None:
         conditions += (condition(old.conditions, "Chaos", gate.active, gate.reason, gate.message, now),)
-    conditions += (rollout_condition(old.conditions, state.rollout, state.restarts, spec, pods, now),)
+    conditions += (
+        rollout_condition(old.conditions, state.rollout, state.restarts, obs.units, spec.diloco.quorum, now),
+    )
     exported = job_export(spec, new, pods)
     new = new.model_copy(update={"chaos": chaos_status, "conditions": conditions, "export": exported})
     events = diff_events(old, new) + export_events(old.export, exported)

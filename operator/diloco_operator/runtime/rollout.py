@@ -20,8 +20,6 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from diloco_operator.runtime.pods import unit_observations
-from diloco_operator.schema.spec import DiLoCoJobSpec
 from diloco_operator.schema.status import Condition
 from diloco_operator.status.conditions import ROLLOUT_HALTED, condition
 from diloco_operator.status.pods import PodObserved
@@ -61,12 +59,19 @@ def failing_units(pods: Iterable[PodObserved], templates: Mapping[str, str]) -> 
     return out
 
 
+def _ready(units: Iterable[UnitObserved]) -> set[str]:
+    return {u.name for u in units if u.exists and u.ready_replicas >= u.replicas > 0}
+
+
+def rollout_width(units: Iterable[UnitObserved], restarting: Collection[str], quorum: int) -> int:
+    """How many units may be restarting at once: ``max(1, up - quorum)``, where the units up are the
+    ready ones and those the operator is restarting."""
+    return max(1, len(_ready(units) | set(restarting)) - quorum)
+
+
 def rollout_room(units: Iterable[UnitObserved], restarting: Collection[str], quorum: int) -> int:
-    """How many more units may be restarted now: ``max(1, up - quorum)`` less those restarting, where
-    the units up are the ready ones and those the operator is restarting."""
-    up = sum(1 for u in units if u.exists and u.ready_replicas >= u.replicas > 0 and u.name not in restarting)
-    up += len(restarting)
-    return max(1, up - quorum) - len(restarting)
+    """How many more units may be restarted now: the width less those restarting."""
+    return rollout_width(units, restarting, quorum) - len(restarting)
 
 
 def plan_rollout(
@@ -78,7 +83,7 @@ def plan_rollout(
 ) -> RolloutPlan:
     """Which of the ``outdated`` units to restart now (see the module)."""
     units = list(units)
-    ready = {u.name for u in units if u.exists and u.ready_replicas >= u.replicas > 0}
+    ready = _ready(units)
     pending = sorted(u for u in outdated if u not in restarting)
     if failing:
         unit, why = sorted(failing.items())[0]
@@ -95,9 +100,9 @@ def plan_rollout(
 def rollout_condition(
     prev: Sequence[Condition],
     plan: RolloutPlan,
-    restarting: Mapping[str, float],
-    spec: DiLoCoJobSpec,
-    pods: list[PodObserved],
+    restarting: Collection[str],
+    units: Iterable[UnitObserved],
+    quorum: int,
     now: datetime,
 ) -> Condition:
     """``UnitsUpToDate``: every unit's pods are made from its current template, or the rollout under
@@ -107,8 +112,8 @@ def rollout_condition(
         return condition(prev, ctype, False, ROLLOUT_HALTED, plan.halted, now)
     going = {*restarting, *plan.restart}
     if going or plan.waiting:
-        room = rollout_room(unit_observations(spec, pods), going, spec.diloco.quorum) + len(going)
-        return condition(prev, ctype, False, "RollingOut", plan.describe(going, max(1, room)), now)
+        width = rollout_width(units, going, quorum)
+        return condition(prev, ctype, False, "RollingOut", plan.describe(going, width), now)
     return condition(
         prev, ctype, True, "UpToDate", "every unit's pods are made from its current pod template", now
     )

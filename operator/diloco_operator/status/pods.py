@@ -3,7 +3,7 @@ what its container said as it ended)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,33 +68,40 @@ def observe_pod(obj: Mapping[str, Any]) -> PodObserved:
     )
 
 
+IMAGE_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+
+
+def waiting_container(
+    status: Mapping[str, Any], reasons: Collection[str]
+) -> tuple[Mapping[str, Any], str, str]:
+    """The first container of the pod (init containers first) that waits for one of ``reasons``: its
+    status, the reason and the kubelet's message; ({}, "", "") when none does."""
+    for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting: Mapping[str, Any] = (c.get("state") or {}).get("waiting") or {}
+        reason = str(waiting.get("reason") or "")
+        if reason in reasons:
+            return c, reason, str(waiting.get("message") or "").strip()
+    return {}, "", ""
+
+
 def crash_loop(status: Mapping[str, Any]) -> str:
     """A container of the pod that the kubelet holds back after repeated crashes: which, and what it
     said as it last ended ("" when none is)."""
-    for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
-        waiting: Mapping[str, Any] = (c.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") == "CrashLoopBackOff":
-            last = ((c.get("lastState") or {}).get("terminated") or {}).get("message") or ""
-            said = str(last).strip().splitlines()[-1] if str(last).strip() else ""
-            return f"{c.get('name', '')}: CrashLoopBackOff" + (f": {said}" if said else "")
-    return ""
-
-
-IMAGE_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+    c, reason, _ = waiting_container(status, ("CrashLoopBackOff",))
+    if not reason:
+        return ""
+    last = str(((c.get("lastState") or {}).get("terminated") or {}).get("message") or "").strip()
+    said = last.splitlines()[-1] if last else ""
+    return f"{c.get('name', '')}: {reason}" + (f": {said}" if said else "")
 
 
 def image_problem(status: Mapping[str, Any]) -> str:
     """Why a container of the pod waits for an image it cannot get: the image, the kubelet's reason
     and message ("" when none does)."""
-    for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
-        waiting: Mapping[str, Any] = (c.get("state") or {}).get("waiting") or {}
-        reason = str(waiting.get("reason") or "")
-        if reason in IMAGE_WAITING:
-            said = str(waiting.get("message") or "").strip()
-            return f"image {c.get('image', '')!r} ({c.get('name', '')}): {reason}" + (
-                f": {said}" if said else ""
-            )
-    return ""
+    c, reason, said = waiting_container(status, IMAGE_WAITING)
+    if not reason:
+        return ""
+    return f"image {c.get('image', '')!r} ({c.get('name', '')}): {reason}" + (f": {said}" if said else "")
 
 
 def termination_message(status: Mapping[str, Any]) -> str:

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from diloco_operator.runtime.pods import unit_observations
 from diloco_operator.runtime.rollout import (
     RolloutPlan,
     failing_units,
@@ -103,13 +104,14 @@ def test_the_condition_says_up_to_date_rolling_out_or_halted_and_warns_once() ->
         }
     )
     pods = [observe_pod(_pod(f"j-{u}-0", u, "new")) for u in UNITS]
-    done = rollout_condition([], RolloutPlan(), {}, spec, pods, NOW)
+    seen = unit_observations(spec, pods)
+    done = rollout_condition([], RolloutPlan(), {}, seen, 2, NOW)
     assert (done.status, done.reason) == ("True", "UpToDate")
-    going = rollout_condition([], RolloutPlan(("a", "b"), ("c", "d")), {}, spec, pods, NOW)
+    going = rollout_condition([], RolloutPlan(("a", "b"), ("c", "d")), {}, seen, 2, NOW)
     assert (going.status, going.reason) == ("False", "RollingOut")
     assert going.message.startswith("restarting units a, b; units c, d wait for their turn")
     halted = RolloutPlan((), ("c", "d"), "the new pod template fails in unit a (...)")
-    stopped = rollout_condition([going], halted, {"a": 1.0}, spec, pods, NOW)
+    stopped = rollout_condition([going], halted, {"a": 1.0}, seen, 2, NOW)
     assert (stopped.status, stopped.reason, stopped.message) == ("False", "RolloutHalted", halted.halted)
     before, after = JobStatus(conditions=(going,)), JobStatus(conditions=(stopped,))
     assert [(e.type, e.reason, e.message) for e in diff_events(before, after)] == [
