@@ -83,10 +83,15 @@ def unit_observations(spec: DiLoCoJobSpec, pods: Iterable[PodObserved]) -> list[
     return out
 
 
+def live_sync_pods(pods: Iterable[PodObserved]) -> list[PodObserved]:
+    """The job's synchronizer pods that are not being deleted."""
+    return [p for p in pods if p.component == "synchronizer" and not p.deleting]
+
+
 def sync_observation(spec: DiLoCoJobSpec, pods: Iterable[PodObserved]) -> tuple[bool, str]:
     """Whether every synchronizer shard has a ready pod, and the scheduler's message about a
     synchronizer pod it cannot place ("" when none)."""
-    live = [p for p in pods if p.component == "synchronizer" and not p.deleting]
+    live = live_sync_pods(pods)
     ready_shards = {p.shard for p in live if p.ready}
     ready = all(str(i) in ready_shards for i in range(spec.synchronizer.shards))
     return ready, next((p.unschedulable for p in live if p.unschedulable), "")
@@ -94,19 +99,14 @@ def sync_observation(spec: DiLoCoJobSpec, pods: Iterable[PodObserved]) -> tuple[
 
 def sync_image_problem(pods: Iterable[PodObserved]) -> str:
     """Why a synchronizer pod cannot get its image ("" when none waits for one)."""
-    live = [p for p in pods if p.component == "synchronizer" and not p.deleting]
-    return next((p.image_problem for p in live if p.image_problem), "")
+    return next((p.image_problem for p in live_sync_pods(pods) if p.image_problem), "")
 
 
 def sync_storage_conflict(pods: Iterable[PodObserved]) -> str:
     """Why a synchronizer pod that is not ready refuses its storage: the prefix belongs to another
     job (``diloco_core.ownership``), as its container told when it last exited ("" when none did)."""
-    for pod in pods:
-        if pod.component == "synchronizer" and not pod.deleting and not pod.ready:
-            conflict = find_conflict(pod.message)
-            if conflict:
-                return conflict
-    return ""
+    told = (find_conflict(p.message) for p in live_sync_pods(pods) if not p.ready)
+    return next((conflict for conflict in told if conflict), "")
 
 
 def outdated_pods(pods: Iterable[PodObserved], templates: Mapping[str, str]) -> dict[str, list[PodObserved]]:
