@@ -19,6 +19,8 @@ PARTIAL_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;
 
 _PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Secret"): "secrets",
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("scheduling.k8s.io/v1", "PriorityClass"): "priorityclasses",
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Service"): "services",
     ("v1", "Pod"): "pods",

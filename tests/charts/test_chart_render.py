@@ -187,6 +187,44 @@ def test_service_monitors_render_when_the_cluster_serves_them(tmp_path: Path) ->
     assert all(m["metadata"]["labels"]["release"] == "prom" for m in monitors.values())
 
 
+def test_pod_monitors_render_with_the_service_label_the_dashboard_uses(tmp_path: Path) -> None:
+    values = {"metrics": {"podMonitor": {"enabled": True, "labels": {"release": "prom"}}}}
+    manifests = render(tmp_path, values, extra=("--api-versions", "monitoring.coreos.com/v1/PodMonitor"))
+    assert of_kind(manifests, "ServiceMonitor") == []
+    monitors = {m["metadata"]["name"]: m for m in of_kind(manifests, "PodMonitor")}
+    assert set(monitors) == {"diloco-operator", "diloco-synchronizers"}
+    operator = monitors["diloco-operator"]["spec"]
+    assert (
+        operator["podMetricsEndpoints"][0]["port"],
+        operator["podMetricsEndpoints"][0]["honorLabels"],
+    ) == (
+        "metrics",
+        True,
+    )
+    pod = _container(manifests)
+    assert "metrics" in [p["name"] for p in pod["ports"]]
+    syncs = monitors["diloco-synchronizers"]["spec"]
+    assert syncs["namespaceSelector"] == {"any": True}
+    assert [e["port"] for e in syncs["podMetricsEndpoints"]] == ["http", "https"]
+    # a synchronizer pod's ReplicaSet is its Deployment's name (= its Service's) and a hash
+    (relabel,) = syncs["podMetricsEndpoints"][0]["relabelings"]
+    assert relabel["targetLabel"] == "service"
+    assert re.fullmatch(relabel["regex"], "llm-sync-0-5d8f7c9b4") is not None
+    assert re.sub(relabel["regex"], r"\1", "llm-sync-0-5d8f7c9b4") == "llm-sync-0"
+    assert relabel["replacement"] == "$1"
+    assert all(m["metadata"]["labels"]["release"] == "prom" for m in monitors.values())
+
+
+def test_pod_and_service_monitors_are_not_both_made(tmp_path: Path) -> None:
+    both = {"metrics": {"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True}}}
+    apis = [f"--api-versions=monitoring.coreos.com/v1/{kind}" for kind in ("PodMonitor", "ServiceMonitor")]
+    result = helm(
+        "template", "r", str(CHART), "--kube-version", KUBE_VERSION, *apis, *values_args(tmp_path, both)
+    )
+    assert result.returncode != 0
+    assert "scrape the same pods twice" in result.stderr, result.stderr
+
+
 def test_crds_in_the_chart_are_identical_to_the_source_of_truth() -> None:
     names = ["dilocojobs.diloco.dev.yaml", "kopfpeerings.kopf.dev.yaml"]
     assert sorted(p.name for p in (CHART / "crds").iterdir()) == names
@@ -202,8 +240,11 @@ def test_rendered_rbac_grants_exactly_the_rules_of_operator_rbac_yaml(tmp_path: 
         CHART / "files" / "operator-rbac.yaml"
     ).read_bytes() == source.read_bytes(), "run scripts/sync-chart-crd.sh"
     wanted = flat_rules(yaml.safe_load(source.read_text()))
-    # what only an operator of every namespace needs: kopf's CRD watch and the cluster-wide peering
-    cluster_scoped = {r for r in wanted if r[1] in ("customresourcedefinitions", "clusterkopfpeerings")}
+    # what only an operator of every namespace needs: kopf's CRD watch, the cluster-wide peering and
+    # reading PriorityClasses
+    cluster_scoped = {
+        r for r in wanted if r[1] in ("customresourcedefinitions", "clusterkopfpeerings", "priorityclasses")
+    }
     assert cluster_scoped
     for values in (None, CUSTOM_VALUES, {"watchNamespaces": ["only"]}):
         manifests = render(tmp_path, values)

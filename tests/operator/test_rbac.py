@@ -172,6 +172,7 @@ def test_operator_reconciles_with_exactly_the_charts_rules(
     api: k8s.ApiClient,
     namespace: str,
     chart_operator: ChartOperator,
+    request: pytest.FixtureRequest,
 ) -> None:
     proc, ns = chart_operator.proc, chart_operator.jobs
     # The token really is the ServiceAccount's: what the rules do not grant is refused.
@@ -201,7 +202,13 @@ def test_operator_reconciles_with_exactly_the_charts_rules(
         },
     )
     storage = {"bucket": "diloco-test", "credentialsSecretRef": {"name": "s3-creds"}}
-    create_job(api, ns, job_manifest("least", [unit("a", 2), unit("b")], storage=storage))
+    # what the pods name is read to check it exists (a PriorityClass only where the rules reach it)
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "trainer"}})
+    priority = f"least-{ns}"[:63]
+    k8s.SchedulingV1Api(api).create_priority_class({"metadata": {"name": priority}, "value": 10})
+    request.addfinalizer(lambda: k8s.SchedulingV1Api(api).delete_priority_class(priority))
+    pods = {"serviceAccountName": "trainer", "priorityClassName": priority}
+    create_job(api, ns, job_manifest("least", [unit("a", 2), unit("b")], storage=storage, pods=pods))
     wait_for(
         lambda: children(api, ns, "least") == expected_children("least", ["a", "b"]),
         timeout=90,

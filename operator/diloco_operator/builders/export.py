@@ -22,6 +22,7 @@ from diloco_operator.builders.containers import (
     with_default_requests,
 )
 from diloco_operator.builders.names import JobRef, job_id, labels, metadata
+from diloco_operator.builders.pod_settings import with_pod_settings
 from diloco_operator.builders.volumes import config_mounts, config_volumes
 from diloco_operator.schema.spec import DiLoCoJobSpec
 
@@ -88,6 +89,7 @@ def build_export_job(job: JobRef, spec: DiLoCoJobSpec) -> dict[str, Any]:
             "volumes": [*config_volumes(job.name), *spec.learners.volumes],
         },
     }
+    with_pod_settings(template, spec.pods)
     name = f"{job.name}-export-{template_hash(template)[:5]}"  # <= 63: a job's name is <= 50
     return {
         "apiVersion": "batch/v1",

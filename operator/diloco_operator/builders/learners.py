@@ -24,6 +24,7 @@ from diloco_operator.builders.names import (
     sync_url,
     unit_name,
 )
+from diloco_operator.builders.pod_settings import with_pod_settings
 from diloco_operator.builders.volumes import (
     config_mounts,
     config_volumes,
@@ -32,7 +33,7 @@ from diloco_operator.builders.volumes import (
     token_mounts,
     token_volumes,
 )
-from diloco_operator.schema.spec import DiLoCoJobSpec, LearnerUnit
+from diloco_operator.schema.spec import DiLoCoJobSpec, LearnerUnit, unit_pod_settings
 
 COMPONENT = "learner"
 REGION_LABEL = "topology.kubernetes.io/region"
@@ -116,7 +117,7 @@ def build_pod_template(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, dige
             *unit.volume_mounts,
         ],
     }
-    return {
+    template = {
         "metadata": {
             "labels": labels(job.name, COMPONENT, **{UNIT_LABEL: unit.name}),
             "annotations": {CONFIG_HASH_ANNOTATION: digest},
@@ -136,6 +137,7 @@ def build_pod_template(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, dige
             **pod_placement(unit),
         },
     }
+    return with_pod_settings(template, unit_pod_settings(spec, unit))
 
 
 def build_statefulset(

@@ -24,6 +24,7 @@ from diloco_operator.builders.names import (
     sync_port_name,
     sync_url,
 )
+from diloco_operator.builders.pod_settings import with_pod_settings
 from diloco_operator.builders.volumes import (
     config_mounts,
     config_volumes,
@@ -32,7 +33,7 @@ from diloco_operator.builders.volumes import (
     tls_mounts,
     tls_volumes,
 )
-from diloco_operator.schema.spec import DiLoCoJobSpec
+from diloco_operator.schema.spec import DiLoCoJobSpec, sync_pod_settings
 
 COMPONENT = "synchronizer"
 
@@ -84,6 +85,16 @@ def build_sync_deployment(job: JobRef, spec: DiLoCoJobSpec, shard: int, digest: 
         # pod's termination message, which the job's status reads (``status.pods``)
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    template = {
+        "metadata": {"labels": pod_labels, "annotations": {CONFIG_HASH_ANNOTATION: digest}},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "securityContext": pod_security_context(),
+            "terminationGracePeriodSeconds": 30,
+            "containers": [container],
+            "volumes": config_volumes(job.name) + tls_volumes(spec) + revocations_volumes(job.name),
+        },
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -92,16 +103,7 @@ def build_sync_deployment(job: JobRef, spec: DiLoCoJobSpec, shard: int, digest: 
             "replicas": replicas,
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": selector(job.name, shard)},
-            "template": {
-                "metadata": {"labels": pod_labels, "annotations": {CONFIG_HASH_ANNOTATION: digest}},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "securityContext": pod_security_context(),
-                    "terminationGracePeriodSeconds": 30,
-                    "containers": [container],
-                    "volumes": config_volumes(job.name) + tls_volumes(spec) + revocations_volumes(job.name),
-                },
-            },
+            "template": with_pod_settings(template, sync_pod_settings(spec)),
         },
     }
 

@@ -45,6 +45,7 @@ from diloco_operator.schema.spec import (
     SpecError,
     config_map_references,
     parse_spec,
+    pod_settings_references,
     secret_references,
     validate_job,
 )
@@ -97,7 +98,29 @@ def check_spec(kube: Kube, job: JobRef, raw: Mapping[str, Any]) -> DiLoCoJobSpec
                 )
             if key not in (found.get("data") or {}):
                 raise SpecError(f"{kind} '{name}' has no key '{key}' that the spec refers to")
+    check_pod_references(kube, job, spec)
     return spec
+
+
+def check_pod_references(kube: Kube, job: JobRef, spec: DiLoCoJobSpec) -> None:
+    """The ServiceAccounts and PriorityClasses the pods name exist: the apiserver refuses a pod that
+    names a missing one, and its unit would wait with no pod and no reason. An operator that may not
+    read PriorityClasses (one watching named namespaces only) leaves those to the apiserver."""
+    accounts, classes = pod_settings_references(spec)
+    for name in accounts:
+        if kube.get("v1", "ServiceAccount", job.namespace, name) is None:
+            raise SpecError(
+                f"ServiceAccount '{name}' named by the spec's pods does not exist in namespace {job.namespace}"
+            )
+    for name in classes:
+        try:
+            found = kube.get("scheduling.k8s.io/v1", "PriorityClass", "", name)
+        except ApiException as exc:
+            if exc.status == 403:
+                continue
+            raise
+        if found is None:
+            raise SpecError(f"PriorityClass '{name}' named by the spec's pods does not exist in the cluster")
 
 
 def secret_value(kube: Kube, namespace: str, name: str, key: str) -> str | None:

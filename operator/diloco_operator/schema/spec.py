@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from diloco_operator.schema import pod_additions
+from diloco_operator.schema.pod_settings import PodSettings, merged
 
 # A resource quantity as the CRD admits it: Kubernetes' own quantity syntax, without a sign (a
 # negative request or limit can never work).
@@ -180,6 +181,7 @@ class LearnerUnit(_Spec):
     env: list[dict[str, Any]] = Field(default_factory=list)
     volumes: list[dict[str, Any]] = Field(default_factory=list)
     volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
+    pods: PodSettings | None = None  # over spec.pods
 
     _resources = field_validator("resources")(check_resources)
     _env = field_validator("env")(pod_additions.check_env)
@@ -236,6 +238,7 @@ class SynchronizerSpec(_Spec):
     min_step_time_seconds: float = Field(0.0005, ge=0.0, le=3600.0)
     min_token_generations: dict[str, NonNegativeInt] = Field(default_factory=dict)
     env: list[dict[str, Any]] = Field(default_factory=list)  # after the operator's own
+    pods: PodSettings | None = None  # over spec.pods
 
     _resources = field_validator("resources")(check_resources)
     _env = field_validator("env")(pod_additions.check_env)
@@ -296,6 +299,7 @@ class DiLoCoJobSpec(_Spec):
     unit_lost_after_seconds: float = Field(300.0, gt=0.0)
     chaos: ChaosSpec = ChaosSpec()
     export: ExportSpec = ExportSpec()
+    pods: PodSettings = PodSettings()  # every pod of the job (pod_settings)
 
 
 def parse_spec(spec: dict[str, Any]) -> DiLoCoJobSpec:
@@ -370,3 +374,22 @@ def config_map_references(spec: DiLoCoJobSpec) -> list[tuple[str, str]]:
     """(ConfigMap name, key) pairs the spec refers to; each must exist before children are created."""
     ca = spec.synchronizer.ca
     return [(ca.config_map_name, ca.key)] if ca is not None and ca.config_map_name is not None else []
+
+
+def unit_pod_settings(spec: DiLoCoJobSpec, unit: LearnerUnit) -> PodSettings:
+    return merged(spec.pods, unit.pods)
+
+
+def sync_pod_settings(spec: DiLoCoJobSpec) -> PodSettings:
+    return merged(spec.pods, spec.synchronizer.pods)
+
+
+def pod_settings_references(spec: DiLoCoJobSpec) -> tuple[list[str], list[str]]:
+    """The ServiceAccounts and the PriorityClasses the job's pods name (each must exist: the
+    apiserver refuses a pod that names a missing one, and its StatefulSet or Deployment stays empty)."""
+    every = [spec.pods, *(unit_pod_settings(spec, u) for u in spec.learner_units)]
+    if spec.synchronizer.external is None:
+        every.append(sync_pod_settings(spec))
+    accounts = sorted({s.service_account_name for s in every if s.service_account_name})
+    classes = sorted({s.priority_class_name for s in every if s.priority_class_name})
+    return accounts, classes
