@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler), a real node's components (kubelet, kube-proxy, CoreDNS, the pause program),
-# kubectl, kwok and helm from the Go module proxy (pause from scripts/node/pause.c), version-pinned,
+# kubectl, kwok, helm and Kueue (with its CRDs and webhook manifests) from the Go module proxy (pause from scripts/node/pause.c), version-pinned,
 # into a cache outside the checkout. Each binary is skipped when it is already cached.
 #
 #   scripts/build-test-binaries.sh            # builds what is missing, prints the folder
@@ -13,6 +13,7 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
 HELM_VERSION="${HELM_VERSION:-v3.19.5}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 
 CACHE="${DILOCO_BIN_CACHE:-$HOME/.cache/diloco/bin/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-kwok-${KWOK_VERSION}-helm-${HELM_VERSION}}"
 mkdir -p "$CACHE"
@@ -163,11 +164,26 @@ build_helm() {
   mv "$work/helmbin/helm" "$CACHE/helm"
 }
 
+build_kueue() {
+  # Kueue's manager, and its CRDs and webhook configurations (diloco_testbed.kueue installs them)
+  [ -x "$CACHE/kueue" ] && [ "$(cat "$CACHE/kueue.version" 2>/dev/null)" = "$KUEUE_VERSION" ] && return 0
+  log "building kueue ${KUEUE_VERSION}"
+  GOBIN="$work/kueuebin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kueue/cmd/kueue@${KUEUE_VERSION}"
+  local kdir; kdir="$(go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+  rm -rf "$CACHE/kueue-manifests"; mkdir -p "$CACHE/kueue-manifests"
+  cp "$kdir"/config/components/crd/bases/*.yaml "$CACHE/kueue-manifests/"
+  cp "$kdir/config/components/webhook/manifests.yaml" "$CACHE/kueue-manifests/webhooks.yaml"
+  chmod -R u+w "$CACHE/kueue-manifests"
+  mv "$work/kueuebin/kueue" "$CACHE/kueue"
+  echo "$KUEUE_VERSION" > "$CACHE/kueue.version"
+}
+
 build_etcd
 build_kwok
 build_helm
 build_pause
 build_coredns
+build_kueue
 build_k8s
 ln -sfn "$CACHE" "$HOME/.cache/diloco/bin/current"
 if [ ${#own_go_caches[@]} -gt 0 ] && [ -d "$GOMODCACHE" ]; then  # a build ran: it downloaded modules

@@ -20,6 +20,8 @@ PARTIAL_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;
 _PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Secret"): "secrets",
     ("v1", "ServiceAccount"): "serviceaccounts",
+    ("kueue.x-k8s.io/v1beta2", "Workload"): "workloads",
+    ("kueue.x-k8s.io/v1beta2", "LocalQueue"): "localqueues",
     ("scheduling.k8s.io/v1", "PriorityClass"): "priorityclasses",
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Service"): "services",

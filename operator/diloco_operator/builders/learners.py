@@ -15,6 +15,8 @@ from diloco_operator.builders.containers import (
 from diloco_operator.builders.names import (
     CONFIG_HASH_ANNOTATION,
     JOB_LABEL,
+    PRIORITY_LABEL,
+    QUEUE_LABEL,
     TEMPLATE_HASH_ANNOTATION,
     UNIT_LABEL,
     JobRef,
@@ -140,6 +142,14 @@ def build_pod_template(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, dige
     return with_pod_settings(template, unit_pod_settings(spec, unit))
 
 
+def queue_labels(spec: DiLoCoJobSpec) -> dict[str, str]:
+    """Kueue's labels of a unit's StatefulSet: each unit is a workload of its own in the job's queue."""
+    out = {QUEUE_LABEL: spec.queue_name} if spec.queue_name else {}
+    if spec.queue_name and spec.workload_priority_class_name:
+        out[PRIORITY_LABEL] = spec.workload_priority_class_name
+    return out
+
+
 def build_statefulset(
     job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, digest: str, *, stopped: bool
 ) -> dict[str, Any]:
@@ -152,7 +162,7 @@ def build_statefulset(
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": metadata(job, name, COMPONENT, **{UNIT_LABEL: unit.name}),
+        "metadata": metadata(job, name, COMPONENT, **{UNIT_LABEL: unit.name}, **queue_labels(spec)),
         "spec": {
             "replicas": 0 if stopped else unit.replicas,
             "serviceName": name,

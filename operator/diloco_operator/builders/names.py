@@ -35,6 +35,9 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 SHARD_LABEL = "diloco.dev/shard"
 CONFIG_HASH_ANNOTATION = "diloco.dev/config-hash"
 TEMPLATE_HASH_ANNOTATION = "diloco.dev/template-hash"
+# Kueue's labels on a learner unit's StatefulSet: its LocalQueue and its WorkloadPriorityClass
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 MANAGED_BY = "diloco-operator"
 UNLIMITED_STEPS = 1_000_000_000
 

@@ -26,6 +26,7 @@ from diloco_core.protocol import StatusResponse
 from diloco_operator.builders.names import JobRef
 from diloco_operator.runtime.rollout import RolloutPlan
 from diloco_operator.schema.status import ChaosStatus, JobStatus
+from diloco_operator.status.admission import Admission
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class JobState:
         None  # (generation, why) when the last reconcile found the spec invalid
     )
     learners_stopped: bool = False  # the learners were scaled down because the job Succeeded
+    admissions: dict[str, Admission] = field(default_factory=dict)  # unit -> Kueue's admission of it
 
     def current_status(self) -> JobStatus:
         return self.status if self.status is not None else JobStatus.read(self.body.get("status") or {})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,9 +33,11 @@ from diloco_operator.runtime.pods import (
     sync_storage_conflict,
     unit_observations,
 )
+from diloco_operator.runtime.queue import with_job_queue
 from diloco_operator.runtime.reconcile import (
     StatusFetcher,
     check_spec,
+    read_admissions,
     read_ca_bundle,
     reconcile_children,
     run_chaos,
@@ -46,6 +49,7 @@ from diloco_operator.runtime.syncstatus import redacted_url
 from diloco_operator.schema.spec import DiLoCoJobSpec, SpecError, parse_spec, validate_job
 from diloco_operator.schema.status import ChaosStatus, JobStatus
 from diloco_operator.settings import OperatorSettings
+from diloco_operator.status.admission import Admission
 from diloco_operator.status.conditions import condition
 from diloco_operator.status.events import Event, diff_events, event_object
 from diloco_operator.status.export import export_events, job_export
@@ -194,12 +198,13 @@ def observation(
     view: SyncView,
     chaos_status: ChaosStatus,
     restarting: frozenset[str] = frozenset(),
+    admissions: Mapping[str, Admission] | None = None,
 ) -> Observed:
     """What the status is computed from: the job's pods as the watch saw them, the synchronizer's
     last answer (``view``), the chaos bookkeeping and the units the operator is restarting."""
     pods_sync_ready, sync_unschedulable = sync_observation(spec, pods)
     return Observed(
-        unit_observations(spec, pods),
+        unit_observations(spec, pods, admissions),
         view.ready if view.ready is not None else pods_sync_ready,
         view.status,
         chaos_status.kills,
@@ -222,7 +227,9 @@ def compute(
     job, old = state.ref, state.current_status()
     chaos_status = state.chaos or old.chaos or ChaosStatus()
     pods = ctx.pods.pods(job.namespace, job.name)
-    obs = observation(spec, job.name, pods, state.sync, chaos_status, frozenset(state.restarts))
+    obs = observation(
+        spec, job.name, pods, state.sync, chaos_status, frozenset(state.restarts), state.admissions
+    )
     new = compute_status(spec, obs, old, now, state.body["metadata"].get("generation"))
     gate = chaos.chaos_gate(spec.chaos, ctx.settings.allow_chaos)
     conditions = new.conditions
@@ -291,8 +298,9 @@ def reconcile_pass(ctx: Context, state: JobState, req: Request) -> None:
     generation = fresh["metadata"].get("generation")
     now = datetime.now(UTC)
     try:
-        spec = check_spec(ctx.kube, state.ref, fresh.get("spec") or {})
+        spec = with_job_queue(check_spec(ctx.kube, state.ref, fresh.get("spec") or {}), fresh["metadata"])
         events = reconcile(ctx, state, spec, req, now)
+        state.admissions = read_admissions(ctx.kube, state.ref, spec)
     except SpecError as exc:
         state.invalid = (generation, str(exc))
         state.reconciled_generation = generation

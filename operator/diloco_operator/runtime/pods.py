@@ -18,6 +18,7 @@ from typing import Any
 from diloco_core.ownership import find_conflict
 
 from diloco_operator.schema.spec import DiLoCoJobSpec
+from diloco_operator.status.admission import Admission
 from diloco_operator.status.events import Event
 from diloco_operator.status.pods import PodObserved, observe_pod, pod_job
 from diloco_operator.status.units import UnitObserved
@@ -59,9 +60,11 @@ class PodCache:
             self._pods.pop((namespace, job), None)
 
 
-def unit_observations(spec: DiLoCoJobSpec, pods: Iterable[PodObserved]) -> list[UnitObserved]:
-    """Each learner unit as its pods show it: pods ready (a deleted pod no longer counts) and the
-    scheduler's message about one it cannot place."""
+def unit_observations(
+    spec: DiLoCoJobSpec, pods: Iterable[PodObserved], admissions: Mapping[str, Admission] | None = None
+) -> list[UnitObserved]:
+    """Each learner unit as its pods show it: pods ready (a deleted pod no longer counts), the
+    scheduler's message about one it cannot place, and its admission by Kueue (under a queue)."""
     by_unit: dict[str, list[PodObserved]] = {}
     for pod in pods:
         if pod.component == "learner":
@@ -78,6 +81,7 @@ def unit_observations(spec: DiLoCoJobSpec, pods: Iterable[PodObserved]) -> list[
                 exists=bool(mine),
                 unschedulable=next((p.unschedulable for p in live if p.unschedulable), ""),
                 image_problem=next((p.image_problem for p in live if p.image_problem), ""),
+                admission=(admissions or {}).get(unit.name),
             )
         )
     return out

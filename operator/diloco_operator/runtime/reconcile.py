@@ -34,11 +34,13 @@ from diloco_operator.builders.names import (
     job_id,
     learner_token_secret_name,
     secret_name,
+    unit_name,
 )
 from diloco_operator.builders.network import SyncIngress
 from diloco_operator.builders.tokens import claim_annotations, mint_reason, unit_claims
 from diloco_operator.kube import Kube, api_error, is_subset
 from diloco_operator.runtime import chaos
+from diloco_operator.runtime.queue import queue_locked_change
 from diloco_operator.schema.spec import (
     CABundle,
     DiLoCoJobSpec,
@@ -50,6 +52,7 @@ from diloco_operator.schema.spec import (
     validate_job,
 )
 from diloco_operator.settings import OperatorSettings
+from diloco_operator.status.admission import WORKLOAD_API, Admission, unit_admissions
 from diloco_operator.status.events import Event
 
 log = logging.getLogger(__name__)
@@ -99,7 +102,20 @@ def check_spec(kube: Kube, job: JobRef, raw: Mapping[str, Any]) -> DiLoCoJobSpec
             if key not in (found.get("data") or {}):
                 raise SpecError(f"{kind} '{name}' has no key '{key}' that the spec refers to")
     check_pod_references(kube, job, spec)
+    if spec.queue_name and kube.get(WORKLOAD_API, "LocalQueue", job.namespace, spec.queue_name) is None:
+        raise SpecError(
+            f"LocalQueue '{spec.queue_name}' (spec.queueName) does not exist in namespace {job.namespace}, "
+            "or Kueue is not installed in the cluster"
+        )
     return spec
+
+
+def read_admissions(kube: Kube, job: JobRef, spec: DiLoCoJobSpec) -> dict[str, Admission]:
+    """Each unit's admission by Kueue, from the namespace's Workloads (none without a queue)."""
+    if not spec.queue_name:
+        return {}
+    workloads = kube.list(WORKLOAD_API, "Workload", job.namespace, {})
+    return unit_admissions(workloads, {u.name: unit_name(job.name, u.name) for u in spec.learner_units})
 
 
 def check_pod_references(kube: Kube, job: JobRef, spec: DiLoCoJobSpec) -> None:
@@ -269,6 +285,28 @@ def apply_children(
     outcome.repaired += actions.count("restored")
 
 
+def recreate_queue_locked(
+    kube: Kube, job: JobRef, desired: list[dict[str, Any]], listed: dict[str, dict[str, Any]]
+) -> None:
+    """Delete each unit's StatefulSet that its queue's Kueue would not let change in place
+    (``queue.queue_locked_change``); it is created anew below and queued as a new workload."""
+    for obj in desired:
+        key = f"{obj['kind']}/{obj['metadata']['name']}"
+        why = queue_locked_change(obj, listed.get(key)) if obj["kind"] == "StatefulSet" else None
+        if why is None:
+            continue
+        name = obj["metadata"]["name"]
+        if kube.delete(obj["apiVersion"], "StatefulSet", job.namespace, name):
+            log.info(
+                "job %s/%s: StatefulSet %s is created anew under its queue: %s changed",
+                job.namespace,
+                job.name,
+                name,
+                why,
+            )
+        listed.pop(key, None)
+
+
 def prune(
     kube: Kube, job: JobRef, keep: set[str], listed: dict[str, dict[str, Any]], outcome: Outcome
 ) -> None:
@@ -338,12 +376,13 @@ def reconcile_children(
     desired = build_children(
         job, spec, learners_stopped=learners_stopped, down_units=frozenset(down), ingress=ingress
     )
+    listed = list_children(kube, job)
+    recreate_queue_locked(kube, job, desired, listed)
     if validate:
         validate_children(kube, desired)
     outcome = Outcome(down=dict(down))
     outcome.created += ensure_secret(kube, job, spec)
     outcome.created += ensure_learner_tokens(kube, job, spec, int(time.time()))
-    listed = list_children(kube, job)
     apply_children(kube, job, desired, listed, outcome, pool)
     prune(kube, job, {f"{obj['kind']}/{obj['metadata']['name']}" for obj in desired}, listed, outcome)
     return outcome, desired

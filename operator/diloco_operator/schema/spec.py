@@ -36,6 +36,9 @@ from diloco_operator.schema.pod_settings import PodSettings, merged
 # negative request or limit can never work).
 QUANTITY_PATTERN = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 
+# A label value naming an object (a LocalQueue, a WorkloadPriorityClass)
+LABEL_VALUE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
 # A StatefulSet's pods carry a `controller-revision-hash` label of `<name>-<10 chars>` (≤ 63).
 MAX_STATEFULSET_NAME = 52
 
@@ -300,6 +303,9 @@ class DiLoCoJobSpec(_Spec):
     chaos: ChaosSpec = ChaosSpec()
     export: ExportSpec = ExportSpec()
     pods: PodSettings = PodSettings()  # every pod of the job (pod_settings)
+    # Kueue: each learner unit a workload of its own in this LocalQueue, at this WorkloadPriorityClass
+    queue_name: str | None = Field(None, min_length=1, max_length=63, pattern=LABEL_VALUE)
+    workload_priority_class_name: str | None = Field(None, min_length=1, max_length=63, pattern=LABEL_VALUE)
 
 
 def parse_spec(spec: dict[str, Any]) -> DiLoCoJobSpec:

@@ -36,7 +36,9 @@ def parse_iso(s: str) -> datetime:
 ConditionStatus = Literal["True", "False", "Unknown"]
 UnitState = Literal["Ready", "NotReady", "Lost"]
 ExportState = Literal["Pending", "Running", "Succeeded", "Failed"]
-UnitReason = Literal["Ready", "PodsNotReady", "LearnersDead", "Unschedulable", "ImagePullFailed"]
+UnitReason = Literal[
+    "Ready", "PodsNotReady", "LearnersDead", "Unschedulable", "ImagePullFailed", "Queued", "Preempted"
+]
 
 
 class _Status(BaseModel):
@@ -66,6 +68,7 @@ class UnitStatus(_Status):
     ever_ready: bool = False
     not_ready_since: str | None = None  # set while not ready
     message: str | None = None  # why, where a reason has more to say (the scheduler's message)
+    admission: str | None = None  # under a queue: Admitted, Queued or Preempted (Kueue's workload)
     step: int | None = None
     tokens: int | None = None
     staleness: int | None = None

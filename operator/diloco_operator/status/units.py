@@ -6,6 +6,8 @@ unit's ``state`` is ``Ready``, ``NotReady`` or ``Lost`` (it was ready once and h
 longer than ``unitLostAfterSeconds``); a unit whose pods the scheduler cannot place says so
 (reason ``Unschedulable``, with the scheduler's message), and so does the job's ``PodsScheduled``
 condition; one whose pods cannot get their image says which image and why (``ImagePullFailed``).
+Under a Kueue queue a unit not admitted says so (``Queued`` or ``Preempted``, with Kueue's reason
+and message) and is never ``Lost``: it waits for quota, and Kueue brings it back.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from diloco_core.protocol import StatusResponse
 
 from diloco_operator.schema.status import JobStatus, UnitReason, UnitStatus, iso, parse_iso
+from diloco_operator.status.admission import Admission
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class UnitObserved:
     exists: bool = True
     unschedulable: str = ""
     image_problem: str = ""  # why one of its pods cannot get its image
+    admission: Admission | None = None  # Kueue's admission of it (None: not under a queue, or not yet)
 
 
 def unit_progress(sync: StatusResponse | None, unit: str, job: str = "") -> dict[str, int]:
@@ -77,21 +81,31 @@ def unit_status(
     since: dict[str, Any] = {}
     if not ready:
         since["not_ready_since"] = (old.not_ready_since if old else None) or iso(now)
+    waiting = seen.admission if seen.admission is not None and seen.admission.state != "Admitted" else None
+    queued: UnitReason | None = None
+    if waiting is not None:
+        queued = "Queued" if waiting.state == "Queued" else "Preempted"
     reason: UnitReason = (
         "Ready"
         if ready
         else "LearnersDead"
         if dead
+        else queued
+        if queued is not None
         else "Unschedulable"
         if seen.unschedulable
         else "ImagePullFailed"
         if seen.image_problem
         else "PodsNotReady"
     )
+    if waiting is not None and reason == queued:
+        since["message"] = f"{waiting.reason}: {waiting.message}"
     if reason == "Unschedulable":
         since["message"] = seen.unschedulable
     if reason == "ImagePullFailed":
         since["message"] = seen.image_problem
+    if seen.admission is not None:
+        since["admission"] = seen.admission.state
     return UnitStatus(
         name=seen.name,
         replicas=spec_unit_replicas,
@@ -117,10 +131,13 @@ def unit_state_counts(status: JobStatus) -> dict[str, int]:
 
 
 def gone_units(units: Sequence[UnitStatus], now: datetime, lost_after: float) -> list[str]:
-    """Units that were ready once and have been down for longer than ``lost_after`` seconds."""
+    """Units that were ready once and have been down for longer than ``lost_after`` seconds (one
+    that waits in its queue, queued or preempted, is not lost: Kueue brings it back)."""
     out = []
     for u in units:
         since = u.not_ready_since
+        if u.admission in ("Queued", "Preempted"):
+            continue
         if u.ever_ready and since and (now - parse_iso(since)).total_seconds() > lost_after:
             out.append(u.name)
     return out

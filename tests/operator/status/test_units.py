@@ -13,6 +13,7 @@ from diloco_operator.runtime.passes import read_synchronizer
 from diloco_operator.runtime.reconcile import wrong_job
 from diloco_operator.schema.spec import DiLoCoJobSpec, parse_spec
 from diloco_operator.schema.status import Condition, JobStatus
+from diloco_operator.status.admission import Admission
 from diloco_operator.status.events import diff_events
 from diloco_operator.status.job import Observed, compute_status
 from diloco_operator.status.units import UnitObserved, unit_state_counts
@@ -229,3 +230,33 @@ def test_the_synchronizer_is_read_from_its_service_or_from_the_sync_url_given() 
     wrong = read_synchronizer(lambda url, ca: sync(job="x"), None, JOB, spec(), sync_ready=True, ca_pem=None)
     assert (wrong.status, wrong.ready) == (None, False)
     assert "serves job 'x'" in str(wrong.problem)
+
+
+def test_under_a_queue_units_waiting_for_kueue_say_so_and_are_never_lost() -> None:
+    s = spec(unitLostAfterSeconds=60, queueName="team")
+    admitted = Admission("Admitted", "Admitted", "")
+    queued = Admission("Queued", "Pending", "insufficient quota for cpu in flavor default")
+    preempted = Admission("Preempted", "Preempted", "Preempted to accommodate a higher priority workload")
+
+    def seen(u2: Admission, ready: tuple[int, int, int] = (2, 2, 0)) -> Observed:
+        admissions = (admitted, admitted, u2)
+        units = [
+            UnitObserved(f"u{i}", 2, r, admission=a)
+            for i, (r, a) in enumerate(zip(ready, admissions, strict=True))
+        ]
+        return Observed(units, True, None, job="j")
+
+    first = compute_status(s, seen(queued), JobStatus(), NOW)
+    assert first.phase == "Running"  # the quorum (2) is admitted and ready: not Degraded
+    u0, _, u2 = first.units
+    assert (u0.admission, u0.reason) == ("Admitted", "Ready")
+    assert (u2.admission, u2.reason, u2.state) == ("Queued", "Queued", "NotReady")
+    assert u2.message == "Pending: insufficient quota for cpu in flavor default"
+    ran = compute_status(s, seen(admitted, (2, 2, 2)), first, NOW + timedelta(seconds=1))
+    assert ran.units[2].ever_ready
+    out = compute_status(s, seen(preempted), ran, NOW + timedelta(seconds=2))
+    later = compute_status(s, seen(preempted), out, NOW + timedelta(seconds=300))
+    assert later.phase == "Running"
+    assert (later.units[2].state, later.units[2].reason) == ("NotReady", "Preempted")  # not Lost
+    assert "higher priority" in str(later.units[2].message)
+    assert "UnitLost" not in [e.reason for e in diff_events(out, later)]
