@@ -211,3 +211,108 @@ def test_a_preempted_unit_waits_while_the_others_train_and_comes_back(
         timeout=60,
         what="both units admitted",
     )
+
+
+def test_twenty_units_under_a_quota_of_eight(
+    api: k8s.ApiClient, namespace: str, operator: KopfRunner, queue: dict[str, str]
+) -> None:
+    set_quota(api, queue, cpu=8)
+    units = [one_cpu_unit(f"u{i:02d}") for i in range(20)]
+    create_job(api, namespace, job_manifest("wide", units, queueName="team", diloco={"quorum": 4}))
+
+    def counted() -> dict[str | None, int]:
+        states = [s for s, _ in admissions(api, namespace, "wide").values()]
+        return {s: states.count(s) for s in set(states)}
+
+    wait_for(
+        lambda: counted() == {"Admitted": 8, "Queued": 12} and len(running(api, namespace, "wide")) == 8,
+        timeout=180,
+        what="8 units admitted and running, 12 queued",
+        describe=lambda: f"{counted()} running {len(running(api, namespace, 'wide'))}",
+    )
+    assert get_job(api, namespace, "wide")["status"]["phase"] == "Running"
+    set_quota(api, queue, cpu=20)
+    wait_for(
+        lambda: counted() == {"Admitted": 20} and len(running(api, namespace, "wide")) == 20,
+        timeout=180,
+        what="all 20 units admitted and running",
+        describe=lambda: f"{counted()} running {len(running(api, namespace, 'wide'))}",
+    )
+
+
+def test_a_flavors_nodes_and_gpus_reach_the_units_pods(
+    api: k8s.ApiClient, namespace: str, operator: KopfRunner, queue: dict[str, str]
+) -> None:
+    """A ResourceFlavor's node labels place an admitted unit's pods (Kueue adds them to the pods'
+    node selector), and the GPUs a unit asks for are counted against the flavor's quota."""
+    custom = k8s.CustomObjectsApi(api)
+    region_b = {
+        "metadata": {"name": queue["flavor"]},
+        "spec": {"nodeLabels": {"topology.kubernetes.io/region": "region-b"}},
+    }
+    custom.patch_cluster_custom_object(*API, "resourceflavors", queue["flavor"], region_b)
+    spec = cluster_queue(queue, cpu=8)["spec"]
+    spec["resourceGroups"][0]["coveredResources"].append("nvidia.com/gpu")
+    spec["resourceGroups"][0]["flavors"][0]["resources"].append(
+        {"name": "nvidia.com/gpu", "nominalQuota": "4"}
+    )
+    custom.patch_cluster_custom_object(*API, "clusterqueues", queue["cluster_queue"], {"spec": spec})
+    g = unit("g", 2, gpus=2, resources={"requests": {"cpu": "1", "memory": "16Mi"}})
+    create_job(api, namespace, job_manifest("placed", [g], queueName="team"))
+
+    def placed() -> bool:
+        pods = [p for p in learner_pods(api, namespace, "placed") if p.status.phase == "Running"]
+        return len(pods) == 2 and all((p.spec.node_name or "").startswith("kwok-b-") for p in pods)
+
+    wait_for(placed, timeout=120, what="unit g's 2 pods running on region-b nodes",
+             describe=lambda: str(admissions(api, namespace, "placed")))  # fmt: skip
+    patch_spec(api, namespace, "placed", {"learnerUnits": [g, unit("h", 1, gpus=2)]})
+
+    # 4 GPUs in the quota, g holds them all: h waits, and Kueue says for what
+    def h_waits_for_gpus() -> bool:
+        units = {u["name"]: u for u in get_job(api, namespace, "placed").get("status", {}).get("units") or []}
+        h = units.get("h", {})
+        return (
+            units.get("g", {}).get("admission") == "Admitted"
+            and h.get("admission") == "Queued"
+            and ("nvidia.com/gpu" in h.get("message", ""))
+        )
+
+    wait_for(h_waits_for_gpus, timeout=60, what="g admitted, h queued for GPUs",
+             describe=lambda: str(get_job(api, namespace, "placed").get("status", {}).get("units")))  # fmt: skip
+    (pod, *_) = learner_pods(api, namespace, "placed", "g")
+    assert pod.spec.node_selector["topology.kubernetes.io/region"] == "region-b"
+
+
+def test_a_units_pods_are_placed_in_one_topology_domain(
+    api: k8s.ApiClient, namespace: str, operator: KopfRunner, queue: dict[str, str]
+) -> None:
+    """Kueue's topology-aware scheduling: a unit asking for one region gets both its pods there,
+    though neither node of that region holds both (20 of each node's 32 CPUs per pod)."""
+    custom = k8s.CustomObjectsApi(api)
+    levels = [{"nodeLabel": "topology.kubernetes.io/region"}, {"nodeLabel": "kubernetes.io/hostname"}]
+    topology = kueue_object("Topology", f"regions-{queue['flavor']}", spec={"levels": levels})
+    custom.create_cluster_custom_object(*API, "topologies", topology)
+    try:
+        flavor = {"spec": {"nodeLabels": {"type": "kwok"}, "topologyName": topology["metadata"]["name"]}}
+        custom.patch_cluster_custom_object(*API, "resourceflavors", queue["flavor"], flavor)
+        set_quota(api, queue, cpu=64)
+        big = unit("r", 2, resources={"requests": {"cpu": "20", "memory": "16Mi"}})
+        big["topology"] = {"required": "topology.kubernetes.io/region"}
+        create_job(api, namespace, job_manifest("racked", [big], queueName="team"))
+
+        def one_region() -> set[str] | None:
+            pods = [p for p in learner_pods(api, namespace, "racked") if p.status.phase == "Running"]
+            nodes = {p.spec.node_name for p in pods}
+            return {n.rsplit("-", 1)[0] for n in nodes} if len(pods) == 2 and len(nodes) == 2 else None
+
+        regions = wait_for(one_region, timeout=120, what="unit r's 2 pods running on 2 nodes",
+                           describe=lambda: str(admissions(api, namespace, "racked")))  # fmt: skip
+        assert regions is not None
+        assert len(regions) == 1, regions  # kwok-a-* or kwok-b-*: one region
+        (pod, *_) = learner_pods(api, namespace, "racked")
+        annotations = pod.metadata.annotations
+        assert annotations["kueue.x-k8s.io/podset-required-topology"] == "topology.kubernetes.io/region"
+    finally:
+        # (its flavor, which names it, goes with the queue fixture)
+        custom.delete_cluster_custom_object(*API, "topologies", topology["metadata"]["name"])

@@ -15,8 +15,10 @@ from diloco_operator.builders.containers import (
 from diloco_operator.builders.names import (
     CONFIG_HASH_ANNOTATION,
     JOB_LABEL,
+    PREFERRED_TOPOLOGY_ANNOTATION,
     PRIORITY_LABEL,
     QUEUE_LABEL,
+    REQUIRED_TOPOLOGY_ANNOTATION,
     TEMPLATE_HASH_ANNOTATION,
     UNIT_LABEL,
     JobRef,
@@ -35,7 +37,7 @@ from diloco_operator.builders.volumes import (
     token_mounts,
     token_volumes,
 )
-from diloco_operator.schema.spec import DiLoCoJobSpec, LearnerUnit, unit_pod_settings
+from diloco_operator.schema.spec import DiLoCoJobSpec, LearnerUnit, UnitTopology, unit_pod_settings
 
 COMPONENT = "learner"
 REGION_LABEL = "topology.kubernetes.io/region"
@@ -139,7 +141,17 @@ def build_pod_template(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, dige
             **pod_placement(unit),
         },
     }
+    if unit.topology is not None:
+        template["metadata"]["annotations"].update(topology_annotations(unit.topology))
     return with_pod_settings(template, unit_pod_settings(spec, unit))
+
+
+def topology_annotations(topology: UnitTopology) -> dict[str, str]:
+    """Kueue's annotation asking for the unit's pods in one domain of a topology level."""
+    if topology.required is not None:
+        return {REQUIRED_TOPOLOGY_ANNOTATION: topology.required}
+    assert topology.preferred is not None
+    return {PREFERRED_TOPOLOGY_ANNOTATION: topology.preferred}
 
 
 def queue_labels(spec: DiLoCoJobSpec) -> dict[str, str]:

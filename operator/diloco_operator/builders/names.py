@@ -38,6 +38,9 @@ TEMPLATE_HASH_ANNOTATION = "diloco.dev/template-hash"
 # Kueue's labels on a learner unit's StatefulSet: its LocalQueue and its WorkloadPriorityClass
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+# Kueue's annotations of a pod template asking its topology-aware scheduling for one domain
+REQUIRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
+PREFERRED_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
 MANAGED_BY = "diloco-operator"
 UNLIMITED_STEPS = 1_000_000_000
 

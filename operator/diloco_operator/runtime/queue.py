@@ -17,7 +17,11 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from diloco_operator.builders.names import QUEUE_LABEL
+from diloco_operator.builders.names import (
+    PREFERRED_TOPOLOGY_ANNOTATION,
+    QUEUE_LABEL,
+    REQUIRED_TOPOLOGY_ANNOTATION,
+)
 from diloco_operator.kube import is_subset
 from diloco_operator.schema.spec import DiLoCoJobSpec
 
@@ -46,6 +50,17 @@ def with_job_queue(spec: DiLoCoJobSpec, job_meta: Mapping[str, Any]) -> DiLoCoJo
     return spec.model_copy(update={"queue_name": str(label)})
 
 
+def queue_problem(spec: DiLoCoJobSpec) -> str | None:
+    """What in the spec needs a queue it does not have: a unit's topology is Kueue's to place."""
+    placed = [u.name for u in spec.learner_units if u.topology is not None]
+    if placed and not spec.queue_name:
+        return (
+            f"learnerUnits {', '.join(placed)} set a topology, which Kueue's topology-aware scheduling "
+            "places: set spec.queueName (or the job's kueue.x-k8s.io/queue-name label)"
+        )
+    return None
+
+
 def queue_locked_change(desired: Mapping[str, Any], current: Mapping[str, Any] | None) -> str | None:
     """What Kueue would refuse to change in place on the unit's StatefulSet ``current`` to make it
     ``desired`` (None: nothing, or the unit is not under a queue, or has no pods to admit)."""
@@ -63,6 +78,11 @@ def queue_locked_change(desired: Mapping[str, Any], current: Mapping[str, Any] |
         return f"its queue ({old_queue or 'none'} -> {queue or 'none'})"
     if want != have:
         return f"its size ({have} -> {want} pods)"
+    topology = (REQUIRED_TOPOLOGY_ANNOTATION, PREFERRED_TOPOLOGY_ANNOTATION)
+    notes = desired["spec"]["template"]["metadata"].get("annotations") or {}
+    old_notes = current["spec"]["template"]["metadata"].get("annotations") or {}
+    if any(notes.get(k) != old_notes.get(k) for k in topology):
+        return "its topology"
     pod, old_pod = desired["spec"]["template"]["spec"], current["spec"]["template"]["spec"]
     if _containers(pod) != _containers(old_pod):
         return "its containers' resource requests or ports"

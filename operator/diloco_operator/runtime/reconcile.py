@@ -41,14 +41,16 @@ from diloco_operator.builders.tokens import claim_annotations, mint_reason, unit
 from diloco_operator.kube import Kube, api_error, is_subset
 from diloco_operator.runtime import chaos
 from diloco_operator.runtime.queue import queue_locked_change
+from diloco_operator.schema.references import (
+    config_map_references,
+    pod_settings_references,
+    secret_references,
+)
 from diloco_operator.schema.spec import (
     CABundle,
     DiLoCoJobSpec,
     SpecError,
-    config_map_references,
     parse_spec,
-    pod_settings_references,
-    secret_references,
     validate_job,
 )
 from diloco_operator.settings import OperatorSettings

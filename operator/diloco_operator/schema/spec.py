@@ -38,6 +38,8 @@ QUANTITY_PATTERN = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE
 
 # A label value naming an object (a LocalQueue, a WorkloadPriorityClass)
 LABEL_VALUE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+# A node label's key: [DNS subdomain/]name
+LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
 # A StatefulSet's pods carry a `controller-revision-hash` label of `<name>-<10 chars>` (≤ 63).
 MAX_STATEFULSET_NAME = 52
@@ -168,6 +170,21 @@ class LearnerPods(_Spec):
     _mounts = field_validator("volume_mounts")(pod_additions.check_mounts)
 
 
+class UnitTopology(_Spec):
+    """Where Kueue's topology-aware scheduling puts a unit's pods: all in one domain of a level of
+    the cluster's Kueue Topology (``required``), or in as few as it can (``preferred``). The level is
+    the node label naming it, e.g. ``cloud.google.com/gce-topology-block`` or ``kubernetes.io/hostname``."""
+
+    required: str | None = Field(None, min_length=1, max_length=316, pattern=LABEL_KEY)
+    preferred: str | None = Field(None, min_length=1, max_length=316, pattern=LABEL_KEY)
+
+    @model_validator(mode="after")
+    def _one(self) -> UnitTopology:
+        if (self.required is None) == (self.preferred is None):
+            raise ValueError("set exactly one of required and preferred (a node label of a topology level)")
+        return self
+
+
 class LearnerUnit(_Spec):
     name: str = Field(..., min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     replicas: int = Field(1, ge=0, le=1024)
@@ -185,6 +202,7 @@ class LearnerUnit(_Spec):
     volumes: list[dict[str, Any]] = Field(default_factory=list)
     volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
     pods: PodSettings | None = None  # over spec.pods
+    topology: UnitTopology | None = None  # under a queue: Kueue's topology-aware scheduling
 
     _resources = field_validator("resources")(check_resources)
     _env = field_validator("env")(pod_additions.check_env)
@@ -358,44 +376,9 @@ def validate_job(name: str, spec: DiLoCoJobSpec) -> None:
         raise SpecError("; ".join(problems))
 
 
-def secret_references(spec: DiLoCoJobSpec) -> list[tuple[str, str]]:
-    """(secret name, key) pairs the spec refers to; each must exist before children are created."""
-    refs: list[tuple[str, str]] = []
-    creds = spec.storage.credentials_secret_ref
-    if creds is not None:
-        refs += [(creds.name, creds.access_key_id_key), (creds.name, creds.secret_access_key_key)]
-    external = spec.synchronizer.external
-    if external is not None:
-        refs.append((external.token_secret_ref.name, external.token_secret_ref.key))
-    tls = spec.synchronizer.tls
-    if tls is not None:
-        refs += [(tls.secret_name, "tls.crt"), (tls.secret_name, "tls.key")]
-    ca = spec.synchronizer.ca
-    if ca is not None and ca.secret_name is not None:
-        refs.append((ca.secret_name, ca.key))
-    return refs
-
-
-def config_map_references(spec: DiLoCoJobSpec) -> list[tuple[str, str]]:
-    """(ConfigMap name, key) pairs the spec refers to; each must exist before children are created."""
-    ca = spec.synchronizer.ca
-    return [(ca.config_map_name, ca.key)] if ca is not None and ca.config_map_name is not None else []
-
-
 def unit_pod_settings(spec: DiLoCoJobSpec, unit: LearnerUnit) -> PodSettings:
     return merged(spec.pods, unit.pods)
 
 
 def sync_pod_settings(spec: DiLoCoJobSpec) -> PodSettings:
     return merged(spec.pods, spec.synchronizer.pods)
-
-
-def pod_settings_references(spec: DiLoCoJobSpec) -> tuple[list[str], list[str]]:
-    """The ServiceAccounts and the PriorityClasses the job's pods name (each must exist: the
-    apiserver refuses a pod that names a missing one, and its StatefulSet or Deployment stays empty)."""
-    every = [spec.pods, *(unit_pod_settings(spec, u) for u in spec.learner_units)]
-    if spec.synchronizer.external is None:
-        every.append(sync_pod_settings(spec))
-    accounts = sorted({s.service_account_name for s in every if s.service_account_name})
-    classes = sorted({s.priority_class_name for s in every if s.priority_class_name})
-    return accounts, classes

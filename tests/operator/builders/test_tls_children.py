@@ -16,7 +16,8 @@ import yaml
 from diloco_operator.builders.children import build_children
 from diloco_operator.builders.names import JobRef
 from diloco_operator.runtime.syncstatus import http_fetcher
-from diloco_operator.schema.spec import SpecError, config_map_references, parse_spec, secret_references
+from diloco_operator.schema.references import config_map_references, secret_references
+from diloco_operator.schema.spec import SpecError, parse_spec
 from diloco_testbed.pki import issue_server_cert, make_ca
 
 from tests.operator.builders.test_children import by_kind, env_of

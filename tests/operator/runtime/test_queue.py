@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from diloco_operator.builders.learners import build_statefulset
 from diloco_operator.builders.names import PRIORITY_LABEL, QUEUE_LABEL, JobRef
-from diloco_operator.runtime.queue import queue_locked_change, with_job_queue
-from diloco_operator.schema.spec import parse_spec
+from diloco_operator.runtime.queue import queue_locked_change, queue_problem, with_job_queue
+from diloco_operator.schema.spec import SpecError, parse_spec
 
 JOB = JobRef("llm", "team", "uid")
 BASE: dict[str, Any] = {
@@ -81,3 +82,26 @@ def test_the_jobs_own_queue_label_names_the_queue_when_the_spec_does_not() -> No
         with_job_queue(parse_spec(BASE), {"labels": {QUEUE_LABEL: "from-label"}}).queue_name == "team-queue"
     )
     assert with_job_queue(spec, {}).queue_name is None
+
+
+def test_a_units_topology_is_kueues_annotation_and_needs_a_queue() -> None:
+    region = {"topology": {"required": "topology.kubernetes.io/region"}}
+    template = _sts(unit=region)["spec"]["template"]
+    assert template["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"] == (
+        "topology.kubernetes.io/region"
+    )
+    preferred = _sts(unit={"topology": {"preferred": "kubernetes.io/hostname"}})["spec"]["template"]
+    assert (
+        preferred["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"]
+        == "kubernetes.io/hostname"
+    )
+    assert "its topology" in str(queue_locked_change(_sts(unit=region), _as_stored(_sts())))
+    body = copy.deepcopy(BASE)
+    body["learnerUnits"][0].update(region)
+    assert queue_problem(parse_spec(body)) is None
+    body["queueName"] = None
+    assert "set spec.queueName" in str(queue_problem(parse_spec(body)))
+    for bad in ({}, {"required": "a", "preferred": "b"}, {"required": "not a label"}):
+        body["learnerUnits"][0]["topology"] = bad
+        with pytest.raises(SpecError):
+            parse_spec(body)

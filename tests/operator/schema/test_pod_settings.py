@@ -12,7 +12,8 @@ from diloco_operator.builders.names import (
     labels,
 )
 from diloco_operator.schema.pod_settings import PodSettings, key_problem, merged, reserved_key
-from diloco_operator.schema.spec import SpecError, parse_spec, pod_settings_references
+from diloco_operator.schema.references import pod_settings_references
+from diloco_operator.schema.spec import SpecError, parse_spec
 from pydantic import ValidationError
 
 BASE = {

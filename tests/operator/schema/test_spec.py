@@ -10,7 +10,8 @@ from diloco_core.config import DiLoCoSettings
 from diloco_core.flags import SettingsError
 from diloco_operator.cli import main, parse_args
 from diloco_operator.kube import is_subset
-from diloco_operator.schema.spec import SpecError, parse_spec, secret_references, validate_job
+from diloco_operator.schema.references import secret_references
+from diloco_operator.schema.spec import SpecError, parse_spec, validate_job
 from diloco_operator.settings import settings_from_env
 
 
