@@ -11,7 +11,12 @@ With ``--storage NAMESPACE`` it also deploys SeaweedFS in namespace ``storage`` 
 named namespace, the Secret ``diloco-s3`` and the bucket ``diloco``: the storage
 examples/single-region.yaml names.
 
-    python scripts/local-cluster.py --images FILE [--dir DIR] [--storage NAMESPACE[,NAMESPACE...]]
+With ``--kueue`` it also runs Kueue (its CRDs, webhooks and manager, as the tests do), makes a
+ResourceFlavor ``default`` and a ClusterQueue ``local`` with the node's CPU and memory as its quota,
+and in each ``--storage`` namespace a LocalQueue ``local`` (the namespace labelled for Kueue):
+``spec.queueName: local`` then queues a job's units (docs/operator.md, "Running under Kueue").
+
+    python scripts/local-cluster.py --images FILE [--dir DIR] [--storage NAMESPACE[,NAMESPACE...]] [--kueue]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import threading
 from pathlib import Path
 
 from diloco_testbed.kube import ControlPlane
+from diloco_testbed.kueue import Kueue, local_queues
 from diloco_testbed.node import RealNode, load_image_set
 from diloco_testbed.storage import BUCKET, ENDPOINT, SECRET, set_up_storage, storage_namespaces
 
@@ -50,6 +56,12 @@ S3 storage (SeaweedFS, in namespace storage), as examples/single-region.yaml nam
 """
 
 
+KUEUE = """
+Kueue: {queues}
+  a job with spec.queueName: local is admitted unit by unit (kubectl get workloads -A)
+"""
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The options; ``storage`` is the list of namespaces that get the storage Secret and bucket."""
     parser = argparse.ArgumentParser(prog="make cluster", description=__doc__.split("\n\n")[0])
@@ -64,6 +76,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="NAMESPACE[,NAMESPACE...]",
         help=f"deploy SeaweedFS (namespace storage, {ENDPOINT}) and make the Secret {SECRET} and the "
         f"bucket {BUCKET} in these namespaces (made if missing); repeatable",
+    )
+    parser.add_argument(
+        "--kueue",
+        action="store_true",
+        help="also run Kueue, with a ClusterQueue 'local' (the node's CPU and memory) and a LocalQueue "
+        "'local' in each --storage namespace",
     )
     args = parser.parse_args(argv)
     try:
@@ -81,6 +99,7 @@ def main(argv: list[str]) -> int:
     plane = ControlPlane(workdir / "kube", with_kwok=False)
     plane.start()
     node = None
+    kueue = None
     try:
         assert plane.pki is not None
         with plane.api_client() as api:
@@ -96,6 +115,10 @@ def main(argv: list[str]) -> int:
                 storage = STORAGE.format(
                     endpoint=ENDPOINT, bucket=BUCKET, secret=SECRET, namespaces=namespaces
                 )
+            if args.kueue:
+                kueue = Kueue(plane, workdir / "kueue")
+                kueue.start()
+                storage += KUEUE.format(queues=local_queues(api, node.name, args.storage))
             print(USAGE.format(node=node.name, kubeconfig=plane.kubeconfig, worker=names["worker"],
                                sync=names["sync"], seaweedfs=names["seaweedfs"], storage=storage))  # fmt: skip
             stop = threading.Event()
@@ -104,6 +127,8 @@ def main(argv: list[str]) -> int:
             stop.wait()
             print("stopping the cluster")
     finally:
+        if kueue is not None:
+            kueue.stop()
         if node is not None:
             node.close()
         plane.close()

@@ -15,6 +15,7 @@ import yaml
 
 from diloco_operator.builders.children import build_children
 from diloco_operator.builders.names import API_VERSION, KIND, JobRef, learner_token_secret_name, secret_name
+from diloco_operator.runtime.queue import queue_problem, with_job_queue
 from diloco_operator.schema.spec import SpecError, parse_spec, validate_job
 
 PLACEHOLDER_UID = "<uid of the DiLoCoJob>"  # the apiserver gives it when the job is created
@@ -33,8 +34,11 @@ def render_children(documents: Iterable[Any]) -> str:
         if not name:
             raise SpecError(f"document {i + 1}: metadata.name is missing")
         job = JobRef(name, str(meta.get("namespace") or "default"), str(meta.get("uid") or PLACEHOLDER_UID))
-        spec = parse_spec(doc.get("spec") or {})
+        spec = with_job_queue(parse_spec(doc.get("spec") or {}), meta)
         validate_job(job.name, spec)
+        problem = queue_problem(spec)
+        if problem is not None:
+            raise SpecError(problem)
         header = f"# DiLoCoJob {job.namespace}/{job.name}"
         if spec.synchronizer.external is None:
             header += (

@@ -221,3 +221,43 @@ class Kueue:
         except ApiException:
             return False
         return True
+
+
+def local_queues(api: k8s.ApiClient, node: str, namespaces: list[str]) -> str:
+    """A ResourceFlavor ``default``, a ClusterQueue ``local`` with ``node``'s CPU and memory as its
+    quota, and a LocalQueue ``local`` in each of ``namespaces`` (labelled for Kueue's webhooks);
+    says what was made."""
+    custom = k8s.CustomObjectsApi(api)
+    allocatable = k8s.CoreV1Api(api).read_node(node).status.allocatable
+    cpu, memory = allocatable["cpu"], allocatable["memory"]
+    flavor = {"apiVersion": "/".join(API), "kind": "ResourceFlavor", "metadata": {"name": "default"}}
+    custom.create_cluster_custom_object(*API, "resourceflavors", flavor)
+    resources = [{"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": memory}]
+    queue = {
+        "apiVersion": "/".join(API),
+        "kind": "ClusterQueue",
+        "metadata": {"name": "local"},
+        "spec": {
+            "namespaceSelector": {},
+            "preemption": {"withinClusterQueue": "LowerPriority"},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory"],
+                    "flavors": [{"name": "default", "resources": resources}],
+                }
+            ],
+        },
+    }
+    custom.create_cluster_custom_object(*API, "clusterqueues", queue)
+    core = k8s.CoreV1Api(api)
+    for namespace in namespaces:
+        core.patch_namespace(namespace, {"metadata": {"labels": {NAMESPACE_LABEL: "true"}}})
+        local = {"apiVersion": "/".join(API), "kind": "LocalQueue", "metadata": {"name": "local"},
+                 "spec": {"clusterQueue": "local"}}  # fmt: skip
+        custom.create_namespaced_custom_object(*API, namespace, "localqueues", local)
+    where = (
+        f"LocalQueue local in {', '.join(namespaces)}"
+        if namespaces
+        else "no LocalQueue (no --storage namespace)"
+    )
+    return f"ClusterQueue local ({cpu} CPU, {memory} memory), {where}"

@@ -38,3 +38,8 @@ def test_a_bad_namespace_is_refused_with_the_option_named(
         script.parse_args(["--images", "set.json", "--storage", "Jobs"])
     assert exit_info.value.code == 2
     assert "--storage: not namespace names" in capsys.readouterr().err
+
+
+def test_kueue_is_off_unless_asked_for(script: ModuleType) -> None:
+    assert script.parse_args(["--images", "set.json"]).kueue is False
+    assert script.parse_args(["--images", "set.json", "--kueue", "--storage", "jobs"]).kueue is True

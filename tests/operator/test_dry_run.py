@@ -114,3 +114,21 @@ def test_needs_no_cluster(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert list(yaml.safe_load_all(proc.stdout)) == expected(jobs("single-region.yaml")[0])
+
+
+def test_a_jobs_queue_label_queues_its_units(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (doc, *_) = jobs("single-region.yaml")
+    doc["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, out, _ = dry_run(capsys, "-f", str(path))
+    assert code == 0
+    units = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "StatefulSet"]
+    assert units
+    assert all(u["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team" for u in units)
+    doc["metadata"]["labels"] = {}
+    doc["spec"]["learnerUnits"][0]["topology"] = {"required": "kubernetes.io/hostname"}
+    path.write_text(yaml.safe_dump(doc))
+    code, _, err = dry_run(capsys, "-f", str(path))
+    assert code != 0
+    assert "set spec.queueName" in err
