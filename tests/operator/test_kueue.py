@@ -316,3 +316,25 @@ def test_a_units_pods_are_placed_in_one_topology_domain(
     finally:
         # (its flavor, which names it, goes with the queue fixture)
         custom.delete_cluster_custom_object(*API, "topologies", topology["metadata"]["name"])
+
+
+def test_the_jobs_queue_label_queues_it_and_a_missing_queue_is_named(
+    api: k8s.ApiClient, namespace: str, operator: KopfRunner, queue: dict[str, str]
+) -> None:
+    labelled = job_manifest("labelled", [one_cpu_unit("a")])
+    labelled["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
+    create_job(api, namespace, labelled)
+    wait_for(lambda: admissions(api, namespace, "labelled") == {"a": ("Admitted", "Ready")}, timeout=120,
+             what="the labelled job's unit admitted", describe=lambda: str(admissions(api, namespace, "labelled")))  # fmt: skip
+    sts = k8s.AppsV1Api(api).read_namespaced_stateful_set("labelled-a", namespace)
+    assert sts.metadata.labels["kueue.x-k8s.io/queue-name"] == "team"
+
+    create_job(api, namespace, job_manifest("lost", [one_cpu_unit("a")], queueName="nowhere"))
+
+    def named() -> bool:
+        status = get_job(api, namespace, "lost").get("status") or {}
+        valid = {c["type"]: c for c in status.get("conditions", [])}.get("SpecValid", {})
+        return valid.get("reason") == "InvalidSpec" and "LocalQueue 'nowhere'" in valid.get("message", "")
+
+    wait_for(named, timeout=30, what="the missing LocalQueue named in the status")
+    assert learner_pods(api, namespace, "lost") == []

@@ -33,7 +33,6 @@ from diloco_operator.runtime.pods import (
     sync_storage_conflict,
     unit_observations,
 )
-from diloco_operator.runtime.queue import queue_problem, with_job_queue
 from diloco_operator.runtime.reconcile import (
     StatusFetcher,
     check_spec,
@@ -298,10 +297,7 @@ def reconcile_pass(ctx: Context, state: JobState, req: Request) -> None:
     generation = fresh["metadata"].get("generation")
     now = datetime.now(UTC)
     try:
-        spec = with_job_queue(check_spec(ctx.kube, state.ref, fresh.get("spec") or {}), fresh["metadata"])
-        problem = queue_problem(spec)
-        if problem is not None:
-            raise SpecError(problem)
+        spec = check_spec(ctx.kube, state.ref, fresh.get("spec") or {}, fresh["metadata"])
         events = reconcile(ctx, state, spec, req, now)
         state.admissions = read_admissions(ctx.kube, state.ref, spec)
     except SpecError as exc:

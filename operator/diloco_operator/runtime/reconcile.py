@@ -40,7 +40,7 @@ from diloco_operator.builders.network import SyncIngress
 from diloco_operator.builders.tokens import claim_annotations, mint_reason, unit_claims
 from diloco_operator.kube import Kube, api_error, is_subset
 from diloco_operator.runtime import chaos
-from diloco_operator.runtime.queue import queue_locked_change
+from diloco_operator.runtime.queue import queue_locked_change, queue_problem, with_job_queue
 from diloco_operator.schema.references import (
     config_map_references,
     pod_settings_references,
@@ -90,10 +90,16 @@ def sync_ingress(settings: OperatorSettings) -> SyncIngress | None:
     return SyncIngress(settings.operator_namespace) if settings.sync_network_policy else None
 
 
-def check_spec(kube: Kube, job: JobRef, raw: Mapping[str, Any]) -> DiLoCoJobSpec:
-    """Parse, validate and check the references of the spec; SpecError says what is wrong."""
-    spec = parse_spec(dict(raw))
+def check_spec(
+    kube: Kube, job: JobRef, raw: Mapping[str, Any], meta: Mapping[str, Any] | None = None
+) -> DiLoCoJobSpec:
+    """Parse, validate and check the references of the spec (with the queue the job's ``meta``
+    labels name, ``queue.with_job_queue``); SpecError says what is wrong."""
+    spec = with_job_queue(parse_spec(dict(raw)), meta or {})
     validate_job(job.name, spec)
+    problem = queue_problem(spec)
+    if problem is not None:
+        raise SpecError(problem)
     for kind, references in (("Secret", secret_references(spec)), ("ConfigMap", config_map_references(spec))):
         for name, key in references:
             found = kube.get("v1", kind, job.namespace, name)
