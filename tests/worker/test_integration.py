@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -242,26 +241,27 @@ def test_a_unit_resized_from_one_process_to_two_and_back_keeps_its_progress(tmp_
     unit_env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     for folder in ("one", "two", "two-1", "again"):
         (tmp_path / folder).mkdir()
-    one = learner_process(tmp_path / "one", "unit-a", sync.url, pod0)
-    rank0 = learner_process(tmp_path / "two", "unit-a", sync.url, pod0, env={**unit_env, "RANK": "0"})
-    rank1 = learner_process(tmp_path / "two-1", "unit-a", sync.url, pod1, env={**unit_env, "RANK": "1"})
+    # each size leaves at a set step (checkpoint, goodbye: what a SIGTERM does), so none can reach
+    # --max-steps and be ending on its own when a signal would come
+    one = learner_process(tmp_path / "one", "unit-a", sync.url, [*pod0, "--stop-at-step", "12"])
+    as_two_flags = ["--stop-at-step", "20"]
+    rank0 = learner_process(
+        tmp_path / "two", "unit-a", sync.url, [*pod0, *as_two_flags], env={**unit_env, "RANK": "0"}
+    )
+    rank1 = learner_process(
+        tmp_path / "two-1", "unit-a", sync.url, [*pod1, *as_two_flags], env={**unit_env, "RANK": "1"}
+    )
     again = learner_process(tmp_path / "again", "unit-a", sync.url, pod0)
     per_process_step = 8 * 32  # TINY_FLAGS: batch 8, context 32
     try:
         one.start()
-        _wait_step(one, tmp_path / "one" / "unit-a.jsonl", 12)
-        one.stop(timeout=90)  # SIGTERM: the step, what is due, a checkpoint
-        assert one.returncode() == 0, one.failure_report()
+        assert _finish(one, timeout=300) == 0, one.failure_report()
         as_one = _last_checkpoint(one)
+        assert as_one == 12
 
         rank0.start()
         rank1.start()
-        _wait_step(rank0, tmp_path / "two" / "unit-a.jsonl", as_one + 8, timeout=300)
-        # both at once, as the operator deletes a unit's pods together: a rank stopped after the
-        # other may already be ending on its own when its SIGTERM comes
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            list(pool.map(lambda rank: rank.stop(timeout=90), (rank0, rank1)))
-        assert (rank0.returncode(), rank1.returncode()) == (0, 0), rank1.failure_report()
+        assert (_finish(rank0, timeout=300), _finish(rank1, timeout=60)) == (0, 0), rank1.failure_report()
         assert _resumed_at(rank0) == _resumed_at(rank1) == as_one
         assert any(f"data cursor {as_one} -> {-(-as_one // 2)}" in ln for ln in iter_logs(rank1))
         as_two = _last_checkpoint(rank0)

@@ -20,6 +20,7 @@ from typing import Any
 from diloco_operator.builders.names import API_VERSION, KIND, TEMPLATE_HASH_ANNOTATION, JobRef, sync_url
 from diloco_operator.kube import Kube, api_error
 from diloco_operator.runtime import chaos
+from diloco_operator.runtime.checks import check_spec
 from diloco_operator.runtime.jobs import JobState, Request, SyncView
 from diloco_operator.runtime.liveness import WatchState
 from diloco_operator.runtime.metrics import OperatorMetrics
@@ -35,7 +36,6 @@ from diloco_operator.runtime.pods import (
 )
 from diloco_operator.runtime.reconcile import (
     StatusFetcher,
-    check_spec,
     read_admissions,
     read_ca_bundle,
     reconcile_children,

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from diloco_operator.builders.names import JobRef
 from diloco_operator.kube import Kube
-from diloco_operator.runtime.reconcile import check_spec
+from diloco_operator.runtime.checks import check_spec
 from diloco_operator.schema.spec import SpecError
 from kubernetes import client as k8s
 
