@@ -54,6 +54,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "diloco_bench.operator_scale",
         "a big job's status next to its pods on the test control plane: lag, going back, work done twice",
     ),
+    "queue": (
+        "diloco_bench.queue_goodput",
+        "a 4-unit job under a Kueue quota: tokens per unit-second of quota, units admitted alone vs whole",
+    ),
     "gpu": (
         "diloco_bench.gpu",
         "inner step tokens/s and MFU (eager, compiled), the device sync boundary, a short run",

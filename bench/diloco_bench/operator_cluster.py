@@ -22,12 +22,13 @@ GROUP, VERSION, PLURAL = "diloco.dev", "v1alpha1", "dilocojobs"
 JOB = "scale"
 
 
-def job_manifest(units: int, pods: int) -> dict[str, Any]:
-    unit_resources = {"requests": {"cpu": "10m", "memory": "16Mi"}}
+def bench_job(name: str, units: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    """A DiLoCoJob of ``units`` with images and storage that are never reached (on kwok a pod is only
+    its object), quorum 1, and ``spec``'s further fields."""
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "DiLoCoJob",
-        "metadata": {"name": JOB},
+        "metadata": {"name": name},
         "spec": {
             "images": {
                 "worker": "example.invalid/worker:bench",
@@ -36,11 +37,17 @@ def job_manifest(units: int, pods: int) -> dict[str, Any]:
             "storage": {"bucket": "diloco-bench"},
             "diloco": {"quorum": 1},
             "synchronizer": {"resources": {"requests": {"cpu": "10m"}}},
-            "learnerUnits": [
-                {"name": f"u{i:03d}", "replicas": pods, "resources": unit_resources} for i in range(units)
-            ],
+            "learnerUnits": units,
+            **spec,
         },
     }
+
+
+def job_manifest(units: int, pods: int) -> dict[str, Any]:
+    unit_resources = {"requests": {"cpu": "10m", "memory": "16Mi"}}
+    return bench_job(
+        JOB, [{"name": f"u{i:03d}", "replicas": pods, "resources": unit_resources} for i in range(units)]
+    )
 
 
 def scrape_children(port: int) -> tuple[float | None, float | None]:

@@ -81,7 +81,7 @@ def run_once(
 
     ns = plane.create_namespace(f"bench-{operator}-{run}")
     metrics_port = free_port()
-    proc = _operator_process(plane, args, operator, package_dir, run, ns, metrics_port)
+    proc = operator_process(plane, args, operator, package_dir, run, ns, metrics_port)
     reality, status = PodReality(args.pods), JobStatus()
     with plane.api_client() as api:
         core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
@@ -114,7 +114,7 @@ def run_once(
             plane.delete_namespace(ns)
 
 
-def _operator_process(
+def operator_process(
     plane: Any,
     args: argparse.Namespace,
     operator: str,

@@ -20,15 +20,14 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from .kube import Cluster
+from .kueue_objects import API, NAMESPACE_LABEL, cluster_queue, kueue_object, label_for_kueue
 from .pki import issue_server_cert, make_ca
 from .ports import LOOPBACK, free_ports
 from .prereq import BUILD_HINT, bin_dir, require_binary, unavailable
 from .process import ManagedProcess, await_started
 from .waiting import wait_for
 
-NAMESPACE_LABEL = "diloco-kueue"
 KUEUE_NAMESPACE = "kueue-system"
-API = ("kueue.x-k8s.io", "v1beta2")
 FRAMEWORKS = ("batch/job", "pod", "statefulset")
 START_TIMEOUT = 120.0
 
@@ -213,7 +212,7 @@ class Kueue:
     @staticmethod
     def _webhooks_answer(api: k8s.ApiClient) -> bool:
         """A dry-run ResourceFlavor goes through Kueue's webhooks (refused while they do not answer)."""
-        flavor = {"apiVersion": "/".join(API), "kind": "ResourceFlavor", "metadata": {"name": "probe"}}
+        flavor = kueue_object("ResourceFlavor", "probe")
         try:
             k8s.CustomObjectsApi(api).create_cluster_custom_object(
                 *API, "resourceflavors", flavor, dry_run="All"
@@ -230,30 +229,12 @@ def local_queues(api: k8s.ApiClient, node: str, namespaces: list[str]) -> str:
     custom = k8s.CustomObjectsApi(api)
     allocatable = k8s.CoreV1Api(api).read_node(node).status.allocatable
     cpu, memory = allocatable["cpu"], allocatable["memory"]
-    flavor = {"apiVersion": "/".join(API), "kind": "ResourceFlavor", "metadata": {"name": "default"}}
-    custom.create_cluster_custom_object(*API, "resourceflavors", flavor)
-    resources = [{"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": memory}]
-    queue = {
-        "apiVersion": "/".join(API),
-        "kind": "ClusterQueue",
-        "metadata": {"name": "local"},
-        "spec": {
-            "namespaceSelector": {},
-            "preemption": {"withinClusterQueue": "LowerPriority"},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["cpu", "memory"],
-                    "flavors": [{"name": "default", "resources": resources}],
-                }
-            ],
-        },
-    }
+    custom.create_cluster_custom_object(*API, "resourceflavors", kueue_object("ResourceFlavor", "default"))
+    queue = cluster_queue("local", "default", {"cpu": cpu, "memory": memory})
     custom.create_cluster_custom_object(*API, "clusterqueues", queue)
-    core = k8s.CoreV1Api(api)
     for namespace in namespaces:
-        core.patch_namespace(namespace, {"metadata": {"labels": {NAMESPACE_LABEL: "true"}}})
-        local = {"apiVersion": "/".join(API), "kind": "LocalQueue", "metadata": {"name": "local"},
-                 "spec": {"clusterQueue": "local"}}  # fmt: skip
+        label_for_kueue(api, namespace)
+        local = kueue_object("LocalQueue", "local", spec={"clusterQueue": "local"})
         custom.create_namespaced_custom_object(*API, namespace, "localqueues", local)
     where = (
         f"LocalQueue local in {', '.join(namespaces)}"

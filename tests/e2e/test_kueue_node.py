@@ -4,13 +4,13 @@ throughout, and the preempted one resuming from its checkpoint."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from diloco_testbed.kueue import API, NAMESPACE_LABEL, Kueue
+from diloco_testbed.kueue import Kueue
+from diloco_testbed.kueue_objects import team_queue
 from diloco_testbed.pods import pod_logs
 from diloco_testbed.storage import BUCKET, ENDPOINT
 from diloco_testbed.waiting import wait_for
@@ -26,10 +26,6 @@ JOB = "queued"
 UNIT = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
 
 
-def _kueue_object(kind: str, name: str, **fields: Any) -> dict[str, Any]:
-    return {"apiVersion": "/".join(API), "kind": kind, "metadata": {"name": name}, **fields}
-
-
 @pytest.fixture(scope="module")
 def queue(
     e2e: E2ECluster, api: k8s.ApiClient, jobs_namespace: str, test_logs_dir: Path
@@ -37,37 +33,10 @@ def queue(
     """Kueue on the cluster, a ClusterQueue of 500m CPU and a LocalQueue ``team`` in the jobs' namespace."""
     kueue = Kueue(e2e.kube, test_logs_dir / "kueue-e2e")
     kueue.start()
-    custom = k8s.CustomObjectsApi(api)
-    tag = uuid.uuid4().hex[:6]
-    names = {"flavor": f"node-{tag}", "cq": f"cq-{tag}", "low": f"low-{tag}", "high": f"high-{tag}"}
-    core = k8s.CoreV1Api(api)
-    core.patch_namespace(jobs_namespace, {"metadata": {"labels": {NAMESPACE_LABEL: "true"}}})
     try:
-        custom.create_cluster_custom_object(
-            *API, "resourceflavors", _kueue_object("ResourceFlavor", names["flavor"])
-        )
-        resources = [{"name": "cpu", "nominalQuota": "500m"}, {"name": "memory", "nominalQuota": "16Gi"}]
-        spec = {
-            "namespaceSelector": {},
-            "preemption": {"withinClusterQueue": "LowerPriority"},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["cpu", "memory"],
-                    "flavors": [{"name": names["flavor"], "resources": resources}],
-                }
-            ],
-        }
-        custom.create_cluster_custom_object(
-            *API, "clusterqueues", _kueue_object("ClusterQueue", names["cq"], spec=spec)
-        )
-        for name, value in ((names["low"], 10), (names["high"], 1000)):
-            priority = _kueue_object("WorkloadPriorityClass", name, value=value)
-            custom.create_cluster_custom_object(*API, "workloadpriorityclasses", priority)
-        local = _kueue_object("LocalQueue", "team", spec={"clusterQueue": names["cq"]})
-        custom.create_namespaced_custom_object(*API, jobs_namespace, "localqueues", local)
-        yield names
+        with team_queue(api, jobs_namespace, {"cpu": "500m", "memory": "16Gi"}) as names:
+            yield names
     finally:
-        core.patch_namespace(jobs_namespace, {"metadata": {"labels": {NAMESPACE_LABEL: None}}})
         kueue.stop()
 
 

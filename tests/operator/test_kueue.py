@@ -5,14 +5,14 @@ workload and admitted again; resizing a queued unit makes it a new workload."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from diloco_testbed.kube import Cluster
-from diloco_testbed.kueue import API, NAMESPACE_LABEL, Kueue
+from diloco_testbed.kueue import Kueue
+from diloco_testbed.kueue_objects import API, kueue_object, set_quota, team_queue
 from diloco_testbed.waiting import wait_for
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
@@ -34,68 +34,14 @@ def kueue(kube: Cluster, test_logs_dir: Path) -> Iterator[Kueue]:
 
 @pytest.fixture
 def queue(api: k8s.ApiClient, namespace: str, kueue: Kueue) -> Iterator[dict[str, str]]:
-    """A LocalQueue ``team`` in ``namespace`` (labelled for Kueue), its ClusterQueue and flavor."""
-    k8s.CoreV1Api(api).patch_namespace(namespace, {"metadata": {"labels": {NAMESPACE_LABEL: "true"}}})
-    custom = k8s.CustomObjectsApi(api)
-    tag = uuid.uuid4().hex[:8]
-    names = {
-        "flavor": f"flavor-{tag}",
-        "cluster_queue": f"cq-{tag}",
-        "low": f"low-{tag}",
-        "high": f"high-{tag}",
-    }
-    custom.create_cluster_custom_object(
-        *API, "resourceflavors", kueue_object("ResourceFlavor", names["flavor"])
-    )
-    custom.create_cluster_custom_object(*API, "clusterqueues", cluster_queue(names, cpu=2))
-    for name, value in ((names["low"], 10), (names["high"], 1000)):
-        priority = kueue_object("WorkloadPriorityClass", name, value=value, description="test")
-        custom.create_cluster_custom_object(*API, "workloadpriorityclasses", priority)
-    local = kueue_object("LocalQueue", "team", spec={"clusterQueue": names["cluster_queue"]})
-    custom.create_namespaced_custom_object(*API, namespace, "localqueues", local)
-    yield names
-    for plural, name in (
-        ("clusterqueues", names["cluster_queue"]),
-        ("resourceflavors", names["flavor"]),
-        ("workloadpriorityclasses", names["low"]),
-        ("workloadpriorityclasses", names["high"]),
-    ):
-        custom.delete_cluster_custom_object(*API, plural, name)
+    """A LocalQueue ``team`` in ``namespace`` (labelled for Kueue), its ClusterQueue of 2 CPUs and
+    flavor, low and high priority classes."""
+    with team_queue(api, namespace, quota(cpu=2)) as names:
+        yield names
 
 
-def kueue_object(kind: str, name: str, **fields: Any) -> dict[str, Any]:
-    return {"apiVersion": "/".join(API), "kind": kind, "metadata": {"name": name}, **fields}
-
-
-def cluster_queue(names: dict[str, str], cpu: int) -> dict[str, Any]:
-    return kueue_object(
-        "ClusterQueue",
-        names["cluster_queue"],
-        spec={
-            "namespaceSelector": {},
-            "preemption": {"withinClusterQueue": "LowerPriority"},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["cpu", "memory"],
-                    "flavors": [
-                        {
-                            "name": names["flavor"],
-                            "resources": [
-                                {"name": "cpu", "nominalQuota": str(cpu)},
-                                {"name": "memory", "nominalQuota": "64Gi"},
-                            ],
-                        }
-                    ],
-                }
-            ],
-        },
-    )
-
-
-def set_quota(api: k8s.ApiClient, names: dict[str, str], cpu: int) -> None:
-    k8s.CustomObjectsApi(api).patch_cluster_custom_object(
-        *API, "clusterqueues", names["cluster_queue"], {"spec": cluster_queue(names, cpu)["spec"]}
-    )
+def quota(cpu: int) -> dict[str, str]:
+    return {"cpu": str(cpu), "memory": "64Gi"}
 
 
 def one_cpu_unit(name: str, replicas: int = 1) -> dict[str, Any]:
@@ -143,7 +89,7 @@ def test_units_are_admitted_as_the_quota_allows_and_resized_as_new_workloads(
     gated = [p for p in learner_pods(api, namespace, "queued") if p.spec.scheduling_gates]
     assert len(gated) == 2  # Kueue holds their pods back
 
-    set_quota(api, queue, cpu=5)
+    set_quota(api, queue, quota(cpu=5))
     wait_for(lambda: len(running(api, namespace, "queued")) == 4, timeout=120, what="all 4 units running")
     wait_for(
         lambda: {s for s, _ in admissions(api, namespace, "queued").values()} == {"Admitted"},
@@ -216,7 +162,7 @@ def test_a_preempted_unit_waits_while_the_others_train_and_comes_back(
 def test_twenty_units_under_a_quota_of_eight(
     api: k8s.ApiClient, namespace: str, operator: KopfRunner, queue: dict[str, str]
 ) -> None:
-    set_quota(api, queue, cpu=8)
+    set_quota(api, queue, quota(cpu=8))
     units = [one_cpu_unit(f"u{i:02d}") for i in range(20)]
     create_job(api, namespace, job_manifest("wide", units, queueName="team", diloco={"quorum": 4}))
 
@@ -231,7 +177,7 @@ def test_twenty_units_under_a_quota_of_eight(
         describe=lambda: f"{counted()} running {len(running(api, namespace, 'wide'))}",
     )
     assert get_job(api, namespace, "wide")["status"]["phase"] == "Running"
-    set_quota(api, queue, cpu=20)
+    set_quota(api, queue, quota(cpu=20))
     wait_for(
         lambda: counted() == {"Admitted": 20} and len(running(api, namespace, "wide")) == 20,
         timeout=180,
@@ -251,12 +197,7 @@ def test_a_flavors_nodes_and_gpus_reach_the_units_pods(
         "spec": {"nodeLabels": {"topology.kubernetes.io/region": "region-b"}},
     }
     custom.patch_cluster_custom_object(*API, "resourceflavors", queue["flavor"], region_b)
-    spec = cluster_queue(queue, cpu=8)["spec"]
-    spec["resourceGroups"][0]["coveredResources"].append("nvidia.com/gpu")
-    spec["resourceGroups"][0]["flavors"][0]["resources"].append(
-        {"name": "nvidia.com/gpu", "nominalQuota": "4"}
-    )
-    custom.patch_cluster_custom_object(*API, "clusterqueues", queue["cluster_queue"], {"spec": spec})
+    set_quota(api, queue, quota(cpu=8) | {"nvidia.com/gpu": "4"})
     g = unit("g", 2, gpus=2, resources={"requests": {"cpu": "1", "memory": "16Mi"}})
     create_job(api, namespace, job_manifest("placed", [g], queueName="team"))
 
@@ -296,7 +237,7 @@ def test_a_units_pods_are_placed_in_one_topology_domain(
     try:
         flavor = {"spec": {"nodeLabels": {"type": "kwok"}, "topologyName": topology["metadata"]["name"]}}
         custom.patch_cluster_custom_object(*API, "resourceflavors", queue["flavor"], flavor)
-        set_quota(api, queue, cpu=64)
+        set_quota(api, queue, quota(cpu=64))
         big = unit("r", 2, resources={"requests": {"cpu": "20", "memory": "16Mi"}})
         big["topology"] = {"required": "topology.kubernetes.io/region"}
         create_job(api, namespace, job_manifest("racked", [big], queueName="team"))

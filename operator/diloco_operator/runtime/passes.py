@@ -34,6 +34,7 @@ from diloco_operator.runtime.pods import (
     sync_storage_conflict,
     unit_observations,
 )
+from diloco_operator.runtime.queue import with_job_queue
 from diloco_operator.runtime.reconcile import (
     StatusFetcher,
     read_admissions,
@@ -325,7 +326,7 @@ def refresh_pass(ctx: Context, state: JobState) -> Request | None:
     try:
         if problem is not None:
             raise SpecError(problem)
-        spec = parse_spec(dict(state.body.get("spec") or {}))
+        spec = with_job_queue(parse_spec(dict(state.body.get("spec") or {})), meta)  # as check_spec reads it
         validate_job(state.ref.name, spec)
     except SpecError as exc:
         invalid(ctx, state, str(exc), generation)

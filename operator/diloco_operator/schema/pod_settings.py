@@ -18,6 +18,8 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
+from diloco_operator.schema.patterns import DNS_SUBDOMAIN, KEY_NAME
+
 # Keys the operator sets on its pods (``diloco_operator.builders.names``): every ``diloco.dev/`` key
 # and the app.kubernetes.io keys of its labels. A test checks the builders' labels are all here.
 RESERVED_PREFIX = "diloco.dev/"
@@ -25,8 +27,7 @@ RESERVED_KEYS: tuple[str, ...] = (
     "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
     "app.kubernetes.io/managed-by",
 )  # fmt: skip
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_NAME = re.compile(KEY_NAME)
 _SUBDOMAIN = re.compile(DNS_SUBDOMAIN)
 MAX_ANNOTATIONS_BYTES = 256 * 1024  # the apiserver's limit for all annotations of an object
 

@@ -30,16 +30,12 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from diloco_operator.schema import pod_additions
+from diloco_operator.schema.patterns import LABEL_KEY, LABEL_VALUE
 from diloco_operator.schema.pod_settings import PodSettings, merged
 
 # A resource quantity as the CRD admits it: Kubernetes' own quantity syntax, without a sign (a
 # negative request or limit can never work).
 QUANTITY_PATTERN = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-
-# A label value naming an object (a LocalQueue, a WorkloadPriorityClass)
-LABEL_VALUE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-# A node label's key: [DNS subdomain/]name
-LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
 # A StatefulSet's pods carry a `controller-revision-hash` label of `<name>-<10 chars>` (≤ 63).
 MAX_STATEFULSET_NAME = 52
