@@ -26,18 +26,21 @@ TOKEN_PREFIX = "dl2"  # noqa: S105 (the format's name)
 TOKEN_CONTEXT = b"diloco-learner-token-v2:"
 MAX_TOKEN_CHARS = 2048  # a longer bearer is refused before it is decoded
 CLOCK_LEEWAY_S = 300  # expiry and issue times are compared with this much slack between clocks
+MAX_STEP_S = 3600.0  # the longest step time a token may declare for its unit
 
 
 @dataclass(frozen=True)
 class TokenClaims:
     """What a learner token says. ``expires_at`` None: never expires; ``tokens_per_step`` None: not
-    declared (the synchronizer then applies only its general bounds)."""
+    declared (the synchronizer then applies only its general bounds); ``min_step_s``: the fewest
+    seconds a step of the learner's unit takes (None: not declared, the job's bound applies)."""
 
     learner: str
     issued_at: int
     expires_at: int | None = None
     generation: int = 0
     tokens_per_step: int | None = None
+    min_step_s: float | None = None
 
 
 def _b64(data: bytes) -> str:
@@ -63,6 +66,10 @@ def mint_token(job_secret: str, claims: TokenClaims) -> str:
         body["exp"] = claims.expires_at
     if claims.tokens_per_step is not None:
         body["tps"] = claims.tokens_per_step
+    if claims.min_step_s is not None:
+        if _seconds(claims.min_step_s) is None:
+            raise ValueError(f"min_step_s must be a number of seconds in (0, {MAX_STEP_S:g}]")
+        body["mss"] = claims.min_step_s
     payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
     return f"{TOKEN_PREFIX}.{payload}.{_mac(job_secret, payload)}"
 
@@ -75,15 +82,25 @@ def learner_token(
     expires_at: int | None = None,
     generation: int = 0,
     tokens_per_step: int | None = None,
+    min_step_s: float | None = None,
 ) -> str:
     """A token for ``learner_id`` (by default issued at 0, never expiring, generation 0)."""
-    return mint_token(job_secret, TokenClaims(learner_id, issued_at, expires_at, generation, tokens_per_step))
+    return mint_token(
+        job_secret, TokenClaims(learner_id, issued_at, expires_at, generation, tokens_per_step, min_step_s)
+    )
 
 
 def _int(value: object, *, positive: bool = False) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value if value >= (1 if positive else 0) else None
+
+
+def _seconds(value: object) -> float | None:
+    """A step time in (0, MAX_STEP_S] seconds (an int or float, finite), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 < value <= MAX_STEP_S else None  # NaN fails both comparisons
 
 
 def read_learner_token(job_secret: str, token: str) -> TokenClaims | None:
@@ -106,14 +123,16 @@ def read_learner_token(job_secret: str, token: str) -> TokenClaims | None:
     issued, generation = _int(body.get("iat")), _int(body.get("gen", 0))
     expires = _int(body["exp"]) if "exp" in body else None
     tps = _int(body["tps"], positive=True) if "tps" in body else None
+    mss = _seconds(body["mss"]) if "mss" in body else None
     if (
         issued is None
         or generation is None
         or ("exp" in body and expires is None)
         or ("tps" in body and tps is None)
+        or ("mss" in body and mss is None)
     ):
         return None
-    return TokenClaims(body["sub"], issued, expires, generation, tps)
+    return TokenClaims(body["sub"], issued, expires, generation, tps, mss)
 
 
 def token_problem(claims: TokenClaims, learner_id: str, now: float, min_generation: int = 0) -> str | None:

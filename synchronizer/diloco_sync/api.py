@@ -261,14 +261,23 @@ async def contribute(
             "bad_request",
             f"{tokens} tokens in {steps} steps is more than {MAX_TOKENS_PER_STEP:.0e} tokens per step",
         )
-    declared = declared_problem(request.scope["state"][TOKEN_CLAIMS], steps, tokens)
+    claims = request.scope["state"][TOKEN_CLAIMS]
+    declared = declared_problem(claims, steps, tokens)
     if declared is not None:
         raise ApiError(400, "bad_request", declared)
-    desk.precheck(learner_id, p, base_version, seq, since, steps, tokens)
+    desk.precheck(learner_id, p, base_version, seq, since, steps, tokens, claims.min_step_s)
     blob = await read_limited_body(request, desk.body_limit(p))
     started = service.clock()
     result = await desk.contribute(
-        learner_id, p, base_version=base_version, steps=steps, tokens=tokens, seq=seq, blob=blob, since=since
+        learner_id,
+        p,
+        base_version=base_version,
+        steps=steps,
+        tokens=tokens,
+        seq=seq,
+        blob=blob,
+        since=since,
+        unit_min_step_s=claims.min_step_s,
     )
     service.metrics.ingest_seconds.observe(service.clock() - started)
     return result

@@ -85,9 +85,11 @@ class ContributionDesk:
         since: int = 0,
         steps: int = 1,
         tokens: int = 0,
+        unit_min_step_s: float | None = None,
     ) -> FragmentState:
         """The checks that need no body: registration (a learner that left is refused until it
-        registers again), fragment, initialisation, staleness.
+        registers again), fragment, initialisation, staleness, progress and its pace
+        (``unit_min_step_s``: the step time the learner's token declares for its unit).
 
         A repeat of a contribution taken already is not refused as stale: it answers ``duplicate``,
         so a learner whose answer was lost learns that its contribution counted.
@@ -104,14 +106,23 @@ class ContributionDesk:
             )
         if not fs.is_known(contribution_key(learner_id, p, base_version, seq)):
             self._check_fresh(fs, base_version)
-            self._check_new_progress(fs, learner_id, base_version, since, steps, tokens)
+            self._check_new_progress(fs, learner_id, base_version, since, steps, tokens, unit_min_step_s)
         return fs
 
     def _check_new_progress(
-        self, fs: FragmentState, learner_id: str, base_version: int, since: int, steps: int, tokens: int
+        self,
+        fs: FragmentState,
+        learner_id: str,
+        base_version: int,
+        since: int,
+        steps: int,
+        tokens: int,
+        unit_min_step_s: float | None,
     ) -> None:
         """Refuse progress taken already, a part that does not start where the learner's progress is
-        held through, and a continuation whose sum with what it continues is beyond the bounds."""
+        held through, a continuation whose sum with what it continues is beyond the bounds, and more
+        steps than the learner can have trained since its base (at the job's or, when slower, its
+        unit's fastest pace)."""
         refusal = fs.refusal(learner_id, base_version, since, steps, tokens)
         if refusal is not None:
             status, code, reason = refusal
@@ -123,8 +134,13 @@ class ContributionDesk:
             since + steps,
             fs.version_times.get(base_version),
             self.clock(),
-            min_step_s=self.settings.min_step_time_s,
+            min_step_s=max(self.settings.min_step_time_s, unit_min_step_s or 0.0),
             slack_steps=2 * self.diloco.inner_steps,
+            bound=(
+                "its unit's minStepTimeSeconds, in its token"
+                if (unit_min_step_s or 0.0) > self.settings.min_step_time_s
+                else "the synchronizer's --min-step-time-s"
+            ),
         )
         if too_fast is not None:
             raise ApiError(400, "bad_request", too_fast)
@@ -164,8 +180,9 @@ class ContributionDesk:
         seq: int,
         blob: bytes,
         since: int = 0,
+        unit_min_step_s: float | None = None,
     ) -> ContributionResult:
-        fs = self.precheck(learner_id, p, base_version, seq, since, steps, tokens)
+        fs = self.precheck(learner_id, p, base_version, seq, since, steps, tokens, unit_min_step_s)
         key = contribution_key(learner_id, p, base_version, seq)
         if not fs.reserve(key):
             self.metrics.contributions.labels("duplicate").inc()
@@ -187,7 +204,7 @@ class ContributionDesk:
                 log.warning("contribution %s kept in memory: %s", key, taken.failure)
             try:
                 self._check_fresh(fs, base_version)  # a round may have moved on meanwhile
-                self._check_new_progress(fs, learner_id, base_version, since, steps, tokens)
+                self._check_new_progress(fs, learner_id, base_version, since, steps, tokens, unit_min_step_s)
             except ApiError:
                 self._delete_later([taken.storage_key] if taken.storage_key else [])
                 raise

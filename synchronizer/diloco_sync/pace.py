@@ -1,5 +1,7 @@
 """How much progress a learner can have made on a version: no more steps than the time since that
-version was made allows at the job's fastest plausible step (``--min-step-time-s``).
+version was made allows at the job's fastest plausible step (``--min-step-time-s``), or at its
+unit's where the learner's token declares a slower one (the operator mints it from the unit's
+``minStepTimeSeconds``; a learner cannot alter its token's claims).
 
 A learner cannot have trained on a version before it existed, so the bound holds across restarts
 (the versions' commit times are kept in the manifest) and needs nothing the learner reports.
@@ -27,6 +29,7 @@ def pace_problem(
     *,
     min_step_s: float,
     slack_steps: int,
+    bound: str = "the synchronizer's --min-step-time-s",
 ) -> str | None:
     """Why progress through step ``through`` on ``base_version`` is more than can have been trained
     since that version was committed (None: plausible, or the commit time is unknown, or no bound)."""
@@ -38,7 +41,7 @@ def pace_problem(
     return (
         f"learner {learner_id} claims {through} steps on version {base_version} of fragment {fragment}, "
         f"made {max(0.0, now - committed_at):.1f} s ago: more than the {most} a learner can have trained "
-        f"since at {min_step_s:g} s per step (the synchronizer's --min-step-time-s)"
+        f"since at {min_step_s:g} s per step ({bound})"
     )
 
 

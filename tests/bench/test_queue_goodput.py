@@ -29,7 +29,7 @@ def test_goodput_is_tokens_per_unit_second_of_the_quota_the_job_could_use() -> N
     assert result.goodput == 5.0
     result.samples += [Sample(20.0, 3, 300), Sample(30.0, 4, 450), Sample(40.0, 0, 650)]
     assert result.running_unit_s == 20 + 40 + 30 + 40
-    assert [(name, mean, tokens) for name, mean, tokens in result.phases()] == [
+    assert result.phases() == [
         ("quota 2", 2.0, 100),
         ("quota 4", 4.0, 200),
         ("quota 4, 1 preempted", 3.0, 150),
@@ -64,7 +64,8 @@ def test_the_elastic_job_has_a_unit_per_learner_and_the_whole_job_one_unit_of_al
     assert [(u["name"], u["replicas"]) for u in elastic["learnerUnits"]] == [(n, 1) for n in "abcd"]
     assert [(u["name"], u["replicas"]) for u in whole["learnerUnits"]] == [("all", 4)]
     for spec in (elastic, whole):
-        assert spec["queueName"] == "team" and spec["workloadPriorityClassName"] == "low"
+        assert spec["queueName"] == "team"
+        assert spec["workloadPriorityClassName"] == "low"
         assert all(u["resources"]["requests"]["cpu"] == "1" for u in spec["learnerUnits"])
     with pytest.raises(ValueError, match="unknown mode"):
         job_manifest("x", "gang", "low")

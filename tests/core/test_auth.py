@@ -22,6 +22,14 @@ SECRET = "job-secret"
 def test_claims_round_trip() -> None:
     claims = TokenClaims("job-u-0", issued_at=100, expires_at=200, generation=3, tokens_per_step=4096)
     assert read_learner_token(SECRET, mint_token(SECRET, claims)) == claims
+    paced = TokenClaims("job-u-0", issued_at=100, tokens_per_step=4096, min_step_s=0.25)
+    assert read_learner_token(SECRET, mint_token(SECRET, paced)) == paced
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan"), float("inf"), 3601.0])
+def test_a_step_time_outside_the_bounds_is_not_minted(seconds: float) -> None:
+    with pytest.raises(ValueError, match="min_step_s"):
+        learner_token(SECRET, "a", min_step_s=seconds)
 
 
 def _altered(token: str, **changes: object) -> str:
@@ -42,6 +50,7 @@ def _altered(token: str, **changes: object) -> str:
         _altered(learner_token(SECRET, "a"), sub="b"),  # another learner's name on a's mac
         _altered(learner_token(SECRET, "a", expires_at=10), exp=10**12),  # a later expiry
         _altered(learner_token(SECRET, "a", tokens_per_step=8), tps=10**9),
+        _altered(learner_token(SECRET, "a", min_step_s=1.0), mss=0.001),  # a faster pace
         learner_token("another secret", "a"),
         learner_token(SECRET, "a") + "x",
         "dl2." + "A" * 5000 + ".x",
@@ -53,7 +62,17 @@ def test_anything_not_minted_with_the_secret_is_no_token(token: str) -> None:
 
 
 def test_malformed_claims_under_a_valid_mac_are_no_token() -> None:
-    for body in ('{"sub": "a"}', '{"sub": "a", "iat": -1}', '{"sub": "a", "iat": 1, "tps": 0}', "[]", "nul"):
+    for body in (
+        '{"sub": "a"}',
+        '{"sub": "a", "iat": -1}',
+        '{"sub": "a", "iat": 1, "tps": 0}',
+        '{"sub": "a", "iat": 1, "mss": 0}',
+        '{"sub": "a", "iat": 1, "mss": NaN}',
+        '{"sub": "a", "iat": 1, "mss": "1"}',
+        '{"sub": "a", "iat": 1, "mss": 1e9}',
+        "[]",
+        "nul",
+    ):
         payload = base64.urlsafe_b64encode(body.encode()).rstrip(b"=").decode()
         assert read_learner_token(SECRET, f"dl2.{payload}.{_mac(SECRET, payload)}") is None
 

@@ -53,9 +53,10 @@ def encode_params(tensors: Mapping[str, np.ndarray], p: int) -> bytes:
     return codec.encode(tensors, fragment=p, base_version=0, kind="params", quantizer="fp32")
 
 
-def auth_headers(learner_id: str, token_of: str | None = None, **claims: int) -> dict[str, str]:
+def auth_headers(learner_id: str, token_of: str | None = None, **claims: float) -> dict[str, str]:
     """Headers of ``learner_id`` with the token of ``token_of`` (itself by default) carrying ``claims``
-    (``diloco_core.auth.learner_token``'s: expires_at, generation, tokens_per_step, issued_at)."""
+    (``diloco_core.auth.learner_token``'s: expires_at, generation, tokens_per_step, min_step_s,
+    issued_at)."""
     token = learner_token(SECRET, token_of or learner_id, **claims)
     return {"Authorization": f"Bearer {token}", LEARNER_HEADER: learner_id}
 
@@ -155,7 +156,7 @@ class Learner:
         learner_id: str,
         plan: FragmentPlan,
         tokens_per_step: int = 8,
-        claims: Mapping[str, int] | None = None,
+        claims: Mapping[str, float] | None = None,
     ):
         """``claims``: of the learner's token (``auth_headers``)."""
         self.id = learner_id

@@ -108,6 +108,28 @@ def test_more_steps_than_the_versions_age_allows_are_refused_across_a_restart(
     assert a.contribute(0, 0, grad(3, 0), steps=8).json()["status"] == "accepted"
 
 
+def test_a_unit_declared_slower_than_the_job_is_held_to_its_own_pace(sync_factory: SyncFactory) -> None:
+    """The step time a learner's token declares for its unit (the operator mints it from the unit's
+    minStepTimeSeconds) bounds its steps where it is slower than the job's; a faster one loosens
+    nothing."""
+    sync = sync_factory(args=[*ARGS, "--quorum", "2", "--min-step-time-s", "0.01"])
+    a, b = joined(sync, "a", "b")
+    slow = Learner(sync.url, "slow", PLAN, claims={"min_step_s": 1.0})
+    quick = Learner(sync.url, "quick", PLAN, claims={"min_step_s": 0.0001})
+    for learner in (slow, quick):
+        assert learner.register().status_code == 200
+    # 200 steps on version 0, seconds after it was made: within 2 H + (age + 5 s) / 0.01, far beyond
+    # 2 H + (age + 5 s) / 1.0
+    assert a.contribute(0, 0, grad(1, 0), steps=200).json()["status"] == "accepted"
+    refused = slow.contribute(0, 0, grad(2, 0), steps=200)
+    assert refused.status_code == 400, refused.text
+    assert "at 1 s per step (its unit's minStepTimeSeconds, in its token)" in refused.json()["reason"]
+    assert slow.contribute(0, 0, grad(3, 0), steps=4).json()["status"] == "accepted"
+    beyond = quick.contribute(0, 0, grad(4, 0), steps=10**6, tokens=8 * 10**6)
+    assert beyond.status_code == 400, beyond.text
+    assert "--min-step-time-s" in beyond.json()["reason"]
+
+
 def scaled(seed: int, norm: float) -> dict[str, np.ndarray]:
     """An outer gradient of exactly (to float32) this norm."""
     g = outer_grad(PLAN, 0, seed=seed)

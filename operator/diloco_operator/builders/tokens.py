@@ -2,13 +2,14 @@
 mints it again, and the revocations the job's synchronizer applies.
 
 A unit's token names its leader, declares the most tokens the unit trains on per step (batch x
-context x accumulation x pods, or the unit's ``tokensPerStep``), carries the unit's
-``tokenGeneration`` and expires ``synchronizer.tokenLifetimeSeconds`` after it was minted. The
-operator mints it again when the generation or the tokens per step change, and when less than half
-its life is left, into the same Secret; the pods read it from the mounted Secret, which the kubelet
-updates in place, so a renewal restarts nothing. A raised generation revokes the older tokens: the
-synchronizer refuses them from when its revocations file (the ``<job>-revocations`` ConfigMap)
-carries the new generation.
+context x accumulation x pods, or the unit's ``tokensPerStep``) and, where set, the fastest its
+step can be (``minStepTimeSeconds``), carries the unit's ``tokenGeneration`` and expires
+``synchronizer.tokenLifetimeSeconds`` after it was minted. The operator mints it again when the
+generation, the tokens per step or the step time change, and when less than half its life is left,
+into the same Secret; the pods read it from the mounted Secret, which the kubelet updates in place,
+so a renewal restarts nothing. A raised generation revokes the older tokens: the synchronizer
+refuses them from when its revocations file (the ``<job>-revocations`` ConfigMap) carries the new
+generation.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from diloco_operator.schema.spec import DiLoCoJobSpec, LearnerUnit
 GENERATION_ANNOTATION = "diloco.dev/token-generation"
 TOKENS_PER_STEP_ANNOTATION = "diloco.dev/tokens-per-step"
 EXPIRES_ANNOTATION = "diloco.dev/token-expires"
+MIN_STEP_ANNOTATION = "diloco.dev/min-step-time"
 
 
 def unit_tokens_per_step(spec: DiLoCoJobSpec, unit: LearnerUnit) -> int:
@@ -42,6 +44,7 @@ def unit_claims(job: JobRef, spec: DiLoCoJobSpec, unit: LearnerUnit, now: int) -
         expires_at=now + spec.synchronizer.token_lifetime_seconds,
         generation=unit.token_generation,
         tokens_per_step=unit_tokens_per_step(spec, unit),
+        min_step_s=unit.min_step_time_seconds,
     )
 
 
@@ -51,7 +54,12 @@ def claim_annotations(claims: TokenClaims) -> dict[str, str]:
         GENERATION_ANNOTATION: str(claims.generation),
         TOKENS_PER_STEP_ANNOTATION: str(claims.tokens_per_step),
         EXPIRES_ANNOTATION: str(claims.expires_at),
+        MIN_STEP_ANNOTATION: _pace(claims.min_step_s),
     }
+
+
+def _pace(min_step_s: float | None) -> str:
+    return "" if min_step_s is None else repr(min_step_s)
 
 
 def mint_reason(secret: Mapping[str, Any] | None, wanted: TokenClaims, now: int) -> str | None:
@@ -70,6 +78,9 @@ def mint_reason(secret: Mapping[str, Any] | None, wanted: TokenClaims, now: int)
         return f"generation {generation} -> {wanted.generation}"
     if per_step != wanted.tokens_per_step:
         return f"tokens per step {per_step} -> {wanted.tokens_per_step}"
+    pace = notes.get(MIN_STEP_ANNOTATION, "")  # a Secret minted before units declared a pace: none
+    if pace != _pace(wanted.min_step_s):
+        return f"step time {pace or 'unset'} -> {_pace(wanted.min_step_s) or 'unset'}"
     assert wanted.expires_at is not None
     lifetime = wanted.expires_at - now
     if expires - now < lifetime // 2:

@@ -192,6 +192,8 @@ class LearnerUnit(_Spec):
     region: str | None = None
     batch_size: int = Field(16, ge=1)
     tokens_per_step: int | None = Field(None, ge=1)
+    # the fastest an inner step of this unit can be (its token declares it; beside the job's bound)
+    min_step_time_seconds: float | None = Field(None, gt=0.0, le=3600.0, allow_inf_nan=False)
     token_generation: int = Field(0, ge=0)
     # after spec.learners' (``pod_additions``)
     env: list[dict[str, Any]] = Field(default_factory=list)

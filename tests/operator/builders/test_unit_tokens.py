@@ -71,6 +71,25 @@ def test_when_a_token_is_minted_again() -> None:
     assert "tokens per step" in str(
         mint_reason(_secret(held), unit_claims(job, bigger, bigger.learner_units[0], NOW), NOW)
     )
+    paced = spec_of([unit("a", minStepTimeSeconds=0.5)])
+    slow = unit_claims(job, paced, paced.learner_units[0], NOW)
+    assert mint_reason(_secret(held), slow, NOW) == "step time unset -> 0.5"
+    assert mint_reason(_secret(slow), held, NOW) == "step time 0.5 -> unset"
+    assert mint_reason(_secret(slow), slow, NOW) is None
+    before = {
+        "metadata": {"annotations": {k: v for k, v in claim_annotations(held).items() if "min-step" not in k}}
+    }
+    assert mint_reason(before, held, NOW) is None  # minted before units declared a pace: still good
+
+
+def test_a_units_step_time_is_in_its_token_and_only_sane_values_are_taken() -> None:
+    spec = spec_of([unit("a", minStepTimeSeconds=0.25), unit("b")])
+    job = JobRef("gpt", "ns", "uid")
+    a, b = (unit_claims(job, spec, u, NOW) for u in spec.learner_units)
+    assert (a.min_step_s, b.min_step_s) == (0.25, None)
+    for bad in (0, -1, 3601, "fast"):
+        with pytest.raises(Exception, match="minStepTimeSeconds"):
+            spec_of([unit("a", minStepTimeSeconds=bad)])
 
 
 def test_revocations_are_the_raised_generations_and_other_regions_learners() -> None:

@@ -64,6 +64,11 @@ REFUSED = [
         {"synchronizer": {"shards": 4}, "diloco": {"quorum": 1, "fragments": 2}},
         "synchronizer.shards must be at most diloco.fragments",
     ),
+    (
+        "unit-pace",
+        {"learnerUnits": [{"name": "a", "minStepTimeSeconds": 0}]},
+        "spec.learnerUnits[0].minStepTimeSeconds",
+    ),
 ]
 
 
