@@ -24,14 +24,11 @@ import asyncio
 import json
 import os
 import re
-import statistics
 import struct
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import httpx
 import numpy as np
@@ -42,37 +39,11 @@ from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.protocol import LEARNER_HEADER, VERSION_HEADER
 
 from diloco.runner.processes import free_port
+from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes
+from diloco_bench.sync_ingest_report import Result, report, summary_row
 
 SECRET = "bench-secret"
 _LEN = struct.Struct("<Q")
-
-
-@dataclass
-class Result:
-    mode: str
-    clients: int
-    seconds: float
-    contributions: int
-    payload_bytes: int
-    params_taken: int
-    rounds: int
-    contribute_ms: list[float] = field(default_factory=list, repr=False)
-    round_trip_ms: list[float] = field(default_factory=list, repr=False)
-    merge_s_per_round: float = 0.0
-    raw_mb_s: float = 0.0
-    versions_heard: int = 0
-
-    @property
-    def mb_s(self) -> float:
-        return self.payload_bytes / self.seconds / 1e6
-
-    @property
-    def params_s(self) -> float:
-        return self.params_taken / self.seconds
-
-
-def percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
 
 
 def make_plan(params: int, fragments: int) -> FragmentPlan:
@@ -217,7 +188,8 @@ async def run_service(plan: FragmentPlan, clients: int, seconds: float, port: in
             blobs = [
                 [grad_blob(plan, f.index, 100 * i + f.index) for f in plan.fragments] for i in range(clients)
             ]
-            res = Result(mode, clients, 0.0, 0, 0, 0, 0)
+            res = Result(mode, clients, 0.0, 0, 0, 0, 0, model_params=plan.num_params)
+            cpu_before = cpu_seconds(proc.pid)
             start = time.perf_counter()
             stop_at = start + seconds
             if mode == "lockstep":
@@ -231,6 +203,10 @@ async def run_service(plan: FragmentPlan, clients: int, seconds: float, port: in
                 ]
             await asyncio.gather(*jobs)
             res.seconds = time.perf_counter() - start
+            cpu_after = cpu_seconds(proc.pid)
+            if cpu_before is not None and cpu_after is not None:
+                res.sync_cpu_s = cpu_after - cpu_before
+            res.sync_peak_rss = peak_rss_bytes(proc.pid)
             total, count = merge_seconds(url)
             res.rounds, res.merge_s_per_round = count, (total / count if count else 0.0)
             per_fragment = plan.num_params // len(plan.fragments)
@@ -304,38 +280,22 @@ async def run_raw(plan: FragmentPlan, clients: int, seconds: float, port: int) -
 # -- entry point -----------------------------------------------------------------------------------------
 
 
-def report(results: list[Result], plan: FragmentPlan) -> str:
-    lines = [
-        f"mode: {results[0].mode if results else '-'}; "
-        f"model: {plan.num_params:,} parameters in {len(plan.fragments)} fragments; payload int4 "
-        f"({len(grad_blob(plan, 0, 0)):,} bytes per fragment contribution)",
-        f"{'clients':>7} {'MB/s':>8} {'Mparams/s':>10} {'raw MB/s':>9} {'svc/raw':>8} {'post p50':>9} {'p90':>7} "
-        f"{'p99':>7} {'round p50':>10} {'p99':>7} {'rounds':>7} {'merge ms/round':>15}",
-    ]
-    for r in results:
-        ratio = r.mb_s / r.raw_mb_s if r.raw_mb_s else float("nan")
-        lines.append(
-            f"{r.clients:>7} {r.mb_s:>8.2f} {r.params_s / 1e6:>10.2f} {r.raw_mb_s:>9.2f} {ratio:>8.3f} "
-            f"{percentile(r.contribute_ms, 50):>8.1f}ms {percentile(r.contribute_ms, 90):>6.1f} "
-            f"{percentile(r.contribute_ms, 99):>7.1f} {percentile(r.round_trip_ms, 50):>9.1f}ms "
-            f"{percentile(r.round_trip_ms, 99):>7.1f} {r.rounds:>7} {1000 * r.merge_s_per_round:>15.2f}"
-        )
-    return "\n".join(lines)
-
-
 async def run_all(args: argparse.Namespace) -> list[Result]:
-    plan = make_plan(args.params, args.fragments)
     results = []
-    for n in args.clients:
-        res = await run_service(plan, n, args.seconds, free_port(), args.mode)
-        res.raw_mb_s = await run_raw(plan, n, args.seconds, free_port())
-        results.append(res)
-        print(
-            f"  {n} clients: {res.contributions} contributions, {res.rounds} rounds, "
-            f"{res.versions_heard + len(res.round_trip_ms)} new versions heard by long-polls",
-            file=sys.stderr,
-        )
-    print(report(results, plan))
+    for size in args.params:
+        plan = make_plan(size, args.fragments)
+        at_size = []
+        for n in args.clients:
+            res = await run_service(plan, n, args.seconds, free_port(), args.mode)
+            res.raw_mb_s = await run_raw(plan, n, args.seconds, free_port())
+            at_size.append(res)
+            print(
+                f"  {size:,} params, {n} clients: {res.contributions} contributions, {res.rounds} rounds, "
+                f"{res.versions_heard + len(res.round_trip_ms)} new versions heard by long-polls",
+                file=sys.stderr,
+            )
+        print(report(at_size, plan, len(grad_blob(plan, 0, 0))), flush=True)
+        results += at_size
     return results
 
 
@@ -343,7 +303,13 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="diloco bench sync-ingest", description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32], help="concurrent learners per run")
     ap.add_argument("--seconds", type=float, default=10.0, help="duration of each run")
-    ap.add_argument("--params", type=int, default=2_000_000, help="model size in parameters")
+    ap.add_argument(
+        "--params",
+        type=lambda v: int(float(v)),
+        nargs="+",
+        default=[2_000_000],
+        help="model sizes in parameters (2e6 20e6 200e6: one table per size)",
+    )
     ap.add_argument("--fragments", type=int, default=4)
     ap.add_argument(
         "--mode",
@@ -360,20 +326,7 @@ def main(argv: list[str]) -> int:
         return 0
     results = asyncio.run(run_all(args))
     if args.json:
-        summary: list[dict[str, Any]] = []
-        for r in results:
-            d = asdict(r)
-            d.update(
-                mb_s=r.mb_s,
-                params_s=r.params_s,
-                contribute_p50_ms=percentile(r.contribute_ms, 50),
-                contribute_p99_ms=percentile(r.contribute_ms, 99),
-                round_p50_ms=percentile(r.round_trip_ms, 50),
-                round_p99_ms=percentile(r.round_trip_ms, 99),
-                median_contribute_ms=statistics.median(r.contribute_ms) if r.contribute_ms else None,
-            )
-            del d["contribute_ms"], d["round_trip_ms"]
-            summary.append(d)
+        summary = [summary_row(r) for r in results]
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(summary, fh, indent=2)
     return 0

@@ -1,0 +1,31 @@
+"""What the kernel says of a running process (Linux ``/proc``): its CPU seconds so far and its peak
+resident memory, for benchmarks that measure a server they started."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` (its threads included), or None when unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)"; fields 14 and 15 are utime, stime
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """The most resident memory ``pid`` has held (``VmHWM``), or None when unreadable."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None

@@ -1,0 +1,106 @@
+"""What `diloco bench sync-ingest` measured in one run, and its table and JSON rows."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from diloco_core.fragments import FragmentPlan
+
+
+@dataclass
+class Result:
+    mode: str
+    clients: int
+    seconds: float
+    contributions: int
+    payload_bytes: int
+    params_taken: int
+    rounds: int
+    contribute_ms: list[float] = field(default_factory=list, repr=False)
+    round_trip_ms: list[float] = field(default_factory=list, repr=False)
+    merge_s_per_round: float = 0.0
+    raw_mb_s: float = 0.0
+    versions_heard: int = 0
+    model_params: int = 0
+    sync_cpu_s: float | None = None  # the synchronizer process's CPU seconds during the run
+    sync_peak_rss: int | None = None  # its peak resident bytes (from its start)
+
+    @property
+    def mb_s(self) -> float:
+        return self.payload_bytes / self.seconds / 1e6
+
+    @property
+    def params_s(self) -> float:
+        return self.params_taken / self.seconds
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def report(results: list[Result], plan: FragmentPlan, payload_bytes: int) -> str:
+    """One table: a row per client count at one model size (``payload_bytes``: one fragment's
+    contribution)."""
+    lines = [
+        f"mode: {results[0].mode if results else '-'}; "
+        f"model: {plan.num_params:,} parameters in {len(plan.fragments)} fragments; payload int4 "
+        f"({payload_bytes:,} bytes per fragment contribution)",
+        f"{'clients':>7} {'MB/s':>8} {'Mparams/s':>10} {'raw MB/s':>9} {'svc/raw':>8} {'post p50':>9} {'p90':>7} "
+        f"{'p99':>7} {'round p50':>10} {'p99':>7} {'rounds':>7} {'merge ms/round':>15} "
+        f"{'Mparams/cpu-s':>13} {'peak RSS MB':>11} {'RSS/fp32':>8}",
+    ]
+    for r in results:
+        ratio = r.mb_s / r.raw_mb_s if r.raw_mb_s else float("nan")
+        lines.append(
+            f"{r.clients:>7} {r.mb_s:>8.2f} {r.params_s / 1e6:>10.2f} {r.raw_mb_s:>9.2f} {ratio:>8.3f} "
+            f"{percentile(r.contribute_ms, 50):>8.1f}ms {percentile(r.contribute_ms, 90):>6.1f} "
+            f"{percentile(r.contribute_ms, 99):>7.1f} {percentile(r.round_trip_ms, 50):>9.1f}ms "
+            f"{percentile(r.round_trip_ms, 99):>7.1f} {r.rounds:>7} {1000 * r.merge_s_per_round:>15.2f} "
+            f"{_per_cpu(r):>13} {_mb(r.sync_peak_rss):>11} {_rss_ratio(r):>8}"
+        )
+    return "\n".join(lines)
+
+
+def per_cpu_second(r: Result) -> float | None:
+    """Parameters taken per CPU second of the synchronizer process (all its threads)."""
+    return r.params_taken / r.sync_cpu_s if r.sync_cpu_s else None
+
+
+def rss_over_model(r: Result) -> float | None:
+    """The synchronizer's peak resident memory over the model's fp32 size."""
+    return r.sync_peak_rss / (4 * r.model_params) if r.sync_peak_rss and r.model_params else None
+
+
+def _per_cpu(r: Result) -> str:
+    v = per_cpu_second(r)
+    return "-" if v is None else f"{v / 1e6:.1f}"
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.0f}"
+
+
+def _rss_ratio(r: Result) -> str:
+    v = rss_over_model(r)
+    return "-" if v is None else f"{v:.1f}x"
+
+
+def summary_row(r: Result) -> dict[str, Any]:
+    """One run's figures for ``--json`` (the latency lists as percentiles)."""
+    d = asdict(r)
+    d.update(
+        mb_s=r.mb_s,
+        params_s=r.params_s,
+        params_per_cpu_s=per_cpu_second(r),
+        rss_over_fp32_model=rss_over_model(r),
+        contribute_p50_ms=percentile(r.contribute_ms, 50),
+        contribute_p99_ms=percentile(r.contribute_ms, 99),
+        round_p50_ms=percentile(r.round_trip_ms, 50),
+        round_p99_ms=percentile(r.round_trip_ms, 99),
+        median_contribute_ms=statistics.median(r.contribute_ms) if r.contribute_ms else None,
+    )
+    del d["contribute_ms"], d["round_trip_ms"]
+    return d

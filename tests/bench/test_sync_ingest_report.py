@@ -1,0 +1,24 @@
+"""The synchronizer ingest benchmark's figures per CPU second and per model size."""
+
+from __future__ import annotations
+
+from diloco_bench.sync_ingest_report import Result, per_cpu_second, report, rss_over_model, summary_row
+from diloco_core.fragments import build_plan
+
+
+def test_params_per_cpu_second_and_peak_memory_over_the_fp32_model() -> None:
+    r = Result("stream", 4, 10.0, 40, 1000, 4_000_000, 5, model_params=1_000_000, sync_cpu_s=2.0)
+    r.sync_peak_rss = 12_000_000
+    assert per_cpu_second(r) == 2_000_000
+    assert rss_over_model(r) == 3.0  # 12 MB held for a 4 MB fp32 model
+    row = summary_row(r)
+    assert row["params_per_cpu_s"] == 2_000_000
+    assert row["rss_over_fp32_model"] == 3.0
+    assert "contribute_ms" not in row
+    unknown = Result("stream", 1, 1.0, 0, 0, 0, 0)
+    assert per_cpu_second(unknown) is None
+    assert rss_over_model(unknown) is None
+    table = report([r, unknown], build_plan([("w", (1000,))], 1, inner_steps=4), 123)
+    assert "123 bytes per fragment contribution" in table
+    assert "2.0" in table.splitlines()[2]
+    assert "3.0x" in table.splitlines()[2]
