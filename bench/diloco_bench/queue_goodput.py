@@ -141,8 +141,8 @@ def figure(results: Sequence[ModeResult]) -> Figure:
     if results:
         phase_s = results[0].phase_s
         edges = [i * phase_s for i in range(len(PHASES) + 1)]
-        running.step(edges, [p.share for p in PHASES] + [PHASES[-1].share], where="post",
-                     color="gray", linestyle="--", label="quota for the job")  # fmt: skip
+        shares = [p.share for p in PHASES] + [PHASES[-1].share]
+        running.step(edges, shares, where="post", color="gray", linestyle="--", label="quota for the job")
     running.set_xlabel("seconds")
     running.set_ylabel("learners running")
     tokens.set_xlabel("seconds")
