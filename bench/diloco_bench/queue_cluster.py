@@ -1,22 +1,18 @@
-"""What `diloco bench queue` puts on the test control plane: Kueue's quota objects, the two shapes of
-the same 4-learner job (4 one-pod units, or one unit of 4 pods that Kueue can only admit whole), the
-higher-priority pod that preempts, and reading which learners' pods run."""
+"""What `diloco bench queue` puts on the test control plane: the two shapes of the same 4-learner job
+(4 one-pod units, or one unit of 4 pods that Kueue can only admit whole), and reading which
+learners' pods run. The Kueue objects are ``diloco_testbed.kueue_objects``'."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from diloco_testbed.kueue_objects import TEAM_QUEUE
+
 from diloco_bench.operator_cluster import bench_job
 
 LEARNERS = 4
-UNITS = "abcd"  # the elastic job's units, one per learner
+UNITS = ("a", "b", "c", "d")  # the elastic job's units, one per learner
 WHOLE_UNIT = "all"  # the whole job's one unit of LEARNERS pods
-QUEUE = "team"  # diloco_testbed.kueue_objects.team_queue's LocalQueue
-
-
-def quota(learner_pods: int) -> dict[str, str]:
-    """A ClusterQueue quota of ``learner_pods`` learner pods (one CPU each)."""
-    return {"cpu": str(learner_pods), "memory": "64Gi"}
 
 
 def job_manifest(name: str, mode: str, priority_class: str) -> dict[str, Any]:
@@ -30,22 +26,7 @@ def job_manifest(name: str, mode: str, priority_class: str) -> dict[str, Any]:
         units = [{"name": WHOLE_UNIT, "replicas": LEARNERS, "resources": resources}]
     else:
         raise ValueError(f"unknown mode {mode!r}")
-    return bench_job(name, units, queueName=QUEUE, workloadPriorityClassName=priority_class)
-
-
-def urgent_pod(priority_class: str) -> dict[str, Any]:
-    """Another team's higher-priority work in the same queue: one CPU for as long as it exists."""
-    return {
-        "metadata": {
-            "name": "urgent",
-            "labels": {"kueue.x-k8s.io/queue-name": QUEUE, "kueue.x-k8s.io/priority-class": priority_class},
-        },
-        "spec": {
-            "containers": [
-                {"name": "work", "image": "example.invalid/work", "resources": {"requests": {"cpu": "1"}}}
-            ]
-        },
-    }
+    return bench_job(name, units, queueName=TEAM_QUEUE, workloadPriorityClassName=priority_class)
 
 
 def learner_of(pod: dict[str, Any]) -> int | None:
@@ -56,7 +37,7 @@ def learner_of(pod: dict[str, Any]) -> int | None:
     if unit == WHOLE_UNIT:
         ordinal = str(meta.get("name", "")).rsplit("-", 1)[-1]
         return int(ordinal) if ordinal.isdigit() else None
-    return UNITS.index(unit) if unit and unit in UNITS else None
+    return UNITS.index(unit) if unit in UNITS else None
 
 
 def running_learners(pods: list[dict[str, Any]]) -> set[int]:

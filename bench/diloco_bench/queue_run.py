@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 from diloco_testbed.kueue import Kueue
-from diloco_testbed.kueue_objects import set_quota, team_queue
+from diloco_testbed.kueue_objects import cpu_quota, queued_pod, set_quota, team_queue
 from kubernetes import client as k8s
 
 from diloco.runner.commands import (
@@ -29,7 +29,7 @@ from diloco.runner.processes import Child, free_port, launch, stop_all
 from diloco.runner.settings import RunSettings
 from diloco_bench.operator_cluster import GROUP, PLURAL, VERSION, control_plane, wait
 from diloco_bench.operator_scale import operator_process
-from diloco_bench.queue_cluster import LEARNERS, job_manifest, quota, running_learners, urgent_pod
+from diloco_bench.queue_cluster import LEARNERS, job_manifest, running_learners
 from diloco_bench.queue_goodput import PHASES, ModeResult, Sample
 
 TICK_S = 0.5
@@ -56,7 +56,7 @@ def run_mode(plane: Any, a: argparse.Namespace, mode: str) -> ModeResult:
         ns = plane.create_namespace(f"queue-{mode}")
         stack.callback(plane.delete_namespace, ns)
         api = stack.enter_context(plane.api_client())
-        names = stack.enter_context(team_queue(api, ns, quota(PHASES[0].quota)))
+        names = stack.enter_context(team_queue(api, ns, cpu_quota(PHASES[0].quota)))
         operator = operator_process(
             plane, argparse.Namespace(resync_seconds=15.0), mode, None, 0, ns, 0
         )  # no metrics
@@ -164,8 +164,10 @@ class Phases:
             if current != phase:
                 phase = current
                 self.enter(phase)
-            pods = self.core.list_namespaced_pod(self.ns, label_selector=selector).to_dict()["items"]
-            running = running_learners([camel(p) for p in pods])
+            pods = self.api.sanitize_for_serialization(
+                self.core.list_namespaced_pod(self.ns, label_selector=selector)
+            )
+            running = running_learners(pods["items"])
             self.learners.follow(running)
             tokens = self.learners.trained()
             last = self.result.samples[-1].tokens if self.result.samples else 0
@@ -183,10 +185,10 @@ class Phases:
         """Set the phase's quota, and create or delete the higher-priority pod."""
         phase = PHASES[index]
         print(f"[queue] {self.mode}: phase {index + 1} ({phase.name})", flush=True)
-        set_quota(self.api, self.names, quota(phase.quota))
+        set_quota(self.api, self.names, cpu_quota(phase.quota))
         previous = PHASES[index - 1] if index else None
         if phase.urgent and not (previous and previous.urgent):
-            self.core.create_namespaced_pod(self.ns, urgent_pod(self.names["high"]))
+            self.core.create_namespaced_pod(self.ns, queued_pod("urgent", self.names["high"]))
         elif previous is not None and previous.urgent and not phase.urgent:
             self.core.delete_namespaced_pod("urgent", self.ns, grace_period_seconds=0)
 
@@ -200,16 +202,3 @@ class Phases:
             if now != last:
                 last, since = now, time.monotonic()
         return last
-
-
-def camel(pod: dict[str, Any]) -> dict[str, Any]:
-    """The fields ``running_learners`` reads, under the API's names (``to_dict`` gives snake case)."""
-    meta = pod.get("metadata") or {}
-    return {
-        "metadata": {
-            "name": meta.get("name"),
-            "labels": meta.get("labels") or {},
-            "deletionTimestamp": meta.get("deletion_timestamp"),
-        },
-        "status": {"phase": (pod.get("status") or {}).get("phase")},
-    }

@@ -35,7 +35,7 @@ from .fragments import Fragments
 from .ingest import validate_outer_gradient
 from .learners import LearnerRegistry
 from .metrics import Metrics, Traffic
-from .pace import pace_problem
+from .pace import pace_for, pace_problem
 from .persistence import StateStore
 from .settings import SyncSettings
 from .storage_guard import StorageGuard
@@ -127,6 +127,7 @@ class ContributionDesk:
         if refusal is not None:
             status, code, reason = refusal
             raise ApiError(status, code, reason, current_version=fs.version if status == 409 else None)
+        min_step_s, bound = pace_for(self.settings.min_step_time_s, unit_min_step_s)
         too_fast = pace_problem(
             learner_id,
             fs.index,
@@ -134,13 +135,9 @@ class ContributionDesk:
             since + steps,
             fs.version_times.get(base_version),
             self.clock(),
-            min_step_s=max(self.settings.min_step_time_s, unit_min_step_s or 0.0),
+            min_step_s=min_step_s,
             slack_steps=2 * self.diloco.inner_steps,
-            bound=(
-                "its unit's minStepTimeSeconds, in its token"
-                if (unit_min_step_s or 0.0) > self.settings.min_step_time_s
-                else "the synchronizer's --min-step-time-s"
-            ),
+            bound=bound,
         )
         if too_fast is not None:
             raise ApiError(400, "bad_request", too_fast)

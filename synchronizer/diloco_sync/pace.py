@@ -19,6 +19,18 @@ def most_steps(committed_at: float, now: float, min_step_s: float, slack_steps: 
     return slack_steps + int(elapsed / min_step_s)
 
 
+JOB_BOUND = "the synchronizer's --min-step-time-s"
+UNIT_BOUND = "its unit's minStepTimeSeconds, in its token"
+
+
+def pace_for(job_min_step_s: float, unit_min_step_s: float | None) -> tuple[float, str]:
+    """The fastest step a learner is held to, and what sets it: the job's, or its unit's (declared in
+    its token) where that is slower. A faster unit pace loosens nothing."""
+    if unit_min_step_s is not None and unit_min_step_s > job_min_step_s:
+        return unit_min_step_s, UNIT_BOUND
+    return job_min_step_s, JOB_BOUND
+
+
 def pace_problem(
     learner_id: str,
     fragment: int,
@@ -29,7 +41,7 @@ def pace_problem(
     *,
     min_step_s: float,
     slack_steps: int,
-    bound: str = "the synchronizer's --min-step-time-s",
+    bound: str = JOB_BOUND,
 ) -> str | None:
     """Why progress through step ``through`` on ``base_version`` is more than can have been trained
     since that version was committed (None: plausible, or the commit time is unknown, or no bound)."""

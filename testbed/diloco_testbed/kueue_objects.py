@@ -45,6 +45,30 @@ def cluster_queue(name: str, flavor: str, quota: Mapping[str, str]) -> dict[str,
     )
 
 
+def cpu_quota(cpu: int | str, memory: str = "64Gi") -> dict[str, str]:
+    """A quota of ``cpu`` CPUs (and ``memory``, enough not to matter)."""
+    return {"cpu": str(cpu), "memory": memory}
+
+
+def queued_pod(name: str, priority_class: str, cpu: str = "1") -> dict[str, Any]:
+    """A plain pod in the team queue at ``priority_class``: another workload that holds ``cpu`` of
+    the quota for as long as it exists (on kwok it never ends), preempting lower priorities."""
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kueue.x-k8s.io/queue-name": TEAM_QUEUE,
+                "kueue.x-k8s.io/priority-class": priority_class,
+            },
+        },
+        "spec": {
+            "containers": [
+                {"name": "work", "image": "example.invalid/work", "resources": {"requests": {"cpu": cpu}}}
+            ]
+        },
+    }
+
+
 def label_for_kueue(api: k8s.ApiClient, namespace: str, on: bool = True) -> None:
     """Let (or stop letting) Kueue's webhooks see ``namespace``."""
     value = "true" if on else None

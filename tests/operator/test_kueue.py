@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from diloco_testbed.kube import Cluster
 from diloco_testbed.kueue import Kueue
-from diloco_testbed.kueue_objects import API, kueue_object, set_quota, team_queue
+from diloco_testbed.kueue_objects import API, cpu_quota, kueue_object, queued_pod, set_quota, team_queue
 from diloco_testbed.waiting import wait_for
 from kopf.testing import KopfRunner
 from kubernetes import client as k8s
@@ -36,12 +36,8 @@ def kueue(kube: Cluster, test_logs_dir: Path) -> Iterator[Kueue]:
 def queue(api: k8s.ApiClient, namespace: str, kueue: Kueue) -> Iterator[dict[str, str]]:
     """A LocalQueue ``team`` in ``namespace`` (labelled for Kueue), its ClusterQueue of 2 CPUs and
     flavor, low and high priority classes."""
-    with team_queue(api, namespace, quota(cpu=2)) as names:
+    with team_queue(api, namespace, cpu_quota(2)) as names:
         yield names
-
-
-def quota(cpu: int) -> dict[str, str]:
-    return {"cpu": str(cpu), "memory": "64Gi"}
 
 
 def one_cpu_unit(name: str, replicas: int = 1) -> dict[str, Any]:
@@ -89,7 +85,7 @@ def test_units_are_admitted_as_the_quota_allows_and_resized_as_new_workloads(
     gated = [p for p in learner_pods(api, namespace, "queued") if p.spec.scheduling_gates]
     assert len(gated) == 2  # Kueue holds their pods back
 
-    set_quota(api, queue, quota(cpu=5))
+    set_quota(api, queue, cpu_quota(5))
     wait_for(lambda: len(running(api, namespace, "queued")) == 4, timeout=120, what="all 4 units running")
     wait_for(
         lambda: {s for s, _ in admissions(api, namespace, "queued").values()} == {"Admitted"},
@@ -119,19 +115,8 @@ def test_a_preempted_unit_waits_while_the_others_train_and_comes_back(
     wait_for(lambda: running(api, namespace, "spot") == ["a", "b"], timeout=120, what="both units running")
 
     # a higher-priority workload: a plain Pod in the same queue (on kwok a Job's pods end at once)
-    urgent = {
-        "metadata": {
-            "name": "urgent",
-            "labels": {"kueue.x-k8s.io/queue-name": "team", "kueue.x-k8s.io/priority-class": queue["high"]},
-        },
-        "spec": {
-            "containers": [
-                {"name": "work", "image": "example.invalid/work", "resources": {"requests": {"cpu": "1"}}}
-            ],
-        },
-    }
     core = k8s.CoreV1Api(api)
-    core.create_namespaced_pod(namespace, urgent)
+    core.create_namespaced_pod(namespace, queued_pod("urgent", queue["high"]))
 
     def one_preempted() -> bool:
         states = admissions(api, namespace, "spot")
@@ -162,7 +147,7 @@ def test_a_preempted_unit_waits_while_the_others_train_and_comes_back(
 def test_twenty_units_under_a_quota_of_eight(
     api: k8s.ApiClient, namespace: str, operator: KopfRunner, queue: dict[str, str]
 ) -> None:
-    set_quota(api, queue, quota(cpu=8))
+    set_quota(api, queue, cpu_quota(8))
     units = [one_cpu_unit(f"u{i:02d}") for i in range(20)]
     create_job(api, namespace, job_manifest("wide", units, queueName="team", diloco={"quorum": 4}))
 
@@ -177,7 +162,7 @@ def test_twenty_units_under_a_quota_of_eight(
         describe=lambda: f"{counted()} running {len(running(api, namespace, 'wide'))}",
     )
     assert get_job(api, namespace, "wide")["status"]["phase"] == "Running"
-    set_quota(api, queue, quota(cpu=20))
+    set_quota(api, queue, cpu_quota(20))
     wait_for(
         lambda: counted() == {"Admitted": 20} and len(running(api, namespace, "wide")) == 20,
         timeout=180,
@@ -197,7 +182,7 @@ def test_a_flavors_nodes_and_gpus_reach_the_units_pods(
         "spec": {"nodeLabels": {"topology.kubernetes.io/region": "region-b"}},
     }
     custom.patch_cluster_custom_object(*API, "resourceflavors", queue["flavor"], region_b)
-    set_quota(api, queue, quota(cpu=8) | {"nvidia.com/gpu": "4"})
+    set_quota(api, queue, cpu_quota(8) | {"nvidia.com/gpu": "4"})
     g = unit("g", 2, gpus=2, resources={"requests": {"cpu": "1", "memory": "16Mi"}})
     create_job(api, namespace, job_manifest("placed", [g], queueName="team"))
 
@@ -237,7 +222,7 @@ def test_a_units_pods_are_placed_in_one_topology_domain(
     try:
         flavor = {"spec": {"nodeLabels": {"type": "kwok"}, "topologyName": topology["metadata"]["name"]}}
         custom.patch_cluster_custom_object(*API, "resourceflavors", queue["flavor"], flavor)
-        set_quota(api, queue, quota(cpu=64))
+        set_quota(api, queue, cpu_quota(64))
         big = unit("r", 2, resources={"requests": {"cpu": "20", "memory": "16Mi"}})
         big["topology"] = {"required": "topology.kubernetes.io/region"}
         create_job(api, namespace, job_manifest("racked", [big], queueName="team"))

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from diloco_sync.pace import CLOCK_SLACK_S, KEPT_VERSIONS, kept_times, most_steps, pace_problem
+from diloco_sync.pace import (
+    CLOCK_SLACK_S,
+    JOB_BOUND,
+    KEPT_VERSIONS,
+    UNIT_BOUND,
+    kept_times,
+    most_steps,
+    pace_for,
+    pace_problem,
+)
 
 
 def test_steps_are_bounded_by_the_versions_age_at_the_fastest_pace() -> None:
@@ -15,6 +24,13 @@ def test_steps_are_bounded_by_the_versions_age_at_the_fastest_pace() -> None:
     assert problem is not None
     assert "more than the 1516" in problem
     assert "--min-step-time-s" in problem
+
+
+def test_a_unit_is_held_to_its_own_pace_only_where_it_is_slower_than_the_jobs() -> None:
+    assert pace_for(0.01, None) == (0.01, JOB_BOUND)
+    assert pace_for(0.01, 0.5) == (0.5, UNIT_BOUND)
+    assert pace_for(0.01, 0.001) == (0.01, JOB_BOUND)  # a faster unit pace loosens nothing
+    assert pace_for(0.01, 0.01) == (0.01, JOB_BOUND)
 
 
 def test_no_bound_without_a_commit_time_or_a_pace() -> None:

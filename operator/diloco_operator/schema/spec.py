@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
+from diloco_core.auth import MAX_STEP_S
 from diloco_core.config import DataSettings, DiLoCoSettings, ModelSettings, TrackingSettings, TrainSettings
 from diloco_core.endpoint_url import EndpointUrl
 from diloco_core.validation_errors import describe_errors, dotted
@@ -193,7 +194,7 @@ class LearnerUnit(_Spec):
     batch_size: int = Field(16, ge=1)
     tokens_per_step: int | None = Field(None, ge=1)
     # the fastest an inner step of this unit can be (its token declares it; beside the job's bound)
-    min_step_time_seconds: float | None = Field(None, gt=0.0, le=3600.0, allow_inf_nan=False)
+    min_step_time_seconds: float | None = Field(None, gt=0.0, le=MAX_STEP_S, allow_inf_nan=False)
     token_generation: int = Field(0, ge=0)
     # after spec.learners' (``pod_additions``)
     env: list[dict[str, Any]] = Field(default_factory=list)
