@@ -31,7 +31,7 @@ CLUSTER_ONLY: dict[str, str] = {
     "export": "the export Job runs on a cluster; diloco export -f takes the model out of a local run",
 }
 UNIT_CLUSTER_ONLY = ("gpus", "resources", "nodeSelector", "affinity", "tolerations", "region", "tokenGeneration",
-                     "tokensPerStep", "env", "volumes", "volumeMounts")  # fmt: skip
+                     "tokensPerStep", "minStepTimeSeconds", "env", "volumes", "volumeMounts")  # fmt: skip
 
 
 @dataclass(frozen=True)

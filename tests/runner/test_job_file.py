@@ -73,6 +73,9 @@ def test_what_a_local_run_does_not_use_is_named() -> None:
     doc["spec"]["export"] = {"enabled": False}
     exported = "\n".join(job_file_settings(doc, "example").notes)
     assert "spec.export is not used by a local run: the export Job runs on a cluster" in exported
+    doc["spec"]["learnerUnits"][0]["minStepTimeSeconds"] = 0.5  # the synchronizer's pace is the cluster's
+    paced = "\n".join(job_file_settings(doc, "example").notes)
+    assert "minStepTimeSeconds" in paced, paced
 
 
 def test_settings_come_from_the_spec_and_flags_beside_it_win(tmp_path: Path) -> None:
