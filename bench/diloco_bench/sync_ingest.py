@@ -172,11 +172,20 @@ async def long_poll_loop(client: httpx.AsyncClient, p: int, stop_at: float, res:
             res.versions_heard += 1
 
 
-def merge_seconds(url: str) -> tuple[float, int]:
+def round_figures(url: str) -> tuple[float, int, int]:
+    """From the service's /metrics: seconds of merge in all rounds, the rounds, and the
+    contributions they merged."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    total = re.search(r"^diloco_sync_merge_seconds_sum ([0-9.e+-]+)$", text, re.M)
-    count = re.search(r"^diloco_sync_merge_seconds_count ([0-9.e+-]+)$", text, re.M)
-    return (float(total.group(1)) if total else 0.0, int(float(count.group(1))) if count else 0)
+
+    def figure(name: str) -> float:
+        found = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    return (
+        figure("diloco_sync_merge_seconds_sum"),
+        int(figure("diloco_sync_merge_seconds_count")),
+        int(figure("diloco_sync_round_participants_sum")),
+    )
 
 
 async def run_service(plan: FragmentPlan, clients: int, seconds: float, port: int, mode: str) -> Result:
@@ -207,8 +216,8 @@ async def run_service(plan: FragmentPlan, clients: int, seconds: float, port: in
             if cpu_before is not None and cpu_after is not None:
                 res.sync_cpu_s = cpu_after - cpu_before
             res.sync_peak_rss = peak_rss_bytes(proc.pid)
-            total, count = merge_seconds(url)
-            res.rounds, res.merge_s_per_round = count, (total / count if count else 0.0)
+            total, res.rounds, res.merged = round_figures(url)
+            res.merge_s_per_round = total / res.rounds if res.rounds else 0.0
             per_fragment = plan.num_params // len(plan.fragments)
             res.params_taken = res.contributions * per_fragment
             for c in learners:

@@ -22,6 +22,7 @@ class Result:
     contribute_ms: list[float] = field(default_factory=list, repr=False)
     round_trip_ms: list[float] = field(default_factory=list, repr=False)
     merge_s_per_round: float = 0.0
+    merged: int = 0  # contributions the rounds merged
     raw_mb_s: float = 0.0
     versions_heard: int = 0
     model_params: int = 0
@@ -49,7 +50,7 @@ def report(results: list[Result], plan: FragmentPlan, payload_bytes: int) -> str
         f"model: {plan.num_params:,} parameters in {len(plan.fragments)} fragments; payload int4 "
         f"({payload_bytes:,} bytes per fragment contribution)",
         f"{'clients':>7} {'MB/s':>8} {'Mparams/s':>10} {'raw MB/s':>9} {'svc/raw':>8} {'post p50':>9} {'p90':>7} "
-        f"{'p99':>7} {'round p50':>10} {'p99':>7} {'rounds':>7} {'merge ms/round':>15} "
+        f"{'p99':>7} {'round p50':>10} {'p99':>7} {'rounds':>7} {'merged':>7} {'merge ms/round':>15} "
         f"{'Mparams/cpu-s':>13} {'peak RSS MB':>11} {'RSS/fp32':>8}",
     ]
     for r in results:
@@ -58,7 +59,7 @@ def report(results: list[Result], plan: FragmentPlan, payload_bytes: int) -> str
             f"{r.clients:>7} {r.mb_s:>8.2f} {r.params_s / 1e6:>10.2f} {r.raw_mb_s:>9.2f} {ratio:>8.3f} "
             f"{percentile(r.contribute_ms, 50):>8.1f}ms {percentile(r.contribute_ms, 90):>6.1f} "
             f"{percentile(r.contribute_ms, 99):>7.1f} {percentile(r.round_trip_ms, 50):>9.1f}ms "
-            f"{percentile(r.round_trip_ms, 99):>7.1f} {r.rounds:>7} {1000 * r.merge_s_per_round:>15.2f} "
+            f"{percentile(r.round_trip_ms, 99):>7.1f} {r.rounds:>7} {r.merged:>7} {1000 * r.merge_s_per_round:>15.2f} "
             f"{_per_cpu(r):>13} {_mb(r.sync_peak_rss):>11} {_rss_ratio(r):>8}"
         )
     return "\n".join(lines)

@@ -42,7 +42,7 @@ arrays, whatever the quantizer.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from math import prod
 from typing import Any
@@ -83,11 +83,14 @@ __all__ = [
     "OversizedPayload",
     "Payload",
     "PayloadKind",
+    "QuantizedArrays",
+    "QuantizedPayload",
     "QuantizedTensor",
     "ShapeMismatch",
     "TruncatedPayload",
     "UnsupportedFormat",
     "decode",
+    "decode_quantized",
     "encode",
     "encode_quantized",
     "max_decoded_size",
@@ -203,8 +206,49 @@ def max_decoded_size(fragment: Fragment) -> int:
     return _HLEN.size + max_header_size(fragment) + 4 * fragment.numel + per_tensor * len(fragment.tensors)
 
 
-def decode(blob: bytes, *, fragment: Fragment | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> Payload:
-    """Parse untrusted bytes into a ``Payload`` of float32 arrays, or raise a ``CodecError``."""
+class QuantizedArrays(Mapping[str, npt.NDArray[np.float32]]):
+    """A payload's tensors kept as they came (decompressed, still quantized), each turned into
+    float32 only when it is read: a pending int4 outer gradient holds about half a byte per value
+    instead of four. Every read is a new array; a malformed tensor raises ``CorruptPayload``."""
+
+    def __init__(self, data: memoryview, specs: list[Spec], quantizer: str, block_size: int) -> None:
+        self._data, self._quantizer, self._block = data, quantizer, block_size
+        self._specs = {name: (shape, values, scales) for name, shape, values, scales in specs}
+
+    def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
+        shape, (vo, vn), (so, sn) = self._specs[name]
+        data = self._data
+        try:
+            flat = q.dequantize(
+                data[vo : vo + vn], data[so : so + sn], self._quantizer, prod(shape), self._block
+            )
+        except ValueError as exc:  # only topk's indices can be malformed once the layout is checked
+            raise CorruptPayload(f"tensor {name!r}: {exc}") from exc
+        return flat.reshape(shape)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+@dataclass(frozen=True)
+class QuantizedPayload:
+    """A checked payload whose tensors are read one at a time (``QuantizedArrays``)."""
+
+    fragment: int
+    base_version: int
+    kind: str
+    quantizer: str
+    tensors: QuantizedArrays
+
+
+def decode_quantized(
+    blob: bytes, *, fragment: Fragment | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+) -> QuantizedPayload:
+    """Check untrusted bytes as ``decode`` does and keep the tensors quantized (read each with
+    ``payload.tensors[name]``; topk's indices are checked at that read)."""
     inner = _decompress(blob, fragment, max_bytes)
     if len(inner) < _HLEN.size:
         raise CorruptPayload("payload too short for its header length")
@@ -217,21 +261,17 @@ def decode(blob: bytes, *, fragment: Fragment | None = None, max_bytes: int = DE
     specs = check_layout(header, len(data))
     if fragment is not None:
         _check_fragment(header, specs, fragment)
-    tensors = {}
-    for name, shape, (vo, vn), (so, sn) in specs:
-        n = prod(shape)
-        try:
-            flat = q.dequantize(
-                bytes(data[vo : vo + vn]),
-                bytes(data[so : so + sn]),
-                header["quantizer"],
-                n,
-                header["block_size"],
-            )
-        except ValueError as exc:  # only topk's indices can be malformed once the layout is checked
-            raise CorruptPayload(f"tensor {name!r}: {exc}") from exc
-        tensors[name] = flat.reshape(shape)
-    return Payload(header["fragment"], header["base_version"], header["kind"], header["quantizer"], tensors)
+    arrays = QuantizedArrays(data, specs, header["quantizer"], header["block_size"])
+    return QuantizedPayload(
+        header["fragment"], header["base_version"], header["kind"], header["quantizer"], arrays
+    )
+
+
+def decode(blob: bytes, *, fragment: Fragment | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> Payload:
+    """Parse untrusted bytes into a ``Payload`` of float32 arrays, or raise a ``CodecError``."""
+    lazy = decode_quantized(blob, fragment=fragment, max_bytes=max_bytes)
+    tensors = {name: lazy.tensors[name] for name in lazy.tensors}
+    return Payload(lazy.fragment, lazy.base_version, lazy.kind, lazy.quantizer, tensors)
 
 
 def _decompress(blob: bytes, fragment: Fragment | None, max_bytes: int) -> bytes:

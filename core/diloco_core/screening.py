@@ -47,13 +47,26 @@ MIN_HISTORY = 3  # norms known before the checks compare with them
 M = TypeVar("M", bound=MergeInput)
 
 
+_NORM_CHUNK = 1 << 20  # values widened to float64 at a time
+
+
 def tensors_norm(tensors: Mapping[str, npt.NDArray[np.floating]]) -> float:
-    """The Euclidean norm of all tensors together, in float64 (inf when a value is not finite)."""
+    """The Euclidean norm of all tensors together, in float64 (inf when a value is not finite);
+    each tensor is read once and widened a chunk at a time."""
     total = 0.0
     for name in sorted(tensors):
-        flat = np.asarray(tensors[name], dtype=np.float64).ravel()
-        total += float(np.dot(flat, flat))
+        flat = np.asarray(tensors[name]).reshape(-1)
+        for start in range(0, flat.size, _NORM_CHUNK):
+            chunk = flat[start : start + _NORM_CHUNK].astype(np.float64)
+            total += float(np.dot(chunk, chunk))
     return math.sqrt(total) if math.isfinite(total) else math.inf
+
+
+def contribution_norm(c: MergeInput) -> float:
+    """The norm of a contribution's outer gradient: the one it carries (``norm``, measured when it
+    was checked on arrival), else ``tensors_norm`` of its tensors."""
+    known = getattr(c, "norm", None)
+    return known if isinstance(known, float) else tensors_norm(c.tensors)
 
 
 def step_scale(steps: int, inner_steps: int) -> float:
@@ -159,9 +172,12 @@ def screened_round(
     checked: list[tuple[M, float]] = []
     excluded: list[tuple[M, str]] = []
     for c in contributions:
-        reason = check_finite(c.tensors) or _weight_problem(c, version, settings)
+        norm = contribution_norm(c)  # inf exactly when a value is not finite
+        reason = (None if math.isfinite(norm) else check_finite(c.tensors)) or _weight_problem(
+            c, version, settings
+        )
         if reason is None:
-            checked.append((c, tensors_norm(c.tensors)))
+            checked.append((c, norm))
         else:
             excluded.append((c, reason))
     # the round's own norms count beside the history's: among two, one cannot set the limit

@@ -32,6 +32,7 @@ from diloco_core.flags import (
     validate,
 )
 
+from .heap import limit_heap
 from .logs import configure_logging
 from .settings import SyncSettings
 
@@ -77,6 +78,7 @@ def main(argv: list[str]) -> int:
     if "--log-level" in argv:
         level = argv[argv.index("--log-level") + 1].upper()
     configure_logging(level)
+    limit_heap()  # before any worker thread makes an arena
     import uvicorn
 
     from .app import create_app

@@ -17,7 +17,7 @@ start-up may have a gap before them (a part only buffered in memory was lost wit
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,6 +28,26 @@ from diloco_core.bounds import MAX_STEPS, MAX_TOKENS, MAX_TOKENS_PER_STEP
 from diloco_core.layout import PendingMeta, contribution_key
 
 Arrays = dict[str, npt.NDArray[np.float32]]
+Gradient = Mapping[str, npt.NDArray[np.float32]]
+"""An outer gradient as a pending contribution holds it: read tensor by tensor (a payload's
+``codec.QuantizedArrays``, or the ``Sum`` of the parts folded into one)."""
+
+
+class Sum(Mapping[str, npt.NDArray[np.float32]]):
+    """Two outer gradients added tensor by tensor when a tensor is read, so a folded contribution
+    holds its parts as they came, not a float32 copy of their sum."""
+
+    def __init__(self, first: Gradient, second: Gradient) -> None:
+        self.first, self.second = first, second
+
+    def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
+        return self.first[name] + self.second[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.second)
+
+    def __len__(self) -> int:
+        return len(self.second)
 
 
 @dataclass
@@ -40,7 +60,7 @@ class Contribution:
     seq: int
     steps: int
     tokens: int
-    tensors: Arrays
+    tensors: Gradient
     nbytes: int
     received_at: float
     storage_key: str | None = None  # None while only in memory (storage was down)
@@ -48,6 +68,7 @@ class Contribution:
     since: int = 0  # the learner's progress on the base before this contribution (in steps)
     through: int = -1  # how far it reaches (-1: since + steps)
     parts: tuple[Contribution, ...] = ()  # earlier contributions added into this one, each as received
+    norm: float | None = None  # of ``tensors``, when measured on arrival (None: read them for it)
 
     def __post_init__(self) -> None:
         if self.through < 0:
@@ -55,10 +76,16 @@ class Contribution:
 
     @classmethod
     def from_meta(
-        cls, meta: PendingMeta, tensors: Arrays, nbytes: int, storage_key: str | None = None
+        cls,
+        meta: PendingMeta,
+        tensors: Gradient,
+        nbytes: int,
+        storage_key: str | None = None,
+        *,
+        norm: float | None = None,
     ) -> Contribution:
         """A contribution from the record stored beside its payload (``PendingMeta``: the fields they share)."""
-        return cls(**meta.model_dump(), tensors=tensors, nbytes=nbytes, storage_key=storage_key)
+        return cls(**meta.model_dump(), tensors=tensors, nbytes=nbytes, storage_key=storage_key, norm=norm)
 
     def meta(self) -> PendingMeta:
         """The record stored beside its payload (``persistence.put_pending``)."""
@@ -76,7 +103,6 @@ class Contribution:
 def fold(earlier: Contribution, later: Contribution) -> Contribution:
     """One contribution of a learner's progress on a base from two that follow each other: the sum of
     the outer gradients, steps and tokens; ``later``'s own key, blob and stored copy stay its own."""
-    tensors = {name: earlier.tensors[name] + later.tensors[name] for name in later.tensors}
     return Contribution(
         learner_id=later.learner_id,
         fragment=later.fragment,
@@ -84,7 +110,7 @@ def fold(earlier: Contribution, later: Contribution) -> Contribution:
         seq=later.seq,
         steps=earlier.steps + later.steps,
         tokens=earlier.tokens + later.tokens,
-        tensors=tensors,
+        tensors=Sum(earlier.tensors, later.tensors),
         nbytes=later.nbytes,
         received_at=earlier.received_at,
         storage_key=later.storage_key,

@@ -23,16 +23,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 import anyio.to_thread
-from diloco_core import codec, rounds
+from diloco_core import rounds
 from diloco_core.layout import PendingMeta, contribution_key
 from diloco_core.protocol import ContributionResult
 from diloco_core.storage import StorageError
 
-from .contribution import Arrays, Contribution
+from .contribution import Contribution
 from .errors import ApiError, learner_left, not_registered
 from .fragment_state import FragmentState
 from .fragments import Fragments
-from .ingest import validate_outer_gradient
+from .ingest import Checked, payload_limit, validate_outer_gradient
 from .learners import LearnerRegistry
 from .metrics import Metrics, Traffic
 from .pace import pace_for, pace_problem
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class _Taken:
-    tensors: Arrays
+    checked: Checked
     storage_key: str | None  # None: not written (storage down)
     failure: StorageError | None
 
@@ -71,10 +71,8 @@ class ContributionDesk:
         self._deletes: set[asyncio.Task[None]] = set()
 
     def body_limit(self, p: int) -> int:
-        """Largest body accepted for fragment ``p``: the configured limit, or less for a small fragment."""
-        fs = self.fragments.get(p)
-        bound = codec.max_decoded_size(fs.spec) * 101 // 100 + 4096
-        return min(self.settings.max_body_bytes, bound)
+        """Largest body accepted for fragment ``p`` (``payload_limit``)."""
+        return payload_limit(self.fragments.get(p).spec, self.settings.max_body_bytes)
 
     def precheck(
         self,
@@ -205,7 +203,9 @@ class ContributionDesk:
             except ApiError:
                 self._delete_later([taken.storage_key] if taken.storage_key else [])
                 raise
-            c = Contribution.from_meta(meta, taken.tensors, len(blob), taken.storage_key)
+            c = Contribution.from_meta(
+                meta, taken.checked.tensors, len(blob), taken.storage_key, norm=taken.checked.norm
+            )
             if c.storage_key is None:
                 self._hold_in_memory(c, blob)
             self._enqueue(fs, c)
@@ -238,13 +238,13 @@ class ContributionDesk:
         A refused payload raises ``ApiError`` and is never written. A storage failure is returned
         (not raised), so the caller can keep the contribution in memory instead.
         """
-        tensors = validate_outer_gradient(blob, fs.spec, meta.base_version, self.settings.max_body_bytes)
+        checked = validate_outer_gradient(blob, fs.spec, meta.base_version, self.body_limit(fs.index))
         if not store_it:
-            return _Taken(tensors, None, None)
+            return _Taken(checked, None, None)
         try:
-            return _Taken(tensors, self.store.put_pending(meta, blob), None)
+            return _Taken(checked, self.store.put_pending(meta, blob), None)
         except StorageError as exc:
-            return _Taken(tensors, None, exc)
+            return _Taken(checked, None, exc)
 
     def _hold_in_memory(self, c: Contribution, blob: bytes) -> None:
         """Storage is down: keep the payload in memory within the budget, or answer 503 (retryable)."""

@@ -6,25 +6,47 @@ nothing here touches the service's state.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from diloco_core import codec
 from diloco_core.fragments import Fragment
 from diloco_core.merge import check_finite
+from diloco_core.screening import tensors_norm
 
 from .contribution import Arrays
 from .errors import ApiError
 
 
-def _decode(blob: bytes, spec: Fragment, max_bytes: int) -> codec.Payload:
+def payload_limit(spec: Fragment, configured: int | None) -> int:
+    """The largest payload taken for a fragment: the most a payload of it can be in any format
+    (``codec.max_decoded_size``, with room for a frame that does not compress), or ``configured``
+    when that is smaller."""
+    bound = codec.max_decoded_size(spec) * 101 // 100 + 4096
+    return bound if configured is None else min(configured, bound)
+
+
+def _decode(blob: bytes, spec: Fragment, max_bytes: int) -> codec.QuantizedPayload:
     try:
-        return codec.decode(blob, fragment=spec, max_bytes=max_bytes)
+        return codec.decode_quantized(blob, fragment=spec, max_bytes=max_bytes)
     except codec.OversizedPayload as exc:
         raise ApiError(413, exc.code, str(exc)) from exc
     except codec.CodecError as exc:
         raise ApiError(400, exc.code, str(exc)) from exc
 
 
-def validate_outer_gradient(blob: bytes, spec: Fragment, base_version: int, max_bytes: int) -> Arrays:
-    """Decode a contribution for fragment ``spec``; its header must agree with the query parameters."""
+@dataclass(frozen=True)
+class Checked:
+    """A contribution's outer gradient as checked on arrival: its tensors, still quantized until a
+    round reads them, and its norm (``screening.tensors_norm``, measured in the same reading)."""
+
+    tensors: codec.QuantizedArrays
+    norm: float
+
+
+def validate_outer_gradient(blob: bytes, spec: Fragment, base_version: int, max_bytes: int) -> Checked:
+    """Check a contribution for fragment ``spec`` (every tensor read once: finite, and its norm); its
+    header must agree with the query parameters."""
     payload = _decode(blob, spec, max_bytes)
     if payload.kind != "outer_grad":
         raise ApiError(400, "bad_request", f"payload kind is {payload.kind!r}, expected 'outer_grad'")
@@ -38,10 +60,14 @@ def validate_outer_gradient(blob: bytes, spec: Fragment, base_version: int, max_
             "bad_request",
             f"payload base version {payload.base_version} differs from base_version={base_version} of the request",
         )
-    reason = check_finite(payload.tensors)
+    try:
+        norm = tensors_norm(payload.tensors)  # inf exactly when a value is not finite
+        reason = None if math.isfinite(norm) else check_finite(payload.tensors)
+    except codec.CodecError as exc:  # a malformed tensor (topk's indices) is found when it is read
+        raise ApiError(400, exc.code, str(exc)) from exc
     if reason is not None:
         raise ApiError(400, "non_finite", reason)
-    return payload.tensors
+    return Checked(payload.tensors, norm)
 
 
 def validate_initial_params(blob: bytes, spec: Fragment, max_bytes: int) -> Arrays:
@@ -55,10 +81,14 @@ def validate_initial_params(blob: bytes, spec: Fragment, max_bytes: int) -> Arra
         raise ApiError(
             400, "bad_request", f"payload is for fragment {payload.fragment}, sent to fragment {spec.index}"
         )
-    reason = check_finite(payload.tensors)
+    try:
+        tensors = dict(payload.tensors)
+    except codec.CodecError as exc:
+        raise ApiError(400, exc.code, str(exc)) from exc
+    reason = check_finite(tensors)
     if reason is not None:
         raise ApiError(400, "non_finite", reason)
-    return payload.tensors
+    return tensors
 
 
 def encode_params(params: Arrays, fragment: int, version: int) -> bytes:

@@ -84,7 +84,7 @@ def _load_pending(
             store.delete(key)  # merged before the crash (or not ours): never apply twice
             continue
         try:
-            tensors = codec.decode(blob, fragment=plan.fragments[meta.fragment]).tensors
+            tensors = codec.decode_quantized(blob, fragment=plan.fragments[meta.fragment]).tensors
         except codec.CodecError as exc:
             log.warning("dropping unreadable pending contribution %s: %s", key, exc)
             store.delete(key)

@@ -38,7 +38,7 @@ from diloco_core.wire import WireTally
 from .contribution import Contribution
 from .errors import ApiError, learner_left, not_registered
 from .fragments import Fragments
-from .ingest import encode_params, validate_initial_params
+from .ingest import encode_params, payload_limit, validate_initial_params
 from .learners import LearnerLeft, LearnerRegistry, UnknownLearner
 from .merging import encode_outer_state
 from .metrics import Metrics, Traffic
@@ -259,7 +259,7 @@ class SyncService:
         fs = self.fragments.get(p)
         self._check_uninitialised(p)
         params = await anyio.to_thread.run_sync(
-            validate_initial_params, blob, fs.spec, self.settings.max_body_bytes
+            validate_initial_params, blob, fs.spec, payload_limit(fs.spec, self.settings.max_body_bytes)
         )
         self._check_uninitialised(p)
         fs.begin_init()  # no second init while this one is written

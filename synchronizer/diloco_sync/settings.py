@@ -51,8 +51,11 @@ class SyncSettings(BaseModel):
     shard_urls: tuple[str, ...] = Field((), description="base URLs of all shards, in shard order")
     tls_cert: str | None = Field(None, description="TLS certificate file (PEM)")
     tls_key: str | None = Field(None, description="TLS private key file (PEM)")
-    max_body_bytes: int = Field(
-        256 * 1024 * 1024, ge=1024, description="largest accepted payload (init, contributions)"
+    max_body_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="largest accepted payload (init, contributions); default: the largest a payload "
+        "of its fragment can be in any format, from the fragment plan",
     )
     max_json_body_bytes: int = Field(
         1024 * 1024, ge=1024, description="largest JSON request body (register, heartbeat)"

@@ -479,6 +479,24 @@ def test_a_topk_payload_with_a_bad_index_is_corrupt() -> None:
     bad = codec._PREFIX.pack(codec.MAGIC, codec.FORMAT_VERSION, len(frame)) + frame
     with pytest.raises(CorruptPayload, match="topk index"):
         decode(bad)
+    kept = codec.decode_quantized(bad)  # the layout is sound: the index is found when the tensor is read
+    with pytest.raises(CorruptPayload, match="topk index"):
+        kept.tensors["t"]
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_a_payload_kept_quantized_reads_as_the_decoded_one(quantizer: str) -> None:
+    rng = np.random.default_rng(3)
+    x = {"a": rng.standard_normal((33, 7)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32)}
+    blob = encode(x, fragment=2, base_version=9, kind="outer_grad", quantizer=quantizer, block_size=16)
+    whole, kept = decode(blob), codec.decode_quantized(blob)
+    assert (kept.fragment, kept.base_version, kept.kind, kept.quantizer) == (2, 9, "outer_grad", quantizer)
+    assert sorted(kept.tensors) == sorted(whole.tensors)
+    assert len(kept.tensors) == 2
+    for name, value in whole.tensors.items():
+        again = kept.tensors[name]
+        assert (again.dtype, again.shape) == (np.float32, value.shape)
+        np.testing.assert_array_equal(again.view(np.uint32), value.view(np.uint32))  # bit for bit
 
 
 def test_topk_refuses_a_block_size_its_indices_cannot_address() -> None:

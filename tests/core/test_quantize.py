@@ -126,3 +126,16 @@ def test_int2_has_no_bias_from_zeros_or_ties() -> None:
     assert set(np.unique(np.abs(zeros))) == {np.float32(1.0)}
     assert float(zeros.sum()) == 0.0
     assert float(out.sum()) == 0.0  # a symmetric input sums to 0 after the round trip
+
+
+@pytest.mark.parametrize(("n", "block_size"), [(1, 8), (7, 8), (259, 256), (70_001, 256), (200_003, 1 << 17)])
+def test_int4_decodes_to_its_levels_times_the_block_scale_bit_for_bit(n: int, block_size: int) -> None:
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3], n)).astype(np.float32)
+    x[n // 2] = np.nan  # a block with a NaN scale decodes to NaN
+    values, scales = q.quantize(x, "int4", block_size)
+    levels = q._INT4_LEVELS[q._unpack4(values, n)]
+    expected = levels * np.repeat(np.frombuffer(scales, "<f4"), block_size)[:n]
+    got = q.dequantize(values, scales, "int4", n, block_size)
+    assert (got.dtype, got.shape) == (np.float32, (n,))
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))

@@ -1,0 +1,34 @@
+"""A folded contribution's outer gradient: its parts added when a tensor is read, as they would
+have been added at once."""
+
+from __future__ import annotations
+
+import numpy as np
+from diloco_core import codec
+from diloco_sync.contribution import Contribution, Sum, fold
+
+
+def _part(seq: int, since: int, values: dict[str, np.ndarray]) -> Contribution:
+    blob = codec.encode(values, fragment=0, base_version=0, kind="outer_grad", quantizer="int4", block_size=8)
+    tensors = codec.decode_quantized(blob).tensors
+    return Contribution(
+        learner_id="a", fragment=0, base_version=0, seq=seq, steps=4, tokens=32, tensors=tensors,
+        nbytes=len(blob), received_at=1.0 + seq, since=since,
+    )  # fmt: skip
+
+
+def test_three_folded_parts_read_as_their_sum_in_the_order_received() -> None:
+    rng = np.random.default_rng(0)
+    parts = [
+        _part(seq, 4 * seq, {"w": rng.standard_normal((6, 5)).astype(np.float32), "b": rng.standard_normal(3).astype(np.float32)})
+        for seq in range(3)
+    ]  # fmt: skip
+    folded = fold(fold(parts[0], parts[1]), parts[2])
+    assert isinstance(folded.tensors, Sum)
+    assert sorted(folded.tensors) == ["b", "w"]
+    assert len(folded.tensors) == 2
+    for name in ("w", "b"):
+        eager = (parts[0].tensors[name] + parts[1].tensors[name]) + parts[2].tensors[name]
+        np.testing.assert_array_equal(folded.tensors[name].view(np.uint32), eager.view(np.uint32))
+    assert [c.seq for c in folded.received()] == [0, 1, 2]
+    assert (folded.since, folded.through, folded.steps, folded.tokens) == (0, 12, 12, 96)
