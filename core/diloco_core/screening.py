@@ -47,7 +47,7 @@ MIN_HISTORY = 3  # norms known before the checks compare with them
 M = TypeVar("M", bound=MergeInput)
 
 
-_NORM_CHUNK = 1 << 20  # values widened to float64 at a time
+_NORM_CHUNK = 1 << 16  # values widened to float64 at a time (they stay in the cache)
 
 
 def tensors_norm(tensors: Mapping[str, npt.NDArray[np.floating]]) -> float:
