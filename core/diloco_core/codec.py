@@ -11,9 +11,10 @@ name, shape, source dtype and where its values and block scales lie in the data.
 concatenation of each tensor's values then scales, in header order, with no gaps.
 
 Decoding treats the bytes as untrusted: the frame length must match the blob exactly (shorter:
-``TruncatedPayload``), the declared decompressed size must be at most ``max_bytes`` and, when the
-expected fragment is given, at most what that fragment can take in any format — all checked before
-anything is allocated or decompressed. The declared length holds exactly one zstd frame: a second
+``TruncatedPayload``), the declared decompressed size must be at most ``max_bytes`` (by default
+``DEFAULT_MAX_BYTES`` without an expected fragment) and, when the expected fragment is given, at
+most what that fragment can take in any format, however large — all checked before anything is
+allocated or decompressed. The declared length holds exactly one zstd frame: a second
 frame or any byte after the first is ``CorruptPayload``. Then the checksum (``CorruptPayload``),
 the header, and the names and shapes (``ShapeMismatch``) are checked.
 
@@ -94,6 +95,7 @@ __all__ = [
     "encode",
     "encode_quantized",
     "max_decoded_size",
+    "max_payload_size",
 ]
 
 MAGIC = b"DLCF"
@@ -245,7 +247,7 @@ class QuantizedPayload:
 
 
 def decode_quantized(
-    blob: bytes, *, fragment: Fragment | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+    blob: bytes, *, fragment: Fragment | None = None, max_bytes: int | None = None
 ) -> QuantizedPayload:
     """Check untrusted bytes as ``decode`` does and keep the tensors quantized (read each with
     ``payload.tensors[name]``; topk's indices are checked at that read)."""
@@ -267,14 +269,24 @@ def decode_quantized(
     )
 
 
-def decode(blob: bytes, *, fragment: Fragment | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> Payload:
+def decode(blob: bytes, *, fragment: Fragment | None = None, max_bytes: int | None = None) -> Payload:
     """Parse untrusted bytes into a ``Payload`` of float32 arrays, or raise a ``CodecError``."""
     lazy = decode_quantized(blob, fragment=fragment, max_bytes=max_bytes)
     tensors = {name: lazy.tensors[name] for name in lazy.tensors}
     return Payload(lazy.fragment, lazy.base_version, lazy.kind, lazy.quantizer, tensors)
 
 
-def _decompress(blob: bytes, fragment: Fragment | None, max_bytes: int) -> bytes:
+def max_payload_size(fragment: Fragment) -> int:
+    """The largest blob a payload of this fragment can be: ``max_decoded_size`` with room for a
+    frame that does not compress (zstd adds at most about 0.4 %) and the prefix."""
+    return max_decoded_size(fragment) * 101 // 100 + 4096
+
+
+def _decompress(blob: bytes, fragment: Fragment | None, max_bytes: int | None) -> bytes:
+    """The frame's content, within ``max_bytes`` (blob and content) where given, else within what
+    ``fragment`` can take, else within ``DEFAULT_MAX_BYTES``."""
+    if max_bytes is None:
+        max_bytes = DEFAULT_MAX_BYTES if fragment is None else max_payload_size(fragment)
     if len(blob) > max_bytes:
         raise OversizedPayload(f"payload of {len(blob)} bytes exceeds the limit of {max_bytes}")
     if len(blob) < _PREFIX.size:

@@ -61,8 +61,7 @@ def _shard_state(
                         f"shard {shard}: manifest names fragment {p}, the plan has {len(plan.fragments)}"
                     )
                 spec = plan.fragments[p]
-                limit = max(codec.DEFAULT_MAX_BYTES, 4 * spec.numel + (1 << 20))  # fp32 values and headers
-                params[p] = codec.decode(store.get(record.params_key), fragment=spec, max_bytes=limit).tensors
+                params[p] = codec.decode(store.get(record.params_key), fragment=spec).tensors
             return manifest, plan, params
         except ObjectNotFound:
             log.info("shard %d: a version was collected while it was read; reading it again", shard)

@@ -41,7 +41,17 @@ class Sum(Mapping[str, npt.NDArray[np.float32]]):
         self.first, self.second = first, second
 
     def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
-        return self.first[name] + self.second[name]
+        """``first[name] + second[name]``, a chain of continuations (each ``first`` a ``Sum``)
+        added in a loop, not by recursion: a learner may fold thousands of parts."""
+        seconds: list[Gradient] = []
+        node: Gradient = self
+        while isinstance(node, Sum):
+            seconds.append(node.second)
+            node = node.first
+        total = node[name] + seconds.pop()[name]  # a new array
+        while seconds:
+            total += seconds.pop()[name]
+        return total
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.second)

@@ -20,9 +20,8 @@ from .errors import ApiError
 
 def payload_limit(spec: Fragment, configured: int | None) -> int:
     """The largest payload taken for a fragment: the most a payload of it can be in any format
-    (``codec.max_decoded_size``, with room for a frame that does not compress), or ``configured``
-    when that is smaller."""
-    bound = codec.max_decoded_size(spec) * 101 // 100 + 4096
+    (``codec.max_payload_size``), or ``configured`` when that is smaller."""
+    bound = codec.max_payload_size(spec)
     return bound if configured is None else min(configured, bound)
 
 

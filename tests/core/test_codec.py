@@ -503,3 +503,18 @@ def test_topk_refuses_a_block_size_its_indices_cannot_address() -> None:
     with pytest.raises(UnsupportedFormat, match="topk"):
         encode({"t": np.zeros(4, np.float32)}, fragment=0, base_version=0, kind="outer_grad", quantizer="topk",
                block_size=q.TOPK_MAX_BLOCK * 2)  # fmt: skip
+
+
+def test_with_its_fragment_given_a_payload_is_bounded_by_the_fragment_not_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = build_plan([("w", [100, 100])], 1, 4, 1)  # 40,000 bytes in fp32
+    blob = encode(
+        {"w": np.ones((100, 100), np.float32)}, fragment=0, base_version=0, kind="params", quantizer="fp32"
+    )
+    monkeypatch.setattr(codec, "DEFAULT_MAX_BYTES", 1024)
+    with pytest.raises(OversizedPayload):
+        decode(blob)  # no fragment: the default bound
+    assert decode(blob, fragment=plan.fragments[0]).tensors["w"].shape == (100, 100)
+    with pytest.raises(OversizedPayload):
+        decode(blob, fragment=plan.fragments[0], max_bytes=1024)  # a bound given is kept

@@ -32,3 +32,20 @@ def test_three_folded_parts_read_as_their_sum_in_the_order_received() -> None:
         np.testing.assert_array_equal(folded.tensors[name].view(np.uint32), eager.view(np.uint32))
     assert [c.seq for c in folded.received()] == [0, 1, 2]
     assert (folded.since, folded.through, folded.steps, folded.tokens) == (0, 12, 12, 96)
+
+
+def test_a_chain_of_thousands_of_continuations_reads_without_recursion() -> None:
+    first = Contribution(
+        learner_id="a", fragment=0, base_version=0, seq=0, steps=1, tokens=8,
+        tensors={"w": np.ones(3, np.float32)}, nbytes=0, received_at=0.0,
+    )  # fmt: skip
+    chain = first
+    for seq in range(1, 5000):
+        part = Contribution(
+            learner_id="a", fragment=0, base_version=0, seq=seq, steps=1, tokens=8,
+            tensors={"w": np.full(3, 0.5, np.float32)}, nbytes=0, received_at=float(seq), since=seq,
+        )  # fmt: skip
+        chain = fold(chain, part)
+    np.testing.assert_array_equal(chain.tensors["w"], np.full(3, 1 + 0.5 * 4999, np.float32))
+    np.testing.assert_array_equal(first.tensors["w"], np.ones(3, np.float32))  # its parts are not changed
+    assert chain.steps == 5000
