@@ -68,16 +68,20 @@ def parse_settings(argv: list[str], environ: Mapping[str, str] | None = None) ->
     return validate(SyncSettings, given, base=base, base_source="--job-config")
 
 
+def _log_level(argv: list[str]) -> str:
+    """``--log-level``, else ``DILOCO_LOG_LEVEL``, else INFO (the settings parsed it already)."""
+    if "--log-level" in argv:
+        return argv[argv.index("--log-level") + 1].upper()
+    return (os.environ.get("DILOCO_LOG_LEVEL") or "INFO").upper()
+
+
 def main(argv: list[str]) -> int:
     try:
         settings = parse_settings(argv)
     except SettingsError as exc:
         print(f"diloco synchronizer: {exc}", file=sys.stderr)
         return 2
-    level = (os.environ.get("DILOCO_LOG_LEVEL") or "INFO").upper()
-    if "--log-level" in argv:
-        level = argv[argv.index("--log-level") + 1].upper()
-    configure_logging(level)
+    configure_logging(_log_level(argv))
     limit_heap()  # before any worker thread makes an arena
     import uvicorn
 
