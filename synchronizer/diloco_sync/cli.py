@@ -81,7 +81,8 @@ def main(argv: list[str]) -> int:
     except SettingsError as exc:
         print(f"diloco synchronizer: {exc}", file=sys.stderr)
         return 2
-    configure_logging(_log_level(argv))
+    level = _log_level(argv)
+    configure_logging(level)
     limit_heap()  # before any worker thread makes an arena
     import uvicorn
 
