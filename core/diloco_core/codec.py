@@ -228,6 +228,9 @@ class QuantizedArrays(Mapping[str, npt.NDArray[np.float32]]):
             raise CorruptPayload(f"tensor {name!r}: {exc}") from exc
         return flat.reshape(shape)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._specs)
 

@@ -254,7 +254,8 @@ def _dequantize_int4(values: bytes | memoryview, s: F32, n: int, block_size: int
     blocks at a time (no table lookup, no per-value copy of the scales)."""
     packed = np.frombuffer(values, dtype=np.uint8)
     out = np.empty(n, dtype=np.float32)
-    chunk = max(1, _INT4_CHUNK // block_size) * block_size  # whole blocks, an even count
+    chunk = max(1, _INT4_CHUNK // block_size) * block_size  # whole blocks
+    chunk *= 1 + chunk % 2  # and an even count of values, so a chunk starts on a whole byte
     codes = np.empty(chunk, dtype=np.uint8)
     for start in range(0, n, chunk):
         m = min(chunk, n - start)

@@ -173,10 +173,12 @@ def screened_round(
     checked: list[tuple[M, float]] = []
     excluded: list[tuple[M, str]] = []
     for c in contributions:
-        norm = contribution_norm(c)  # inf exactly when a value is not finite
-        reason = (None if math.isfinite(norm) else check_finite(c.tensors)) or _weight_problem(
-            c, version, settings
-        )
+        try:
+            norm = contribution_norm(c)  # inf exactly when a value is not finite
+            reason = None if math.isfinite(norm) else check_finite(c.tensors)
+        except ValueError as exc:  # a tensor read from its payload only now, and malformed
+            norm, reason = math.inf, f"its outer gradient cannot be read: {exc}"
+        reason = reason or _weight_problem(c, version, settings)
         if reason is None:
             checked.append((c, norm))
         else:

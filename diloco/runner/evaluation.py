@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from diloco_core import codec
 from diloco_core.auth import learner_token
 from diloco_core.codec import CodecError, decode
 from diloco_core.config import DataSettings, ModelSettings, Precision, TrainSettings
@@ -78,6 +79,8 @@ class GlobalEvaluator:
         )
         self._fragments = fragments
         self.num_params = sum(p.numel() for p in self._model.parameters())
+        # a fragment is at most the whole model in fp32 (with its scales and header)
+        self._payload_bound = max(codec.DEFAULT_MAX_BYTES, 5 * self.num_params + (1 << 20))
 
     def close(self) -> None:
         self._client.close()
@@ -97,7 +100,7 @@ class GlobalEvaluator:
             if not isinstance(got, GlobalFragment):  # None: no version yet (rounds are not announced)
                 return None
             try:
-                payload = decode(got.payload)
+                payload = decode(got.payload, max_bytes=self._payload_bound)
             except CodecError as exc:
                 log.warning("fragment %d version %d does not decode: %s", p, got.version, exc)
                 return None

@@ -41,17 +41,25 @@ class Sum(Mapping[str, npt.NDArray[np.float32]]):
         self.first, self.second = first, second
 
     def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
-        """``first[name] + second[name]``, a chain of continuations (each ``first`` a ``Sum``)
-        added in a loop, not by recursion: a learner may fold thousands of parts."""
-        seconds: list[Gradient] = []
-        node: Gradient = self
-        while isinstance(node, Sum):
-            seconds.append(node.second)
-            node = node.first
-        total = node[name] + seconds.pop()[name]  # a new array
-        while seconds:
-            total += seconds.pop()[name]
-        return total
+        """``first[name] + second[name]``, each side read the same way, with a stack instead of
+        recursion: a learner may fold thousands of parts."""
+        todo: list[tuple[Gradient, bool]] = [(self, False)]
+        done: list[tuple[npt.NDArray[np.float32], bool]] = []  # values, and whether this one made them
+        while todo:
+            node, added = todo.pop()
+            if not isinstance(node, Sum):
+                done.append((node[name], False))  # a part's own array: never changed here
+            elif not added:
+                todo += [(node, True), (node.second, False), (node.first, False)]
+            else:
+                (right, _), (left, ours) = done.pop(), done.pop()
+                if ours:
+                    left += right  # the same float32 sums as left + right
+                done.append((left if ours else left + right, True))
+        return done[0][0]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.second
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.second)

@@ -19,6 +19,7 @@ from diloco_core import codec
 from diloco_core.fragments import FragmentPlan
 from diloco_core.layout import FragmentRecord, LearnerRegistryRecord, contribution_key
 from diloco_core.protocol import RoundRecord
+from diloco_core.screening import tensors_norm
 
 from .contribution import Arrays, Contribution
 from .merging import recent_round_keys, rounds_from_logs
@@ -58,7 +59,10 @@ def load_state(store: StateStore, owned: list[int], recent_rounds: int = 0) -> L
             continue
         payload = store.read(record.params_key)
         params = codec.decode(payload, fragment=plan.fragments[p]).tensors
-        outer = codec.decode(store.read(record.outer_key)).tensors if record.outer_key else None
+        outer = None
+        if record.outer_key:  # momentum, and the delayed buffer and download residual where used
+            bound = max(codec.DEFAULT_MAX_BYTES, 3 * codec.max_payload_size(plan.fragments[p]))
+            outer = codec.decode(store.read(record.outer_key), max_bytes=bound).tensors
         state.fragments[p] = LoadedFragment(record, params, payload, outer)
     state.pending = _load_pending(store, plan, state.fragments, owned)
     if recent_rounds:
@@ -85,10 +89,11 @@ def _load_pending(
             continue
         try:
             tensors = codec.decode_quantized(blob, fragment=plan.fragments[meta.fragment]).tensors
+            norm = tensors_norm(tensors)  # every tensor read once, as on arrival
         except codec.CodecError as exc:
             log.warning("dropping unreadable pending contribution %s: %s", key, exc)
             store.delete(key)
             continue
-        out.append(Contribution.from_meta(meta, tensors, len(blob), key))
+        out.append(Contribution.from_meta(meta, tensors, len(blob), key, norm=norm))
     out.sort(key=lambda c: (c.received_at, c.key))
     return out

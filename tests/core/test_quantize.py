@@ -128,7 +128,10 @@ def test_int2_has_no_bias_from_zeros_or_ties() -> None:
     assert float(out.sum()) == 0.0  # a symmetric input sums to 0 after the round trip
 
 
-@pytest.mark.parametrize(("n", "block_size"), [(1, 8), (7, 8), (259, 256), (70_001, 256), (200_003, 1 << 17)])
+@pytest.mark.parametrize(
+    ("n", "block_size"),
+    [(1, 8), (7, 8), (259, 256), (70_001, 256), (200_003, 1 << 17), (140_001, 9), (140_000, 65_537)],
+)
 def test_int4_decodes_to_its_levels_times_the_block_scale_bit_for_bit(n: int, block_size: int) -> None:
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3], n)).astype(np.float32)

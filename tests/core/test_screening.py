@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from diloco_core.codec import CorruptPayload
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import build_plan
 from diloco_core.outer import OuterState
@@ -151,3 +152,19 @@ def test_without_a_history_the_limit_is_fixed_at_the_first_rounds_parameters() -
     second = screened_round(SPEC, grown, OuterState(), 1, [delta("b", 50.0)], settings(), first.history)
     assert second.result is None
     assert "above the limit 20 " in second.excluded[0][1]
+
+
+class Unreadable(dict[str, np.ndarray]):
+    """Tensors read from a payload only when the round asks, one of them malformed."""
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        raise CorruptPayload(f"tensor {name!r}: topk index 16 is outside its block")
+
+
+def test_a_contribution_whose_tensors_cannot_be_read_is_excluded_and_the_others_merge() -> None:
+    bad = Delta("bad", Unreadable(w=np.zeros(4, np.float32)))
+    good = delta("good", 0.5)
+    screened = screened_round(SPEC, PARAMS, OuterState(), 0, [bad, good], settings(), NormHistory())
+    assert screened.result is not None
+    assert [c.name for c in screened.merged] == ["good"]
+    assert [(c.name, "cannot be read" in why) for c, why in screened.excluded] == [("bad", True)]

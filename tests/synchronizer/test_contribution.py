@@ -31,6 +31,12 @@ def test_three_folded_parts_read_as_their_sum_in_the_order_received() -> None:
         eager = (parts[0].tensors[name] + parts[1].tensors[name]) + parts[2].tensors[name]
         np.testing.assert_array_equal(folded.tensors[name].view(np.uint32), eager.view(np.uint32))
     assert [c.seq for c in folded.received()] == [0, 1, 2]
+    filled = fold(parts[0], fold(parts[1], parts[2]))  # a part that fills the gap before a folded one
+    for name in ("w", "b"):
+        eager = parts[0].tensors[name] + (parts[1].tensors[name] + parts[2].tensors[name])
+        np.testing.assert_array_equal(filled.tensors[name].view(np.uint32), eager.view(np.uint32))
+    assert "w" in folded.tensors
+    assert "x" not in folded.tensors
     assert (folded.since, folded.through, folded.steps, folded.tokens) == (0, 12, 12, 96)
 
 
