@@ -94,6 +94,7 @@ __all__ = [
     "decode_quantized",
     "encode",
     "encode_quantized",
+    "max_bytes_for_values",
     "max_decoded_size",
     "max_payload_size",
 ]
@@ -283,6 +284,12 @@ def max_payload_size(fragment: Fragment) -> int:
     """The largest blob a payload of this fragment can be: ``max_decoded_size`` with room for a
     frame that does not compress (zstd adds at most about 0.4 %) and the prefix."""
     return max_decoded_size(fragment) * 101 // 100 + 4096
+
+
+def max_bytes_for_values(values: int) -> int:
+    """A bound for a payload of ``values`` values where no fragment says its layout: 4 bytes per
+    value, room for the block scales and the header, and never below ``DEFAULT_MAX_BYTES``."""
+    return max(DEFAULT_MAX_BYTES, 5 * values + (1 << 20))
 
 
 def _decompress(blob: bytes, fragment: Fragment | None, max_bytes: int | None) -> bytes:

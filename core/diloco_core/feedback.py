@@ -76,6 +76,6 @@ def encode(
     blob = codec.encode(
         c, fragment=fragment, base_version=base_version, kind=kind, quantizer=quantizer, block_size=block_size
     )
-    own_size = 5 * sum(np.asarray(v).size for v in c.values()) + (1 << 20)  # values, scales and header
-    decoded = codec.decode(blob, max_bytes=max(codec.DEFAULT_MAX_BYTES, own_size)).tensors
+    own = codec.max_bytes_for_values(sum(np.asarray(v).size for v in c.values()))
+    decoded = codec.decode(blob, max_bytes=own).tensors
     return Encoded(blob, decoded, {n: c[n] - decoded[n] for n in c}, fragment, base_version, quantizer)

@@ -79,8 +79,7 @@ class GlobalEvaluator:
         )
         self._fragments = fragments
         self.num_params = sum(p.numel() for p in self._model.parameters())
-        # a fragment is at most the whole model in fp32 (with its scales and header)
-        self._payload_bound = max(codec.DEFAULT_MAX_BYTES, 5 * self.num_params + (1 << 20))
+        self._payload_bound = codec.max_bytes_for_values(self.num_params)  # a fragment: at most the model
 
     def close(self) -> None:
         self._client.close()

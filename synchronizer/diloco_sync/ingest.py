@@ -7,6 +7,8 @@ nothing here touches the service's state.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from diloco_core import codec
@@ -25,13 +27,22 @@ def payload_limit(spec: Fragment, configured: int | None) -> int:
     return bound if configured is None else min(configured, bound)
 
 
-def _decode(blob: bytes, spec: Fragment, max_bytes: int) -> codec.QuantizedPayload:
+@contextmanager
+def _refusing_codec_errors() -> Iterator[None]:
+    """A ``CodecError`` met inside, as the answer: 413 for an oversized payload, else 400, with the
+    codec's code and reason (a payload's tensors are read, and topk's indices checked, after it is
+    decoded)."""
     try:
-        return codec.decode_quantized(blob, fragment=spec, max_bytes=max_bytes)
+        yield
     except codec.OversizedPayload as exc:
         raise ApiError(413, exc.code, str(exc)) from exc
     except codec.CodecError as exc:
         raise ApiError(400, exc.code, str(exc)) from exc
+
+
+def _decode(blob: bytes, spec: Fragment, max_bytes: int) -> codec.QuantizedPayload:
+    with _refusing_codec_errors():
+        return codec.decode_quantized(blob, fragment=spec, max_bytes=max_bytes)
 
 
 @dataclass(frozen=True)
@@ -59,11 +70,9 @@ def validate_outer_gradient(blob: bytes, spec: Fragment, base_version: int, max_
             "bad_request",
             f"payload base version {payload.base_version} differs from base_version={base_version} of the request",
         )
-    try:
+    with _refusing_codec_errors():
         norm = tensors_norm(payload.tensors)  # inf exactly when a value is not finite
         reason = None if math.isfinite(norm) else check_finite(payload.tensors)
-    except codec.CodecError as exc:  # a malformed tensor (topk's indices) is found when it is read
-        raise ApiError(400, exc.code, str(exc)) from exc
     if reason is not None:
         raise ApiError(400, "non_finite", reason)
     return Checked(payload.tensors, norm)
@@ -80,10 +89,8 @@ def validate_initial_params(blob: bytes, spec: Fragment, max_bytes: int) -> Arra
         raise ApiError(
             400, "bad_request", f"payload is for fragment {payload.fragment}, sent to fragment {spec.index}"
         )
-    try:
+    with _refusing_codec_errors():
         tensors = dict(payload.tensors)
-    except codec.CodecError as exc:
-        raise ApiError(400, exc.code, str(exc)) from exc
     reason = check_finite(tensors)
     if reason is not None:
         raise ApiError(400, "non_finite", reason)
