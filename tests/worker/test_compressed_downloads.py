@@ -149,10 +149,11 @@ def test_a_learner_several_versions_behind_walks_the_chain_of_updates(tmp_path: 
 def test_learners_that_built_version_0_take_nothing_at_start(tmp_path: Path) -> None:
     """The learner that initialises a fragment and one that builds the same initial parameters (the
     same seed) hold version 0 already: the synchronizer's digest says so and neither downloads it;
-    a learner whose parameters differ (another seed) takes it whole."""
-    sync = Synchronizer(tmp_path, inner_steps=1000, fragments=2, extra=["--down-codec", "int2"])
+    a learner whose parameters differ (another seed) takes it whole. The inner steps are many, so no
+    round makes a version 1 while the three start one after the other, however slow the machine."""
+    sync = Synchronizer(tmp_path, inner_steps=1_000_000, fragments=2, extra=["--down-codec", "int2"])
     sync.start()
-    flags = ["--inner-steps", "1000", "--fragments", "2", "--overlap", "1", "--max-steps", "100000"]
+    flags = ["--inner-steps", "1000000", "--fragments", "2", "--overlap", "1", "--max-steps", "10000000"]
     started = []
     try:
         for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
