@@ -197,10 +197,12 @@ def encode_quantized(
         quantizer=quantizer,
         block_size=block_size,
     )
-    inner = b"".join([_HLEN.pack(len(hbytes)), hbytes, *chunks])
+    head = _HLEN.pack(len(hbytes)) + hbytes
+    # compressed tensor by tensor: no uncompressed copy of the payload, one copy of the frame
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
-    frame = cctx.compress(inner)
-    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(frame)) + frame
+    stream = cctx.compressobj(size=len(head) + pos)
+    frame = [stream.compress(head), *(stream.compress(chunk) for chunk in chunks), stream.flush()]
+    return b"".join([_PREFIX.pack(MAGIC, FORMAT_VERSION, sum(map(len, frame))), *frame])
 
 
 def max_decoded_size(fragment: Fragment) -> int:

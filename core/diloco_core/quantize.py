@@ -44,7 +44,7 @@ little-endian. Dequantized values are float32; arithmetic is float32 (scales) an
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -92,12 +92,23 @@ def _int2_codes(blocks: F32, safe: F32, scales: F32) -> U8:
     1/3 and 1) goes away from zero on both sides, and an exact 0 (no zero level) goes to ``-s/3`` at
     an even position of the tensor and ``+s/3`` at an odd one, so zeros add no bias to a sum. A
     block of zeros (scale 0, decoded as zeros whatever the codes) is written with code 2 throughout."""
-    y = blocks / safe * np.float32(1.5)  # the levels at -1.5, -0.5, 0.5, 1.5
-    outer = (np.abs(y) >= np.float32(1)).astype(np.uint8)
-    odd = (np.arange(y.size, dtype=np.int64).reshape(y.shape) % 2).astype(bool)
-    positive = (y > 0) | ((y == 0) & (odd | (scales == 0)[:, None]))
-    codes: U8 = np.where(positive, np.uint8(2) + outer, np.uint8(1) - outer).astype(np.uint8)
+    y = blocks / safe
+    y *= np.float32(1.5)  # the levels at -1.5, -0.5, 0.5, 1.5
+    outer = (np.abs(y) >= np.float32(1)).view(np.uint8)
+    positive = y > 0
+    zero = y == 0
+    if zero.any():
+        rows, cols = y.shape  # the parity of position row * cols + col, without an index per value
+        odd = (np.arange(rows) * cols % 2 == 1)[:, None] ^ (np.arange(cols) % 2 == 1)[None, :]
+        positive |= zero & (odd | (scales == 0)[:, None])
+    up = positive.view(np.uint8)
+    codes: U8 = up + np.uint8(1)  # 2 + outer above zero, 1 - outer below, in place on bytes
+    codes += up & outer
+    codes -= outer & ~up & np.uint8(1)
     return codes
+
+
+_CHUNK_VALUES = 1 << 18  # values quantized at once (about a megabyte of float32)
 
 
 def data_nbytes(quantizer: str, n: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
@@ -125,24 +136,43 @@ def scales_nbytes(quantizer: str, n: int, block_size: int) -> int:
     return 4 * (-(-n // block_size)) if quantizer in BLOCKED else 0
 
 
-def quantize(x: F32, quantizer: str, block_size: int) -> tuple[bytes, bytes]:
-    """Encode a flat float32 array; returns (values, scales) as little-endian bytes."""
+def quantize(x: F32, quantizer: str, block_size: int) -> tuple[bytes | memoryview, bytes]:
+    """Encode a flat float32 array; returns (values, scales) as little-endian bytes. The values of
+    an unblocked format are a view of an array, not a copy (of ``x`` itself for fp32 when it is
+    contiguous): a fragment's parameters are encoded without a second copy of them."""
     x = np.ascontiguousarray(x, dtype=np.float32).ravel()
     if quantizer == "fp32":
-        return x.astype("<f4", copy=False).tobytes(), b""
+        return _byte_view(x.astype("<f4", copy=False)), b""
     if quantizer == "fp16":
-        return _to_fp16(x).astype("<u2", copy=False).tobytes(), b""
+        return _byte_view(_to_fp16(x).astype("<u2", copy=False)), b""
     if quantizer == "bf16":
-        return _to_bf16(x).astype("<u2", copy=False).tobytes(), b""
+        return _byte_view(_to_bf16(x).astype("<u2", copy=False)), b""
     with np.errstate(invalid="ignore", over="ignore"):  # a non-finite block is written canonically
         return _quantize_blocked(x, quantizer, block_size)
 
 
+def _byte_view(a: npt.NDArray[Any]) -> memoryview:
+    return a.data.cast("B")
+
+
 def _quantize_blocked(x: F32, quantizer: str, block_size: int) -> tuple[bytes, bytes]:
+    """A blocked format a chunk of whole blocks at a time: each chunk holds a multiple of 8 values
+    (its codes fill whole bytes) and starts at an even position, so the bytes are those of the
+    whole array at once, with temporaries of the chunk's size instead of several of the array's."""
     if quantizer not in ZERO_CODE:
         raise ValueError(f"unknown quantizer {quantizer!r}")
     if quantizer == "topk":
         return _quantize_topk(x, block_size)
+    if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {block_size}")
+    step = max(1, _CHUNK_VALUES // (8 * block_size)) * 8 * block_size
+    if x.size <= step:
+        return _quantize_chunk(x, quantizer, block_size)
+    parts = [_quantize_chunk(x[i : i + step], quantizer, block_size) for i in range(0, x.size, step)]
+    return b"".join(codes for codes, _ in parts), b"".join(scales for _, scales in parts)
+
+
+def _quantize_chunk(x: F32, quantizer: str, block_size: int) -> tuple[bytes, bytes]:
     scales, blocks = _block_scales(x, block_size)
     if quantizer == "int1":
         scales = _mean_magnitudes(x, blocks, scales)

@@ -129,16 +129,18 @@ class Screened(Generic[M]):
     excluded: tuple[tuple[M, str], ...]
     norms: tuple[float, ...] = field(default=())  # of the merged contributions per step_scale, in order
     history: NormHistory = field(default_factory=lambda: NormHistory())  # the one checked against
+    update_norm: float = math.nan  # of the result's update (when there is a result)
 
 
-def _result_problem(result: RoundResult, history: NormHistory, factor: float) -> str | None:
+def _result_problem(result: RoundResult, norm: float, history: NormHistory, factor: float) -> str | None:
+    """Why the result of a round cannot be committed (``norm``: its update's), or None."""
     reason = check_finite(result.update)
     if reason is not None:
         return f"merged update: {reason}"
     reason = check_finite(result.params)
     if reason is not None:
         return f"new parameters: {reason}"
-    norm, limit = tensors_norm(result.update), history.limit(history.updates, factor)
+    limit = history.limit(history.updates, factor)
     if norm > limit:
         return f"merged update norm {norm:.4g} is above the limit {limit:.4g} (max_update_norm_factor {factor:g})"
     return None
@@ -215,11 +217,12 @@ def screened_round(
         except (ArithmeticError, ValueError) as exc:
             problem: str | None = f"the round could not be merged: {exc}"
         else:
-            problem = _result_problem(result, history, factor)
+            update_norm = tensors_norm(result.update)
+            problem = _result_problem(result, update_norm, history, factor)
             if problem is None:
                 merged = tuple(c for c, _ in kept)
                 norms = tuple(n / step_scale(c.steps, settings.inner_steps) for c, n in kept)
-                return Screened(result, merged, tuple(excluded), norms, history)
+                return Screened(result, merged, tuple(excluded), norms, history, update_norm)
         largest = max(range(len(kept)), key=lambda i: kept[i][1])
         excluded.append((kept.pop(largest)[0], f"{problem}; excluded as the largest contribution"))
     return Screened(None, (), tuple(excluded))

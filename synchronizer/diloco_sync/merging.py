@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from diloco_core import codec
@@ -16,7 +16,7 @@ from diloco_core.fragments import Fragment
 from diloco_core.outer import OuterState
 from diloco_core.protocol import RoundRecord
 from diloco_core.round_math import RoundResult
-from diloco_core.screening import NormHistory, screened_round, tensors_norm
+from diloco_core.screening import NormHistory, screened_round
 
 from .contribution import Arrays, Contribution
 from .ingest import encode_params
@@ -27,7 +27,12 @@ _OUTER_STATE_LEVEL = -1  # zstd's fast mode: about 5x faster than level 1 on fp3
 
 @dataclass(frozen=True)
 class RoundOutcome:
+    """A merged round, encoded for its commit. ``result`` without its update (which is as large as
+    the fragment and needed only for its norm, ``update_norm``), so that a round waiting for its
+    commit holds no more of it than it writes and publishes."""
+
     result: RoundResult
+    update_norm: float
     payload: bytes  # the new version as served
     outer_blob: bytes  # the new outer state as stored
     merge_s: float
@@ -69,19 +74,20 @@ def run_round(
     the commit; never raises on a contribution's values (those that fail are excluded)."""
     started = time.perf_counter()
     screened = screened_round(spec, params, outer, version, contributions, diloco, norms)
-    result = screened.result
-    if result is None:
+    if screened.result is None:
         return NothingMerged(screened.excluded)
+    result = replace(screened.result, update={})
     payload = encode_params(result.params, spec.index, result.version)
     outer_blob = encode_outer_state(result.outer, spec.index, result.version)
     return RoundOutcome(
         result,
+        screened.update_norm,
         payload,
         outer_blob,
         merge_s=time.perf_counter() - started,
         merged=screened.merged,
         excluded=screened.excluded,
-        norms=screened.history.after(screened.norms, tensors_norm(result.update)),
+        norms=screened.history.after(screened.norms, screened.update_norm),
     )
 
 
@@ -149,6 +155,6 @@ def round_log(
         ],
         "finished_at": time.time(),
         "merge_s": outcome.merge_s,
-        "update_norm": tensors_norm(outcome.result.update),
+        "update_norm": outcome.update_norm,
         **timing,
     }

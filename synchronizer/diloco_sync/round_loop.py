@@ -1,7 +1,10 @@
 """The round loop: asks the round policy what to do for each fragment, and runs the merges.
 
 Fragments proceed independently: each merge is its own task (mathematics in a worker thread),
-so a slow round of one fragment never holds back another. A round is published to learners only
+so a slow round of one fragment never holds back another's intake. From its mathematics to its
+commit a round holds several copies of its fragment (new parameters and outer state, their encoded
+blobs); ``rounds_at_once`` bounds how many fragments do so together (one by default: the memory of
+the rounds is that of one fragment's, not of the whole model's). A round is published to learners only
 after its commit (parameters, outer state, round log, then manifest) succeeded; during a storage
 outage the commit is retried with backoff and the fragment's next round waits for it. A round that
 fails leaves its fragment as it was (the mathematics returns new state and edits none).
@@ -52,6 +55,7 @@ class RoundRunner:
         tick_s: float,
         on_tick: Callable[[], None] = lambda: None,
         on_excluded: Callable[[int, int], None] = lambda _p, _n: None,
+        rounds_at_once: int = 1,
     ) -> None:
         self.diloco, self.fragments, self.policy = diloco, fragments, policy
         self.committer, self.release = committer, release
@@ -60,6 +64,7 @@ class RoundRunner:
         self._wake = asyncio.Event()
         self._stopping = False
         self._merges: set[asyncio.Task[None]] = set()
+        self._round_slots = asyncio.Semaphore(rounds_at_once)  # from the mathematics to the commit
 
     def wake(self) -> None:
         self._wake.set()
@@ -127,16 +132,17 @@ class RoundRunner:
     ) -> None:
         started = self.clock()
         try:
-            assert fs.params is not None
-            outcome = await anyio.to_thread.run_sync(
-                run_round, fs.spec, fs.params, fs.outer, fs.version, contributions, self.diloco, fs.norms
-            )
-            self._report_excluded(fs, outcome.excluded)
-            if isinstance(outcome, NothingMerged):
-                for c in fs.reject():
-                    self.release.discard(c)
-                return
-            log_entry = await self.committer.write(fs, outcome, list(outcome.merged), timing)
+            async with self._round_slots:
+                assert fs.params is not None
+                outcome = await anyio.to_thread.run_sync(
+                    run_round, fs.spec, fs.params, fs.outer, fs.version, contributions, self.diloco, fs.norms
+                )
+                self._report_excluded(fs, outcome.excluded)
+                if isinstance(outcome, NothingMerged):
+                    for c in fs.reject():
+                        self.release.discard(c)
+                    return
+                log_entry = await self.committer.write(fs, outcome, list(outcome.merged), timing)
         except asyncio.CancelledError:
             raise
         except StateMismatch as exc:  # the prefix is another job's now: the server stops with the reason

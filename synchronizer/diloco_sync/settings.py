@@ -64,6 +64,12 @@ class SyncSettings(BaseModel):
         1024 * 1024 * 1024, ge=0, description="contributions held while storage is down"
     )
     keep_versions: int = Field(4, ge=1, description="fragment versions kept in storage")
+    rounds_at_once: int = Field(
+        1,
+        ge=1,
+        description="fragments whose round may be between its merge and its commit at once; each "
+        "holds about six times its fragment's fp32 size until committed",
+    )
     heartbeat_interval_s: float = Field(5.0, gt=0.0, description="heartbeat interval told to learners")
     max_wait_s: float = Field(60.0, gt=0.0, description="longest long-poll a learner may ask for")
     tick_s: float = Field(0.25, gt=0.0, description="longest sleep of the round loop between checks")

@@ -96,6 +96,7 @@ def build_round_parts(
         tick_s=settings.tick_s,
         on_tick=service.refresh_gauges,
         on_excluded=lambda _p, n: service.metrics.contributions.labels("excluded").inc(n),
+        rounds_at_once=settings.rounds_at_once,
     )
     desk.wake = runner.wake
     return desk, runner

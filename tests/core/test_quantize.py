@@ -142,3 +142,19 @@ def test_int4_decodes_to_its_levels_times_the_block_scale_bit_for_bit(n: int, bl
     got = q.dequantize(values, scales, "int4", n, block_size)
     assert (got.dtype, got.shape) == (np.float32, (n,))
     np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.parametrize("quantizer", ["int8", "int4", "e3m0", "int2", "int1"])
+@pytest.mark.parametrize("block_size", [128, 37])
+def test_a_long_array_is_quantized_chunk_by_chunk_to_the_bytes_of_one_piece(
+    quantizer: str, block_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many chunks (an odd block size, a partial last block, zeros at odd and even positions and a
+    non-finite block far from the first chunk) give the bytes the whole array gives at once."""
+    x = np.random.default_rng(3).standard_normal(3 * (1 << 18) + 1001).astype(np.float32)
+    x[[600_001, 600_002, 700_000]] = 0.0
+    x[650_000 : 650_000 + 3 * block_size] = 0.0  # whole blocks of zeros
+    x[500_000] = np.inf
+    chunked = q.quantize(x, quantizer, block_size)
+    monkeypatch.setattr(q, "_CHUNK_VALUES", 1 << 30)
+    assert q.quantize(x, quantizer, block_size) == chunked

@@ -4,6 +4,7 @@ its neighbours; the wire and crash behaviour is tested against real processes.""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,8 +69,9 @@ class InProcess:
         return self.service.store.store.list(self.service.store.layout.pending_prefix)
 
 
-def in_process(root: Path, **diloco: object) -> InProcess:
-    """A synchronizer of ``tiny_plan()``'s shape (P = 2, H = 4, overlap 1) with ``diloco`` settings."""
+def in_process(root: Path, *, service: Mapping[str, object] | None = None, **diloco: object) -> InProcess:
+    """A synchronizer of ``tiny_plan()``'s shape (P = 2, H = 4, overlap 1) with ``diloco`` settings
+    (and ``service``: other fields of its ``SyncSettings``)."""
     settings = SyncSettings(
         job=JobConfig(
             job_id="in-process",
@@ -78,8 +80,9 @@ def in_process(root: Path, **diloco: object) -> InProcess:
         job_secret="x",
         storage_url=f"file://{root}",
         tick_s=30.0,  # the tests tick the runner themselves
+        **(service or {}),
     )
     clock = FakeClock()
-    service = SyncService(settings, StateStore(FilesystemStore(root), 0, "in-process"), clock=clock)
-    desk, runner = build_round_parts(service)
-    return InProcess(service, desk, runner, clock, root)
+    built = SyncService(settings, StateStore(FilesystemStore(root), 0, "in-process"), clock=clock)
+    desk, runner = build_round_parts(built)
+    return InProcess(built, desk, runner, clock, root)

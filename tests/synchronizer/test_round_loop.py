@@ -4,9 +4,12 @@ failed round that leaves its fragment as it was."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from diloco_sync import round_loop
 from diloco_sync.persistence import StateStore
 from diloco_sync.service import RoundOpen
 
@@ -127,3 +130,45 @@ def test_a_round_whose_only_contribution_cannot_merge_excludes_it_and_leaves_the
         assert len(sync.service.recent_rounds) == 1
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("at_once", [1, 2])
+def test_rounds_at_once_bounds_the_fragments_between_their_merge_and_their_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_once: int
+) -> None:
+    """Both fragments ready at one tick: with one round at a time the second fragment's mathematics
+    starts only after the first's commit; with two, both merge before either commits. (The
+    mathematics is slowed by a pause so that a second round would start during it if it may.)"""
+    sync = in_process(tmp_path, quorum=1, service={"rounds_at_once": at_once})
+    events: list[tuple[str, int]] = []
+    run_round, write = round_loop.run_round, sync.runner.committer.write
+
+    def slow_round(spec: Any, *args: Any) -> Any:
+        events.append(("merge", spec.index))
+        time.sleep(0.3)
+        return run_round(spec, *args)
+
+    async def recorded_write(fs: Any, *args: Any) -> Any:
+        entry = await write(fs, *args)
+        events.append(("commit", fs.index))
+        return entry
+
+    monkeypatch.setattr(round_loop, "run_round", slow_round)
+    monkeypatch.setattr(sync.runner.committer, "write", recorded_write)
+
+    async def scenario() -> None:
+        await sync.start("a")  # its contributions make every round: both merge at the next tick
+        for p in (0, 1):
+            assert await sync.contribute("a", p) == "accepted"
+        sync.runner.tick()
+        for p in (0, 1):
+            await settled(sync, p)
+
+    asyncio.run(scenario())
+    assert sync.service.versions() == {0: 1, 1: 1}
+    kinds = [kind for kind, _ in events]
+    if at_once == 1:
+        assert kinds == ["merge", "commit", "merge", "commit"]
+        assert events[0][1] == events[1][1] != events[2][1] == events[3][1]
+    else:
+        assert kinds == ["merge", "merge", "commit", "commit"]
