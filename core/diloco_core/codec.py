@@ -231,6 +231,11 @@ class QuantizedArrays(Mapping[str, npt.NDArray[np.float32]]):
             raise CorruptPayload(f"tensor {name!r}: {exc}") from exc
         return flat.reshape(shape)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes held: the payload's decompressed data."""
+        return len(self._data)
+
     def __contains__(self, name: object) -> bool:
         return name in self._specs
 

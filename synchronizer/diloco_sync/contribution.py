@@ -39,6 +39,7 @@ class Sum(Mapping[str, npt.NDArray[np.float32]]):
 
     def __init__(self, first: Gradient, second: Gradient) -> None:
         self.first, self.second = first, second
+        self.nbytes = held_bytes(first) + held_bytes(second)  # what the parts hold
 
     def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
         """``first[name] + second[name]``, each side read the same way, with a stack instead of
@@ -68,6 +69,27 @@ class Sum(Mapping[str, npt.NDArray[np.float32]]):
         return len(self.second)
 
 
+def held_bytes(g: Gradient) -> int:
+    """The bytes an outer gradient holds: a payload's decompressed data, a ``Sum``'s parts, arrays'."""
+    held = getattr(g, "nbytes", None)
+    return held if isinstance(held, int) else sum(np.asarray(a).nbytes for a in g.values())
+
+
+COMPACT_AT = 2  # a Sum holding more than this many times its sum in float32 is added up
+
+
+def needs_compacting(g: Gradient, dense_bytes: int) -> bool:
+    """Whether a learner's folded progress holds more than ``COMPACT_AT`` times the ``dense_bytes``
+    of its sum in float32 (many parts, each kept as it came): it is then added up once."""
+    return isinstance(g, Sum) and g.nbytes > COMPACT_AT * dense_bytes
+
+
+def compacted(g: Gradient) -> Arrays:
+    """The sum of a folded outer gradient as float32 arrays: the parts added in the order a round
+    reads them, so the same values bit for bit. ``ValueError`` when a part cannot be read."""
+    return {name: g[name] for name in g}
+
+
 @dataclass
 class Contribution:
     """An accepted outer gradient waiting for its fragment's next round."""
@@ -85,7 +107,9 @@ class Contribution:
     blob: bytes | None = None  # kept only while not yet written to storage
     since: int = 0  # the learner's progress on the base before this contribution (in steps)
     through: int = -1  # how far it reaches (-1: since + steps)
-    parts: tuple[Contribution, ...] = ()  # earlier contributions added into this one, each as received
+    # earlier contributions added into this one, each as received (their records: once the sum is
+    # added up, their own tensors are dropped)
+    parts: tuple[Contribution, ...] = ()
     norm: float | None = None  # of ``tensors``, when measured on arrival (None: read them for it)
 
     def __post_init__(self) -> None:

@@ -26,9 +26,10 @@ import anyio.to_thread
 from diloco_core import rounds
 from diloco_core.layout import PendingMeta, contribution_key
 from diloco_core.protocol import ContributionResult
+from diloco_core.screening import tensors_norm
 from diloco_core.storage import StorageError
 
-from .contribution import Contribution
+from .contribution import Contribution, Gradient, compacted, needs_compacting
 from .errors import ApiError, learner_left, not_registered
 from .fragment_state import FragmentState
 from .fragments import Fragments
@@ -69,6 +70,7 @@ class ContributionDesk:
         self.clock = clock
         self.wake: Callable[[], None] = lambda: None  # the round runner's, once it exists
         self._deletes: set[asyncio.Task[None]] = set()
+        self._compacting: set[int] = set()  # the pending contributions being added up (by id)
 
     def body_limit(self, p: int) -> int:
         """Largest body accepted for fragment ``p`` (``payload_limit``)."""
@@ -211,6 +213,7 @@ class ContributionDesk:
             self._enqueue(fs, c)
         finally:
             fs.release(key)
+        await self._compact(fs, learner_id)
         learner = self.registry.get(learner_id)
         if learner is not None:
             learner.contributions += 1
@@ -219,6 +222,24 @@ class ContributionDesk:
         self.metrics.contributions.labels("accepted").inc()
         self.wake()
         return self._result("accepted", fs, base_version, durable=c.storage_key is not None)
+
+    async def _compact(self, fs: FragmentState, learner_id: str) -> None:
+        """The learner's pending progress, when its parts hold more than ``COMPACT_AT`` times their
+        sum in float32, is added up once in a worker thread (the same values; its norm measured
+        with them), so a learner's many parts hold memory of the fragment's size, not of their
+        count. A part that cannot be read leaves it as it was: its round excludes it."""
+        c = fs.pending.get(learner_id)
+        if c is None or id(c) in self._compacting or not needs_compacting(c.tensors, 4 * fs.spec.numel):
+            return
+        self._compacting.add(id(c))
+        try:
+            c.tensors, c.norm = await anyio.to_thread.run_sync(_compacted_with_norm, c.tensors)
+            for part in c.parts:  # a part's own tensors are never read again: only the sum's are
+                part.tensors = {}
+        except ValueError as exc:
+            log.warning("contribution %s: its parts could not be added up: %s", c.key, exc)
+        finally:
+            self._compacting.discard(id(c))
 
     def _result(
         self, status: Literal["accepted", "duplicate"], fs: FragmentState, base_version: int, *, durable: bool
@@ -316,3 +337,8 @@ class ContributionDesk:
                 await anyio.to_thread.run_sync(self.store.delete, key)
             except StorageError as exc:
                 log.info("could not delete %s (collected later): %s", key, exc)
+
+
+def _compacted_with_norm(g: Gradient) -> tuple[Gradient, float]:
+    dense = compacted(g)
+    return dense, tensors_norm(dense)

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import numpy as np
 import pytest
 from diloco_core.protocol import RegisterRequest
+from diloco_core.screening import tensors_norm
+from diloco_sync.contribution import Sum, held_bytes
 from diloco_sync.errors import ApiError
 
-from tests.synchronizer.helpers import encode_params, initial_params
+from tests.synchronizer.helpers import encode_grad, encode_params, initial_params, outer_grad
 from tests.synchronizer.inprocess import PLAN, in_process
 
 
@@ -90,5 +93,41 @@ def test_a_contribution_the_merging_round_would_make_stale_is_refused_not_accept
         assert fs.version == 1
         assert not fs.pending
         assert await sync.contribute("b", base=1) == "accepted"  # from the new version it counts
+
+    asyncio.run(scenario())
+
+
+def test_a_learner_s_many_parts_are_added_up_once_they_hold_more_than_twice_their_sum(tmp_path: Path) -> None:
+    """Five fp32 parts of one learner's progress, each as large as their sum in float32: the third
+    and the fifth make the pending sum hold more than twice that, so it is added up into float32
+    arrays, bit for bit the parts added in order, with its norm; the parts' own tensors are
+    dropped; the round merges it."""
+    sync = in_process(tmp_path, quorum=1)
+    grads = [outer_grad(PLAN, 0, seed=10 + i) for i in range(5)]
+    dense = 4 * PLAN.fragments[0].numel
+
+    async def scenario() -> None:
+        await sync.start("a")
+        fs = sync.service.fragments.get(0)
+        held = []
+        for i, g in enumerate(grads):
+            result = await sync.desk.contribute(
+                "a", 0, base_version=0, steps=4, tokens=32, seq=i + 1, blob=encode_grad(g, 0, 0), since=4 * i
+            )
+            assert result.status == "accepted"
+            held.append(held_bytes(fs.pending["a"].tensors))
+        assert held == [dense, 2 * dense, dense, 2 * dense, dense]
+        c = fs.pending["a"]
+        assert not isinstance(c.tensors, Sum)
+        assert (c.since, c.through, c.steps, len(c.parts)) == (0, 20, 20, 4)
+        assert all(dict(part.tensors) == {} for part in c.parts)
+        for name, value in c.tensors.items():
+            expected = grads[0][name].copy()
+            for g in grads[1:]:
+                expected += g[name]
+            np.testing.assert_array_equal(value, expected)
+        assert c.norm == tensors_norm(c.tensors)
+        sync.runner.tick()
+        assert await fs.wait_newer(0, 5.0) == "version"
 
     asyncio.run(scenario())
