@@ -1,7 +1,8 @@
 """`diloco bench sync-ingest`: how fast the synchronizer takes contributions, next to a raw baseline.
 
-For each client count N (default 1, 8, 32), a fresh synchronizer process (filesystem store, quorum N)
-serves N concurrent asynchronous learners, each with pre-encoded int4 outer gradients:
+For each client count N (default 1, 8, 32) and shard count M (``--shards``, default 1), M fresh
+synchronizer processes (one filesystem store, quorum N, fragment p on shard p % M) serve N
+concurrent asynchronous learners, each with pre-encoded int4 outer gradients:
 
 - ``--mode stream`` (default): every learner contributes back to back, cycling over the fragments,
   while a long-poll per learner listens for new versions; this is the ingest throughput.
@@ -12,7 +13,8 @@ Reported per N:
 
 - ingest throughput in MB/s of contribution payloads and parameters/s taken,
 - latency percentiles of a contribution (POST → 202) and, in lockstep, of a round trip (POST → new version),
-- merge + outer-step time per round and fragment (from the service's /metrics),
+- merge + outer-step time per round and fragment and rounds per second (from the services' /metrics),
+- the synchronizer's CPU seconds and peak resident memory, summed over its shards,
 - a raw baseline measured in the same run: the same N clients send the same bytes over plain TCP
   to a server that only reads and decompresses them; the ratio service/raw shows the overhead.
 """
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import TypeVar
 
 import httpx
 import numpy as np
@@ -42,6 +45,7 @@ from diloco.runner.processes import free_port
 from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes
 from diloco_bench.sync_ingest_report import Result, report, summary_row
 
+T = TypeVar("T", int, float)
 SECRET = "bench-secret"
 _LEN = struct.Struct("<Q")
 
@@ -64,12 +68,19 @@ def grad_blob(plan: FragmentPlan, p: int, seed: int) -> bytes:
 # -- the service run ---------------------------------------------------------------------------------
 
 
-def start_sync(port: int, store: str, plan: FragmentPlan, clients: int) -> subprocess.Popen[bytes]:
+def start_sync(
+    port: int, store: str, plan: FragmentPlan, clients: int, shard: tuple[int, list[str]] = (0, [])
+) -> subprocess.Popen[bytes]:
+    """A synchronizer process on ``port``; ``shard``: its index and the URLs of all shards (none:
+    the only one)."""
     argv = [
         sys.executable, "-m", "diloco_sync", "--port", str(port), "--storage", f"file://{store}",
         "--fragments", str(len(plan.fragments)), "--inner-steps", str(plan.inner_steps), "--overlap", "1",
         "--quorum", str(clients), "--max-staleness", "1000000", "--log-level", "WARNING",
     ]  # fmt: skip
+    index, urls = shard
+    if urls:
+        argv += ["--shard-index", str(index), "--num-shards", str(len(urls)), "--shard-urls", ",".join(urls)]
     env = {**os.environ, "DILOCO_JOB_SECRET": SECRET}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -83,22 +94,59 @@ def start_sync(port: int, store: str, plan: FragmentPlan, clients: int) -> subpr
     raise RuntimeError("the synchronizer did not start")
 
 
+def start_shards(
+    store: str, plan: FragmentPlan, clients: int, shards: int
+) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    """``shards`` synchronizer processes sharing the store (fragment p on shard p % shards), and
+    their URLs."""
+    ports = [free_port() for _ in range(shards)]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for i, port in enumerate(ports):
+            procs.append(start_sync(port, store, plan, clients, (i, urls if shards > 1 else [])))
+    except BaseException:
+        stop(procs)
+        raise
+    return procs, urls
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(timeout=30)
+
+
+def summed(values: list[T | None]) -> T | None:
+    """The sum of figures read from every shard's process, or None when one could not be read."""
+    known = [v for v in values if v is not None]
+    return sum(known[1:], known[0]) if known and len(known) == len(values) else None
+
+
+Shards = list[httpx.AsyncClient]
+"""One learner's clients, one per synchronizer shard: fragment p is sent to ``shards[p % len(shards)]``."""
+
+
 def headers(learner: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {learner_token(SECRET, learner)}", LEARNER_HEADER: learner}
 
 
-async def setup_learners(url: str, plan: FragmentPlan, clients: int) -> list[httpx.AsyncClient]:
+async def setup_learners(urls: list[str], plan: FragmentPlan, clients: int) -> list[Shards]:
+    """``clients`` learners registered with every shard; every fragment initialised on its shard."""
     out = []
     for i in range(clients):
-        c = httpx.AsyncClient(base_url=url, headers=headers(f"l{i}"), timeout=120)
+        shards = [httpx.AsyncClient(base_url=url, headers=headers(f"l{i}"), timeout=120) for url in urls]
         body = {"learner_id": f"l{i}", "plan": plan.to_dict(), "plan_hash": plan.hash(), "tokens_per_step": 8}
-        (await c.post("/v1/learners/register", json=body)).raise_for_status()
-        out.append(c)
+        for c in shards:
+            (await c.post("/v1/learners/register", json=body)).raise_for_status()
+        out.append(shards)
     rng = np.random.default_rng(0)
     for f in plan.fragments:
         params = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in f.tensors}
         blob = codec.encode(params, fragment=f.index, base_version=0, kind="params", quantizer="fp32")
-        (await out[0].put(f"/v1/fragments/{f.index}/init", content=blob)).raise_for_status()
+        owner = out[0][f.index % len(urls)]
+        (await owner.put(f"/v1/fragments/{f.index}/init", content=blob)).raise_for_status()
     return out
 
 
@@ -106,7 +154,7 @@ STEPS_PER_SEND = 4
 
 
 async def post_contribution(
-    client: httpx.AsyncClient,
+    shards: Shards,
     blobs: list[bytes],
     p: int,
     seq: int,
@@ -123,7 +171,9 @@ async def post_contribution(
     since = through if base == base_version else 0
     t0 = time.perf_counter()
     params = {"base_version": base_version, "since": since, "steps": STEPS_PER_SEND, "tokens": 32, "seq": seq}
-    r = await client.post(f"/v1/fragments/{p}/contributions", params=params, content=blobs[p])
+    r = await shards[p % len(shards)].post(
+        f"/v1/fragments/{p}/contributions", params=params, content=blobs[p]
+    )
     r.raise_for_status()
     sent[p] = (base_version, since + STEPS_PER_SEND)
     res.contribute_ms.append(1000 * (time.perf_counter() - t0))
@@ -133,7 +183,7 @@ async def post_contribution(
 
 
 async def learner_loop(
-    client: httpx.AsyncClient, blobs: list[bytes], plan: FragmentPlan, stop_at: float, res: Result
+    shards: Shards, blobs: list[bytes], plan: FragmentPlan, stop_at: float, res: Result
 ) -> None:
     known = {f.index: 0 for f in plan.fragments}
     sent: dict[int, tuple[int, int]] = {}
@@ -141,17 +191,19 @@ async def learner_loop(
     while time.perf_counter() < stop_at:
         p = seq % len(plan.fragments)
         seq += 1
-        t0 = await post_contribution(client, blobs, p, seq, res, sent, base_version=known[p])
+        t0 = await post_contribution(shards, blobs, p, seq, res, sent, base_version=known[p])
         # wait for the round that merges it, but not past the end of the run (the others have stopped)
         wait = min(60.0, max(stop_at - time.perf_counter(), 0.0))
-        g = await client.get(f"/v1/fragments/{p}", params={"newer_than": known[p], "wait": wait})
+        g = await shards[p % len(shards)].get(
+            f"/v1/fragments/{p}", params={"newer_than": known[p], "wait": wait}
+        )
         if g.status_code == 200:
             known[p] = int(g.headers[VERSION_HEADER])
             res.round_trip_ms.append(1000 * (time.perf_counter() - t0))
 
 
 async def streaming_loop(
-    client: httpx.AsyncClient, blobs: list[bytes], plan: FragmentPlan, stop_at: float, res: Result
+    shards: Shards, blobs: list[bytes], plan: FragmentPlan, stop_at: float, res: Result
 ) -> None:
     """Contribute back to back (each continues the learner's progress on its base); never wait for rounds."""
     sent: dict[int, tuple[int, int]] = {}
@@ -159,12 +211,12 @@ async def streaming_loop(
     while time.perf_counter() < stop_at:
         p = seq % len(plan.fragments)
         seq += 1
-        await post_contribution(client, blobs, p, seq, res, sent)
+        await post_contribution(shards, blobs, p, seq, res, sent)
 
 
-async def long_poll_loop(client: httpx.AsyncClient, p: int, stop_at: float, res: Result) -> None:
+async def long_poll_loop(shards: Shards, p: int, stop_at: float, res: Result) -> None:
     """A learner's background long-poll: hear about every new version of fragment p."""
-    known = 0
+    client, known = shards[p % len(shards)], 0
     while (remaining := stop_at - time.perf_counter()) > 0:
         g = await client.get(f"/v1/fragments/{p}", params={"newer_than": known, "wait": min(remaining, 5.0)})
         if g.status_code == 200:
@@ -172,14 +224,13 @@ async def long_poll_loop(client: httpx.AsyncClient, p: int, stop_at: float, res:
             res.versions_heard += 1
 
 
-def round_figures(url: str) -> tuple[float, int, int]:
-    """From the service's /metrics: seconds of merge in all rounds, the rounds, and the
-    contributions they merged."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+def round_figures(urls: list[str]) -> tuple[float, int, int]:
+    """From the services' /metrics, summed over the shards: seconds of merge in all rounds, the
+    rounds, and the contributions they merged."""
+    text = "\n".join(httpx.get(f"{url}/metrics", timeout=10).text for url in urls)
 
     def figure(name: str) -> float:
-        found = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
-        return float(found.group(1)) if found else 0.0
+        return sum(float(found) for found in re.findall(rf"^{name} ([0-9.e+-]+)$", text, re.M))
 
     return (
         figure("diloco_sync_merge_seconds_sum"),
@@ -188,17 +239,16 @@ def round_figures(url: str) -> tuple[float, int, int]:
     )
 
 
-async def run_service(plan: FragmentPlan, clients: int, seconds: float, port: int, mode: str) -> Result:
+async def run_service(plan: FragmentPlan, clients: int, seconds: float, mode: str, shards: int = 1) -> Result:
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as store:
-        proc = start_sync(port, store, plan, clients)
-        url = f"http://127.0.0.1:{port}"
+        procs, urls = start_shards(store, plan, clients, shards)
         try:
-            learners = await setup_learners(url, plan, clients)
+            learners = await setup_learners(urls, plan, clients)
             blobs = [
                 [grad_blob(plan, f.index, 100 * i + f.index) for f in plan.fragments] for i in range(clients)
             ]
-            res = Result(mode, clients, 0.0, 0, 0, 0, 0, model_params=plan.num_params)
-            cpu_before = cpu_seconds(proc.pid)
+            res = Result(mode, clients, 0.0, 0, 0, 0, 0, model_params=plan.num_params, shards=shards)
+            cpu_before = [cpu_seconds(proc.pid) for proc in procs]
             start = time.perf_counter()
             stop_at = start + seconds
             if mode == "lockstep":
@@ -212,20 +262,22 @@ async def run_service(plan: FragmentPlan, clients: int, seconds: float, port: in
                 ]
             await asyncio.gather(*jobs)
             res.seconds = time.perf_counter() - start
-            cpu_after = cpu_seconds(proc.pid)
-            if cpu_before is not None and cpu_after is not None:
-                res.sync_cpu_s = cpu_after - cpu_before
-            res.sync_peak_rss = peak_rss_bytes(proc.pid)
-            total, res.rounds, res.merged = round_figures(url)
+            before, after = summed(cpu_before), summed([cpu_seconds(proc.pid) for proc in procs])
+            if before is not None and after is not None:
+                res.sync_cpu_s = after - before
+            peaks = [peak_rss_bytes(proc.pid) for proc in procs]
+            res.sync_peak_rss = summed(peaks)
+            res.largest_shard_rss = max((n for n in peaks if n is not None), default=None)
+            total, res.rounds, res.merged = round_figures(urls)
             res.merge_s_per_round = total / res.rounds if res.rounds else 0.0
             per_fragment = plan.num_params // len(plan.fragments)
             res.params_taken = res.contributions * per_fragment
-            for c in learners:
-                await c.aclose()
+            for shards_of_one in learners:
+                for c in shards_of_one:
+                    await c.aclose()
             return res
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop(procs)
 
 
 # -- the raw baseline ----------------------------------------------------------------------------------
@@ -295,14 +347,17 @@ async def run_all(args: argparse.Namespace) -> list[Result]:
         plan = make_plan(size, args.fragments)
         at_size = []
         for n in args.clients:
-            res = await run_service(plan, n, args.seconds, free_port(), args.mode)
-            res.raw_mb_s = await run_raw(plan, n, args.seconds, free_port())
-            at_size.append(res)
-            print(
-                f"  {size:,} params, {n} clients: {res.contributions} contributions, {res.rounds} rounds, "
-                f"{res.versions_heard + len(res.round_trip_ms)} new versions heard by long-polls",
-                file=sys.stderr,
-            )
+            runs = [await run_service(plan, n, args.seconds, args.mode, m) for m in args.shards]
+            raw_mb_s = await run_raw(plan, n, args.seconds, free_port())
+            for res in runs:
+                res.raw_mb_s = raw_mb_s
+                print(
+                    f"  {size:,} params, {n} clients, {res.shards} shard(s): {res.contributions} contributions, "
+                    f"{res.rounds} rounds, {res.versions_heard + len(res.round_trip_ms)} new versions heard "
+                    "by long-polls",
+                    file=sys.stderr,
+                )
+            at_size += runs
         print(report(at_size, plan, len(grad_blob(plan, 0, 0))), flush=True)
         results += at_size
     return results
@@ -320,6 +375,13 @@ def main(argv: list[str]) -> int:
         help="model sizes in parameters (2e6 20e6 200e6: one table per size)",
     )
     ap.add_argument("--fragments", type=int, default=4)
+    ap.add_argument(
+        "--shards",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="synchronizer processes per run (1 2 4: a run each, fragment p on shard p %% shards)",
+    )
     ap.add_argument(
         "--mode",
         choices=["stream", "lockstep"],

@@ -27,7 +27,9 @@ class Result:
     versions_heard: int = 0
     model_params: int = 0
     sync_cpu_s: float | None = None  # the synchronizer process's CPU seconds during the run
-    sync_peak_rss: int | None = None  # its peak resident bytes (from its start)
+    sync_peak_rss: int | None = None  # its peak resident bytes (from its start), all shards together
+    shards: int = 1  # synchronizer processes
+    largest_shard_rss: int | None = None  # the peak resident bytes of the largest shard
 
     @property
     def mb_s(self) -> float:
@@ -36,6 +38,10 @@ class Result:
     @property
     def params_s(self) -> float:
         return self.params_taken / self.seconds
+
+    @property
+    def rounds_s(self) -> float:
+        return self.rounds / self.seconds if self.seconds else 0.0
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -49,17 +55,17 @@ def report(results: list[Result], plan: FragmentPlan, payload_bytes: int) -> str
         f"mode: {results[0].mode if results else '-'}; "
         f"model: {plan.num_params:,} parameters in {len(plan.fragments)} fragments; payload int4 "
         f"({payload_bytes:,} bytes per fragment contribution)",
-        f"{'clients':>7} {'MB/s':>8} {'Mparams/s':>10} {'raw MB/s':>9} {'svc/raw':>8} {'post p50':>9} {'p90':>7} "
-        f"{'p99':>7} {'round p50':>10} {'p99':>7} {'rounds':>7} {'merged':>7} {'merge ms/round':>15} "
+        f"{'clients':>7} {'shards':>6} {'MB/s':>8} {'Mparams/s':>10} {'raw MB/s':>9} {'svc/raw':>8} {'post p50':>9} {'p90':>7} "
+        f"{'p99':>7} {'round p50':>10} {'p99':>7} {'rounds':>7} {'rounds/s':>8} {'merged':>7} {'merge ms/round':>15} "
         f"{'Mparams/cpu-s':>13} {'peak RSS MB':>11} {'RSS/fp32':>8}",
     ]
     for r in results:
         ratio = r.mb_s / r.raw_mb_s if r.raw_mb_s else float("nan")
         lines.append(
-            f"{r.clients:>7} {r.mb_s:>8.2f} {r.params_s / 1e6:>10.2f} {r.raw_mb_s:>9.2f} {ratio:>8.3f} "
+            f"{r.clients:>7} {r.shards:>6} {r.mb_s:>8.2f} {r.params_s / 1e6:>10.2f} {r.raw_mb_s:>9.2f} {ratio:>8.3f} "
             f"{percentile(r.contribute_ms, 50):>8.1f}ms {percentile(r.contribute_ms, 90):>6.1f} "
             f"{percentile(r.contribute_ms, 99):>7.1f} {percentile(r.round_trip_ms, 50):>9.1f}ms "
-            f"{percentile(r.round_trip_ms, 99):>7.1f} {r.rounds:>7} {r.merged:>7} {1000 * r.merge_s_per_round:>15.2f} "
+            f"{percentile(r.round_trip_ms, 99):>7.1f} {r.rounds:>7} {r.rounds_s:>8.3f} {r.merged:>7} {1000 * r.merge_s_per_round:>15.2f} "
             f"{_per_cpu(r):>13} {_mb(r.sync_peak_rss):>11} {_rss_ratio(r):>8}"
         )
     return "\n".join(lines)
@@ -96,6 +102,7 @@ def summary_row(r: Result) -> dict[str, Any]:
         mb_s=r.mb_s,
         params_s=r.params_s,
         params_per_cpu_s=per_cpu_second(r),
+        rounds_s=r.rounds_s,
         rss_over_fp32_model=rss_over_model(r),
         contribute_p50_ms=percentile(r.contribute_ms, 50),
         contribute_p99_ms=percentile(r.contribute_ms, 99),

@@ -77,6 +77,7 @@ def run_round(
     if screened.result is None:
         return NothingMerged(screened.excluded)
     result = replace(screened.result, update={})
+    screened = replace(screened, result=result)  # the update is no longer held while encoding
     payload = encode_params(result.params, spec.index, result.version)
     outer_blob = encode_outer_state(result.outer, spec.index, result.version)
     return RoundOutcome(

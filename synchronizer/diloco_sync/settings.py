@@ -68,7 +68,7 @@ class SyncSettings(BaseModel):
         1,
         ge=1,
         description="fragments whose round may be between its merge and its commit at once; each "
-        "holds about six times its fragment's fp32 size until committed",
+        "holds up to about eight times its fragment's fp32 size until committed",
     )
     heartbeat_interval_s: float = Field(5.0, gt=0.0, description="heartbeat interval told to learners")
     max_wait_s: float = Field(60.0, gt=0.0, description="longest long-poll a learner may ask for")

@@ -67,15 +67,28 @@ def test_tls(tmp_path: Path, test_logs_dir: Path) -> None:
 @pytest.mark.integration
 @pytest.mark.slow
 def test_load_script_reports_throughput_and_baseline(capsys: pytest.CaptureFixture[str]) -> None:
-    assert (
-        sync_ingest.main(["--clients", "1", "4", "--seconds", "1.5", "--params", "20000", "--fragments", "2"])
-        == 0
-    )
+    """One and two synchronizer shards (each learner sends a fragment to the shard that owns it:
+    another would refuse it) beside the raw baseline."""
+    argv = [
+        "--clients",
+        "1",
+        "4",
+        "--shards",
+        "1",
+        "2",
+        "--seconds",
+        "1.5",
+        "--params",
+        "20000",
+        "--fragments",
+        "2",
+    ]
+    assert sync_ingest.main(argv) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0] in ("1", "4")]
-    assert [r[0] for r in rows] == ["1", "4"]
+    assert [(r[0], r[1]) for r in rows] == [("1", "1"), ("1", "2"), ("4", "1"), ("4", "2")]
     for row in rows:
-        mb_s, raw_mb_s, ratio = float(row[1]), float(row[3]), float(row[4])
+        mb_s, raw_mb_s, ratio = float(row[2]), float(row[4]), float(row[5])
         assert mb_s > 0
         assert raw_mb_s > 0
         assert ratio == pytest.approx(mb_s / raw_mb_s, rel=0.05, abs=0.002)
