@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T", int, float)
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -29,3 +32,9 @@ def peak_rss_bytes(pid: int) -> int | None:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     return None
+
+
+def summed(values: list[T | None]) -> T | None:
+    """The sum of one figure read from several processes, or None when one could not be read."""
+    known = [v for v in values if v is not None]
+    return sum(known[1:], known[0]) if known and len(known) == len(values) else None

@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import TypeVar
 
 import httpx
 import numpy as np
@@ -42,11 +41,10 @@ from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.protocol import LEARNER_HEADER, VERSION_HEADER
 
 from diloco.runner.processes import free_port
-from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes
+from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, summed
 from diloco_bench.sync_ingest_report import Result, report, summary_row
+from diloco_bench.sync_process import SECRET, wait_ready
 
-T = TypeVar("T", int, float)
-SECRET = "bench-secret"
 _LEN = struct.Struct("<Q")
 
 
@@ -83,15 +81,12 @@ def start_sync(
         argv += ["--shard-index", str(index), "--num-shards", str(len(urls)), "--shard-urls", ",".join(urls)]
     env = {**os.environ, "DILOCO_JOB_SECRET": SECRET}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the synchronizer did not start")
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", lambda: proc.poll() is None, 60)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc
 
 
 def start_shards(
@@ -116,12 +111,6 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
         proc.terminate()
     for proc in procs:
         proc.wait(timeout=30)
-
-
-def summed(values: list[T | None]) -> T | None:
-    """The sum of figures read from every shard's process, or None when one could not be read."""
-    known = [v for v in values if v is not None]
-    return sum(known[1:], known[0]) if known and len(known) == len(values) else None
 
 
 Shards = list[httpx.AsyncClient]

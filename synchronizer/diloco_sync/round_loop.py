@@ -2,9 +2,8 @@
 
 Fragments proceed independently: each merge is its own task (mathematics in a worker thread),
 so a slow round of one fragment never holds back another's intake. From its mathematics to its
-commit a round holds several copies of its fragment (new parameters and outer state, their encoded
-blobs); ``rounds_at_once`` bounds how many fragments do so together (one by default: the memory of
-the rounds is that of one fragment's, not of the whole model's). A round is published to learners only
+commit a round holds several copies of its fragment; the rounds in progress together are bounded by
+``round_memory.RoundMemory``. A round is published to learners only
 after its commit (parameters, outer state, round log, then manifest) succeeded; during a storage
 outage the commit is retried with backoff and the fragment's next round waits for it. A round that
 fails leaves its fragment as it was (the mathematics returns new state and edits none).
@@ -27,6 +26,7 @@ from .fragment_state import FragmentState
 from .fragments import Fragments
 from .merging import NothingMerged, RoundOutcome, run_round
 from .persistence import StateMismatch
+from .round_memory import RoundMemory, round_cost
 from .round_policy import RoundPolicy
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class RoundRunner:
         tick_s: float,
         on_tick: Callable[[], None] = lambda: None,
         on_excluded: Callable[[int, int], None] = lambda _p, _n: None,
-        rounds_at_once: int = 1,
+        round_memory: RoundMemory | None = None,
     ) -> None:
         self.diloco, self.fragments, self.policy = diloco, fragments, policy
         self.committer, self.release = committer, release
@@ -64,7 +64,7 @@ class RoundRunner:
         self._wake = asyncio.Event()
         self._stopping = False
         self._merges: set[asyncio.Task[None]] = set()
-        self._round_slots = asyncio.Semaphore(rounds_at_once)  # from the mathematics to the commit
+        self.memory = round_memory or RoundMemory(0)  # from the mathematics to the commit
 
     def wake(self) -> None:
         self._wake.set()
@@ -132,7 +132,7 @@ class RoundRunner:
     ) -> None:
         started = self.clock()
         try:
-            async with self._round_slots:
+            async with self.memory.reserve(round_cost(fs.spec.numel)):
                 assert fs.params is not None
                 outcome = await anyio.to_thread.run_sync(
                     run_round, fs.spec, fs.params, fs.outer, fs.version, contributions, self.diloco, fs.norms

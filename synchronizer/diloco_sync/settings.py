@@ -64,11 +64,12 @@ class SyncSettings(BaseModel):
         1024 * 1024 * 1024, ge=0, description="contributions held while storage is down"
     )
     keep_versions: int = Field(4, ge=1, description="fragment versions kept in storage")
-    rounds_at_once: int = Field(
-        1,
-        ge=1,
-        description="fragments whose round may be between its merge and its commit at once; each "
-        "holds up to about eight times its fragment's fp32 size until committed",
+    round_memory_bytes: int = Field(
+        1024 * 1024 * 1024,
+        ge=0,
+        description="memory the rounds between their merge and their commit may hold together, each "
+        "counted as eight times its fragment's fp32 size; a round starts whenever no other is in "
+        "progress, so a larger fragment still merges (0: one round at a time)",
     )
     heartbeat_interval_s: float = Field(5.0, gt=0.0, description="heartbeat interval told to learners")
     max_wait_s: float = Field(60.0, gt=0.0, description="longest long-poll a learner may ask for")

@@ -22,6 +22,7 @@ from .commit import Committer
 from .contributions import ContributionDesk
 from .errors import ApiError
 from .round_loop import RoundRunner
+from .round_memory import RoundMemory
 from .service import SyncService
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def build_round_parts(
         tick_s=settings.tick_s,
         on_tick=service.refresh_gauges,
         on_excluded=lambda _p, n: service.metrics.contributions.labels("excluded").inc(n),
-        rounds_at_once=settings.rounds_at_once,
+        round_memory=RoundMemory(settings.round_memory_bytes),
     )
     desk.wake = runner.wake
     return desk, runner

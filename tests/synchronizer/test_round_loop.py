@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from diloco_sync import round_loop
 from diloco_sync.persistence import StateStore
+from diloco_sync.round_memory import may_start, round_cost
 from diloco_sync.service import RoundOpen
 
-from tests.synchronizer.inprocess import InProcess, in_process
+from tests.synchronizer.inprocess import PLAN, InProcess, in_process
 
 
 async def settled(sync: InProcess, p: int = 0) -> None:
@@ -132,14 +133,16 @@ def test_a_round_whose_only_contribution_cannot_merge_excludes_it_and_leaves_the
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("at_once", [1, 2])
-def test_rounds_at_once_bounds_the_fragments_between_their_merge_and_their_commit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_once: int
+@pytest.mark.parametrize(("budget_rounds", "together"), [(0, False), (1, False), (2, True)])
+def test_rounds_start_together_while_what_they_hold_fits_the_round_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget_rounds: int, together: bool
 ) -> None:
-    """Both fragments ready at one tick: with one round at a time the second fragment's mathematics
-    starts only after the first's commit; with two, both merge before either commits. (The
-    mathematics is slowed by a pause so that a second round would start during it if it may.)"""
-    sync = in_process(tmp_path, quorum=1, service={"rounds_at_once": at_once})
+    """Both fragments ready at one tick, with room for none, one or two rounds: with room for one,
+    the second fragment's mathematics starts only after the first's commit (with none, too: a round
+    starts whenever no other is in progress); with room for two, both merge before either commits.
+    (The mathematics is slowed by a pause so that a second round would start during it if it may.)"""
+    cost = max(round_cost(f.numel) for f in PLAN.fragments)
+    sync = in_process(tmp_path, quorum=1, service={"round_memory_bytes": budget_rounds * cost})
     events: list[tuple[str, int]] = []
     run_round, write = round_loop.run_round, sync.runner.committer.write
 
@@ -166,9 +169,17 @@ def test_rounds_at_once_bounds_the_fragments_between_their_merge_and_their_commi
 
     asyncio.run(scenario())
     assert sync.service.versions() == {0: 1, 1: 1}
+    assert sync.runner.memory.held == 0
     kinds = [kind for kind, _ in events]
-    if at_once == 1:
+    if together:
+        assert kinds == ["merge", "merge", "commit", "commit"]
+    else:
         assert kinds == ["merge", "commit", "merge", "commit"]
         assert events[0][1] == events[1][1] != events[2][1] == events[3][1]
-    else:
-        assert kinds == ["merge", "merge", "commit", "commit"]
+
+
+def test_a_round_may_start_when_none_holds_memory_or_when_it_fits() -> None:
+    assert may_start(held=0, cost=10, budget=0)  # however large: nothing else is in progress
+    assert may_start(held=5, cost=5, budget=10)
+    assert not may_start(held=6, cost=5, budget=10)
+    assert round_cost(1000) == 8 * 4 * 1000

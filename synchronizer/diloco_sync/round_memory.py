@@ -1,0 +1,48 @@
+"""The memory the rounds hold between their merge and their commit, bounded together.
+
+From its mathematics to its commit a round holds its fragment's new parameters, outer state and
+their encoded blobs: measured, up to about ``ROUND_HOLDS`` times its fragment's float32 size. Rounds
+of several fragments run at once while what they hold fits ``--round-memory-bytes`` (small fragments
+merge side by side), and one at a time once a fragment is large (the rounds cost one fragment's
+memory, not the model's). A round starts whenever no other is in progress, so a fragment larger
+than the budget still merges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+ROUND_HOLDS = 8  # a round's peak, in float32 sizes of its fragment (int2 downloads, 20 M parameters)
+
+
+def round_cost(numel: int) -> int:
+    """The bytes a round of a fragment of ``numel`` values is counted as holding."""
+    return ROUND_HOLDS * 4 * numel
+
+
+def may_start(held: int, cost: int, budget: int) -> bool:
+    """Whether a round counted at ``cost`` bytes may start while the rounds in progress hold ``held``."""
+    return held == 0 or held + cost <= budget
+
+
+class RoundMemory:
+    """The reservations of the rounds in progress against the budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.held = budget, 0
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def reserve(self, cost: int) -> AsyncIterator[None]:
+        """Wait until a round counted at ``cost`` bytes may start, and hold them until it ends."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: may_start(self.held, cost, self.budget))
+            self.held += cost
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self.held -= cost
+                self._changed.notify_all()
