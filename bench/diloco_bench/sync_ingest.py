@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import re
-import struct
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,6 @@ import time
 
 import httpx
 import numpy as np
-import zstandard
 from diloco_core import codec
 from diloco_core.auth import learner_token
 from diloco_core.fragments import FragmentPlan, build_plan
@@ -42,10 +40,9 @@ from diloco_core.protocol import LEARNER_HEADER, VERSION_HEADER
 
 from diloco.runner.processes import free_port
 from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, summed
+from diloco_bench.sync_ingest_raw import run_raw
 from diloco_bench.sync_ingest_report import Result, report, summary_row
 from diloco_bench.sync_process import SECRET, wait_ready
-
-_LEN = struct.Struct("<Q")
 
 
 def make_plan(params: int, fragments: int) -> FragmentPlan:
@@ -54,12 +51,14 @@ def make_plan(params: int, fragments: int) -> FragmentPlan:
     return build_plan(shapes, fragments, inner_steps=max(fragments, 4), overlap=1)
 
 
-def grad_blob(plan: FragmentPlan, p: int, seed: int) -> bytes:
+def grad_blob(plan: FragmentPlan, p: int, seed: int, base_version: int = 0) -> bytes:
     rng = np.random.default_rng(seed)
     tensors = {
         t.name: (0.01 * rng.standard_normal(t.shape)).astype(np.float32) for t in plan.fragments[p].tensors
     }
-    blob: bytes = codec.encode(tensors, fragment=p, base_version=0, kind="outer_grad", quantizer="int4")
+    blob: bytes = codec.encode(
+        tensors, fragment=p, base_version=base_version, kind="outer_grad", quantizer="int4"
+    )
     return blob
 
 
@@ -172,9 +171,10 @@ async def post_contribution(
 
 
 async def learner_loop(
-    shards: Shards, blobs: list[bytes], plan: FragmentPlan, stop_at: float, res: Result
+    shards: Shards, blobs: list[bytes], plan: FragmentPlan, stop_at: float, res: Result, seed: int
 ) -> None:
-    known = {f.index: 0 for f in plan.fragments}
+    """Contribute, wait for the round that merges it, then contribute on the new version."""
+    known, blobs = {f.index: 0 for f in plan.fragments}, list(blobs)
     sent: dict[int, tuple[int, int]] = {}
     seq = 0
     while time.perf_counter() < stop_at:
@@ -189,6 +189,7 @@ async def learner_loop(
         if g.status_code == 200:
             known[p] = int(g.headers[VERSION_HEADER])
             res.round_trip_ms.append(1000 * (time.perf_counter() - t0))
+            blobs[p] = await asyncio.to_thread(grad_blob, plan, p, seed + p, known[p])
 
 
 async def streaming_loop(
@@ -241,7 +242,10 @@ async def run_service(plan: FragmentPlan, clients: int, seconds: float, mode: st
             start = time.perf_counter()
             stop_at = start + seconds
             if mode == "lockstep":
-                jobs = [learner_loop(c, b, plan, stop_at, res) for c, b in zip(learners, blobs, strict=True)]
+                jobs = [
+                    learner_loop(c, b, plan, stop_at, res, 100 * i)
+                    for i, (c, b) in enumerate(zip(learners, blobs, strict=True))
+                ]
             else:
                 jobs = [
                     streaming_loop(c, b, plan, stop_at, res) for c, b in zip(learners, blobs, strict=True)
@@ -269,64 +273,6 @@ async def run_service(plan: FragmentPlan, clients: int, seconds: float, mode: st
             stop(procs)
 
 
-# -- the raw baseline ----------------------------------------------------------------------------------
-
-
-async def raw_server(port: int) -> None:
-    """Read length-prefixed codec blobs, decompress each, answer one byte: nothing else."""
-    dctx = zstandard.ZstdDecompressor()
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                (size,) = _LEN.unpack(await reader.readexactly(_LEN.size))
-                blob = await reader.readexactly(size)
-                dctx.decompress(blob[14:])  # the codec's prefix is 14 bytes, then one zstd frame
-                writer.write(b"\x01")
-                await writer.drain()
-        except asyncio.IncompleteReadError:
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", port)
-    async with server:
-        await server.serve_forever()
-
-
-async def raw_client(port: int, blobs: list[bytes], stop_at: float, totals: list[int]) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    i = 0
-    while time.perf_counter() < stop_at:
-        blob = blobs[i % len(blobs)]
-        i += 1
-        writer.write(_LEN.pack(len(blob)) + blob)
-        await writer.drain()
-        await reader.readexactly(1)
-        totals[0] += len(blob)
-    writer.close()
-
-
-async def run_raw(plan: FragmentPlan, clients: int, seconds: float, port: int) -> float:
-    proc = subprocess.Popen([sys.executable, "-m", "diloco_bench.sync_ingest", "--raw-server", str(port)])
-    try:
-        for _ in range(600):
-            try:
-                _r, w = await asyncio.open_connection("127.0.0.1", port)
-                w.close()
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
-        blobs = [
-            [grad_blob(plan, f.index, 100 * i + f.index) for f in plan.fragments] for i in range(clients)
-        ]
-        totals = [0]
-        start = time.perf_counter()
-        await asyncio.gather(*(raw_client(port, b, start + seconds, totals) for b in blobs))
-        return totals[0] / (time.perf_counter() - start) / 1e6
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 # -- entry point -----------------------------------------------------------------------------------------
 
 
@@ -337,7 +283,8 @@ async def run_all(args: argparse.Namespace) -> list[Result]:
         at_size = []
         for n in args.clients:
             runs = [await run_service(plan, n, args.seconds, args.mode, m) for m in args.shards]
-            raw_mb_s = await run_raw(plan, n, args.seconds, free_port())
+            blobs = [[grad_blob(plan, f.index, 100 * i + f.index) for f in plan.fragments] for i in range(n)]
+            raw_mb_s = await run_raw(blobs, args.seconds, free_port())
             for res in runs:
                 res.raw_mb_s = raw_mb_s
                 print(
@@ -379,11 +326,7 @@ def main(argv: list[str]) -> int:
         "lockstep: contribute, then wait for the round's new version (round-trip latency)",
     )
     ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("--raw-server", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.raw_server:
-        asyncio.run(raw_server(args.raw_server))
-        return 0
     results = asyncio.run(run_all(args))
     if args.json:
         summary = [summary_row(r) for r in results]
