@@ -229,14 +229,15 @@ def round_figures(urls: list[str]) -> tuple[float, int, int]:
     )
 
 
-async def run_service(plan: FragmentPlan, clients: int, seconds: float, mode: str, shards: int = 1) -> Result:
+async def run_service(
+    plan: FragmentPlan, blobs: list[list[bytes]], seconds: float, mode: str, shards: int = 1
+) -> Result:
+    """One run: a learner per list of ``blobs`` (its contribution to each fragment)."""
+    clients = len(blobs)
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as store:
         procs, urls = start_shards(store, plan, clients, shards)
         try:
             learners = await setup_learners(urls, plan, clients)
-            blobs = [
-                [grad_blob(plan, f.index, 100 * i + f.index) for f in plan.fragments] for i in range(clients)
-            ]
             res = Result(mode, clients, 0.0, 0, 0, 0, 0, model_params=plan.num_params, shards=shards)
             cpu_before = [cpu_seconds(proc.pid) for proc in procs]
             start = time.perf_counter()
@@ -281,10 +282,13 @@ async def run_all(args: argparse.Namespace) -> list[Result]:
     for size in args.params:
         plan = make_plan(size, args.fragments)
         at_size = []
+        blobs = [  # learner i's contribution to fragment p, encoded once for every run at this size
+            [grad_blob(plan, f.index, 100 * i + f.index) for f in plan.fragments]
+            for i in range(max(args.clients))
+        ]
         for n in args.clients:
-            runs = [await run_service(plan, n, args.seconds, args.mode, m) for m in args.shards]
-            blobs = [[grad_blob(plan, f.index, 100 * i + f.index) for f in plan.fragments] for i in range(n)]
-            raw_mb_s = await run_raw(blobs, args.seconds, free_port())
+            runs = [await run_service(plan, blobs[:n], args.seconds, args.mode, m) for m in args.shards]
+            raw_mb_s = await run_raw(blobs[:n], args.seconds, free_port())
             for res in runs:
                 res.raw_mb_s = raw_mb_s
                 print(
@@ -294,7 +298,7 @@ async def run_all(args: argparse.Namespace) -> list[Result]:
                     file=sys.stderr,
                 )
             at_size += runs
-        print(report(at_size, plan, len(grad_blob(plan, 0, 0))), flush=True)
+        print(report(at_size, plan, len(blobs[0][0])), flush=True)
         results += at_size
     return results
 

@@ -44,7 +44,7 @@ little-endian. Dequantized values are float32; arithmetic is float32 (scales) an
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -142,17 +142,13 @@ def quantize(x: F32, quantizer: str, block_size: int) -> tuple[bytes | memoryvie
     contiguous): a fragment's parameters are encoded without a second copy of them."""
     x = np.ascontiguousarray(x, dtype=np.float32).ravel()
     if quantizer == "fp32":
-        return _byte_view(x.astype("<f4", copy=False)), b""
+        return x.astype("<f4", copy=False).data.cast("B"), b""
     if quantizer == "fp16":
-        return _byte_view(_to_fp16(x).astype("<u2", copy=False)), b""
+        return _to_fp16(x).astype("<u2", copy=False).data.cast("B"), b""
     if quantizer == "bf16":
-        return _byte_view(_to_bf16(x).astype("<u2", copy=False)), b""
+        return _to_bf16(x).astype("<u2", copy=False).data.cast("B"), b""
     with np.errstate(invalid="ignore", over="ignore"):  # a non-finite block is written canonically
         return _quantize_blocked(x, quantizer, block_size)
-
-
-def _byte_view(a: npt.NDArray[Any]) -> memoryview:
-    return a.data.cast("B")
 
 
 def _quantize_blocked(x: F32, quantizer: str, block_size: int) -> tuple[bytes, bytes]:
@@ -163,8 +159,7 @@ def _quantize_blocked(x: F32, quantizer: str, block_size: int) -> tuple[bytes, b
         raise ValueError(f"unknown quantizer {quantizer!r}")
     if quantizer == "topk":
         return _quantize_topk(x, block_size)
-    if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
-        raise ValueError(f"block_size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {block_size}")
+    _check_block_size(block_size)
     step = max(1, _CHUNK_VALUES // (8 * block_size)) * 8 * block_size
     if x.size <= step:
         return _quantize_chunk(x, quantizer, block_size)
@@ -364,9 +359,13 @@ def _to_bf16(x: F32) -> npt.NDArray[np.uint16]:
     return out
 
 
-def _block_scales(x: F32, block_size: int) -> tuple[F32, F32]:
+def _check_block_size(block_size: int) -> None:
     if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
         raise ValueError(f"block_size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {block_size}")
+
+
+def _block_scales(x: F32, block_size: int) -> tuple[F32, F32]:
+    _check_block_size(block_size)
     nblocks = -(-x.size // block_size)
     padded = np.zeros(nblocks * block_size, dtype=np.float32)
     padded[: x.size] = x
