@@ -22,6 +22,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "synchronizer ingest throughput, latency, merge time vs raw baseline",
     ),
     "worker": ("diloco_bench.worker", "learner tokens/s with DiLoCo vs a plain training loop; blocked time"),
+    "learner-scale": (
+        "diloco_bench.learner_scale",
+        "a learner's training-thread time per fragment synchronisation and peak memory, 2 M to 200 M parameters",
+    ),
     "checkpoint": (
         "diloco_bench.checkpoint",
         "a learner's checkpoint: the training thread's time, whole save vs the snapshot it takes now",

@@ -24,12 +24,21 @@ def cpu_seconds(pid: int) -> float | None:
 
 def peak_rss_bytes(pid: int) -> int | None:
     """The most resident memory ``pid`` has held (``VmHWM``), or None when unreadable."""
+    return _status_bytes(pid, "VmHWM:")
+
+
+def rss_bytes(pid: int) -> int | None:
+    """The resident memory ``pid`` holds now (``VmRSS``), or None when unreadable."""
+    return _status_bytes(pid, "VmRSS:")
+
+
+def _status_bytes(pid: int, field: str) -> int | None:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
     for line in status.splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field):
             return int(line.split()[1]) * 1024
     return None
 

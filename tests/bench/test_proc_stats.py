@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes
+from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, rss_bytes
 
 
 def test_cpu_seconds_grow_with_work_and_the_peak_rss_holds_an_allocation() -> None:
@@ -17,11 +17,13 @@ def test_cpu_seconds_grow_with_work_and_the_peak_rss_holds_an_allocation() -> No
     assert total > 0
     block = bytearray(64 * 1024 * 1024)
     block[::4096] = b"x" * len(block[::4096])  # touch every page
-    peak = peak_rss_bytes(pid)
+    peak, now = peak_rss_bytes(pid), rss_bytes(pid)
     assert peak is not None
-    assert peak >= len(block)
+    assert now is not None
+    assert peak >= now >= len(block)
 
 
 def test_a_process_that_is_gone_reads_as_none() -> None:
     assert cpu_seconds(2**22 + 12345) is None
     assert peak_rss_bytes(2**22 + 12345) is None
+    assert rss_bytes(2**22 + 12345) is None
