@@ -111,6 +111,7 @@ class SimLearner:
                 kind="outer_grad",
                 quantizer=self.method.settings.codec,
                 block_size=self.method.block_size,
+                owned=True,
             )
             self.residuals[p], blob = enc.residual, enc.blob
         else:

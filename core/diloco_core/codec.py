@@ -104,6 +104,7 @@ FORMAT_VERSION = 1
 DEFAULT_MAX_BYTES = 1 << 30
 _PREFIX = struct.Struct("<4sHQ")
 _HLEN = struct.Struct("<I")
+_PIECE = 1 << 22  # bytes compressed at a time
 
 
 @dataclass(frozen=True)
@@ -141,13 +142,7 @@ def encode(
 ) -> bytes:
     """Serialize named float arrays; deterministic (same input, same bytes)."""
     check_fields(fragment, base_version, kind, quantizer, block_size)
-    parts: dict[str, QuantizedTensor] = {}
-    for name in sorted(tensors):
-        arr = np.asarray(tensors[name])
-        if arr.dtype.kind != "f":
-            raise UnsupportedFormat(f"tensor {name!r} has dtype {arr.dtype}; only floating point is encoded")
-        values, scales = q.quantize(arr.astype(np.float32, copy=False), quantizer, block_size)
-        parts[name] = QuantizedTensor(tuple(arr.shape), values, scales, str(arr.dtype))
+    parts = _quantized(tensors, quantizer, block_size)
     return encode_quantized(
         parts,
         fragment=fragment,
@@ -157,6 +152,44 @@ def encode(
         block_size=block_size,
         level=level,
     )
+
+
+def encode_to_buffer(
+    tensors: Mapping[str, npt.NDArray[Any]],
+    *,
+    fragment: int,
+    base_version: int,
+    kind: PayloadKind,
+    quantizer: str,
+    block_size: int = q.DEFAULT_BLOCK_SIZE,
+    level: int = 3,
+) -> bytearray:
+    """``encode``'s bytes in one buffer of zstd's bound, each small compressed piece let go once copied
+    in: a large payload is held once while it is made, not twice (its pieces, then their join)."""
+    check_fields(fragment, base_version, kind, quantizer, block_size)
+    parts = _quantized(tensors, quantizer, block_size)
+    raw = sum(memoryview(b).nbytes for p in parts.values() for b in (p.values, p.scales))
+    out = bytearray(_PREFIX.size + raw + raw // 256 + (1 << 17))  # zstd's bound, the header's room
+    end = _PREFIX.size
+    for piece in _frame(parts, fragment, base_version, kind, quantizer, block_size, level):
+        out[end : end + len(piece)] = piece  # (past the end, the buffer grows)
+        end += len(piece)
+    del out[end:]
+    _PREFIX.pack_into(out, 0, MAGIC, FORMAT_VERSION, end - _PREFIX.size)
+    return out
+
+
+def _quantized(
+    tensors: Mapping[str, npt.NDArray[Any]], quantizer: str, block_size: int
+) -> dict[str, QuantizedTensor]:
+    parts: dict[str, QuantizedTensor] = {}
+    for name in sorted(tensors):
+        arr = np.asarray(tensors[name])
+        if arr.dtype.kind != "f":
+            raise UnsupportedFormat(f"tensor {name!r} has dtype {arr.dtype}; only floating point is encoded")
+        values, scales = q.quantize(arr.astype(np.float32, copy=False), quantizer, block_size)
+        parts[name] = QuantizedTensor(tuple(arr.shape), values, scales, str(arr.dtype))
+    return parts
 
 
 def encode_quantized(
@@ -172,6 +205,21 @@ def encode_quantized(
     """Serialize tensors already quantized with ``quantizer`` and ``block_size``; the same bytes as
     ``encode`` of the arrays they were quantized from. Each part's byte sizes must be those its shape
     implies."""
+    frame = list(_frame(parts, fragment, base_version, kind, quantizer, block_size, level))
+    return b"".join([_PREFIX.pack(MAGIC, FORMAT_VERSION, sum(map(len, frame))), *frame])
+
+
+def _frame(
+    parts: Mapping[str, QuantizedTensor],
+    fragment: int,
+    base_version: int,
+    kind: PayloadKind,
+    quantizer: str,
+    block_size: int,
+    level: int,
+) -> Iterator[bytes]:
+    """The zstd frame of the header and the parts, in pieces: compressed tensor by tensor, with no
+    uncompressed copy of the payload (the checks run before the first piece)."""
     check_fields(fragment, base_version, kind, quantizer, block_size)
     entries: list[dict[str, Any]] = []
     chunks: list[Bytes] = []
@@ -198,11 +246,14 @@ def encode_quantized(
         block_size=block_size,
     )
     head = _HLEN.pack(len(hbytes)) + hbytes
-    # compressed tensor by tensor: no uncompressed copy of the payload, one copy of the frame
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
     stream = cctx.compressobj(size=len(head) + pos)
-    frame = [stream.compress(head), *(stream.compress(chunk) for chunk in chunks), stream.flush()]
-    return b"".join([_PREFIX.pack(MAGIC, FORMAT_VERSION, sum(map(len, frame))), *frame])
+    yield stream.compress(head)
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        for start in range(0, len(view), _PIECE):  # small pieces: only one is held beside the frame
+            yield stream.compress(view[start : start + _PIECE])
+    yield stream.flush()
 
 
 def max_decoded_size(fragment: Fragment) -> int:

@@ -50,7 +50,11 @@ def publish(
     quantizer: str,
     block_size: int = codec.q.DEFAULT_BLOCK_SIZE,
 ) -> Published:
-    """Version ``version + 1`` from version ``version`` (``previous``) and the merge's result."""
+    """Version ``version + 1`` from version ``version`` (``previous``) and the merge's result.
+
+    One array per tensor holds ``merged - previous``, then that plus the residual, then the new
+    residual; the decoded update becomes the new version in its own array: the same float32
+    operations as :func:`add` and ``feedback.encode``, with two arrays per tensor instead of five."""
     diff = {n: np.asarray(merged[n], np.float32) - np.asarray(previous[n], np.float32) for n in previous}
     enc = feedback.encode(
         diff,
@@ -60,8 +64,12 @@ def publish(
         kind="update",
         quantizer=quantizer,
         block_size=block_size,
+        owned=True,
     )
-    return Published(version + 1, enc.blob, add(previous, enc.decoded), enc.residual)
+    new = enc.decoded
+    for n in previous:
+        np.add(np.asarray(previous[n], np.float32), new[n], out=new[n])  # previous + update, as in add()
+    return Published(version + 1, enc.blob, new, enc.residual)
 
 
 def add(previous: Arrays, update: Arrays) -> dict[str, F32]:

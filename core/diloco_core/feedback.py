@@ -43,20 +43,21 @@ class Encoded:
         return self.blob
 
 
-def compensate(delta: Arrays, residual: Arrays | None) -> dict[str, F32]:
-    """``delta + residual`` per tensor (``delta`` alone without a residual)."""
+def compensate(delta: Arrays, residual: Arrays | None, *, in_place: bool = False) -> dict[str, F32]:
+    """``delta + residual`` per tensor (``delta`` alone without a residual). ``in_place``: ``delta``'s
+    float32 arrays are the caller's to give up, and the sum is written into them instead of a copy."""
     if residual is not None and set(residual) != set(delta):
         raise ValueError(f"residual and delta name different tensors: {sorted(set(residual) ^ set(delta))}")
     out = {}
     for name, d in delta.items():
         d32 = np.asarray(d, np.float32)
         if residual is None:
-            out[name] = d32.copy()
+            out[name] = d32 if in_place else d32.copy()
             continue
         r = np.asarray(residual[name], np.float32)
         if r.shape != d32.shape:
             raise ValueError(f"tensor {name!r}: residual {r.shape} vs delta {d32.shape}")
-        out[name] = d32 + r
+        out[name] = np.add(d32, r, out=d32) if in_place else d32 + r
     return out
 
 
@@ -69,13 +70,20 @@ def encode(
     kind: codec.PayloadKind,
     quantizer: str,
     block_size: int = codec.q.DEFAULT_BLOCK_SIZE,
+    owned: bool = False,
 ) -> Encoded:
     """Encode ``delta + residual``; the new residual is what the payload does not carry. A non-finite
-    value leaves a non-finite residual, which the merge refuses the next time (``merge.check_finite``)."""
-    c = compensate(delta, residual)
+    value leaves a non-finite residual, which the merge refuses the next time (``merge.check_finite``).
+    ``owned``: ``delta`` holds float32 arrays the caller gives up; the sum and then the new residual
+    are computed in them (the same values, without two more copies of the fragment)."""
+    c = compensate(delta, residual, in_place=owned)
     blob = codec.encode(
         c, fragment=fragment, base_version=base_version, kind=kind, quantizer=quantizer, block_size=block_size
     )
     own = codec.max_bytes_for_values(sum(np.asarray(v).size for v in c.values()))
     decoded = codec.decode(blob, max_bytes=own).tensors
-    return Encoded(blob, decoded, {n: c[n] - decoded[n] for n in c}, fragment, base_version, quantizer)
+    if owned:
+        rest = {n: np.subtract(c[n], decoded[n], out=c[n]) for n in c}
+    else:
+        rest = {n: c[n] - decoded[n] for n in c}
+    return Encoded(blob, decoded, rest, fragment, base_version, quantizer)

@@ -60,10 +60,10 @@ def parse_content_range(header: str) -> tuple[int, int, int]:
     return first, last, total
 
 
-def upload(client: Any, bucket: str, key: str, data: bytes, settings: TransferSettings) -> None:
+def upload(client: Any, bucket: str, key: str, data: bytes | bytearray, settings: TransferSettings) -> None:
     """``data`` under ``key``: one PUT up to the part size, else a multipart upload."""
     if len(data) <= settings.part_bytes:
-        client.put_object(Bucket=bucket, Key=key, Body=data)
+        client.put_object(Bucket=bucket, Key=key, Body=bytes(data))  # a copy of at most one part
         return
     from boto3.s3.transfer import TransferConfig
 
@@ -74,7 +74,37 @@ def upload(client: Any, bucket: str, key: str, data: bytes, settings: TransferSe
         max_concurrency=settings.workers,
         use_threads=settings.workers > 1,
     )
-    client.upload_fileobj(io.BytesIO(data), bucket, key, Config=config)
+    client.upload_fileobj(BufferReader(data), bucket, key, Config=config)
+
+
+class BufferReader(io.RawIOBase):
+    """A seekable file reading ``data`` in place: ``io.BytesIO`` copies anything but ``bytes``, and
+    a large object is held once, not twice, while its parts go up."""
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self._view = memoryview(data).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), len(self._view) - self._pos))
+        out[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
 
 
 def download(client: Any, bucket: str, key: str, settings: TransferSettings) -> bytes:

@@ -46,7 +46,7 @@ class ObjectStore(Protocol):
 
     def get(self, key: str) -> bytes: ...
 
-    def put(self, key: str, data: bytes) -> None: ...
+    def put(self, key: str, data: bytes | bytearray) -> None: ...
 
     def list(self, prefix: str = "") -> list[str]: ...
 
@@ -81,7 +81,7 @@ class FilesystemStore:
         except OSError as exc:
             raise StorageUnavailable(f"reading {key}: {exc}") from exc
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | bytearray) -> None:
         path = self._path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -221,7 +221,7 @@ class S3Store:
         except Exception as exc:
             raise self._translate(exc, key) from exc
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | bytearray) -> None:
         try:
             upload(self._client, self.bucket, self._key(key), data, self.transfer)
         except StorageError:

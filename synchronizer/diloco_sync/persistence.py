@@ -259,7 +259,7 @@ class StateStore:
         record: FragmentRecord,
         *,
         params_blob: bytes,
-        outer_blob: bytes | None,
+        outer_blob: bytes | bytearray | None,
         round_log: dict[str, Any] | None,
         count_round: bool,
     ) -> None:
@@ -269,7 +269,7 @@ class StateStore:
         written only after all of them are durable. The prefix's owner is checked first.
         """
         self.check_owner()
-        objects = {record.params_key: params_blob}
+        objects: dict[str, bytes | bytearray] = {record.params_key: params_blob}
         if outer_blob is not None and record.outer_key is not None:
             objects[record.outer_key] = outer_blob
         if round_log is not None:
@@ -293,7 +293,7 @@ class StateStore:
                     self._rounds -= 1
                 raise
 
-    def _put_all(self, objects: dict[str, bytes]) -> None:
+    def _put_all(self, objects: dict[str, bytes | bytearray]) -> None:
         """Write every object, concurrently; raises the first failure after all writes ended."""
         futures = [self._writers.submit(self.store.put, key, data) for key, data in objects.items()]
         wait(futures)

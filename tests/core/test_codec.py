@@ -72,6 +72,33 @@ def test_golden_blob_is_reproduced_byte_for_byte(quantizer: str) -> None:
             np.testing.assert_array_equal(payload.tensors[name], x)
 
 
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_a_payload_built_in_one_buffer_is_the_golden_blob(quantizer: str) -> None:
+    blob = codec.encode_to_buffer(
+        golden_tensors(), fragment=2, base_version=7, kind="outer_grad", quantizer=quantizer, block_size=32
+    )
+    assert isinstance(blob, bytearray)
+    assert blob == (GOLDEN / f"outer_grad_{quantizer}.bin").read_bytes()
+
+
+def test_a_large_payload_built_in_one_buffer_is_held_about_once_while_it_is_made() -> None:
+    """fp32 values barely compress: joining the compressed pieces held the payload twice at the end."""
+    import tracemalloc
+
+    values = {f"t{i}": np.random.default_rng(i).standard_normal(1 << 20, dtype=np.float32) for i in range(8)}
+    size = 4 * (8 << 20)
+    peaks = {}
+    for how in (codec.encode, codec.encode_to_buffer):
+        tracemalloc.start()
+        blob = how(values, fragment=0, base_version=1, kind="params", quantizer="fp32", level=-1)
+        peaks[how.__name__] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert len(blob) > 0.9 * size
+        del blob
+    assert peaks["encode"] > 1.9 * size
+    assert peaks["encode_to_buffer"] < 1.4 * size
+
+
 def test_header_describes_tensors_and_scales() -> None:
     blob = _encode_golden("int4")
     inner = zstandard.ZstdDecompressor().decompress(blob[codec._PREFIX.size :])

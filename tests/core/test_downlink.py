@@ -68,3 +68,24 @@ def test_a_damaged_or_foreign_update_is_refused_before_anything_is_applied() -> 
         downlink.apply(2, _params(0), out.blob, other.fragments[0])
     with pytest.raises(codec.OversizedPayload):
         codec.decode(out.blob, fragment=frag, max_bytes=len(out.blob) - 1)
+
+
+@pytest.mark.parametrize("quantizer", ["int4", "int2", "bf16"])
+def test_a_version_is_the_previous_plus_the_decoded_update_and_the_rest_is_carried_bit_for_bit(
+    quantizer: str,
+) -> None:
+    """What publish computes in place is, bit for bit, the rule written out one array per step."""
+    previous, residual = _params(0), {n: 0.001 * v for n, v in _params(5).items()}
+    merged = {n: v + 0.01 * _params(1)[n] for n, v in previous.items()}
+    out = downlink.publish(previous, merged, residual, fragment=0, version=3, quantizer=quantizer)
+    u = {n: (merged[n] - previous[n]) + residual[n] for n in previous}
+    blob = codec.encode(u, fragment=0, base_version=3, kind="update", quantizer=quantizer)
+    decoded = codec.decode(blob).tensors
+    assert out.blob == blob
+    for n in previous:
+        np.testing.assert_array_equal(
+            out.params[n].view(np.uint32), (previous[n] + decoded[n]).view(np.uint32)
+        )
+        np.testing.assert_array_equal(out.residual[n].view(np.uint32), (u[n] - decoded[n]).view(np.uint32))
+    np.testing.assert_array_equal(previous["w"], _params(0)["w"])  # the inputs are left as they were
+    np.testing.assert_array_equal(merged["b"], (_params(0)["b"] + 0.01 * _params(1)["b"]))

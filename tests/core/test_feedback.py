@@ -52,3 +52,24 @@ def test_a_residual_of_other_tensors_is_refused() -> None:
         feedback.compensate({"a": np.zeros(2, np.float32)}, {"b": np.zeros(2, np.float32)})
     with pytest.raises(ValueError, match="residual"):
         feedback.compensate({"a": np.zeros(2, np.float32)}, {"a": np.zeros(3, np.float32)})
+
+
+@pytest.mark.parametrize("quantizer", ["int4", "int2", "bf16"])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_a_delta_given_up_is_encoded_in_place_to_the_same_bits(quantizer: str, with_residual: bool) -> None:
+    residual = _delta(9) if with_residual else None
+    kept = feedback.encode(
+        _delta(1), residual, fragment=0, base_version=2, kind="update", quantizer=quantizer
+    )
+    given = _delta(1)
+    arrays = {n: given[n] for n in given}
+    owned = feedback.encode(
+        given, residual, fragment=0, base_version=2, kind="update", quantizer=quantizer, owned=True
+    )
+    assert owned.blob == kept.blob
+    for n in arrays:
+        np.testing.assert_array_equal(owned.residual[n].view(np.uint32), kept.residual[n].view(np.uint32))
+        np.testing.assert_array_equal(owned.decoded[n], kept.decoded[n])
+        assert owned.residual[n] is arrays[n]  # the residual was computed in the array given up
+    if residual is not None:
+        np.testing.assert_array_equal(residual["w"], _delta(9)["w"])  # the residual given is untouched

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 from diloco_core.s3_transfer import (
     MAX_PARTS,
     MIN_PART,
+    BufferReader,
     TransferSettings,
     byte_ranges,
     parse_content_range,
@@ -49,6 +51,19 @@ def test_a_content_range_that_makes_no_sense_is_refused(header: str) -> None:
         parse_content_range(header)
 
 
+def test_a_buffer_is_read_in_place_in_pieces_and_from_where_it_is_sought() -> None:
+    data = bytearray(os.urandom(1000))
+    reader = BufferReader(data)
+    assert reader.read(300) == data[:300]
+    assert reader.read(800) == data[300:]
+    assert reader.read(10) == b""
+    assert reader.seek(-100, io.SEEK_END) == 900
+    assert reader.read() == data[900:]
+    assert reader.seek(10) == 10
+    assert reader.seek(5, io.SEEK_CUR) == 15
+    assert reader.read(5) == data[15:20]
+
+
 def test_parts_smaller_than_s3_allows_are_refused() -> None:
     with pytest.raises(ValueError, match="part_bytes"):
         TransferSettings(part_bytes=1024)
@@ -78,11 +93,12 @@ def _ranges_asked(store: S3Store) -> list[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("kind", [bytes, bytearray])
 def test_an_object_larger_than_a_part_goes_up_in_parts_and_comes_down_in_concurrent_ranges(
-    s3: S3Server,
+    s3: S3Server, kind: type[bytes | bytearray]
 ) -> None:
     store = _store(s3, s3.new_bucket())
-    data = os.urandom(2 * MIN_PART + 12345)
+    data = kind(os.urandom(2 * MIN_PART + 12345))
     store.put("params.bin", data)
     head = store._client.head_object(Bucket=store.bucket, Key="big/params.bin")
     assert head["ETag"].strip('"').endswith("-3")  # a multipart upload of three parts

@@ -62,7 +62,7 @@ class RacingStore(FilesystemStore):
         super().__init__(root)
         self.rival = rival
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | bytearray) -> None:
         super().put(key, data)
         if key == MARKER_KEY:
             super().put(key, encode_marker(new_marker(self.rival, "llm", 2.0)))

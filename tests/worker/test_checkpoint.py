@@ -244,7 +244,7 @@ class _SlowStore(FilesystemStore):
         super().__init__(root)
         self.release = threading.Event()
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | bytearray) -> None:
         assert self.release.wait(30)
         super().put(key, data)
 

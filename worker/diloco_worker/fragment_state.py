@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -161,7 +161,9 @@ class FragmentState:
         base: int,
         quantizer: str,
     ) -> feedback.Encoded:
-        """On the feedback thread: the payload of ``anchor - params`` plus the residual, and the new residual."""
+        """On the feedback thread: the payload of ``anchor - params`` plus the residual, and the new
+        residual (computed in the outer gradient's own arrays). Only the bytes wait for the sender:
+        neither what they decode to nor the residual (the store keeps its own copy) stays with them."""
         enc = feedback.encode(
             outer_gradient(anchor, params),
             self.store.residual(p),
@@ -169,9 +171,10 @@ class FragmentState:
             base_version=base,
             kind="outer_grad",
             quantizer=quantizer,
+            owned=True,
         )
         self.store.set_residual(p, enc.residual)
-        return enc
+        return replace(enc, decoded={}, residual={})
 
     def apply(self, p: int, version: int, global_params: Mapping[str, np.ndarray], alpha: float) -> None:
         """Take global version ``version`` of fragment ``p`` (mixing factor ``alpha``)."""
