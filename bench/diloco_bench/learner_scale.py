@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco_core.config import DiLoCoSettings
+from diloco_core.heap import limit_heap
 from diloco_worker.learner import run_learner
 from diloco_worker.metrics import read_metrics
 
@@ -197,6 +198,7 @@ def _times(value: float | None, unit: float) -> str:
 
 def child(args: argparse.Namespace) -> int:
     """The learner itself (``--child``): trains, then prints its peak RSS and CPU seconds as JSON."""
+    limit_heap()  # as the worker's command does first
     settings = _settings(args, args.metrics, args.sync_url, "scale")
     rc = run_learner(settings, {}, threading.Event())
     usage = resource.getrusage(resource.RUSAGE_SELF)

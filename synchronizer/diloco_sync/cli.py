@@ -31,8 +31,8 @@ from diloco_core.flags import (
     read_document,
     validate,
 )
+from diloco_core.heap import limit_heap
 
-from .heap import limit_heap
 from .logs import configure_logging
 from .settings import SyncSettings
 

@@ -9,6 +9,8 @@ import sys
 import threading
 from types import FrameType
 
+from diloco_core.heap import limit_heap
+
 from .health import Health, HealthServer
 from .settings import SettingsError, WhenDone, data_shard, parse_settings
 from .startup import StartupClock
@@ -47,6 +49,7 @@ def wait_until_stopped(stop: threading.Event, health: Health, beat_every_s: floa
 
 def main(argv: list[str]) -> int:
     startup = StartupClock.of_this_process()
+    limit_heap()  # before any thread makes an arena
     try:
         settings = parse_settings(argv)
         index, count = data_shard(settings)  # the units file is read once, here

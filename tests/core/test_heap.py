@@ -1,4 +1,4 @@
-"""The synchronizer's allocator settings take effect where the C library is glibc."""
+"""The synchronizer's and the learner's allocator settings take effect where the C library is glibc."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ctypes
 import ctypes.util
 
 import pytest
-from diloco_sync.heap import limit_heap
+from diloco_core.heap import limit_heap
 
 
 def test_the_heap_settings_are_taken_on_glibc() -> None:

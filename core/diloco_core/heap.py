@@ -1,11 +1,11 @@
-"""How the synchronizer's process allocates memory (glibc's ``mallopt``, where the C library is
-glibc; elsewhere nothing changes).
+"""How the synchronizer's and the learner's processes allocate memory (glibc's ``mallopt``, where
+the C library is glibc; elsewhere nothing changes).
 
-The synchronizer's large arrays (a fragment's parameters, momentum, a round's update, a payload
-being checked) are made and freed in worker threads. By default glibc gives each thread its own
-arena (up to 8 per core) and keeps what a thread freed in that thread's arena, so a long-lived
-process grows to several times the memory it uses at any moment; ``ARENAS`` arenas keep the reuse
-in a few places.
+Their large arrays (a fragment's parameters, momentum, a round's update, a payload being checked;
+a learner's outer gradients, residuals and the global versions it takes) are made and freed in
+several threads. By default glibc gives each thread its own arena (up to 8 per core) and keeps what
+a thread freed in that thread's arena, so a long-lived process grows to several times the memory it
+uses at any moment; ``ARENAS`` arenas keep the reuse in a few places.
 """
 
 from __future__ import annotations
