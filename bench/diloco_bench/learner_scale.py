@@ -15,8 +15,10 @@ its peak resident memory is its own. The learner's metrics give, over the steps 
 
 Peak resident memory of the learner and of the synchronizer are read from the kernel (``VmHWM``) and
 shown against the model's fp32 size, with the learner's resident memory (sampled twice a second) at
-the first measured step and at its last: before and after its fragments have been through rounds. Every size runs with the same batch so that the step's work
-grows with the model and the boundary's share is comparable.
+the first measured step and at its last (the nearest sample: at 2 M parameters the whole window
+lasts about a second): before and after its fragments have been through rounds. Every size runs
+with the same batch so that the step's work grows with the model and the boundary's share is
+comparable.
 """
 
 from __future__ import annotations
@@ -121,18 +123,29 @@ def rss_at(samples: list[tuple[float, int]], t: float) -> int | None:
     return min(samples, key=lambda s: abs(s[0] - t))[1] if samples else None
 
 
-def _learner(argv: list[str], tmp: Path, name: str) -> tuple[dict[str, Any], list[tuple[float, int]]]:
+def _learner(
+    argv: list[str], tmp: Path, name: str, timeout_s: float
+) -> tuple[dict[str, Any], list[tuple[float, int]]]:
     """Run the learner process to its end, its resident memory sampled twice a second; what it printed
-    (its peak and CPU seconds) and the samples."""
+    (its peak and CPU seconds) and the samples. A learner still running after ``timeout_s``, or when
+    this process is interrupted, is killed."""
     out, err = tmp / f"{name}.out", tmp / f"{name}.err"
     samples: list[tuple[float, int]] = []
+    deadline = time.monotonic() + timeout_s
     with out.open("w") as stdout, err.open("w") as stderr:
         proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr)
-        while proc.poll() is None:
-            rss = proc_stats.rss_bytes(proc.pid)
-            if rss is not None:
-                samples.append((time.time(), rss))
-            time.sleep(RSS_EVERY_S)
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the {name} learner ran past {timeout_s:.0f} s (--timeout-s)")
+                rss = proc_stats.rss_bytes(proc.pid)
+                if rss is not None:
+                    samples.append((time.time(), rss))
+                time.sleep(RSS_EVERY_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"the {name} learner exited with {proc.returncode}: {err.read_text()[-2000:]}")
     return json.loads(out.read_text().strip().splitlines()[-1]), samples
@@ -144,7 +157,7 @@ def run_size(args: argparse.Namespace, name: str, tmp: Path) -> dict[str, Any]:
     sync = start_synchronizer(args, tmp / f"store-{name}")
     metrics = tmp / f"{name}.jsonl"
     try:
-        child, samples = _learner(_child_argv(args, name, sync.url, metrics), tmp, name)
+        child, samples = _learner(_child_argv(args, name, sync.url, metrics), tmp, name, args.timeout_s)
         sync_rss = proc_stats.peak_rss_bytes(sync.proc.pid) if sync.proc else None
     finally:
         sync.stop()
@@ -227,6 +240,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--down-codec", default=job.down_codec, help="versions down (default: the product's)")
     ap.add_argument("--error-feedback", action=argparse.BooleanOptionalAction, default=job.error_feedback)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: PyTorch's default)")
+    ap.add_argument("--timeout-s", type=float, default=1800.0, help="the most one learner may run")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sync-url", default=None, help=argparse.SUPPRESS)

@@ -95,11 +95,19 @@ class BufferReader(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, base + offset)
+        bases = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}
+        if whence not in bases or bases[whence] + offset < 0:
+            raise ValueError(f"cannot seek to {offset} from {whence}")
+        self._pos = bases[whence] + offset
         return self._pos
 
+    def close(self) -> None:
+        if not self.closed:
+            self._view.release()  # the data may be resized or freed again
+        super().close()
+
     def readinto(self, buffer: Any) -> int:
+        self._checkClosed()
         out = memoryview(buffer).cast("B")
         n = max(0, min(len(out), len(self._view) - self._pos))
         out[:n] = self._view[self._pos : self._pos + n]

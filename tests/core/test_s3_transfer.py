@@ -62,6 +62,12 @@ def test_a_buffer_is_read_in_place_in_pieces_and_from_where_it_is_sought() -> No
     assert reader.seek(10) == 10
     assert reader.seek(5, io.SEEK_CUR) == 15
     assert reader.read(5) == data[15:20]
+    with pytest.raises(ValueError, match="cannot seek"):
+        reader.seek(-1)
+    reader.close()
+    with pytest.raises(ValueError):
+        reader.read(1)
+    data.extend(b"more")  # the closed reader no longer holds the buffer
 
 
 def test_parts_smaller_than_s3_allows_are_refused() -> None:
