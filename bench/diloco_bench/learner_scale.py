@@ -60,9 +60,14 @@ class Window:
     """What a learner's metrics say of the steps after the warm-up."""
 
     steps: int
-    seconds: float
+    start: float  # wall time of its first logged step
+    end: float  # and of its last
     blocked_s: float
     fragment_syncs: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
 
     @property
     def step_s(self) -> float:
@@ -87,7 +92,8 @@ def window(records: list[dict[str, Any]], warmup: int, fragments: int, inner_ste
     steps = int(last["step"] - first["step"])
     return Window(
         steps=steps,
-        seconds=float(last["time"] - first["time"]),
+        start=float(first["time"]),
+        end=float(last["time"]),
         blocked_s=float(last["blocked_s"] - first["blocked_s"]),
         fragment_syncs=steps * fragments / inner_steps,
     )
@@ -163,7 +169,6 @@ def run_size(args: argparse.Namespace, name: str, tmp: Path) -> dict[str, Any]:
         sync.stop()
     records = read_metrics(metrics)
     w = window(records, args.warmup, args.fragments, args.inner_steps)
-    timed = [r for r in records if r.get("step", -1) >= args.warmup and "blocked_s" in r]
     n_layer, n_head, n_embd = SHAPES[name]
     params = parameters(n_layer, n_head, n_embd, args.block_size)
     last = records[-1]
@@ -173,10 +178,11 @@ def run_size(args: argparse.Namespace, name: str, tmp: Path) -> dict[str, Any]:
         "steps": w.steps,
         "step_s": w.step_s,
         "blocked_ms_per_sync": w.blocked_ms_per_sync,
+        "blocked_ms_per_m": w.blocked_ms_per_sync / (params / args.fragments / 1e6),  # per M fragment params
         "blocked_fraction": w.blocked_fraction,
         "learner_peak_rss": child["peak_rss"],
-        "learner_rss_after_warmup": rss_at(samples, timed[0]["time"]),
-        "learner_rss_at_end": rss_at(samples, timed[-1]["time"]),
+        "learner_rss_after_warmup": rss_at(samples, w.start),
+        "learner_rss_at_end": rss_at(samples, w.end),
         "learner_cpu_s": child["cpu_s"],
         "sync_peak_rss": sync_rss,
         "wire_sent": float(last.get("wire_sent", 0)),
@@ -196,7 +202,7 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
         sync_rss = r["sync_peak_rss"] or float("nan")
         lines.append(
             f"{name:<6} {r['params'] / 1e6:>7.1f}M {r['step_s']:>8.3f} {r['blocked_ms_per_sync']:>8.1f} "
-            f"{r['blocked_ms_per_sync'] / (r['fragment_params'] / 1e6):>9.2f} "
+            f"{r['blocked_ms_per_m']:>9.2f} "
             f"{100 * r['blocked_fraction']:>9.2f} {r['learner_peak_rss'] / GB:>10.2f} "
             f"{r['learner_peak_rss'] / fp32:>6.1f} {_times(r['learner_rss_after_warmup'], fp32):>10} "
             f"{_times(r['learner_rss_at_end'], fp32):>6} {sync_rss / GB:>8.2f} {sync_rss / fp32:>6.1f} "
@@ -267,8 +273,8 @@ def main(argv: list[str]) -> int:
             print(table({name: rows[name]}).splitlines()[-1], flush=True)
     print()
     print(table(rows))
-    per_m = [r["blocked_ms_per_sync"] / (r["fragment_params"] / 1e6) for r in rows.values()]
-    print(f"\ntraining-thread ms per million fragment parameters: median {statistics.median(per_m):.2f}")
+    per_m = statistics.median(r["blocked_ms_per_m"] for r in rows.values())
+    print(f"\ntraining-thread ms per million fragment parameters: median {per_m:.2f}")
     if args.json:
         args.json.write_text(
             json.dumps({"sizes": rows, "settings": {k: str(v) for k, v in vars(args).items()}})

@@ -66,15 +66,15 @@ def publish(
         block_size=block_size,
         owned=True,
     )
-    new = enc.decoded
-    for n in previous:
-        np.add(np.asarray(previous[n], np.float32), new[n], out=new[n])  # previous + update, as in add()
-    return Published(version + 1, enc.blob, new, enc.residual)
+    return Published(version + 1, enc.blob, add(previous, enc.decoded, in_place=True), enc.residual)
 
 
-def add(previous: Arrays, update: Arrays) -> dict[str, F32]:
-    """``previous + update`` per tensor in float32: how both sides make the new version."""
-    return {n: np.asarray(previous[n], np.float32) + np.asarray(update[n], np.float32) for n in previous}
+def add(previous: Arrays, update: Arrays, *, in_place: bool = False) -> dict[str, F32]:
+    """``previous + update`` per tensor in float32: how both sides make the new version. ``in_place``:
+    ``update``'s float32 arrays are the caller's to give up, and the sum is written into them."""
+    if not in_place:
+        return {n: np.asarray(previous[n], np.float32) + np.asarray(update[n], np.float32) for n in previous}
+    return {n: np.add(np.asarray(previous[n], np.float32), update[n], out=update[n]) for n in previous}
 
 
 def digest(arrays: Arrays) -> str:

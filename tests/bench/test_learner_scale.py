@@ -17,7 +17,7 @@ def test_the_window_starts_at_the_first_logged_step_after_the_warm_up() -> None:
     records = [rec(4, 1.0, 0.5), rec(8, 3.0, 0.6), {"step": 10, "time": 3.5}, rec(12, 5.0, 0.7),
                rec(16, 7.0, 0.9)]  # fmt: skip
     w = learner_scale.window(records, warmup=8, fragments=4, inner_steps=16)
-    assert (w.steps, w.seconds) == (8, 4.0)
+    assert (w.steps, w.start, w.end, w.seconds) == (8, 3.0, 7.0, 4.0)
     assert w.blocked_s == pytest.approx(0.3)
     assert w.fragment_syncs == 2.0  # each of 4 fragments falls due once every 16 steps
     assert w.step_s == 0.5
@@ -39,7 +39,7 @@ def test_the_shapes_are_the_sizes_they_are_named_after() -> None:
 
 
 def test_the_table_shows_memory_against_the_fp32_model_and_cost_per_million_fragment_parameters() -> None:
-    row = {"params": 20e6, "fragment_params": 5e6, "step_s": 0.25, "blocked_ms_per_sync": 10.0,
+    row = {"params": 20e6, "fragment_params": 5e6, "step_s": 0.25, "blocked_ms_per_sync": 10.0, "blocked_ms_per_m": 2.0,
            "blocked_fraction": 0.01, "learner_peak_rss": 8e8, "learner_rss_after_warmup": 4e8,
            "learner_rss_at_end": None, "sync_peak_rss": None, "wire_sent": 8e7,
            "wire_received": 4e6}  # fmt: skip
@@ -69,6 +69,7 @@ def test_a_learner_trains_against_a_real_synchronizer_and_is_measured(tmp_path: 
     r = json.loads(out.read_text())["sizes"]["2M"]
     assert r["steps"] == 12
     assert r["blocked_ms_per_sync"] > 0
+    assert r["blocked_ms_per_m"] == pytest.approx(r["blocked_ms_per_sync"] / (r["fragment_params"] / 1e6))
     assert r["learner_peak_rss"] >= r["learner_rss_after_warmup"] > 4 * r["params"]  # it holds the model
     assert r["sync_peak_rss"] > 0
     assert r["wire_sent"] > r["params"]  # the initial parameters (fp32, compressed) went up first
