@@ -74,6 +74,7 @@ from diloco_core.payload_header import (
     render_header,
     tensor_entry,
 )
+from diloco_core.quantized_arrays import QuantizedArrays
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -260,41 +261,6 @@ def max_decoded_size(fragment: Fragment) -> int:
     """The largest decompressed size a payload of this fragment can have in any format."""
     per_tensor = 4  # a partial block's scale can exceed the 4 bytes per value of fp32 by one scale
     return _HLEN.size + max_header_size(fragment) + 4 * fragment.numel + per_tensor * len(fragment.tensors)
-
-
-class QuantizedArrays(Mapping[str, npt.NDArray[np.float32]]):
-    """A payload's tensors kept as they came (decompressed, still quantized), each turned into
-    float32 only when it is read: a pending int4 outer gradient holds about half a byte per value
-    instead of four. Every read is a new array; a malformed tensor raises ``CorruptPayload``."""
-
-    def __init__(self, data: memoryview, specs: list[Spec], quantizer: str, block_size: int) -> None:
-        self._data, self._quantizer, self._block = data, quantizer, block_size
-        self._specs = {name: (shape, values, scales) for name, shape, values, scales in specs}
-
-    def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
-        shape, (vo, vn), (so, sn) = self._specs[name]
-        data = self._data
-        try:
-            flat = q.dequantize(
-                data[vo : vo + vn], data[so : so + sn], self._quantizer, prod(shape), self._block
-            )
-        except ValueError as exc:  # only topk's indices can be malformed once the layout is checked
-            raise CorruptPayload(f"tensor {name!r}: {exc}") from exc
-        return flat.reshape(shape)
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes held: the payload's decompressed data."""
-        return len(self._data)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._specs
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._specs)
-
-    def __len__(self) -> int:
-        return len(self._specs)
 
 
 @dataclass(frozen=True)

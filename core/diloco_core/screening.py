@@ -35,10 +35,12 @@ import numpy as np
 import numpy.typing as npt
 
 from diloco_core import downlink
+from diloco_core.code_norms import array_sum_squares
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
 from diloco_core.merge import check_finite
 from diloco_core.outer import OuterState
+from diloco_core.quantized_arrays import QuantizedArrays
 from diloco_core.round_math import MergeInput, RoundResult, merge_round, round_weights
 
 HISTORY = 16  # norms remembered per fragment
@@ -47,19 +49,16 @@ MIN_HISTORY = 3  # norms known before the checks compare with them
 M = TypeVar("M", bound=MergeInput)
 
 
-_NORM_CHUNK = 1 << 16  # values widened to float64 at a time (they stay in the cache)
-
-
 def tensors_norm(tensors: Mapping[str, npt.NDArray[np.floating]]) -> float:
-    """The Euclidean norm of all tensors together, in float64 (inf when a value is not finite);
-    each tensor is read once and widened a chunk at a time. ``einsum``, not ``dot``: BLAS would hand
-    each chunk to its thread pool, whose waiting threads spin on cores the service's threads need."""
+    """The Euclidean norm of all tensors together, in float64 (inf when a value is not finite); each
+    tensor is read once, a payload's quantized tensors from their codes where the format allows
+    (``QuantizedArrays.sum_squares``)."""
     total = 0.0
     for name in sorted(tensors):
-        flat = np.asarray(tensors[name]).reshape(-1)
-        for start in range(0, flat.size, _NORM_CHUNK):
-            chunk = flat[start : start + _NORM_CHUNK].astype(np.float64)
-            total += float(np.einsum("i,i->", chunk, chunk))
+        if isinstance(tensors, QuantizedArrays):
+            total += tensors.sum_squares(name)
+        else:
+            total += array_sum_squares(np.asarray(tensors[name]))
     return math.sqrt(total) if math.isfinite(total) else math.inf
 
 

@@ -1,0 +1,68 @@
+"""The sum of squares of a quantized tensor from its codes, against decoding it and summing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from diloco_core import code_norms
+from diloco_core import quantize as q
+
+
+def _decoded(values: bytes, scales: bytes, quantizer: str, n: int, block: int) -> float:
+    x = q.dequantize(values, scales, quantizer, n, block).astype(np.float64)
+    return float(np.sum(x * x))
+
+
+@pytest.mark.parametrize("quantizer", ["int8", "int4", "e3m0", "int2", "int1", "topk", "fp32", "bf16"])
+@pytest.mark.parametrize(("n", "block"), [(4096, 256), (5000, 256), (1001, 8), (77, 64), (999, 12), (3, 256)])
+def test_the_sum_from_codes_is_the_sum_of_the_decoded_values(quantizer: str, n: int, block: int) -> None:
+    x = np.random.default_rng(n + block).standard_normal(n, dtype=np.float32) * np.float32(3)
+    x[: n // 7] = 0  # a few blocks of zeros (scale 0)
+    values, scales = (bytes(b) for b in q.quantize(x, quantizer, block))
+    got = code_norms.sum_squares(values, scales, quantizer, n, block)
+    assert got == pytest.approx(_decoded(values, scales, quantizer, n, block), rel=1e-6)
+
+
+@pytest.mark.parametrize("quantizer", ["int8", "int4", "e3m0", "int2", "int1"])
+def test_every_code_counts_as_its_level(quantizer: str) -> None:
+    """Arbitrary bytes (codes an encoder never writes, such as int8's -128, included) read as the
+    decoder reads them."""
+    rng = np.random.default_rng(1)
+    n, block = 64 * 256, 256
+    values = rng.integers(0, 256, q.data_nbytes(quantizer, n, block), dtype=np.uint8).tobytes()
+    scales = rng.uniform(0.1, 10.0, n // block).astype("<f4").tobytes()
+    got = code_norms.sum_squares(values, scales, quantizer, n, block)
+    assert got == pytest.approx(_decoded(values, scales, quantizer, n, block), rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("quantizer", ["int8", "int4", "e3m0", "int2", "int1"])
+def test_a_scale_that_is_not_finite_gives_inf(quantizer: str, bad: float) -> None:
+    n, block = 1024, 256
+    values, scales = q.quantize(np.ones(n, dtype=np.float32), quantizer, block)
+    s = np.frombuffer(scales, dtype="<f4").copy()
+    s[2] = bad
+    assert code_norms.sum_squares(bytes(values), s.tobytes(), quantizer, n, block) == math.inf
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")
+@pytest.mark.parametrize("quantizer", ["int8", "int4"])
+def test_a_scale_whose_values_overflow_float32_is_decoded(quantizer: str) -> None:
+    """``level * scale`` past float32's largest value decodes to inf: the sum is not finite, as the
+    decoded values' is."""
+    n, block = 512, 256
+    values = np.full(
+        q.data_nbytes(quantizer, n, block), 0x80 if quantizer == "int8" else 0x00, dtype=np.uint8
+    )
+    scales = np.full(n // block, np.finfo(np.float32).max, dtype="<f4").tobytes()
+    expected = _decoded(values.tobytes(), scales, quantizer, n, block)
+    assert not math.isfinite(expected)
+    assert not math.isfinite(code_norms.sum_squares(values.tobytes(), scales, quantizer, n, block))
+
+
+def test_an_array_sum_is_taken_in_float64() -> None:
+    x = np.full(300_000, 1e20, dtype=np.float32)  # each square overflows float32
+    assert code_norms.array_sum_squares(x) == pytest.approx(300_000 * float(np.float32(1e20)) ** 2)
+    assert code_norms.array_sum_squares(np.zeros(0, dtype=np.float32)) == 0.0
