@@ -97,6 +97,8 @@ def sum_squares(
     whole = n // block_size
     words_per_block = block_size // per_word
     table, constant = _word_table(quantizer)
+    # a block's sum in 32 bits where it fits (int4 at any block size; int8 up to 2**17 values)
+    wide = np.uint32 if int(table.max()) * words_per_block < (1 << 32) else np.uint64
     packed = np.frombuffer(values, dtype="<u2", count=whole * words_per_block)
     squared_scales = s[:whole].astype(np.float64) ** 2
     blocks_at_once = max(1, _WORDS_AT_ONCE // words_per_block)
@@ -106,7 +108,7 @@ def sum_squares(
         k = min(blocks_at_once, whole - first)
         codes = looked_up[: k * words_per_block]
         np.take(table, packed[first * words_per_block : (first + k) * words_per_block], out=codes)
-        per_block = codes.reshape(k, words_per_block).sum(axis=1, dtype=np.uint64).astype(np.float64)
+        per_block = codes.reshape(k, words_per_block).sum(axis=1, dtype=wide).astype(np.float64)
         total += float(np.einsum("i,i->", per_block, squared_scales[first : first + k]))
     total /= constant
     if whole * block_size < n:  # the last, partial block

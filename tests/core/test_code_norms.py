@@ -66,3 +66,11 @@ def test_an_array_sum_is_taken_in_float64() -> None:
     x = np.full(300_000, 1e20, dtype=np.float32)  # each square overflows float32
     assert code_norms.array_sum_squares(x) == pytest.approx(300_000 * float(np.float32(1e20)) ** 2)
     assert code_norms.array_sum_squares(np.zeros(0, dtype=np.float32)) == 0.0
+
+
+def test_a_block_whose_sum_passes_32_bits_is_summed_in_64() -> None:
+    n = block = 1 << 18  # int8: up to 2 * 128**2 per 16-bit word, 2**17 words in the block
+    values = np.full(n, 0x80, dtype=np.uint8).tobytes()  # every code -128
+    scales = np.ones(1, dtype="<f4").tobytes()
+    got = code_norms.sum_squares(values, scales, "int8", n, block)
+    assert got == pytest.approx(n * (128 / 127) ** 2, rel=1e-9)
