@@ -46,6 +46,10 @@ class ObjectStore(Protocol):
 
     def get(self, key: str) -> bytes: ...
 
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        """Up to ``length`` bytes of the object from offset ``start`` (fewer at its end)."""
+        ...
+
     def put(self, key: str, data: bytes | bytearray) -> None: ...
 
     def list(self, prefix: str = "") -> list[str]: ...
@@ -76,6 +80,16 @@ class FilesystemStore:
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise ObjectNotFound(key) from exc
+        except OSError as exc:
+            raise StorageUnavailable(f"reading {key}: {exc}") from exc
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        try:
+            with self._path(key).open("rb") as fh:
+                fh.seek(start)
+                return fh.read(length)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
             raise ObjectNotFound(key) from exc
         except OSError as exc:
@@ -219,6 +233,17 @@ class S3Store:
         except StorageError:
             raise
         except Exception as exc:
+            raise self._translate(exc, key) from exc
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        try:
+            got = self._client.get_object(
+                Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
+            )
+            return bytes(got["Body"].read())
+        except Exception as exc:
+            if _s3_status(exc) == 416:  # the range starts at or past the end
+                return b""
             raise self._translate(exc, key) from exc
 
     def put(self, key: str, data: bytes | bytearray) -> None:

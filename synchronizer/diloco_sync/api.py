@@ -57,8 +57,10 @@ from .carried_heartbeat import record_carried
 from .contributions import ContributionDesk
 from .dealer import Dealer
 from .errors import ApiError, error_responses
+from .publication import Stored
 from .service import RoundOpen, SyncService
 from .startup import Startup
+from .stored_version import stored_response
 
 router = APIRouter(prefix=API_PREFIX)
 _BINARY_ROUTE = re.compile(
@@ -357,6 +359,8 @@ async def fetch_fragment(
         return Response(status_code=304, headers={FRAGMENT_HEADER: str(p), **carried})
     version, payload = found
     headers = {VERSION_HEADER: str(version), FRAGMENT_HEADER: str(p), **carried}
+    if isinstance(payload, Stored):
+        return await stored_response(service.store.read_range, payload, p, CONTENT_TYPE, headers)
     return Response(content=payload, media_type=CONTENT_TYPE, headers=headers)
 
 

@@ -24,6 +24,7 @@ from .merging import RoundOutcome, round_log, round_record, round_scalars
 from .metrics import Metrics
 from .pace import kept_times
 from .persistence import StateStore
+from .publication import DEFAULT_SERVED_IN_MEMORY, Served, served_form
 from .storage_guard import StorageGuard
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,10 @@ class Committer:
         keep_versions: int,
         clock: Callable[[], float],
         tracking: Tracking | None = None,
+        served_in_memory_bytes: int = DEFAULT_SERVED_IN_MEMORY,
     ) -> None:
         self.store, self.guard, self.metrics = store, guard, metrics
+        self.served_in_memory_bytes = served_in_memory_bytes
         self.tracking = tracking
         self.recent_rounds = recent_rounds
         self.max_staleness, self.keep_versions = max_staleness, keep_versions
@@ -97,6 +100,11 @@ class Committer:
         )
         self.metrics.commit_seconds.observe(self.clock() - started)
         return log_entry
+
+    def served(self, p: int, outcome: RoundOutcome) -> Served:
+        """The new version as fragment ``p`` serves it once committed (``publication.served_form``)."""
+        key = self.store.layout.params(p, outcome.result.version)
+        return served_form(outcome.payload, key, self.served_in_memory_bytes)
 
     def record(
         self,

@@ -37,7 +37,7 @@ from diloco_core.screening import NormHistory
 from .contribution import Arrays, Contribution, fold, merged_through, progress_refusal, relation, round_entry
 from .idempotency import IdempotencyKeys
 from .pace import kept_times
-from .publication import News, Publication
+from .publication import News, Publication, Served
 
 Phase = Literal["uninitialised", "initialising", "open", "merging", "committed"]
 
@@ -170,7 +170,7 @@ class FragmentState:
         self._expect("uninitialised")
         self._phase = "initialising"
 
-    def finish_init(self, params: Arrays, payload: bytes, now: float, quorum: int, *, digest: str) -> None:
+    def finish_init(self, params: Arrays, payload: Served, now: float, quorum: int, *, digest: str) -> None:
         """Version 0 is durable; ``digest``: its ``downlink.digest`` (computed off the event loop)."""
         self._expect("initialising")
         self._phase = "open"
@@ -187,7 +187,7 @@ class FragmentState:
         *,
         version: int,
         params: Arrays,
-        payload: bytes,
+        payload: Served,
         outer: OuterState,
         applied: Iterable[str],
         rounds: int,
@@ -319,7 +319,7 @@ class FragmentState:
         *,
         version: int,
         params: Arrays,
-        payload: bytes,
+        payload: Served,
         outer: OuterState,
         now: float,
         quorum: int,

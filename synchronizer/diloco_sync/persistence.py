@@ -205,6 +205,9 @@ class StateStore:
     def read(self, key: str) -> bytes:
         return self.store.get(key)
 
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        return self.store.read_range(key, start, length)
+
     def load_round_logs(self, wanted: list[tuple[int, int]]) -> list[dict[str, Any]]:
         """The round logs of these ``(fragment, version)`` pairs, read concurrently.
 

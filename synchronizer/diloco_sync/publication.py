@@ -1,4 +1,5 @@
-"""What one fragment serves its readers: the current version, encoded once for every reader, the
+"""What one fragment serves its readers: the current version, encoded once for every reader (in
+memory, or read from its object in storage when it is larger than ``--served-in-memory-bytes``), the
 recent updates that take a reader a few versions behind to it (compressed downloads,
 ``diloco_core.downlink``), and the wake-up of the long-polls waiting for news."""
 
@@ -7,12 +8,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 from .contribution import Arrays
 
+DEFAULT_SERVED_IN_MEMORY = 64 * 1024 * 1024  # bytes: a larger version is served from storage
 KEPT_UPDATES = 16  # compressed downloads: the updates kept, so a reader that many versions behind walks them
 News = Literal["version", "round"] | None
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A version served from its committed object in storage, ``size`` bytes long."""
+
+    key: str
+    size: int
+
+
+Served = bytes | Stored
+"""A version as served: its payload in memory, or where it is stored."""
+
+
+def served_form(payload: bytes, key: str, in_memory_bytes: int) -> Served:
+    """The payload itself when it is at most ``in_memory_bytes`` long, else its object ``key``."""
+    return payload if len(payload) <= in_memory_bytes else Stored(key, len(payload))
+
+
+def served_size(served: Served) -> int:
+    return served.size if isinstance(served, Stored) else len(served)
 
 
 class Publication:
@@ -21,7 +45,7 @@ class Publication:
     def __init__(self) -> None:
         self.version = -1  # -1: no parameters yet
         self.params: Arrays | None = None
-        self.payload: bytes | None = None  # the current version, encoded once for every reader
+        self.payload: Served | None = None  # the current version, encoded once for every reader
         self.initial_digest: str | None = None  # of version 0's values, while it is current
         # with compressed downloads: the recent versions' updates (version -> update from the one before)
         self._updates: dict[int, bytes] = {}
@@ -31,7 +55,7 @@ class Publication:
         self,
         version: int,
         params: Arrays,
-        payload: bytes,
+        payload: Served,
         update: bytes | None = None,
         initial_digest: str | None = None,
     ) -> None:
@@ -46,7 +70,7 @@ class Publication:
             self._updates[version] = update
         self.notify()
 
-    def payload_for(self, have: int, newer_than: int) -> tuple[int, bytes] | None:
+    def payload_for(self, have: int, newer_than: int) -> tuple[int, Served] | None:
         """What to send a reader holding version ``have`` exactly that asks for a version newer than
         ``newer_than``, as (version, payload); None while there is no version. With compressed
         downloads: the update from ``have`` when the current version is the next one; when it is
@@ -55,7 +79,7 @@ class Publication:
         the whole version; else the whole current version."""
         if self.version < 0 or self.payload is None:
             return None
-        current = (self.version, self.payload)
+        current: tuple[int, Served] = (self.version, self.payload)
         if have < 0 or have < newer_than or have >= self.version:
             return current
         chain: list[bytes] = []
@@ -64,7 +88,7 @@ class Publication:
             if link is None:
                 return current
             chain.append(link)
-        if len(chain) > 1 and sum(map(len, chain)) >= len(self.payload):
+        if len(chain) > 1 and sum(map(len, chain)) >= served_size(self.payload):
             return current
         return have + 1, chain[0]
 

@@ -188,7 +188,7 @@ class RoundRunner:
         fs.commit(
             version=result.version,
             params=result.params,
-            payload=outcome.payload,
+            payload=self.committer.served(fs.index, outcome),
             outer=result.outer,
             now=self.clock(),
             quorum=self.diloco.quorum,

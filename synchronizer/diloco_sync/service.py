@@ -43,6 +43,7 @@ from .learners import LearnerLeft, LearnerRegistry, UnknownLearner
 from .merging import encode_outer_state
 from .metrics import Metrics, Traffic
 from .persistence import StateStore
+from .publication import Served, served_form, served_size
 from .recovery import LoadedState, load_state
 from .round_policy import RoundPolicy
 from .settings import SyncSettings
@@ -129,7 +130,7 @@ class SyncService:
             self.fragments.get(p).restore(
                 version=lf.record.version,
                 params=lf.params,
-                payload=lf.payload,
+                payload=served_form(lf.payload, lf.record.params_key, self.settings.served_in_memory_bytes),
                 outer=OuterState.from_arrays(lf.outer) if lf.outer is not None else OuterState(),
                 applied=lf.record.applied,
                 rounds=lf.record.rounds,
@@ -291,7 +292,8 @@ class SyncService:
         except BaseException:
             fs.abort_init()
             raise
-        fs.finish_init(params, payload, self.clock(), self.diloco.quorum, digest=digest)
+        served = served_form(payload, record.params_key, self.settings.served_in_memory_bytes)
+        fs.finish_init(params, served, self.clock(), self.diloco.quorum, digest=digest)
         self.traffic.received(len(blob))
         self.metrics.fragment_version.labels(str(p)).set(0)
         log.info("fragment %d initialised (%d parameters)", p, fs.spec.numel)
@@ -316,14 +318,12 @@ class SyncService:
         *,
         announce_rounds: bool = False,
         have: int = -1,
-    ) -> tuple[int, bytes] | RoundOpen | None:
+    ) -> tuple[int, Served] | RoundOpen | None:
         """The newest version if newer than ``newer_than`` (waiting up to ``wait`` s), else None.
-
         With ``announce_rounds``, a round on version ``newer_than`` that this learner has not joined
         answers early with :class:`RoundOpen`: the learner is asked for its partial progress. A
         learner that holds version ``have`` exactly gets, with compressed downloads, the update from
-        it, or the first link of the chain of updates from it (``Publication.payload_for``).
-        """
+        it, or the first link of the chain of updates from it (``Publication.payload_for``)."""
         fs = self.fragments.get(p)
         news = await fs.wait_newer(
             newer_than, min(wait, self.settings.max_wait_s), learner_id if announce_rounds else None
@@ -337,8 +337,8 @@ class SyncService:
         learner = self.registry.get(learner_id)
         if learner is not None:
             learner.base_versions[p] = version
-            learner.bytes_received += len(payload)
-        self.traffic.served(len(payload))
+            learner.bytes_received += served_size(payload)
+        self.traffic.served(served_size(payload))
         return version, payload
 
     # -- views -----------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from diloco_core.flags import Cli
 from diloco_core.sharding import shard_fragments, shard_of
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from .publication import DEFAULT_SERVED_IN_MEMORY
+
 
 class SyncSettings(BaseModel):
     """Everything the service needs to start. Built by ``diloco_sync.cli`` from flags and ``DILOCO_*``."""
@@ -64,6 +66,12 @@ class SyncSettings(BaseModel):
         1024 * 1024 * 1024, ge=0, description="contributions held while storage is down"
     )
     keep_versions: int = Field(4, ge=1, description="fragment versions kept in storage")
+    served_in_memory_bytes: int = Field(
+        DEFAULT_SERVED_IN_MEMORY,
+        ge=0,
+        description="largest fragment version served from memory; a larger one is read from its "
+        "object in storage for each reader that needs it whole (updates are always served from memory)",
+    )
     round_memory_bytes: int = Field(
         1024 * 1024 * 1024,
         ge=0,

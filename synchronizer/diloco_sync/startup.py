@@ -86,6 +86,7 @@ def build_round_parts(
         keep_versions=settings.keep_versions,
         clock=service.clock,
         tracking=tracking,
+        served_in_memory_bytes=settings.served_in_memory_bytes,
     )
     runner = RoundRunner(
         service.diloco,

@@ -133,3 +133,14 @@ def test_s3_prefixes_isolate_jobs(s3: S3Server) -> None:
     b.put("k", b"b")
     assert (a.get("k"), b.get("k")) == (b"a", b"b")
     assert a.list() == ["k"]
+
+
+def test_read_range_reads_part_of_an_object(store: ObjectStore) -> None:
+    data = bytes(range(100))
+    store.put("v/params.bin", data)
+    assert store.read_range("v/params.bin", 0, 10) == data[:10]
+    assert store.read_range("v/params.bin", 40, 20) == data[40:60]
+    assert store.read_range("v/params.bin", 95, 10) == data[95:]  # fewer at the end
+    assert store.read_range("v/params.bin", 100, 5) == b""
+    with pytest.raises(ObjectNotFound):
+        store.read_range("v/missing.bin", 0, 10)
