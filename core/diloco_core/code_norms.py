@@ -4,8 +4,8 @@ A blocked quantizer's value is ``level[code] * scale``, so a block's sum of squa
 ``scale**2 * sum(level[code]**2)``. Each quantizer's squared levels are integers once multiplied by
 a constant (``_SQUARED_LEVELS``), so the codes are summed exactly: sixteen bits of codes at a time
 through a table of 65,536 small integers, then block by block in float64 with the scales. An int4
-tensor is read about four times faster than by decoding it and summing the squares of its float32
-values, and the result differs from that sum only by the rounding of those values.
+tensor is read several times faster than by decoding it and summing the squares of its float32
+values (docs/benchmarks.md), and the result differs from that sum only by their rounding.
 
 The sum is ``inf`` exactly when a decoded value would not be finite: a block whose scale is not finite
 decodes to NaN. A payload with a scale large enough for ``level * scale`` to overflow float32, the

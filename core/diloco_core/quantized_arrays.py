@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from math import prod
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -12,6 +13,8 @@ from diloco_core import quantize as q
 from diloco_core.code_norms import sum_squares
 from diloco_core.payload_errors import CorruptPayload
 from diloco_core.payload_header import Spec
+
+T = TypeVar("T")
 
 
 class QuantizedArrays(Mapping[str, npt.NDArray[np.float32]]):
@@ -24,15 +27,7 @@ class QuantizedArrays(Mapping[str, npt.NDArray[np.float32]]):
         self._specs = {name: (shape, values, scales) for name, shape, values, scales in specs}
 
     def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
-        shape, (vo, vn), (so, sn) = self._specs[name]
-        data = self._data
-        try:
-            flat = q.dequantize(
-                data[vo : vo + vn], data[so : so + sn], self._quantizer, prod(shape), self._block
-            )
-        except ValueError as exc:  # only topk's indices can be malformed once the layout is checked
-            raise CorruptPayload(f"tensor {name!r}: {exc}") from exc
-        return flat.reshape(shape)
+        return self._read(name, q.dequantize).reshape(self._specs[name][0])
 
     @property
     def nbytes(self) -> int:
@@ -51,11 +46,14 @@ class QuantizedArrays(Mapping[str, npt.NDArray[np.float32]]):
     def sum_squares(self, name: str) -> float:
         """The sum of squares of tensor ``name``'s values in float64 (``inf`` when one is not
         finite), from its codes where the format allows (``code_norms.sum_squares``)."""
+        return self._read(name, sum_squares)
+
+    def _read(self, name: str, read: Callable[[memoryview, memoryview, str, int, int], T]) -> T:
+        """``read(values, scales, quantizer, n, block_size)`` of tensor ``name``; a malformed tensor
+        raises ``CorruptPayload`` (only topk's indices can be, once the layout is checked)."""
         shape, (vo, vn), (so, sn) = self._specs[name]
         data = self._data
         try:
-            return sum_squares(
-                data[vo : vo + vn], data[so : so + sn], self._quantizer, prod(shape), self._block
-            )
+            return read(data[vo : vo + vn], data[so : so + sn], self._quantizer, prod(shape), self._block)
         except ValueError as exc:
             raise CorruptPayload(f"tensor {name!r}: {exc}") from exc
