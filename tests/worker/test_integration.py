@@ -11,6 +11,7 @@ import pytest
 from diloco_testbed.ports import free_port
 from diloco_testbed.process import ManagedProcess, stop_all
 from diloco_testbed.waiting import wait_for
+from diloco_worker.checkpoint import list_checkpoints, open_checkpoint_store
 
 from tests.worker.helpers import (
     Synchronizer,
@@ -134,6 +135,10 @@ def test_a_learner_killed_hard_resumes_and_rejoins_while_the_other_keeps_going(t
         b_at_kill = metric_step(tmp_path / "b.jsonl")
         _wait_step(b, tmp_path / "b.jsonl", b_at_kill + 10)  # b keeps training during the outage
         assert not a.running()
+        # checkpoints are written in the background and skipped while one is still being written,
+        # so the newest complete one may be more than --checkpoint-every behind the kill
+        on_disk = list_checkpoints(open_checkpoint_store(str(tmp_path / "ck-a")))
+        assert on_disk, "a wrote no complete checkpoint before the kill"
         a.start()
         wait_for(
             lambda: any("resumed from checkpoint" in ln for ln in iter_logs(a)),
@@ -143,7 +148,8 @@ def test_a_learner_killed_hard_resumes_and_rejoins_while_the_other_keeps_going(t
         )
         resumed = [ln for ln in iter_logs(a) if "resumed from checkpoint" in ln][-1]
         resumed_step = int(resumed.split("step=")[1].split()[0])
-        assert killed_at - 5 <= resumed_step <= killed_at  # the newest checkpoint, at most 5 steps lost
+        assert resumed_step == on_disk[-1] <= killed_at  # the newest complete checkpoint
+        assert resumed_step % 5 == 0
         _wait_step(a, tmp_path / "a.jsonl", killed_at + 10)
         wait_for(
             lambda: sync.learner_steps().get("a", 0) > killed_at,
