@@ -37,6 +37,7 @@ from diloco_core import codec
 from diloco_core.auth import learner_token
 from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.protocol import LEARNER_HEADER, VERSION_HEADER
+from diloco_core.quantize import DEFAULT_BLOCK_SIZE
 
 from diloco.runner.processes import free_port
 from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, summed
@@ -51,13 +52,23 @@ def make_plan(params: int, fragments: int) -> FragmentPlan:
     return build_plan(shapes, fragments, inner_steps=max(fragments, 4), overlap=1)
 
 
-def grad_blob(plan: FragmentPlan, p: int, seed: int, base_version: int = 0) -> bytes:
+def grad_parts(plan: FragmentPlan, p: int, seed: int) -> dict[str, codec.QuantizedTensor]:
+    """A learner's int4 outer gradient of fragment ``p``, quantized once (made in float32, one tensor
+    at a time, so that a fragment of a billion-parameter model costs its float32 size, not float64's)."""
     rng = np.random.default_rng(seed)
-    tensors = {
-        t.name: (0.01 * rng.standard_normal(t.shape)).astype(np.float32) for t in plan.fragments[p].tensors
-    }
-    blob: bytes = codec.encode(
-        tensors, fragment=p, base_version=base_version, kind="outer_grad", quantizer="int4"
+    parts = {}
+    for t in plan.fragments[p].tensors:
+        values = rng.standard_normal(t.shape, dtype=np.float32)
+        values *= np.float32(0.01)
+        parts.update(codec.quantized({t.name: values}, "int4", DEFAULT_BLOCK_SIZE))
+        del values
+    return parts
+
+
+def framed(parts: dict[str, codec.QuantizedTensor], p: int, base_version: int = 0) -> bytes:
+    """The contribution payload of ``parts`` on ``base_version``."""
+    blob: bytes = codec.encode_quantized(
+        parts, fragment=p, base_version=base_version, kind="outer_grad", quantizer="int4"
     )
     return blob
 
@@ -131,10 +142,12 @@ async def setup_learners(urls: list[str], plan: FragmentPlan, clients: int) -> l
         out.append(shards)
     rng = np.random.default_rng(0)
     for f in plan.fragments:
-        params = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in f.tensors}
+        params = {t.name: rng.standard_normal(t.shape, dtype=np.float32) for t in f.tensors}
         blob = codec.encode(params, fragment=f.index, base_version=0, kind="params", quantizer="fp32")
+        del params
         owner = out[0][f.index % len(urls)]
         (await owner.put(f"/v1/fragments/{f.index}/init", content=blob)).raise_for_status()
+        del blob
     return out
 
 
@@ -171,9 +184,15 @@ async def post_contribution(
 
 
 async def learner_loop(
-    shards: Shards, blobs: list[bytes], plan: FragmentPlan, stop_at: float, res: Result, seed: int
+    shards: Shards,
+    blobs: list[bytes],
+    parts: list[dict[str, codec.QuantizedTensor]],
+    plan: FragmentPlan,
+    stop_at: float,
+    res: Result,
 ) -> None:
-    """Contribute, wait for the round that merges it, then contribute on the new version."""
+    """Contribute, wait for the round that merges it, then contribute on the new version (the
+    version itself is read and let go, as a learner's download, not held)."""
     known, blobs = {f.index: 0 for f in plan.fragments}, list(blobs)
     sent: dict[int, tuple[int, int]] = {}
     seq = 0
@@ -183,13 +202,14 @@ async def learner_loop(
         t0 = await post_contribution(shards, blobs, p, seq, res, sent, base_version=known[p])
         # wait for the round that merges it, but not past the end of the run (the others have stopped)
         wait = min(60.0, max(stop_at - time.perf_counter(), 0.0))
-        g = await shards[p % len(shards)].get(
-            f"/v1/fragments/{p}", params={"newer_than": known[p], "wait": wait}
-        )
+        params = {"newer_than": known[p], "wait": wait}
+        async with shards[p % len(shards)].stream("GET", f"/v1/fragments/{p}", params=params) as g:
+            async for _ in g.aiter_raw():
+                pass
         if g.status_code == 200:
             known[p] = int(g.headers[VERSION_HEADER])
             res.round_trip_ms.append(1000 * (time.perf_counter() - t0))
-            blobs[p] = await asyncio.to_thread(grad_blob, plan, p, seed + p, known[p])
+            blobs[p] = await asyncio.to_thread(framed, parts[p], p, known[p])
 
 
 async def streaming_loop(
@@ -230,9 +250,15 @@ def round_figures(urls: list[str]) -> tuple[float, int, int]:
 
 
 async def run_service(
-    plan: FragmentPlan, blobs: list[list[bytes]], seconds: float, mode: str, shards: int = 1
+    plan: FragmentPlan,
+    blobs: list[list[bytes]],
+    parts: list[list[dict[str, codec.QuantizedTensor]]],
+    seconds: float,
+    mode: str,
+    shards: int = 1,
 ) -> Result:
-    """One run: a learner per list of ``blobs`` (its contribution to each fragment)."""
+    """One run: a learner per list of ``blobs`` (its contribution to each fragment, framed on version 0
+    from its ``parts``; lockstep frames them again on each new version)."""
     clients = len(blobs)
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as store:
         procs, urls = start_shards(store, plan, clients, shards)
@@ -244,8 +270,8 @@ async def run_service(
             stop_at = start + seconds
             if mode == "lockstep":
                 jobs = [
-                    learner_loop(c, b, plan, stop_at, res, 100 * i)
-                    for i, (c, b) in enumerate(zip(learners, blobs, strict=True))
+                    learner_loop(c, b, q, plan, stop_at, res)
+                    for c, b, q in zip(learners, blobs, parts, strict=True)
                 ]
             else:
                 jobs = [
@@ -282,12 +308,17 @@ async def run_all(args: argparse.Namespace) -> list[Result]:
     for size in args.params:
         plan = make_plan(size, args.fragments)
         at_size = []
-        blobs = [  # learner i's contribution to fragment p, encoded once for every run at this size
-            [grad_blob(plan, f.index, 100 * i + f.index) for f in plan.fragments]
+        parts = [  # learner i's contribution to fragment p, quantized once for every run at this size
+            [grad_parts(plan, f.index, 100 * i + f.index) for f in plan.fragments]
             for i in range(max(args.clients))
         ]
+        blobs = [[framed(q, p) for p, q in enumerate(of_one)] for of_one in parts]
+        if args.mode != "lockstep":
+            parts = [[] for _ in parts]  # framed once: let the quantized copies go
         for n in args.clients:
-            runs = [await run_service(plan, blobs[:n], args.seconds, args.mode, m) for m in args.shards]
+            runs = [
+                await run_service(plan, blobs[:n], parts[:n], args.seconds, args.mode, m) for m in args.shards
+            ]
             raw_mb_s = await run_raw(blobs[:n], args.seconds, free_port())
             for res in runs:
                 res.raw_mb_s = raw_mb_s

@@ -98,6 +98,7 @@ __all__ = [
     "max_bytes_for_values",
     "max_decoded_size",
     "max_payload_size",
+    "quantized",
 ]
 
 MAGIC = b"DLCF"
@@ -143,7 +144,7 @@ def encode(
 ) -> bytes:
     """Serialize named float arrays; deterministic (same input, same bytes)."""
     check_fields(fragment, base_version, kind, quantizer, block_size)
-    parts = _quantized(tensors, quantizer, block_size)
+    parts = quantized(tensors, quantizer, block_size)
     return encode_quantized(
         parts,
         fragment=fragment,
@@ -168,7 +169,7 @@ def encode_to_buffer(
     """``encode``'s bytes in one buffer of zstd's bound, each small compressed piece let go once copied
     in: a large payload is held once while it is made, not twice (its pieces, then their join)."""
     check_fields(fragment, base_version, kind, quantizer, block_size)
-    parts = _quantized(tensors, quantizer, block_size)
+    parts = quantized(tensors, quantizer, block_size)
     raw = sum(memoryview(b).nbytes for p in parts.values() for b in (p.values, p.scales))
     out = bytearray(_PREFIX.size + raw + raw // 256 + (1 << 17))  # zstd's bound, the header's room
     end = _PREFIX.size
@@ -180,9 +181,11 @@ def encode_to_buffer(
     return out
 
 
-def _quantized(
+def quantized(
     tensors: Mapping[str, npt.NDArray[Any]], quantizer: str, block_size: int
 ) -> dict[str, QuantizedTensor]:
+    """Named float arrays in a quantizer's format, ready for :func:`encode_quantized` (which frames
+    the same parts again for another base version without quantizing them again)."""
     parts: dict[str, QuantizedTensor] = {}
     for name in sorted(tensors):
         arr = np.asarray(tensors[name])

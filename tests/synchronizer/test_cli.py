@@ -66,10 +66,14 @@ def test_tls(tmp_path: Path, test_logs_dir: Path) -> None:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_load_script_reports_throughput_and_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("mode", ["stream", "lockstep"])
+def test_load_script_reports_throughput_and_baseline(mode: str, capsys: pytest.CaptureFixture[str]) -> None:
     """One and two synchronizer shards (each learner sends a fragment to the shard that owns it:
-    another would refuse it) beside the raw baseline."""
+    another would refuse it) beside the raw baseline; in lockstep each learner frames its
+    contribution again on every new version it hears of."""
     argv = [
+        "--mode",
+        mode,
         "--clients",
         "1",
         "4",
@@ -92,6 +96,8 @@ def test_load_script_reports_throughput_and_baseline(capsys: pytest.CaptureFixtu
         assert mb_s > 0
         assert raw_mb_s > 0
         assert ratio == pytest.approx(mb_s / raw_mb_s, rel=0.05, abs=0.002)
+        if mode == "lockstep":
+            assert int(row[11]) >= 2  # rounds: contributions framed on a new version were merged too
 
 
 @pytest.mark.integration
