@@ -14,12 +14,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio.to_thread
+from diloco_core.fragments import Fragment
 from diloco_core.layout import FragmentRecord, key_base_version
+from diloco_core.outer import OuterState
 from diloco_core.protocol import RoundRecord
 from diloco_core.tracking import Tracking
 
-from .contribution import Contribution, merged_through
+from .contribution import Arrays, Contribution, merged_through
 from .fragment_state import FragmentState
+from .held_state import InStorage, read_state
 from .merging import RoundOutcome, round_log, round_record, round_scalars
 from .metrics import Metrics
 from .pace import kept_times
@@ -100,6 +103,13 @@ class Committer:
         )
         self.metrics.commit_seconds.observe(self.clock() - started)
         return log_entry
+
+    async def read_state(self, spec: Fragment, at: InStorage) -> tuple[Arrays, OuterState]:
+        """A fragment's parameters and outer state, read back for its round from the objects that hold
+        them (``held_state``), retrying through outages like a commit."""
+        return await self.guard.call_until_done(
+            read_state, self.store, spec, at, what=f"reading the state of fragment {spec.index}"
+        )
 
     def served(self, p: int, outcome: RoundOutcome) -> Served:
         """The new version as fragment ``p`` serves it once committed (``publication.served_form``)."""

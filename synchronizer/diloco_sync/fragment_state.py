@@ -9,18 +9,14 @@ Phases, and the transitions between them (methods of :class:`FragmentState`; not
     open --start_merge--> merging --commit--> committed --settle--> open
                           merging --abort---> open
 
-``committed``: the new version is published, but the fragment's storage is still being tidied (its
-old versions deleted), and the next merge must not write the fragment's objects meanwhile.
+``committed``: the version is published; its old versions are being deleted (no merge meanwhile).
 
 Contributions are taken in every phase from ``open`` on (during a merge they wait for the next
-round): ``reserve`` an idempotency key while a contribution is checked and written (``refusal``: in
-order, exactly once, ``contribution.progress_refusal``), ``release`` it after, ``accept`` it into the
-next round, ``exclude`` the ones the round policy leaves out, ``mark_durable`` one held in memory once
-it is written. One read back from storage at start-up with a gap before it waits outside the round
-until the learner resends the missing part (``ready``), or its base is stale (``drop_stale_gaps``).
-
-Mutated only on the event loop; merges run in a worker thread on values handed over to them, and
-hand back new values (the parameters and outer state are never edited in place).
+round): ``reserve`` a key while one is checked (``refusal``) and written, ``release`` it, ``accept``
+it, ``exclude`` those the round policy leaves out, ``mark_durable`` one written after its answer. One
+read back at start-up with a gap before it waits until the learner resends the missing part
+(``ready``) or its base is stale (``drop_stale_gaps``). Mutated only on the event loop; merges run in
+a worker thread on values handed to them and hand back new ones (nothing is edited in place).
 """
 
 from __future__ import annotations
@@ -35,6 +31,7 @@ from diloco_core.outer import OuterState
 from diloco_core.screening import NormHistory
 
 from .contribution import Arrays, Contribution, fold, merged_through, progress_refusal, relation, round_entry
+from .held_state import HeldState
 from .idempotency import IdempotencyKeys
 from .pace import kept_times
 from .publication import News, Publication, Served
@@ -51,7 +48,7 @@ class FragmentState:
 
     def __init__(self, spec: Fragment) -> None:
         self.spec = spec
-        self._outer = OuterState()
+        self._state = HeldState()
         self._served = Publication()
         self._rounds = 0
         self._phase: Phase = "uninitialised"
@@ -78,18 +75,14 @@ class FragmentState:
         return self._served.version
 
     @property
-    def params(self) -> Arrays | None:
-        return self._served.params
-
-    @property
     def served(self) -> Publication:
         """The current version as served: its payload, the recent updates, version 0's digest."""
         return self._served
 
     @property
-    def outer(self) -> OuterState:
-        """The outer optimizer's state after the current version."""
-        return self._outer
+    def state(self) -> HeldState:
+        """The parameters and outer state after the current version, in memory or in storage (read only)."""
+        return self._state
 
     @property
     def rounds(self) -> int:
@@ -123,8 +116,7 @@ class FragmentState:
 
     @property
     def merged_through(self) -> dict[str, tuple[int, int]]:
-        """Per learner, the base version of its newest merged contribution and the step its merged
-        progress on that base reaches."""
+        """Per learner, the base of its newest merged contribution and how far its merged progress reaches."""
         return dict(self._merged_through)
 
     @property
@@ -170,12 +162,22 @@ class FragmentState:
         self._expect("uninitialised")
         self._phase = "initialising"
 
-    def finish_init(self, params: Arrays, payload: Served, now: float, quorum: int, *, digest: str) -> None:
-        """Version 0 is durable; ``digest``: its ``downlink.digest`` (computed off the event loop)."""
+    def finish_init(
+        self,
+        params: Arrays,
+        payload: Served,
+        now: float,
+        quorum: int,
+        *,
+        digest: str,
+        outer_key: str | None = None,
+    ) -> None:
+        """Version 0 is durable (``digest``: its ``downlink.digest``; ``outer_key``: its outer state)."""
         self._expect("initialising")
         self._phase = "open"
         self._version_times = kept_times({}, 0, now)
-        self._served.publish(0, params, payload, initial_digest=digest)
+        self._state.hold(params, self._state.outer, payload, outer_key)
+        self._served.publish(0, payload, initial_digest=digest)
         self._open_round(now, quorum)
 
     def abort_init(self) -> None:
@@ -196,17 +198,19 @@ class FragmentState:
         merged_through: dict[str, tuple[int, int]] | None = None,
         norms: NormHistory | None = None,
         version_times: dict[int, float] | None = None,
+        outer_key: str | None = None,
     ) -> None:
-        """Start from the committed state read back from storage."""
+        """Start from the committed state read back from storage (``outer_key``: where its outer state is)."""
         self._expect("uninitialised")
-        self._outer, self._rounds, self._phase = outer, rounds, "open"
+        self._rounds, self._phase = rounds, "open"
+        self._state.hold(params, outer, payload, outer_key)
         self._norms = norms if norms is not None else NormHistory()
         self._keys.apply(applied)
         self._merged_through = dict(merged_through or {})
         self._version_times = dict(version_times or {})
         # at start-up, before anything is served: version 0's digest, if the job is still there
         self._served.publish(
-            version, params, payload, initial_digest=downlink.digest(params) if version == 0 else None
+            version, payload, initial_digest=downlink.digest(params) if version == 0 else None
         )
         self._open_round(now, quorum)
 
@@ -231,11 +235,9 @@ class FragmentState:
         *,
         in_order: bool = True,
     ) -> tuple[int, str, str] | None:
-        """Why a contribution of ``learner_id`` holding ``steps`` steps after ``since`` of its progress on
-        ``base_version`` cannot be taken, as (HTTP status, code, reason), or None when it can
-        (``contribution.progress_refusal``). ``in_order`` (every live request): it must start where the
-        record of the learner's progress ends; off for contributions read back from storage at
-        start-up, which may wait for a gap."""
+        """Why a contribution of ``learner_id`` (``steps`` after ``since`` on ``base_version``) cannot be
+        taken, as (HTTP status, code, reason), or None (``contribution.progress_refusal``); ``in_order``:
+        it starts where the learner's progress ends (off for those read back at start-up)."""
         newest, _ = merged_through(self._merged_through, self._merging).get(learner_id, (-1, 0))
         return progress_refusal(
             self._pending.get(learner_id),
@@ -327,12 +329,13 @@ class FragmentState:
         excluded: int = 0,
         update: bytes | None = None,
         merged: Collection[str] | None = None,
+        outer_key: str | None = None,
     ) -> None:
         """The merged version is durable: make it current, wake every long-poll waiting for it, and
         start the next round with whatever is still pending. Every contribution of the merge (those
         its checks excluded too) is done with: its keys are applied. Only the progress of those
         merged (``merged``: their keys; None: all) is recorded as merged. ``update``: the version as
-        the update from the previous one (compressed downloads)."""
+        the update from the previous one (compressed downloads); ``outer_key``: the outer state's object."""
         self._expect("merging")
         self._norms = norms if norms is not None else self._norms
         self._excluded += excluded
@@ -340,8 +343,9 @@ class FragmentState:
         taken = [c for c in self._merging if merged is None or c.key in merged]
         self._merged_through = merged_through(self._merged_through, taken)
         self._version_times = kept_times(self._version_times, version, now)
-        self._outer, self._rounds, self._phase = outer, self.rounds + 1, "committed"
-        self._served.publish(version, params, payload, update)
+        self._rounds, self._phase = self.rounds + 1, "committed"
+        self._state.hold(params, outer, payload, outer_key)
+        self._served.publish(version, payload, update)
         self._open_round(now, quorum)
 
     def settle(self) -> None:

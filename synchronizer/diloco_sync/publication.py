@@ -11,8 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from .contribution import Arrays
-
 DEFAULT_SERVED_IN_MEMORY = 64 * 1024 * 1024  # bytes: a larger version is served from storage
 KEPT_UPDATES = 16  # compressed downloads: the updates kept, so a reader that many versions behind walks them
 News = Literal["version", "round"] | None
@@ -44,7 +42,6 @@ class Publication:
 
     def __init__(self) -> None:
         self.version = -1  # -1: no parameters yet
-        self.params: Arrays | None = None
         self.payload: Served | None = None  # the current version, encoded once for every reader
         self.initial_digest: str | None = None  # of version 0's values, while it is current
         # with compressed downloads: the recent versions' updates (version -> update from the one before)
@@ -54,14 +51,13 @@ class Publication:
     def publish(
         self,
         version: int,
-        params: Arrays,
         payload: Served,
         update: bytes | None = None,
         initial_digest: str | None = None,
     ) -> None:
         """Make a new version current and wake every long-poll waiting for it (``initial_digest``: of
         version 0, which only the initial parameters are)."""
-        self.version, self.params, self.payload = version, params, payload
+        self.version, self.payload = version, payload
         self.initial_digest = initial_digest
         if update is None:
             self._updates = {}  # a chain with a gap is no chain

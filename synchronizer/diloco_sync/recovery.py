@@ -22,6 +22,7 @@ from diloco_core.protocol import RoundRecord
 from diloco_core.screening import tensors_norm
 
 from .contribution import Arrays, Contribution
+from .held_state import read_committed
 from .merging import recent_round_keys, rounds_from_logs
 from .persistence import StateStore
 
@@ -57,12 +58,7 @@ def load_state(store: StateStore, owned: list[int], recent_rounds: int = 0) -> L
     for p, record in manifest.fragments.items():
         if p not in owned:
             continue
-        payload = store.read(record.params_key)
-        params = codec.decode(payload, fragment=plan.fragments[p]).tensors
-        outer = None
-        if record.outer_key:  # momentum, and the delayed buffer and download residual where used
-            bound = max(codec.DEFAULT_MAX_BYTES, 3 * codec.max_payload_size(plan.fragments[p]))
-            outer = codec.decode(store.read(record.outer_key), max_bytes=bound).tensors
+        params, payload, outer = read_committed(store, plan.fragments[p], record.params_key, record.outer_key)
         state.fragments[p] = LoadedFragment(record, params, payload, outer)
     state.pending = _load_pending(store, plan, state.fragments, owned)
     if recent_rounds:

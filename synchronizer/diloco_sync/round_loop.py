@@ -24,6 +24,7 @@ from .commit import Committer
 from .contribution import Contribution
 from .fragment_state import FragmentState
 from .fragments import Fragments
+from .held_state import InStorage
 from .merging import NothingMerged, RoundOutcome, run_round
 from .persistence import StateMismatch
 from .round_memory import RoundMemory, round_cost
@@ -133,10 +134,14 @@ class RoundRunner:
         started = self.clock()
         try:
             async with self.memory.reserve(round_cost(fs.spec.numel)):
-                assert fs.params is not None
+                state = fs.state.for_round()
+                if isinstance(state, InStorage):  # a version served from storage: read its state back
+                    state = await self.committer.read_state(fs.spec, state)
+                params, outer = state
                 outcome = await anyio.to_thread.run_sync(
-                    run_round, fs.spec, fs.params, fs.outer, fs.version, contributions, self.diloco, fs.norms
+                    run_round, fs.spec, params, outer, fs.version, contributions, self.diloco, fs.norms
                 )
+                del state, params, outer  # the round holds its new state, not the old one too
                 self._report_excluded(fs, outcome.excluded)
                 if isinstance(outcome, NothingMerged):
                     for c in fs.reject():
@@ -196,6 +201,7 @@ class RoundRunner:
             excluded=len(outcome.excluded),
             update=result.down_blob,
             merged={c.key for c in outcome.merged},
+            outer_key=self.committer.store.layout.outer(fs.index, result.version),
         )
         try:
             for c in contributions:

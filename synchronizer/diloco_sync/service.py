@@ -82,10 +82,8 @@ class SyncService:
     # -- start-up --------------------------------------------------------------------------------
 
     async def load(self) -> list[Contribution]:
-        """Read the committed state; returns the pending contributions to replay.
-
-        Waits out a storage outage; a refusal that waiting cannot cure (wrong credentials, no such
-        bucket) fails the start-up with what to check."""
+        """Read the committed state; returns the pending contributions to replay. Waits out a storage
+        outage; a refusal that waiting cannot cure (wrong credentials, no such bucket) fails the start-up."""
         try:
             loaded: LoadedState = await self.guard.call_until_done(
                 load_state,
@@ -139,6 +137,7 @@ class SyncService:
                 merged_through=lf.record.merged_through,
                 norms=lf.record.norm_history(),
                 version_times=lf.record.version_times,
+                outer_key=lf.record.outer_key,
             )
         log.info(
             "job %s shard %d loaded: plan %s, versions %s, %d learners, %d pending contributions",
@@ -242,9 +241,8 @@ class SyncService:
         return HeartbeatResponse(versions=self.versions(), alive_learners=self.registry.alive_count(now))
 
     async def leave(self, learner_id: str) -> None:
-        """A learner leaves the quorum; leaving twice, or without registering, is not an error.
-
-        The registry records it, so a synchronizer restarted afterwards does not count it alive."""
+        """A learner leaves the quorum (twice, or unregistered, is no error); the registry records it,
+        so a synchronizer restarted afterwards does not count it alive."""
         try:
             changed = self.registry.leave(learner_id, self.clock())
         except UnknownLearner:
@@ -273,7 +271,7 @@ class SyncService:
                 outer_key=self.store.layout.outer(p, 0),
                 version_times={0: self.clock()},
             )
-            outer_blob = encode_outer_state(fs.outer, p, 0)
+            outer_blob = encode_outer_state(fs.state.outer, p, 0)
             try:
                 await self.guard.call(
                     lambda: self.store.commit_version(
@@ -293,7 +291,9 @@ class SyncService:
             fs.abort_init()
             raise
         served = served_form(payload, record.params_key, self.settings.served_in_memory_bytes)
-        fs.finish_init(params, served, self.clock(), self.diloco.quorum, digest=digest)
+        fs.finish_init(
+            params, served, self.clock(), self.diloco.quorum, digest=digest, outer_key=record.outer_key
+        )
         self.traffic.received(len(blob))
         self.metrics.fragment_version.labels(str(p)).set(0)
         log.info("fragment %d initialised (%d parameters)", p, fs.spec.numel)

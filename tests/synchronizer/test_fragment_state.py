@@ -62,7 +62,7 @@ def test_restore_starts_from_the_committed_state() -> None:
         version=7, params=initial_params(PLAN, 0), payload=b"v7", outer=outer, applied=["a/0/6/1"],
         rounds=7, now=2.0, quorum=QUORUM,
     )  # fmt: skip
-    assert (fs.phase, fs.version, fs.rounds, fs.outer) == ("open", 7, 7, outer)
+    assert (fs.phase, fs.version, fs.rounds, fs.state.outer) == ("open", 7, 7, outer)
     assert fs.is_known("a/0/6/1")  # merged before the restart: a resend is a duplicate
     with pytest.raises(TransitionError):
         fs.restore(
@@ -134,7 +134,7 @@ def test_merge_then_commit_publishes_the_version_and_settle_frees_the_fragment()
         quorum=QUORUM,
         update=b"u1",
     )
-    assert (fs.phase, fs.version, fs.served.payload_for(-1, -1), fs.rounds, fs.outer) == (
+    assert (fs.phase, fs.version, fs.served.payload_for(-1, -1), fs.rounds, fs.state.outer) == (
         "committed",
         1,
         (1, b"v1"),
@@ -156,12 +156,12 @@ def test_merge_then_commit_publishes_the_version_and_settle_frees_the_fragment()
 
 def test_an_aborted_merge_leaves_the_fragment_as_it_was() -> None:
     fs = initialised()
-    params, outer = fs.params, fs.outer
+    params, outer = fs.state.params, fs.state.outer
     a = contribution("a", at=2.0)
     fs.accept(a, QUORUM)
     fs.start_merge(["a"])
     assert fs.abort() == [a]
-    assert (fs.phase, fs.version, fs.params, fs.outer, fs.rounds) == ("open", 0, params, outer, 0)
+    assert (fs.phase, fs.version, fs.state.params, fs.state.outer, fs.rounds) == ("open", 0, params, outer, 0)
     assert not fs.is_known(a.key)  # never merged: the learner's resend counts
     with pytest.raises(TransitionError):
         fs.abort()

@@ -18,11 +18,11 @@ def test_a_version_larger_than_the_limit_is_served_from_its_object() -> None:
 def test_a_chain_of_updates_is_weighed_against_the_stored_version_size() -> None:
     async def run() -> None:
         pub = Publication()
-        pub.publish(0, {}, Stored("v0", 100))
-        pub.publish(1, {}, Stored("v1", 100), update=b"u" * 40)
-        pub.publish(2, {}, Stored("v2", 100), update=b"u" * 40)
+        pub.publish(0, Stored("v0", 100))
+        pub.publish(1, Stored("v1", 100), update=b"u" * 40)
+        pub.publish(2, Stored("v2", 100), update=b"u" * 40)
         assert pub.payload_for(0, 0) == (1, b"u" * 40)  # 80 bytes of chain against 100 stored
-        pub.publish(3, {}, Stored("v3", 100), update=b"u" * 40)
+        pub.publish(3, Stored("v3", 100), update=b"u" * 40)
         assert pub.payload_for(0, 0) == (3, Stored("v3", 100))  # 120 against 100: the whole version
         assert pub.payload_for(-1, -1) == (3, Stored("v3", 100))
 

@@ -63,7 +63,7 @@ def test_a_round_waits_for_the_quorum_then_the_grace_window_then_merges(tmp_path
         record = sync.service.recent_rounds[-1]
         assert record.participants == ["a", "b"]
         assert (record.quorum_wait_s, record.grace_s) == (pytest.approx(0.2), pytest.approx(0.4))
-        assert fs.outer.steps == 1
+        assert fs.state.outer.steps == 1
         assert await gone(sync) == []  # merged: the stored copies are deleted
         assert clock.now - opened == pytest.approx(0.6)
 
@@ -105,7 +105,7 @@ def test_a_round_whose_only_contribution_cannot_merge_excludes_it_and_leaves_the
         sync.runner.tick()
         await fs.wait_newer(0, 5.0)
         await settled(sync)
-        version, params, outer = fs.version, fs.params, fs.outer
+        version, params, outer = fs.version, fs.state.params, fs.state.outer
         assert outer.steps == 1
         # tokens beyond what a learner may report (the route refuses them; the desk is called directly
         # here): the round cannot compute the weight, so the contribution is excluded, not the round failed
@@ -114,7 +114,7 @@ def test_a_round_whose_only_contribution_cannot_merge_excludes_it_and_leaves_the
         sync.runner.tick()
         assert fs.phase == "merging"
         await settled(sync)
-        assert (fs.version, fs.params, fs.outer, fs.rounds, fs.pending, fs.excluded) == (
+        assert (fs.version, fs.state.params, fs.state.outer, fs.rounds, fs.pending, fs.excluded) == (
             version,
             params,
             outer,

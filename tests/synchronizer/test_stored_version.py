@@ -56,3 +56,43 @@ def test_a_large_version_is_served_from_storage(
     assert (r.json()["code"], r.json()["retryable"]) == ("storage_unavailable", True)
     assert "params-" not in r.text  # no storage key told
     learner.close()
+
+
+@pytest.mark.parametrize(
+    "outer",
+    [
+        pytest.param(["--outer-momentum", "0.9"], id="nesterov"),
+        pytest.param(
+            ["--delayed-nesterov", "2", "--down-codec", "int4"], id="delayed-and-compressed-downloads"
+        ),
+    ],
+)
+def test_state_read_back_for_each_round_gives_the_versions_held_in_memory(
+    sync_factory: SyncFactory, store: StoreTarget, outer: list[str]
+) -> None:
+    """Between rounds a large version's parameters and outer state (momentum, the delayed buffer, the
+    download residual) are let go and read back from the committed objects by the next round, also
+    after a kill -9: the versions are bit for bit those of a synchronizer that keeps them in memory."""
+    args = [*ARGS, *outer]
+    kept = sync_factory(store.url("in-memory"), args, store.env)
+    stored = sync_factory(store.url("in-storage"), [*args, "--served-in-memory-bytes", "1048576"], store.env)
+    learners = [Learner(s.url, "a", PLAN) for s in (kept, stored)]
+    for learner in learners:
+        assert learner.register().status_code == 200
+        assert learner.init(0, initial_params(PLAN, 0)).status_code == 200
+    got: list[dict[str, np.ndarray]] = [{}, {}]
+    for version in range(4):
+        if version == 2:  # the state the next rounds start from is only in storage
+            stored.kill9()
+            stored.start()
+        for i, learner in enumerate(learners):
+            grad = encode_grad(outer_grad(PLAN, 0, seed=10 + version), 0, version)
+            r = learner.contribute(0, version, grad, seq=version + 1)
+            assert r.status_code == 202, r.text
+            new = learner.fetch(0, newer_than=version, wait=60)
+            assert new is not None
+            assert new[0] == version + 1
+            got[i] = new[1]
+        _same(got[0], got[1])
+    for learner in learners:
+        learner.close()
