@@ -133,8 +133,8 @@ class RoundRunner:
     ) -> None:
         started = self.clock()
         try:
-            async with self.memory.reserve(round_cost(fs.spec.numel)):
-                state = fs.state.for_round()
+            state = fs.state.for_round()
+            async with self.memory.reserve(round_cost(fs.spec.numel, isinstance(state, InStorage))):
                 if isinstance(state, InStorage):  # a version served from storage: read its state back
                     state = await self.committer.read_state(fs.spec, state)
                 params, outer = state

@@ -15,11 +15,13 @@ import contextlib
 from collections.abc import AsyncIterator
 
 ROUND_HOLDS = 7  # a round's peak in fp32 sizes of its fragment (measured: 6.4, int2 down, 20 M params)
+READ_BACK = 4  # the most a state read back from storage holds: parameters, momentum, buffer, residual
 
 
-def round_cost(numel: int) -> int:
-    """The bytes a round of a fragment of ``numel`` values is counted as holding."""
-    return ROUND_HOLDS * 4 * numel
+def round_cost(numel: int, read_back: bool = False) -> int:
+    """The bytes a round of a fragment of ``numel`` values is counted as holding; ``read_back``: it
+    reads the state it starts from back from storage (``held_state``) instead of finding it held."""
+    return (ROUND_HOLDS + (READ_BACK if read_back else 0)) * 4 * numel
 
 
 def may_start(held: int, cost: int, budget: int) -> bool:
