@@ -81,7 +81,7 @@ class Syncer:
 
     @property
     def global_params(self) -> Arrays:
-        return {n: v for fs in self.fragments for n, v in (fs.params or {}).items()}
+        return {n: v for fs in self.fragments for n, v in (fs.state.params or {}).items()}
 
     @property
     def versions(self) -> list[int]:
@@ -89,7 +89,7 @@ class Syncer:
 
     @property
     def outer(self) -> list[OuterState]:
-        return [fs.outer for fs in self.fragments]
+        return [fs.state.outer for fs in self.fragments]
 
     @property
     def excluded(self) -> int:
@@ -172,11 +172,11 @@ class Syncer:
     def _merge(self, p: int, contribs: list[Contribution], now: float) -> Release | None:
         self.deadlines[p] = None
         fs = self.fragments[p]
-        assert fs.params is not None
+        params, outer = fs.state.for_round()  # held in memory: the harness serves nothing from storage
         screened = screened_round(
             fs.spec,
-            fs.params,
-            fs.outer,
+            params,
+            outer,
             fs.version,
             contribs,
             self.settings,
