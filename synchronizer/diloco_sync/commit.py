@@ -75,7 +75,7 @@ class Committer:
         record = FragmentRecord(
             version=version,
             params_key=layout.params(p, version),
-            outer_key=layout.outer(p, version),
+            outer_key=self.outer_key(p, version),
             rounds=fs.rounds + 1,
             applied=applied_to_keep([*fs.applied, *keys], version, self.max_staleness),
             merged_through={
@@ -103,6 +103,10 @@ class Committer:
         )
         self.metrics.commit_seconds.observe(self.clock() - started)
         return log_entry
+
+    def outer_key(self, p: int, version: int) -> str:
+        """The object of fragment ``p``'s outer state at ``version``, as a commit writes it."""
+        return self.store.layout.outer(p, version)
 
     async def read_state(self, spec: Fragment, at: InStorage) -> tuple[Arrays, OuterState]:
         """A fragment's parameters and outer state, read back for its round from the objects that hold

@@ -201,7 +201,7 @@ class RoundRunner:
             excluded=len(outcome.excluded),
             update=result.down_blob,
             merged={c.key for c in outcome.merged},
-            outer_key=self.committer.store.layout.outer(fs.index, result.version),
+            outer_key=self.committer.outer_key(fs.index, result.version),
         )
         try:
             for c in contributions:
