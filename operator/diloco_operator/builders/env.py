@@ -39,7 +39,10 @@ so two jobs of one name in two namespaces never share a prefix), ``DILOCO_JOB_SE
 ``DILOCO_NUM_SHARDS``, ``DILOCO_SHARD_URLS`` (comma separated) and the same ``AWS_*`` variables;
 they serve ``/healthz`` and ``/readyz`` on ``DILOCO_PORT``; ``DILOCO_REVOCATIONS_FILE`` the
 ``<job>-revocations`` ConfigMap mounted at ``REVOCATIONS_DIR`` (``tokens.revocations``);
-``DILOCO_MIN_STEP_TIME_S`` the job's ``synchronizer.minStepTimeSeconds``. With ``synchronizer.tls`` they also get
+``DILOCO_MIN_STEP_TIME_S`` the job's ``synchronizer.minStepTimeSeconds``; ``DILOCO_ROUND_MEMORY_BYTES``,
+``DILOCO_SERVED_IN_MEMORY_BYTES`` and ``DILOCO_MEMORY_BUDGET_BYTES`` the memory budgets that
+``synchronizer.memory`` or the synchronizer's memory limit gives (``schema.sync_memory``). With
+``synchronizer.tls`` they also get
 ``DILOCO_TLS_CERT`` and ``DILOCO_TLS_KEY``, the Secret's ``tls.crt`` and ``tls.key`` mounted at
 ``TLS_DIR``, and serve HTTPS there.
 """
@@ -49,6 +52,7 @@ from __future__ import annotations
 from typing import Any
 
 from diloco_operator.schema.spec import DiLoCoJobSpec
+from diloco_operator.schema.sync_memory import Budgets
 
 CONFIG_DIR = "/etc/diloco"
 CONFIG_KEY = "job.json"
@@ -88,6 +92,15 @@ def config_env() -> list[dict[str, Any]]:
 
 def units_env() -> dict[str, Any]:
     return value("DILOCO_UNITS_FILE", f"{CONFIG_DIR}/{UNITS_KEY}")
+
+
+def memory_env(budgets: Budgets) -> list[dict[str, Any]]:
+    """The synchronizer's memory budgets that the job sets or its memory limit gives (the others are
+    the synchronizer's defaults)."""
+    named = (("DILOCO_ROUND_MEMORY_BYTES", budgets.rounds),
+             ("DILOCO_SERVED_IN_MEMORY_BYTES", budgets.served_in_memory),
+             ("DILOCO_MEMORY_BUDGET_BYTES", budgets.outage_buffer))  # fmt: skip
+    return [value(name, size) for name, size in named if size is not None]
 
 
 def storage_env(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:

@@ -59,6 +59,7 @@ def sync_env(job: JobRef, spec: DiLoCoJobSpec, shard: int) -> list[dict[str, Any
         *env.sync_tls_env(spec),
         env.revocations_env(),
         env.value("DILOCO_MIN_STEP_TIME_S", repr(spec.synchronizer.min_step_time_seconds)),
+        *env.memory_env(spec.synchronizer.memory_budgets),
         *env.storage_env(spec),
     ]
 

@@ -12,7 +12,6 @@ number of units, synchronizer shards against fragments, name lengths, references
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from diloco_core.auth import MAX_STEP_S
@@ -33,10 +32,8 @@ from pydantic.alias_generators import to_camel
 from diloco_operator.schema import pod_additions
 from diloco_operator.schema.patterns import LABEL_KEY, LABEL_VALUE
 from diloco_operator.schema.pod_settings import PodSettings, merged
-
-# A resource quantity as the CRD admits it: Kubernetes' own quantity syntax, without a sign (a
-# negative request or limit can never work).
-QUANTITY_PATTERN = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+from diloco_operator.schema.quantity import is_quantity, quantity_bytes
+from diloco_operator.schema.sync_memory import Budgets, SynchronizerMemory, budgets
 
 # A StatefulSet's pods carry a `controller-revision-hash` label of `<name>-<10 chars>` (≤ 63).
 MAX_STATEFULSET_NAME = 52
@@ -133,14 +130,6 @@ class StorageSpec(_Spec):
 
 class DiLoCoSpec(DiLoCoSettings):
     model_config = _SPEC_CONFIG
-
-
-def is_quantity(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return value >= 0
-    return isinstance(value, str) and re.match(QUANTITY_PATTERN, value) is not None
 
 
 def check_resources(resources: dict[str, Any]) -> dict[str, Any]:
@@ -259,9 +248,22 @@ class SynchronizerSpec(_Spec):
     min_token_generations: dict[str, NonNegativeInt] = Field(default_factory=dict)
     env: list[dict[str, Any]] = Field(default_factory=list)  # after the operator's own
     pods: PodSettings | None = None  # over spec.pods
+    memory: SynchronizerMemory | None = None
 
     _resources = field_validator("resources")(check_resources)
     _env = field_validator("env")(pod_additions.check_env)
+
+    @model_validator(mode="after")
+    def _memory_fits(self) -> SynchronizerSpec:
+        _ = self.memory_budgets  # raises when the budgets do not fit in the memory limit
+        return self
+
+    @property
+    def memory_budgets(self) -> Budgets:
+        """The synchronizer's memory budgets: ``spec.synchronizer.memory``, else shares of its memory
+        limit, else its defaults (``diloco_operator.schema.sync_memory``)."""
+        limit = (self.resources.get("limits") or {}).get("memory")
+        return budgets(self.memory, quantity_bytes(limit) if limit is not None else None)
 
     @model_validator(mode="after")
     def _tls_is_for_our_own(self) -> SynchronizerSpec:

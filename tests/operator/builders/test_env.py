@@ -141,6 +141,22 @@ def test_every_learner_variable_is_read_by_the_worker_or_named_informational() -
         assert names - read - LEARNER_INFORMATIONAL == set(), "set by the operator, ignored by the worker"
 
 
+def sync_settings(
+    deployment: dict[str, Any],
+    children: list[dict[str, Any]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[dict[str, str], Any]:
+    """A synchronizer Deployment's environment, and the settings the synchronizer parses from it."""
+    files = mounted_files(deployment, children, tmp_path)
+    env = resolve_env(container_of(deployment), f"{deployment['metadata']['name']}-abc", files)
+    for key in [k for k in list(os.environ) if k.startswith(("DILOCO_", "AWS_"))]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env, parse_sync_settings([])
+
+
 def test_synchronizer_environment_parses_into_its_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -148,14 +164,7 @@ def test_synchronizer_environment_parses_into_its_settings(
     deployments = [c for c in children if c["kind"] == "Deployment"]
     assert deployments
     for deployment in deployments:
-        files = mounted_files(deployment, children, tmp_path)
-        env = resolve_env(container_of(deployment), f"{deployment['metadata']['name']}-abc", files)
-        for key in [k for k in list(os.environ) if k.startswith(("DILOCO_", "AWS_"))]:
-            monkeypatch.delenv(key)
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
-
-        settings = parse_sync_settings([])
+        env, settings = sync_settings(deployment, children, tmp_path, monkeypatch)
 
         assert settings.job.job_id == job
         assert settings.owner == f"{NAMESPACE}/{job}"  # the same name in another namespace is another job
@@ -169,3 +178,43 @@ def test_synchronizer_environment_parses_into_its_settings(
         assert settings.revocations_file == env["DILOCO_REVOCATIONS_FILE"]
         assert settings.min_step_time_s == 0.0005  # spec.synchronizer.minStepTimeSeconds' default
         assert Path(env["DILOCO_REVOCATIONS_FILE"]).read_text() == "{}"
+
+
+@pytest.mark.parametrize(
+    ("synchronizer", "expected"),
+    [
+        ({}, (1024**3, 64 * 1024**2, 1024**3)),  # the synchronizer's own defaults
+        # a memory limit of 8Gi: of the 7.75Gi above the 256Mi floor, a third, an eighth up to 64Mi, a third
+        (
+            {"resources": {"limits": {"memory": "8Gi"}}},
+            (7936 * 1024**2 // 3, 64 * 1024**2, 7936 * 1024**2 // 3),
+        ),
+        (
+            {
+                "resources": {"limits": {"memory": "8Gi"}},
+                "memory": {"rounds": "4Gi", "servedInMemory": "512Mi"},
+            },
+            (4 * 1024**3, 512 * 1024**2, 7936 * 1024**2 // 3),
+        ),
+        (
+            {"memory": {"rounds": "20Gi", "servedInMemory": 0, "outageBuffer": "512Mi"}},
+            (20 * 1024**3, 0, 512 * 1024**2),
+        ),
+    ],
+)
+def test_the_synchronizers_memory_budgets_reach_its_settings(
+    synchronizer: dict[str, Any],
+    expected: tuple[int, int, int],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    doc = next(d for d in yaml.safe_load_all((EXAMPLES / "single-region.yaml").read_text()) if d)
+    doc["spec"]["synchronizer"] = synchronizer
+    children = build_children(JobRef("memory", NAMESPACE, "uid-1"), parse_spec(doc["spec"]))
+    (deployment,) = [c for c in children if c["kind"] == "Deployment"]
+    _, settings = sync_settings(deployment, children, tmp_path, monkeypatch)
+    assert (
+        settings.round_memory_bytes,
+        settings.served_in_memory_bytes,
+        settings.memory_budget_bytes,
+    ) == expected

@@ -40,6 +40,11 @@ REFUSED = [
         {"synchronizer": {"resources": {"limits": {"memory": "a lot"}}}},
         "synchronizer.resources.limits.memory",
     ),
+    (
+        "sync-memory-quantity",
+        {"synchronizer": {"memory": {"rounds": "a lot"}}},
+        "synchronizer.memory.rounds",
+    ),
     ("heads", {"model": {"nHead": 3, "nEmbd": 128}}, "model.nEmbd must be a multiple of model.nHead"),
     ("entry-point", {"model": {"entryPoint": "my model.py"}}, "spec.model.entryPoint"),
     # variables and volumes that would override the operator's own (CEL rules)

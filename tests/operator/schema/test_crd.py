@@ -22,9 +22,9 @@ from diloco_core.config import (
     StorageSettings,
     TrainSettings,
 )
+from diloco_operator.schema.quantity import QUANTITY_PATTERN
 from diloco_operator.schema.spec import (
     NO_CRD_FIELD,
-    QUANTITY_PATTERN,
     DiLoCoJobSpec,
     LearnerUnit,
     SpecError,
