@@ -39,6 +39,9 @@ class FragmentRecord(BaseModel):
     version: int
     params_key: str
     outer_key: str | None = None
+    params_bytes: int | None = Field(
+        None, ge=0, description="the params object's size (None: a manifest from before it was recorded)"
+    )
     rounds: int = 0
     applied: list[str] = Field(
         default_factory=list, description="idempotency keys merged recently, oldest first"

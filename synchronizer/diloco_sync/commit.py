@@ -76,6 +76,7 @@ class Committer:
             version=version,
             params_key=layout.params(p, version),
             outer_key=self.outer_key(p, version),
+            params_bytes=len(outcome.payload),
             rounds=fs.rounds + 1,
             applied=applied_to_keep([*fs.applied, *keys], version, self.max_staleness),
             merged_through={

@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from typing import Literal
 
-from diloco_core import downlink
 from diloco_core import rounds as policy
 from diloco_core.fragments import Fragment
 from diloco_core.outer import OuterState
@@ -188,7 +187,7 @@ class FragmentState:
         self,
         *,
         version: int,
-        params: Arrays,
+        params: Arrays | None,
         payload: Served,
         outer: OuterState,
         applied: Iterable[str],
@@ -199,8 +198,10 @@ class FragmentState:
         norms: NormHistory | None = None,
         version_times: dict[int, float] | None = None,
         outer_key: str | None = None,
+        initial_digest: str | None = None,
     ) -> None:
-        """Start from the committed state read back from storage (``outer_key``: where its outer state is)."""
+        """Start from the committed state read back from storage (``outer_key``: where its outer state
+        is; ``params`` None for a version served from storage; ``initial_digest``: version 0's)."""
         self._expect("uninitialised")
         self._rounds, self._phase = rounds, "open"
         self._state.hold(params, outer, payload, outer_key)
@@ -208,10 +209,7 @@ class FragmentState:
         self._keys.apply(applied)
         self._merged_through = dict(merged_through or {})
         self._version_times = dict(version_times or {})
-        # at start-up, before anything is served: version 0's digest, if the job is still there
-        self._served.publish(
-            version, payload, initial_digest=downlink.digest(params) if version == 0 else None
-        )
+        self._served.publish(version, payload, initial_digest=initial_digest if version == 0 else None)
         self._open_round(now, quorum)
 
     # -- contributions ---------------------------------------------------------------------------

@@ -70,9 +70,12 @@ class HeldState:
             raise RuntimeError("the outer state is in storage: a round reads it back (for_round)")
         return self._outer
 
-    def hold(self, params: Arrays, outer: OuterState, payload: Served, outer_key: str | None) -> None:
-        """The state of the version served as ``payload``, its outer state's object ``outer_key``."""
+    def hold(self, params: Arrays | None, outer: OuterState, payload: Served, outer_key: str | None) -> None:
+        """The state of the version served as ``payload``, its outer state's object ``outer_key``
+        (``params`` None only for a version served from storage, whose state waits there)."""
         self.in_storage = kept_in_storage(payload, outer_key)
+        if self.in_storage is None and params is None:
+            raise ValueError("a version served from memory needs its parameters")
         self.params, self._outer = (None, None) if self.in_storage is not None else (params, outer)
 
     def for_round(self) -> tuple[Arrays, OuterState] | InStorage:

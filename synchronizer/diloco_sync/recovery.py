@@ -15,8 +15,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from diloco_core import codec
-from diloco_core.fragments import FragmentPlan
+from diloco_core import codec, downlink
+from diloco_core.fragments import Fragment, FragmentPlan
 from diloco_core.layout import FragmentRecord, LearnerRegistryRecord, contribution_key
 from diloco_core.protocol import RoundRecord
 from diloco_core.screening import tensors_norm
@@ -25,16 +25,22 @@ from .contribution import Arrays, Contribution
 from .held_state import read_committed
 from .merging import recent_round_keys, rounds_from_logs
 from .persistence import StateStore
+from .publication import Served, Stored, served_form
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class LoadedFragment:
+    """A committed version as the synchronizer takes it up: served from memory (its payload, with its
+    parameters and outer state) or from storage (``publication.Stored``; params and outer None, read
+    back by its next round). ``initial_digest``: of version 0's values."""
+
     record: FragmentRecord
-    params: Arrays
-    payload: bytes
+    params: Arrays | None
+    payload: Served
     outer: Arrays | None
+    initial_digest: str | None = None
 
 
 @dataclass
@@ -46,9 +52,12 @@ class LoadedState:
     rounds: list[RoundRecord] = field(default_factory=list)  # the newest rounds, oldest first
 
 
-def load_state(store: StateStore, owned: list[int], recent_rounds: int = 0) -> LoadedState:
+def load_state(
+    store: StateStore, owned: list[int], in_memory_bytes: int, recent_rounds: int = 0
+) -> LoadedState:
     """The committed state, once the storage prefix is claimed for this job (``StateStore.claim``:
-    nothing is read before, so a prefix of another job is refused before its state is looked at)."""
+    nothing is read before, so a prefix of another job is refused before its state is looked at).
+    A version larger than ``in_memory_bytes`` is served from storage (``load_fragment``)."""
     store.claim()
     state = LoadedState(plan=store.load_plan(), learners=store.load_learners())
     manifest = store.load_manifest()
@@ -58,14 +67,31 @@ def load_state(store: StateStore, owned: list[int], recent_rounds: int = 0) -> L
     for p, record in manifest.fragments.items():
         if p not in owned:
             continue
-        params, payload, outer = read_committed(store, plan.fragments[p], record.params_key, record.outer_key)
-        state.fragments[p] = LoadedFragment(record, params, payload, outer)
+        state.fragments[p] = load_fragment(store, plan.fragments[p], record, in_memory_bytes)
     state.pending = _load_pending(store, plan, state.fragments, owned)
     if recent_rounds:
         versions = {p: lf.record.version for p, lf in state.fragments.items()}
         logs = store.load_round_logs(recent_round_keys(versions, recent_rounds))
         state.rounds = rounds_from_logs(logs, recent_rounds)
     return state
+
+
+def load_fragment(
+    store: StateStore, spec: Fragment, record: FragmentRecord, in_memory_bytes: int
+) -> LoadedFragment:
+    """One committed version, holding in memory only what a version served from memory holds: one
+    served from storage (larger than ``in_memory_bytes``) keeps no copy, as between its rounds, and
+    is not read at all when the manifest records its size (version 0's digest aside), so a restart
+    holds at most one large fragment at a time, not the model."""
+    known = record.params_bytes
+    if known is not None and known > in_memory_bytes and record.version > 0:
+        return LoadedFragment(record, None, Stored(record.params_key, known), None)
+    params, blob, outer = read_committed(store, spec, record.params_key, record.outer_key)
+    digest = downlink.digest(params) if record.version == 0 else None
+    payload = served_form(blob, record.params_key, in_memory_bytes)
+    if isinstance(payload, Stored):
+        return LoadedFragment(record, None, payload, None, digest)
+    return LoadedFragment(record, params, payload, outer, digest)
 
 
 def _load_pending(

@@ -89,6 +89,7 @@ class SyncService:
                 load_state,
                 self.store,
                 self.settings.owned_fragments,
+                self.settings.served_in_memory_bytes,
                 self.settings.recent_rounds,
                 what="loading the committed state",
                 outages_only=True,
@@ -128,8 +129,9 @@ class SyncService:
             self.fragments.get(p).restore(
                 version=lf.record.version,
                 params=lf.params,
-                payload=served_form(lf.payload, lf.record.params_key, self.settings.served_in_memory_bytes),
+                payload=lf.payload,
                 outer=OuterState.from_arrays(lf.outer) if lf.outer is not None else OuterState(),
+                initial_digest=lf.initial_digest,
                 applied=lf.record.applied,
                 rounds=lf.record.rounds,
                 now=now,
@@ -269,6 +271,7 @@ class SyncService:
                 version=0,
                 params_key=self.store.layout.params(p, 0),
                 outer_key=self.store.layout.outer(p, 0),
+                params_bytes=len(payload),
                 version_times={0: self.clock()},
             )
             outer_blob = encode_outer_state(fs.state.outer, p, 0)

@@ -38,3 +38,11 @@ def test_before_the_initial_parameters_only_a_fresh_outer_state_is_held() -> Non
     assert (held.params, held.outer) == (None, OuterState())
     with pytest.raises(RuntimeError, match="no parameters"):
         held.for_round()
+
+
+def test_a_version_served_from_memory_cannot_be_held_without_its_parameters() -> None:
+    held = HeldState()
+    held.hold(None, OUTER, Stored("params-key", 100), "outer-key")  # a restart's large version, unread
+    assert held.for_round() == InStorage("params-key", "outer-key")
+    with pytest.raises(ValueError, match="needs its parameters"):
+        held.hold(None, OUTER, b"payload", "outer-key")
