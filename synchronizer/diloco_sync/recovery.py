@@ -18,10 +18,12 @@ from typing import Any
 from diloco_core import codec, downlink
 from diloco_core.fragments import Fragment, FragmentPlan
 from diloco_core.layout import FragmentRecord, LearnerRegistryRecord, contribution_key
+from diloco_core.outer import OuterState
 from diloco_core.protocol import RoundRecord
 from diloco_core.screening import tensors_norm
 
 from .contribution import Arrays, Contribution
+from .fragment_state import FragmentState
 from .held_state import read_committed
 from .merging import recent_round_keys, rounds_from_logs
 from .persistence import StateStore
@@ -92,6 +94,25 @@ def load_fragment(
     if isinstance(payload, Stored):
         return LoadedFragment(record, None, payload, None, digest)
     return LoadedFragment(record, params, payload, outer, digest)
+
+
+def take_up(fs: FragmentState, lf: LoadedFragment, now: float, quorum: int) -> None:
+    """The fragment's state starts from its committed version as loaded."""
+    fs.restore(
+        version=lf.record.version,
+        params=lf.params,
+        payload=lf.payload,
+        outer=OuterState.from_arrays(lf.outer) if lf.outer is not None else OuterState(),
+        initial_digest=lf.initial_digest,
+        applied=lf.record.applied,
+        rounds=lf.record.rounds,
+        now=now,
+        quorum=quorum,
+        merged_through=lf.record.merged_through,
+        norms=lf.record.norm_history(),
+        version_times=lf.record.version_times,
+        outer_key=lf.record.outer_key,
+    )
 
 
 def _load_pending(

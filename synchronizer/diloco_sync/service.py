@@ -19,7 +19,6 @@ import anyio.to_thread
 from diloco_core import downlink
 from diloco_core.fragments import FragmentPlan, plan_differences
 from diloco_core.layout import FragmentRecord, LearnerRecord
-from diloco_core.outer import OuterState
 from diloco_core.protocol import (
     FragmentStatus,
     FragmentVersionInfo,
@@ -44,7 +43,7 @@ from .merging import encode_outer_state
 from .metrics import Metrics, Traffic
 from .persistence import StateStore
 from .publication import Served, served_form, served_size
-from .recovery import LoadedState, load_state
+from .recovery import LoadedState, load_state, take_up
 from .round_policy import RoundPolicy
 from .settings import SyncSettings
 from .storage_guard import StorageGuard
@@ -126,21 +125,7 @@ class SyncService:
                     f"--plan {self.settings.plan_path} differs from the plan this job's storage holds"
                 )
         for p, lf in loaded.fragments.items():
-            self.fragments.get(p).restore(
-                version=lf.record.version,
-                params=lf.params,
-                payload=lf.payload,
-                outer=OuterState.from_arrays(lf.outer) if lf.outer is not None else OuterState(),
-                initial_digest=lf.initial_digest,
-                applied=lf.record.applied,
-                rounds=lf.record.rounds,
-                now=now,
-                quorum=self.diloco.quorum,
-                merged_through=lf.record.merged_through,
-                norms=lf.record.norm_history(),
-                version_times=lf.record.version_times,
-                outer_key=lf.record.outer_key,
-            )
+            take_up(self.fragments.get(p), lf, now, self.diloco.quorum)
         log.info(
             "job %s shard %d loaded: plan %s, versions %s, %d learners, %d pending contributions",
             self.settings.job.job_id,
