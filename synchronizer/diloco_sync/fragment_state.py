@@ -201,7 +201,8 @@ class FragmentState:
         initial_digest: str | None = None,
     ) -> None:
         """Start from the committed state read back from storage (``outer_key``: where its outer state
-        is; ``params`` None for a version served from storage; ``initial_digest``: version 0's)."""
+        is; ``params`` None for a version served from storage; ``initial_digest``: version 0's, for
+        version 0 only)."""
         self._expect("uninitialised")
         self._rounds, self._phase = rounds, "open"
         self._state.hold(params, outer, payload, outer_key)
@@ -209,7 +210,7 @@ class FragmentState:
         self._keys.apply(applied)
         self._merged_through = dict(merged_through or {})
         self._version_times = dict(version_times or {})
-        self._served.publish(version, payload, initial_digest=initial_digest if version == 0 else None)
+        self._served.publish(version, payload, initial_digest=initial_digest)
         self._open_round(now, quorum)
 
     # -- contributions ---------------------------------------------------------------------------

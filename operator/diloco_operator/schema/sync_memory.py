@@ -25,7 +25,8 @@ from pydantic.alias_generators import to_camel
 
 from diloco_operator.schema.quantity import quantity_bytes
 
-# the synchronizer's default for the largest version it serves from memory, and the most a limit's share gives
+# the synchronizer's default for the largest version it serves from memory (its --served-in-memory-bytes;
+# the operator does not import the synchronizer, a test checks the two agree), the most a limit's share gives
 SERVED_IN_MEMORY_CAP = 64 * 1024**2
 # the share of the room above BASE_BYTES in the memory limit that an unset budget takes (1/n)
 ROUNDS_SHARE, OUTAGE_SHARE, SERVED_SHARE = 3, 3, 8
@@ -83,7 +84,7 @@ def budgets(memory: SynchronizerMemory | None, limit: int | None) -> Budgets:
         raise ValueError(
             f"synchronizer.memory: rounds ({sizes['rounds']:,} B) + servedInMemory "
             f"({sizes['served_in_memory']:,} B) + outageBuffer ({sizes['outage_buffer']:,} B) do not fit "
-            f"in synchronizer.resources.limits.memory ({limit:,} B) with the {BASE_BYTES // 1024**2} Mi a synchronizer needs besides: lower them "
-            "or raise the limit"
+            f"in synchronizer.resources.limits.memory ({limit:,} B) with the {BASE_BYTES // 1024**2} Mi "
+            "a synchronizer needs besides: lower them or raise the limit"
         )
     return Budgets(**sizes)

@@ -19,7 +19,9 @@ import yaml
 from diloco_operator.builders.children import build_children
 from diloco_operator.builders.names import JobRef
 from diloco_operator.schema.spec import parse_spec
+from diloco_operator.schema.sync_memory import SERVED_IN_MEMORY_CAP
 from diloco_sync.cli import parse_settings as parse_sync_settings
+from diloco_sync.settings import SyncSettings
 from diloco_worker.settings import FLAGS as WORKER_FLAGS
 from diloco_worker.settings import build_parser as build_worker_parser
 from diloco_worker.settings import parse_settings as parse_worker_settings
@@ -218,3 +220,5 @@ def test_the_synchronizers_memory_budgets_reach_its_settings(
         settings.served_in_memory_bytes,
         settings.memory_budget_bytes,
     ) == expected
+    # the most a limit's share gives a served version is the synchronizer's own default (one value)
+    assert SyncSettings.model_fields["served_in_memory_bytes"].default == SERVED_IN_MEMORY_CAP
