@@ -21,6 +21,10 @@ synchronizer process (file storage), driven through the learner's own client
   revoked generation (the revocations file), another learner's token. Figures: how many of each
   were refused, and that the next round merged the honest learner's contribution and the
   adversary's own within its claims.
+- ``capture``: what an eavesdropper on a learner's link can do with the requests it reads
+  (``--tries`` times each): send a request again as it was, its proof on the learner's ``leave``
+  route or with more steps, its proof a window later, the learner's whole token as a bearer.
+  Figures: how many of each were refused, and that the learner is still served.
 - ``continuations``: a learner sends its progress in parts (``since``), the synchronizer is killed
   with kill -9 at random moments (``--kills``) and the learner resends what was not answered, in
   order. Figures: parts acknowledged, steps acknowledged and steps merged (each step once), parts
@@ -36,10 +40,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from diloco_bench.attack_capture import capture
 from diloco_bench.attack_continuations import continuations
 from diloco_bench.attack_scenarios import bound, claims, sybil, uploads
 
-SCENARIOS = ("bound", "uploads", "sybil", "claims", "continuations")
+SCENARIOS = ("bound", "uploads", "sybil", "claims", "capture", "continuations")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -53,7 +58,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--uploads", type=int, default=50, help="uploads: trickling uploads opened")
     ap.add_argument("--seconds", type=float, default=15.0, help="uploads, continuations: duration")
     ap.add_argument("--ids", type=int, default=200, help="sybil: new learner ids tried")
-    ap.add_argument("--tries", type=int, default=20, help="claims: tries of each refused claim")
+    ap.add_argument(
+        "--tries", type=int, default=20, help="claims, capture: tries of each refused claim or replay"
+    )
     ap.add_argument("--kills", type=int, default=10, help="continuations: kill -9 of the synchronizer")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -72,6 +79,7 @@ def main(argv: list[str]) -> int:
         "uploads": uploads,
         "sybil": sybil,
         "claims": claims,
+        "capture": capture,
         "continuations": continuations,
     }
     figures: dict[str, dict[str, Any]] = {}

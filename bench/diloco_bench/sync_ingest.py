@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import httpx
 import numpy as np
@@ -38,6 +39,7 @@ from diloco_core.auth import learner_token
 from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.protocol import LEARNER_HEADER, VERSION_HEADER
 from diloco_core.quantize import DEFAULT_BLOCK_SIZE
+from diloco_core.request_proof import ProofAuth
 
 from diloco.runner.processes import free_port
 from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, summed
@@ -127,15 +129,16 @@ Shards = list[httpx.AsyncClient]
 """One learner's clients, one per synchronizer shard: fragment p is sent to ``shards[p % len(shards)]``."""
 
 
-def headers(learner: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {learner_token(SECRET, learner)}", LEARNER_HEADER: learner}
+def signed_as(learner: str) -> dict[str, Any]:
+    """A client's arguments for ``learner``: its header, and every request signed with its token."""
+    return {"headers": {LEARNER_HEADER: learner}, "auth": ProofAuth(learner_token(SECRET, learner))}
 
 
 async def setup_learners(urls: list[str], plan: FragmentPlan, clients: int) -> list[Shards]:
     """``clients`` learners registered with every shard; every fragment initialised on its shard."""
     out = []
     for i in range(clients):
-        shards = [httpx.AsyncClient(base_url=url, headers=headers(f"l{i}"), timeout=120) for url in urls]
+        shards = [httpx.AsyncClient(base_url=url, timeout=120, **signed_as(f"l{i}")) for url in urls]
         body = {"learner_id": f"l{i}", "plan": plan.to_dict(), "plan_hash": plan.hash(), "tokens_per_step": 8}
         for c in shards:
             (await c.post("/v1/learners/register", json=body)).raise_for_status()

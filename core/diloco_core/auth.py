@@ -51,7 +51,9 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def _mac(job_secret: str, payload: str) -> str:
+def token_mac(job_secret: str, payload: str) -> str:
+    """The mac of a token's claims (base64url) under the job secret: the token's signature, and the key
+    its requests are signed with (``diloco_core.request_proof``)."""
     return _b64(hmac.new(job_secret.encode(), TOKEN_CONTEXT + payload.encode(), hashlib.sha256).digest())
 
 
@@ -71,7 +73,7 @@ def mint_token(job_secret: str, claims: TokenClaims) -> str:
             raise ValueError(f"min_step_s must be a number of seconds in (0, {MAX_STEP_S:g}]")
         body["mss"] = claims.min_step_s
     payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
-    return f"{TOKEN_PREFIX}.{payload}.{_mac(job_secret, payload)}"
+    return f"{TOKEN_PREFIX}.{payload}.{token_mac(job_secret, payload)}"
 
 
 def learner_token(
@@ -112,7 +114,7 @@ def read_learner_token(job_secret: str, token: str) -> TokenClaims | None:
     payload, _, mac = rest.partition(".")
     if prefix != TOKEN_PREFIX or not payload or not mac:
         return None
-    if not hmac.compare_digest(_mac(job_secret, payload).encode(), mac.encode()):
+    if not hmac.compare_digest(token_mac(job_secret, payload).encode(), mac.encode()):
         return None
     try:
         body = json.loads(_unb64(payload))

@@ -5,9 +5,10 @@ Binary fragment payloads (codec format, ``application/octet-stream``) travel as 
 bodies; their metadata travels as query parameters (requests) or headers (responses).
 
 Routes (all under ``/v1``, their paths the ``*_PATH`` constants below; every learner call carries
-``Authorization: Bearer <token>`` and ``X-DiLoCo-Learner: <learner id>``, checked before anything
-else about the request, so a malformed request without a valid token answers 401; the OpenAPI
-document declares the bearer scheme on each). Every number a learner sends is bounded
+``Authorization: DiLoCo-Proof <proof>`` (the request signed with the learner's token, which never
+crosses the wire: ``diloco_core.request_proof``) and ``X-DiLoCo-Learner: <learner id>``, checked
+before anything else about the request, so a malformed request without a valid proof answers 401;
+the OpenAPI document declares the proof scheme on each). Every number a learner sends is bounded
 (``diloco_core.bounds``): beyond a bound, or not finite, the answer is 400 ``bad_request``. Every
 refusal, the server framework's own included (404 ``not_found``, 405 ``method_not_allowed``, a
 body that is not UTF-8 JSON), carries an ``ErrorBody``.

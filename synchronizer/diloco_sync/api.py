@@ -47,9 +47,11 @@ from diloco_core.protocol import (
     RegisterResponse,
     StatusResponse,
 )
+from diloco_core.request_proof import PROOF_SCHEME
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, Security
 from fastapi.responses import Response as RawResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials
+from fastapi.security.http import HTTPBase
 
 from .auth import AUTHENTICATED_LEARNER, TOKEN_CLAIMS, declared_problem, same_learner
 from .body import read_limited_body
@@ -80,11 +82,12 @@ _BINARY_BODY = {
     }
 }
 _FRAGMENT = {FRAGMENT_HEADER: {"description": "the fragment answered", "schema": {"type": "integer"}}}
-_bearer = HTTPBearer(
+_proof = HTTPBase(
+    scheme=PROOF_SCHEME,
     auto_error=False,
-    scheme_name="LearnerToken",
-    description="learner_token(job secret, learner id) (diloco_core.auth), sent with the "
-    f"{LEARNER_HEADER} header naming that learner",
+    scheme_name="LearnerRequestProof",
+    description="the request signed with the learner's token (diloco_core.request_proof: method, path "
+    f"and query, time, nonce; each proof used once), sent with the {LEARNER_HEADER} header naming that learner",
 )
 
 
@@ -126,13 +129,13 @@ DataDealer = Annotated[Dealer, Depends(get_dealer)]
 
 def authenticated_learner(
     request: Request,
-    _token: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+    _token: Annotated[HTTPAuthorizationCredentials | None, Security(_proof)],
     _learner: Annotated[
         str | None, Header(alias=LEARNER_HEADER, description="the calling learner's id")
     ] = None,
 ) -> str:
     """The learner ``auth.AuthenticateFirst`` authenticated before the request was read (401/403 with
-    the protocol's error bodies). The bearer scheme and the learner header are declared here for the
+    the protocol's error bodies). The proof scheme and the learner header are declared here for the
     OpenAPI document."""
     learner_id: str = request.scope["state"][AUTHENTICATED_LEARNER]
     return learner_id

@@ -141,7 +141,7 @@ def _add_probe_routes(app: FastAPI, tokens: TokenCheck) -> None:
         token, as on the learner routes): an unauthenticated caller learns that storage is down."""
         svc: SyncService = request.app.state.service
         startup: Startup = request.app.state.startup
-        detailed = authenticated_or_none(tokens, request.headers) is not None
+        detailed = authenticated_or_none(tokens, request.scope) is not None
         reason = startup.not_ready_reason(detailed=detailed)
         body = {
             "ready": reason is None,

@@ -1,22 +1,33 @@
-"""Authentication of learner calls: a signed bearer token (``diloco_core.auth``) bound to the learner
-id named in the request, unexpired and not revoked.
+"""Authentication of learner calls: each request signed with the learner's token
+(``diloco_core.request_proof``), the token's claims naming the learner in the request, unexpired and
+not revoked, and the request's proof used once.
 
-401: no token, no learner header, a token not signed with the job secret, expired or revoked.
-403: a valid token of another learner (a learner speaking for someone else), or a call about
-another learner than the one authenticated.
+401: no proof, a bearer token (the whole token on the wire is refused: it would be good for any
+request until it expires), no learner header, a signature that is not this request's under a token
+of the job, a time outside the window, a proof used before, an expired or revoked token.
+403: a valid proof of another learner (a learner speaking for someone else), or a call about another
+learner than the one authenticated. 429: a learner past the proofs remembered for it in the window.
 
 ``AuthenticateFirst`` authenticates every learner route before anything else about the request is
-read or checked, so a caller without a valid token learns nothing (401), whatever its body.
+read or checked, so a caller without a valid proof learns nothing (401), whatever its body.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from diloco_core.auth import TokenClaims, read_learner_token, token_problem
 from diloco_core.protocol import LEARNER_HEADER
+from diloco_core.request_proof import (
+    PROOF_SCHEME,
+    SeenProofs,
+    proven_token,
+    read_proof,
+    request_target,
+    time_problem,
+)
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -26,7 +37,7 @@ from .errors import ApiError
 AUTHENTICATED_LEARNER = "diloco_learner"  # key of the authenticated learner id in the request's state
 TOKEN_CLAIMS = "diloco_claims"  # noqa: S105 (key of its token's claims in the state)
 
-_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+_CHALLENGE = {"WWW-Authenticate": PROOF_SCHEME}
 
 
 def _no_revocations(_learner: str) -> int:
@@ -35,46 +46,79 @@ def _no_revocations(_learner: str) -> int:
 
 @dataclass(frozen=True)
 class TokenCheck:
-    """What a token is checked against: the job secret, the lowest generation accepted per learner
-    (the revocations), and the clock."""
+    """What a request's proof is checked against: the job secret, the lowest generation accepted per
+    learner (the revocations), the clock, and the proofs already accepted."""
 
     job_secret: str
     min_generation: Callable[[str], int] = _no_revocations
     clock: Callable[[], float] = field(default=time.time)
+    seen: SeenProofs = field(default_factory=SeenProofs)
 
 
-def bearer_token(authorization: str | None) -> str | None:
-    if not authorization:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
+@dataclass(frozen=True)
+class RequestHead:
+    """What authenticates a request: its method, target (path from the API's root and query), the
+    ``Authorization`` value and the ``X-DiLoCo-Learner`` header."""
+
+    method: str
+    target: str
+    authorization: str | None
+    learner: str | None
+
+    @classmethod
+    def of(cls, scope: Scope | Mapping[str, object]) -> RequestHead:
+        headers = Headers(scope=scope)  # type: ignore[arg-type]
+        query = scope.get("query_string", b"")
+        target = request_target(str(scope["path"]), query if isinstance(query, bytes) else b"")
+        return cls(str(scope["method"]), target, headers.get("authorization"), headers.get(LEARNER_HEADER))
 
 
-def authenticate(
-    check: TokenCheck, authorization: str | None, claimed: str | None, *, subject: str | None = None
-) -> TokenClaims:
-    """The claims of the authenticated learner's token, or an ``ApiError`` (401/403).
+def _unauthenticated(reason: str) -> ApiError:
+    return ApiError(401, "unauthenticated", reason, headers=_CHALLENGE)
 
-    ``claimed`` is the ``X-DiLoCo-Learner`` header; ``subject`` the learner the call is about (path or
-    body), which must be the same learner.
+
+def authenticate(check: TokenCheck, head: RequestHead, *, subject: str | None = None) -> TokenClaims:
+    """The claims of the token that signed this request, or an ``ApiError`` (401/403/429).
+
+    ``subject`` is the learner the call is about (path or body), which must be the learner named.
     """
-    token = bearer_token(authorization)
-    if token is None:
-        raise ApiError(401, "unauthenticated", "missing 'Authorization: Bearer <token>'", headers=_CHALLENGE)
+    scheme = (head.authorization or "").partition(" ")[0].lower()
+    if not head.authorization:
+        raise _unauthenticated(f"missing 'Authorization: {PROOF_SCHEME} <proof>' (diloco_core.request_proof)")
+    if scheme == "bearer":
+        raise _unauthenticated(
+            f"a bearer token is not accepted: sign each request with the token ({PROOF_SCHEME}, "
+            "diloco_core.request_proof), so that the token itself never crosses the wire"
+        )
+    claimed = head.learner
     if not claimed:
-        raise ApiError(401, "unauthenticated", "missing X-DiLoCo-Learner header", headers=_CHALLENGE)
-    claims = read_learner_token(check.job_secret, token)
+        raise _unauthenticated(f"missing {LEARNER_HEADER} header")
+    proof = read_proof(head.authorization)
+    if proof is None:
+        raise _unauthenticated(f"malformed {PROOF_SCHEME} proof for learner {claimed!r}")
+    now = check.clock()
+    late = time_problem(proof, now)
+    if late is not None:
+        raise _unauthenticated(late)
+    token = proven_token(check.job_secret, proof, head.method, head.target)
+    claims = None if token is None else read_learner_token(check.job_secret, token)
     if claims is None:
-        raise ApiError(401, "unauthenticated", f"invalid token for learner {claimed!r}", headers=_CHALLENGE)
+        raise _unauthenticated(
+            f"invalid proof for learner {claimed!r}: not this request's, or not the job's token"
+        )
     if claims.learner != claimed:
         raise ApiError(403, "forbidden", f"the token belongs to another learner, not to {claimed!r}")
-    problem = token_problem(claims, claimed, check.clock(), check.min_generation(claimed))
+    problem = token_problem(claims, claimed, now, check.min_generation(claimed))
     if problem is not None:
-        raise ApiError(401, "unauthenticated", problem, headers=_CHALLENGE)
+        raise _unauthenticated(problem)
     if subject is not None and subject != claimed:
         raise ApiError(403, "forbidden", f"learner {claimed!r} may not act for learner {subject!r}")
+    refusal = check.seen.admit(claimed, proof, now)
+    if refusal is not None:
+        kind, reason = refusal
+        if kind == "replay":
+            raise _unauthenticated(reason)
+        raise ApiError(429, "too_many_requests", reason, headers={"Retry-After": "10"})
     return claims
 
 
@@ -97,11 +141,11 @@ def same_learner(authenticated: str, subject: str) -> None:
         raise ApiError(403, "forbidden", f"learner {authenticated!r} may not act for learner {subject!r}")
 
 
-def authenticated_or_none(check: TokenCheck, headers: Headers) -> str | None:
-    """The learner the request's headers authenticate, or None (for routes that answer everyone,
-    and tell a learner more)."""
+def authenticated_or_none(check: TokenCheck, scope: Scope) -> str | None:
+    """The learner the request authenticates, or None (for routes that answer everyone, and tell a
+    learner more)."""
     try:
-        return authenticate(check, headers.get("authorization"), headers.get(LEARNER_HEADER)).learner
+        return authenticate(check, RequestHead.of(scope)).learner
     except ApiError:
         return None
 
@@ -121,9 +165,8 @@ class AuthenticateFirst:
         if scope["type"] != "http" or not self.protects(scope["path"]):
             await self.app(scope, receive, send)
             return
-        headers = Headers(scope=scope)
         try:
-            claims = authenticate(self.check, headers.get("authorization"), headers.get(LEARNER_HEADER))
+            claims = authenticate(self.check, RequestHead.of(scope))
         except ApiError as exc:
             refusal = JSONResponse(exc.body.model_dump(), status_code=exc.status, headers=exc.headers)
             await refusal(scope, receive, send)

@@ -1,6 +1,7 @@
 """`diloco bench attack` at a small size: its figures come from a real synchronizer process and say
 what the rules promise (the bound held, the tries above it excluded, no id but its own for a
-learner's token, every claim beyond what a token declares refused, every step merged once)."""
+learner's token, every claim beyond what a token declares refused, no request read off a
+learner's link used again, every step merged once)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 def test_the_attack_benchmark_reports_the_bound_held_and_every_step_merged_once(tmp_path: Path) -> None:
     out = tmp_path / "attack.json"
-    argv = ["--scenarios", "bound,sybil,claims,continuations", "--rounds", "12", "--ids", "3", "--seconds", "3",
+    argv = ["--scenarios", "bound,sybil,claims,capture,continuations", "--rounds", "12", "--ids", "3", "--seconds", "3",
             "--kills", "2", "--tries", "2", "--json", str(out)]  # fmt: skip
     assert attack.main(argv) == 0
     figures = json.loads(out.read_text())
@@ -32,6 +33,11 @@ def test_the_attack_benchmark_reports_the_bound_held_and_every_step_merged_once(
     assert len(refused) == 5, claims
     assert set(refused.values()) == {2}, claims
     assert claims["honest_and_x_within_its_claims_merged"] is True
+    capture = figures["capture"]
+    replays = {k: v for k, v in capture.items() if k.endswith("_refused")}
+    assert len(replays) == 5, capture
+    assert set(replays.values()) == {2}, capture  # nothing read off the learner's link is used again
+    assert capture["learner_still_served"] is True
     parts = figures["continuations"]
     assert parts["kills"] == 2
     assert parts["steps_acknowledged"] > 0

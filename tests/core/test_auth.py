@@ -8,10 +8,10 @@ import json
 import pytest
 from diloco_core.auth import (
     TokenClaims,
-    _mac,
     learner_token,
     mint_token,
     read_learner_token,
+    token_mac,
     token_problem,
     verify_learner_token,
 )
@@ -74,7 +74,7 @@ def test_malformed_claims_under_a_valid_mac_are_no_token() -> None:
         "nul",
     ):
         payload = base64.urlsafe_b64encode(body.encode()).rstrip(b"=").decode()
-        assert read_learner_token(SECRET, f"dl2.{payload}.{_mac(SECRET, payload)}") is None
+        assert read_learner_token(SECRET, f"dl2.{payload}.{token_mac(SECRET, payload)}") is None
 
 
 def test_problems_name_the_reason() -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import yaml
 from diloco_core.auth import learner_token
 from diloco_core.codec import decode
+from diloco_core.request_proof import ProofAuth
 from diloco_testbed.pki import Ca, issue_server_cert
 from diloco_testbed.prereq import require_binary
 from diloco_testbed.storage import S3_PORT, STORAGE_NAMESPACE
@@ -130,12 +131,16 @@ class Synchronizer:
         import base64
 
         job_secret = base64.b64decode(secret).decode()
-        headers = {"Authorization": f"Bearer {learner_token(job_secret, 'e2e-observer')}",
-                   "X-DiLoCo-Learner": "e2e-observer"}  # fmt: skip
+        auth = ProofAuth(learner_token(job_secret, "e2e-observer"))
+        headers = {"X-DiLoCo-Learner": "e2e-observer"}
         out: dict[str, np.ndarray] = {}
         for p in self.versions():
             r = self.get(
-                f"/v1/fragments/{p}", params={"newer_than": -1, "wait": 0}, headers=headers, timeout=30
+                f"/v1/fragments/{p}",
+                params={"newer_than": -1, "wait": 0},
+                headers=headers,
+                auth=auth,
+                timeout=30,
             )
             assert r.status_code == 200, r.text
             out.update(decode(r.content).tensors)

@@ -8,6 +8,7 @@ import ssl
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -15,6 +16,7 @@ from diloco_core import codec, downlink
 from diloco_core.auth import learner_token
 from diloco_core.fragments import FragmentPlan, build_plan
 from diloco_core.protocol import LEARNER_HEADER, VERSION_HEADER
+from diloco_core.request_proof import ProofAuth, prove
 from diloco_testbed.ports import free_port
 from diloco_testbed.process import ManagedProcess
 from diloco_testbed.waiting import wait_for
@@ -53,12 +55,18 @@ def encode_params(tensors: Mapping[str, np.ndarray], p: int) -> bytes:
     return codec.encode(tensors, fragment=p, base_version=0, kind="params", quantizer="fp32")
 
 
-def auth_headers(learner_id: str, token_of: str | None = None, **claims: float) -> dict[str, str]:
-    """Headers of ``learner_id`` with the token of ``token_of`` (itself by default) carrying ``claims``
-    (``diloco_core.auth.learner_token``'s: expires_at, generation, tokens_per_step, min_step_s,
-    issued_at)."""
+def learner_auth(learner_id: str, token_of: str | None = None, **claims: float) -> dict[str, Any]:
+    """httpx request arguments of ``learner_id`` (its header, and each request signed) with the token
+    of ``token_of`` (itself by default) carrying ``claims`` (``diloco_core.auth.learner_token``'s:
+    expires_at, generation, tokens_per_step, min_step_s, issued_at)."""
     token = learner_token(SECRET, token_of or learner_id, **claims)
-    return {"Authorization": f"Bearer {token}", LEARNER_HEADER: learner_id}
+    return {"headers": {LEARNER_HEADER: learner_id}, "auth": ProofAuth(token)}
+
+
+def signed_head_lines(learner_id: str, method: str, target: str) -> str:
+    """The head lines of one request of ``learner_id`` to ``target`` (path and query), for a raw socket."""
+    proof = prove(learner_token(SECRET, learner_id), method, target)
+    return f"Authorization: {proof}\r\n{LEARNER_HEADER}: {learner_id}\r\n"
 
 
 # runs ``python -m diloco_sync ARGS`` with a lower limit of open files (argv[1] is the module name)
@@ -158,12 +166,13 @@ class Learner:
         tokens_per_step: int = 8,
         claims: Mapping[str, float] | None = None,
     ):
-        """``claims``: of the learner's token (``auth_headers``)."""
+        """``claims``: of the learner's token (``learner_auth``)."""
         self.id = learner_id
         self.plan = plan
         self.tokens_per_step = tokens_per_step
-        headers = auth_headers(learner_id, **(claims or {}))
-        self.client = httpx.Client(base_url=base_url, headers=headers, timeout=30)
+        self.client = httpx.Client(
+            base_url=base_url, timeout=30, **learner_auth(learner_id, **(claims or {}))
+        )
         self.seq = 0
         self.updates = 0  # versions that came as updates (compressed downloads)
 

@@ -160,12 +160,12 @@ def test_openapi_lists_the_protocol_routes(no_init_sync: SyncProcess) -> None:
     assert {"202", "400", "409", "413"} <= set(contrib["responses"])
     assert "X-DiLoCo-Learner" in {p["name"] for p in contrib["parameters"]}
 
-    # every learner route declares the bearer token; the public routes declare none
+    # every learner route declares the signed request (its scheme's name); the public routes declare none
     schemes = doc["components"]["securitySchemes"]
     assert len(schemes) == 1
     ((name, scheme),) = schemes.items()
     assert scheme["type"] == "http"
-    assert scheme["scheme"] == "bearer"
+    assert scheme["scheme"] == "DiLoCo-Proof"
     learner_routes = [
         ("/v1/learners/register", "post"), ("/v1/learners/{learner_id}/heartbeat", "post"),
         ("/v1/learners/{learner_id}/leave", "post"), ("/v1/fragments/{p}/init", "put"),

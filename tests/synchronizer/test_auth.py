@@ -1,62 +1,115 @@
-"""Authentication decisions: who may act for which learner, until when."""
+"""Authentication decisions: who may act for which learner, for which request, until when."""
 
 from __future__ import annotations
 
 import pytest
 from diloco_core.auth import learner_token
-from diloco_sync.auth import TokenCheck, authenticate, declared_problem
+from diloco_core.request_proof import PROOF_WINDOW_S, SeenProofs, prove
+from diloco_sync.auth import RequestHead, TokenCheck, authenticate, declared_problem
 from diloco_sync.errors import ApiError
 
 SECRET = "s3cret"
-CHECK = TokenCheck(SECRET, clock=lambda: 1_000_000.0)
+NOW = 1_000_000.0
+ROUTE = "/v1/fragments/0/contributions?base_version=0&steps=4"
 
 
-def bearer(learner: str, **claims: int) -> str:
-    return f"Bearer {learner_token(SECRET, learner, **claims)}"
+def check(**kwargs: object) -> TokenCheck:
+    """A check with its own replay memory (each test starts with none used)."""
+    return TokenCheck(SECRET, clock=lambda: NOW, **kwargs)  # type: ignore[arg-type]
+
+
+def signed(learner: str, *, as_learner: str | None = None, target: str = ROUTE, at: float = NOW,
+           secret: str = SECRET, **claims: int) -> RequestHead:  # fmt: skip
+    """A POST to ``target`` signed with ``learner``'s token, naming ``as_learner`` (itself by default)."""
+    proof = prove(learner_token(secret, learner, **claims), "POST", target, now=at)
+    return RequestHead("POST", target, proof, learner if as_learner is None else as_learner)
+
+
+def with_auth(authorization: str | None, learner: str | None = "a") -> RequestHead:
+    return RequestHead("POST", ROUTE, authorization, learner)
 
 
 @pytest.mark.parametrize(
-    ("authorization", "claimed", "subject", "status", "code"),
+    ("head", "subject", "status", "code"),
     [
-        (None, "a", None, 401, "unauthenticated"),
-        ("Basic abc", "a", None, 401, "unauthenticated"),
-        (bearer("a"), None, None, 401, "unauthenticated"),
-        ("Bearer deadbeef", "a", None, 401, "unauthenticated"),
-        (f"Bearer {learner_token('another job', 'a')}", "a", None, 401, "unauthenticated"),
-        (bearer("b"), "a", None, 403, "forbidden"),  # b's token, claiming to be a
-        (bearer("a"), "a", "b", 403, "forbidden"),  # a acting for b
-        (bearer("a", expires_at=900_000), "a", None, 401, "unauthenticated"),  # expired
+        (with_auth(None), None, 401, "unauthenticated"),
+        (with_auth("Basic abc"), None, 401, "unauthenticated"),
+        (with_auth(f"Bearer {learner_token(SECRET, 'a')}"), None, 401, "unauthenticated"),  # a whole token
+        (with_auth("DiLoCo-Proof dl2.e30.1.n.sig"), None, 401, "unauthenticated"),  # not signed by the job
+        (with_auth("DiLoCo-Proof dl2.x.y"), None, 401, "unauthenticated"),  # malformed
+        (signed("a", as_learner=""), None, 401, "unauthenticated"),  # no learner header
+        (signed("a", secret="another job"), None, 401, "unauthenticated"),
+        (signed("b", as_learner="a"), None, 403, "forbidden"),  # b's token, claiming to be a
+        (signed("a"), "b", 403, "forbidden"),  # a acting for b
+        (signed("a", expires_at=900_000), None, 401, "unauthenticated"),  # expired
+        (signed("a", at=NOW - PROOF_WINDOW_S - 1), None, 401, "unauthenticated"),  # signed too long ago
+        (signed("a", at=NOW + PROOF_WINDOW_S + 1), None, 401, "unauthenticated"),  # or for later
     ],
 )
-def test_authenticate_refusals(
-    authorization: str | None, claimed: str | None, subject: str | None, status: int, code: str
-) -> None:
+def test_authenticate_refusals(head: RequestHead, subject: str | None, status: int, code: str) -> None:
     with pytest.raises(ApiError) as info:
-        authenticate(CHECK, authorization, claimed, subject=subject)
+        authenticate(check(), head, subject=subject)
     assert (info.value.status, info.value.code) == (status, code)
 
 
+def test_a_bearer_token_is_refused_with_what_to_do_instead() -> None:
+    with pytest.raises(ApiError) as info:
+        authenticate(check(), with_auth(f"Bearer {learner_token(SECRET, 'a')}"))
+    assert "bearer token is not accepted" in info.value.body.reason
+    assert info.value.headers == {"WWW-Authenticate": "DiLoCo-Proof"}
+
+
+def test_a_proof_is_good_for_its_own_request_once() -> None:
+    c = check()
+    head = signed("a")
+    assert authenticate(c, head, subject="a").learner == "a"
+    with pytest.raises(ApiError) as again:
+        authenticate(c, head)
+    assert again.value.status == 401
+    assert "received before" in again.value.body.reason
+    for other in ("/v1/learners/a/leave", ROUTE.replace("steps=4", "steps=400"), ROUTE + "&seq=2"):
+        moved = RequestHead("POST", other, head.authorization, "a")
+        with pytest.raises(ApiError) as info:
+            authenticate(check(), moved)  # even to a synchronizer that never saw it
+        assert info.value.status == 401
+        assert "not this request's" in info.value.body.reason
+    get = RequestHead("GET", ROUTE, head.authorization, "a")
+    with pytest.raises(ApiError):
+        authenticate(check(), get)
+    assert authenticate(c, signed("a")).learner == "a"  # a new proof of the same request is
+
+
 def test_authenticate_accepts_own_token_until_it_expires() -> None:
-    assert authenticate(CHECK, bearer("a"), "a", subject="a").learner == "a"
-    # within the clocks' leeway of its expiry
-    claims = authenticate(CHECK, bearer("a", expires_at=999_900, tokens_per_step=512), "a")
+    assert authenticate(check(), signed("a"), subject="a").learner == "a"
+    # within the clocks' leeway of its expiry, and within the window of the request's time
+    claims = authenticate(check(), signed("a", expires_at=999_900, tokens_per_step=512, at=NOW - 299))
     assert (claims.expires_at, claims.tokens_per_step) == (999_900, 512)
 
 
 def test_a_revoked_generation_is_refused_and_the_next_one_accepted() -> None:
-    check = TokenCheck(SECRET, min_generation=lambda learner: 2 if learner == "a" else 0, clock=CHECK.clock)
+    c = check(min_generation=lambda learner: 2 if learner == "a" else 0)
     with pytest.raises(ApiError) as info:
-        authenticate(check, bearer("a", generation=1), "a")
+        authenticate(c, signed("a", generation=1))
     assert info.value.status == 401
     assert "revoked" in info.value.body.reason
-    assert authenticate(check, bearer("a", generation=2), "a").generation == 2
-    assert authenticate(check, bearer("b", generation=0), "b").learner == "b"
+    assert authenticate(c, signed("a", generation=2)).generation == 2
+    assert authenticate(c, signed("b", generation=0)).learner == "b"
+
+
+def test_a_learner_past_its_proofs_in_the_window_waits_and_others_do_not() -> None:
+    c = check(seen=SeenProofs(limit=3))
+    for _ in range(3):
+        authenticate(c, signed("a"))
+    with pytest.raises(ApiError) as info:
+        authenticate(c, signed("a"))
+    assert (info.value.status, info.value.code) == (429, "too_many_requests")
+    assert authenticate(c, signed("b")).learner == "b"
 
 
 def test_tokens_are_checked_against_the_declared_tokens_per_step() -> None:
-    claims = authenticate(CHECK, bearer("a", tokens_per_step=256), "a")
+    claims = authenticate(check(), signed("a", tokens_per_step=256))
     assert declared_problem(claims, steps=4, tokens=1024) is None
     assert declared_problem(claims, steps=4, tokens=1000) is None  # fewer (padding) is fine
     assert "256 tokens per step" in str(declared_problem(claims, steps=4, tokens=1025))
-    undeclared = authenticate(CHECK, bearer("a"), "a")
+    undeclared = authenticate(check(), signed("a"))
     assert declared_problem(undeclared, steps=1, tokens=10**9) is None

@@ -11,24 +11,28 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import zstandard
 from diloco_core import codec
+from diloco_core.auth import learner_token
 from diloco_sync.logs import LOG_BURST
 from diloco_testbed.waiting import wait_for
 
 from tests.support.s3 import S3Server
 from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import (
+    SECRET,
     Learner,
     SyncProcess,
-    auth_headers,
     encode_grad,
     initial_params,
+    learner_auth,
     outer_grad,
+    signed_head_lines,
     status,
     tiny_plan,
 )
@@ -143,30 +147,42 @@ def wrong_shape_blob() -> bytes:
 
 
 def post(env: Env, *, p: int = 0, base: int | str = 0, blob: bytes | Iterator[bytes] | None = None,
-         headers: dict[str, str] | None = None, seq: int | str = 1, steps: int | str = 4,
+         who: dict[str, Any] | None = None, seq: int | str = 1, steps: int | str = 4,
          tokens: int | str = 32) -> httpx.Response:  # fmt: skip
+    """``who``: the request's authentication (``learner_auth``'s arguments; learner b's by default)."""
     params = {"base_version": base, "steps": steps, "tokens": tokens, "seq": seq}
     return httpx.post(
         f"{env.sync.url}/v1/fragments/{p}/contributions",
         params=params,
         content=good_blob(p, int(base)) if blob is None else blob,
-        headers=auth_headers("b") if headers is None else headers,
         timeout=30,
+        **(learner_auth("b") if who is None else who),
     )
 
 
 CASES: dict[str, tuple[Callable[[Env], httpx.Response], int, str]] = {
-    "no_token": (lambda e: post(e, headers={"X-DiLoCo-Learner": "b"}), 401, "unauthenticated"),
+    "no_token": (lambda e: post(e, who={"headers": {"X-DiLoCo-Learner": "b"}}), 401, "unauthenticated"),
     "bad_token": (
-        lambda e: post(e, headers={"Authorization": "Bearer 00ff", "X-DiLoCo-Learner": "b"}),
+        lambda e: post(e, who={"headers": {"Authorization": "Bearer 00ff", "X-DiLoCo-Learner": "b"}}),
         401,
         "unauthenticated",
     ),
-    "other_learners_token": (lambda e: post(e, headers=auth_headers("b", token_of="a")), 403, "forbidden"),
+    # the learner's whole (valid) token as a bearer: refused, only signed requests are taken
+    "bearer_token": (
+        lambda e: post(
+            e,
+            who={
+                "headers": {"Authorization": f"Bearer {learner_token(SECRET, 'b')}", "X-DiLoCo-Learner": "b"}
+            },
+        ),  # fmt: skip
+        401,
+        "unauthenticated",
+    ),
+    "other_learners_token": (lambda e: post(e, who=learner_auth("b", token_of="a")), 403, "forbidden"),
     "heartbeat_for_another_learner": (
         lambda e: httpx.post(
             f"{e.sync.url}/v1/learners/a/heartbeat",
-            headers=auth_headers("b"),
+            **learner_auth("b"),
             json={"step": 1, "tokens": 1, "step_time_s": 0.1},
         ),  # fmt: skip
         403,
@@ -233,10 +249,10 @@ CASES: dict[str, tuple[Callable[[Env], httpx.Response], int, str]] = {
     ),
     "trailing_bytes_in_frame": (lambda e: post(e, blob=with_frame_tail(b"\x00" * 4000)), 400, "corrupt"),
     # a learner that left: refused until it registers again
-    "learner_that_left": (lambda e: post(e, headers=auth_headers("gone")), 409, "left"),
+    "learner_that_left": (lambda e: post(e, who=learner_auth("gone")), 409, "left"),
     # authentication comes before any validation
     "malformed_query_without_token": (
-        lambda e: post(e, steps="many", headers={"X-DiLoCo-Learner": "b"}),
+        lambda e: post(e, steps="many", who={"headers": {"X-DiLoCo-Learner": "b"}}),
         401,
         "unauthenticated",
     ),
@@ -296,8 +312,12 @@ def heartbeat_body(step: int) -> dict[str, object]:
 
 
 def post_json(env: Env, path: str, learner_id: str, body: bytes | Iterator[bytes]) -> httpx.Response:
-    headers = {**auth_headers(learner_id), "Content-Type": "application/json"}
-    return httpx.post(f"{env.sync.url}{path}", content=body, headers=headers, timeout=30)
+    return _post_json(f"{env.sync.url}{path}", body, learner_auth(learner_id))
+
+
+def _post_json(url: str, body: bytes | Iterator[bytes], who: dict[str, Any]) -> httpx.Response:
+    headers = {**who.get("headers", {}), "Content-Type": "application/json"}
+    return httpx.post(url, content=body, headers=headers, auth=who.get("auth"), timeout=30)
 
 
 OVERSIZED = MAX_JSON_BODY + 1
@@ -357,14 +377,14 @@ def raw_heartbeat(fields: str) -> bytes:
     return f'{{"step": 1, "tokens": 8, "step_time_s": 0.1, {fields}}}'.encode()
 
 
-def heartbeat_of(e: Env, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
-    headers = {**(auth_headers("b") if headers is None else headers), "Content-Type": "application/json"}
-    return httpx.post(f"{e.sync.url}/v1/learners/b/heartbeat", content=body, headers=headers, timeout=30)
+def heartbeat_of(e: Env, body: bytes, who: dict[str, Any] | None = None) -> httpx.Response:
+    return _post_json(
+        f"{e.sync.url}/v1/learners/b/heartbeat", body, learner_auth("b") if who is None else who
+    )
 
 
-def register_of(e: Env, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
-    headers = {**(auth_headers("c") if headers is None else headers), "Content-Type": "application/json"}
-    return httpx.post(f"{e.sync.url}/v1/learners/register", content=body, headers=headers, timeout=30)
+def register_of(e: Env, body: bytes, who: dict[str, Any] | None = None) -> httpx.Response:
+    return _post_json(f"{e.sync.url}/v1/learners/register", body, learner_auth("c") if who is None else who)
 
 
 def bad_heartbeat(fields: str) -> tuple[Callable[[Env], httpx.Response], int, str]:
@@ -372,7 +392,7 @@ def bad_heartbeat(fields: str) -> tuple[Callable[[Env], httpx.Response], int, st
     return (lambda e: heartbeat_of(e, raw_heartbeat(fields)), 400, "bad_request")
 
 
-NO_TOKEN = {"X-DiLoCo-Learner": "b"}
+NO_TOKEN: dict[str, Any] = {"headers": {"X-DiLoCo-Learner": "b"}}
 DEEP_JSON = b"[" * 5000 + b"]" * 5000
 BAD_JSON_CASES: dict[str, tuple[Callable[[Env], httpx.Response], int, str]] = {
     # heartbeat fields a learner cannot have measured
@@ -402,16 +422,20 @@ BAD_JSON_CASES: dict[str, tuple[Callable[[Env], httpx.Response], int, str]] = {
         401,
         "unauthenticated",
     ),
-    "heartbeat_deep_json_without_token": (lambda e: heartbeat_of(e, DEEP_JSON, {}), 401, "unauthenticated"),
+    "heartbeat_deep_json_without_token": (
+        lambda e: heartbeat_of(e, DEEP_JSON, {"headers": {}}),
+        401,
+        "unauthenticated",
+    ),
     "register_malformed_without_token": (
-        lambda e: register_of(e, b"\xc3\x28", {"X-DiLoCo-Learner": "c"}),
+        lambda e: register_of(e, b"\xc3\x28", {"headers": {"X-DiLoCo-Learner": "c"}}),
         401,
         "unauthenticated",
     ),
     # a learner that left: heartbeats do not bring it back (registering does)
     "heartbeat_of_a_learner_that_left": (
         lambda e: httpx.post(
-            f"{e.sync.url}/v1/learners/gone/heartbeat", json=heartbeat_body(5), headers=auth_headers("gone")
+            f"{e.sync.url}/v1/learners/gone/heartbeat", json=heartbeat_body(5), **learner_auth("gone")
         ),
         409,
         "left",
@@ -419,7 +443,7 @@ BAD_JSON_CASES: dict[str, tuple[Callable[[Env], httpx.Response], int, str]] = {
     # a route that does not exist: the protocol's error body too
     "unknown_route": (lambda e: httpx.get(f"{e.sync.url}/v2/nothing"), 404, "not_found"),
     "unknown_learner_route": (
-        lambda e: httpx.get(f"{e.sync.url}/v1/nothing", headers=auth_headers("b")),
+        lambda e: httpx.get(f"{e.sync.url}/v1/nothing", **learner_auth("b")),
         404,
         "not_found",
     ),
@@ -516,7 +540,7 @@ def test_readyz_tells_storage_details_only_to_learners(
     try:
 
         def outage_seen() -> dict[str, object] | None:
-            r = httpx.get(f"{sync.url}/readyz", headers=auth_headers("a"), timeout=5)
+            r = httpx.get(f"{sync.url}/readyz", **learner_auth("a"), timeout=5)
             body: dict[str, object] = r.json()
             return body if r.status_code == 503 and body["storage_ok"] is False else None
 
@@ -642,7 +666,9 @@ def upload_head(learner: str, length: int) -> bytes:
     return (
         "POST /v1/fragments/0/contributions?base_version=0&steps=4&tokens=32&seq=1 HTTP/1.1\r\n"
         f"Host: synchronizer\r\nContent-Length: {length}\r\n"
-        + "".join(f"{k}: {v}\r\n" for k, v in auth_headers(learner).items())
+        + signed_head_lines(
+            learner, "POST", "/v1/fragments/0/contributions?base_version=0&steps=4&tokens=32&seq=1"
+        )
         + "\r\n"
     ).encode()
 
@@ -665,15 +691,17 @@ def test_a_stalled_body_is_closed_and_a_full_house_answers_503(sync_factory: Syn
             assert stalled.recv(4096) == b""  # closed by the server, no answer: the body never came
 
         # eight long-polls, connected before the ninth connection (the server accepts in order)
-        poll = (
-            "GET /v1/fragments/0?newer_than=0&wait=8 HTTP/1.1\r\nHost: synchronizer\r\n"
-            + "".join(f"{k}: {v}\r\n" for k, v in auth_headers("a").items())
-            + "\r\n"
-        ).encode()
+        def poll() -> bytes:
+            return (
+                "GET /v1/fragments/0?newer_than=0&wait=8 HTTP/1.1\r\nHost: synchronizer\r\n"
+                + signed_head_lines("a", "GET", "/v1/fragments/0?newer_than=0&wait=8")
+                + "\r\n"
+            ).encode()
+
         polls = [socket.create_connection(("127.0.0.1", sync.port), timeout=60) for _ in range(8)]
         try:
             for sock in polls:
-                sock.sendall(poll)
+                sock.sendall(poll())
             refused = httpx.get(f"{sync.url}/healthz", timeout=10)
             assert refused.status_code == 503
             assert refused.json()["code"] == "overloaded"
@@ -699,7 +727,6 @@ def test_one_learners_trickling_uploads_neither_hold_the_server_nor_starve_the_o
             "--header-timeout-s", "2", "--body-timeout-s", "30", "--min-body-rate", "100"]  # fmt: skip
     sync = sync_factory(args=args)
     a, b = Learner(sync.url, "a", PLAN), Learner(sync.url, "b", PLAN)
-    head = upload_head("a", 5000)
     uploads: list[socket.socket] = []
     try:
         for learner in (a, b):
@@ -708,7 +735,7 @@ def test_one_learners_trickling_uploads_neither_hold_the_server_nor_starve_the_o
             assert a.init(p, initial_params(PLAN, p)).status_code == 200
         for _ in range(10):
             sock = socket.create_connection(("127.0.0.1", sync.port), timeout=30)
-            sock.sendall(head + b"\x00")
+            sock.sendall(upload_head("a", 5000) + b"\x00")  # each signed on its own, as a learner's are
             uploads.append(sock)
         refused, admitted = [], []
         for sock in uploads:

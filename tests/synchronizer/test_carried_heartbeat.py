@@ -8,6 +8,7 @@ import httpx
 import pytest
 from diloco_core.auth import learner_token
 from diloco_core.protocol import HEARTBEAT_HEADER, HEARTBEAT_RECORDED_HEADER, Heartbeat, RegisterRequest
+from diloco_core.request_proof import ProofAuth
 from diloco_worker.carried_beats import CarriedBeats
 from diloco_worker.sync_client import SyncClient
 
@@ -58,9 +59,12 @@ def test_contributions_and_long_polls_carry_the_heartbeat(sync_factory: SyncFact
     long_poll = httpx.get(
         f"{sync.url}/v1/fragments/0",
         params={"newer_than": 0, "wait": 0.5},
-        headers={"Authorization": f"Bearer {learner_token(SECRET, 'w0')}", "X-DiLoCo-Learner": "w0",
-                 HEARTBEAT_HEADER: Heartbeat(step=6, tokens=48, step_time_s=0.1).model_dump_json()},
-    )  # fmt: skip
+        auth=ProofAuth(learner_token(SECRET, "w0")),
+        headers={
+            "X-DiLoCo-Learner": "w0",
+            HEARTBEAT_HEADER: Heartbeat(step=6, tokens=48, step_time_s=0.1).model_dump_json(),
+        },
+    )
     assert long_poll.status_code == 304
     assert long_poll.headers[HEARTBEAT_RECORDED_HEADER] == "1"  # a long-poll may carry one too
     assert _status_of(client, "w0") == (6, 48)
@@ -93,15 +97,18 @@ def test_a_malformed_carried_heartbeat_is_refused_and_an_unknown_learner_gets_no
     ):
         r = httpx.get(
             f"{sync.url}/v1/fragments/0",
-            headers={"Authorization": f"Bearer {learner_token(SECRET, learner)}", "X-DiLoCo-Learner": learner,
-                     HEARTBEAT_HEADER: header},
-        )  # fmt: skip
+            auth=ProofAuth(learner_token(SECRET, learner)),
+            headers={"X-DiLoCo-Learner": learner, HEARTBEAT_HEADER: header},
+        )
         assert (r.status_code, r.json()["code"]) == (expected, "bad_request"), r.text
         assert HEARTBEAT_HEADER in r.json()["reason"]
     ghost = httpx.get(
         f"{sync.url}/v1/fragments/0",
-        headers={"Authorization": f"Bearer {learner_token(SECRET, 'ghost')}", "X-DiLoCo-Learner": "ghost",
-                 HEARTBEAT_HEADER: Heartbeat(step=1, tokens=8, step_time_s=0.1).model_dump_json()},
-    )  # fmt: skip
+        auth=ProofAuth(learner_token(SECRET, "ghost")),
+        headers={
+            "X-DiLoCo-Learner": "ghost",
+            HEARTBEAT_HEADER: Heartbeat(step=1, tokens=8, step_time_s=0.1).model_dump_json(),
+        },
+    )
     assert HEARTBEAT_RECORDED_HEADER not in ghost.headers  # its own heartbeat request hears 404 and registers
     assert "server" not in ghost.headers  # an answer's head names no software (and costs no bytes for it)

@@ -15,7 +15,7 @@ from diloco_sync.cli import UsageError, parse_settings
 from diloco_testbed.pki import make_pki
 
 from tests.support.s3 import S3Server
-from tests.synchronizer.helpers import Learner, SyncProcess, initial_params, tiny_plan
+from tests.synchronizer.helpers import Learner, SyncProcess, initial_params, learner_auth, tiny_plan
 
 
 def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -56,7 +56,7 @@ def test_tls(tmp_path: Path, test_logs_dir: Path) -> None:
     try:
         assert sync.url.startswith("https://")
         learner = Learner(sync.url, "a", tiny_plan())
-        learner.client = httpx.Client(base_url=sync.url, headers=learner.client.headers, verify=sync.verify)
+        learner.client = httpx.Client(base_url=sync.url, verify=sync.verify, **learner_auth("a"))
         assert learner.register().status_code == 200
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{sync.url}/healthz")  # not trusted without the CA

@@ -10,7 +10,7 @@ from diloco_core.dealing import AHEAD
 from diloco_core.protocol import DATA_RANGES_PATH
 
 from tests.synchronizer.conftest import StoreTarget, SyncFactory
-from tests.synchronizer.helpers import auth_headers
+from tests.synchronizer.helpers import learner_auth
 
 pytestmark = [pytest.mark.integration]
 ARGS = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1"]
@@ -20,7 +20,7 @@ def ask(url: str, learner: str, position: int, size: int = 8) -> httpx.Response:
     return httpx.post(
         f"{url}/v1{DATA_RANGES_PATH}",
         json={"position": position, "size": size},
-        headers=auth_headers(learner),
+        **learner_auth(learner),
         timeout=30,
     )
 
@@ -62,7 +62,7 @@ def test_a_learner_is_refused_far_ahead_and_an_unauthenticated_caller_everything
     anonymous = httpx.post(f"{sync.url}/v1{DATA_RANGES_PATH}", json={"position": 0, "size": 8}, timeout=30)
     assert anonymous.status_code == 401
     for bad in ({"position": -1, "size": 8}, {"position": 0, "size": 0}, {"position": 0}, {"size": 8}):
-        resp = httpx.post(f"{sync.url}/v1{DATA_RANGES_PATH}", json=bad, headers=auth_headers("a"), timeout=30)
+        resp = httpx.post(f"{sync.url}/v1{DATA_RANGES_PATH}", json=bad, **learner_auth("a"), timeout=30)
         assert resp.status_code == 400, bad
     # nothing was dealt by the refusals: the next unit starts right after a's ranges
     assert dealt(sync.url, "b", 0) == (0, AHEAD * 8, 8)

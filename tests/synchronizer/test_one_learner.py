@@ -1,15 +1,20 @@
 """What one learner with a valid token cannot do to the others, against a real synchronizer process:
 freeze a fragment with continuations whose sum is beyond the bounds, have progress merged twice by
-replaying it on an older base, or jump its progress ahead of what the synchronizer holds."""
+replaying it on an older base, jump its progress ahead of what the synchronizer holds, or use a
+request read off another learner's link."""
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
+from diloco_core.auth import learner_token
 from diloco_core.bounds import MAX_TOKENS
+from diloco_core.protocol import LEARNER_HEADER
 
 from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import (
+    SECRET,
     Learner,
     SyncProcess,
     encode_grad,
@@ -128,6 +133,33 @@ def test_a_unit_declared_slower_than_the_job_is_held_to_its_own_pace(sync_factor
     beyond = quick.contribute(0, 0, grad(4, 0), steps=10**6, tokens=8 * 10**6)
     assert beyond.status_code == 400, beyond.text
     assert "--min-step-time-s" in beyond.json()["reason"]
+
+
+def test_what_is_read_off_a_learners_link_is_not_good_for_another_request(sync_factory: SyncFactory) -> None:
+    """A learner's requests carry a proof signed with its token, never the token: a request read off
+    the link (plain HTTP here) is refused when sent again, and its proof is refused on the learner's
+    leave route or with other query values; the whole token as a bearer is refused too. Before
+    requests were signed, the captured bearer token made any of these (a leave: 204)."""
+    sync = sync_factory(args=[*ARGS, "--quorum", "2"])
+    (a,) = joined(sync, "a")
+    sent = a.contribute(0, 0, grad(1, 0), steps=4)
+    assert sent.status_code == 202, sent.text
+    captured = {"Authorization": sent.request.headers["authorization"], LEARNER_HEADER: "a"}
+    assert learner_token(SECRET, "a").rsplit(".", 1)[1] not in captured["Authorization"]
+    route = str(sent.request.url)
+    again = httpx.post(route, content=grad(1, 0), headers=captured)
+    leave = httpx.post(f"{sync.url}/v1/learners/a/leave", headers=captured)
+    more = httpx.post(route.replace("steps=4", "steps=8"), content=grad(1, 0), headers=captured)
+    bearer = {**captured, "Authorization": f"Bearer {learner_token(SECRET, 'a')}"}
+    whole = httpx.post(f"{sync.url}/v1/learners/a/leave", headers=bearer)
+    for refused in (again, leave, more, whole):
+        assert refused.status_code == 401, refused.text
+    assert "received before" in again.json()["reason"]
+    assert "not this request's" in leave.json()["reason"]
+    assert "bearer token is not accepted" in whole.json()["reason"]
+    assert a.heartbeat(8).status_code == 200  # the learner never left, and its own requests go on
+    (entry,) = [x for x in status(sync.url)["learners"] if x["learner_id"] == "a"]  # type: ignore[union-attr]
+    assert entry["state"] != "left"
 
 
 def scaled(seed: int, norm: float) -> dict[str, np.ndarray]:

@@ -17,9 +17,9 @@ from tests.support.s3 import S3Server
 from tests.synchronizer.helpers import (
     Learner,
     SyncProcess,
-    auth_headers,
     encode_grad,
     initial_params,
+    learner_auth,
     outer_grad,
     tiny_plan,
 )
@@ -40,7 +40,7 @@ def _stopped_s3(s3_server_factory: Callable[[], S3Server]) -> tuple[S3Server, st
 def _waiting_for_storage(sync: SyncProcess) -> dict[str, object] | None:
     """/readyz's body once it says the state cannot be loaded because storage is unavailable (and,
     to a learner, why)."""
-    ready = httpx.get(f"{sync.url}/readyz", headers=auth_headers("a"), timeout=5)
+    ready = httpx.get(f"{sync.url}/readyz", **learner_auth("a"), timeout=5)
     body: dict[str, object] = ready.json()
     reason = str(body.get("reason"))
     if ready.status_code == 503 and reason.startswith("loading state: storage unavailable ("):

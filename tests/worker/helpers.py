@@ -15,6 +15,7 @@ import torch
 from diloco_core.auth import learner_token
 from diloco_core.codec import decode
 from diloco_core.config import DataSettings, ModelSettings, TrainSettings
+from diloco_core.request_proof import ProofAuth
 from diloco_testbed.ports import free_port
 from diloco_testbed.process import ManagedProcess
 from diloco_testbed.waiting import wait_for
@@ -127,10 +128,13 @@ class Synchronizer:
 
     def global_params(self, observer: str = "observer") -> dict[str, np.ndarray]:
         """Every fragment's newest global version, fetched like a learner does."""
-        headers = {"Authorization": f"Bearer {learner_token(SECRET, observer)}", "X-DiLoCo-Learner": observer}
+        signed = {
+            "headers": {"X-DiLoCo-Learner": observer},
+            "auth": ProofAuth(learner_token(SECRET, observer)),
+        }
         out: dict[str, np.ndarray] = {}
         for p in self.versions():
-            resp = self.http.get(f"/v1/fragments/{p}", params={"newer_than": -1, "wait": 0}, headers=headers)
+            resp = self.http.get(f"/v1/fragments/{p}", params={"newer_than": -1, "wait": 0}, **signed)
             assert resp.status_code == 200, resp.text
             out.update(decode(resp.content).tensors)
         return out

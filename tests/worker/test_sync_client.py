@@ -5,9 +5,11 @@ from __future__ import annotations
 import socket
 import threading
 
+import pytest
+from diloco_core.auth import learner_token
 from diloco_core.protocol import ShardInfo
 from diloco_worker.routing import build_routes
-from diloco_worker.sync_client import ShardClients, SyncClient
+from diloco_worker.sync_client import ShardClients, SyncClient, SyncRejected
 
 
 def test_each_fragment_uses_its_owners_client_and_the_given_one_serves_the_home_shard() -> None:
@@ -52,7 +54,7 @@ def test_a_request_head_carries_only_what_the_synchronizer_reads() -> None:
 
     thread = threading.Thread(target=answer_once, daemon=True)
     thread.start()
-    client = SyncClient(f"http://127.0.0.1:{server.getsockname()[1]}", "w0", "token")
+    client = SyncClient(f"http://127.0.0.1:{server.getsockname()[1]}", "w0", learner_token("s", "w0"))
     assert client.fetch(0, newer_than=3, wait_s=1.0) is None
     thread.join(5)
     client.close()
@@ -61,3 +63,12 @@ def test_a_request_head_carries_only_what_the_synchronizer_reads() -> None:
     names = {line.split(":", 1)[0].lower() for line in lines[1:] if line}
     assert names == {"host", "user-agent", "x-diloco-learner", "authorization"}
     assert "User-Agent: diloco" in lines
+
+
+def test_a_token_that_cannot_sign_is_refused_before_anything_is_sent() -> None:
+    client = SyncClient("http://127.0.0.1:9", "a", "not-a-token")
+    with pytest.raises(SyncRejected) as info:
+        client.leave()
+    client.close()
+    assert (info.value.status, info.value.code) == (401, "unauthenticated")
+    assert "cannot sign" in info.value.reason

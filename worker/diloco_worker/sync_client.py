@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 from diloco_core import protocol as proto
+from diloco_core.request_proof import NotALearnerToken, ProofAuth
 from diloco_core.wire import WireTally
 
 from .carried_beats import CarriedBeats
@@ -138,6 +139,7 @@ class SyncClient:
             headers={proto.LEARNER_HEADER: learner_id},
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             transport=counting_transport(self.wire, verify),
+            auth=ProofAuth(self.token.current, root=httpx.URL(base_url).path),
         )
         # every request's head is on the learner's link: none of httpx's defaults that say nothing here
         # (HTTP/1.1 keeps the connection alive anyway; payloads are zstd already, answers never compressed)
@@ -149,9 +151,12 @@ class SyncClient:
         self._http.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        headers = {**kwargs.pop("headers", {}), "Authorization": f"Bearer {self.token.current()}"}
         try:
-            resp = self._http.request(method, proto.API_PREFIX + path, headers=headers, **kwargs)
+            resp = self._http.request(method, proto.API_PREFIX + path, **kwargs)
+        except NotALearnerToken as exc:  # the token held cannot sign (a malformed token file): as if refused
+            raise SyncRejected(
+                401, "unauthenticated", f"the learner token cannot sign requests: {exc}"
+            ) from exc
         except httpx.HTTPError as exc:
             problem = _certificate_problem(exc)
             if problem is not None:
