@@ -40,8 +40,19 @@ from diloco_bench.sync_process import SECRET, BenchSync
 
 
 def bound(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """The run with whole fp32 versions down (what is read is the global model itself), then the same
+    run with the job's default int2 downloads (what a learner receives: the version plus its
+    download residual, which the synchronizer's error feedback carries to the next version)."""
+    figures = _bound(args, tmp / "fp32", "fp32")
+    received = _bound(args, tmp / "int2", "int2")
+    figures["largest_movement_received_with_int2_downloads"] = received["largest_movement"]
+    return figures
+
+
+def _bound(args: argparse.Namespace, tmp: Path, down_codec: str) -> dict[str, Any]:
     the_plan, rng, factor = plan(), np.random.default_rng(args.seed), 10.0
-    sync = BenchSync(tmp / "bound", job_args(2, "--outer-lr", "1", "--outer-momentum", "0"))
+    outer = ("--outer-lr", "1", "--outer-momentum", "0", "--outer-warmup", "0", "--down-codec", down_codec)
+    sync = BenchSync(tmp / "bound", job_args(2, *outer))
     sync.start()
     h, x = client(sync, "honest"), client(sync, "adversary")
     try:
