@@ -9,12 +9,14 @@ where ``signature`` is HMAC-SHA256 (its first 128 bits), keyed with the token's 
 request's method, its target (the path from the API's root and the query string), the time it was
 signed (unix seconds) and a random nonce. The synchronizer recomputes the mac from the job secret and the claims, so it keeps no
 key per learner; it accepts a proof once (``SeenProofs``), within ``PROOF_WINDOW_S`` of its own
-clock. A proof read off the wire (plain HTTP, a log, a proxy) is therefore good for the same request
-once, within minutes, and for nothing else: not another route, another query, a later time, or
+clock. A proof read off the wire (plain HTTP, a log, a proxy) is therefore good for the same method,
+path and query once per synchronizer process (each shard, and a restarted process, keeps its own
+record), within minutes, and for nothing else: not another route, another query, a later time, or
 another learner. The body is not signed: hashing a contribution of half a gigabyte would cost the
 synchronizer a core-second, and TLS (required whenever the synchronizer is reached from another
 cluster) keeps bodies from being changed on the way; a contribution's effect is bounded by its
-token's claims whatever its body.
+token's claims whatever its body. A replay to another shard may carry another body (a forged
+heartbeat of that learner, once per process); see docs/internals.md.
 """
 
 from __future__ import annotations
@@ -99,7 +101,13 @@ def read_proof(authorization: str | None) -> RequestProof | None:
     if scheme.lower() != PROOF_SCHEME.lower() or len(parts) != 5 or parts[0] != TOKEN_PREFIX:
         return None
     _, claims, signed_at, nonce, sig = parts
-    if not claims or not nonce or not sig or not signed_at.isdigit() or len(signed_at) > 12:
+    if (
+        not claims
+        or not nonce
+        or not sig
+        or not (signed_at.isascii() and signed_at.isdigit())
+        or len(signed_at) > 12
+    ):
         return None
     return RequestProof(claims, int(signed_at), nonce, sig)
 

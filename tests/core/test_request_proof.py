@@ -54,7 +54,7 @@ def test_a_proof_is_not_good_for_another_request_or_job(method: str, target: str
     "value",
     [None, "", "Bearer " + TOKEN, "DiLoCo-Proof", "DiLoCo-Proof dl2.c.1.n", "DiLoCo-Proof dl3.c.1.n.s",
      "DiLoCo-Proof dl2.c.-1.n.s", "DiLoCo-Proof dl2.c.1e3.n.s", "DiLoCo-Proof dl2..1.n.s",
-     "DiLoCo-Proof dl2.c.1.n.s" + "x" * 3000],
+     "DiLoCo-Proof dl2.c.1.n.s" + "x" * 3000, "DiLoCo-Proof dl2.c.\u00b2\u00b3.n.s"],
 )  # fmt: skip
 def test_malformed_proofs_are_not_read(value: str | None) -> None:
     assert read_proof(value) is None

@@ -37,6 +37,12 @@ def with_auth(authorization: str | None, learner: str | None = "a") -> RequestHe
         (with_auth(f"Bearer {learner_token(SECRET, 'a')}"), None, 401, "unauthenticated"),  # a whole token
         (with_auth("DiLoCo-Proof dl2.e30.1.n.sig"), None, 401, "unauthenticated"),  # not signed by the job
         (with_auth("DiLoCo-Proof dl2.x.y"), None, 401, "unauthenticated"),  # malformed
+        (
+            with_auth("DiLoCo-Proof dl2.e30.\u00b2\u00b3.n.sig"),
+            None,
+            401,
+            "unauthenticated",
+        ),  # non-ASCII digits
         (signed("a", as_learner=""), None, 401, "unauthenticated"),  # no learner header
         (signed("a", secret="another job"), None, 401, "unauthenticated"),
         (signed("b", as_learner="a"), None, 403, "forbidden"),  # b's token, claiming to be a
