@@ -50,9 +50,8 @@ def capture(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         for seq in range(1, args.tries + 1):
             blob = grad_blob(of_norm(rng, 1.0), 0)
             query = {"base_version": 0, "since": (seq - 1) * H, "steps": H, "tokens": 8 * H, "seq": seq}
-            sent = signed.post(
-                route, params=query, content=blob
-            )  # the learner's own request, read off the wire
+            # the learner's own request, read off the wire
+            sent = signed.post(route, params=query, content=blob)
             assert sent.status_code == 202, sent.text
             seen = {"Authorization": sent.request.headers["authorization"], proto.LEARNER_HEADER: learner}
             leave = proto.API_PREFIX + proto.LEAVE_PATH.format(learner_id=learner)

@@ -43,7 +43,8 @@ class TokenClaims:
     min_step_s: float | None = None
 
 
-def _b64(data: bytes) -> str:
+def b64url(data: bytes) -> str:
+    """Base64url without padding (tokens' and request proofs' parts)."""
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
@@ -54,7 +55,7 @@ def _unb64(text: str) -> bytes:
 def token_mac(job_secret: str, payload: str) -> str:
     """The mac of a token's claims (base64url) under the job secret: the token's signature, and the key
     its requests are signed with (``diloco_core.request_proof``)."""
-    return _b64(hmac.new(job_secret.encode(), TOKEN_CONTEXT + payload.encode(), hashlib.sha256).digest())
+    return b64url(hmac.new(job_secret.encode(), TOKEN_CONTEXT + payload.encode(), hashlib.sha256).digest())
 
 
 def mint_token(job_secret: str, claims: TokenClaims) -> str:
@@ -72,7 +73,7 @@ def mint_token(job_secret: str, claims: TokenClaims) -> str:
         if _seconds(claims.min_step_s) is None:
             raise ValueError(f"min_step_s must be a number of seconds in (0, {MAX_STEP_S:g}]")
         body["mss"] = claims.min_step_s
-    payload = _b64(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
+    payload = b64url(json.dumps(body, separators=(",", ":"), sort_keys=True).encode())
     return f"{TOKEN_PREFIX}.{payload}.{token_mac(job_secret, payload)}"
 
 

@@ -7,9 +7,9 @@ mac. Each request carries instead::
 
 where ``signature`` is HMAC-SHA256 (its first 128 bits), keyed with the token's mac, of the
 request's method, its target (the path from the API's root and the query string), the time it was
-signed (unix seconds) and a random nonce. The synchronizer recomputes the mac from the job secret and the claims, so it keeps no
-key per learner; it accepts a proof once (``SeenProofs``), within ``PROOF_WINDOW_S`` of its own
-clock. A proof read off the wire (plain HTTP, a log, a proxy) is therefore good for the same method,
+signed (unix seconds) and a random nonce. The synchronizer recomputes the mac from the job secret
+and the claims, so it keeps no key per learner; it accepts a proof once (``SeenProofs``), within
+``PROOF_WINDOW_S`` either way of its own clock. A proof read off the wire (plain HTTP, a log, a proxy) is therefore good for the same method,
 path and query once per synchronizer process (each shard, and a restarted process, keeps its own
 record), within minutes, and for nothing else: not another route, another query, a later time, or
 another learner. The body is not signed: hashing a contribution of half a gigabyte would cost the
@@ -21,7 +21,6 @@ heartbeat of that learner, once per process); see docs/internals.md.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import secrets
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from .auth import TOKEN_PREFIX, token_mac
+from .auth import TOKEN_PREFIX, b64url, token_mac
 
 PROOF_SCHEME = "DiLoCo-Proof"
 PROOF_CONTEXT = b"diloco-request-proof-v1\n"
@@ -60,10 +59,6 @@ class RequestProof:
     signature: str
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 def signing_input(method: str, target: str, signed_at: int, nonce: str) -> bytes:
     """What the signature covers: method, target (path and query), time, nonce."""
     return PROOF_CONTEXT + f"{method.upper()}\n{target}\n{signed_at}\n{nonce}".encode()
@@ -71,7 +66,7 @@ def signing_input(method: str, target: str, signed_at: int, nonce: str) -> bytes
 
 def _signature(mac: str, method: str, target: str, signed_at: int, nonce: str) -> str:
     digest = hmac.new(mac.encode(), signing_input(method, target, signed_at, nonce), hashlib.sha256).digest()
-    return _b64(digest[:SIGNATURE_BYTES])
+    return b64url(digest[:SIGNATURE_BYTES])
 
 
 def request_target(path: str, query: str | bytes = "") -> str:
@@ -87,7 +82,7 @@ def prove(token: str, method: str, target: str, *, now: float | None = None, non
     if prefix != TOKEN_PREFIX or not claims or not mac or "." in mac:
         raise NotALearnerToken("not a learner token (dl2.<claims>.<mac>)")
     signed_at = int(time.time() if now is None else now)
-    nonce = nonce or _b64(secrets.token_bytes(NONCE_BYTES))
+    nonce = nonce or b64url(secrets.token_bytes(NONCE_BYTES))
     sig = _signature(mac, method, target, signed_at, nonce)
     return f"{PROOF_SCHEME} {TOKEN_PREFIX}.{claims}.{signed_at}.{nonce}.{sig}"
 

@@ -111,8 +111,8 @@ def authenticate(check: TokenCheck, head: RequestHead, *, subject: str | None = 
     problem = token_problem(claims, claimed, now, check.min_generation(claimed))
     if problem is not None:
         raise _unauthenticated(problem)
-    if subject is not None and subject != claimed:
-        raise ApiError(403, "forbidden", f"learner {claimed!r} may not act for learner {subject!r}")
+    if subject is not None:
+        same_learner(claimed, subject)
     refusal = check.seen.admit(claimed, proof, now)
     if refusal is not None:
         kind, reason = refusal
