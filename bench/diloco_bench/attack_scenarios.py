@@ -19,7 +19,7 @@ import numpy as np
 from diloco_core import protocol as proto
 from diloco_core.auth import learner_token
 from diloco_core.bounds import MAX_TOKENS_PER_STEP
-from diloco_core.request_proof import prove
+from diloco_core.request_proof import instance_at, prove
 from diloco_worker.sync_client import SyncClient, SyncRejected, SyncUnavailable
 
 from diloco_bench.attack_job import (
@@ -120,12 +120,13 @@ def uploads(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         zeros = {name: np.zeros(shape, np.float32) for name, shape in SHAPES}
         init_params(a, zeros)
         target = "/v1/fragments/0/contributions?base_version=0&steps=4&tokens=32&seq=1"
-        token = learner_token(SECRET, "trickler")
+        token, instance = learner_token(SECRET, "trickler"), instance_at(sync.url + proto.API_PREFIX)
         refused = 0
         for _ in range(args.uploads):
+            proof = prove(token, "POST", target, instance=instance)
             head = (  # each upload signed on its own, as a learner's requests are
                 f"POST {target} HTTP/1.1\r\nHost: synchronizer\r\nContent-Length: 5000\r\n"
-                f"Authorization: {prove(token, 'POST', target)}\r\n{proto.LEARNER_HEADER}: trickler\r\n\r\n"
+                f"Authorization: {proof}\r\n{proto.LEARNER_HEADER}: trickler\r\n\r\n"
             ).encode()
             s = socket.create_connection(("127.0.0.1", sync.port), timeout=10)
             s.sendall(head + b"\x00")

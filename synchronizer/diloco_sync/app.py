@@ -10,6 +10,7 @@ from importlib import resources
 from typing import Any
 
 import anyio.to_thread
+from diloco_core.request_proof import challenge
 from diloco_core.storage import open_store
 from diloco_core.tracking import open_tracking
 from fastapi import FastAPI, Request
@@ -138,7 +139,8 @@ def _add_probe_routes(app: FastAPI, tokens: TokenCheck) -> None:
     async def readyz(request: Request) -> JSONResponse:
         """Readiness: state loaded and object storage reachable; ``reason`` says why not. Where the
         storage is and which object failed (``storage_error``) is told to learners only (their
-        token, as on the learner routes): an unauthenticated caller learns that storage is down."""
+        token, as on the learner routes): an unauthenticated caller learns that storage is down. A
+        caller whose proof did not authenticate is told the instance to sign for, as a 401 tells it."""
         svc: SyncService = request.app.state.service
         startup: Startup = request.app.state.startup
         detailed = authenticated_or_none(tokens, request.scope) is not None
@@ -150,7 +152,9 @@ def _add_probe_routes(app: FastAPI, tokens: TokenCheck) -> None:
             "storage_error": svc.guard.last_error if detailed else None,
             "reason": reason,
         }
-        return JSONResponse(body, status_code=200 if reason is None else 503)
+        signed = not detailed and "authorization" in request.headers
+        headers = {"WWW-Authenticate": challenge(tokens.instance)} if signed else None
+        return JSONResponse(body, status_code=200 if reason is None else 503, headers=headers)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(request: Request) -> Response:

@@ -1,10 +1,12 @@
-"""Authentication of learner calls: each request signed with the learner's token
-(``diloco_core.request_proof``), the token's claims naming the learner in the request, unexpired and
-not revoked, and the request's proof used once.
+"""Authentication of learner calls: each request signed with the learner's token for this process's
+instance (``diloco_core.request_proof``), the token's claims naming the learner in the request,
+unexpired and not revoked, and the request's proof used once.
 
-401: no proof, a bearer token (the whole token on the wire is refused: it would be good for any
-request until it expires), no learner header, a signature that is not this request's under a token
-of the job, a time outside the window, a proof used before, an expired or revoked token.
+401 (with the challenge naming this process's instance): no proof, a bearer token (the whole token on
+the wire is refused: it would be good for any request until it expires), no learner header, a
+signature that is not this request's for this instance under a token of the job, a time outside the
+window (code ``clock_skew``, retryable: the learner's token is fine, a clock is not), a proof used
+before, an expired or revoked token.
 403: a valid proof of another learner (a learner speaking for someone else), or a call about another
 learner than the one authenticated. 429: a learner past the proofs remembered for it in the window.
 
@@ -18,12 +20,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from diloco_core.auth import TokenClaims, read_learner_token, token_problem
+from diloco_core.auth import TokenClaims, token_problem
 from diloco_core.protocol import LEARNER_HEADER
 from diloco_core.request_proof import (
     PROOF_SCHEME,
     SeenProofs,
-    proven_token,
+    Signed,
+    challenge,
+    new_instance,
+    proven_claims,
     read_proof,
     request_target,
     time_problem,
@@ -37,8 +42,6 @@ from .errors import ApiError
 AUTHENTICATED_LEARNER = "diloco_learner"  # key of the authenticated learner id in the request's state
 TOKEN_CLAIMS = "diloco_claims"  # noqa: S105 (key of its token's claims in the state)
 
-_CHALLENGE = {"WWW-Authenticate": PROOF_SCHEME}
-
 
 def _no_revocations(_learner: str) -> int:
     return 0
@@ -47,12 +50,19 @@ def _no_revocations(_learner: str) -> int:
 @dataclass(frozen=True)
 class TokenCheck:
     """What a request's proof is checked against: the job secret, the lowest generation accepted per
-    learner (the revocations), the clock, and the proofs already accepted."""
+    learner (the revocations), the clock, the proofs already accepted, and this process's instance
+    (drawn once per process: a ``TokenCheck`` is made once, when the app is)."""
 
     job_secret: str
     min_generation: Callable[[str], int] = _no_revocations
     clock: Callable[[], float] = field(default=time.time)
     seen: SeenProofs = field(default_factory=SeenProofs)
+    instance: str = field(default_factory=new_instance)
+
+    def refused(self, reason: str, code: str = "unauthenticated", *, retryable: bool = False) -> ApiError:
+        """401 with the challenge that names this process's instance."""
+        headers = {"WWW-Authenticate": challenge(self.instance)}
+        return ApiError(401, code, reason, retryable=retryable, headers=headers)
 
 
 @dataclass(frozen=True)
@@ -73,10 +83,6 @@ class RequestHead:
         return cls(str(scope["method"]), target, headers.get("authorization"), headers.get(LEARNER_HEADER))
 
 
-def _unauthenticated(reason: str) -> ApiError:
-    return ApiError(401, "unauthenticated", reason, headers=_CHALLENGE)
-
-
 def authenticate(check: TokenCheck, head: RequestHead, *, subject: str | None = None) -> TokenClaims:
     """The claims of the token that signed this request, or an ``ApiError`` (401/403/429).
 
@@ -84,40 +90,41 @@ def authenticate(check: TokenCheck, head: RequestHead, *, subject: str | None = 
     """
     scheme = (head.authorization or "").partition(" ")[0].lower()
     if not head.authorization:
-        raise _unauthenticated(f"missing 'Authorization: {PROOF_SCHEME} <proof>' (diloco_core.request_proof)")
+        raise check.refused(f"missing 'Authorization: {PROOF_SCHEME} <proof>' (diloco_core.request_proof)")
     if scheme == "bearer":
-        raise _unauthenticated(
+        raise check.refused(
             f"a bearer token is not accepted: sign each request with the token ({PROOF_SCHEME}, "
             "diloco_core.request_proof), so that the token itself never crosses the wire"
         )
     claimed = head.learner
     if not claimed:
-        raise _unauthenticated(f"missing {LEARNER_HEADER} header")
+        raise check.refused(f"missing {LEARNER_HEADER} header")
     proof = read_proof(head.authorization)
     if proof is None:
-        raise _unauthenticated(f"malformed {PROOF_SCHEME} proof for learner {claimed!r}")
+        raise check.refused(f"malformed {PROOF_SCHEME} proof for learner {claimed!r}")
+    signed = Signed(head.method, head.target, check.instance, proof.signed_at, proof.nonce)
+    claims = proven_claims(check.job_secret, proof, signed)
+    if claims is None:
+        raise check.refused(
+            f"invalid proof for learner {claimed!r}: not this request's, not for this synchronizer process "
+            "(sign for the instance its challenge names), or not the job's token"
+        )
     now = check.clock()
     late = time_problem(proof, now)
-    if late is not None:
-        raise _unauthenticated(late)
-    token = proven_token(check.job_secret, proof, head.method, head.target)
-    claims = None if token is None else read_learner_token(check.job_secret, token)
-    if claims is None:
-        raise _unauthenticated(
-            f"invalid proof for learner {claimed!r}: not this request's, or not the job's token"
-        )
+    if late is not None:  # signed by the learner: its clock, not its token, is wrong
+        raise check.refused(late, "clock_skew", retryable=True)
     if claims.learner != claimed:
         raise ApiError(403, "forbidden", f"the token belongs to another learner, not to {claimed!r}")
     problem = token_problem(claims, claimed, now, check.min_generation(claimed))
     if problem is not None:
-        raise _unauthenticated(problem)
+        raise check.refused(problem)
     if subject is not None:
         same_learner(claimed, subject)
     refusal = check.seen.admit(claimed, proof, now)
     if refusal is not None:
         kind, reason = refusal
         if kind == "replay":
-            raise _unauthenticated(reason)
+            raise check.refused(reason)
         raise ApiError(429, "too_many_requests", reason, headers={"Retry-After": "10"})
     return claims
 

@@ -35,7 +35,7 @@ def test_the_attack_benchmark_reports_the_bound_held_and_every_step_merged_once(
     assert claims["honest_and_x_within_its_claims_merged"] is True
     capture = figures["capture"]
     replays = {k: v for k, v in capture.items() if k.endswith("_refused")}
-    assert len(replays) == 5, capture
+    assert len(replays) == 7, capture  # another shard and a restart among them
     assert set(replays.values()) == {2}, capture  # nothing read off the learner's link is used again
     assert capture["learner_still_served"] is True
     parts = figures["continuations"]

@@ -4,20 +4,34 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from diloco_core.auth import learner_token, read_learner_token
+from diloco_core.auth import learner_token
 from diloco_core.request_proof import (
     PROOF_WINDOW_S,
     ProofAuth,
+    RequestProof,
     SeenProofs,
-    prove,
-    proven_token,
+    Signed,
+    challenge,
+    challenged_instance,
+    new_instance,
+    proven_claims,
     read_proof,
     request_target,
     time_problem,
 )
+from diloco_core.request_proof import prove as prove_for
 
 SECRET = "job-secret"
 TOKEN = learner_token(SECRET, "a", tokens_per_step=64)
+INSTANCE = "inst-1"
+
+
+def prove(token: str, method: str, target: str, **kwargs: object) -> str:
+    return prove_for(token, method, target, instance=INSTANCE, **kwargs)  # type: ignore[arg-type]
+
+
+def signed(proof: RequestProof, method: str, target: str, instance: str = INSTANCE) -> Signed:
+    return Signed(method, target, instance, proof.signed_at, proof.nonce)
 
 
 def test_the_proof_carries_the_claims_and_never_the_tokens_mac() -> None:
@@ -28,26 +42,37 @@ def test_the_proof_carries_the_claims_and_never_the_tokens_mac() -> None:
     proof = read_proof(header)
     assert proof is not None
     assert (proof.signed_at, proof.nonce) == (1000, "n1")
-    token = proven_token(SECRET, proof, "POST", "/v1/learners/register")
-    assert token == TOKEN
-    claims = read_learner_token(SECRET, token)
+    claims = proven_claims(SECRET, proof, signed(proof, "POST", "/v1/learners/register"))
     assert claims is not None
-    assert claims.tokens_per_step == 64
+    assert (claims.learner, claims.tokens_per_step) == ("a", 64)
 
 
 @pytest.mark.parametrize(
-    ("method", "target", "secret"),
+    ("method", "target", "instance", "secret"),
     [
-        ("GET", "/v1/learners/register", SECRET),
-        ("POST", "/v1/learners/a/leave", SECRET),
-        ("POST", "/v1/learners/register?x=1", SECRET),
-        ("POST", "/v1/learners/register", "another job"),
+        ("GET", "/v1/learners/register", INSTANCE, SECRET),
+        ("POST", "/v1/learners/a/leave", INSTANCE, SECRET),
+        ("POST", "/v1/learners/register?x=1", INSTANCE, SECRET),
+        ("POST", "/v1/learners/register", "another-process", SECRET),
+        ("POST", "/v1/learners/register", INSTANCE, "another job"),
+        ("POST", "/v1/learners/register", INSTANCE, ""),
     ],
 )
-def test_a_proof_is_not_good_for_another_request_or_job(method: str, target: str, secret: str) -> None:
+def test_a_proof_is_not_good_for_another_request_process_or_job(
+    method: str, target: str, instance: str, secret: str
+) -> None:
     proof = read_proof(prove(TOKEN, "POST", "/v1/learners/register", now=1000))
     assert proof is not None
-    assert proven_token(secret, proof, method, target) is None
+    assert proven_claims(secret, proof, signed(proof, method, target, instance)) is None
+
+
+def test_the_challenge_names_the_instance_to_sign_for() -> None:
+    instance = new_instance()
+    assert instance != new_instance()
+    assert challenged_instance(challenge(instance)) == instance
+    assert challenged_instance('diloco-proof instance="x-1", realm="y"') == "x-1"
+    for other in (None, "", "Bearer", 'Basic instance="x"', "DiLoCo-Proof", 'DiLoCo-Proof instance="a b"'):
+        assert challenged_instance(other) is None
 
 
 @pytest.mark.parametrize(
@@ -74,6 +99,23 @@ def test_the_window_of_a_proofs_time() -> None:
     assert "clocks" in str(time_problem(proof, 10_001 + PROOF_WINDOW_S))
 
 
+def test_seen_proofs_leave_the_window_by_their_own_time_not_their_arrival() -> None:
+    seen = SeenProofs(limit=2)
+    ahead = read_proof(prove(TOKEN, "GET", "/x", now=200, nonce="ahead"))  # a clock 100 s ahead
+    on_time = read_proof(prove(TOKEN, "GET", "/x", now=101, nonce="on-time"))
+    later = read_proof(prove(TOKEN, "GET", "/x", now=150, nonce="later"))
+    assert ahead is not None
+    assert on_time is not None
+    assert later is not None
+    assert seen.admit("a", ahead, 100) is None
+    assert seen.admit("a", on_time, 101) is None
+    # at 102 + the window the on-time proof has left it though it came second; the one ahead has not
+    assert seen.admit("a", later, 102 + PROOF_WINDOW_S) is None
+    again = seen.admit("a", ahead, 103 + PROOF_WINDOW_S)
+    assert again is not None
+    assert again[0] == "replay"
+
+
 def test_seen_proofs_are_refused_until_they_are_out_of_the_window() -> None:
     seen = SeenProofs(limit=2)
     first = read_proof(prove(TOKEN, "GET", "/x", now=100, nonce="n1"))
@@ -95,6 +137,74 @@ def test_seen_proofs_are_refused_until_they_are_out_of_the_window() -> None:
     assert seen.admit("a", third, 100 + PROOF_WINDOW_S + 1) is None
 
 
+class ChallengingSynchronizer:
+    """An httpx transport that checks proofs as the synchronizer does, for one process's instance
+    (which ``restart`` draws again): 401 with the challenge unless the proof is this request's."""
+
+    def __init__(self) -> None:
+        self.instance = new_instance()
+        self.seen: list[tuple[httpx.Request, int]] = []
+
+    def restart(self) -> None:
+        self.instance = new_instance()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        proof = read_proof(request.headers.get("authorization"))
+        target = request_target(request.url.path.removeprefix("/prefix"), request.url.query)
+        claims = None
+        if proof is not None:
+            claims = proven_claims(
+                SECRET, proof, Signed(request.method, target, self.instance, proof.signed_at, proof.nonce)
+            )
+        status = 204 if claims is not None else 401
+        self.seen.append((request, status))
+        headers = {} if claims else {"WWW-Authenticate": challenge(self.instance)}
+        return httpx.Response(status, headers=headers, json=None if claims else {"code": "unauthenticated"})
+
+
+def test_the_client_signs_for_the_instance_its_challenge_names_and_again_after_a_restart() -> None:
+    sync = ChallengingSynchronizer()
+    client = httpx.Client(
+        base_url="http://sync.example/prefix/",
+        transport=httpx.MockTransport(sync),
+        auth=ProofAuth(TOKEN, root="/prefix/"),
+    )
+    assert client.post("/v1/x", content=b"body").status_code == 204  # signed for no instance, then for it
+    assert client.post("/v1/x", content=b"body").status_code == 204  # at once
+    sync.restart()
+    assert client.post("/v1/x", content=b"body").status_code == 204
+    assert [status for _, status in sync.seen] == [401, 204, 204, 401, 204]
+    assert all(request.content == b"body" for request, _ in sync.seen)  # the body sent again whole
+
+
+def test_a_streamed_body_is_signed_for_the_instance_read_first_and_never_sent_twice() -> None:
+    sync = ChallengingSynchronizer()
+    client = httpx.Client(
+        base_url="http://sync.example/", transport=httpx.MockTransport(sync), auth=ProofAuth(TOKEN)
+    )
+    assert client.post("/v1/x", content=iter([b"a", b"b"])).status_code == 204
+    probe, streamed = (request for request, _ in sync.seen)
+    assert ("authorization" in probe.headers, probe.content) == (False, b"")  # no proof, no body
+    assert streamed.content == b"ab"
+    sync.restart()
+    assert (
+        client.post("/v1/x", content=iter([b"c"])).status_code == 401
+    )  # its body is spent: the caller retries
+    assert client.post("/v1/x", content=iter([b"d"])).status_code == 204  # for the instance now known
+    assert len(sync.seen) == 4
+
+
+def test_a_refusal_for_another_reason_than_the_instance_is_not_sent_again() -> None:
+    sync = ChallengingSynchronizer()
+    client = httpx.Client(
+        base_url="http://sync.example/",
+        transport=httpx.MockTransport(sync),
+        auth=ProofAuth(learner_token("another job", "a")),
+    )
+    assert client.get("/v1/x").status_code == 401
+    assert [status for _, status in sync.seen] == [401, 401]  # learned the instance, signed again, refused
+
+
 def test_the_client_signs_the_path_from_the_apis_root_and_the_query() -> None:
     seen: list[httpx.Request] = []
 
@@ -103,10 +213,10 @@ def test_the_client_signs_the_path_from_the_apis_root_and_the_query() -> None:
         return httpx.Response(204)
 
     tokens = iter([TOKEN, learner_token(SECRET, "a", generation=1)])
+    auth = ProofAuth(lambda: next(tokens), root="/prefix/")
+    auth.instance = INSTANCE
     client = httpx.Client(
-        base_url="http://sync.example/prefix/",
-        transport=httpx.MockTransport(handler),
-        auth=ProofAuth(lambda: next(tokens), root="/prefix/"),
+        base_url="http://sync.example/prefix/", transport=httpx.MockTransport(handler), auth=auth
     )
     client.get("/v1/fragments/0", params={"newer_than": 3, "wait": 1.5})
     client.get("/v1/fragments/0", params={"newer_than": 3, "wait": 1.5})
@@ -114,8 +224,8 @@ def test_the_client_signs_the_path_from_the_apis_root_and_the_query() -> None:
     assert first is not None
     assert second is not None
     target = request_target("/v1/fragments/0", "newer_than=3&wait=1.5")
-    assert proven_token(SECRET, first, "GET", target) == TOKEN
+    assert proven_claims(SECRET, first, signed(first, "GET", target)) is not None
     assert first.nonce != second.nonce
-    claims = read_learner_token(SECRET, proven_token(SECRET, second, "GET", target) or "")
+    claims = proven_claims(SECRET, second, signed(second, "GET", target))
     assert claims is not None
     assert claims.generation == 1  # the token given now: a renewal is used at once

@@ -63,9 +63,10 @@ def learner_auth(learner_id: str, token_of: str | None = None, **claims: float) 
     return {"headers": {LEARNER_HEADER: learner_id}, "auth": ProofAuth(token)}
 
 
-def signed_head_lines(learner_id: str, method: str, target: str) -> str:
-    """The head lines of one request of ``learner_id`` to ``target`` (path and query), for a raw socket."""
-    proof = prove(learner_token(SECRET, learner_id), method, target)
+def signed_head_lines(learner_id: str, method: str, target: str, instance: str) -> str:
+    """The head lines of one request of ``learner_id`` to ``target`` (path and query) at the
+    synchronizer process ``instance`` (``instance_at``), for a raw socket."""
+    proof = prove(learner_token(SECRET, learner_id), method, target, instance=instance)
     return f"Authorization: {proof}\r\n{LEARNER_HEADER}: {learner_id}\r\n"
 
 

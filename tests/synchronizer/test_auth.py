@@ -11,17 +11,20 @@ from diloco_sync.errors import ApiError
 SECRET = "s3cret"
 NOW = 1_000_000.0
 ROUTE = "/v1/fragments/0/contributions?base_version=0&steps=4"
+INSTANCE = "process-1"
 
 
 def check(**kwargs: object) -> TokenCheck:
-    """A check with its own replay memory (each test starts with none used)."""
+    """A check of the process ``INSTANCE`` with its own replay memory (each test starts with none used)."""
+    kwargs.setdefault("instance", INSTANCE)
     return TokenCheck(SECRET, clock=lambda: NOW, **kwargs)  # type: ignore[arg-type]
 
 
 def signed(learner: str, *, as_learner: str | None = None, target: str = ROUTE, at: float = NOW,
-           secret: str = SECRET, **claims: int) -> RequestHead:  # fmt: skip
-    """A POST to ``target`` signed with ``learner``'s token, naming ``as_learner`` (itself by default)."""
-    proof = prove(learner_token(secret, learner, **claims), "POST", target, now=at)
+           secret: str = SECRET, instance: str = INSTANCE, **claims: int) -> RequestHead:  # fmt: skip
+    """A POST to ``target`` signed with ``learner``'s token for the process ``instance``, naming
+    ``as_learner`` (itself by default)."""
+    proof = prove(learner_token(secret, learner, **claims), "POST", target, instance=instance, now=at)
     return RequestHead("POST", target, proof, learner if as_learner is None else as_learner)
 
 
@@ -48,21 +51,40 @@ def with_auth(authorization: str | None, learner: str | None = "a") -> RequestHe
         (signed("b", as_learner="a"), None, 403, "forbidden"),  # b's token, claiming to be a
         (signed("a"), "b", 403, "forbidden"),  # a acting for b
         (signed("a", expires_at=900_000), None, 401, "unauthenticated"),  # expired
-        (signed("a", at=NOW - PROOF_WINDOW_S - 1), None, 401, "unauthenticated"),  # signed too long ago
-        (signed("a", at=NOW + PROOF_WINDOW_S + 1), None, 401, "unauthenticated"),  # or for later
+        (signed("a", instance="another process"), None, 401, "unauthenticated"),  # another shard, a restart
+        (signed("a", instance=""), None, 401, "unauthenticated"),  # for no process: a client's first request
+        (signed("a", at=NOW - PROOF_WINDOW_S - 1), None, 401, "clock_skew"),  # signed too long ago
+        (signed("a", at=NOW + PROOF_WINDOW_S + 1), None, 401, "clock_skew"),  # or for later
     ],
 )
 def test_authenticate_refusals(head: RequestHead, subject: str | None, status: int, code: str) -> None:
     with pytest.raises(ApiError) as info:
         authenticate(check(), head, subject=subject)
     assert (info.value.status, info.value.code) == (status, code)
+    if status == 401:
+        assert info.value.headers == {"WWW-Authenticate": f'DiLoCo-Proof instance="{INSTANCE}"'}
+        assert info.value.body.retryable == (code == "clock_skew")  # a clock is wrong, not the token
+
+
+def test_a_proof_is_good_for_the_process_it_was_signed_for_alone() -> None:
+    head = signed("a", instance="shard-0")
+    assert authenticate(check(instance="shard-0"), head).learner == "a"
+    for other in ("shard-1", "shard-0 restarted"):
+        with pytest.raises(ApiError) as info:
+            authenticate(check(instance=other), head)  # never saw it, and still refuses it
+        assert info.value.status == 401
+        assert info.value.headers == {"WWW-Authenticate": f'DiLoCo-Proof instance="{other}"'}
+
+
+def test_each_process_draws_its_own_instance() -> None:
+    assert TokenCheck(SECRET).instance != TokenCheck(SECRET).instance
 
 
 def test_a_bearer_token_is_refused_with_what_to_do_instead() -> None:
     with pytest.raises(ApiError) as info:
         authenticate(check(), with_auth(f"Bearer {learner_token(SECRET, 'a')}"))
     assert "bearer token is not accepted" in info.value.body.reason
-    assert info.value.headers == {"WWW-Authenticate": "DiLoCo-Proof"}
+    assert info.value.headers == {"WWW-Authenticate": f'DiLoCo-Proof instance="{INSTANCE}"'}
 
 
 def test_a_proof_is_good_for_its_own_request_once() -> None:

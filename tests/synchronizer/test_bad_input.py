@@ -19,6 +19,8 @@ import pytest
 import zstandard
 from diloco_core import codec
 from diloco_core.auth import learner_token
+from diloco_core.protocol import API_PREFIX
+from diloco_core.request_proof import instance_at
 from diloco_sync.logs import LOG_BURST
 from diloco_testbed.waiting import wait_for
 
@@ -661,14 +663,12 @@ def test_slow_request_heads_neither_starve_healthz_nor_flood_the_log(
     assert len(log) < 256 * 1024, f"{len(log)} bytes of log during the attack: {log[-3000:]}"
 
 
-def upload_head(learner: str, length: int) -> bytes:
-    """The head of a contribution upload of ``learner`` announcing a body of ``length`` bytes."""
+def upload_head(sync: SyncProcess, learner: str, length: int) -> bytes:
+    """The head of a contribution upload of ``learner`` to ``sync`` announcing a body of ``length`` bytes."""
+    target = "/v1/fragments/0/contributions?base_version=0&steps=4&tokens=32&seq=1"
     return (
-        "POST /v1/fragments/0/contributions?base_version=0&steps=4&tokens=32&seq=1 HTTP/1.1\r\n"
-        f"Host: synchronizer\r\nContent-Length: {length}\r\n"
-        + signed_head_lines(
-            learner, "POST", "/v1/fragments/0/contributions?base_version=0&steps=4&tokens=32&seq=1"
-        )
+        f"POST {target} HTTP/1.1\r\nHost: synchronizer\r\nContent-Length: {length}\r\n"
+        + signed_head_lines(learner, "POST", target, instance_at(sync.url + API_PREFIX))
         + "\r\n"
     ).encode()
 
@@ -685,16 +685,18 @@ def test_a_stalled_body_is_closed_and_a_full_house_answers_503(sync_factory: Syn
         for p in (0, 1):
             assert a.init(p, initial_params(PLAN, p)).status_code == 200
         a.close()
-        head = upload_head("a", 2000)
+        head = upload_head(sync, "a", 2000)
         with socket.create_connection(("127.0.0.1", sync.port), timeout=60) as stalled:
             stalled.sendall(head + b"\x00" * 100)
             assert stalled.recv(4096) == b""  # closed by the server, no answer: the body never came
 
         # eight long-polls, connected before the ninth connection (the server accepts in order)
+        instance = instance_at(sync.url + API_PREFIX)
+
         def poll() -> bytes:
             return (
                 "GET /v1/fragments/0?newer_than=0&wait=8 HTTP/1.1\r\nHost: synchronizer\r\n"
-                + signed_head_lines("a", "GET", "/v1/fragments/0?newer_than=0&wait=8")
+                + signed_head_lines("a", "GET", "/v1/fragments/0?newer_than=0&wait=8", instance)
                 + "\r\n"
             ).encode()
 
@@ -735,7 +737,7 @@ def test_one_learners_trickling_uploads_neither_hold_the_server_nor_starve_the_o
             assert a.init(p, initial_params(PLAN, p)).status_code == 200
         for _ in range(10):
             sock = socket.create_connection(("127.0.0.1", sync.port), timeout=30)
-            sock.sendall(upload_head("a", 5000) + b"\x00")  # each signed on its own, as a learner's are
+            sock.sendall(upload_head(sync, "a", 5000) + b"\x00")  # each signed on its own, as a learner's are
             uploads.append(sock)
         refused, admitted = [], []
         for sock in uploads:

@@ -162,6 +162,34 @@ def test_what_is_read_off_a_learners_link_is_not_good_for_another_request(sync_f
     assert entry["state"] != "left"
 
 
+def test_a_request_read_off_the_link_is_not_good_at_the_restarted_synchronizer(
+    sync_factory: SyncFactory,
+) -> None:
+    """A proof is signed for the synchronizer process it is sent to (the instance its challenge
+    names): once the synchronizer is killed and restarted, a contribution read off the link before is
+    refused (401), where it was taken as a duplicate before proofs named the process, and a captured
+    heartbeat with a forged body is refused too. The learner's own client signs for the new process
+    after one challenge and is served."""
+    sync = sync_factory(args=[*ARGS, "--quorum", "2"])
+    (a,) = joined(sync, "a")
+    sent = a.contribute(0, 0, grad(1, 0), steps=4)
+    assert sent.status_code == 202, sent.text
+    beat = a.heartbeat(4)
+    assert beat.status_code == 200, beat.text
+    captured = {"Authorization": sent.request.headers["authorization"], LEARNER_HEADER: "a"}
+    captured_beat = {"Authorization": beat.request.headers["authorization"], LEARNER_HEADER: "a"}
+    sync.kill9()
+    sync.start()
+    again = httpx.post(str(sent.request.url), content=grad(1, 0), headers=captured)
+    forged = {"step": 4, "tokens": 32, "step_time_s": 86_400.0}
+    slow = httpx.post(str(beat.request.url), json=forged, headers=captured_beat)
+    for refused in (again, slow):
+        assert refused.status_code == 401, refused.text
+        assert "not for this synchronizer process" in refused.json()["reason"]
+        assert refused.headers["WWW-Authenticate"].startswith('DiLoCo-Proof instance="')
+    assert a.heartbeat(8).status_code == 200  # its own client signs for the restarted process
+
+
 def scaled(seed: int, norm: float) -> dict[str, np.ndarray]:
     """An outer gradient of exactly (to float32) this norm."""
     g = outer_grad(PLAN, 0, seed=seed)
