@@ -10,7 +10,7 @@ by the operator's own model: a manifest the operator would refuse is refused wit
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,11 +98,18 @@ def _option(argv: Sequence[str], name: str) -> str | None:
     return None
 
 
+def setting_flags(settings: Mapping[str, object], given: Sequence[str] = ()) -> list[str]:
+    """``--name value`` for each setting (``round_memory_bytes`` -> ``--round-memory-bytes``), except
+    those whose flag is in ``given`` (a flag given wins)."""
+    flags = ((f"--{name.replace('_', '-')}", value) for name, value in settings.items())
+    return [arg for flag, value in flags if _option(given, flag) is None for arg in (flag, str(value))]
+
+
 def component_argv(component: str, argv: Sequence[str]) -> list[str]:
     """``argv`` of ``diloco worker`` or ``diloco synchronizer`` with ``-f job.yaml`` turned into the
     manifest's job configuration (``--job-config``) and, for a learner, its unit's batch size and data
     shard (the unit named by ``--unit``, needed when the units' batch sizes differ); for the synchronizer, the job's
-    storage unless ``--storage`` is given. Without ``-f``, ``argv`` as it is."""
+    memory budgets and storage unless their flags are given. Without ``-f``, ``argv`` as it is."""
     path, rest = _split_file_option(argv)
     if path is None:
         return list(argv)
@@ -128,7 +135,9 @@ def component_argv(component: str, argv: Sequence[str]) -> list[str]:
             out += ["--batch-size", str(batch)]
         if unit_name is not None and _option(rest, "--learner-index") is None:  # its unit's data shard
             out += ["--learner-index", str(list(units).index(unit_name)), "--num-learners", str(len(units))]
-    elif component == "synchronizer" and _option(rest, "--storage") is None:
+    if component == "synchronizer":  # its memory budgets, as the operator gives them to its pod
+        out += setting_flags(spec.synchronizer.memory_budgets.settings(), rest)
+    if component == "synchronizer" and _option(rest, "--storage") is None:
         out += ["--storage", spec.storage.url]
         if spec.storage.endpoint and _option(rest, "--storage-endpoint-url") is None:
             out += ["--storage-endpoint-url", spec.storage.endpoint]

@@ -58,6 +58,19 @@ def test_a_learner_and_the_synchronizer_parse_the_same_settings_from_it() -> Non
     assert (sync.storage_url, sync.job.diloco.quorum) == ("file:///tmp/x", 1)
 
 
+def test_the_synchronizer_takes_the_jobs_memory_budgets_and_a_flag_beside_wins(tmp_path: Path) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["synchronizer"]["memory"] = {"rounds": "2Gi", "outageBuffer": "512Mi"}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = {"DILOCO_JOB_SECRET": "s" * 32}
+    sync = parse_sync_settings(component_argv("synchronizer", ["-f", str(path)]), env)
+    assert (sync.round_memory_bytes, sync.memory_budget_bytes) == (2 * 1024**3, 512 * 1024**2)
+    given = component_argv("synchronizer", ["-f", str(path), "--round-memory-bytes", "5000000"])
+    assert parse_sync_settings(given, env).round_memory_bytes == 5_000_000
+    assert given.count("--round-memory-bytes") == 1
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [

@@ -22,6 +22,7 @@ from diloco_core.config import (
 )
 from diloco_core.flags import ENV_PREFIX, derive_flags, to_argv
 
+from diloco.job_file import setting_flags
 from diloco.runner.settings import RunSettings
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -112,6 +113,7 @@ def build_synchronizer_argv(settings: RunSettings, paths: RunPaths, *, port: int
         run_job_id(settings, paths),
         *to_argv(ALGORITHM_FLAGS, settings.algorithm()),
         *to_argv(TRACKING_FLAGS, run_tracking(settings, paths)),
+        *setting_flags(settings.sync_memory),
     ]
 
 

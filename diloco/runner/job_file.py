@@ -5,8 +5,10 @@ that the operator would refuse is refused here with the same message. Each learn
 learner process (a unit of N pods: one process with N x its batch size, the unit's tokens per step);
 the model, data, inner optimisation, DiLoCo settings and tracking are the spec's; the step budget is
 each learner's ``max_steps``, the token budget the run's; chaos runs only when ``spec.chaos.enabled``.
-What only a cluster has (images, storage, the synchronizer's pods, scheduling, pod additions) is
-named in a note, never silently dropped: the run's state lives in the run folder.
+The synchronizer's memory budgets (``synchronizer.memory``, or the shares of its memory limit) are
+its local process's, as the operator gives them to its pod. What only a cluster has (images,
+storage, the synchronizer's pods, scheduling, pod additions) is named in a note, never silently
+dropped: the run's state lives in the run folder.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from diloco.job_file import Manifest, parse_manifest, read_manifest
 CLUSTER_ONLY: dict[str, str] = {
     "images": "learners and the synchronizer run from this Python",
     "storage": "the run folder holds the job's state",
-    "synchronizer": "one local synchronizer process",
     "learners": "pod env and volumes are for pods",
     "suspend": "a local run starts at once",
     "unitLostAfterSeconds": "no pods to lose",
@@ -94,6 +95,9 @@ def _settings(spec: DiLoCoJobSpec, learners: int) -> dict[str, Any]:
         out["train"] = {**out["train"], "max_steps": spec.budget.steps}
     if spec.budget.tokens is not None:
         out["token_budget"] = spec.budget.tokens
+    sync_memory = spec.synchronizer.memory_budgets.settings()  # as the operator gives them to its pod
+    if sync_memory:
+        out["sync_memory"] = sync_memory
     if spec.chaos.enabled:
         out["mtbf_s"], out["repair_s"] = spec.chaos.mtbf_seconds, spec.chaos.repair_seconds
     else:
@@ -105,6 +109,12 @@ def _notes(spec: DiLoCoJobSpec, raw: dict[str, Any]) -> list[str]:
     notes = [
         f"spec.{key} is not used by a local run: {why}" for key, why in CLUSTER_ONLY.items() if key in raw
     ]
+    sync_fields = sorted(k for k in raw.get("synchronizer", {}) if k != "memory")
+    if sync_fields:
+        notes.append(
+            f"spec.synchronizer.{{{', '.join(sync_fields)}}} are not used by a local run: one local synchronizer "
+            "process (its memory budgets are)"
+        )
     for unit in spec.learner_units:
         if unit.replicas == 0:
             notes.append(f"unit {unit.name}: 0 replicas, left out")

@@ -68,6 +68,8 @@ class RunSettings(BaseModel):
     )
     speed_factors: tuple[float, ...] = ()  # step-time multiplier per learner (--speed-factors, --slow)
     batch_sizes: tuple[int, ...] = ()  # sequences per micro-batch per learner (a job file's units)
+    # the synchronizer's memory budgets in bytes by its setting's name (a job file's synchronizer.memory)
+    sync_memory: dict[str, Annotated[int, Field(ge=0)]] = {}
     job_file: str | None = None  # the DiLoCoJob manifest the run was made from (-f)
     job_id: str | None = None  # the job's id: the manifest's name with -f (default: run-<folder>)
     compile_model: Annotated[bool, Cli("compile")] = Field(

@@ -65,7 +65,7 @@ def test_the_example_manifest_runs_as_one_learner_per_unit(tmp_path: Path) -> No
 def test_what_a_local_run_does_not_use_is_named() -> None:
     job = job_file_settings(yaml.safe_load(EXAMPLE.read_text()), "example")
     notes = "\n".join(job.notes)
-    for said in ("spec.images", "spec.storage", "spec.synchronizer", "unit a100: its 2 pods run as one process",
+    for said in ("spec.images", "spec.storage", "unit a100: its 2 pods run as one process",
                  "nodeSelector", "resources", "tolerations", "spec.budget.steps is not set"):  # fmt: skip
         assert said in notes, (said, notes)
     assert job.units == ("a100", "h100", "cpu")
@@ -76,6 +76,29 @@ def test_what_a_local_run_does_not_use_is_named() -> None:
     doc["spec"]["learnerUnits"][0]["minStepTimeSeconds"] = 0.5  # the synchronizer's pace is the cluster's
     paced = "\n".join(job_file_settings(doc, "example").notes)
     assert "minStepTimeSeconds" in paced, paced
+
+
+def test_the_synchronizers_memory_budgets_are_the_local_synchronizers(tmp_path: Path) -> None:
+    set_ = _manifest(synchronizer={"memory": {"rounds": "2Gi", "servedInMemory": "16Mi"}, "shards": 2})
+    s = parse_settings(["-f", str(_write(tmp_path, set_))])
+    argv = build_synchronizer_argv(s, RunPaths(tmp_path), port=1)
+    assert argv[argv.index("--round-memory-bytes") + 1] == str(2 * 1024**3)
+    assert argv[argv.index("--served-in-memory-bytes") + 1] == str(16 * 1024**2)
+    assert "--memory-budget-bytes" not in argv  # unset, and no limit to share: the synchronizer's default
+    notes = "\n".join(job_file_settings(set_, "j").notes)
+    assert "spec.synchronizer.{shards} are not used by a local run" in notes, notes
+    # the shares of a memory limit, as the operator gives them to the synchronizer's pod
+    limited = _manifest(synchronizer={"resources": {"limits": {"memory": "1280Mi"}}})
+    s = parse_settings(["-f", str(_write(tmp_path, limited))])
+    argv = build_synchronizer_argv(s, RunPaths(tmp_path), port=1)
+    room = (1280 - 256) * 1024**2
+    assert argv[argv.index("--round-memory-bytes") + 1] == str(room // 3)
+    assert argv[argv.index("--memory-budget-bytes") + 1] == str(room // 3)
+    assert argv[argv.index("--served-in-memory-bytes") + 1] == str(min(64 * 1024**2, room // 8))
+    plain = build_synchronizer_argv(
+        parse_settings(["-f", str(_write(tmp_path, _manifest()))]), RunPaths(tmp_path), port=1
+    )
+    assert not [a for a in plain if a.endswith("-bytes")]
 
 
 def test_settings_come_from_the_spec_and_flags_beside_it_win(tmp_path: Path) -> None:

@@ -97,10 +97,7 @@ def units_env() -> dict[str, Any]:
 def memory_env(budgets: Budgets) -> list[dict[str, Any]]:
     """The synchronizer's memory budgets that the job sets or its memory limit gives (the others are
     the synchronizer's defaults)."""
-    named = (("DILOCO_ROUND_MEMORY_BYTES", budgets.rounds),
-             ("DILOCO_SERVED_IN_MEMORY_BYTES", budgets.served_in_memory),
-             ("DILOCO_MEMORY_BUDGET_BYTES", budgets.outage_buffer))  # fmt: skip
-    return [value(name, size) for name, size in named if size is not None]
+    return [value(f"DILOCO_{name.upper()}", size) for name, size in budgets.settings().items()]
 
 
 def storage_env(spec: DiLoCoJobSpec) -> list[dict[str, Any]]:

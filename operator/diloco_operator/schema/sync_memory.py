@@ -62,6 +62,13 @@ class Budgets:
     served_in_memory: int | None = None
     outage_buffer: int | None = None
 
+    def settings(self) -> dict[str, int]:
+        """The budgets set, by the synchronizer's setting that takes each (``diloco_sync.settings``:
+        ``--round-memory-bytes``, ``DILOCO_ROUND_MEMORY_BYTES``, ...); the others keep its defaults."""
+        named = (("round_memory_bytes", self.rounds), ("served_in_memory_bytes", self.served_in_memory),
+                 ("memory_budget_bytes", self.outage_buffer))  # fmt: skip
+        return {name: size for name, size in named if size is not None}
+
 
 def budgets(memory: SynchronizerMemory | None, limit: int | None) -> Budgets:
     """Each budget as the spec sets it, else a share of what the memory ``limit`` leaves above
