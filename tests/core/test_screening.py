@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 from diloco_core.codec import CorruptPayload
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import build_plan
@@ -168,3 +169,26 @@ def test_a_contribution_whose_tensors_cannot_be_read_is_excluded_and_the_others_
     assert screened.result is not None
     assert [c.name for c in screened.merged] == ["good"]
     assert [(c.name, "cannot be read" in why) for c, why in screened.excluded] == [("bad", True)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known defect (issue 26, 'Also seen'): a lagging learner's parts of one step, small in its "
+    "learning-rate warm-up, are the lower median of a two-learner job and the other learner's whole "
+    "contributions are excluded from every round; seen live with one learner 20x slower",
+)
+def test_a_slow_learners_few_step_parts_do_not_shut_out_the_others() -> None:
+    """An honest learner that lags (a loaded machine, a late start) is asked for its progress early
+    and sends parts of 1 step, small while its learning rate warms up; the other sends whole
+    contributions. Over 12 rounds both should merge in every round."""
+    ones = {"w": np.ones(4, np.float32)}  # norm 2
+    s, h = settings(), NormHistory()
+    for version in range(12):
+        whole = Delta("fast", {"w": np.full(4, 0.5, np.float32)}, version, steps=4, tokens=32)
+        part = Delta(
+            "slow", {"w": np.full(4, 0.0125, np.float32)}, version, steps=1, tokens=8
+        )  # 1/20 per step
+        screened = screened_round(SPEC, ones, OuterState(), version, [whole, part], s, h)
+        assert screened.result is not None, version
+        assert sorted(c.name for c in screened.merged) == ["fast", "slow"], (version, screened.excluded)
+        h = screened.history.after(screened.norms, screened.update_norm)
