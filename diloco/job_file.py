@@ -10,6 +10,7 @@ by the operator's own model: a manifest the operator would refuse is refused wit
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,18 +99,25 @@ def _option(argv: Sequence[str], name: str) -> str | None:
     return None
 
 
-def setting_flags(settings: Mapping[str, object], given: Sequence[str] = ()) -> list[str]:
+def setting_flags(
+    settings: Mapping[str, object], given: Sequence[str] = (), environ: Mapping[str, str] | None = None
+) -> list[str]:
     """``--name value`` for each setting (``round_memory_bytes`` -> ``--round-memory-bytes``), except
-    those whose flag is in ``given`` (a flag given wins)."""
-    flags = ((f"--{name.replace('_', '-')}", value) for name, value in settings.items())
+    those whose flag is in ``given`` or whose ``DILOCO_`` variable is in ``environ`` (either wins)."""
+    env = environ or {}
+    kept = {name: value for name, value in settings.items() if f"DILOCO_{name.upper()}" not in env}
+    flags = ((f"--{name.replace('_', '-')}", value) for name, value in kept.items())
     return [arg for flag, value in flags if _option(given, flag) is None for arg in (flag, str(value))]
 
 
-def component_argv(component: str, argv: Sequence[str]) -> list[str]:
+def component_argv(
+    component: str, argv: Sequence[str], environ: Mapping[str, str] | None = None
+) -> list[str]:
     """``argv`` of ``diloco worker`` or ``diloco synchronizer`` with ``-f job.yaml`` turned into the
     manifest's job configuration (``--job-config``) and, for a learner, its unit's batch size and data
     shard (the unit named by ``--unit``, needed when the units' batch sizes differ); for the synchronizer, the job's
-    memory budgets and storage unless their flags are given. Without ``-f``, ``argv`` as it is."""
+    memory budgets and storage unless their flags (or, for the budgets, their ``DILOCO_*``
+    variables in ``environ``, the process's by default) are given. Without ``-f``, ``argv`` as it is."""
     path, rest = _split_file_option(argv)
     if path is None:
         return list(argv)
@@ -136,7 +144,8 @@ def component_argv(component: str, argv: Sequence[str]) -> list[str]:
         if unit_name is not None and _option(rest, "--learner-index") is None:  # its unit's data shard
             out += ["--learner-index", str(list(units).index(unit_name)), "--num-learners", str(len(units))]
     if component == "synchronizer":  # its memory budgets, as the operator gives them to its pod
-        out += setting_flags(spec.synchronizer.memory_budgets.settings(), rest)
+        env = os.environ if environ is None else environ
+        out += setting_flags(spec.synchronizer.memory_budgets.settings(), rest, env)
     if component == "synchronizer" and _option(rest, "--storage") is None:
         out += ["--storage", spec.storage.url]
         if spec.storage.endpoint and _option(rest, "--storage-endpoint-url") is None:

@@ -69,6 +69,11 @@ def test_the_synchronizer_takes_the_jobs_memory_budgets_and_a_flag_beside_wins(t
     given = component_argv("synchronizer", ["-f", str(path), "--round-memory-bytes", "5000000"])
     assert parse_sync_settings(given, env).round_memory_bytes == 5_000_000
     assert given.count("--round-memory-bytes") == 1
+    # and so does a DILOCO_* variable, as for every other setting of the file
+    env_given = {**env, "DILOCO_ROUND_MEMORY_BYTES": "6000000"}
+    argv = component_argv("synchronizer", ["-f", str(path)], env_given)
+    assert "--round-memory-bytes" not in argv
+    assert parse_sync_settings(argv, env_given).round_memory_bytes == 6_000_000
 
 
 @pytest.mark.parametrize(

@@ -16,9 +16,12 @@ its nonce. The synchronizer recomputes the mac from the job secret and the claim
 per learner; it accepts a proof for its own instance only, once (``SeenProofs``), within
 ``PROOF_WINDOW_S`` either way of its own clock.
 
-A proof read off the wire (plain HTTP, a log, a proxy) is therefore good for nothing: not the same
-request again, nor at another shard or a restarted process (another instance), another route, query,
-time or learner. The body is not signed: hashing a contribution of half a gigabyte would cost the
+A proof read off the wire (plain HTTP, a log, a proxy) is therefore good for nothing once its request
+was taken: not the same request again, nor at another shard or a restarted process (another
+instance), another route, query, time or learner. A validly signed proof dated ahead of the
+synchronizer's clock is refused and used up all the same. One refused because its learner made more
+than ``MAX_PROOFS_PER_LEARNER`` requests in the window (429) is not used up: it may be sent once
+more, for the same request, within its window. The body is not signed: hashing a contribution of half a gigabyte would cost the
 synchronizer a core-second, and since the request's proof is used up by the request itself, only a
 party that can stop the request and send another body in its place (a man in the middle) could
 change one; TLS (required whenever the synchronizer is reached from another cluster) stops that, and
@@ -52,8 +55,9 @@ MAX_PROOFS_PER_LEARNER = 20_000  # proofs remembered per learner within the wind
 # proofs in a window) keep a head 13 bytes longer than a bearer token's instead of 40
 SIGNATURE_BYTES = 16
 NONCE_BYTES = 12
+PROBE_ABOVE_BYTES = 64 * 1024  # a larger body is not sent before its instance is known (read first)
 INSTANCE_BYTES = 12  # a synchronizer process's instance: 96 random bits drawn when it starts
-_CHALLENGE_INSTANCE = re.compile(r'instance="([A-Za-z0-9_-]{1,64})"')
+_CHALLENGE_INSTANCE = re.compile(r'(?:^|[\s,])instance="([A-Za-z0-9_-]{1,64})"(?:$|[\s,])')
 
 
 class NotALearnerToken(ValueError):
@@ -101,12 +105,26 @@ def challenge(instance: str) -> str:
 
 
 def challenged_instance(www_authenticate: str | None) -> str | None:
-    """The instance a 401's challenge asks to sign for, or None (no challenge, another scheme)."""
-    scheme, _, params = (www_authenticate or "").partition(" ")
-    if scheme.lower() != PROOF_SCHEME.lower():
+    """The instance a ``WWW-Authenticate`` value asks to sign for, or None (no challenge of this
+    scheme). A value may hold several challenges, a proxy's among them (``Basic realm="x",
+    DiLoCo-Proof instance="..."``): the instance is the parameter of this scheme's challenge."""
+    text = www_authenticate or ""
+    at = re.search(rf"(?:^|[\s,]){re.escape(PROOF_SCHEME)}(?:\s+|$)", text, re.IGNORECASE)
+    if at is None:
         return None
-    found = _CHALLENGE_INSTANCE.search(params)
+    params = text[at.end() :]
+    following = re.search(r",\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+\s+[A-Za-z0-9!#$%&'*+.^_`|~-]+=", params)
+    found = _CHALLENGE_INSTANCE.search(params[: following.start()] if following else params)
     return found.group(1) if found else None
+
+
+def response_instance(response: httpx.Response) -> str | None:
+    """The instance an answer's challenges ask to sign for (each ``WWW-Authenticate`` header read)."""
+    for value in response.headers.get_list("WWW-Authenticate"):
+        found = challenged_instance(value)
+        if found is not None:
+            return found
+    return None
 
 
 def request_target(path: str, query: str | bytes = "") -> str:
@@ -183,7 +201,7 @@ def instance_at(api_root: str, **client_args: Any) -> str:
     from the challenge of an unsigned request: for a client that signs its requests itself
     (``ProofAuth`` learns it on its own). ``client_args``: httpx's (``verify``, ``timeout``)."""
     resp = httpx.post(api_root.rstrip("/") + REGISTER_PATH, **client_args)
-    instance = challenged_instance(resp.headers.get("WWW-Authenticate"))
+    instance = response_instance(resp)
     if resp.status_code != 401 or instance is None:
         raise ValueError(
             f"{api_root} did not answer with a {PROOF_SCHEME} challenge (HTTP {resp.status_code})"
@@ -224,9 +242,11 @@ class ProofAuth(httpx.Auth):
     instance last named in a challenge; an answer whose challenge names another instance (a 401 to
     the first request or after a restart; ``/readyz``, which answers anyone, to a proof it could not
     use) is answered by signing for it and sending the request once more.
-    A streamed body cannot be sent twice: before the first streamed request the instance is read
-    from a request without body or proof to the same URL (answered 401 before any body is read),
-    and a streamed request refused for a changed instance returns its 401 to the caller.
+    A streamed body cannot be sent twice, and a large one should not be: before the first such
+    request the instance is read from a request without body or proof to the same URL (answered
+    401 before any body is read); a streamed request refused for a changed instance (a restart)
+    returns its 401 to the caller. Only a 401, or the answer to a GET or HEAD, is answered by
+    sending the request again: an answer that took the request is never followed by another.
     ``token``: the token, or what gives the one to sign with now (re-read per request, so a renewed
     token is used at once); ``root``: the path of the client's base URL, left out of the signed
     target (the synchronizer sees the path from its API's root, whatever prefix a proxy routes on)."""
@@ -245,15 +265,19 @@ class ProofAuth(httpx.Auth):
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         resendable = isinstance(request.stream, httpx.ByteStream)
-        if not self.instance and not resendable:
+        large = resendable and len(request.content) > PROBE_ABOVE_BYTES
+        if not self.instance and (large or not resendable):  # read the instance without the body
             probe = yield httpx.Request(request.method, request.url, headers={"Content-Length": "0"})
-            self.instance = challenged_instance(probe.headers.get("WWW-Authenticate")) or ""
+            self.instance = response_instance(probe) or self.instance
         signed_for = self.instance
         self._sign(request, signed_for)
         response = yield request
-        named = challenged_instance(response.headers.get("WWW-Authenticate"))
-        if named is None or named == signed_for:
-            return  # served, or refused for another reason than the instance: the caller sees the 401
+        named = response_instance(response)
+        # only a refusal (or a read, such as /readyz) is sent again: an answer that took the request
+        # is never repeated, whatever challenge it carries
+        taken = response.status_code != 401 and request.method not in ("GET", "HEAD")
+        if named is None or named == signed_for or taken:
+            return  # served, or refused for another reason than the instance: the caller sees the answer
         self.instance = named
         if resendable:
             self._sign(request, named)

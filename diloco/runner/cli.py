@@ -70,7 +70,15 @@ FLAGS = derive_flags(
         "data": None,
         "tracking": None,
     },
-    exclude=("speed_factors", "bandwidth_limits", "host", "poll_interval_s", "stop_timeout_s", "python"),
+    exclude=(
+        "speed_factors",
+        "bandwidth_limits",
+        "host",
+        "poll_interval_s",
+        "stop_timeout_s",
+        "python",
+        "sync_memory",
+    ),
     help={
         "seed": "seed of the chaos schedule and the model",
         "max-steps": "inner steps per learner",

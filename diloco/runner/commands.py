@@ -113,7 +113,7 @@ def build_synchronizer_argv(settings: RunSettings, paths: RunPaths, *, port: int
         run_job_id(settings, paths),
         *to_argv(ALGORITHM_FLAGS, settings.algorithm()),
         *to_argv(TRACKING_FLAGS, run_tracking(settings, paths)),
-        *setting_flags(settings.sync_memory),
+        *setting_flags(settings.sync_memory.settings()),
     ]
 
 

@@ -113,7 +113,7 @@ def _notes(spec: DiLoCoJobSpec, raw: dict[str, Any]) -> list[str]:
     if sync_fields:
         notes.append(
             f"spec.synchronizer.{{{', '.join(sync_fields)}}} are not used by a local run: one local synchronizer "
-            "process (its memory budgets are)"
+            "process (its memory budgets are: synchronizer.memory and the shares of a memory limit)"
         )
     for unit in spec.learner_units:
         if unit.replicas == 0:

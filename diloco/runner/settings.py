@@ -30,6 +30,20 @@ HEARTBEAT_TIMEOUT_S = 6.0
 __all__ = ["MODES", "Mode", "RunSettings", "SettingsError", "build_algorithm", "resolve_gpus"]
 
 
+class SyncMemory(BaseModel):
+    """The local synchronizer's memory budgets in bytes, by its settings' names (None: its default);
+    set from a job file's ``synchronizer.memory`` and memory limit, as the operator sets its pod's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    round_memory_bytes: int | None = Field(None, ge=0)
+    served_in_memory_bytes: int | None = Field(None, ge=0)
+    memory_budget_bytes: int | None = Field(None, ge=0)
+
+    def settings(self) -> dict[str, int]:
+        return {name: size for name, size in self.model_dump().items() if size is not None}
+
+
 class RunSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -68,8 +82,7 @@ class RunSettings(BaseModel):
     )
     speed_factors: tuple[float, ...] = ()  # step-time multiplier per learner (--speed-factors, --slow)
     batch_sizes: tuple[int, ...] = ()  # sequences per micro-batch per learner (a job file's units)
-    # the synchronizer's memory budgets in bytes by its setting's name (a job file's synchronizer.memory)
-    sync_memory: dict[str, Annotated[int, Field(ge=0)]] = {}
+    sync_memory: SyncMemory = SyncMemory()  # the synchronizer's memory budgets (a job file's)
     job_file: str | None = None  # the DiLoCoJob manifest the run was made from (-f)
     job_id: str | None = None  # the job's id: the manifest's name with -f (default: run-<folder>)
     compile_model: Annotated[bool, Cli("compile")] = Field(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 from diloco_core.auth import learner_token
 from diloco_core.request_proof import (
+    PROBE_ABOVE_BYTES,
     PROOF_WINDOW_S,
     ProofAuth,
     RequestProof,
@@ -17,6 +20,7 @@ from diloco_core.request_proof import (
     proven_claims,
     read_proof,
     request_target,
+    response_instance,
     time_problem,
 )
 from diloco_core.request_proof import prove as prove_for
@@ -71,7 +75,10 @@ def test_the_challenge_names_the_instance_to_sign_for() -> None:
     assert instance != new_instance()
     assert challenged_instance(challenge(instance)) == instance
     assert challenged_instance('diloco-proof instance="x-1", realm="y"') == "x-1"
-    for other in (None, "", "Bearer", 'Basic instance="x"', "DiLoCo-Proof", 'DiLoCo-Proof instance="a b"'):
+    assert challenged_instance(f'Basic realm="proxy", {challenge(instance)}') == instance  # a proxy's first
+    assert challenged_instance(f'{challenge(instance)}, Basic realm="p", instance="other"') == instance
+    for other in (None, "", "Bearer", 'Basic instance="x"', "DiLoCo-Proof", 'DiLoCo-Proof instance="a b"',
+                  'DiLoCo-Proof foo_instance="x"', 'Basic realm="p", instance="x"'):  # fmt: skip
         assert challenged_instance(other) is None
 
 
@@ -194,6 +201,57 @@ def test_a_streamed_body_is_signed_for_the_instance_read_first_and_never_sent_tw
     assert len(sync.seen) == 4
 
 
+def test_an_answer_that_took_the_request_is_never_followed_by_another_whatever_its_challenge() -> None:
+    sent: list[httpx.Request] = []
+
+    def taken_with_a_challenge(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(202, headers={"WWW-Authenticate": challenge("elsewhere")})
+
+    auth = ProofAuth(TOKEN)
+    auth.instance = INSTANCE
+    client = httpx.Client(
+        base_url="http://sync.example/", transport=httpx.MockTransport(taken_with_a_challenge), auth=auth
+    )
+    assert client.post("/v1/x", content=b"contribution").status_code == 202
+    assert len(sent) == 1
+    assert auth.instance == INSTANCE
+
+
+def test_a_large_body_is_not_sent_before_its_instance_is_known() -> None:
+    sync = ChallengingSynchronizer()
+    client = httpx.Client(
+        base_url="http://sync.example/", transport=httpx.MockTransport(sync), auth=ProofAuth(TOKEN)
+    )
+    body = bytes(PROBE_ABOVE_BYTES + 1)
+    assert client.post("/v1/x", content=body).status_code == 204
+    probe, sent = (request for request, _ in sync.seen)
+    assert (probe.content, sent.content) == (b"", body)  # the body crossed the link once
+
+
+def test_the_instance_is_read_among_several_challenges() -> None:
+    def two_challenges(request: httpx.Request) -> httpx.Response:
+        headers = [("WWW-Authenticate", 'Basic realm="proxy"'), ("WWW-Authenticate", challenge("i-2"))]
+        return httpx.Response(401, headers=headers)
+
+    response = httpx.Client(transport=httpx.MockTransport(two_challenges)).get("http://sync.example/")
+    assert response_instance(response) == "i-2"
+
+
+def test_an_async_client_signs_for_the_instance_its_challenge_names() -> None:
+    sync = ChallengingSynchronizer()
+
+    async def two_posts() -> list[int]:
+        transport = httpx.MockTransport(sync)
+        async with httpx.AsyncClient(
+            base_url="http://sync.example/", transport=transport, auth=ProofAuth(TOKEN)
+        ) as c:
+            return [(await c.post("/v1/x", content=b"body")).status_code for _ in range(2)]
+
+    assert asyncio.run(two_posts()) == [204, 204]
+    assert [status for _, status in sync.seen] == [401, 204, 204]
+
+
 def test_a_refusal_for_another_reason_than_the_instance_is_not_sent_again() -> None:
     sync = ChallengingSynchronizer()
     client = httpx.Client(
@@ -203,6 +261,8 @@ def test_a_refusal_for_another_reason_than_the_instance_is_not_sent_again() -> N
     )
     assert client.get("/v1/x").status_code == 401
     assert [status for _, status in sync.seen] == [401, 401]  # learned the instance, signed again, refused
+    assert client.get("/v1/x").status_code == 401  # the instance known: refused once, not sent again
+    assert len(sync.seen) == 3
 
 
 def test_the_client_signs_the_path_from_the_apis_root_and_the_query() -> None:

@@ -173,7 +173,7 @@ def test_a_contribution_whose_tensors_cannot_be_read_is_excluded_and_the_others_
 
 @pytest.mark.xfail(
     strict=True,
-    reason="known defect (issue 26, 'Also seen'): a lagging learner's parts of one step, small in its "
+    reason="known defect (docs/algorithm.md 3.7): a lagging learner's parts of one step, small in its "
     "learning-rate warm-up, are the lower median of a two-learner job and the other learner's whole "
     "contributions are excluded from every round; seen live with one learner 20x slower",
 )

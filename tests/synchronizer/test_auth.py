@@ -76,6 +76,18 @@ def test_a_proof_is_good_for_the_process_it_was_signed_for_alone() -> None:
         assert info.value.headers == {"WWW-Authenticate": f'DiLoCo-Proof instance="{other}"'}
 
 
+def test_a_proof_dated_ahead_of_the_clock_is_used_up_by_its_refusal() -> None:
+    seen = SeenProofs()
+    ahead = signed("a", at=NOW + PROOF_WINDOW_S + 100)
+    with pytest.raises(ApiError) as info:
+        authenticate(check(seen=seen), ahead)
+    assert info.value.code == "clock_skew"
+    later = TokenCheck(SECRET, clock=lambda: NOW + 120, seen=seen, instance=INSTANCE)  # the clock caught up
+    with pytest.raises(ApiError) as again:
+        authenticate(later, ahead)
+    assert "received before" in again.value.body.reason
+
+
 def test_each_process_draws_its_own_instance() -> None:
     assert TokenCheck(SECRET).instance != TokenCheck(SECRET).instance
 
