@@ -38,6 +38,11 @@ def _refused(resp: httpx.Response) -> bool:
     return resp.status_code == 401
 
 
+def _captured(resp: httpx.Response, learner: str) -> dict[str, str]:
+    """The headers that authenticated a request, as read off the wire."""
+    return {"Authorization": resp.request.headers["authorization"], proto.LEARNER_HEADER: learner}
+
+
 def _two_shards(tmp: Path) -> tuple[BenchSync, BenchSync]:
     """Shard 0 (which owns the fragment) and shard 1 of one job: two processes, one job secret."""
     shards = [BenchSync(tmp / f"capture-shard-{i}", []) for i in (0, 1)]
@@ -72,7 +77,7 @@ def capture(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             # the learner's own request, read off the wire
             sent = signed.post(route, params=query, content=blob)
             assert sent.status_code == 202, sent.text
-            seen = {"Authorization": sent.request.headers["authorization"], proto.LEARNER_HEADER: learner}
+            seen = _captured(sent, learner)
             captured.append((query, blob, seen))
             leave = proto.API_PREFIX + proto.LEAVE_PATH.format(learner_id=learner)
             more = {**query, "steps": 10 * H, "tokens": 80 * H}
@@ -94,11 +99,7 @@ def capture(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             beat = signed.post(beat_route, json={"step": seq * H, "tokens": 8 * seq * H, "step_time_s": 0.1})
             assert beat.status_code == 200, beat.text
             forged = {"step": seq * H, "tokens": 8 * seq * H, "step_time_s": 86_400.0}
-            beat_head = {
-                "Authorization": beat.request.headers["authorization"],
-                proto.LEARNER_HEADER: learner,
-            }
-            to_shard_1 = httpx.post(shard_1.url + beat_route, json=forged, headers=beat_head)
+            to_shard_1 = httpx.post(shard_1.url + beat_route, json=forged, headers=_captured(beat, learner))
             refused["heartbeat_forged_to_another_shard"] += _refused(to_shard_1)
         sync.kill9()
         sync.start()

@@ -174,12 +174,15 @@ def read_proof(authorization: str | None) -> RequestProof | None:
     return RequestProof(claims, int(signed_at), nonce, sig)
 
 
-def proven_claims(job_secret: str, proof: RequestProof, signed: Signed) -> TokenClaims | None:
-    """The claims of the token whose mac signed ``signed`` (the request as received, for this
-    process's instance), or None: a signature that is not this request's for this instance under
-    the token the job secret makes for these claims, or claims that are malformed."""
+def proven_claims(
+    job_secret: str, proof: RequestProof, method: str, target: str, instance: str
+) -> TokenClaims | None:
+    """The claims of the token whose mac signed this request (``method`` and ``target`` as
+    received, for this process's ``instance``), or None: a signature that is not this request's for
+    this instance under the token the job secret makes for these claims, or malformed claims."""
     if not job_secret:
         return None
+    signed = Signed(method, target, instance, proof.signed_at, proof.nonce)
     expected = _signature(token_mac(job_secret, proof.claims), signed)
     if not hmac.compare_digest(expected.encode(), proof.signature.encode()):
         return None

@@ -95,9 +95,7 @@ def _settings(spec: DiLoCoJobSpec, learners: int) -> dict[str, Any]:
         out["train"] = {**out["train"], "max_steps": spec.budget.steps}
     if spec.budget.tokens is not None:
         out["token_budget"] = spec.budget.tokens
-    sync_memory = spec.synchronizer.memory_budgets.settings()  # as the operator gives them to its pod
-    if sync_memory:
-        out["sync_memory"] = sync_memory
+    out["sync_memory"] = spec.synchronizer.memory_budgets.settings()  # as the operator gives them to its pod
     if spec.chaos.enabled:
         out["mtbf_s"], out["repair_s"] = spec.chaos.mtbf_seconds, spec.chaos.repair_seconds
     else:

@@ -25,7 +25,6 @@ from diloco_core.protocol import LEARNER_HEADER
 from diloco_core.request_proof import (
     PROOF_SCHEME,
     SeenProofs,
-    Signed,
     challenge,
     new_instance,
     proven_claims,
@@ -102,8 +101,7 @@ def authenticate(check: TokenCheck, head: RequestHead, *, subject: str | None = 
     proof = read_proof(head.authorization)
     if proof is None:
         raise check.refused(f"malformed {PROOF_SCHEME} proof for learner {claimed!r}")
-    signed = Signed(head.method, head.target, check.instance, proof.signed_at, proof.nonce)
-    claims = proven_claims(check.job_secret, proof, signed)
+    claims = proven_claims(check.job_secret, proof, head.method, head.target, check.instance)
     if claims is None:
         raise check.refused(
             f"invalid proof for learner {claimed!r}: not this request's, not for this synchronizer process "

@@ -11,9 +11,7 @@ from diloco_core.request_proof import (
     PROBE_ABOVE_BYTES,
     PROOF_WINDOW_S,
     ProofAuth,
-    RequestProof,
     SeenProofs,
-    Signed,
     challenge,
     challenged_instance,
     new_instance,
@@ -34,10 +32,6 @@ def prove(token: str, method: str, target: str, **kwargs: object) -> str:
     return prove_for(token, method, target, instance=INSTANCE, **kwargs)  # type: ignore[arg-type]
 
 
-def signed(proof: RequestProof, method: str, target: str, instance: str = INSTANCE) -> Signed:
-    return Signed(method, target, instance, proof.signed_at, proof.nonce)
-
-
 def test_the_proof_carries_the_claims_and_never_the_tokens_mac() -> None:
     header = prove(TOKEN, "POST", "/v1/learners/register", now=1000, nonce="n1")
     mac = TOKEN.rsplit(".", 1)[1]
@@ -46,7 +40,7 @@ def test_the_proof_carries_the_claims_and_never_the_tokens_mac() -> None:
     proof = read_proof(header)
     assert proof is not None
     assert (proof.signed_at, proof.nonce) == (1000, "n1")
-    claims = proven_claims(SECRET, proof, signed(proof, "POST", "/v1/learners/register"))
+    claims = proven_claims(SECRET, proof, "POST", "/v1/learners/register", INSTANCE)
     assert claims is not None
     assert (claims.learner, claims.tokens_per_step) == ("a", 64)
 
@@ -67,7 +61,7 @@ def test_a_proof_is_not_good_for_another_request_process_or_job(
 ) -> None:
     proof = read_proof(prove(TOKEN, "POST", "/v1/learners/register", now=1000))
     assert proof is not None
-    assert proven_claims(secret, proof, signed(proof, method, target, instance)) is None
+    assert proven_claims(secret, proof, method, target, instance) is None
 
 
 def test_the_challenge_names_the_instance_to_sign_for() -> None:
@@ -160,9 +154,7 @@ class ChallengingSynchronizer:
         target = request_target(request.url.path.removeprefix("/prefix"), request.url.query)
         claims = None
         if proof is not None:
-            claims = proven_claims(
-                SECRET, proof, Signed(request.method, target, self.instance, proof.signed_at, proof.nonce)
-            )
+            claims = proven_claims(SECRET, proof, request.method, target, self.instance)
         status = 204 if claims is not None else 401
         self.seen.append((request, status))
         headers = {} if claims else {"WWW-Authenticate": challenge(self.instance)}
@@ -284,8 +276,8 @@ def test_the_client_signs_the_path_from_the_apis_root_and_the_query() -> None:
     assert first is not None
     assert second is not None
     target = request_target("/v1/fragments/0", "newer_than=3&wait=1.5")
-    assert proven_claims(SECRET, first, signed(first, "GET", target)) is not None
+    assert proven_claims(SECRET, first, "GET", target, INSTANCE) is not None
     assert first.nonce != second.nonce
-    claims = proven_claims(SECRET, second, signed(second, "GET", target))
+    claims = proven_claims(SECRET, second, "GET", target, INSTANCE)
     assert claims is not None
     assert claims.generation == 1  # the token given now: a renewal is used at once

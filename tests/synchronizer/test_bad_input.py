@@ -663,12 +663,13 @@ def test_slow_request_heads_neither_starve_healthz_nor_flood_the_log(
     assert len(log) < 256 * 1024, f"{len(log)} bytes of log during the attack: {log[-3000:]}"
 
 
-def upload_head(sync: SyncProcess, learner: str, length: int) -> bytes:
-    """The head of a contribution upload of ``learner`` to ``sync`` announcing a body of ``length`` bytes."""
+def upload_head(instance: str, learner: str, length: int) -> bytes:
+    """The head of a contribution upload of ``learner`` to the synchronizer process ``instance``
+    announcing a body of ``length`` bytes."""
     target = "/v1/fragments/0/contributions?base_version=0&steps=4&tokens=32&seq=1"
     return (
         f"POST {target} HTTP/1.1\r\nHost: synchronizer\r\nContent-Length: {length}\r\n"
-        + signed_head_lines(learner, "POST", target, instance_at(sync.url + API_PREFIX))
+        + signed_head_lines(learner, "POST", target, instance)
         + "\r\n"
     ).encode()
 
@@ -685,14 +686,13 @@ def test_a_stalled_body_is_closed_and_a_full_house_answers_503(sync_factory: Syn
         for p in (0, 1):
             assert a.init(p, initial_params(PLAN, p)).status_code == 200
         a.close()
-        head = upload_head(sync, "a", 2000)
+        instance = instance_at(sync.url + API_PREFIX)
+        head = upload_head(instance, "a", 2000)
         with socket.create_connection(("127.0.0.1", sync.port), timeout=60) as stalled:
             stalled.sendall(head + b"\x00" * 100)
             assert stalled.recv(4096) == b""  # closed by the server, no answer: the body never came
 
         # eight long-polls, connected before the ninth connection (the server accepts in order)
-        instance = instance_at(sync.url + API_PREFIX)
-
         def poll() -> bytes:
             return (
                 "GET /v1/fragments/0?newer_than=0&wait=8 HTTP/1.1\r\nHost: synchronizer\r\n"
@@ -735,9 +735,12 @@ def test_one_learners_trickling_uploads_neither_hold_the_server_nor_starve_the_o
             assert learner.register().status_code == 200
         for p in (0, 1):
             assert a.init(p, initial_params(PLAN, p)).status_code == 200
+        instance = instance_at(sync.url + API_PREFIX)
         for _ in range(10):
             sock = socket.create_connection(("127.0.0.1", sync.port), timeout=30)
-            sock.sendall(upload_head(sync, "a", 5000) + b"\x00")  # each signed on its own, as a learner's are
+            sock.sendall(
+                upload_head(instance, "a", 5000) + b"\x00"
+            )  # each signed on its own, as a learner's are
             uploads.append(sock)
         refused, admitted = [], []
         for sock in uploads:
