@@ -8,8 +8,8 @@ synchronizer process (file storage), driven through the learner's own client
   ``--probe-every`` rounds, and, after a kill -9 of the synchronizer halfway, five times the
   parameters' norm. Figures: rounds, the largest movement of the global model in a round against
   the bound (``max_update_norm_factor`` x the honest norm with outer lr 1, no momentum, no warm-up,
-  whole fp32 versions down), the adversary's contributions merged and excluded, and whether the
-  limit grew; then the same run with int2 downloads (the default), whose figure is the largest
+  whole fp32 versions down), the adversary's contributions merged and those merged scaled down to
+  the limit (clipped), and whether the limit grew; then the same run with int2 downloads (the default), whose figure is the largest
   movement of what a learner receives (the version plus its download residual).
 - ``uploads``: one learner opens ``--uploads`` contribution uploads and sends a byte of each now and
   then; meanwhile ``/healthz`` is probed and an honest learner contributes every half second.

@@ -97,6 +97,11 @@ def excluded_count(c: SyncClient) -> int:
     return int(c.status().fragments[0].excluded)
 
 
+def clipped_count(c: SyncClient) -> int:
+    """Contributions to fragment 0 merged scaled down to their norm limit since the process started."""
+    return int(c.status().fragments[0].clipped)
+
+
 def until_answered(call: Callable[[], proto.ContributionResult]) -> proto.ContributionResult | SyncRejected:
     """The call's answer or refusal, retried while the synchronizer is unavailable."""
     deadline = time.monotonic() + 120

@@ -26,6 +26,7 @@ from diloco_bench.attack_job import (
     SHAPES,
     H,
     client,
+    clipped_count,
     excluded_count,
     fetch_newer,
     grad_blob,
@@ -62,14 +63,15 @@ def _bound(args: argparse.Namespace, tmp: Path, down_codec: str) -> dict[str, An
         init_params(h, init)
         heavy = {"steps": H, "tokens": H * MAX_TOKENS_PER_STEP}
         version, values, seq = 0, init, 0
-        largest, merged_x, excluded_x, probes_excluded, probes = 0.0, 0, 0, 0, 0
-        restarted_excluded = None
+        largest, merged_x, clipped_x, probes_clipped, probes = 0.0, 0, 0, 0, 0
+        restarted_clipped = None
 
         def one_round(x_norm: float) -> bool:
-            """Both learners contribute on the current version; True when the adversary's was excluded."""
-            nonlocal version, values, seq, largest
+            """Both learners contribute on the current version; True when the adversary's was merged
+            scaled down to its limit (``clipped``)."""
+            nonlocal version, values, seq, largest, merged_x
             seq += 1
-            before_excluded = excluded_count(h)
+            before_clipped, before_excluded = clipped_count(h), excluded_count(h)
             h.contribute(
                 0, grad_blob(of_norm(rng, 1.0), version), base_version=version, steps=H, tokens=8 * H, seq=seq
             )
@@ -77,7 +79,8 @@ def _bound(args: argparse.Namespace, tmp: Path, down_codec: str) -> dict[str, An
             before = values
             version, values = fetch_newer(h, the_plan, version)
             largest = max(largest, norm_of({n: values[n] - before[n] for n in values}))
-            return excluded_count(h) > before_excluded
+            merged_x += excluded_count(h) == before_excluded
+            return clipped_count(h) > before_clipped
 
         for i in range(args.rounds):
             if i == args.rounds // 2:
@@ -85,22 +88,21 @@ def _bound(args: argparse.Namespace, tmp: Path, down_codec: str) -> dict[str, An
                 sync.start()
                 for c in (h, x):
                     join(c, the_plan)
-                restarted_excluded = one_round(5.0 * norm_of(values))
+                restarted_clipped = one_round(5.0 * norm_of(values))
                 continue
             probe = i >= 2 and i % args.probe_every == 0
-            excluded = one_round((factor + 1.0) if probe else (args.ratio if i >= 2 else 1.0))
+            clipped = one_round((factor + 1.0) if probe else (args.ratio if i >= 2 else 1.0))
             probes += probe
-            probes_excluded += probe and excluded
-            merged_x += not excluded
-            excluded_x += excluded
+            probes_clipped += probe and clipped
+            clipped_x += clipped
         return {
             "rounds": args.rounds,
             "largest_movement": largest,
             "bound": factor,
             "adversary_merged": merged_x,
-            "adversary_excluded": excluded_x,
-            "probes_above_the_limit_excluded": f"{probes_excluded}/{probes}",
-            "after_kill9_5x_params_norm_excluded": restarted_excluded,
+            "adversary_clipped": clipped_x,
+            "probes_above_the_limit_clipped": f"{probes_clipped}/{probes}",
+            "after_kill9_5x_params_norm_clipped": restarted_clipped,
         }
     finally:
         h.close()

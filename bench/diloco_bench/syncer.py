@@ -96,6 +96,11 @@ class Syncer:
         """Contributions the rounds' checks excluded."""
         return sum(fs.excluded for fs in self.fragments)
 
+    @property
+    def clipped(self) -> int:
+        """Contributions the rounds' checks merged scaled down to their norm limit."""
+        return sum(fs.clipped for fs in self.fragments)
+
     def round_for(self, p: int, learner: int) -> int | None:
         """The version of fragment ``p``'s round that is open without ``learner`` in it (the rule the
         service's long-poll announces rounds by), or None."""
@@ -188,7 +193,7 @@ class Syncer:
             fs.reject()
             return None
         merged = list(screened.merged)
-        update_norm = tensors_norm(result.update)
+        update_norm = screened.update_norm
         if len(merged) > 1 and fs.spec.kind == "dense":
             mean_norm = statistics.fmean(tensors_norm(c.tensors) for c in merged)
             if mean_norm > 0:
@@ -201,8 +206,9 @@ class Syncer:
             outer=result.outer,
             now=now,
             quorum=self.settings.quorum,
-            norms=screened.history.after(screened.norms, update_norm),
+            norms=screened.next_history(),
             excluded=len(screened.excluded),
+            clipped=len(screened.clipped),
             update=result.down_blob,
             merged={c.key for c in merged},
         )

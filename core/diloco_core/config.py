@@ -91,8 +91,8 @@ class DiLoCoSettings(_Model):
         10.0,
         ge=0.0,
         le=1e6,
-        description="a contribution or merged update whose norm exceeds this many times the median of the "
-        "fragment's recent ones is excluded from its round (0: only finiteness is checked)",
+        description="a contribution or merged update whose norm exceeds this many times the lower median of "
+        "the fragment's recent ones is merged scaled down to that limit (0: only finiteness is checked)",
     )
     fragment_strategy: FragmentStrategy = Field(
         "balanced",

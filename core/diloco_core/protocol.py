@@ -276,6 +276,13 @@ class RoundRecord(_Msg):
     excluded: list[ExcludedContribution] = Field(
         default_factory=list, description="contributions the round's checks left out, with the reason"
     )
+    clipped: list[ExcludedContribution] = Field(
+        default_factory=list,
+        description="contributions merged scaled down to the round's norm limit, with the reason",
+    )
+    update_clipped: str | None = Field(
+        None, description="why the merged outer gradient was scaled down to its limit, when it was"
+    )
     update_norm: float | None = Field(
         None, description="norm of the merged outer gradient the outer step took (how far the round moved)"
     )
@@ -289,6 +296,10 @@ class FragmentStatus(_Msg):
     excluded: int = Field(
         0,
         description="contributions the rounds' checks excluded since the synchronizer started (see its log)",
+    )
+    clipped: int = Field(
+        0,
+        description="contributions merged scaled down to their norm limit since the synchronizer started",
     )
 
 

@@ -18,11 +18,13 @@ test all run this function, so they run the same algorithm:
    (:func:`diloco_core.downlink.publish`); otherwise the new version is the outer step's result.
 
 Checks of the inputs before step 1 and of the merged update between steps 2 and 3 belong here too:
-the result carries the update so that such a check can read it.
+the result carries the update so that such a check can read it, and a merged update whose norm is
+above ``max_update_norm`` is scaled down to it before the outer step (``RoundResult.update_scale``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -31,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from diloco_core import downlink
+from diloco_core.code_norms import array_sum_squares
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
 from diloco_core.merge import contribution_weight, merge_fragment
@@ -67,6 +70,8 @@ class RoundResult:
     weights: tuple[float, ...]
     staleness: tuple[int, ...]  # versions each contribution's base is behind the round's version
     down_blob: bytes | None = None  # with compressed downloads: the update from the previous version
+    update_norm: float = math.nan  # of ``update`` as taken, when a ``max_update_norm`` was given
+    update_scale: float = 1.0  # what the merged update was multiplied by to bring it to ``max_update_norm``
 
 
 def outer_optimizer(settings: DiLoCoSettings) -> OuterOptimizer:
@@ -106,10 +111,13 @@ def merge_round(
     settings: DiLoCoSettings,
     *,
     down_block_size: int = downlink.codec.q.DEFAULT_BLOCK_SIZE,
+    max_update_norm: float = math.inf,
 ) -> RoundResult:
     """Version ``version + 1`` of ``fragment`` from version ``version`` (``params``, ``outer``) and
     the contributions merged into it; raises ``ValueError`` on inputs that cannot be merged
-    (none, mismatched tensors or shapes). ``down_block_size``: the block of a blocked download codec."""
+    (none, mismatched tensors or shapes). ``down_block_size``: the block of a blocked download codec;
+    ``max_update_norm``: the merged update is scaled down to this norm when its own is above (a
+    merged update with a value that is not finite is left as it is, for the caller's checks)."""
     weights = round_weights(contributions, version, settings)
     update = merge_fragment(
         [c.tensors for c in contributions],
@@ -118,6 +126,14 @@ def merge_round(
         kind=fragment.kind,
         mean_tensors=fragment.mean_tensors,
     )
+    update_norm, update_scale = math.nan, 1.0
+    if math.isfinite(max_update_norm):
+        update_norm = math.sqrt(sum(array_sum_squares(update[name]) for name in sorted(update)))
+        if math.isfinite(update_norm) and update_norm > max_update_norm:
+            update_scale = max_update_norm / update_norm
+            for tensor in update.values():
+                tensor *= np.float32(update_scale)
+            update_norm = max_update_norm
     new_params, new_outer = outer_optimizer(settings).step(outer, params, update, count=len(contributions))
     down_blob = None
     if settings.down_codec == "fp32":
@@ -142,4 +158,6 @@ def merge_round(
         weights=tuple(weights),
         staleness=tuple(staleness(c.base_version, version) for c in contributions),
         down_blob=down_blob,
+        update_norm=update_norm,
+        update_scale=update_scale,
     )

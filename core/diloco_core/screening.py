@@ -1,33 +1,41 @@
-"""What a round refuses to merge, decided before anything is committed (pure).
+"""What a round merges, and how much of each, decided before anything is committed (pure).
 
 A learner with a valid token can send any finite outer gradient. Before a round commits, its inputs
 and its result are checked:
 
-- every contribution: finite, a merge weight that can be computed from its claims (steps and
-  tokens within the bounds), and its norm within ``factor`` times the lower median of the norms
-  of the fragment's recently merged contributions and of this round's, each norm taken per square
-  root of its steps up to H (``step_scale``), and the limit scaled back by the contribution's own;
+- every contribution: finite, and a merge weight that can be computed from its claims (steps and
+  tokens within the bounds), else it is excluded with a reason;
+- its norm: within ``factor`` times the lower median of the norms of the fragment's recently merged
+  contributions and of this round's, each norm taken per square root of its steps up to H
+  (``step_scale``), and the limit scaled back by the contribution's own steps. A contribution above
+  its limit is **clipped**: merged scaled down to the limit, with the reason;
 - the merged update Δ: finite, and its norm within ``factor`` times the lower median of the recent
-  rounds' updates; the new parameters: finite.
+  rounds' updates, else scaled down to it before the outer step; the new parameters: finite.
+
+Clipped, not excluded: what one learner can do to a round is bounded either way, but an excluded
+honest contribution is lost. In a job of two learners the lower median is the smaller learner's, and
+an honest learner that lags (a loaded machine, a late start) sends parts of a step or two, small
+early in its learning-rate warm-up; excluded above that limit, the other learner's whole
+contributions were left out of every round. Clipped, they are merged at up to ``factor`` times the
+usual step, and the limit follows once the lagging learner's steps grow.
 
 The lower median: a learner whose norms are half of those counted cannot raise the limit, so the
-limit does not ratchet up round after round. While fewer than ``MIN_HISTORY`` norms are known, both
-norms are held to ``factor`` times the reference norm instead: the fragment's parameters' norm at
-its first checked round, kept with the history in the committed state (an outer gradient that
-moves them by many times their own size is no training progress, and a fixed reference does not
-compound over the first rounds); with parameters all zero there is no bound yet.
+limit does not ratchet up round after round (the history keeps the norms as merged, clipped ones at
+their limit). While fewer than ``MIN_HISTORY`` norms are known, both norms are held to ``factor``
+times the reference norm instead: the fragment's parameters' norm at its first checked round, kept
+with the history in the committed state (an outer gradient that moves them by many times their own
+size is no training progress, and a fixed reference does not compound over the first rounds); with
+parameters all zero there is no bound yet.
 
-A contribution that fails is excluded with a reason, and the round merges the others; when the
-result fails, the contribution with the largest norm is excluded and the round is merged again
-without it (a round never fails on input it accepted: at worst it merges nothing). The norm
-checks start once ``MIN_HISTORY`` rounds of the fragment were merged, and ``factor`` 0 turns them
-off (finiteness is always checked).
+When the result is not finite (sums that overflow), the contribution with the largest norm is
+excluded and the round is merged again without it (a round never fails on input it accepted: at
+worst it merges nothing). ``factor`` 0 turns the norm bounds off (finiteness is always checked).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
@@ -121,28 +129,83 @@ class NormHistory:
 @dataclass(frozen=True)
 class Screened(Generic[M]):
     """A round after its checks: the result (None when nothing could be merged), the contributions
-    merged (in the order given) and those excluded, each with its reason."""
+    merged (in the order given), those of them merged scaled down to their limit and those excluded,
+    each with its reason."""
 
     result: RoundResult | None
     merged: tuple[M, ...]
     excluded: tuple[tuple[M, str], ...]
-    norms: tuple[float, ...] = field(default=())  # of the merged contributions per step_scale, in order
+    norms: tuple[float, ...] = field(default=())  # of the merged contributions as merged, per step_scale
     history: NormHistory = field(default_factory=lambda: NormHistory())  # the one checked against
-    update_norm: float = math.nan  # of the result's update (when there is a result)
+    update_norm: float = math.nan  # of the result's update as taken (when there is a result)
+    clipped: tuple[tuple[M, str], ...] = ()
+    update_clipped: str | None = None  # why the merged update was scaled down, when it was
+
+    def next_history(self) -> NormHistory:
+        """The fragment's norm history once this round is committed."""
+        return self.history.after(self.norms, self.update_norm)
 
 
-def _result_problem(result: RoundResult, norm: float, history: NormHistory, factor: float) -> str | None:
-    """Why the result of a round cannot be committed (``norm``: its update's), or None."""
+class _ScaledTensors(Mapping[str, npt.NDArray[np.floating]]):
+    """A contribution's tensors times ``scale``, each read (and decoded) when the merge asks for it;
+    multiplied in float64, so that a scale below float32's range (a norm near its largest values,
+    brought to a small limit) still gives the tensor at its limit."""
+
+    def __init__(self, tensors: Mapping[str, npt.NDArray[np.floating]], scale: float) -> None:
+        self._tensors, self._scale = tensors, scale
+
+    def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
+        return (np.asarray(self._tensors[name], dtype=np.float64) * self._scale).astype(np.float32)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
+@dataclass(frozen=True)
+class _Clipped:
+    """A contribution merged at ``scale`` times its outer gradient, with its own claims."""
+
+    of: MergeInput
+    scale: float
+
+    @property
+    def base_version(self) -> int:
+        return self.of.base_version
+
+    @property
+    def steps(self) -> int:
+        return self.of.steps
+
+    @property
+    def tokens(self) -> int:
+        return self.of.tokens
+
+    @property
+    def tensors(self) -> Mapping[str, npt.NDArray[np.floating]]:
+        return _ScaledTensors(self.of.tensors, self.scale)
+
+
+def _as_merged(c: MergeInput, norm: float, limit: float) -> MergeInput:
+    """The contribution as the round merges it: itself, or scaled down to ``limit``."""
+    return c if norm <= limit else _Clipped(c, limit / norm)
+
+
+def _result_problem(result: RoundResult) -> str | None:
+    """Why the result of a round cannot be committed, or None."""
     reason = check_finite(result.update)
     if reason is not None:
         return f"merged update: {reason}"
     reason = check_finite(result.params)
     if reason is not None:
         return f"new parameters: {reason}"
-    limit = history.limit(history.updates, factor)
-    if norm > limit:
-        return f"merged update norm {norm:.4g} is above the limit {limit:.4g} (max_update_norm_factor {factor:g})"
     return None
+
+
+def _above(norm: float, limit: float, what: str, factor: float) -> str:
+    return f"norm {norm:.4g} is above the limit {limit:.4g}{what} (max_update_norm_factor {factor:g})"
 
 
 def _weight_problem(c: MergeInput, version: int, settings: DiLoCoSettings) -> str | None:
@@ -166,9 +229,9 @@ def screened_round(
     *,
     down_block_size: int = downlink.codec.q.DEFAULT_BLOCK_SIZE,
 ) -> Screened[M]:
-    """``round_math.merge_round`` of the contributions that pass the checks, with a result that passes
-    them (see the module's docstring); never raises on a contribution's values. ``down_block_size``:
-    the block of a blocked download codec."""
+    """``round_math.merge_round`` of the contributions that pass the checks, each at most at its
+    limit, with a result that passes them (see the module's docstring); never raises on a
+    contribution's values. ``down_block_size``: the block of a blocked download codec."""
     factor = settings.max_update_norm_factor
     history = history.with_reference(tensors_norm(params))
     checked: list[tuple[M, float]] = []
@@ -188,19 +251,12 @@ def screened_round(
     scales = [step_scale(c.steps, settings.inner_steps) for c, _ in checked]
     pool = (*history.contributions, *(n / scale for (_, n), scale in zip(checked, scales, strict=True)))
     relative, base_limit = len(pool) >= MIN_HISTORY, history.limit(pool, factor)
-    kept: list[tuple[M, float]] = []
-    for (c, norm), scale in zip(checked, scales, strict=True):
-        limit = base_limit * (scale if relative else 1.0)
-        if norm <= limit:
-            kept.append((c, norm))
-        else:
-            excluded.append(
-                (
-                    c,
-                    f"norm {norm:.4g} is above the limit {limit:.4g} for {c.steps} steps "
-                    f"(max_update_norm_factor {factor:g})",
-                ),
-            )
+    limits = {
+        id(c): base_limit * (scale if relative else 1.0)
+        for (c, _), scale in zip(checked, scales, strict=True)
+    }
+    update_limit = history.limit(history.updates, factor)
+    kept = list(checked)
     while kept:
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found by the checks below
@@ -209,19 +265,50 @@ def screened_round(
                     params,
                     outer,
                     version,
-                    [c for c, _ in kept],
+                    [_as_merged(c, norm, limits[id(c)]) for c, norm in kept],
                     settings,
                     down_block_size=down_block_size,
+                    max_update_norm=update_limit,
                 )
         except (ArithmeticError, ValueError) as exc:
             problem: str | None = f"the round could not be merged: {exc}"
         else:
-            update_norm = tensors_norm(result.update)
-            problem = _result_problem(result, update_norm, history, factor)
+            problem = _result_problem(result)
             if problem is None:
-                merged = tuple(c for c, _ in kept)
-                norms = tuple(n / step_scale(c.steps, settings.inner_steps) for c, n in kept)
-                return Screened(result, merged, tuple(excluded), norms, history, update_norm)
+                return _screened(result, kept, limits, excluded, history, settings)
         largest = max(range(len(kept)), key=lambda i: kept[i][1])
         excluded.append((kept.pop(largest)[0], f"{problem}; excluded as the largest contribution"))
     return Screened(None, (), tuple(excluded))
+
+
+def _screened(
+    result: RoundResult,
+    kept: Sequence[tuple[M, float]],
+    limits: Mapping[int, float],
+    excluded: Sequence[tuple[M, str]],
+    history: NormHistory,
+    settings: DiLoCoSettings,
+) -> Screened[M]:
+    """What a round that passed its checks merged, clipped and excluded."""
+    factor = settings.max_update_norm_factor
+    clipped = tuple(
+        (c, _above(norm, limits[id(c)], f" for {c.steps} steps", factor) + "; merged at the limit")
+        for c, norm in kept
+        if norm > limits[id(c)]
+    )
+    update_clipped = None
+    update_norm = result.update_norm if math.isfinite(result.update_norm) else tensors_norm(result.update)
+    if result.update_scale < 1.0:
+        update_clipped = (
+            _above(update_norm / result.update_scale, update_norm, "", factor) + "; taken at the limit"
+        )
+    return Screened(
+        result,
+        tuple(c for c, _ in kept),
+        tuple(excluded),
+        tuple(min(n, limits[id(c)]) / step_scale(c.steps, settings.inner_steps) for c, n in kept),
+        history,
+        update_norm,
+        clipped,
+        update_clipped,
+    )

@@ -142,7 +142,8 @@ class Committer:
         if self.tracking is not None:
             self.tracking.log(result.version, round_scalars(log_entry))
         log.info(
-            "fragment %d: version %d from %s (steps %s, tokens %s, weights %s, %d excluded, update norm %.4g, "
+            "fragment %d: version %d from %s (steps %s, tokens %s, weights %s, %d excluded, %d clipped, "
+            "update norm %.4g, "
             "merge %.3fs)",
             p,
             result.version,
@@ -151,6 +152,7 @@ class Committer:
             log_entry["tokens"],
             [round(w, 3) for w in result.weights],
             len(outcome.excluded),
+            len(outcome.clipped),
             log_entry["update_norm"],
             outcome.merge_s,
         )

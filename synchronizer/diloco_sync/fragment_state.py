@@ -59,6 +59,7 @@ class FragmentState:
         self._version_times: dict[int, float] = {}  # version -> when it was committed (wall clock)
         self._norms = NormHistory()  # of the recent rounds, as committed
         self._excluded = 0  # contributions the rounds' checks left out since start-up
+        self._clipped = 0  # contributions merged scaled down to their norm limit since start-up
 
     @property
     def index(self) -> int:
@@ -112,6 +113,11 @@ class FragmentState:
     def excluded(self) -> int:
         """Contributions the rounds' checks excluded since start-up."""
         return self._excluded
+
+    @property
+    def clipped(self) -> int:
+        """Contributions merged scaled down to their norm limit since start-up."""
+        return self._clipped
 
     @property
     def merged_through(self) -> dict[str, tuple[int, int]]:
@@ -326,6 +332,7 @@ class FragmentState:
         quorum: int,
         norms: NormHistory | None = None,
         excluded: int = 0,
+        clipped: int = 0,
         update: bytes | None = None,
         merged: Collection[str] | None = None,
         outer_key: str | None = None,
@@ -338,6 +345,7 @@ class FragmentState:
         self._expect("merging")
         self._norms = norms if norms is not None else self._norms
         self._excluded += excluded
+        self._clipped += clipped
         self._keys.apply_all(self._merging)
         taken = [c for c in self._merging if merged is None or c.key in merged]
         self._merged_through = merged_through(self._merged_through, taken)

@@ -39,6 +39,8 @@ class RoundOutcome:
     merged: tuple[Contribution, ...] = ()  # in the order of ``result.weights``
     excluded: tuple[tuple[Contribution, str], ...] = ()  # left out by the checks, with the reason
     norms: NormHistory = NO_HISTORY  # the fragment's norm history after this round
+    clipped: tuple[tuple[Contribution, str], ...] = ()  # merged scaled down to their limit, with the reason
+    update_clipped: str | None = None  # why the merged update was scaled down, when it was
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,8 @@ def run_round(
     norms: NormHistory = NO_HISTORY,
 ) -> RoundOutcome | NothingMerged:
     """Merge the contributions that pass the checks into a new version of the fragment, encoded for
-    the commit; never raises on a contribution's values (those that fail are excluded)."""
+    the commit; never raises on a contribution's values (those that fail are excluded, those above
+    the norm limit clipped)."""
     started = time.perf_counter()
     screened = screened_round(spec, params, outer, version, contributions, diloco, norms)
     if screened.result is None:
@@ -89,7 +92,9 @@ def run_round(
         merge_s=time.perf_counter() - started,
         merged=screened.merged,
         excluded=screened.excluded,
-        norms=screened.history.after(screened.norms, screened.update_norm),
+        norms=screened.next_history(),
+        clipped=screened.clipped,
+        update_clipped=screened.update_clipped,
     )
 
 
@@ -108,6 +113,7 @@ def round_scalars(entry: dict[str, Any]) -> dict[str, float]:
         "merged_steps": sum(entry["steps"]),
         "merged_tokens": sum(entry["tokens"]),
         "excluded": len(entry["excluded"]),
+        "clipped": len(entry.get("clipped", ())),
         "staleness_mean": sum(lags) / len(lags) if lags else 0.0,
         "update_norm": entry["update_norm"],
         "merge_s": entry["merge_s"],
@@ -136,6 +142,10 @@ def rounds_from_logs(entries: Sequence[dict[str, Any]], n: int) -> list[RoundRec
     return rounds[-n:]
 
 
+def _with_reasons(contributions: Sequence[tuple[Contribution, str]]) -> list[dict[str, str]]:
+    return [{"learner": c.learner_id, "key": c.key, "reason": reason} for c, reason in contributions]
+
+
 def round_log(
     fragment: int, outcome: RoundOutcome, contributions: Sequence[Contribution], timing: dict[str, float]
 ) -> dict[str, Any]:
@@ -152,9 +162,9 @@ def round_log(
         ],  # with those added into them
         "steps": [c.steps for c in contributions],
         "tokens": [c.tokens for c in contributions],
-        "excluded": [
-            {"learner": c.learner_id, "key": c.key, "reason": reason} for c, reason in outcome.excluded
-        ],
+        "excluded": _with_reasons(outcome.excluded),
+        "clipped": _with_reasons(outcome.clipped),
+        **({"update_clipped": outcome.update_clipped} if outcome.update_clipped else {}),
         "finished_at": time.time(),
         "merge_s": outcome.merge_s,
         "update_norm": outcome.update_norm,

@@ -18,7 +18,8 @@ class Metrics:
         r = self.registry
         self.contributions = Counter(
             "diloco_sync_contributions",
-            "Contributions by result (accepted, duplicate, an error code, or excluded from a round by its checks)",
+            "Contributions by result (accepted, duplicate, an error code, or excluded from a round or merged clipped "
+            "to its norm limit by its checks)",
             ["result"],
             registry=r,
         )

@@ -56,12 +56,14 @@ class RoundRunner:
         tick_s: float,
         on_tick: Callable[[], None] = lambda: None,
         on_excluded: Callable[[int, int], None] = lambda _p, _n: None,
+        on_clipped: Callable[[int, int], None] = lambda _p, _n: None,
         round_memory: RoundMemory | None = None,
     ) -> None:
         self.diloco, self.fragments, self.policy = diloco, fragments, policy
         self.committer, self.release = committer, release
         self.clock, self.tick_s, self.on_tick = clock, tick_s, on_tick
         self.on_excluded = on_excluded  # (fragment, how many) contributions a round's checks excluded
+        self.on_clipped = on_clipped  # (fragment, how many) contributions merged scaled down to their limit
         self._wake = asyncio.Event()
         self._stopping = False
         self._merges: set[asyncio.Task[None]] = set()
@@ -181,6 +183,22 @@ class RoundRunner:
         if excluded:
             self.on_excluded(fs.index, len(excluded))
 
+    def _report_clipped(self, fs: FragmentState, outcome: RoundOutcome) -> None:
+        for c, reason in outcome.clipped:
+            log.warning(
+                "fragment %d: contribution %s of learner %s merged scaled down: %s",
+                fs.index,
+                c.key,
+                c.learner_id,
+                reason,
+            )
+        if outcome.update_clipped:
+            log.warning(
+                "fragment %d: the merged update was scaled down: %s", fs.index, outcome.update_clipped
+            )
+        if outcome.clipped:
+            self.on_clipped(fs.index, len(outcome.clipped))
+
     async def _publish(
         self,
         fs: FragmentState,
@@ -199,10 +217,12 @@ class RoundRunner:
             quorum=self.diloco.quorum,
             norms=outcome.norms,
             excluded=len(outcome.excluded),
+            clipped=len(outcome.clipped),
             update=result.down_blob,
             merged={c.key for c in outcome.merged},
             outer_key=self.committer.outer_key(fs.index, result.version),
         )
+        self._report_clipped(fs, outcome)
         try:
             for c in contributions:
                 self.release.discard(c)

@@ -98,6 +98,7 @@ def build_round_parts(
         tick_s=settings.tick_s,
         on_tick=service.refresh_gauges,
         on_excluded=lambda _p, n: service.metrics.contributions.labels("excluded").inc(n),
+        on_clipped=lambda _p, n: service.metrics.contributions.labels("clipped").inc(n),
         round_memory=RoundMemory(settings.round_memory_bytes),
     )
     desk.wake = runner.wake

@@ -41,8 +41,9 @@ def test_the_harness_merges_reproduce_the_pinned_round_results() -> None:
 
 
 def test_the_harness_screens_each_round_as_the_synchronizer_does() -> None:
-    """A non-finite contribution and one far above the parameters' norm are excluded, each with its
-    reason counted, and the honest ones merge: the benchmarks' rounds apply the shipped checks."""
+    """A non-finite contribution is excluded and one far above the parameters' norm is merged
+    clipped to its limit, each counted, and the honest ones merge: the benchmarks' rounds apply the
+    shipped checks."""
     case = cases()[0]
     p = case.fragment.index
     others = {
@@ -59,8 +60,8 @@ def test_the_harness_screens_each_round_as_the_synchronizer_does() -> None:
         syncer.queue(p, c, 1.0)
     merged = syncer.flush(p, 1.0)
     assert merged is not None
-    assert syncer.excluded == 2
-    assert syncer.participants == 2
+    assert (syncer.excluded, syncer.clipped) == (1, 1)
+    assert syncer.participants == 3
     assert all(np.isfinite(v).all() for v in merged.params.values())
     moved = max(float(np.abs(merged.params[n] - case.params[n]).max()) for n in case.params)
     assert 0 < moved < 1.0

@@ -207,7 +207,8 @@ def test_an_adversarial_learner_moves_the_model_by_at_most_the_bound_across_a_re
     """An honest learner sends norm 1 each round; one with every weight it may claim sends 9 (inside
     the limit of 10 x the lower median), then 11, then after a kill -9 five times the parameters'
     norm. The global model moves at most 10 per round (outer lr 1, no momentum), the limit never
-    ratchets up (11 is excluded after 12 rounds at 9), and the restart does not reopen the window."""
+    ratchets up (11 is clipped to 10 after 12 rounds at 9), and the restart does not reopen the window
+    (the 5x is clipped too)."""
     args = [
         *ARGS,
         "--quorum",
@@ -245,12 +246,17 @@ def test_an_adversarial_learner_moves_the_model_by_at_most_the_bound_across_a_re
         version, values = round_with(version, 9.0, 100 + 10 * i)
         moved = params_norm({n: values[n] - before[n] for n in values})
         assert moved <= 10.0 * (1 + 1e-5), f"round {version}: moved {moved}"
-    excluded = status(sync.url)["fragments"][0]["excluded"]  # type: ignore[index]
+    clipped = status(sync.url)["fragments"][0]["clipped"]  # type: ignore[index]
+    before = values
     version, values = round_with(version, 11.0, 999)  # above 10 x the honest norm: the limit did not grow
-    assert status(sync.url)["fragments"][0]["excluded"] == excluded + 1  # type: ignore[index]
-    (why,) = status(sync.url)["recent_rounds"][0]["excluded"]  # type: ignore[index]
+    assert status(sync.url)["fragments"][0]["clipped"] == clipped + 1  # type: ignore[index]
+    newest = status(sync.url)["recent_rounds"][0]  # type: ignore[index]
+    assert (newest["participants"], newest["excluded"]) == (["h", "x"], [])  # type: ignore[index]
+    (why,) = newest["clipped"]  # type: ignore[index]
     assert why["learner"] == "x"
     assert "above the limit" in why["reason"]
+    assert "merged at the limit" in why["reason"]
+    assert params_norm({n: values[n] - before[n] for n in values}) <= 10.0 * (1 + 1e-5)
     sync.kill9()
     sync.start()
     for learner in (h, x):
@@ -258,6 +264,6 @@ def test_an_adversarial_learner_moves_the_model_by_at_most_the_bound_across_a_re
         assert learner.heartbeat(4).status_code == 200
     before = values
     version, values = round_with(version, 5.0 * params_norm(values), 2024)
-    assert status(sync.url)["fragments"][0]["excluded"] == 1  # type: ignore[index]  # since the restart
+    assert status(sync.url)["fragments"][0]["clipped"] == 1  # type: ignore[index]  # since the restart
     moved = params_norm({n: values[n] - before[n] for n in values})
     assert moved <= 10.0 * (1 + 1e-5)

@@ -1,15 +1,16 @@
 from __future__ import annotations
 
+import logging
 import random
 
 import numpy as np
 from diloco_core import bounds
 from diloco_core.fragments import build_plan
 from diloco_core.protocol import Heartbeat
-from diloco_worker.comms import CommSettings, Communicator
+from diloco_worker.comms import CommSettings, Communicator, heartbeat_failure_level
 from diloco_worker.fragment_state import Outgoing
 from diloco_worker.pacing import TokenBucket, backoff_delay
-from diloco_worker.sync_client import SyncClient
+from diloco_worker.sync_client import SyncClient, SyncUnavailable
 
 
 def test_backoff_grows_exponentially_with_jitter_and_a_cap() -> None:
@@ -67,3 +68,12 @@ def test_the_heartbeat_reports_only_what_the_synchronizer_accepts() -> None:
     assert Heartbeat.model_validate_json(hb.model_dump_json()) == hb
     comm.progress.eval_loss = 2.5
     assert comm.heartbeat().eval_loss == 2.5
+
+
+def test_a_heartbeat_refused_for_the_clock_is_a_warning_and_other_failures_are_debug() -> None:
+    skew = SyncUnavailable("HTTP 401 clock_skew: the proof is dated 400 s from the synchronizer's clock")
+    assert [heartbeat_failure_level(skew, n) for n in (1, 2, 19, 20, 21, 40)] == [
+        logging.WARNING, logging.DEBUG, logging.DEBUG, logging.WARNING, logging.DEBUG, logging.WARNING
+    ]  # fmt: skip
+    down = SyncUnavailable("cannot reach http://sync:8000: connection refused")
+    assert heartbeat_failure_level(down, 1) == logging.DEBUG

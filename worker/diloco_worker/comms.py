@@ -45,6 +45,14 @@ from .sync_client import ShardClients, SyncClient, SyncRejected, SyncUnavailable
 log = logging.getLogger("diloco_worker.comms")
 
 
+def heartbeat_failure_level(exc: SyncUnavailable, attempt: int) -> int:
+    """How loudly a failed heartbeat (the ``attempt``-th in a row) is logged: a refusal for the clock
+    (401 ``clock_skew``, which no retry cures until a clock is set right) as a warning at the first
+    failure and every 20th after; anything else (a restart, a blip) at debug."""
+    skewed = "clock_skew" in str(exc)
+    return logging.WARNING if skewed and (attempt == 1 or attempt % 20 == 0) else logging.DEBUG
+
+
 def _within(seconds: float, high: float) -> float:
     """A measured duration as reported: in [0, high], 0 when it is not a number."""
     return min(max(seconds, 0.0), high) if math.isfinite(seconds) else 0.0
@@ -226,7 +234,7 @@ class Communicator:
                 attempt = 0
             except SyncUnavailable as exc:
                 attempt += 1
-                log.debug("shard=%d heartbeat failed: %s", shard, exc)
+                log.log(heartbeat_failure_level(exc, attempt), "shard=%d heartbeat failed: %s", shard, exc)
             except SyncRejected as exc:
                 attempt += 1
                 if exc.status in (401, 404):
