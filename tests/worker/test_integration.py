@@ -61,11 +61,16 @@ def _finish(proc: ManagedProcess, timeout: float = 120) -> int | None:
     return proc.returncode()
 
 
-def test_two_learners_lower_the_held_out_loss_of_the_global_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slow", [1, 20], ids=["alike", "one_20x_slower"])
+def test_two_learners_lower_the_held_out_loss_of_the_global_model(tmp_path: Path, slow: int) -> None:
     # K = 2: every round merges both learners (with K = 1 and plain Nesterov, single-learner rounds
     # make the outer momentum overshoot on a run this short, and the result varies from run to run).
     # The learners train until every fragment has had enough rounds rather than for a fixed number
     # of steps, so a learner that starts late on a loaded machine still overlaps with the other.
+    # With one learner 20x slower, each round takes a part of a step or two of it (small early in
+    # its learning-rate warm-up, the lower median of the round's norms) and many steps of the other:
+    # both are merged in every round, the other's clipped when above the limit the parts set (when
+    # it was excluded instead, a fragment merged only the slow learner's parts in all its rounds).
     sync = Synchronizer(tmp_path, inner_steps=H, fragments=P, quorum=2)
     sync.start()
     rounds = 12
@@ -74,8 +79,18 @@ def test_two_learners_lower_the_held_out_loss_of_the_global_model(tmp_path: Path
             tmp_path,
             f"l{i}",
             sync.url,
-            [*PLAN, "--max-steps", "2000", "--learner-index", str(i), "--num-learners", "2"],
-        )
+            [
+                *PLAN,
+                "--max-steps",
+                "2000",
+                "--learner-index",
+                str(i),
+                "--num-learners",
+                "2",
+                "--speed-factor",
+                str(slow if i == 1 else 1),
+            ],
+        )  # fmt: skip
         for i in range(2)
     ]
     try:
@@ -95,7 +110,7 @@ def test_two_learners_lower_the_held_out_loss_of_the_global_model(tmp_path: Path
             assert _finish(lr, timeout=120) == 0, lr.failure_report()
         status = sync.status()
         by_id = {x["learner_id"]: x for x in status["learners"]}
-        assert all(x["step"] >= rounds * H // P for x in by_id.values()), by_id
+        assert all(x["step"] >= (rounds * H // P if slow == 1 else rounds) for x in by_id.values()), by_id
         assert all(x["state"] == "left" for x in by_id.values())
         assert all(x["bytes_sent"] > 0 for x in by_id.values())
         start, end = held_out_loss(None), held_out_loss(sync.global_params())
@@ -112,6 +127,8 @@ def test_two_learners_lower_the_held_out_loss_of_the_global_model(tmp_path: Path
             )
             for r in status["recent_rounds"]
         ]  # what each round merged, and what its checks left out: the failure says why
+        assert all(sorted(r["participants"]) == ["l0", "l1"] for r in status["recent_rounds"]), merged
+        assert not any(r["excluded"] for r in status["recent_rounds"]), merged
         assert end < start - 1.0, (start, end, merged)
     finally:
         stop_all([*learners])
