@@ -93,8 +93,10 @@ def fetch_newer(c: SyncClient, the_plan: FragmentPlan, newer_than: int) -> tuple
     raise RuntimeError(f"no version newer than {newer_than} within 60 s")
 
 
-def excluded_count(c: SyncClient) -> int:
-    return int(c.status().fragments[0].excluded)
+def in_newest_round(c: SyncClient, learner: str) -> bool:
+    """Whether fragment 0's newest round merged ``learner``'s contribution."""
+    rounds = [r for r in c.status().recent_rounds if r.fragment == 0]
+    return bool(rounds) and learner in max(rounds, key=lambda r: r.version).participants
 
 
 def clipped_count(c: SyncClient) -> int:

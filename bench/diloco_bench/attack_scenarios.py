@@ -27,9 +27,9 @@ from diloco_bench.attack_job import (
     H,
     client,
     clipped_count,
-    excluded_count,
     fetch_newer,
     grad_blob,
+    in_newest_round,
     init_params,
     job_args,
     join,
@@ -71,7 +71,7 @@ def _bound(args: argparse.Namespace, tmp: Path, down_codec: str) -> dict[str, An
             scaled down to its limit (``clipped``)."""
             nonlocal version, values, seq, largest, merged_x
             seq += 1
-            before_clipped, before_excluded = clipped_count(h), excluded_count(h)
+            before_clipped = clipped_count(h)
             h.contribute(
                 0, grad_blob(of_norm(rng, 1.0), version), base_version=version, steps=H, tokens=8 * H, seq=seq
             )
@@ -79,7 +79,7 @@ def _bound(args: argparse.Namespace, tmp: Path, down_codec: str) -> dict[str, An
             before = values
             version, values = fetch_newer(h, the_plan, version)
             largest = max(largest, norm_of({n: values[n] - before[n] for n in values}))
-            merged_x += excluded_count(h) == before_excluded
+            merged_x += in_newest_round(h, "adversary")
             return clipped_count(h) > before_clipped
 
         for i in range(args.rounds):

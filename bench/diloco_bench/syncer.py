@@ -17,7 +17,7 @@ from diloco_core.fragments import FragmentPlan
 from diloco_core.learner import Sent
 from diloco_core.outer import OuterState
 from diloco_core.round_math import RoundResult
-from diloco_core.screening import screened_round, tensors_norm
+from diloco_core.screening import Checked, screened_round, tensors_norm
 from diloco_sync.contribution import Contribution
 from diloco_sync.fragment_state import FragmentState
 
@@ -94,12 +94,12 @@ class Syncer:
     @property
     def excluded(self) -> int:
         """Contributions the rounds' checks excluded."""
-        return sum(fs.excluded for fs in self.fragments)
+        return sum(fs.checked.excluded for fs in self.fragments)
 
     @property
     def clipped(self) -> int:
         """Contributions the rounds' checks merged scaled down to their norm limit."""
-        return sum(fs.clipped for fs in self.fragments)
+        return sum(fs.checked.clipped for fs in self.fragments)
 
     def round_for(self, p: int, learner: int) -> int | None:
         """The version of fragment ``p``'s round that is open without ``learner`` in it (the rule the
@@ -194,7 +194,12 @@ class Syncer:
             return None
         merged = list(screened.merged)
         update_norm = screened.update_norm
-        if len(merged) > 1 and fs.spec.kind == "dense":
+        if (
+            len(merged) > 1
+            and fs.spec.kind == "dense"
+            and not screened.clipped
+            and not screened.update_clipped
+        ):
             mean_norm = statistics.fmean(tensors_norm(c.tensors) for c in merged)
             if mean_norm > 0:
                 self.norm_ratios.append(update_norm / mean_norm)
@@ -207,8 +212,7 @@ class Syncer:
             now=now,
             quorum=self.settings.quorum,
             norms=screened.next_history(),
-            excluded=len(screened.excluded),
-            clipped=len(screened.clipped),
+            checked=Checked(len(screened.excluded), len(screened.clipped)),
             update=result.down_blob,
             merged={c.key for c in merged},
         )

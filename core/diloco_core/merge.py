@@ -22,6 +22,7 @@ from diloco_core.bounds import MAX_STEPS, MAX_TOKENS
 
 F32 = npt.NDArray[np.float32]
 MergeRule = Literal["rda", "mean"]
+TINY_SCALE = 1e-30  # a scale below this is applied in float64 (float32 would lose it below its range)
 
 # The mean direction counts as vanished below this norm (unit directions averaged; 1 is the maximum).
 _MIN_DIRECTION_NORM = 1e-6
@@ -108,6 +109,14 @@ def _accumulate(flats: Sequence[F32], scales: Sequence[float]) -> F32:
             np.multiply(flat, np.float32(scale), out=scratch)
             acc += scratch
     return acc
+
+
+def scaled(x: npt.NDArray[np.float32], scale: float) -> npt.NDArray[np.float32]:
+    """``x`` times ``scale`` in float32; in float64 for a scale below ``TINY_SCALE`` (a norm near
+    float32's largest values brought to a small limit), which float32 would round to nothing."""
+    if scale >= TINY_SCALE:
+        return np.multiply(x, np.float32(scale), dtype=np.float32)
+    return (x.astype(np.float64) * scale).astype(np.float32)
 
 
 def weighted_mean(vectors: Sequence[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:

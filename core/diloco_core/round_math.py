@@ -36,7 +36,7 @@ from diloco_core import downlink
 from diloco_core.code_norms import array_sum_squares
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
-from diloco_core.merge import contribution_weight, merge_fragment
+from diloco_core.merge import contribution_weight, merge_fragment, scaled
 from diloco_core.outer import OuterOptimizer, OuterState
 from diloco_core.rounds import staleness
 
@@ -131,9 +131,8 @@ def merge_round(
         update_norm = math.sqrt(sum(array_sum_squares(update[name]) for name in sorted(update)))
         if math.isfinite(update_norm) and update_norm > max_update_norm:
             update_scale = max_update_norm / update_norm
-            for tensor in update.values():
-                tensor *= np.float32(update_scale)
-            update_norm = max_update_norm
+            update = {name: scaled(tensor, update_scale) for name, tensor in update.items()}
+            update_norm = math.sqrt(sum(array_sum_squares(update[name]) for name in sorted(update)))
     new_params, new_outer = outer_optimizer(settings).step(outer, params, update, count=len(contributions))
     down_blob = None
     if settings.down_codec == "fp32":

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -46,13 +46,14 @@ from diloco_core import downlink
 from diloco_core.code_norms import array_sum_squares
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
-from diloco_core.merge import check_finite
+from diloco_core.merge import check_finite, scaled
 from diloco_core.outer import OuterState
 from diloco_core.quantized_arrays import QuantizedArrays
 from diloco_core.round_math import MergeInput, RoundResult, merge_round, round_weights
 
 HISTORY = 16  # norms remembered per fragment
 MIN_HISTORY = 3  # norms known before the checks compare with them
+FLOOR = 1e-3  # of the reference norm: the lower median counts as at least this much
 
 M = TypeVar("M", bound=MergeInput)
 
@@ -118,12 +119,24 @@ class NormHistory:
         """The largest norm allowed: ``factor`` times the lower median of ``norms`` once there are
         ``MIN_HISTORY`` of them, else ``factor`` times the reference norm (inf with neither, or with
         factor 0). A fixed reference, not the current parameters' norm: limits that followed the
-        parameters would compound over the first rounds."""
+        parameters would compound over the first rounds. The lower median counts as at least
+        ``FLOOR`` times the reference: norms of zero (a learner that sends nothing, or tensors
+        that do not train) cannot bring the limit to zero and freeze the fragment."""
         if factor <= 0:
             return math.inf
         if len(norms) >= MIN_HISTORY:
-            return factor * lower_median(norms)
+            return factor * max(lower_median(norms), FLOOR * self.reference)
         return factor * self.reference if self.reference > 0 else math.inf
+
+
+class Checked(NamedTuple):
+    """How many contributions rounds' checks excluded, and how many they merged clipped."""
+
+    excluded: int = 0
+    clipped: int = 0
+
+    def plus(self, other: Checked) -> Checked:
+        return Checked(self.excluded + other.excluded, self.clipped + other.clipped)
 
 
 @dataclass(frozen=True)
@@ -148,14 +161,13 @@ class Screened(Generic[M]):
 
 class _ScaledTensors(Mapping[str, npt.NDArray[np.floating]]):
     """A contribution's tensors times ``scale``, each read (and decoded) when the merge asks for it;
-    multiplied in float64, so that a scale below float32's range (a norm near its largest values,
-    brought to a small limit) still gives the tensor at its limit."""
+    multiplied as ``scaled`` does."""
 
     def __init__(self, tensors: Mapping[str, npt.NDArray[np.floating]], scale: float) -> None:
         self._tensors, self._scale = tensors, scale
 
     def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
-        return (np.asarray(self._tensors[name], dtype=np.float64) * self._scale).astype(np.float32)
+        return scaled(np.asarray(self._tensors[name], dtype=np.float32), self._scale)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
@@ -239,7 +251,7 @@ def screened_round(
     for c in contributions:
         try:
             norm = contribution_norm(c)  # inf exactly when a value is not finite
-            reason = None if math.isfinite(norm) else check_finite(c.tensors)
+            reason = None if math.isfinite(norm) else check_finite(c.tensors) or f"its norm is {norm}"
         except ValueError as exc:  # a tensor read from its payload only now, and malformed
             norm, reason = math.inf, f"its outer gradient cannot be read: {exc}"
         reason = reason or _weight_problem(c, version, settings)
@@ -251,12 +263,11 @@ def screened_round(
     scales = [step_scale(c.steps, settings.inner_steps) for c, _ in checked]
     pool = (*history.contributions, *(n / scale for (_, n), scale in zip(checked, scales, strict=True)))
     relative, base_limit = len(pool) >= MIN_HISTORY, history.limit(pool, factor)
-    limits = {
-        id(c): base_limit * (scale if relative else 1.0)
-        for (c, _), scale in zip(checked, scales, strict=True)
-    }
+    kept = [
+        (c, n, base_limit * (scale if relative else 1.0))
+        for (c, n), scale in zip(checked, scales, strict=True)
+    ]
     update_limit = history.limit(history.updates, factor)
-    kept = list(checked)
     while kept:
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found by the checks below
@@ -265,7 +276,7 @@ def screened_round(
                     params,
                     outer,
                     version,
-                    [_as_merged(c, norm, limits[id(c)]) for c, norm in kept],
+                    [_as_merged(c, norm, limit) for c, norm, limit in kept],
                     settings,
                     down_block_size=down_block_size,
                     max_update_norm=update_limit,
@@ -275,7 +286,7 @@ def screened_round(
         else:
             problem = _result_problem(result)
             if problem is None:
-                return _screened(result, kept, limits, excluded, history, settings)
+                return _screened(result, kept, excluded, history, settings)
         largest = max(range(len(kept)), key=lambda i: kept[i][1])
         excluded.append((kept.pop(largest)[0], f"{problem}; excluded as the largest contribution"))
     return Screened(None, (), tuple(excluded))
@@ -283,18 +294,18 @@ def screened_round(
 
 def _screened(
     result: RoundResult,
-    kept: Sequence[tuple[M, float]],
-    limits: Mapping[int, float],
+    kept: Sequence[tuple[M, float, float]],
     excluded: Sequence[tuple[M, str]],
     history: NormHistory,
     settings: DiLoCoSettings,
 ) -> Screened[M]:
-    """What a round that passed its checks merged, clipped and excluded."""
+    """What a round that passed its checks merged (each contribution with its norm and limit),
+    clipped and excluded."""
     factor = settings.max_update_norm_factor
     clipped = tuple(
-        (c, _above(norm, limits[id(c)], f" for {c.steps} steps", factor) + "; merged at the limit")
-        for c, norm in kept
-        if norm > limits[id(c)]
+        (c, _above(norm, limit, f" for {c.steps} steps", factor) + "; merged at the limit")
+        for c, norm, limit in kept
+        if norm > limit
     )
     update_clipped = None
     update_norm = result.update_norm if math.isfinite(result.update_norm) else tensors_norm(result.update)
@@ -304,9 +315,9 @@ def _screened(
         )
     return Screened(
         result,
-        tuple(c for c, _ in kept),
+        tuple(c for c, _, _ in kept),
         tuple(excluded),
-        tuple(min(n, limits[id(c)]) / step_scale(c.steps, settings.inner_steps) for c, n in kept),
+        tuple(min(n, limit) / step_scale(c.steps, settings.inner_steps) for c, n, limit in kept),
         history,
         update_norm,
         clipped,

@@ -27,7 +27,7 @@ from typing import Literal
 from diloco_core import rounds as policy
 from diloco_core.fragments import Fragment
 from diloco_core.outer import OuterState
-from diloco_core.screening import NormHistory
+from diloco_core.screening import Checked, NormHistory
 
 from .contribution import Arrays, Contribution, fold, merged_through, progress_refusal, relation, round_entry
 from .held_state import HeldState
@@ -35,6 +35,7 @@ from .idempotency import IdempotencyKeys
 from .pace import kept_times
 from .publication import News, Publication, Served
 
+NOTHING_CHECKED = Checked()
 Phase = Literal["uninitialised", "initialising", "open", "merging", "committed"]
 
 
@@ -58,8 +59,7 @@ class FragmentState:
         self._merged_through: dict[str, tuple[int, int]] = {}  # learner -> (base version, step) merged
         self._version_times: dict[int, float] = {}  # version -> when it was committed (wall clock)
         self._norms = NormHistory()  # of the recent rounds, as committed
-        self._excluded = 0  # contributions the rounds' checks left out since start-up
-        self._clipped = 0  # contributions merged scaled down to their norm limit since start-up
+        self._checked = Checked()  # contributions the rounds' checks excluded and clipped since start-up
 
     @property
     def index(self) -> int:
@@ -110,14 +110,9 @@ class FragmentState:
         return self._norms
 
     @property
-    def excluded(self) -> int:
-        """Contributions the rounds' checks excluded since start-up."""
-        return self._excluded
-
-    @property
-    def clipped(self) -> int:
-        """Contributions merged scaled down to their norm limit since start-up."""
-        return self._clipped
+    def checked(self) -> Checked:
+        """Contributions the rounds' checks excluded, and merged clipped to their limit, since start-up."""
+        return self._checked
 
     @property
     def merged_through(self) -> dict[str, tuple[int, int]]:
@@ -331,8 +326,7 @@ class FragmentState:
         now: float,
         quorum: int,
         norms: NormHistory | None = None,
-        excluded: int = 0,
-        clipped: int = 0,
+        checked: Checked = NOTHING_CHECKED,
         update: bytes | None = None,
         merged: Collection[str] | None = None,
         outer_key: str | None = None,
@@ -344,8 +338,7 @@ class FragmentState:
         the update from the previous one (compressed downloads); ``outer_key``: the outer state's object."""
         self._expect("merging")
         self._norms = norms if norms is not None else self._norms
-        self._excluded += excluded
-        self._clipped += clipped
+        self._checked = self._checked.plus(checked)
         self._keys.apply_all(self._merging)
         taken = [c for c in self._merging if merged is None or c.key in merged]
         self._merged_through = merged_through(self._merged_through, taken)
@@ -366,7 +359,7 @@ class FragmentState:
         self._expect("merging")
         rejected, self._merging, self._phase = list(self._merging), (), "open"
         self._keys.apply_all(rejected)
-        self._excluded += len(rejected)
+        self._checked = self._checked.plus(Checked(excluded=len(rejected)))
         return rejected
 
     def abort(self) -> list[Contribution]:

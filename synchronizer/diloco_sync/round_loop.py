@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import anyio.to_thread
 from diloco_core.config import DiLoCoSettings
+from diloco_core.screening import Checked
 
 from .commit import Committer
 from .contribution import Contribution
@@ -216,8 +217,7 @@ class RoundRunner:
             now=self.clock(),
             quorum=self.diloco.quorum,
             norms=outcome.norms,
-            excluded=len(outcome.excluded),
-            clipped=len(outcome.clipped),
+            checked=Checked(len(outcome.excluded), len(outcome.clipped)),
             update=result.down_blob,
             merged={c.key for c in outcome.merged},
             outer_key=self.committer.outer_key(fs.index, result.version),

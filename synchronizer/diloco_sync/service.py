@@ -363,8 +363,8 @@ class SyncService:
                     version=versions[p],
                     pending=len(fs.pending) if (fs := self.fragments.find(p)) else 0,
                     rounds=fs.rounds if fs else 0,
-                    excluded=fs.excluded if fs else 0,
-                    clipped=fs.clipped if fs else 0,
+                    excluded=fs.checked.excluded if fs else 0,
+                    clipped=fs.checked.clipped if fs else 0,
                 )
                 for p in self.settings.owned_fragments
             ],

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from diloco_core import codec
 from diloco_core.codec import CorruptPayload
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import build_plan
 from diloco_core.outer import OuterState
-from diloco_core.screening import MIN_HISTORY, NormHistory, screened_round, tensors_norm
+from diloco_core.quantized_arrays import QuantizedArrays
+from diloco_core.screening import FLOOR, MIN_HISTORY, NormHistory, screened_round, tensors_norm
 
 PLAN = build_plan([("w", (4,))], 1, 4, 1)
 SPEC = PLAN.fragments[0]
@@ -161,6 +163,47 @@ def test_one_learner_at_any_norm_moves_the_model_by_at_most_the_limit_round_afte
         assert screened.update_norm == pytest.approx(10.5 if version == 0 else 5.5, rel=1e-6), version
         params, outer, h = screened.result.params, screened.result.outer, screened.next_history()
     assert h.limit(h.contributions, 10.0) == pytest.approx(5.0)  # 10 x the honest 0.5 per sqrt(step)
+    assert h.limit(h.updates, 10.0) == pytest.approx(55.0)  # 10 x the rounds' 5.5: no compounding
+
+
+def test_a_learner_that_sends_zeros_cannot_freeze_the_fragment() -> None:
+    """In a job of two, zeros every round are the lower median; the limit counts it as at least
+    FLOOR x the reference norm, so the honest learner is still merged (clipped) in every round."""
+    ones = {"w": np.ones(4, np.float32)}  # the reference norm: 2
+    s, h, params, outer = settings(outer_lr=1.0, outer_momentum=0.0), NormHistory(), ones, OuterState()
+    floor = 10.0 * FLOOR * 2.0  # per square root of a step
+    for version in range(16):
+        honest, zeros = delta("honest", 0.5), delta("zeros", 0.0)
+        screened = screened_round(SPEC, params, outer, version, [honest, zeros], s, h)
+        assert screened.result is not None
+        assert screened.update_norm > 0, version
+        params, outer, h = screened.result.params, screened.result.outer, screened.next_history()
+    assert h.limit(h.contributions, 10.0) == pytest.approx(floor)
+    assert screened.update_norm == pytest.approx(floor * 2 / 2, rel=1e-5)  # the honest at 2 x floor, halved
+
+
+def test_a_contribution_is_clipped_alike_under_rda_and_from_its_quantized_payload() -> None:
+    """RDA takes the clipped norm as the contribution's radius; a payload decoded lazily from int8
+    codes is clipped as its values are (scaled as each tensor is read)."""
+    ones = {"w": np.ones(4, np.float32)}  # a limit of 20 before any history
+    good, huge = delta("good", 0.5), delta("huge", 3e38)
+    screened = screened_round(
+        SPEC, ones, OuterState(), 0, [huge, good], settings(merge_rule="rda"), NormHistory()
+    )
+    assert screened.result is not None
+    assert tensors_norm(screened.result.update) == pytest.approx(
+        10.5, rel=1e-6
+    )  # (20 + 1) / 2, one direction
+    blob = codec.encode(
+        {"w": np.full(4, 100.0, np.float32)}, fragment=0, base_version=0, kind="outer_grad", quantizer="int8"
+    )
+    payload = codec.decode_quantized(blob, fragment=SPEC)
+    assert isinstance(payload.tensors, QuantizedArrays)
+    lazy = Delta("lazy", payload.tensors)
+    screened = screened_round(SPEC, ones, OuterState(), 0, [lazy, good], settings(), NormHistory())
+    assert screened.result is not None
+    assert [c.name for c, _ in screened.clipped] == ["lazy"]
+    np.testing.assert_allclose(screened.result.update["w"], np.full(4, 5.25), rtol=1e-5)
 
 
 def test_the_norm_history_keeps_the_newest_rounds() -> None:

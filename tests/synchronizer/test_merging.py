@@ -68,6 +68,8 @@ def test_recent_rounds_come_back_from_the_round_logs_newest_last() -> None:
         "steps": [4],
         "tokens": [32],
         "excluded": [{"learner": "b", "key": "b/0/2/1", "reason": "x"}],
+        "clipped": [{"learner": "c", "key": "c/0/2/1", "reason": "above the limit"}],
+        "update_clipped": "taken at the limit",
     }
     logs = [newer, entry(0, 2, 10.0), entry(1, 2, 20.0), {"fragment": 1}]  # the last: unreadable
     rounds = rounds_from_logs(logs, 2)
@@ -77,3 +79,5 @@ def test_recent_rounds_come_back_from_the_round_logs_newest_last() -> None:
         [4],
         "b",
     )  # older logs: defaults
+    assert (rounds[1].clipped[0].learner, rounds[1].update_clipped) == ("c", "taken at the limit")
+    assert (rounds[0].clipped, rounds[0].update_clipped) == ([], None)

@@ -114,7 +114,7 @@ def test_a_round_whose_only_contribution_cannot_merge_excludes_it_and_leaves_the
         sync.runner.tick()
         assert fs.phase == "merging"
         await settled(sync)
-        assert (fs.version, fs.state.params, fs.state.outer, fs.rounds, fs.pending, fs.excluded) == (
+        assert (fs.version, fs.state.params, fs.state.outer, fs.rounds, fs.pending, fs.checked.excluded) == (
             version,
             params,
             outer,
