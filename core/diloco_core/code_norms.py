@@ -16,6 +16,7 @@ codes, and the values after the last whole block are decoded and summed as befor
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import cache
 
 import numpy as np
@@ -73,6 +74,12 @@ def array_sum_squares(x: npt.NDArray[np.floating]) -> float:
         chunk = flat[start : start + _CHUNK].astype(np.float64)
         total += float(np.einsum("i,i->", chunk, chunk))
     return total
+
+
+def arrays_norm(tensors: Mapping[str, npt.NDArray[np.floating]]) -> float:
+    """The Euclidean norm of named arrays together, in float64 (inf when a value is not finite)."""
+    total = sum(array_sum_squares(np.asarray(tensors[name])) for name in sorted(tensors))
+    return math.sqrt(total) if math.isfinite(total) else math.inf
 
 
 def _decoded_sum_squares(

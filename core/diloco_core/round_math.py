@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from diloco_core import downlink
-from diloco_core.code_norms import array_sum_squares
+from diloco_core.code_norms import arrays_norm
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
 from diloco_core.merge import contribution_weight, merge_fragment, scaled
@@ -70,7 +70,7 @@ class RoundResult:
     weights: tuple[float, ...]
     staleness: tuple[int, ...]  # versions each contribution's base is behind the round's version
     down_blob: bytes | None = None  # with compressed downloads: the update from the previous version
-    update_norm: float = math.nan  # of ``update`` as taken, when a ``max_update_norm`` was given
+    update_norm: float = math.nan  # of ``update`` as the outer step took it (inf when not finite)
     update_scale: float = 1.0  # what the merged update was multiplied by to bring it to ``max_update_norm``
 
 
@@ -126,13 +126,11 @@ def merge_round(
         kind=fragment.kind,
         mean_tensors=fragment.mean_tensors,
     )
-    update_norm, update_scale = math.nan, 1.0
-    if math.isfinite(max_update_norm):
-        update_norm = math.sqrt(sum(array_sum_squares(update[name]) for name in sorted(update)))
-        if math.isfinite(update_norm) and update_norm > max_update_norm:
-            update_scale = max_update_norm / update_norm
-            update = {name: scaled(tensor, update_scale) for name, tensor in update.items()}
-            update_norm = math.sqrt(sum(array_sum_squares(update[name]) for name in sorted(update)))
+    update_norm, update_scale = arrays_norm(update), 1.0
+    if math.isfinite(update_norm) and update_norm > max_update_norm:
+        update_scale = max_update_norm / update_norm
+        update = {name: scaled(tensor, update_scale) for name, tensor in update.items()}
+        update_norm = arrays_norm(update)
     new_params, new_outer = outer_optimizer(settings).step(outer, params, update, count=len(contributions))
     down_blob = None
     if settings.down_codec == "fp32":

@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from diloco_core import downlink
-from diloco_core.code_norms import array_sum_squares
+from diloco_core.code_norms import arrays_norm
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
 from diloco_core.merge import check_finite, scaled
@@ -62,12 +62,9 @@ def tensors_norm(tensors: Mapping[str, npt.NDArray[np.floating]]) -> float:
     """The Euclidean norm of all tensors together, in float64 (inf when a value is not finite); each
     tensor is read once, a payload's quantized tensors from their codes where the format allows
     (``QuantizedArrays.sum_squares``)."""
-    total = 0.0
-    for name in sorted(tensors):
-        if isinstance(tensors, QuantizedArrays):
-            total += tensors.sum_squares(name)
-        else:
-            total += array_sum_squares(np.asarray(tensors[name]))
+    if not isinstance(tensors, QuantizedArrays):
+        return arrays_norm(tensors)
+    total = sum(tensors.sum_squares(name) for name in sorted(tensors))
     return math.sqrt(total) if math.isfinite(total) else math.inf
 
 
@@ -150,9 +147,13 @@ class Screened(Generic[M]):
     excluded: tuple[tuple[M, str], ...]
     norms: tuple[float, ...] = field(default=())  # of the merged contributions as merged, per step_scale
     history: NormHistory = field(default_factory=lambda: NormHistory())  # the one checked against
-    update_norm: float = math.nan  # of the result's update as taken (when there is a result)
     clipped: tuple[tuple[M, str], ...] = ()
     update_clipped: str | None = None  # why the merged update was scaled down, when it was
+
+    @property
+    def update_norm(self) -> float:
+        """The norm of the result's update as the outer step took it (NaN without a result)."""
+        return self.result.update_norm if self.result is not None else math.nan
 
     def next_history(self) -> NormHistory:
         """The fragment's norm history once this round is committed."""
@@ -308,18 +309,15 @@ def _screened(
         if norm > limit
     )
     update_clipped = None
-    update_norm = result.update_norm if math.isfinite(result.update_norm) else tensors_norm(result.update)
     if result.update_scale < 1.0:
-        update_clipped = (
-            _above(update_norm / result.update_scale, update_norm, "", factor) + "; taken at the limit"
-        )
+        norm = result.update_norm
+        update_clipped = _above(norm / result.update_scale, norm, "", factor) + "; taken at the limit"
     return Screened(
         result,
         tuple(c for c, _, _ in kept),
         tuple(excluded),
         tuple(min(n, limit) / step_scale(c.steps, settings.inner_steps) for c, n, limit in kept),
         history,
-        update_norm,
         clipped,
         update_clipped,
     )

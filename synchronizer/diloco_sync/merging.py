@@ -28,11 +28,10 @@ _OUTER_STATE_LEVEL = -1  # zstd's fast mode: about 5x faster than level 1 on fp3
 @dataclass(frozen=True)
 class RoundOutcome:
     """A merged round, encoded for its commit. ``result`` without its update (which is as large as
-    the fragment and needed only for its norm, ``update_norm``), so that a round waiting for its
-    commit holds no more of it than it writes and publishes."""
+    the fragment and needed only for its norm, ``result.update_norm``), so that a round waiting for
+    its commit holds no more of it than it writes and publishes."""
 
     result: RoundResult
-    update_norm: float
     payload: bytes  # the new version as served
     outer_blob: bytearray  # the new outer state as stored
     merge_s: float
@@ -86,7 +85,6 @@ def run_round(
     outer_blob = encode_outer_state(result.outer, spec.index, result.version)
     return RoundOutcome(
         result,
-        screened.update_norm,
         payload,
         outer_blob,
         merge_s=time.perf_counter() - started,
@@ -167,6 +165,6 @@ def round_log(
         **({"update_clipped": outcome.update_clipped} if outcome.update_clipped else {}),
         "finished_at": time.time(),
         "merge_s": outcome.merge_s,
-        "update_norm": outcome.update_norm,
+        "update_norm": outcome.result.update_norm,
         **timing,
     }
