@@ -22,6 +22,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "synchronizer ingest throughput, latency, merge time vs raw baseline",
     ),
     "worker": ("diloco_bench.worker", "learner tokens/s with DiLoCo vs a plain training loop; blocked time"),
+    "round-memory": (
+        "diloco_bench.round_memory",
+        "one round's peak memory against the number of contributions it merges (the synchronizer's round)",
+    ),
     "learner-scale": (
         "diloco_bench.learner_scale",
         "a learner's training-thread time per fragment synchronisation and peak memory, 2 M to 200 M parameters",

@@ -6,13 +6,15 @@ float64, and the merge uses the weights divided by the largest of them (each in 
 their sum nor a weighted value can overflow whatever finite weights it is given. Non-embedding tensors are merged with Radial-Directional Averaging (norms and
 directions averaged separately, so the merged norm does not shrink as ``1/sqrt(M)`` with M nearly
 orthogonal contributions); embedding fragments with the weighted mean. Sums are float32, in the
-order the contributions are given.
+order the contributions are given, and running: each contribution's tensor is read (a payload held
+quantized is decoded then), added and let go before the next, so a merge holds the sum, a scratch
+array and one tensor being read, whatever the number of contributions.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -84,10 +86,10 @@ def _normalised(weights: Sequence[float], count: int) -> list[float]:
     return [w / total for w in scaled]
 
 
-def _check_shapes(vectors: Sequence[npt.NDArray[np.floating]]) -> None:
-    shapes = {v.shape for v in vectors}
-    if len(shapes) > 1:
-        raise ValueError(f"contributions have different shapes: {sorted(shapes)}")
+def _same_shape(first: tuple[int, ...] | None, shape: tuple[int, ...]) -> tuple[int, ...]:
+    if first is not None and shape != first:
+        raise ValueError(f"contributions have different shapes: {sorted({first, shape})}")
+    return shape
 
 
 def _flat32(v: npt.NDArray[np.floating]) -> F32:
@@ -100,15 +102,28 @@ def _norm(flat: F32) -> float:
     return math.sqrt(float(np.dot(flat, flat)))
 
 
-def _accumulate(flats: Sequence[F32], scales: Sequence[float]) -> F32:
-    """``sum scale_m * flat_m`` in float32, in the order given, with one scratch buffer."""
-    acc = np.zeros(flats[0].shape, dtype=np.float32)
-    scratch = np.empty_like(acc)
-    for flat, scale in zip(flats, scales, strict=True):
+class _Sum:
+    """``sum scale_m * flat_m`` in float32, added in the order given, with one scratch buffer."""
+
+    def __init__(self) -> None:
+        self.shape: tuple[int, ...] | None = None
+        self._acc: F32 | None = None
+        self._scratch: F32 | None = None
+
+    def add(self, v: npt.NDArray[np.floating], scale: float) -> None:
+        self.shape = _same_shape(self.shape, v.shape)
+        flat = _flat32(v)
+        if self._acc is None or self._scratch is None:
+            self._acc = np.zeros(flat.shape, dtype=np.float32)
+            self._scratch = np.empty_like(self._acc)
         if scale != 0.0:
-            np.multiply(flat, np.float32(scale), out=scratch)
-            acc += scratch
-    return acc
+            np.multiply(flat, np.float32(scale), out=self._scratch)
+            self._acc += self._scratch
+
+    def total(self) -> F32:
+        if self._acc is None or self.shape is None:
+            raise ValueError("nothing to merge: no contributions")
+        return self._acc.reshape(self.shape)
 
 
 def scaled(x: npt.NDArray[np.float32], scale: float) -> npt.NDArray[np.float32]:
@@ -119,34 +134,57 @@ def scaled(x: npt.NDArray[np.float32], scale: float) -> npt.NDArray[np.float32]:
     return (x.astype(np.float64) * scale).astype(np.float32)
 
 
-def weighted_mean(vectors: Sequence[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:
+def weighted_mean(vectors: Collection[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:
     """``sum w_m v_m / sum w_m`` in float32, as ``sum (w_m / sum w) v_m``: no weight larger than 1
-    multiplies a value, so large weights cannot overflow float32."""
+    multiplies a value, so large weights cannot overflow float32. Each vector is read once, in
+    order, and let go before the next is read."""
     ws = _normalised(weights, len(vectors))
-    _check_shapes(vectors)
     if len(vectors) == 1:
-        return np.asarray(vectors[0], dtype=np.float32).copy()
-    acc = _accumulate([_flat32(v) for v in vectors], ws)
-    return acc.reshape(vectors[0].shape)
+        return np.array(next(iter(vectors)), dtype=np.float32)
+    total = _Sum()
+    for v, w in zip(vectors, ws, strict=True):
+        total.add(v, w)
+    return total.total()
 
 
-def rda(vectors: Sequence[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:
+def rda(vectors: Collection[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:
     """Radial-directional average: mean norm x direction of the mean of unit directions.
 
     Falls back to the weighted mean when the mean direction vanishes (opposite contributions).
-    Norms are float32 dot products accumulated into a Python float; directions are summed in float32.
+    Norms are float32 dot products accumulated into a Python float; directions are summed in
+    float32. Each vector is read once, in order (the norm and the direction from one reading), and
+    read again only for the fallback.
     """
     ws = _normalised(weights, len(vectors))
-    _check_shapes(vectors)
-    flats = [_flat32(v) for v in vectors]
-    norms = [_norm(f) for f in flats]
-    radius = sum(w * n for w, n in zip(ws, norms, strict=True))
-    direction = _accumulate(flats, [w / n if n > 0 else 0.0 for w, n in zip(ws, norms, strict=True)])
-    dnorm = _norm(direction)
+    radius = 0.0
+    direction = _Sum()
+    for v, w in zip(vectors, ws, strict=True):
+        n = _norm(_flat32(v))
+        radius += w * n
+        direction.add(v, w / n if n > 0 else 0.0)
+    merged = direction.total()
+    dnorm = _norm(merged.reshape(-1))
     if dnorm < _MIN_DIRECTION_NORM:
         return weighted_mean(vectors, weights)
-    direction *= np.float32(radius / dnorm)
-    return direction.reshape(vectors[0].shape)
+    merged *= np.float32(radius / dnorm)
+    return merged
+
+
+class _Column(Collection[npt.NDArray[np.floating]]):
+    """Tensor ``name`` of each contribution, read from its mapping only as it is iterated (a lazily
+    decoded payload decodes it then), so a merge holds one contribution's tensor at a time."""
+
+    def __init__(self, deltas: Sequence[Mapping[str, npt.NDArray[np.floating]]], name: str) -> None:
+        self._deltas, self._name = deltas, name
+
+    def __iter__(self) -> Iterator[npt.NDArray[np.floating]]:
+        return (d[self._name] for d in self._deltas)
+
+    def __len__(self) -> int:
+        return len(self._deltas)
+
+    def __contains__(self, item: object) -> bool:
+        return any(v is item for v in self)
 
 
 def merge_fragment(
@@ -169,6 +207,6 @@ def merge_fragment(
 
     def combine(name: str) -> F32:
         mean = rule == "mean" or kind == "embedding" or name in mean_tensors
-        return (weighted_mean if mean else rda)([d[name] for d in deltas], weights)
+        return (weighted_mean if mean else rda)(_Column(deltas, name), weights)
 
     return {name: combine(name) for name in sorted(names)}

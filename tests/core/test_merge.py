@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
+from diloco_core import codec
 from diloco_core.bounds import MAX_STEPS, MAX_TOKENS
+from diloco_core.fragments import build_plan
 from diloco_core.merge import check_finite, contribution_weight, merge_fragment, rda, weighted_mean
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -167,3 +171,33 @@ def test_embeddings_sharing_a_fragment_with_dense_tensors_are_still_merged_with_
         merged["wte.weight"], weighted_mean([d["wte.weight"] for d in deltas], weights)
     )
     np.testing.assert_array_equal(merged["h.w"], rda([d["h.w"] for d in deltas], weights))
+
+
+@pytest.mark.parametrize(("rule", "kind"), [("rda", "dense"), ("mean", "dense"), ("rda", "embedding")])
+def test_a_merge_holds_one_contribution_at_a_time_whatever_their_number(rule: str, kind: str) -> None:
+    """Contributions held quantized (as the synchronizer holds them) are decoded one at a time as
+    the merge reads them: its peak is the same few float32 copies of a tensor for 2 contributions
+    as for 16 (it was 2 + M copies when each tensor of every contribution was decoded at once), and
+    its result is bit for bit the one from the decoded tensors."""
+    spec = build_plan([("w", [512, 512])], 1, 4, 1).fragments[0]
+    rng = np.random.default_rng(0)
+    peaks = {}
+    for m in (2, 16):
+        blobs = [
+            codec.encode({"w": rng.standard_normal((512, 512), dtype=np.float32)}, fragment=0,
+                         base_version=0, kind="outer_grad", quantizer="int4")
+            for _ in range(m)
+        ]  # fmt: skip
+        lazy = [codec.decode_quantized(b, fragment=spec).tensors for b in blobs]
+        weights = list(rng.uniform(1, 3, m))
+        tracemalloc.start()
+        try:
+            merged = merge_fragment(lazy, weights, rule=rule, kind=kind)["w"]  # type: ignore[arg-type]
+            peaks[m] = tracemalloc.get_traced_memory()[1] / (4 * 512 * 512)
+        finally:
+            tracemalloc.stop()
+        decoded = [dict(codec.decode(b).tensors) for b in blobs]
+        expected = merge_fragment(decoded, weights, rule=rule, kind=kind)["w"]  # type: ignore[arg-type]
+        assert merged.tobytes() == expected.tobytes()
+    assert peaks[16] < 4.5, peaks
+    assert peaks[16] < peaks[2] + 0.5, peaks
