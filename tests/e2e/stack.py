@@ -17,7 +17,7 @@ from diloco_core.codec import decode
 from diloco_core.request_proof import ProofAuth
 from diloco_testbed.pki import Ca, issue_server_cert
 from diloco_testbed.prereq import require_binary
-from diloco_testbed.storage import S3_PORT, STORAGE_NAMESPACE
+from diloco_testbed.storage import BUCKET, ENDPOINT, S3_PORT, STORAGE_NAMESPACE
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
@@ -25,6 +25,27 @@ from tests.e2e.cluster import E2ECluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "diloco"
+
+
+TINY_MODEL = {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 64}
+SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
+
+
+def tiny_job(e2e: E2ECluster, name: str, **spec: Any) -> dict[str, Any]:
+    """A DiLoCoJob ``name`` of the built-in tiny GPT with the tests' images, on the tests' SeaweedFS,
+    a step budget far away and a small synchronizer; ``spec`` adds fields or replaces them whole."""
+    base = {
+        "images": {"worker": e2e.images["worker"], "synchronizer": e2e.images["sync"],
+                   "pullPolicy": "IfNotPresent"},
+        "model": TINY_MODEL,
+        "storage": {"endpoint": ENDPOINT, "bucket": BUCKET, "prefix": f"jobs/{name}",
+                    "credentialsSecretRef": {"name": "diloco-s3"}},
+        "diloco": {"innerSteps": 8, "fragments": 2, "overlap": 1, "quorum": 1},
+        "synchronizer": {"resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}},
+        "budget": {"steps": 1_000_000},
+    }  # fmt: skip
+    return {"apiVersion": "diloco.dev/v1alpha1", "kind": "DiLoCoJob", "metadata": {"name": name},
+            "spec": {**base, **spec}}  # fmt: skip
 
 
 def run_tool(name: str, *args: str, env: dict[str, str], timeout: float = 300) -> str:

@@ -12,12 +12,11 @@ import pytest
 from diloco_testbed.kueue import Kueue
 from diloco_testbed.kueue_objects import team_queue
 from diloco_testbed.pods import pod_logs
-from diloco_testbed.storage import BUCKET, ENDPOINT
 from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster
-from tests.e2e.stack import Synchronizer, job_status
+from tests.e2e.stack import Synchronizer, job_status, tiny_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
@@ -41,25 +40,14 @@ def queue(
 
 
 def _manifest(e2e: E2ECluster, low: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "diloco.dev/v1alpha1",
-        "kind": "DiLoCoJob",
-        "metadata": {"name": JOB},
-        "spec": {
-            "images": {"worker": e2e.images["worker"], "synchronizer": e2e.images["sync"],
-                       "pullPolicy": "IfNotPresent"},
-            "queueName": "team",
-            "workloadPriorityClassName": low,
-            "model": {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 64},
-            "train": {"lr": 3e-3, "warmupSteps": 10, "checkpointEvery": 4},
-            "storage": {"endpoint": ENDPOINT, "bucket": BUCKET, "prefix": f"jobs/{JOB}",
-                        "credentialsSecretRef": {"name": "diloco-s3"}},
-            "diloco": {"innerSteps": 8, "fragments": 2, "overlap": 1, "quorum": 1},
-            "learnerUnits": [{"name": n, "replicas": 1, "batchSize": 8, "resources": UNIT} for n in ("a", "b")],
-            "synchronizer": {"resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}},
-            "budget": {"steps": 1_000_000},
-        },
-    }  # fmt: skip
+    return tiny_job(
+        e2e,
+        JOB,
+        queueName="team",
+        workloadPriorityClassName=low,
+        train={"lr": 3e-3, "warmupSteps": 10, "checkpointEvery": 4},
+        learnerUnits=[{"name": n, "replicas": 1, "batchSize": 8, "resources": UNIT} for n in ("a", "b")],
+    )
 
 
 def _urgent(e2e: E2ECluster, high: str) -> dict[str, Any]:

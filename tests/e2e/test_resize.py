@@ -7,38 +7,25 @@ from typing import Any
 
 import pytest
 from diloco_testbed.pods import pod_logs
-from diloco_testbed.storage import BUCKET, ENDPOINT
 from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster
-from tests.e2e.stack import Synchronizer, printed_columns
+from tests.e2e.stack import SMALL, Synchronizer, printed_columns, tiny_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
 JOB = "resize"
-SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
 RESUMED_FROM_LEADER = "resumed from the unit leader's checkpoint"
 
 
 def _manifest(e2e: E2ECluster, replicas: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "diloco.dev/v1alpha1",
-        "kind": "DiLoCoJob",
-        "metadata": {"name": JOB},
-        "spec": {
-            "images": {"worker": e2e.images["worker"], "synchronizer": e2e.images["sync"],
-                       "pullPolicy": "IfNotPresent"},
-            "model": {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 64},
-            "train": {"lr": 3e-3, "warmupSteps": 10, "checkpointEvery": 4},
-            "storage": {"endpoint": ENDPOINT, "bucket": BUCKET, "prefix": f"jobs/{JOB}",
-                        "credentialsSecretRef": {"name": "diloco-s3"}},
-            "diloco": {"innerSteps": 8, "fragments": 2, "overlap": 1, "quorum": 1},
-            "learnerUnits": [{"name": "solo", "replicas": replicas, "batchSize": 8, "resources": SMALL}],
-            "synchronizer": {"resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}},
-            "budget": {"steps": 1_000_000},
-        },
-    }  # fmt: skip
+    return tiny_job(
+        e2e,
+        JOB,
+        train={"lr": 3e-3, "warmupSteps": 10, "checkpointEvery": 4},
+        learnerUnits=[{"name": "solo", "replicas": replicas, "batchSize": 8, "resources": SMALL}],
+    )
 
 
 class Tokens:

@@ -17,18 +17,20 @@ import pytest
 import yaml
 from diloco_core.config import ModelSettings
 from diloco_testbed.pods import pod_logs
-from diloco_testbed.storage import BUCKET, ENDPOINT
 from diloco_testbed.waiting import wait_for
 from kubernetes import client as k8s
 
 from tests.e2e.cluster import E2ECluster
 from tests.e2e.stack import (
+    SMALL,
+    TINY_MODEL,
     Synchronizer,
     exists,
     job_status,
     printed_columns,
     restarts,
     run_tool,
+    tiny_job,
     warning_events,
 )
 from tests.worker.helpers import held_out_loss
@@ -36,33 +38,30 @@ from tests.worker.helpers import held_out_loss
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
 JOB = "tiny"
-MODEL = {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 64}
+MODEL = TINY_MODEL
 LONG = 1_000_000  # the step budget while failures are tried; then it is brought near
 TAIL_STEPS = 40  # the budget, brought near: this far past the furthest learner when the job is suspended
-SMALL = {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
 
 
 def job_manifest(e2e: E2ECluster) -> dict[str, Any]:
-    return {
-        "apiVersion": "diloco.dev/v1alpha1",
-        "kind": "DiLoCoJob",
-        "metadata": {"name": JOB},
-        "spec": {
-            "images": {"worker": e2e.images["worker"], "synchronizer": e2e.images["sync"],
-                       "pullPolicy": "IfNotPresent"},
-            "model": MODEL,
-            "train": {"lr": 3e-3, "warmupSteps": 10},
-            "storage": {"endpoint": ENDPOINT, "bucket": BUCKET,
-                        "prefix": f"jobs/{JOB}", "credentialsSecretRef": {"name": "diloco-s3"}},
-            "diloco": {"innerSteps": 8, "fragments": 2, "overlap": 1, "quorum": 1, "codec": "int8", "downCodec": "int4"},
-            "learnerUnits": [
-                {"name": "pair", "replicas": 2, "batchSize": 4, "resources": SMALL},
-                {"name": "solo", "replicas": 1, "batchSize": 8, "resources": SMALL},
-            ],
-            "synchronizer": {"resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}},
-            "budget": {"steps": LONG},
+    return tiny_job(
+        e2e,
+        JOB,
+        train={"lr": 3e-3, "warmupSteps": 10},
+        diloco={
+            "innerSteps": 8,
+            "fragments": 2,
+            "overlap": 1,
+            "quorum": 1,
+            "codec": "int8",
+            "downCodec": "int4",
         },
-    }  # fmt: skip
+        learnerUnits=[
+            {"name": "pair", "replicas": 2, "batchSize": 4, "resources": SMALL},
+            {"name": "solo", "replicas": 1, "batchSize": 8, "resources": SMALL},
+        ],
+        budget={"steps": LONG},
+    )
 
 
 class Watch:
