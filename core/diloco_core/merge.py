@@ -7,8 +7,8 @@ their sum nor a weighted value can overflow whatever finite weights it is given.
 directions averaged separately, so the merged norm does not shrink as ``1/sqrt(M)`` with M nearly
 orthogonal contributions); embedding fragments with the weighted mean. Sums are float32, in the
 order the contributions are given, and running: each contribution's tensor is read (a payload held
-quantized is decoded then), added and let go before the next, so a merge holds the sum, a scratch
-array and one tensor being read, whatever the number of contributions.
+quantized is decoded then), added and let go once the next is read, so a merge holds the sum, a
+scratch array and two tensors read, whatever the number of contributions.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def scaled(x: npt.NDArray[np.float32], scale: float) -> npt.NDArray[np.float32]:
 def weighted_mean(vectors: Collection[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:
     """``sum w_m v_m / sum w_m`` in float32, as ``sum (w_m / sum w) v_m``: no weight larger than 1
     multiplies a value, so large weights cannot overflow float32. Each vector is read once, in
-    order, and let go before the next is read."""
+    order, and let go once the next is read."""
     ws = _normalised(weights, len(vectors))
     if len(vectors) == 1:
         return np.array(next(iter(vectors)), dtype=np.float32)
