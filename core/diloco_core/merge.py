@@ -110,9 +110,13 @@ class _Sum:
         self._acc: F32 | None = None
         self._scratch: F32 | None = None
 
-    def add(self, v: npt.NDArray[np.floating], scale: float) -> None:
+    def flat(self, v: npt.NDArray[np.floating]) -> F32:
+        """``v`` as the float32 vector ``add`` takes (its shape checked against the others')."""
         self.shape = _same_shape(self.shape, v.shape)
-        flat = _flat32(v)
+        return _flat32(v)
+
+    def add(self, flat: F32, scale: float) -> None:
+        """Add ``scale * flat`` (a vector from ``flat``)."""
         if self._acc is None or self._scratch is None:
             self._acc = np.zeros(flat.shape, dtype=np.float32)
             self._scratch = np.empty_like(self._acc)
@@ -143,7 +147,7 @@ def weighted_mean(vectors: Collection[npt.NDArray[np.floating]], weights: Sequen
         return np.array(next(iter(vectors)), dtype=np.float32)
     total = _Sum()
     for v, w in zip(vectors, ws, strict=True):
-        total.add(v, w)
+        total.add(total.flat(v), w)
     return total.total()
 
 
@@ -159,9 +163,10 @@ def rda(vectors: Collection[npt.NDArray[np.floating]], weights: Sequence[float])
     radius = 0.0
     direction = _Sum()
     for v, w in zip(vectors, ws, strict=True):
-        n = _norm(_flat32(v))
+        flat = direction.flat(v)
+        n = _norm(flat)
         radius += w * n
-        direction.add(v, w / n if n > 0 else 0.0)
+        direction.add(flat, w / n if n > 0 else 0.0)
     merged = direction.total()
     dnorm = _norm(merged.reshape(-1))
     if dnorm < _MIN_DIRECTION_NORM:
