@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from diloco_core.config import DiLoCoSettings
+from diloco_core.fragments import FragmentPlan
 from diloco_core.outer import OuterState
 from diloco_sync.contribution import Contribution
 from diloco_sync.ingest import payload_limit, validate_outer_gradient
@@ -43,10 +44,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def contributions(params: int, fragments: int, n: int, version: int) -> list[Contribution]:
-    """``n`` learners' int4 outer gradients of fragment 0 on ``version``, taken as the synchronizer
-    takes them (a few distinct gradients, repeated: what a round holds does not depend on values)."""
-    plan = make_plan(params, fragments)
+def contributions(plan: FragmentPlan, n: int, version: int) -> list[Contribution]:
+    """``n`` learners' int4 outer gradients of ``plan``'s fragment 0 on ``version``, taken as the
+    synchronizer takes them (a few distinct gradients, repeated: what a round holds does not depend
+    on values)."""
     spec = plan.fragments[0]
     blobs = [framed(grad_parts(plan, 0, seed), 0, version) for seed in range(min(n, 4))]
     taken = []
@@ -79,12 +80,12 @@ def measure(args: argparse.Namespace, n: int) -> dict[str, Any]:
     )
     rng = np.random.default_rng(1)
     params = {t.name: rng.standard_normal(t.shape, dtype=np.float32) for t in spec.tensors}
-    one = contributions(int(args.params), args.fragments, 1, 0)
+    one = contributions(plan, 1, 0)
     first = run_round(spec, params, OuterState(), 0, one, settings)
     assert isinstance(first, RoundOutcome)
     params, outer = first.result.params, first.result.outer
     del first
-    taken = contributions(int(args.params), args.fragments, n, 1)
+    taken = contributions(plan, n, 1)
     fp32 = 4 * spec.numel
     tracemalloc.start()
     started = time.perf_counter()
