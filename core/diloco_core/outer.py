@@ -31,6 +31,7 @@ _STEP_KEY = "__step__"
 _MOMENTUM = "momentum/"
 _BUFFER = "delayed/"
 _RESIDUAL = "downlink/"
+_STEP_CHUNK = 1 << 16  # values of a tensor stepped at a time
 
 
 def _frozen(a: F32) -> F32:
@@ -141,10 +142,27 @@ class OuterOptimizer:
         return out, OuterState(state.steps + 1, momentum, state.buffer, state.residual)
 
     def _nesterov(self, u: F32 | None, p: F32, d: F32, lr: np.float32) -> tuple[F32, F32]:
+        """``u' = u * mu + d`` (``d`` without a momentum yet), ``g = d + mu * u'`` (``u'`` without
+        Nesterov) and ``p - lr * g``: the same float32 operations, a cache-sized chunk at a time, so
+        the new parameters and momentum are the only arrays the size of the tensor it makes."""
         mu = np.float32(self.momentum)
-        u = d.copy() if u is None else u * mu + d
-        g = d + mu * u if self.nesterov else u
-        return p - lr * g, _frozen(u)
+        new_p, new_u = np.empty(p.shape, np.float32), np.empty(p.shape, np.float32)
+        flat_p, flat_d, out_p, out_u = p.reshape(-1), d.reshape(-1), new_p.reshape(-1), new_u.reshape(-1)
+        flat_u = None if u is None else u.reshape(-1)
+        scratch = np.empty(min(_STEP_CHUNK, flat_p.size), np.float32)
+        for start in range(0, flat_p.size, _STEP_CHUNK):
+            span = slice(start, start + _STEP_CHUNK)
+            uc, dc, g = out_u[span], flat_d[span], scratch[: out_u[span].size]
+            if flat_u is None:
+                uc[...] = dc
+            else:
+                np.add(np.multiply(flat_u[span], mu, out=uc), dc, out=uc)
+            if self.nesterov:
+                np.add(dc, np.multiply(uc, mu, out=g), out=g)
+            else:
+                g[...] = uc
+            np.subtract(flat_p[span], np.multiply(g, lr, out=g), out=out_p[span])
+        return new_p, _frozen(new_u)
 
     def _delayed(
         self,

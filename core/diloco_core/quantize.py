@@ -49,6 +49,8 @@ from typing import Literal, get_args
 import numpy as np
 import numpy.typing as npt
 
+from diloco_core import code_levels
+
 QuantizerName = Literal["fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2", "int1", "topk"]
 QUANTIZERS: tuple[str, ...] = get_args(QuantizerName)
 BLOCKED: frozenset[str] = frozenset({"int8", "int4", "e3m0", "int2", "int1", "topk"})
@@ -61,12 +63,6 @@ CANONICAL_NAN_BITS = 0x7FC00000  # the scale of a block holding a non-finite val
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
-
-# value of each 4-bit code for a block scale of 1
-_INT4_LEVELS: F32 = ((np.arange(16, dtype=np.float32) - 8) / np.float32(7)).astype(np.float32)
-_E3M0_LEVELS: F32 = np.array(
-    [(-1.0 if c & 8 else 1.0) * (2.0 ** ((c & 7) - 7) if c & 7 else 0.0) for c in range(16)], dtype=np.float32
-)
 
 # the codes of a zero value (what a non-finite block's values are written as)
 ZERO_CODE: dict[str, int] = {"int8": 0, "int4": 8, "e3m0": 0, "int2": 2, "int1": 0, "topk": 0}
@@ -248,55 +244,9 @@ def dequantize(
     s = np.frombuffer(scales, dtype="<f4").astype(np.float32)
     if quantizer == "topk":
         return _dequantize_topk(values, s, n, block_size)
-    if quantizer == "int4":
-        return _dequantize_int4(values, s, n, block_size)
-    per_value = np.repeat(s, block_size)[:n]
-    if quantizer == "int8":
-        q = np.frombuffer(values, dtype=np.int8, count=n).astype(np.float32)
-        return q * (per_value / np.float32(127))
-    if quantizer == "int2":
-        return (
-            (_unpack_bits(values, n, 2).astype(np.float32) * np.float32(2) - np.float32(3))
-            / np.float32(3)
-            * per_value
-        )
-    if quantizer == "int1":
-        return (
-            np.where(_unpack_bits(values, n, 1) == 1, np.float32(-1), np.float32(1)).astype(np.float32)
-            * per_value
-        )
-    codes = _unpack4(values, n)
-    if quantizer == "e3m0":
-        return _E3M0_LEVELS[codes] * per_value
+    if quantizer in code_levels.BITS:
+        return code_levels.decode(values, s, quantizer, n, block_size)
     raise ValueError(f"unknown quantizer {quantizer!r}")
-
-
-_INT4_CHUNK = 1 << 16  # values decoded at a time (rounded to whole blocks): they stay in the cache
-
-
-def _dequantize_int4(values: bytes | memoryview, s: F32, n: int, block_size: int) -> F32:
-    """``_INT4_LEVELS[code] * scale``, bit for bit, computed as ``(code - 8) / 7 * scale`` a few
-    blocks at a time (no table lookup, no per-value copy of the scales)."""
-    packed = np.frombuffer(values, dtype=np.uint8)
-    out = np.empty(n, dtype=np.float32)
-    chunk = max(1, _INT4_CHUNK // block_size) * block_size  # whole blocks
-    chunk *= 1 + chunk % 2  # and an even count of values, so a chunk starts on a whole byte
-    codes = np.empty(chunk, dtype=np.uint8)
-    for start in range(0, n, chunk):
-        m = min(chunk, n - start)
-        pairs = packed[start // 2 : (start + m + 1) // 2]
-        c = codes[: 2 * pairs.size]
-        np.bitwise_and(pairs, 0x0F, out=c[0::2])
-        np.right_shift(pairs, 4, out=c[1::2])
-        o = out[start : start + m]
-        np.subtract(c[:m], np.float32(8), out=o, dtype=np.float32, casting="unsafe")
-        np.divide(o, np.float32(7), out=o)
-        first, whole = start // block_size, m // block_size
-        blocks = o[: whole * block_size].reshape(whole, block_size)
-        np.multiply(blocks, s[first : first + whole, None], out=blocks)
-        if whole * block_size < m:
-            o[whole * block_size :] *= s[first + whole]
-    return out
 
 
 def _dequantize_topk(values: bytes | memoryview, s: F32, n: int, block_size: int) -> F32:
@@ -327,15 +277,6 @@ def _pack_bits(codes: U8, bits: int) -> bytes:
     for i in range(per):
         out |= (groups[:, i] << np.uint8(i * bits)).astype(np.uint8)
     return out.tobytes()
-
-
-def _unpack_bits(data: bytes | memoryview, n: int, bits: int) -> U8:
-    per, mask = 8 // bits, np.uint8((1 << bits) - 1)
-    packed = np.frombuffer(data, dtype=np.uint8)
-    out = np.empty((packed.size, per), dtype=np.uint8)
-    for i in range(per):
-        out[:, i] = (packed >> np.uint8(i * bits)) & mask
-    return out.reshape(-1)[:n]
 
 
 def _to_fp16(x: F32) -> npt.NDArray[np.uint16]:
@@ -389,11 +330,3 @@ def _pack4(codes: U8) -> bytes:
         codes = np.concatenate([codes, np.zeros(1, dtype=np.uint8)])
     pairs = codes.reshape(-1, 2)
     return (pairs[:, 0] | (pairs[:, 1] << 4)).astype(np.uint8).tobytes()
-
-
-def _unpack4(data: bytes | memoryview, n: int) -> U8:
-    packed = np.frombuffer(data, dtype=np.uint8)
-    out = np.empty(packed.size * 2, dtype=np.uint8)
-    out[0::2] = packed & 0x0F
-    out[1::2] = packed >> 4
-    return out[:n]

@@ -40,6 +40,31 @@ def test_matches_torch_sgd_with_momentum(nesterov: bool) -> None:
     assert state.steps == 5
 
 
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_a_step_is_its_formula_in_float32_bit_for_bit_whatever_the_tensor_size(nesterov: bool) -> None:
+    rng = np.random.default_rng(7)
+    theta = {
+        "w": rng.standard_normal((300, 701)).astype(np.float32),  # several chunks and a partial one
+        "b": rng.standard_normal(3).astype(np.float32),
+        "s": np.array(0.5, dtype=np.float32),
+        "e": np.zeros((0, 4), dtype=np.float32),
+    }
+    opt, state = OuterOptimizer(lr=0.7, momentum=0.9, nesterov=nesterov), OuterState()
+    mu, lr = np.float32(0.9), np.float32(0.7)
+    u: Arrays = {}
+    for _ in range(3):
+        delta = {n: rng.standard_normal(v.shape).astype(np.float32) for n, v in theta.items()}
+        params, state = run(opt, state, theta, delta)
+        for n, d in delta.items():
+            u[n] = d.copy() if n not in u else u[n] * mu + d
+            g = d + mu * u[n] if nesterov else u[n]
+            expected = theta[n] - lr * g
+            assert params[n].shape == expected.shape
+            np.testing.assert_array_equal(params[n].view(np.uint32), expected.view(np.uint32))
+            np.testing.assert_array_equal(state.momentum[n].view(np.uint32), u[n].view(np.uint32))
+        theta = params
+
+
 def test_a_step_returns_new_state_and_leaves_the_old_one_as_it_was() -> None:
     rng = np.random.default_rng(4)
     theta = {"w": rng.standard_normal(5).astype(np.float32)}

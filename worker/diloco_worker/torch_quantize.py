@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from diloco_core import code_levels
 from diloco_core import quantize as q
 from diloco_core.codec import QuantizedTensor
 from diloco_core.fragments import TensorSpec
@@ -226,7 +227,11 @@ def quantize(x: Tensor, quantizer: str, block_size: int = q.DEFAULT_BLOCK_SIZE) 
 
 
 # the reference's constant tables: thresholds, and the value of each 4-bit code for a scale of 1
-_TABLES = {"e3m0_thresholds": q.E3M0_THRESHOLDS, "int4": q._INT4_LEVELS, "e3m0": q._E3M0_LEVELS}
+_TABLES = {
+    "e3m0_thresholds": q.E3M0_THRESHOLDS,
+    "int4": code_levels.INT4_LEVELS,
+    "e3m0": code_levels.E3M0_LEVELS,
+}
 
 
 @functools.lru_cache(maxsize=32)
