@@ -278,7 +278,7 @@ class QuantizedPayload:
 
 
 def decode_quantized(
-    blob: bytes, *, fragment: Fragment | None = None, max_bytes: int | None = None
+    blob: bytes | memoryview, *, fragment: Fragment | None = None, max_bytes: int | None = None
 ) -> QuantizedPayload:
     """Check untrusted bytes as ``decode`` does and keep the tensors quantized (read each with
     ``payload.tensors[name]``; topk's indices are checked at that read)."""
@@ -300,7 +300,9 @@ def decode_quantized(
     )
 
 
-def decode(blob: bytes, *, fragment: Fragment | None = None, max_bytes: int | None = None) -> Payload:
+def decode(
+    blob: bytes | memoryview, *, fragment: Fragment | None = None, max_bytes: int | None = None
+) -> Payload:
     """Parse untrusted bytes into a ``Payload`` of float32 arrays, or raise a ``CodecError``."""
     lazy = decode_quantized(blob, fragment=fragment, max_bytes=max_bytes)
     tensors = {name: lazy.tensors[name] for name in lazy.tensors}
@@ -319,7 +321,7 @@ def max_bytes_for_values(values: int) -> int:
     return max(DEFAULT_MAX_BYTES, 5 * values + (1 << 20))
 
 
-def _decompress(blob: bytes, fragment: Fragment | None, max_bytes: int | None) -> bytes:
+def _decompress(blob: bytes | memoryview, fragment: Fragment | None, max_bytes: int | None) -> bytes:
     """The frame's content, within ``max_bytes`` (blob and content) where given, else within what
     ``fragment`` can take, else within ``DEFAULT_MAX_BYTES``."""
     if max_bytes is None:

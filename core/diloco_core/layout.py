@@ -13,7 +13,9 @@ Layout under ``shard-<i>/`` (one folder per shard, so replicas never write each 
 
 A reader trusts only what the manifest points at; objects written before a crash but never named by
 a manifest are ignored and collected later. Pending contributions are framed as
-``b"DLCP" + u32 length + JSON metadata + codec payload`` (no pickle).
+``b"DLCP" + u32 length + JSON metadata + codec payload`` (no pickle). One written as its payload
+arrives keeps ``PENDING_HEAD_ROOM`` bytes for the metadata, filled in once the payload is checked and
+padded with spaces (which JSON ignores), so it reads as any other.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from diloco_core.screening import NormHistory
 
 MANIFEST_FORMAT = 1
 _PENDING_MAGIC = b"DLCP"
+PENDING_HEAD_ROOM = 1024  # the longest metadata (a 128-character learner id, 20-digit numbers) is under 512
+PENDING_HEAD_SIZE = 8 + PENDING_HEAD_ROOM  # the magic, the length and the room
 
 
 class LayoutError(ValueError):
@@ -174,6 +178,15 @@ def key_base_version(key: str) -> int:
 def pack_pending(meta: PendingMeta, payload: bytes) -> bytes:
     head = meta.model_dump_json().encode()
     return _PENDING_MAGIC + struct.pack("<I", len(head)) + head + payload
+
+
+def pending_head(meta: PendingMeta | None, room: int = PENDING_HEAD_ROOM) -> bytes:
+    """The head of a pending object whose metadata takes ``room`` bytes: ``meta`` padded with
+    spaces, or with None the placeholder written before the payload (unreadable until filled in)."""
+    head = b"" if meta is None else meta.model_dump_json().encode()
+    if len(head) > room:
+        raise LayoutError(f"pending contribution metadata of {len(head)} bytes exceeds its {room}")
+    return _PENDING_MAGIC + struct.pack("<I", room) + head + b" " * (room - len(head))
 
 
 def unpack_pending(blob: bytes) -> tuple[PendingMeta, bytes]:

@@ -14,7 +14,7 @@ import io
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 MIN_PART = 5 * 1024**2  # S3's smallest part (all but the last)
 MAX_PARTS = 10_000  # S3's most parts in one upload
@@ -65,16 +65,30 @@ def upload(client: Any, bucket: str, key: str, data: bytes | bytearray, settings
     if len(data) <= settings.part_bytes:
         client.put_object(Bucket=bucket, Key=key, Body=bytes(data))  # a copy of at most one part
         return
+    client.upload_fileobj(BufferReader(data), bucket, key, Config=_multipart(len(data), settings))
+
+
+def upload_file(
+    client: Any, bucket: str, key: str, file: BinaryIO, size: int, settings: TransferSettings
+) -> None:
+    """The ``size`` bytes of the seekable ``file`` under ``key``, as ``upload`` sends bytes: read
+    from the file part by part, never all at once."""
+    file.seek(0)
+    if size <= settings.part_bytes:
+        client.put_object(Bucket=bucket, Key=key, Body=file.read(size))
+        return
+    client.upload_fileobj(file, bucket, key, Config=_multipart(size, settings))
+
+
+def _multipart(size: int, settings: TransferSettings) -> Any:
     from boto3.s3.transfer import TransferConfig
 
-    part = part_size(len(data), settings.part_bytes)
-    config = TransferConfig(
+    return TransferConfig(
         multipart_threshold=settings.part_bytes,
-        multipart_chunksize=part,
+        multipart_chunksize=part_size(size, settings.part_bytes),
         max_concurrency=settings.workers,
         use_threads=settings.workers > 1,
     )
-    client.upload_fileobj(BufferReader(data), bucket, key, Config=config)
 
 
 class BufferReader(io.RawIOBase):

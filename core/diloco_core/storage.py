@@ -16,8 +16,10 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
 from diloco_core.endpoint_url import check_endpoint_url
-from diloco_core.s3_transfer import TransferError, TransferSettings, download, upload
+from diloco_core.s3_transfer import TransferError, TransferSettings, download, upload, upload_file
+from diloco_core.uploads import UPLOAD_PREFIX, FileUpload, Upload, sweep
 
+SPOOL_IDLE_S = 3600.0  # an upload file of the S3 spool untouched this long was left by a dead process
 _KEY_RE = re.compile(r"^[A-Za-z0-9._\-][A-Za-z0-9._\-/]*$")
 
 
@@ -51,6 +53,16 @@ class ObjectStore(Protocol):
         ...
 
     def put(self, key: str, data: bytes | bytearray) -> None: ...
+
+    def open_upload(self, key: str) -> Upload:
+        """An object under ``key`` written as its bytes arrive (``diloco_core.uploads``); its
+        ``commit`` stores it at once, as ``put`` does."""
+        ...
+
+    def sweep_uploads(self, prefix: str) -> int:
+        """Remove what uploads under ``prefix`` that no process will finish left behind (called at
+        start-up by the prefix's one writer); how many."""
+        ...
 
     def list(self, prefix: str = "") -> list[str]: ...
 
@@ -99,7 +111,7 @@ class FilesystemStore:
         path = self._path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+            fd, tmp = tempfile.mkstemp(prefix=UPLOAD_PREFIX, dir=path.parent)
             try:
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(data)
@@ -112,12 +124,32 @@ class FilesystemStore:
         except OSError as exc:
             raise StorageUnavailable(f"writing {key}: {exc}") from exc
 
+    def open_upload(self, key: str) -> Upload:
+        """A temporary file in the object's folder, renamed into place once written and synced."""
+        path = self._path(key)
+
+        def store(upload: FileUpload) -> None:
+            try:
+                os.fsync(upload.file.fileno())
+                os.replace(upload.path, path)
+            except OSError as exc:
+                raise StorageUnavailable(f"writing {key}: {exc}") from exc
+
+        try:
+            return FileUpload(path.parent, store)
+        except OSError as exc:
+            raise StorageUnavailable(f"writing {key}: {exc}") from exc
+
+    def sweep_uploads(self, prefix: str) -> int:
+        """Every upload file under ``prefix``: its one writer is starting, so none is in progress."""
+        return sweep(self._path(prefix.rstrip("/")), idle_s=0.0)
+
     def list(self, prefix: str = "") -> list[str]:
         keys: list[str] = []
         try:
             for dirpath, _dirs, files in os.walk(self.root):
                 for name in files:
-                    if name.startswith(".tmp-"):
+                    if name.startswith(UPLOAD_PREFIX):
                         continue
                     key = Path(dirpath, name).relative_to(self.root).as_posix()
                     if key.startswith(prefix):
@@ -175,6 +207,7 @@ class S3Store:
         read_timeout_s: float = 30.0,
         max_attempts: int = 2,
         transfer: TransferSettings | None = None,
+        spool: Path | None = None,
     ) -> None:
         import boto3
         from botocore.config import Config
@@ -182,6 +215,7 @@ class S3Store:
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.transfer = transfer or TransferSettings()
+        self.spool = spool or Path(tempfile.gettempdir(), "diloco-uploads")  # where uploads are written first
         config = Config(
             max_pool_connections=max(10, 2 * self.transfer.workers),
             connect_timeout=connect_timeout_s,
@@ -253,6 +287,27 @@ class S3Store:
             raise
         except Exception as exc:
             raise self._translate(exc, key) from exc
+
+    def open_upload(self, key: str) -> Upload:
+        """A temporary file in the local ``spool`` folder, uploaded in parts by its commit."""
+
+        def store(upload: FileUpload) -> None:
+            try:
+                upload_file(
+                    self._client, self.bucket, self._key(key), upload.file, upload.size, self.transfer
+                )
+            except Exception as exc:
+                raise self._translate(exc, key) from exc
+
+        try:
+            return FileUpload(self.spool, store)
+        except OSError as exc:
+            raise StorageError(f"cannot write the upload of {key} under {self.spool}: {exc}") from exc
+
+    def sweep_uploads(self, prefix: str) -> int:
+        """The spool's upload files no process has written to for an hour (the spool may be shared
+        by other processes of the machine; S3 aborts an unfinished multipart upload itself)."""
+        return sweep(self.spool, idle_s=SPOOL_IDLE_S)
 
     def list(self, prefix: str = "") -> list[str]:
         keys: list[str] = []

@@ -48,13 +48,14 @@ from diloco_core.protocol import (
     StatusResponse,
 )
 from diloco_core.request_proof import PROOF_SCHEME
+from diloco_core.uploads import release
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, Security
 from fastapi.responses import Response as RawResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.security.http import HTTPBase
 
 from .auth import AUTHENTICATED_LEARNER, TOKEN_CLAIMS, declared_problem, same_learner
-from .body import read_limited_body
+from .body import receive_body, scratch_upload
 from .carried_heartbeat import record_carried
 from .contributions import ContributionDesk
 from .dealer import Dealer
@@ -211,9 +212,16 @@ async def init_fragment(
     request: Request, service: Service, desk: Desk, p: FragmentIndex, _learner: Learner
 ) -> FragmentVersionInfo:
     """Upload a fragment's initial parameters (kind "params", fp32); only while it has no version."""
-    limit = desk.body_limit(p)
-    blob = await read_limited_body(request, limit)
-    return await service.init_fragment(p, blob)
+    body = scratch_upload()
+    try:
+        await receive_body(request, desk.body_limit(p), body)
+        view = body.view()
+        try:
+            return await service.init_fragment(p, view)
+        finally:
+            release(view)
+    finally:
+        body.discard()
 
 
 @router.post(
@@ -271,19 +279,23 @@ async def contribute(
     if declared is not None:
         raise ApiError(400, "bad_request", declared)
     desk.precheck(learner_id, p, base_version, seq, since, steps, tokens, claims.min_step_s)
-    blob = await read_limited_body(request, desk.body_limit(p))
-    started = service.clock()
-    result = await desk.contribute(
-        learner_id,
-        p,
-        base_version=base_version,
-        steps=steps,
-        tokens=tokens,
-        seq=seq,
-        blob=blob,
-        since=since,
-        unit_min_step_s=claims.min_step_s,
-    )
+    body = desk.open_body(learner_id, p, base_version, seq)
+    try:
+        await receive_body(request, desk.body_limit(p), body)
+        started = service.clock()
+        result = await desk.contribute(
+            learner_id,
+            p,
+            base_version=base_version,
+            steps=steps,
+            tokens=tokens,
+            seq=seq,
+            body=body,
+            since=since,
+            unit_min_step_s=claims.min_step_s,
+        )
+    finally:
+        body.discard()
     service.metrics.ingest_seconds.observe(service.clock() - started)
     return result
 

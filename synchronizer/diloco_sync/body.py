@@ -1,11 +1,14 @@
-"""Request body size limits: the binary routes read their body in chunks (``read_limited_body``);
-every other route is guarded by ``JsonBodyLimit``, a thin ASGI middleware, before FastAPI reads it."""
+"""Request body size limits: the binary routes take their body in chunks, written as they arrive
+(``receive_body``); every other route is guarded by ``JsonBodyLimit``, a thin ASGI middleware, before FastAPI reads it."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 from diloco_core.protocol import ErrorBody
+from diloco_core.uploads import FileUpload, MemoryUpload, Upload
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -13,8 +16,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .errors import ApiError
 
 
-async def read_limited_body(request: Request, limit: int) -> bytes:
-    """The whole body, or 413 ``oversized`` once more than ``limit`` bytes arrive (or are announced)."""
+def scratch_upload() -> Upload:
+    """A body that is read and let go (not stored): a file in the temporary folder, or memory
+    where none can be made."""
+    try:
+        return FileUpload(Path(tempfile.gettempdir()), lambda upload: None)
+    except OSError:
+        return MemoryUpload(lambda data: None)
+
+
+async def receive_body(request: Request, limit: int, upload: Upload) -> int:
+    """Write the body into ``upload`` as it arrives; its size. 413 ``oversized`` once more than
+    ``limit`` bytes arrive (or are announced), 400 for an empty body or one cut short, 503
+    ``storage_unavailable`` (retryable) when the upload cannot be written."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -23,21 +37,24 @@ async def read_limited_body(request: Request, limit: int) -> bytes:
             raise ApiError(400, "bad_request", f"invalid Content-Length {declared!r}") from None
         if size > limit:
             raise ApiError(413, "oversized", f"body of {size} bytes exceeds the limit of {limit} bytes")
-    chunks: list[bytes] = []
     received = 0
     try:
         async for chunk in request.stream():
             received += len(chunk)
             if received > limit:
                 raise ApiError(413, "oversized", f"body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
+            upload.write(chunk)
     except ClientDisconnect:  # the client left (or stalled past the body timeout): nobody to answer
         raise ApiError(
             400, "bad_request", f"the connection closed after {received} bytes of the body"
         ) from None
+    except OSError as exc:
+        raise ApiError(
+            503, "storage_unavailable", f"the body could not be written: {exc.strerror}", retryable=True
+        ) from None
     if received == 0:
         raise ApiError(400, "bad_request", "empty body: a codec payload is expected")
-    return b"".join(chunks)
+    return received
 
 
 class JsonBodyLimit:

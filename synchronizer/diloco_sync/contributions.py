@@ -24,10 +24,11 @@ from typing import Literal
 
 import anyio.to_thread
 from diloco_core import rounds
-from diloco_core.layout import PendingMeta, contribution_key
+from diloco_core.layout import PENDING_HEAD_SIZE, PendingMeta, contribution_key
 from diloco_core.protocol import ContributionResult
 from diloco_core.screening import tensors_norm
 from diloco_core.storage import StorageError
+from diloco_core.uploads import Upload, release
 
 from .contribution import Contribution, Gradient, compacted, needs_compacting
 from .errors import ApiError, learner_left, not_registered
@@ -49,6 +50,7 @@ class _Taken:
     checked: Checked
     storage_key: str | None  # None: not written (storage down)
     failure: StorageError | None
+    blob: bytes | None  # the payload, to hold in memory when it was not written
 
 
 class ContributionDesk:
@@ -166,6 +168,11 @@ class ContributionDesk:
                 current_version=fs.version,
             )
 
+    def open_body(self, learner_id: str, p: int, base_version: int, seq: int) -> Upload:
+        """Where a contribution's body is written as it arrives: its pending object in storage (a
+        file), or memory while storage is down; ``contribute`` takes it, the caller discards it."""
+        return self.store.start_pending(p, learner_id, base_version, seq, to_storage=self.guard.ok)
+
     async def contribute(
         self,
         learner_id: str,
@@ -175,11 +182,13 @@ class ContributionDesk:
         steps: int,
         tokens: int,
         seq: int,
-        blob: bytes,
+        body: Upload,
         since: int = 0,
         unit_min_step_s: float | None = None,
     ) -> ContributionResult:
+        """Take the payload received into ``body`` (``open_body``): checked, then stored as it is."""
         fs = self.precheck(learner_id, p, base_version, seq, since, steps, tokens, unit_min_step_s)
+        size = body.size - PENDING_HEAD_SIZE
         key = contribution_key(learner_id, p, base_version, seq)
         if not fs.reserve(key):
             self.metrics.contributions.labels("duplicate").inc()
@@ -195,7 +204,7 @@ class ContributionDesk:
                 received_at=self.clock(),
                 since=since,
             )
-            taken = await anyio.to_thread.run_sync(self._take, fs, meta, blob, self.guard.ok)
+            taken = await anyio.to_thread.run_sync(self._take, fs, meta, body, self.guard.ok)
             if taken.failure is not None:
                 self.guard.mark_down(taken.failure)
                 log.warning("contribution %s kept in memory: %s", key, taken.failure)
@@ -206,10 +215,10 @@ class ContributionDesk:
                 self._delete_later([taken.storage_key] if taken.storage_key else [])
                 raise
             c = Contribution.from_meta(
-                meta, taken.checked.tensors, len(blob), taken.storage_key, norm=taken.checked.norm
+                meta, taken.checked.tensors, size, taken.storage_key, norm=taken.checked.norm
             )
-            if c.storage_key is None:
-                self._hold_in_memory(c, blob)
+            if taken.blob is not None:
+                self._hold_in_memory(c, taken.blob)
             self._enqueue(fs, c)
         finally:
             fs.release(key)
@@ -218,7 +227,7 @@ class ContributionDesk:
         if learner is not None:
             learner.contributions += 1
             learner.base_versions[p] = base_version
-        self.traffic.received(len(blob))
+        self.traffic.received(size)
         self.metrics.contributions.labels("accepted").inc()
         self.wake()
         return self._result("accepted", fs, base_version, durable=c.storage_key is not None)
@@ -253,19 +262,29 @@ class ContributionDesk:
             durable=durable,
         )
 
-    def _take(self, fs: FragmentState, meta: PendingMeta, blob: bytes, store_it: bool) -> _Taken:
-        """Blocking, in one worker thread: decode and check the payload, then write it under pending/.
+    def _take(self, fs: FragmentState, meta: PendingMeta, body: Upload, store_it: bool) -> _Taken:
+        """Blocking, in one worker thread: decode and check the payload where it was received, then
+        store its pending object (the payload is written once: it is the object).
 
-        A refused payload raises ``ApiError`` and is never written. A storage failure is returned
-        (not raised), so the caller can keep the contribution in memory instead.
+        A refused payload raises ``ApiError`` and is never stored. A storage failure is returned
+        (not raised) with the payload, so the caller can keep the contribution in memory instead.
         """
-        checked = validate_outer_gradient(blob, fs.spec, meta.base_version, self.body_limit(fs.index))
-        if not store_it:
-            return _Taken(checked, None, None)
+        view = body.view()
+        payload = view[PENDING_HEAD_SIZE:]
         try:
-            return _Taken(checked, self.store.put_pending(meta, blob), None)
+            checked = validate_outer_gradient(payload, fs.spec, meta.base_version, self.body_limit(fs.index))
+            if not store_it:
+                return _Taken(checked, None, None, bytes(payload))
+        finally:
+            release(payload, view)
+        try:
+            return _Taken(checked, self.store.finish_pending(body, meta), None, None)
         except StorageError as exc:
-            return _Taken(checked, None, exc)
+            view = body.view()
+            try:
+                return _Taken(checked, None, exc, bytes(view[PENDING_HEAD_SIZE:]))
+            finally:
+                release(view)
 
     def _hold_in_memory(self, c: Contribution, blob: bytes) -> None:
         """Storage is down: keep the payload in memory within the budget, or answer 503 (retryable)."""

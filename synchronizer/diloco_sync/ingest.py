@@ -40,7 +40,7 @@ def _refusing_codec_errors() -> Iterator[None]:
         raise ApiError(400, exc.code, str(exc)) from exc
 
 
-def _decode(blob: bytes, spec: Fragment, max_bytes: int) -> codec.QuantizedPayload:
+def _decode(blob: bytes | memoryview, spec: Fragment, max_bytes: int) -> codec.QuantizedPayload:
     with _refusing_codec_errors():
         return codec.decode_quantized(blob, fragment=spec, max_bytes=max_bytes)
 
@@ -54,7 +54,9 @@ class Checked:
     norm: float
 
 
-def validate_outer_gradient(blob: bytes, spec: Fragment, base_version: int, max_bytes: int) -> Checked:
+def validate_outer_gradient(
+    blob: bytes | memoryview, spec: Fragment, base_version: int, max_bytes: int
+) -> Checked:
     """Check a contribution for fragment ``spec`` (every tensor read once: finite, and its norm); its
     header must agree with the query parameters."""
     payload = _decode(blob, spec, max_bytes)
@@ -78,7 +80,7 @@ def validate_outer_gradient(blob: bytes, spec: Fragment, base_version: int, max_
     return Checked(payload.tensors, norm)
 
 
-def validate_initial_params(blob: bytes, spec: Fragment, max_bytes: int) -> Arrays:
+def validate_initial_params(blob: bytes | memoryview, spec: Fragment, max_bytes: int) -> Arrays:
     """Decode the initial parameters of a fragment (kind "params", lossless fp32)."""
     payload = _decode(blob, spec, max_bytes)
     if payload.kind != "params":

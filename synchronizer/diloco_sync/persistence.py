@@ -28,6 +28,7 @@ from diloco_core.layout import (
     Manifest,
     PendingMeta,
     pack_pending,
+    pending_head,
     unpack_pending,
     version_of_key,
 )
@@ -42,6 +43,7 @@ from diloco_core.ownership import (
     parse_marker,
 )
 from diloco_core.storage import ObjectNotFound, ObjectStore, StorageError, StorageUnavailable
+from diloco_core.uploads import MemoryUpload, Upload
 
 log = logging.getLogger(__name__)
 _WRITERS = 3  # parameters, outer-optimizer state and round log of one commit
@@ -232,11 +234,48 @@ class StateStore:
 
     # -- pending contributions -----------------------------------------------------------------
 
+    def start_pending(
+        self, fragment: int, learner_id: str, base_version: int, seq: int, *, to_storage: bool
+    ) -> Upload:
+        """The pending object of a contribution, written as its payload arrives after a head kept
+        for its metadata (``finish_pending``): a file where storage takes one, else (and without
+        ``to_storage``) in memory."""
+        key = self.layout.pending(fragment, learner_id, base_version, seq)
+        upload: Upload | None = None
+        if to_storage:
+            try:
+                self._ensure_kept()
+                upload = self.store.open_upload(key)
+            except StorageError as exc:
+                log.info("contribution %s received in memory: %s", key, exc)
+        if upload is None:
+            upload = MemoryUpload(lambda data: self.store.put(key, data))
+        upload.write(pending_head(None))
+        return upload
+
+    def finish_pending(self, upload: Upload, meta: PendingMeta) -> str:
+        """Store a ``start_pending`` object with its metadata; its key. A failure leaves it as it was."""
+        key = self.layout.pending(meta.fragment, meta.learner_id, meta.base_version, meta.seq)
+        self._ensure_kept()
+        upload.patch(0, pending_head(meta))
+        upload.commit()
+        return key
+
     def put_pending(self, meta: PendingMeta, payload: bytes) -> str:
         key = self.layout.pending(meta.fragment, meta.learner_id, meta.base_version, meta.seq)
         self._ensure_kept()
         self.store.put(key, pack_pending(meta, payload))
         return key
+
+    def sweep_uploads(self) -> None:
+        """Remove what unfinished uploads of pending objects left behind (at start-up)."""
+        try:
+            removed = self.store.sweep_uploads(self.layout.pending_prefix)
+        except OSError as exc:
+            log.warning("could not remove unfinished uploads: %s", exc)
+            return
+        if removed:
+            log.info("removed %d unfinished uploads of pending contributions", removed)
 
     def list_pending(self) -> list[str]:
         return self.store.list(self.layout.pending_prefix)

@@ -119,6 +119,7 @@ def _load_pending(
     store: StateStore, plan: FragmentPlan, fragments: dict[int, LoadedFragment], owned: list[int]
 ) -> list[Contribution]:
     out: list[Contribution] = []
+    store.sweep_uploads()
     for key in store.list_pending():
         loaded = store.get_pending(key)
         if loaded is None:

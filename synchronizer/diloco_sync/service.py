@@ -241,7 +241,7 @@ class SyncService:
 
     # -- fragments -------------------------------------------------------------------------------
 
-    async def init_fragment(self, p: int, blob: bytes) -> FragmentVersionInfo:
+    async def init_fragment(self, p: int, blob: bytes | memoryview) -> FragmentVersionInfo:
         fs = self.fragments.get(p)
         self._check_uninitialised(p)
         params = await anyio.to_thread.run_sync(

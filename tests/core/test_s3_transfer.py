@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,6 +118,25 @@ def test_an_object_larger_than_a_part_goes_up_in_parts_and_comes_down_in_concurr
             f"bytes={2 * MIN_PART}-{len(data) - 1}",
         ]
     )
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("size", [MIN_PART - 1, 2 * MIN_PART + 12345])
+def test_an_upload_goes_up_from_its_file_in_parts_and_leaves_its_spool_empty(
+    s3: S3Server, size: int, tmp_path: Path
+) -> None:
+    store = _store(s3, s3.new_bucket())
+    store.spool = tmp_path / "spool"
+    data = os.urandom(size)
+    upload = store.open_upload("pending.bin")
+    for start in range(0, size, 1 << 20):
+        upload.write(data[start : start + (1 << 20)])
+    upload.commit()
+    head = store._client.head_object(Bucket=store.bucket, Key="big/pending.bin")
+    assert head["ETag"].strip('"').endswith("-3" if size > MIN_PART else "")
+    assert ("-" in head["ETag"]) == (size > MIN_PART)
+    assert store.get("pending.bin") == data
+    assert list(store.spool.iterdir()) == []
 
 
 @pytest.mark.integration

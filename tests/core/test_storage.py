@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,6 +81,32 @@ def test_large_object(store: ObjectStore) -> None:
 def test_invalid_keys_are_rejected(store: ObjectStore, key: str) -> None:
     with pytest.raises(StorageError, match="invalid object key"):
         store.put(key, b"x")
+
+
+def test_an_upload_is_stored_whole_by_its_commit_and_nothing_by_its_discard(store: ObjectStore) -> None:
+    data = os.urandom(3 * 1024 * 1024 + 7)
+    upload = store.open_upload("pending/0/a.bin")
+    for start in range(0, len(data), 65536):
+        upload.write(data[start : start + 65536])
+    assert store.list("pending/") == []  # nothing to read before the commit
+    upload.patch(0, b"HEAD")
+    upload.commit()
+    assert store.get("pending/0/a.bin") == b"HEAD" + data[4:]
+    dropped = store.open_upload("pending/0/b.bin")
+    dropped.write(b"never stored")
+    dropped.discard()
+    assert store.list("pending/") == ["pending/0/a.bin"]
+
+
+def test_filesystem_uploads_are_written_in_the_object_s_folder_and_swept_at_start(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    left = store.open_upload("shard-000/pending/0/a/0-1.bin")  # a process dies while receiving it
+    left.write(b"part of a body")
+    assert left.path.parent == tmp_path / "shard-000/pending/0/a"  # type: ignore[attr-defined]
+    store.put("shard-000/pending/0/a/0-0.bin", b"kept")
+    assert store.list() == ["shard-000/pending/0/a/0-0.bin"]
+    assert store.sweep_uploads("shard-000/pending/") == 1
+    assert [p.name for p in (tmp_path / "shard-000/pending/0/a").iterdir()] == ["0-0.bin"]
 
 
 def test_filesystem_put_leaves_no_temporary_files(tmp_path: Path) -> None:

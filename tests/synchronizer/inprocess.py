@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diloco_core.config import DiLoCoSettings, JobConfig
-from diloco_core.protocol import Heartbeat, RegisterRequest
+from diloco_core.protocol import ContributionResult, Heartbeat, RegisterRequest
 from diloco_core.storage import FilesystemStore
 from diloco_sync.contributions import ContributionDesk
 from diloco_sync.persistence import StateStore
@@ -60,10 +60,21 @@ class InProcess:
     ) -> str:
         """Send an outer gradient of ``learner`` to fragment ``p``; returns the answer's status."""
         blob = encode_grad(outer_grad(PLAN, p, seed=ord(learner) + 100 * seq), p, base)
-        result = await self.desk.contribute(
-            learner, p, base_version=base, steps=4, tokens=tokens, seq=seq, blob=blob
-        )
+        result = await self.send(learner, p, blob, base_version=base, steps=4, tokens=tokens, seq=seq)
         return result.status
+
+    async def send(
+        self, learner: str, p: int, blob: bytes, *, base_version: int, seq: int, **query: int
+    ) -> ContributionResult:
+        """The desk's answer to ``blob`` sent as the API sends a body: written as it arrives."""
+        body = self.desk.open_body(learner, p, base_version, seq)
+        try:
+            body.write(blob)
+            return await self.desk.contribute(
+                learner, p, base_version=base_version, seq=seq, body=body, **query
+            )  # type: ignore[arg-type]
+        finally:
+            body.discard()
 
     def pending_objects(self) -> list[str]:
         return self.service.store.store.list(self.service.store.layout.pending_prefix)

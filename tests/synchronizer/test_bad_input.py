@@ -21,6 +21,7 @@ from diloco_core import codec
 from diloco_core.auth import learner_token
 from diloco_core.protocol import API_PREFIX
 from diloco_core.request_proof import instance_at
+from diloco_core.uploads import UPLOAD_PREFIX
 from diloco_sync.logs import LOG_BURST
 from diloco_testbed.waiting import wait_for
 
@@ -51,6 +52,7 @@ class Env:
     a: Learner
     b: Learner
     merged_seq: int
+    store: Path
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,7 @@ def env(test_logs_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         r = a.contribute(1, 0, encode_grad(outer_grad(PLAN, 1, seed=5), 1, 0), seq=77)
         assert r.status_code == 202, r.text
         assert a.fetch(1, newer_than=0, wait=20) is not None
-        yield Env(sync, a, b, merged_seq=77)
+        yield Env(sync, a, b, merged_seq=77, store=store)
     finally:
         for learner in (a, b, gone):
             learner.close()
@@ -283,6 +285,11 @@ def test_bad_contribution_is_refused_and_changes_nothing(env: Env, case: str) ->
     if want_code == "stale":
         assert body["current_version"] is not None
     assert snapshot(env) == before
+    assert upload_files(env.store) == []  # a body written as it arrived is removed once refused
+
+
+def upload_files(root: Path) -> list[Path]:
+    return [path for path in root.rglob(f"{UPLOAD_PREFIX}*") if path.is_file()]
 
 
 def test_duplicate_of_a_merged_contribution_answers_duplicate(env: Env) -> None:
@@ -672,6 +679,41 @@ def upload_head(instance: str, learner: str, length: int) -> bytes:
         + signed_head_lines(learner, "POST", target, instance)
         + "\r\n"
     ).encode()
+
+
+def test_a_body_cut_short_or_stalled_leaves_nothing_in_storage(
+    sync_factory: SyncFactory, tmp_path: Path
+) -> None:
+    """A contribution body is written to storage as it arrives; one whose client leaves, or stops
+    sending past --body-timeout-s, is removed, and the learner's contribution is taken afterwards."""
+    args = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--body-timeout-s", "2"]
+    store = tmp_path / "store"
+    sync = sync_factory(storage_url=f"file://{store}", args=args)
+    a = Learner(sync.url, "a", PLAN)
+    try:
+        assert a.register().status_code == 200
+        for p in (0, 1):
+            assert a.init(p, initial_params(PLAN, p)).status_code == 200
+        blob = encode_grad(outer_grad(PLAN, 0, seed=3), 0, 0)
+        instance = instance_at(sync.url + API_PREFIX)
+        with socket.create_connection(("127.0.0.1", sync.port), timeout=60) as left:
+            left.sendall(upload_head(instance, "a", len(blob)) + blob[: len(blob) // 2])  # then it goes
+        with socket.create_connection(("127.0.0.1", sync.port), timeout=60) as stalled:
+            stalled.sendall(upload_head(instance, "a", len(blob)) + blob[: len(blob) // 2])
+            wait_for(
+                lambda: len(upload_files(store)) == 1, timeout=10, what="the body file in the pending folder"
+            )
+            assert stalled.recv(4096) == b""  # closed by the server after the body timeout
+        deadline = time.monotonic() + 20
+        while upload_files(store) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert upload_files(store) == []
+        r = a.contribute(0, 0, blob, seq=1)
+        assert r.status_code == 202, r.text
+        assert r.json()["durable"] is True
+        assert upload_files(store) == []
+    finally:
+        a.close()
 
 
 def test_a_stalled_body_is_closed_and_a_full_house_answers_503(sync_factory: SyncFactory) -> None:

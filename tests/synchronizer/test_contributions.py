@@ -111,8 +111,8 @@ def test_a_learner_s_many_parts_are_added_up_once_they_hold_more_than_twice_thei
         fs = sync.service.fragments.get(0)
         held = []
         for i, g in enumerate(grads):
-            result = await sync.desk.contribute(
-                "a", 0, base_version=0, steps=4, tokens=32, seq=i + 1, blob=encode_grad(g, 0, 0), since=4 * i
+            result = await sync.send(
+                "a", 0, encode_grad(g, 0, 0), base_version=0, steps=4, tokens=32, seq=i + 1, since=4 * i
             )
             assert result.status == "accepted"
             held.append(held_bytes(fs.pending["a"].tensors))

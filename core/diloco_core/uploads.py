@@ -1,0 +1,143 @@
+"""Objects written as their bytes arrive: a request body goes to a file, not into memory.
+
+An ``Upload`` takes the bytes of one object piece by piece (``write``), lets them be read back
+without a copy once all have arrived (``view``: a read-only memory map of the file), lets a part
+already written be filled in (``patch``: a head known only once the rest is checked), then either
+stores them under the object's key at once (``commit``) or throws them away (``discard``).
+
+- ``FileUpload`` writes a temporary file. The filesystem store makes it in the object's own folder
+  and commits it by ``fsync`` and a rename (the object appears whole or not at all, and its bytes
+  are written once); the S3 store makes it in a local folder and commits it by uploading the file in
+  parts (``s3_transfer.upload_file``), so a body larger than memory is never held in memory.
+- ``MemoryUpload`` holds the bytes in memory and commits them with the store's ``put``: for a store
+  that cannot make a file, and while storage is down.
+
+Temporary files a crash leaves behind are named ``UPLOAD_PREFIX*``; ``sweep`` removes those no
+longer written to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+UPLOAD_PREFIX = ".tmp-"
+_WRITE_BUFFER = 1 << 20  # bytes gathered before a write to the file
+
+
+class Upload(Protocol):
+    size: int
+
+    def write(self, data: bytes) -> None: ...
+
+    def view(self) -> memoryview: ...
+
+    def patch(self, offset: int, data: bytes) -> None: ...
+
+    def commit(self) -> None: ...
+
+    def discard(self) -> None: ...
+
+
+class FileUpload:
+    """An object's bytes in a temporary file in ``folder``; ``store`` makes it the object (and may
+    move the file away: it is removed afterwards if still there)."""
+
+    def __init__(self, folder: Path, store: Callable[[FileUpload], None]) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=UPLOAD_PREFIX, dir=folder)
+        self.path = Path(name)
+        self.file = os.fdopen(fd, "w+b", buffering=_WRITE_BUFFER)
+        self.size = 0
+        self._store = store
+        self._map: mmap.mmap | None = None
+
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+        self.size += len(data)
+
+    def view(self) -> memoryview:
+        self.file.flush()
+        if self.size == 0:
+            return memoryview(b"")
+        if self._map is None:
+            self._map = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ)
+        return memoryview(self._map)
+
+    def patch(self, offset: int, data: bytes) -> None:
+        self.file.flush()
+        os.pwrite(self.file.fileno(), data, offset)
+
+    def commit(self) -> None:
+        """Store the object (a failure raises and leaves the file as it is, to read or discard)."""
+        self.file.flush()
+        self._unmap()
+        self._store(self)
+        self.discard()
+
+    def discard(self) -> None:
+        """Close and remove the file (nothing once committed or discarded)."""
+        self._unmap()
+        self.file.close()
+        self.path.unlink(missing_ok=True)
+
+    def _unmap(self) -> None:
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # a view still held: closed when it is let go
+                self._map.close()
+            self._map = None
+
+
+class MemoryUpload:
+    """An object's bytes in memory; ``put`` stores them."""
+
+    def __init__(self, put: Callable[[bytearray], None]) -> None:
+        self.data = bytearray()
+        self.size = 0
+        self._put = put
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+        self.size += len(data)
+
+    def view(self) -> memoryview:
+        return memoryview(self.data).toreadonly()
+
+    def patch(self, offset: int, data: bytes) -> None:
+        self.data[offset : offset + len(data)] = data
+
+    def commit(self) -> None:
+        self._put(self.data)
+
+    def discard(self) -> None:
+        self.data = bytearray()
+
+
+def release(*views: memoryview) -> None:
+    """Let go of views of an upload; one still read elsewhere is let go with its last reader."""
+    for view in views:
+        with contextlib.suppress(BufferError):
+            view.release()
+
+
+def sweep(folder: Path, idle_s: float, now: float | None = None) -> int:
+    """Remove the upload files under ``folder`` not written to for ``idle_s`` seconds (left by a
+    process that died while receiving them); returns how many."""
+    now = time.time() if now is None else now
+    removed = 0
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            path = Path(dirpath, name)
+            if not name.startswith(UPLOAD_PREFIX):
+                continue
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime > idle_s:
+                    path.unlink()
+                    removed += 1
+    return removed

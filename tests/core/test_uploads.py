@@ -1,0 +1,103 @@
+"""Objects written as their bytes arrive: a file read back in place, filled in, stored or thrown away."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from diloco_core.uploads import UPLOAD_PREFIX, FileUpload, MemoryUpload, release, sweep
+
+
+def _moved_to(target: Path) -> tuple[list[bytes], Callable[[FileUpload], None]]:
+    stored: list[bytes] = []
+
+    def store(upload: FileUpload) -> None:
+        os.replace(upload.path, target)
+        stored.append(target.read_bytes())
+
+    return stored, store
+
+
+def test_a_file_upload_is_read_in_place_filled_in_and_stored_by_its_commit(tmp_path: Path) -> None:
+    stored, store = _moved_to(tmp_path / "object.bin")
+    upload = FileUpload(tmp_path / "folder", store)
+    assert upload.path.parent == tmp_path / "folder"
+    assert upload.path.name.startswith(UPLOAD_PREFIX)
+    for piece in (b"HEAD", b"-" * 3_000_000, b"tail"):  # more than the write buffer
+        upload.write(piece)
+    assert upload.size == 3_000_008
+    view = upload.view()
+    assert bytes(view[:4]) == b"HEAD"
+    assert bytes(view[-4:]) == b"tail"
+    upload.patch(0, b"head")
+    assert bytes(view[:4]) == b"head"  # the map sees the file
+    release(view)
+    upload.commit()
+    assert stored == [b"head" + b"-" * 3_000_000 + b"tail"]
+    assert os.listdir(tmp_path / "folder") == []
+
+
+def test_a_discarded_upload_leaves_nothing_even_while_a_view_of_it_is_held(tmp_path: Path) -> None:
+    upload = FileUpload(tmp_path, lambda u: None)
+    upload.write(b"abc")
+    view = upload.view()
+    held = view[1:]
+    upload.discard()
+    assert list(tmp_path.iterdir()) == []
+    assert bytes(held) == b"bc"  # still readable until let go
+    upload.discard()  # again: nothing
+
+
+def test_a_commit_that_fails_keeps_the_file_to_read_again(tmp_path: Path) -> None:
+    def failing(upload: FileUpload) -> None:
+        raise OSError("storage down")
+
+    upload = FileUpload(tmp_path, failing)
+    upload.write(b"payload")
+    with pytest.raises(OSError, match="storage down"):
+        upload.commit()
+    assert bytes(upload.view()) == b"payload"
+    upload.discard()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_upload_has_an_empty_view(tmp_path: Path) -> None:
+    upload = FileUpload(tmp_path, lambda u: None)
+    assert bytes(upload.view()) == b""
+    upload.discard()
+
+
+def test_a_memory_upload_is_filled_in_and_put_whole() -> None:
+    put: list[bytes] = []
+    upload = MemoryUpload(lambda data: put.append(bytes(data)))
+    upload.write(b"HEAD")
+    upload.write(b"body")
+    view = upload.view()
+    assert bytes(view) == b"HEADbody"
+    assert view.readonly
+    upload.patch(0, b"head")
+    release(view)
+    upload.commit()
+    assert put == [b"headbody"]
+    assert upload.size == 8
+
+
+def test_a_sweep_removes_only_upload_files_idle_for_long_enough(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    old, fresh, other = (
+        tmp_path / "a" / f"{UPLOAD_PREFIX}old",
+        tmp_path / f"{UPLOAD_PREFIX}new",
+        tmp_path / "x.bin",
+    )
+    for path in (old, fresh, other):
+        path.write_bytes(b"1")
+    now = time.time()
+    os.utime(old, (now - 7200, now - 7200))
+    assert sweep(tmp_path, idle_s=3600, now=now) == 1
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted([fresh.name, other.name])
+    assert sweep(tmp_path, idle_s=0.0, now=now + 1) == 1
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [other.name]
+    assert sweep(tmp_path / "missing", idle_s=0.0) == 0
