@@ -17,9 +17,8 @@ from urllib.parse import unquote, urlparse
 
 from diloco_core.endpoint_url import check_endpoint_url
 from diloco_core.s3_transfer import TransferError, TransferSettings, download, upload, upload_file
-from diloco_core.uploads import UPLOAD_PREFIX, FileUpload, Upload, sweep
+from diloco_core.uploads import LOCAL_SPOOL, UPLOAD_PREFIX, FileUpload, Upload, sweep
 
-SPOOL_IDLE_S = 3600.0  # an upload file of the S3 spool untouched this long was left by a dead process
 _KEY_RE = re.compile(r"^[A-Za-z0-9._\-][A-Za-z0-9._\-/]*$")
 
 
@@ -132,6 +131,7 @@ class FilesystemStore:
             try:
                 os.fsync(upload.file.fileno())
                 os.replace(upload.path, path)
+                upload.moved = True
             except OSError as exc:
                 raise StorageUnavailable(f"writing {key}: {exc}") from exc
 
@@ -215,7 +215,7 @@ class S3Store:
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.transfer = transfer or TransferSettings()
-        self.spool = spool or Path(tempfile.gettempdir(), "diloco-uploads")  # where uploads are written first
+        self.spool = spool or LOCAL_SPOOL  # where uploads are written first
         config = Config(
             max_pool_connections=max(10, 2 * self.transfer.workers),
             connect_timeout=connect_timeout_s,
@@ -305,9 +305,9 @@ class S3Store:
             raise StorageError(f"cannot write the upload of {key} under {self.spool}: {exc}") from exc
 
     def sweep_uploads(self, prefix: str) -> int:
-        """The spool's upload files no process has written to for an hour (the spool may be shared
-        by other processes of the machine; S3 aborts an unfinished multipart upload itself)."""
-        return sweep(self.spool, idle_s=SPOOL_IDLE_S)
+        """The spool's upload files (S3 itself drops an unfinished multipart upload). The spool may be
+        another process's too: a file it is writing or sending goes on through its open handle."""
+        return sweep(self.spool, idle_s=0.0)
 
     def list(self, prefix: str = "") -> list[str]:
         keys: list[str] = []

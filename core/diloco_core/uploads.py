@@ -12,8 +12,8 @@ stores them under the object's key at once (``commit``) or throws them away (``d
 - ``MemoryUpload`` holds the bytes in memory and commits them with the store's ``put``: for a store
   that cannot make a file, and while storage is down.
 
-Temporary files a crash leaves behind are named ``UPLOAD_PREFIX*``; ``sweep`` removes those no
-longer written to.
+Temporary files a crash leaves behind are named ``UPLOAD_PREFIX*``; ``sweep`` removes them. A
+file's failures (a full disk) are ``OSError``; its ``discard`` never fails.
 """
 
 from __future__ import annotations
@@ -23,18 +23,22 @@ import mmap
 import os
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 UPLOAD_PREFIX = ".tmp-"
+LOCAL_SPOOL = Path(
+    tempfile.gettempdir(), "diloco-uploads"
+)  # uploads written locally before they go elsewhere
 _WRITE_BUFFER = 1 << 20  # bytes gathered before a write to the file
 
 
 class Upload(Protocol):
     size: int
 
-    def write(self, data: bytes) -> None: ...
+    def write(self, data: bytes | bytearray) -> None: ...
 
     def view(self) -> memoryview: ...
 
@@ -46,8 +50,8 @@ class Upload(Protocol):
 
 
 class FileUpload:
-    """An object's bytes in a temporary file in ``folder``; ``store`` makes it the object (and may
-    move the file away: it is removed afterwards if still there)."""
+    """An object's bytes in a temporary file in ``folder``; ``store`` makes it the object, by reading
+    it or by moving it into place (``moved``); the file is removed afterwards unless moved."""
 
     def __init__(self, folder: Path, store: Callable[[FileUpload], None]) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -57,8 +61,10 @@ class FileUpload:
         self.size = 0
         self._store = store
         self._map: mmap.mmap | None = None
+        self.moved = False  # set by a store that made the file itself the object (renamed it)
+        self._done = False
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         self.file.write(data)
         self.size += len(data)
 
@@ -72,7 +78,9 @@ class FileUpload:
 
     def patch(self, offset: int, data: bytes) -> None:
         self.file.flush()
-        os.pwrite(self.file.fileno(), data, offset)
+        written = os.pwrite(self.file.fileno(), data, offset)
+        if written != len(data):
+            raise OSError(f"{written} of {len(data)} bytes written at {offset} of {self.path}")
 
     def commit(self) -> None:
         """Store the object (a failure raises and leaves the file as it is, to read or discard)."""
@@ -82,10 +90,18 @@ class FileUpload:
         self.discard()
 
     def discard(self) -> None:
-        """Close and remove the file (nothing once committed or discarded)."""
+        """Close and remove the file (nothing once committed or discarded); never fails: bytes the
+        file could not take are thrown away with it."""
         self._unmap()
-        self.file.close()
-        self.path.unlink(missing_ok=True)
+        try:
+            self.file.close()
+        except OSError:
+            pass
+        finally:
+            if not (self._done or self.moved):
+                self._done = True
+                with contextlib.suppress(OSError):
+                    self.path.unlink(missing_ok=True)
 
     def _unmap(self) -> None:
         if self._map is not None:
@@ -102,7 +118,7 @@ class MemoryUpload:
         self.size = 0
         self._put = put
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         self.data += data
         self.size += len(data)
 
@@ -124,6 +140,17 @@ def release(*views: memoryview) -> None:
     for view in views:
         with contextlib.suppress(BufferError):
             view.release()
+
+
+def forget_frames(exc: BaseException) -> None:
+    """Clear the variables of the finished frames an exception (and those it was raised from) holds,
+    so that views of an upload they read are let go with them."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def sweep(folder: Path, idle_s: float, now: float | None = None) -> int:

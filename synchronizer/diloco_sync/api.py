@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
+import anyio.to_thread
 from diloco_core.bounds import (
     MAX_FRAGMENTS,
     MAX_SEQ,
@@ -48,14 +49,14 @@ from diloco_core.protocol import (
     StatusResponse,
 )
 from diloco_core.request_proof import PROOF_SCHEME
-from diloco_core.uploads import release
+from diloco_core.uploads import forget_frames, release
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, Security
 from fastapi.responses import Response as RawResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.security.http import HTTPBase
 
 from .auth import AUTHENTICATED_LEARNER, TOKEN_CLAIMS, declared_problem, same_learner
-from .body import receive_body, scratch_upload
+from .body import discard, receive_body, scratch_upload
 from .carried_heartbeat import record_carried
 from .contributions import ContributionDesk
 from .dealer import Dealer
@@ -93,7 +94,7 @@ _proof = HTTPBase(
 
 
 def is_binary_route(path: str) -> bool:
-    """The routes whose codec payload body ``read_limited_body`` limits (init, contributions)."""
+    """The routes whose codec payload body ``receive_body`` limits (init, contributions)."""
     return _BINARY_ROUTE.fullmatch(path) is not None
 
 
@@ -212,16 +213,19 @@ async def init_fragment(
     request: Request, service: Service, desk: Desk, p: FragmentIndex, _learner: Learner
 ) -> FragmentVersionInfo:
     """Upload a fragment's initial parameters (kind "params", fp32); only while it has no version."""
-    body = scratch_upload()
+    body = await anyio.to_thread.run_sync(scratch_upload)
     try:
         await receive_body(request, desk.body_limit(p), body)
         view = body.view()
         try:
             return await service.init_fragment(p, view)
+        except BaseException as exc:
+            forget_frames(exc)  # a refusal's traceback would keep the view, and the file's map, alive
+            raise
         finally:
             release(view)
     finally:
-        body.discard()
+        await discard(body)
 
 
 @router.post(
@@ -279,9 +283,9 @@ async def contribute(
     if declared is not None:
         raise ApiError(400, "bad_request", declared)
     desk.precheck(learner_id, p, base_version, seq, since, steps, tokens, claims.min_step_s)
-    body = desk.open_body(learner_id, p, base_version, seq)
+    body = await anyio.to_thread.run_sync(desk.open_body, learner_id, p, base_version, seq)
     try:
-        await receive_body(request, desk.body_limit(p), body)
+        await receive_body(request, desk.body_limit(p), body, desk.body_not_written)
         started = service.clock()
         result = await desk.contribute(
             learner_id,
@@ -295,7 +299,7 @@ async def contribute(
             unit_min_step_s=claims.min_step_s,
         )
     finally:
-        body.discard()
+        await discard(body)
     service.metrics.ingest_seconds.observe(service.clock() - started)
     return result
 

@@ -3,32 +3,43 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
+import anyio
+import anyio.to_thread
 from diloco_core.protocol import ErrorBody
-from diloco_core.uploads import FileUpload, MemoryUpload, Upload
+from diloco_core.uploads import LOCAL_SPOOL, FileUpload, MemoryUpload, Upload
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import ApiError
 
+WRITE_BYTES = 1 << 20  # body bytes gathered before each write of its upload
+
 
 def scratch_upload() -> Upload:
-    """A body that is read and let go (not stored): a file in the temporary folder, or memory
-    where none can be made."""
+    """A body that is read and let go (not stored): a file in the local spool, or memory where
+    none can be made."""
     try:
-        return FileUpload(Path(tempfile.gettempdir()), lambda upload: None)
+        return FileUpload(LOCAL_SPOOL, lambda upload: None)
     except OSError:
         return MemoryUpload(lambda data: None)
 
 
-async def receive_body(request: Request, limit: int, upload: Upload) -> int:
-    """Write the body into ``upload`` as it arrives; its size. 413 ``oversized`` once more than
-    ``limit`` bytes arrive (or are announced), 400 for an empty body or one cut short, 503
-    ``storage_unavailable`` (retryable) when the upload cannot be written."""
+async def discard(upload: Upload) -> None:
+    """Throw ``upload`` away in a worker thread, even while its request is being cancelled."""
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(upload.discard)
+
+
+async def receive_body(
+    request: Request, limit: int, upload: Upload, on_write_error: Callable[[OSError], None] | None = None
+) -> int:
+    """Write the body into ``upload`` as it arrives, ``WRITE_BYTES`` at a time in a worker thread (a
+    disk never holds the event loop); its size. 413 ``oversized`` once more than ``limit`` bytes
+    arrive (or are announced), 400 for an empty body or one cut short, 503 ``storage_unavailable``
+    (retryable) when the upload cannot be written (``on_write_error`` is told why)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -38,19 +49,27 @@ async def receive_body(request: Request, limit: int, upload: Upload) -> int:
         if size > limit:
             raise ApiError(413, "oversized", f"body of {size} bytes exceeds the limit of {limit} bytes")
     received = 0
+    pending = bytearray()
     try:
         async for chunk in request.stream():
             received += len(chunk)
             if received > limit:
                 raise ApiError(413, "oversized", f"body exceeds the limit of {limit} bytes")
-            upload.write(chunk)
+            pending += chunk
+            if len(pending) >= WRITE_BYTES:
+                full, pending = pending, bytearray()
+                await anyio.to_thread.run_sync(upload.write, full)
+        if pending:
+            await anyio.to_thread.run_sync(upload.write, pending)
     except ClientDisconnect:  # the client left (or stalled past the body timeout): nobody to answer
         raise ApiError(
             400, "bad_request", f"the connection closed after {received} bytes of the body"
         ) from None
     except OSError as exc:
+        if on_write_error is not None:
+            on_write_error(exc)
         raise ApiError(
-            503, "storage_unavailable", f"the body could not be written: {exc.strerror}", retryable=True
+            503, "storage_unavailable", f"the body could not be written: {exc}", retryable=True
         ) from None
     if received == 0:
         raise ApiError(400, "bad_request", "empty body: a codec payload is expected")

@@ -27,8 +27,8 @@ from diloco_core import rounds
 from diloco_core.layout import PENDING_HEAD_SIZE, PendingMeta, contribution_key
 from diloco_core.protocol import ContributionResult
 from diloco_core.screening import tensors_norm
-from diloco_core.storage import StorageError
-from diloco_core.uploads import Upload, release
+from diloco_core.storage import StorageError, StorageUnavailable
+from diloco_core.uploads import Upload, forget_frames, release
 
 from .contribution import Contribution, Gradient, compacted, needs_compacting
 from .errors import ApiError, learner_left, not_registered
@@ -173,6 +173,11 @@ class ContributionDesk:
         file), or memory while storage is down; ``contribute`` takes it, the caller discards it."""
         return self.store.start_pending(p, learner_id, base_version, seq, to_storage=self.guard.ok)
 
+    def body_not_written(self, exc: OSError) -> None:
+        """A body could not be written where it goes: storage is down until the guard sees it back
+        (the next bodies are received in memory)."""
+        self.guard.mark_down(StorageUnavailable(f"writing a contribution's body: {exc}"))
+
     async def contribute(
         self,
         learner_id: str,
@@ -269,20 +274,30 @@ class ContributionDesk:
         A refused payload raises ``ApiError`` and is never stored. A storage failure is returned
         (not raised) with the payload, so the caller can keep the contribution in memory instead.
         """
-        view = body.view()
+        try:
+            view = body.view()
+        except OSError as exc:
+            self.body_not_written(exc)
+            raise ApiError(
+                503, "storage_unavailable", f"the body could not be written: {exc}", retryable=True
+            ) from None
         payload = view[PENDING_HEAD_SIZE:]
         try:
             checked = validate_outer_gradient(payload, fs.spec, meta.base_version, self.body_limit(fs.index))
             if not store_it:
                 return _Taken(checked, None, None, bytes(payload))
+        except BaseException as exc:
+            forget_frames(exc)  # a refusal's traceback would keep the views, and the file's map, alive
+            raise
         finally:
             release(payload, view)
         try:
             return _Taken(checked, self.store.finish_pending(body, meta), None, None)
-        except StorageError as exc:
+        except (StorageError, OSError) as exc:
+            failure = exc if isinstance(exc, StorageError) else StorageUnavailable(f"writing {meta}: {exc}")
             view = body.view()
             try:
-                return _Taken(checked, None, exc, bytes(view[PENDING_HEAD_SIZE:]))
+                return _Taken(checked, None, failure, bytes(view[PENDING_HEAD_SIZE:]))
             finally:
                 release(view)
 

@@ -43,7 +43,7 @@ from diloco_core.ownership import (
     parse_marker,
 )
 from diloco_core.storage import ObjectNotFound, ObjectStore, StorageError, StorageUnavailable
-from diloco_core.uploads import MemoryUpload, Upload
+from diloco_core.uploads import LOCAL_SPOOL, MemoryUpload, Upload, sweep
 
 log = logging.getLogger(__name__)
 _WRITERS = 3  # parameters, outer-optimizer state and round log of one commit
@@ -270,7 +270,7 @@ class StateStore:
     def sweep_uploads(self) -> None:
         """Remove what unfinished uploads of pending objects left behind (at start-up)."""
         try:
-            removed = self.store.sweep_uploads(self.layout.pending_prefix)
+            removed = self.store.sweep_uploads(self.layout.pending_prefix) + sweep(LOCAL_SPOOL, idle_s=0.0)
         except OSError as exc:
             log.warning("could not remove unfinished uploads: %s", exc)
             return

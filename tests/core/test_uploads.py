@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from diloco_core.uploads import UPLOAD_PREFIX, FileUpload, MemoryUpload, release, sweep
+from diloco_core.uploads import UPLOAD_PREFIX, FileUpload, MemoryUpload, forget_frames, release, sweep
 
 
 def _moved_to(target: Path) -> tuple[list[bytes], Callable[[FileUpload], None]]:
@@ -101,3 +104,57 @@ def test_a_sweep_removes_only_upload_files_idle_for_long_enough(tmp_path: Path) 
     assert sweep(tmp_path, idle_s=0.0, now=now + 1) == 1
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [other.name]
     assert sweep(tmp_path / "missing", idle_s=0.0) == 0
+
+
+_FULL_DISK = """
+import resource, signal, sys
+from pathlib import Path
+from diloco_core.uploads import FileUpload
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+upload = FileUpload(Path(sys.argv[1]), lambda u: None)
+try:
+    upload.write(b"x" * (3 << 20))
+    upload.view()
+except OSError as exc:
+    print("refused", exc.errno)
+upload.write(b"y" * 1000)  # the rest of the body, which the file cannot take either
+upload.discard()
+print("discarded")
+"""
+
+
+def test_a_file_that_cannot_take_its_bytes_fails_and_its_discard_still_removes_it(tmp_path: Path) -> None:
+    """A real failure to write (the process's file size limit, as a full disk answers): the write
+    raises, and the discard neither raises nor leaves the file."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["refused", str(errno.EFBIG), "discarded"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refusal_forgets_the_views_its_traceback_held_so_the_file_is_unmapped(tmp_path: Path) -> None:
+    upload = FileUpload(tmp_path, lambda u: None)
+    upload.write(b"not a payload")
+
+    def check(blob: memoryview) -> None:
+        frame = blob[4:]  # a reader's own view, kept by the traceback of what it raises
+        raise ValueError(f"bad payload of {len(frame)} bytes")
+
+    view = upload.view()
+    try:
+        check(view)
+    except ValueError as exc:
+        forget_frames(exc)
+        release(view)
+        assert upload._map is not None
+        upload._map.close()  # no view of it is left
+        upload._map = None
+    upload.discard()

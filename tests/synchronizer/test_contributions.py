@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from diloco_core.protocol import RegisterRequest
 from diloco_core.screening import tensors_norm
+from diloco_core.uploads import UPLOAD_PREFIX
 from diloco_sync.contribution import Sum, held_bytes
 from diloco_sync.errors import ApiError
 
@@ -131,3 +132,53 @@ def test_a_learner_s_many_parts_are_added_up_once_they_hold_more_than_twice_thei
         assert await fs.wait_newer(0, 5.0) == "version"
 
     asyncio.run(scenario())
+
+
+def test_a_body_whose_pending_object_cannot_be_stored_is_held_in_memory_then_written(tmp_path: Path) -> None:
+    """The body is written where its pending object goes; when storing it fails (here a folder stands
+    where the object goes, a real failure of the rename), the contribution is answered durable: false,
+    held in memory, storage is marked down, and the object is written once storage takes it again."""
+    sync = in_process(tmp_path, quorum=2)
+
+    async def scenario() -> None:
+        await sync.start("ab")
+        key = sync.service.store.layout.pending(0, "a", 0, 1)
+        (tmp_path / key).mkdir(parents=True)
+        result = await sync.send(
+            "a", 0, encode_grad(outer_grad(PLAN, 0, seed=1), 0, 0), base_version=0, seq=1, steps=4, tokens=32
+        )
+        assert (result.status, result.durable) == ("accepted", False)
+        assert not sync.desk.guard.ok
+        held = sync.service.fragments.get(0).pending["a"]
+        assert held.blob is not None
+        assert held.storage_key is None
+        assert upload_files(tmp_path) == []
+        (tmp_path / key).rmdir()
+        await sync.desk.flush()
+        assert held.storage_key == key
+        assert sync.pending_objects() == [key]
+
+    asyncio.run(scenario())
+
+
+def test_a_restart_removes_the_bodies_a_crash_left_half_written(tmp_path: Path) -> None:
+    first = in_process(tmp_path, quorum=2)
+
+    async def crash_while_receiving() -> None:
+        await first.start("ab")
+        body = first.desk.open_body("a", 0, 0, 1)  # a body arriving when the process dies
+        body.write(b"part of a payload")
+        await first.contribute("b", seq=1)
+
+    asyncio.run(crash_while_receiving())
+    assert len(upload_files(tmp_path)) == 1
+    again = in_process(tmp_path, quorum=2)
+    asyncio.run(again.service.load())
+    assert upload_files(tmp_path) == []
+    assert again.pending_objects() == [again.service.store.layout.pending(0, "b", 0, 1)]  # taken ones stay
+
+
+def upload_files(root: Path) -> list[Path]:
+    """The upload files under the pending folders of ``root`` (other objects' writes make their own
+    temporary files for a moment)."""
+    return [path for path in root.glob(f"*/pending/**/{UPLOAD_PREFIX}*") if path.is_file()]
