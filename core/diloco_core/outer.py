@@ -152,7 +152,8 @@ class OuterOptimizer:
         scratch = np.empty(min(_STEP_CHUNK, flat_p.size), np.float32)
         for start in range(0, flat_p.size, _STEP_CHUNK):
             span = slice(start, start + _STEP_CHUNK)
-            uc, dc, g = out_u[span], flat_d[span], scratch[: out_u[span].size]
+            uc, dc = out_u[span], flat_d[span]
+            g = scratch[: uc.size]
             if flat_u is None:
                 uc[...] = dc
             else:

@@ -24,7 +24,7 @@ import os
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -133,6 +133,21 @@ class MemoryUpload:
 
     def discard(self) -> None:
         self.data = bytearray()
+
+
+@contextlib.contextmanager
+def reading(upload: Upload, start: int = 0) -> Iterator[memoryview]:
+    """The upload's bytes from ``start``, read in place. On leaving, the views are let go, and an
+    exception raised while reading forgets the views its traceback holds, so the file is unmapped."""
+    view = upload.view()
+    part = view[start:]
+    try:
+        yield part
+    except BaseException as exc:
+        forget_frames(exc)
+        raise
+    finally:
+        release(part, view)
 
 
 def release(*views: memoryview) -> None:

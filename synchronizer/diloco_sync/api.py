@@ -49,7 +49,7 @@ from diloco_core.protocol import (
     StatusResponse,
 )
 from diloco_core.request_proof import PROOF_SCHEME
-from diloco_core.uploads import forget_frames, release
+from diloco_core.uploads import reading
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, Security
 from fastapi.responses import Response as RawResponse
 from fastapi.security import HTTPAuthorizationCredentials
@@ -216,14 +216,8 @@ async def init_fragment(
     body = await anyio.to_thread.run_sync(scratch_upload)
     try:
         await receive_body(request, desk.body_limit(p), body)
-        view = body.view()
-        try:
-            return await service.init_fragment(p, view)
-        except BaseException as exc:
-            forget_frames(exc)  # a refusal's traceback would keep the view, and the file's map, alive
-            raise
-        finally:
-            release(view)
+        with reading(body) as blob:
+            return await service.init_fragment(p, blob)
     finally:
         await discard(body)
 
@@ -285,7 +279,7 @@ async def contribute(
     desk.precheck(learner_id, p, base_version, seq, since, steps, tokens, claims.min_step_s)
     body = await anyio.to_thread.run_sync(desk.open_body, learner_id, p, base_version, seq)
     try:
-        await receive_body(request, desk.body_limit(p), body, desk.body_not_written)
+        await receive_body(request, desk.body_limit(p), body, desk.storage_failed)
         started = service.clock()
         result = await desk.contribute(
             learner_id,

@@ -13,7 +13,7 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import ApiError
+from .errors import ApiError, body_not_written
 
 WRITE_BYTES = 1 << 20  # body bytes gathered before each write of its upload
 
@@ -68,9 +68,7 @@ async def receive_body(
     except OSError as exc:
         if on_write_error is not None:
             on_write_error(exc)
-        raise ApiError(
-            503, "storage_unavailable", f"the body could not be written: {exc}", retryable=True
-        ) from None
+        raise body_not_written(exc) from None
     if received == 0:
         raise ApiError(400, "bad_request", "empty body: a codec payload is expected")
     return received

@@ -28,10 +28,10 @@ from diloco_core.layout import PENDING_HEAD_SIZE, PendingMeta, contribution_key
 from diloco_core.protocol import ContributionResult
 from diloco_core.screening import tensors_norm
 from diloco_core.storage import StorageError, StorageUnavailable
-from diloco_core.uploads import Upload, forget_frames, release
+from diloco_core.uploads import Upload, reading
 
 from .contribution import Contribution, Gradient, compacted, needs_compacting
-from .errors import ApiError, learner_left, not_registered
+from .errors import ApiError, body_not_written, learner_left, not_registered
 from .fragment_state import FragmentState
 from .fragments import Fragments
 from .ingest import Checked, payload_limit, validate_outer_gradient
@@ -173,7 +173,7 @@ class ContributionDesk:
         file), or memory while storage is down; ``contribute`` takes it, the caller discards it."""
         return self.store.start_pending(p, learner_id, base_version, seq, to_storage=self.guard.ok)
 
-    def body_not_written(self, exc: OSError) -> None:
+    def storage_failed(self, exc: OSError) -> None:
         """A body could not be written where it goes: storage is down until the guard sees it back
         (the next bodies are received in memory)."""
         self.guard.mark_down(StorageUnavailable(f"writing a contribution's body: {exc}"))
@@ -275,31 +275,20 @@ class ContributionDesk:
         (not raised) with the payload, so the caller can keep the contribution in memory instead.
         """
         try:
-            view = body.view()
-        except OSError as exc:
-            self.body_not_written(exc)
-            raise ApiError(
-                503, "storage_unavailable", f"the body could not be written: {exc}", retryable=True
-            ) from None
-        payload = view[PENDING_HEAD_SIZE:]
-        try:
-            checked = validate_outer_gradient(payload, fs.spec, meta.base_version, self.body_limit(fs.index))
-            if not store_it:
-                return _Taken(checked, None, None, bytes(payload))
-        except BaseException as exc:
-            forget_frames(exc)  # a refusal's traceback would keep the views, and the file's map, alive
-            raise
-        finally:
-            release(payload, view)
+            with reading(body, PENDING_HEAD_SIZE) as payload:
+                checked = validate_outer_gradient(
+                    payload, fs.spec, meta.base_version, self.body_limit(fs.index)
+                )
+                if not store_it:
+                    return _Taken(checked, None, None, bytes(payload))
+        except OSError as exc:  # the last of the body could not be written
+            self.storage_failed(exc)
+            raise body_not_written(exc) from None
         try:
             return _Taken(checked, self.store.finish_pending(body, meta), None, None)
-        except (StorageError, OSError) as exc:
-            failure = exc if isinstance(exc, StorageError) else StorageUnavailable(f"writing {meta}: {exc}")
-            view = body.view()
-            try:
-                return _Taken(checked, None, failure, bytes(view[PENDING_HEAD_SIZE:]))
-            finally:
-                release(view)
+        except StorageError as exc:
+            with reading(body, PENDING_HEAD_SIZE) as payload:
+                return _Taken(checked, None, exc, bytes(payload))
 
     def _hold_in_memory(self, c: Contribution, blob: bytes) -> None:
         """Storage is down: keep the payload in memory within the budget, or answer 503 (retryable)."""

@@ -42,6 +42,11 @@ def not_registered(learner_id: str) -> ApiError:
     return ApiError(404, "not_registered", f"learner {learner_id} is not registered: register again")
 
 
+def body_not_written(exc: OSError) -> ApiError:
+    """503 ``storage_unavailable`` (retryable): a request body could not be written where it goes."""
+    return ApiError(503, "storage_unavailable", f"the body could not be written: {exc}", retryable=True)
+
+
 def learner_left(learner_id: str) -> ApiError:
     """409 ``left``: the learner called leave; it may come back by registering again."""
     return ApiError(

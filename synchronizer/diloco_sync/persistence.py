@@ -254,11 +254,15 @@ class StateStore:
         return upload
 
     def finish_pending(self, upload: Upload, meta: PendingMeta) -> str:
-        """Store a ``start_pending`` object with its metadata; its key. A failure leaves it as it was."""
+        """Store a ``start_pending`` object with its metadata; its key. A failure (a file that cannot
+        take the head is ``StorageUnavailable``) leaves it as it was."""
         key = self.layout.pending(meta.fragment, meta.learner_id, meta.base_version, meta.seq)
         self._ensure_kept()
-        upload.patch(0, pending_head(meta))
-        upload.commit()
+        try:
+            upload.patch(0, pending_head(meta))
+            upload.commit()
+        except OSError as exc:
+            raise StorageUnavailable(f"writing {key}: {exc}") from exc
         return key
 
     def put_pending(self, meta: PendingMeta, payload: bytes) -> str:

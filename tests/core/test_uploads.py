@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from diloco_core.uploads import UPLOAD_PREFIX, FileUpload, MemoryUpload, forget_frames, release, sweep
+from diloco_core.uploads import UPLOAD_PREFIX, FileUpload, MemoryUpload, reading, release, sweep
 
 
 def _moved_to(target: Path) -> tuple[list[bytes], Callable[[FileUpload], None]]:
@@ -148,13 +148,10 @@ def test_a_refusal_forgets_the_views_its_traceback_held_so_the_file_is_unmapped(
         frame = blob[4:]  # a reader's own view, kept by the traceback of what it raises
         raise ValueError(f"bad payload of {len(frame)} bytes")
 
-    view = upload.view()
-    try:
-        check(view)
-    except ValueError as exc:
-        forget_frames(exc)
-        release(view)
-        assert upload._map is not None
-        upload._map.close()  # no view of it is left
-        upload._map = None
+    with pytest.raises(ValueError, match="bad payload of 5 bytes") as raised, reading(upload, 4) as payload:
+        check(payload)
+    assert raised.tb is not None  # held, as a worker thread holds what it raised until its next job
+    assert upload._map is not None
+    upload._map.close()  # no view of it is left
+    upload._map = None
     upload.discard()
