@@ -15,6 +15,8 @@ Reported per N:
 - latency percentiles of a contribution (POST → 202) and, in lockstep, of a round trip (POST → new version),
 - merge + outer-step time per round and fragment and rounds per second (from the services' /metrics),
 - the synchronizer's CPU seconds and peak resident memory, summed over its shards,
+- the parts answered 503 ``pending_full`` and sent again (``waits``: a learner's further part beyond
+  ``--pending-memory-bytes`` waits for a round to free room),
 - a raw baseline measured in the same run: the same N clients send the same bytes over plain TCP
   to a server that only reads and decompresses them; the ratio service/raw shows the overhead.
 """
@@ -24,12 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -79,10 +83,15 @@ def framed(parts: dict[str, codec.QuantizedTensor], p: int, base_version: int = 
 
 
 def start_sync(
-    port: int, store: str, plan: FragmentPlan, clients: int, shard: tuple[int, list[str]] = (0, [])
+    port: int,
+    store: str,
+    plan: FragmentPlan,
+    clients: int,
+    shard: tuple[int, list[str]] = (0, []),
+    flags: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """A synchronizer process on ``port``; ``shard``: its index and the URLs of all shards (none:
-    the only one)."""
+    the only one); ``flags``: more of its settings."""
     argv = [
         sys.executable, "-m", "diloco_sync", "--port", str(port), "--storage", f"file://{store}",
         "--fragments", str(len(plan.fragments)), "--inner-steps", str(plan.inner_steps), "--overlap", "1",
@@ -91,6 +100,7 @@ def start_sync(
     index, urls = shard
     if urls:
         argv += ["--shard-index", str(index), "--num-shards", str(len(urls)), "--shard-urls", ",".join(urls)]
+    argv += flags
     env = {**os.environ, "DILOCO_JOB_SECRET": SECRET}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -102,7 +112,7 @@ def start_sync(
 
 
 def start_shards(
-    store: str, plan: FragmentPlan, clients: int, shards: int
+    store: str, plan: FragmentPlan, clients: int, shards: int, flags: Sequence[str] = ()
 ) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     """``shards`` synchronizer processes sharing the store (fragment p on shard p % shards), and
     their URLs."""
@@ -111,7 +121,7 @@ def start_shards(
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i, port in enumerate(ports):
-            procs.append(start_sync(port, store, plan, clients, (i, urls if shards > 1 else [])))
+            procs.append(start_sync(port, store, plan, clients, (i, urls if shards > 1 else []), flags))
     except BaseException:
         stop(procs)
         raise
@@ -165,25 +175,37 @@ async def post_contribution(
     res: Result,
     sent: dict[int, tuple[int, int]],
     base_version: int = 0,
+    stop_at: float = math.inf,
 ) -> float:
-    """Contribute fragment ``p``'s payload once, record its latency and size; returns the start time.
+    """Contribute fragment ``p``'s payload once, record its latency (of the POST that is taken) and
+    size; returns the start time.
 
     ``sent`` holds, per fragment, (base version, steps sent on it): a learner's next send on the same
     base continues its progress (``since``), as a worker's does, so the synchronizer adds it to the
-    pending one or takes it after the merged point instead of refusing it as already merged."""
+    pending one or takes it after the merged point instead of refusing it as already merged. A part
+    answered 503 ``pending_full`` is sent again after its ``Retry-After``, as a learner's is (counted
+    in ``res.waits``), until ``stop_at``."""
     base, through = sent.get(p, (base_version, 0))
     since = through if base == base_version else 0
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     params = {"base_version": base_version, "since": since, "steps": STEPS_PER_SEND, "tokens": 32, "seq": seq}
-    r = await shards[p % len(shards)].post(
-        f"/v1/fragments/{p}/contributions", params=params, content=blobs[p]
-    )
+    while True:
+        t0 = time.perf_counter()
+        r = await shards[p % len(shards)].post(
+            f"/v1/fragments/{p}/contributions", params=params, content=blobs[p]
+        )
+        if r.status_code != 503 or r.json().get("code") != "pending_full":
+            break
+        res.waits += 1
+        if time.perf_counter() >= stop_at:
+            return started
+        await asyncio.sleep(float(r.headers.get("retry-after", "1")))
     r.raise_for_status()
     sent[p] = (base_version, since + STEPS_PER_SEND)
     res.contribute_ms.append(1000 * (time.perf_counter() - t0))
     res.contributions += 1
     res.payload_bytes += len(blobs[p])
-    return t0
+    return started
 
 
 async def learner_loop(
@@ -224,7 +246,7 @@ async def streaming_loop(
     while time.perf_counter() < stop_at:
         p = seq % len(plan.fragments)
         seq += 1
-        await post_contribution(shards, blobs, p, seq, res, sent)
+        await post_contribution(shards, blobs, p, seq, res, sent, stop_at=stop_at)
 
 
 async def long_poll_loop(shards: Shards, p: int, stop_at: float, res: Result) -> None:
@@ -259,12 +281,14 @@ async def run_service(
     seconds: float,
     mode: str,
     shards: int = 1,
+    flags: Sequence[str] = (),
 ) -> Result:
     """One run: a learner per list of ``blobs`` (its contribution to each fragment, framed on version 0
-    from its ``parts``; lockstep frames them again on each new version)."""
+    from its ``parts``; lockstep frames them again on each new version); ``flags``: more settings of
+    the synchronizers."""
     clients = len(blobs)
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as store:
-        procs, urls = start_shards(store, plan, clients, shards)
+        procs, urls = start_shards(store, plan, clients, shards, flags)
         try:
             learners = await setup_learners(urls, plan, clients)
             res = Result(mode, clients, 0.0, 0, 0, 0, 0, model_params=plan.num_params, shards=shards)
@@ -308,6 +332,11 @@ async def run_service(
 
 async def run_all(args: argparse.Namespace) -> list[Result]:
     results = []
+    flags = (
+        []
+        if args.pending_memory_bytes is None
+        else ["--pending-memory-bytes", str(args.pending_memory_bytes)]
+    )
     for size in args.params:
         plan = make_plan(size, args.fragments)
         at_size = []
@@ -320,7 +349,8 @@ async def run_all(args: argparse.Namespace) -> list[Result]:
             parts = [[] for _ in parts]  # framed once: let the quantized copies go
         for n in args.clients:
             runs = [
-                await run_service(plan, blobs[:n], parts[:n], args.seconds, args.mode, m) for m in args.shards
+                await run_service(plan, blobs[:n], parts[:n], args.seconds, args.mode, m, flags)
+                for m in args.shards
             ]
             raw_mb_s = await run_raw(blobs[:n], args.seconds, free_port())
             for res in runs:
@@ -362,6 +392,12 @@ def main(argv: list[str]) -> int:
         default="stream",
         help="stream: contribute back to back while long-polling (ingest throughput); "
         "lockstep: contribute, then wait for the round's new version (round-trip latency)",
+    )
+    ap.add_argument(
+        "--pending-memory-bytes",
+        type=lambda v: int(float(v)),
+        default=None,
+        help="the synchronizers' --pending-memory-bytes (default: theirs)",
     )
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)

@@ -30,6 +30,7 @@ class Result:
     sync_peak_rss: int | None = None  # its peak resident bytes (from its start), all shards together
     shards: int = 1  # synchronizer processes
     largest_shard_rss: int | None = None  # the peak resident bytes of the largest shard
+    waits: int = 0  # parts answered pending_full (the pending budget was full) and sent again
 
     @property
     def mb_s(self) -> float:
@@ -57,7 +58,7 @@ def report(results: list[Result], plan: FragmentPlan, payload_bytes: int) -> str
         f"({payload_bytes:,} bytes per fragment contribution)",
         f"{'clients':>7} {'shards':>6} {'MB/s':>8} {'Mparams/s':>10} {'raw MB/s':>9} {'svc/raw':>8} {'post p50':>9} {'p90':>7} "
         f"{'p99':>7} {'round p50':>10} {'p99':>7} {'rounds':>7} {'rounds/s':>8} {'merged':>7} {'merge ms/round':>15} "
-        f"{'Mparams/cpu-s':>13} {'peak RSS MB':>11} {'RSS/fp32':>8}",
+        f"{'Mparams/cpu-s':>13} {'peak RSS MB':>11} {'RSS/fp32':>8} {'waits':>6}",
     ]
     for r in results:
         ratio = r.mb_s / r.raw_mb_s if r.raw_mb_s else float("nan")
@@ -66,7 +67,7 @@ def report(results: list[Result], plan: FragmentPlan, payload_bytes: int) -> str
             f"{percentile(r.contribute_ms, 50):>8.1f}ms {percentile(r.contribute_ms, 90):>6.1f} "
             f"{percentile(r.contribute_ms, 99):>7.1f} {percentile(r.round_trip_ms, 50):>9.1f}ms "
             f"{percentile(r.round_trip_ms, 99):>7.1f} {r.rounds:>7} {r.rounds_s:>8.3f} {r.merged:>7} {1000 * r.merge_s_per_round:>15.2f} "
-            f"{_per_cpu(r):>13} {_mb(r.sync_peak_rss):>11} {_rss_ratio(r):>8}"
+            f"{_per_cpu(r):>13} {_mb(r.sync_peak_rss):>11} {_rss_ratio(r):>8} {r.waits:>6}"
         )
     return "\n".join(lines)
 

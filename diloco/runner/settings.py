@@ -39,6 +39,7 @@ class SyncMemory(BaseModel):
     round_memory_bytes: int | None = Field(None, ge=0)
     served_in_memory_bytes: int | None = Field(None, ge=0)
     memory_budget_bytes: int | None = Field(None, ge=0)
+    pending_memory_bytes: int | None = Field(None, ge=0)
 
     def settings(self) -> dict[str, int]:
         return {name: size for name, size in self.model_dump().items() if size is not None}

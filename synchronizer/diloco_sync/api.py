@@ -56,7 +56,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.security.http import HTTPBase
 
 from .auth import AUTHENTICATED_LEARNER, TOKEN_CLAIMS, declared_problem, same_learner
-from .body import discard, receive_body, scratch_upload
+from .body import declared_length, discard, receive_body, scratch_upload
 from .carried_heartbeat import record_carried
 from .contributions import ContributionDesk
 from .dealer import Dealer
@@ -277,23 +277,26 @@ async def contribute(
     if declared is not None:
         raise ApiError(400, "bad_request", declared)
     desk.precheck(learner_id, p, base_version, seq, since, steps, tokens, claims.min_step_s)
-    body = await anyio.to_thread.run_sync(desk.open_body, learner_id, p, base_version, seq)
-    try:
-        await receive_body(request, desk.body_limit(p), body, desk.storage_failed)
-        started = service.clock()
-        result = await desk.contribute(
-            learner_id,
-            p,
-            base_version=base_version,
-            steps=steps,
-            tokens=tokens,
-            seq=seq,
-            body=body,
-            since=since,
-            unit_min_step_s=claims.min_step_s,
-        )
-    finally:
-        await discard(body)
+    limit = desk.body_limit(p)
+    size = declared_length(request, limit)
+    with desk.room(learner_id, p, limit if size is None else size):
+        body = await anyio.to_thread.run_sync(desk.open_body, learner_id, p, base_version, seq)
+        try:
+            await receive_body(request, limit, body, desk.storage_failed)
+            started = service.clock()
+            result = await desk.contribute(
+                learner_id,
+                p,
+                base_version=base_version,
+                steps=steps,
+                tokens=tokens,
+                seq=seq,
+                body=body,
+                since=since,
+                unit_min_step_s=claims.min_step_s,
+            )
+        finally:
+            await discard(body)
     service.metrics.ingest_seconds.observe(service.clock() - started)
     return result
 

@@ -33,6 +33,21 @@ async def discard(upload: Upload) -> None:
         await anyio.to_thread.run_sync(upload.discard)
 
 
+def declared_length(request: Request, limit: int) -> int | None:
+    """The body's ``Content-Length`` (None when not given): 400 when it is not a number, 413
+    ``oversized`` when it is more than ``limit``."""
+    declared = request.headers.get("content-length")
+    if declared is None:
+        return None
+    try:
+        size = int(declared)
+    except ValueError:
+        raise ApiError(400, "bad_request", f"invalid Content-Length {declared!r}") from None
+    if size > limit:
+        raise ApiError(413, "oversized", f"body of {size} bytes exceeds the limit of {limit} bytes")
+    return size
+
+
 async def receive_body(
     request: Request, limit: int, upload: Upload, on_write_error: Callable[[OSError], None] | None = None
 ) -> int:
@@ -40,14 +55,7 @@ async def receive_body(
     disk never holds the event loop); its size. 413 ``oversized`` once more than ``limit`` bytes
     arrive (or are announced), 400 for an empty body or one cut short, 503 ``storage_unavailable``
     (retryable) when the upload cannot be written (``on_write_error`` is told why)."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise ApiError(400, "bad_request", f"invalid Content-Length {declared!r}") from None
-        if size > limit:
-            raise ApiError(413, "oversized", f"body of {size} bytes exceeds the limit of {limit} bytes")
+    declared_length(request, limit)
     received = 0
     pending = bytearray()
     try:

@@ -17,6 +17,7 @@ once, in order (``FragmentState.conflict``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from .ingest import Checked, payload_limit, validate_outer_gradient
 from .learners import LearnerRegistry
 from .metrics import Metrics, Traffic
 from .pace import pace_for, pace_problem
+from .pending_memory import Arriving, holds, may_take, pending_full
 from .persistence import StateStore
 from .settings import SyncSettings
 from .storage_guard import StorageGuard
@@ -73,6 +75,24 @@ class ContributionDesk:
         self.wake: Callable[[], None] = lambda: None  # the round runner's, once it exists
         self._deletes: set[asyncio.Task[None]] = set()
         self._compacting: set[int] = set()  # the pending contributions being added up (by id)
+        self.arriving = Arriving()  # the bodies being received, counted against --pending-memory-bytes
+        metrics.pending_bytes.set_function(self.held_bytes)
+
+    def held_bytes(self) -> int:
+        """What the contributions waiting for or in their rounds hold, with the bodies being received."""
+        return holds(c for fs in self.fragments for c in fs.held()) + self.arriving.bytes
+
+    def room(self, learner_id: str, p: int, size: int) -> contextlib.AbstractContextManager[None]:
+        """Count a contribution's body of ``size`` bytes against ``--pending-memory-bytes`` while it
+        is received and taken (``pending_memory``): 503 ``pending_full`` for a learner's further part
+        to the fragment's round beyond the budget."""
+        fs, budget = self.fragments.get(p), self.settings.pending_memory_bytes
+        first = learner_id not in fs.pending and not self.arriving.has(learner_id, p)
+        held = self.held_bytes()
+        if not may_take(held, size, budget, first=first):
+            self.metrics.contributions.labels("pending_full").inc()
+            raise pending_full(p, held, size, budget)
+        return self.arriving.hold(learner_id, p, size)
 
     def body_limit(self, p: int) -> int:
         """Largest body accepted for fragment ``p`` (``payload_limit``)."""

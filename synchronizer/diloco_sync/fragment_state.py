@@ -131,14 +131,15 @@ class FragmentState:
 
     def is_known(self, key: str) -> bool:
         """True when a contribution with this idempotency key was taken already."""
-        return self._keys.is_known(key, self._held())
+        return self._keys.is_known(key, self.held())
 
     def is_durable(self, key: str) -> bool:
         """True when the contribution with this key is merged or written to storage (False while it
         is only buffered in memory, being checked, or unknown)."""
-        return self._keys.is_durable(key, self._held())
+        return self._keys.is_durable(key, self.held())
 
-    def _held(self) -> tuple[Contribution, ...]:
+    def held(self) -> tuple[Contribution, ...]:
+        """The contributions the fragment holds: those being merged, then those pending."""
         return (*self._merging, *self._pending.values())
 
     def progress_start(self, learner_id: str, base_version: int) -> int:
@@ -219,7 +220,7 @@ class FragmentState:
     def reserve(self, key: str) -> bool:
         """Hold an idempotency key while its contribution is checked and written; False when the
         key is known already (a duplicate)."""
-        return self._keys.reserve(key, self._held())
+        return self._keys.reserve(key, self.held())
 
     def release(self, key: str) -> None:
         """The contribution of a reserved key was accepted or refused."""
@@ -334,12 +335,15 @@ class FragmentState:
         """The merged version is durable: make it current, wake every long-poll waiting for it, and
         start the next round with whatever is still pending. Every contribution of the merge (those
         its checks excluded too) is done with: its keys are applied. Only the progress of those
-        merged (``merged``: their keys; None: all) is recorded as merged. ``update``: the version as
+        merged (``merged``: their keys; None: all) is recorded as merged, and their outer gradients are
+        let go. ``update``: the version as
         the update from the previous one (compressed downloads); ``outer_key``: the outer state's object."""
         self._expect("merging")
         self._norms = norms if norms is not None else self._norms
         self._checked = self._checked.plus(checked)
         self._keys.apply_all(self._merging)
+        for part in (part for c in self._merging for part in c.received()):
+            part.tensors = {}  # merged: never read again, so not held while storage is tidied
         taken = [c for c in self._merging if merged is None or c.key in merged]
         self._merged_through = merged_through(self._merged_through, taken)
         self._version_times = kept_times(self._version_times, version, now)

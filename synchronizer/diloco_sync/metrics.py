@@ -50,6 +50,12 @@ class Metrics:
         self.pending = Gauge(
             "diloco_sync_pending_contributions", "Contributions waiting", ["fragment"], registry=r
         )
+        self.pending_bytes = Gauge(
+            "diloco_sync_pending_bytes",
+            "Bytes the contributions waiting for or in their rounds hold, with the bodies being received "
+            "(bounded by --pending-memory-bytes)",
+            registry=r,
+        )
         self.learners_alive = Gauge("diloco_sync_learners_alive", "Learners alive", registry=r)
         self.learners_registered = Gauge("diloco_sync_learners_registered", "Learners registered", registry=r)
         self.storage_ok = Gauge("diloco_sync_storage_ok", "1 while the object store answers", registry=r)

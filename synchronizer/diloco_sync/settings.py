@@ -81,6 +81,14 @@ class SyncSettings(BaseModel):
         "storage); a round starts whenever no other is in "
         "progress, so a larger fragment still merges (0: one round at a time)",
     )
+    pending_memory_bytes: int = Field(
+        1024 * 1024 * 1024,
+        ge=0,
+        description="memory the contributions waiting for or in their rounds may hold together, with "
+        "the bodies being received; a learner's first contribution to a fragment's round is always "
+        "taken, a further part beyond it is answered 503 pending_full (retryable) until a round frees "
+        "room (0: one contribution per learner and fragment at a time)",
+    )
     heartbeat_interval_s: float = Field(5.0, gt=0.0, description="heartbeat interval told to learners")
     max_wait_s: float = Field(60.0, gt=0.0, description="longest long-poll a learner may ask for")
     tick_s: float = Field(0.25, gt=0.0, description="longest sleep of the round loop between checks")

@@ -66,15 +66,17 @@ class InProcess:
     async def send(
         self, learner: str, p: int, blob: bytes, *, base_version: int, seq: int, **query: int
     ) -> ContributionResult:
-        """The desk's answer to ``blob`` sent as the API sends a body: written as it arrives."""
-        body = self.desk.open_body(learner, p, base_version, seq)
-        try:
-            body.write(blob)
-            return await self.desk.contribute(
-                learner, p, base_version=base_version, seq=seq, body=body, **query
-            )  # type: ignore[arg-type]
-        finally:
-            body.discard()
+        """The desk's answer to ``blob`` sent as the API sends a body: counted against the pending
+        budget, written as it arrives."""
+        with self.desk.room(learner, p, len(blob)):
+            body = self.desk.open_body(learner, p, base_version, seq)
+            try:
+                body.write(blob)
+                return await self.desk.contribute(
+                    learner, p, base_version=base_version, seq=seq, body=body, **query
+                )  # type: ignore[arg-type]
+            finally:
+                body.discard()
 
     def pending_objects(self) -> list[str]:
         return self.service.store.store.list(self.service.store.layout.pending_prefix)

@@ -162,7 +162,7 @@ class DiLoCoSession:
         arrivals = self.comm.take_arrivals() if self.comm else {}
         stop, arrivals = self.unit.boundary(stop, arrivals, self.plan)
         self._apply(arrivals, state.step)
-        sent = self._send_due(state.step)
+        sent = self._send_due(state.step, leaving=stop)
         if self.partial_contributions:
             self._send_requested(state.step)
         if self.blocking is not None and sent and not stop:
@@ -183,9 +183,19 @@ class DiLoCoSession:
                 version,
             )
 
-    def _send_due(self, step: int) -> list[int]:
-        """Queue the outer gradients of the due fragments (rank 0; the other ranks only count)."""
+    def _send_due(self, step: int, *, leaving: bool = False) -> list[int]:
+        """Queue the outer gradients of the due fragments (rank 0; the other ranks only count).
+
+        A fragment whose previous part is still waiting to be sent (the synchronizer answered
+        ``pending_full`` until a round frees room, or the link is slow) is left due: its progress
+        keeps growing and goes in the part taken at a later boundary, so a learner never queues more
+        than one part per fragment. At the boundary it ``leaving`` at, every due part is queued
+        behind the waiting one (the flush sends them in order): nothing it trained is dropped."""
         due = self.fs.due()
+        if due and not leaving:
+            waiting = sum(1 << p for p in due if self.comm is not None and self.comm.pending(p))
+            waiting = self.unit.share_int(waiting)  # every rank leaves the same fragments due
+            due = [p for p in due if not waiting >> p & 1]
         for p in due:
             if self.comm:
                 c = self.fs.take_contribution(p, self.terms.codec, self.terms.error_feedback)

@@ -185,28 +185,29 @@ def test_synchronizer_environment_parses_into_its_settings(
 @pytest.mark.parametrize(
     ("synchronizer", "expected"),
     [
-        ({}, (1024**3, 64 * 1024**2, 1024**3)),  # the synchronizer's own defaults
-        # a memory limit of 8Gi: of the 7.75Gi above the 256Mi floor, a third, an eighth up to 64Mi, a third
+        ({}, (1024**3, 64 * 1024**2, 1024**3, 1024**3)),  # the synchronizer's own defaults
+        # a memory limit of 8Gi: of the 7.75Gi above the 256Mi floor, a third, an eighth up to 64Mi, a
+        # third, and what they leave for the pending contributions
         (
             {"resources": {"limits": {"memory": "8Gi"}}},
-            (7936 * 1024**2 // 3, 64 * 1024**2, 7936 * 1024**2 // 3),
+            (7936 * 1024**2 // 3, 64 * 1024**2, 7936 * 1024**2 // 3, 7936 * 1024**2 // 3 - 64 * 1024**2 + 1),
         ),
         (
             {
                 "resources": {"limits": {"memory": "8Gi"}},
                 "memory": {"rounds": "4Gi", "servedInMemory": "512Mi"},
             },
-            (4 * 1024**3, 512 * 1024**2, 7936 * 1024**2 // 3),
+            (4 * 1024**3, 512 * 1024**2, 7936 * 1024**2 // 3, 3328 * 1024**2 - 7936 * 1024**2 // 3),
         ),
         (
-            {"memory": {"rounds": "20Gi", "servedInMemory": 0, "outageBuffer": "512Mi"}},
-            (20 * 1024**3, 0, 512 * 1024**2),
+            {"memory": {"rounds": "20Gi", "servedInMemory": 0, "outageBuffer": "512Mi", "pending": "6Gi"}},
+            (20 * 1024**3, 0, 512 * 1024**2, 6 * 1024**3),
         ),
     ],
 )
 def test_the_synchronizers_memory_budgets_reach_its_settings(
     synchronizer: dict[str, Any],
-    expected: tuple[int, int, int],
+    expected: tuple[int, int, int, int],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -219,6 +220,7 @@ def test_the_synchronizers_memory_budgets_reach_its_settings(
         settings.round_memory_bytes,
         settings.served_in_memory_bytes,
         settings.memory_budget_bytes,
+        settings.pending_memory_bytes,
     ) == expected
     # the most a limit's share gives a served version is the synchronizer's own default (one value)
     assert SyncSettings.model_fields["served_in_memory_bytes"].default == SERVED_IN_MEMORY_CAP

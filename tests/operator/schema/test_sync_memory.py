@@ -18,13 +18,26 @@ def test_without_a_limit_only_what_the_spec_sets_is_given() -> None:
 
 def test_a_limit_gives_each_unset_budget_its_share_of_the_room_above_the_floor() -> None:
     room = 16 * GI - BASE_BYTES
+    left = room - 2 * (room // 3) - 64 * MI
     assert budgets(None, 16 * GI) == Budgets(
-        rounds=room // 3, served_in_memory=64 * MI, outage_buffer=room // 3
+        rounds=room // 3, served_in_memory=64 * MI, outage_buffer=room // 3, pending=left
     )
     small = 512 * MI - BASE_BYTES
-    assert budgets(None, 512 * MI) == Budgets(small // 3, small // 8, small // 3)  # an eighth below 64Mi
+    small_left = small - 2 * (small // 3) - small // 8
+    assert budgets(None, 512 * MI) == Budgets(small // 3, small // 8, small // 3, small_left)  # an eighth
     set_rounds = budgets(SynchronizerMemory(rounds="10Gi"), 16 * GI)
     assert (set_rounds.rounds, set_rounds.outage_buffer) == (10 * GI, room // 3)
+    assert set_rounds.pending == room - 10 * GI - room // 3 - 64 * MI  # what the others leave
+
+
+def test_the_pending_contributions_take_what_the_others_leave_or_what_the_spec_sets() -> None:
+    room = 8 * GI - BASE_BYTES
+    all_taken = SynchronizerMemory(rounds="4Gi", outage_buffer=room - 4 * GI - 64 * MI)
+    assert budgets(all_taken, 8 * GI).pending == 0  # one contribution per learner and fragment at a time
+    given = budgets(SynchronizerMemory(pending="2Gi"), 8 * GI)
+    assert (given.pending, given.settings()["pending_memory_bytes"]) == (2 * GI, 2 * GI)
+    with pytest.raises(ValueError, match=r"pending \(8,589,934,592 B\)"):
+        budgets(SynchronizerMemory(pending="8Gi"), 8 * GI)
 
 
 def test_budgets_that_do_not_fit_in_the_limit_are_refused_with_their_sizes() -> None:
