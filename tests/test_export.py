@@ -126,7 +126,7 @@ def test_a_model_with_save_pretrained_is_also_written_as_its_folder(tmp_path: Pa
     values = {n: np.full(tuple(p.shape), 0.25, np.float32) for n, p in model.named_parameters()}
     blob = codec.encode(values, fragment=0, base_version=4, kind="params", quantizer="fp32")
     state.commit_version(0, FragmentRecord(version=4, params_key=state.layout.params(0, 4)), params_blob=blob,
-                         outer_blob=None, round_log=None, count_round=True)  # fmt: skip
+                         outer=None, round_log=None, count_round=True)  # fmt: skip
     out = tmp_path / "export"
     argv = [
         "--storage",

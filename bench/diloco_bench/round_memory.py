@@ -2,7 +2,8 @@
 contributions it merges.
 
 The synchronizer's own round (``diloco_sync.merging.run_round``: the checks, the merge, the outer
-step, the compressed download and the encoded objects of the commit) over contributions as the
+step, the compressed download and the encoded new version), then the outer state written into a
+file as the commit writes it (``write_outer_state``), over contributions as the
 synchronizer holds them once taken (``diloco_sync.ingest.validate_outer_gradient``: int4 payloads
 decompressed but still quantized, their norm measured). The fragment is fragment 0 of
 ``sync-ingest``'s model (``--params`` in ``--fragments``); a first round makes the outer momentum
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -25,9 +27,10 @@ import numpy as np
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import FragmentPlan
 from diloco_core.outer import OuterState
+from diloco_core.uploads import FileUpload
 from diloco_sync.contribution import Contribution
 from diloco_sync.ingest import payload_limit, validate_outer_gradient
-from diloco_sync.merging import NothingMerged, RoundOutcome, run_round
+from diloco_sync.merging import NothingMerged, RoundOutcome, run_round, write_outer_state
 
 from diloco_bench.sync_ingest import framed, grad_parts, make_plan
 
@@ -90,6 +93,11 @@ def measure(args: argparse.Namespace, n: int) -> dict[str, Any]:
     tracemalloc.start()
     started = time.perf_counter()
     outcome = run_round(spec, params, outer, 1, taken, settings)
+    if isinstance(outcome, RoundOutcome):
+        with tempfile.TemporaryDirectory(prefix="round-memory-") as folder:
+            upload = FileUpload(Path(folder), lambda upload: None)
+            write_outer_state(upload, outcome.result.outer, spec.index, outcome.result.version)
+            upload.discard()
     seconds = time.perf_counter() - started
     held, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()

@@ -46,7 +46,7 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from math import prod
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -94,6 +94,7 @@ __all__ = [
     "decode",
     "decode_quantized",
     "encode",
+    "encode_into",
     "encode_quantized",
     "max_bytes_for_values",
     "max_decoded_size",
@@ -156,7 +157,16 @@ def encode(
     )
 
 
-def encode_to_buffer(
+class Sink(Protocol):
+    """Where ``encode_into`` writes (an upload of ``diloco_core.uploads``, or anything alike)."""
+
+    def write(self, data: bytes | bytearray) -> None: ...
+
+    def patch(self, offset: int, data: bytes) -> None: ...
+
+
+def encode_into(
+    sink: Sink,
     tensors: Mapping[str, npt.NDArray[Any]],
     *,
     fragment: int,
@@ -165,20 +175,19 @@ def encode_to_buffer(
     quantizer: str,
     block_size: int = q.DEFAULT_BLOCK_SIZE,
     level: int = 3,
-) -> bytearray:
-    """``encode``'s bytes in one buffer of zstd's bound, each small compressed piece let go once copied
-    in: a large payload is held once while it is made, not twice (its pieces, then their join)."""
+) -> int:
+    """``encode``'s bytes written to ``sink`` piece by piece as they are compressed, the frame's
+    length patched into the prefix at its end: a large payload is never held whole, nor any copy of
+    it. Returns its size."""
     check_fields(fragment, base_version, kind, quantizer, block_size)
     parts = quantized(tensors, quantizer, block_size)
-    raw = sum(memoryview(b).nbytes for p in parts.values() for b in (p.values, p.scales))
-    out = bytearray(_PREFIX.size + raw + raw // 256 + (1 << 17))  # zstd's bound, the header's room
-    end = _PREFIX.size
+    sink.write(_PREFIX.pack(MAGIC, FORMAT_VERSION, 0))
+    length = 0
     for piece in _frame(parts, fragment, base_version, kind, quantizer, block_size, level):
-        out[end : end + len(piece)] = piece  # (past the end, the buffer grows)
-        end += len(piece)
-    del out[end:]
-    _PREFIX.pack_into(out, 0, MAGIC, FORMAT_VERSION, end - _PREFIX.size)
-    return out
+        sink.write(piece)
+        length += len(piece)
+    sink.patch(0, _PREFIX.pack(MAGIC, FORMAT_VERSION, length))
+    return _PREFIX.size + length
 
 
 def quantized(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import anyio.to_thread
@@ -23,7 +24,7 @@ from diloco_core.tracking import Tracking
 from .contribution import Arrays, Contribution, merged_through
 from .fragment_state import FragmentState
 from .held_state import InStorage, read_state
-from .merging import RoundOutcome, round_log, round_record, round_scalars
+from .merging import RoundOutcome, round_log, round_record, round_scalars, write_outer_state
 from .metrics import Metrics
 from .pace import kept_times
 from .persistence import StateStore
@@ -96,7 +97,7 @@ class Committer:
                 p,
                 record,
                 params_blob=outcome.payload,
-                outer_blob=outcome.outer_blob,
+                outer=partial(write_outer_state, state=outcome.result.outer, fragment=p, version=version),
                 round_log=log_entry,
                 count_round=True,
             ),

@@ -29,11 +29,11 @@ _OUTER_STATE_LEVEL = -1  # zstd's fast mode: about 5x faster than level 1 on fp3
 class RoundOutcome:
     """A merged round, encoded for its commit. ``result`` without its update (which is as large as
     the fragment and needed only for its norm, ``result.update_norm``), so that a round waiting for
-    its commit holds no more of it than it writes and publishes."""
+    its commit holds no more of it than it writes and publishes; its outer state is written to
+    storage from ``result.outer`` by the commit (``write_outer_state``)."""
 
     result: RoundResult
     payload: bytes  # the new version as served
-    outer_blob: bytearray  # the new outer state as stored
     merge_s: float
     merged: tuple[Contribution, ...] = ()  # in the order of ``result.weights``
     excluded: tuple[tuple[Contribution, str], ...] = ()  # left out by the checks, with the reason
@@ -49,11 +49,13 @@ class NothingMerged:
     excluded: tuple[tuple[Contribution, str], ...]
 
 
-def encode_outer_state(state: OuterState, fragment: int, version: int) -> bytearray:
-    """The outer optimizer's state for storage only: fp32 (lossless) with zstd's fastest level, as
-    fp32 momentum barely compresses and this object is written every round but read only at start-up.
-    Built in one buffer: twice the fragment in fp32, held once while it is made."""
-    return codec.encode_to_buffer(
+def write_outer_state(sink: codec.Sink, state: OuterState, fragment: int, version: int) -> int:
+    """The outer optimizer's state for storage only, written into ``sink`` (an upload of its object)
+    as it is compressed: fp32 (lossless) with zstd's fastest level, as fp32 momentum barely
+    compresses and this object is written every round but read only at start-up. Nothing of its size
+    is held while it is written; its size."""
+    return codec.encode_into(
+        sink,
         state.to_arrays(),
         fragment=fragment,
         base_version=version,
@@ -82,11 +84,9 @@ def run_round(
     result = replace(screened.result, update={})
     screened = replace(screened, result=result)  # the update is no longer held while encoding
     payload = encode_params(result.params, spec.index, result.version)
-    outer_blob = encode_outer_state(result.outer, spec.index, result.version)
     return RoundOutcome(
         result,
         payload,
-        outer_blob,
         merge_s=time.perf_counter() - started,
         merged=screened.merged,
         excluded=screened.excluded,

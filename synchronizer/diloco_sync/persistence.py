@@ -47,6 +47,9 @@ from diloco_core.uploads import LOCAL_SPOOL, MemoryUpload, Upload, sweep
 
 log = logging.getLogger(__name__)
 _WRITERS = 3  # parameters, outer-optimizer state and round log of one commit
+Writer = Callable[[Upload], object]
+"""What writes an object into its upload as it is made (a large object never held whole)."""
+Contents = bytes | bytearray | Writer
 
 
 class StateMismatch(RuntimeError):
@@ -305,19 +308,20 @@ class StateStore:
         record: FragmentRecord,
         *,
         params_blob: bytes,
-        outer_blob: bytes | bytearray | None,
+        outer: Writer | None,
         round_log: dict[str, Any] | None,
         count_round: bool,
     ) -> None:
         """Write the objects of a new fragment version, then the manifest that makes it current.
 
         The objects are independent of each other, so they are written concurrently; the manifest is
-        written only after all of them are durable. The prefix's owner is checked first.
+        written only after all of them are durable. The prefix's owner is checked first. ``outer``
+        writes the outer state's object into its upload as it is made (again on a retry).
         """
         self.check_owner()
-        objects: dict[str, bytes | bytearray] = {record.params_key: params_blob}
-        if outer_blob is not None and record.outer_key is not None:
-            objects[record.outer_key] = outer_blob
+        objects: dict[str, Contents] = {record.params_key: params_blob}
+        if outer is not None and record.outer_key is not None:
+            objects[record.outer_key] = outer
         if round_log is not None:
             objects[self.layout.round_log(fragment, record.version)] = json.dumps(round_log).encode()
         self._remember(fragment, [key for key in objects if version_of_key(key) is not None])
@@ -339,12 +343,27 @@ class StateStore:
                     self._rounds -= 1
                 raise
 
-    def _put_all(self, objects: dict[str, bytes | bytearray]) -> None:
+    def _put_all(self, objects: dict[str, Contents]) -> None:
         """Write every object, concurrently; raises the first failure after all writes ended."""
-        futures = [self._writers.submit(self.store.put, key, data) for key, data in objects.items()]
+        futures = [self._writers.submit(self._put, key, data) for key, data in objects.items()]
         wait(futures)
         for future in futures:
             future.result()
+
+    def _put(self, key: str, data: Contents) -> None:
+        """Store bytes, or what a writer writes into the object's upload (an upload that cannot be
+        written is ``StorageUnavailable``, as any storage failure)."""
+        if not callable(data):
+            self.store.put(key, data)
+            return
+        upload = self.store.open_upload(key)
+        try:
+            data(upload)
+            upload.commit()
+        except OSError as exc:
+            raise StorageUnavailable(f"writing {key}: {exc}") from exc
+        finally:
+            upload.discard()
 
     def _write_manifest_locked(self) -> None:
         manifest = Manifest(

@@ -1,7 +1,8 @@
 """The memory the rounds hold between their merge and their commit, bounded together.
 
 From its mathematics to its commit a round holds its fragment's new parameters, outer state and
-their encoded blobs: measured, up to about ``ROUND_HOLDS`` times its fragment's float32 size. Rounds
+the new version's encoded payload (the outer state is written to storage as it is encoded, by the
+commit): measured, up to about ``ROUND_HOLDS`` times its fragment's float32 size. Rounds
 of several fragments run at once while what they hold fits ``--round-memory-bytes`` (small fragments
 merge side by side), and one at a time once a fragment is large (the rounds cost one fragment's
 memory, not the model's). A round starts whenever no other is in progress, so a fragment larger
@@ -14,7 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-ROUND_HOLDS = 7  # a round's peak in fp32 sizes of its fragment (measured: 6.4, int2 down, 20 M params,
+ROUND_HOLDS = 6  # a round's peak in fp32 sizes of its fragment (measured: 5.1, int2 down, 20 M params,
 # 1 to 64 contributions: `diloco bench round-memory`)
 READ_BACK = 4  # the most a state read back from storage holds: parameters, momentum, buffer, residual
 

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import anyio.to_thread
 from diloco_core import downlink
@@ -39,7 +40,7 @@ from .errors import ApiError, learner_left, not_registered
 from .fragments import Fragments
 from .ingest import encode_params, payload_limit, validate_initial_params
 from .learners import LearnerLeft, LearnerRegistry, UnknownLearner
-from .merging import encode_outer_state
+from .merging import write_outer_state
 from .metrics import Metrics, Traffic
 from .persistence import StateStore
 from .publication import Served, served_form, served_size
@@ -259,14 +260,13 @@ class SyncService:
                 params_bytes=len(payload),
                 version_times={0: self.clock()},
             )
-            outer_blob = encode_outer_state(fs.state.outer, p, 0)
             try:
                 await self.guard.call(
                     lambda: self.store.commit_version(
                         p,
                         record,
                         params_blob=payload,
-                        outer_blob=outer_blob,
+                        outer=partial(write_outer_state, state=fs.state.outer, fragment=p, version=0),
                         round_log=None,
                         count_round=False,
                     )

@@ -77,7 +77,7 @@ class SyncSettings(BaseModel):
         1024 * 1024 * 1024,
         ge=0,
         description="memory the rounds between their merge and their commit may hold together, each "
-        "counted as seven times its fragment's fp32 size (eleven when it reads its state back from "
+        "counted as six times its fragment's fp32 size (ten when it reads its state back from "
         "storage); a round starts whenever no other is in "
         "progress, so a larger fragment still merges (0: one round at a time)",
     )

@@ -22,6 +22,7 @@ from diloco_core.codec import (
     encode,
 )
 from diloco_core.fragments import build_plan
+from diloco_core.uploads import FileUpload, MemoryUpload, reading
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -73,30 +74,46 @@ def test_golden_blob_is_reproduced_byte_for_byte(quantizer: str) -> None:
 
 
 @pytest.mark.parametrize("quantizer", QUANTIZERS)
-def test_a_payload_built_in_one_buffer_is_the_golden_blob(quantizer: str) -> None:
-    blob = codec.encode_to_buffer(
-        golden_tensors(), fragment=2, base_version=7, kind="outer_grad", quantizer=quantizer, block_size=32
+def test_a_payload_written_as_it_is_compressed_is_the_golden_blob(quantizer: str) -> None:
+    sink = MemoryUpload(lambda data: None)
+    size = codec.encode_into(
+        sink,
+        golden_tensors(),
+        fragment=2,
+        base_version=7,
+        kind="outer_grad",
+        quantizer=quantizer,
+        block_size=32,
     )
-    assert isinstance(blob, bytearray)
-    assert blob == (GOLDEN / f"outer_grad_{quantizer}.bin").read_bytes()
+    assert bytes(sink.data) == (GOLDEN / f"outer_grad_{quantizer}.bin").read_bytes()
+    assert size == len(sink.data)
 
 
-def test_a_large_payload_built_in_one_buffer_is_held_about_once_while_it_is_made() -> None:
-    """fp32 values barely compress: joining the compressed pieces held the payload twice at the end."""
+def test_a_large_payload_written_to_a_file_is_never_held_whole(tmp_path: Path) -> None:
+    """fp32 values barely compress: ``encode`` holds the payload twice at its end (its pieces, then
+    their join); written into a file upload as it is compressed, it holds a few compressed pieces
+    (4 MiB each) whatever its size."""
     import tracemalloc
 
     values = {f"t{i}": np.random.default_rng(i).standard_normal(1 << 20, dtype=np.float32) for i in range(8)}
     size = 4 * (8 << 20)
-    peaks = {}
-    for how in (codec.encode, codec.encode_to_buffer):
-        tracemalloc.start()
-        blob = how(values, fragment=0, base_version=1, kind="params", quantizer="fp32", level=-1)
-        peaks[how.__name__] = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        assert len(blob) > 0.9 * size
-        del blob
-    assert peaks["encode"] > 1.9 * size
-    assert peaks["encode_to_buffer"] < 1.4 * size
+    tracemalloc.start()
+    blob = codec.encode(values, fragment=0, base_version=1, kind="params", quantizer="fp32", level=-1)
+    encode_peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    upload = FileUpload(tmp_path, lambda upload: None)
+    tracemalloc.start()
+    written = codec.encode_into(
+        upload, values, fragment=0, base_version=1, kind="params", quantizer="fp32", level=-1
+    )
+    into_peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    with reading(upload) as view:
+        assert bytes(view) == blob
+    upload.discard()
+    assert written == len(blob) > 0.9 * size
+    assert encode_peak > 1.9 * size
+    assert into_peak < 3 * codec._PIECE < 0.4 * size
 
 
 def test_header_describes_tensors_and_scales() -> None:

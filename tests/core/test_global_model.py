@@ -29,9 +29,7 @@ def _commit(state: StateStore, plan, p: int, version: int) -> None:  # type: ign
     blob = codec.encode({t.name: _values(t, version) for t in frag.tensors}, fragment=p, base_version=version,
                         kind="params", quantizer="fp32")  # fmt: skip
     record = FragmentRecord(version=version, params_key=state.layout.params(p, version))
-    state.commit_version(
-        p, record, params_blob=blob, outer_blob=None, round_log=None, count_round=version > 0
-    )
+    state.commit_version(p, record, params_blob=blob, outer=None, round_log=None, count_round=version > 0)
 
 
 def _job(root: Path, shards: dict[int, list[int]], versions: dict[int, int], job: str = "job-a"):  # type: ignore[no-untyped-def]

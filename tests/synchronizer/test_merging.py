@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from diloco_core import codec
 from diloco_core.outer import OuterState
+from diloco_core.uploads import MemoryUpload
 from diloco_sync.contribution import Contribution
-from diloco_sync.merging import recent_round_keys, rounds_from_logs, run_round
+from diloco_sync.merging import recent_round_keys, rounds_from_logs, run_round, write_outer_state
 
 from tests.core.round_cases import cases, digest, load_golden, summary
 
@@ -36,7 +37,9 @@ def _run_all() -> dict[str, list[dict[str, object]]]:
             # what is committed decodes to exactly what was computed
             served = codec.decode(outcome.payload, fragment=case.fragment)
             assert (served.base_version, digest(served.tensors)) == (version + 1, digest(params))
-            assert digest(codec.decode(outcome.outer_blob).tensors) == digest(outer.to_arrays())
+            stored = MemoryUpload(lambda data: None)
+            write_outer_state(stored, outer, case.fragment.index, version + 1)
+            assert digest(codec.decode(bytes(stored.data)).tensors) == digest(outer.to_arrays())
             out.append(summary(outcome.result))
         results[case.name] = out
     return results

@@ -24,7 +24,7 @@ def _commit(state: StateStore, p: int, version: int) -> None:
         p,
         record,
         params_blob=b"params-%d" % version,
-        outer_blob=b"outer-%d" % version,
+        outer=lambda upload: upload.write(b"outer-%d" % version),
         round_log={"version": version},
         count_round=True,
     )

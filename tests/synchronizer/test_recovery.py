@@ -5,6 +5,7 @@ size, so that a restart of a large model holds at most one fragment at a time.""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from diloco_core.layout import FragmentRecord
 from diloco_core.outer import OuterState
 from diloco_core.storage import FilesystemStore
 from diloco_sync.ingest import encode_params
-from diloco_sync.merging import encode_outer_state
+from diloco_sync.merging import write_outer_state
 from diloco_sync.persistence import StateStore
 from diloco_sync.publication import Stored
 from diloco_sync.recovery import load_fragment
@@ -35,8 +36,8 @@ def committed(tmp_path: Path, version: int, *, recorded: bool) -> tuple[StateSto
         outer_key=state.layout.outer(0, version),
         params_bytes=len(blob) if recorded else None,
     )
-    outer = encode_outer_state(OUTER, 0, version)
-    state.commit_version(0, record, params_blob=blob, outer_blob=outer, round_log=None, count_round=True)
+    outer = partial(write_outer_state, state=OUTER, fragment=0, version=version)
+    state.commit_version(0, record, params_blob=blob, outer=outer, round_log=None, count_round=True)
     return state, record, len(blob)
 
 

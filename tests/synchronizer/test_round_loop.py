@@ -182,5 +182,5 @@ def test_a_round_may_start_when_none_holds_memory_or_when_it_fits() -> None:
     assert may_start(held=0, cost=10, budget=0)  # however large: nothing else is in progress
     assert may_start(held=5, cost=5, budget=10)
     assert not may_start(held=6, cost=5, budget=10)
-    assert round_cost(1000) == 7 * 4 * 1000
-    assert round_cost(1000, read_back=True) == 11 * 4 * 1000  # and the state it reads back
+    assert round_cost(1000) == 6 * 4 * 1000
+    assert round_cost(1000, read_back=True) == 10 * 4 * 1000  # and the state it reads back
