@@ -279,7 +279,7 @@ async def contribute(
     desk.precheck(learner_id, p, base_version, seq, since, steps, tokens, claims.min_step_s)
     limit = desk.body_limit(p)
     size = declared_length(request, limit)
-    with desk.room(learner_id, p, limit if size is None else size):
+    with desk.room(learner_id, p, base_version, seq, limit if size is None else size):
         body = await anyio.to_thread.run_sync(desk.open_body, learner_id, p, base_version, seq)
         try:
             await receive_body(request, limit, body, desk.storage_failed)

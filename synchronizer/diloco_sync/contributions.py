@@ -82,12 +82,18 @@ class ContributionDesk:
         """What the contributions waiting for or in their rounds hold, with the bodies being received."""
         return holds(c for fs in self.fragments for c in fs.held()) + self.arriving.bytes
 
-    def room(self, learner_id: str, p: int, size: int) -> contextlib.AbstractContextManager[None]:
+    def room(
+        self, learner_id: str, p: int, base_version: int, seq: int, size: int
+    ) -> contextlib.AbstractContextManager[None]:
         """Count a contribution's body of ``size`` bytes against ``--pending-memory-bytes`` while it
         is received and taken (``pending_memory``): 503 ``pending_full`` for a learner's further part
-        to the fragment's round beyond the budget."""
+        to the fragment's round beyond the budget. A repeat of a contribution taken already (answered
+        ``duplicate``, it holds nothing) and a part the learner's pending one waits for (its progress
+        has a gap before it: a restart lost a part only buffered) are never refused for room."""
         fs, budget = self.fragments.get(p), self.settings.pending_memory_bytes
-        first = learner_id not in fs.pending and not self.arriving.has(learner_id, p)
+        pending = fs.pending.get(learner_id)
+        first = (pending is None or not fs.ready(pending)) and not self.arriving.has(learner_id, p)
+        first = first or fs.is_known(contribution_key(learner_id, p, base_version, seq))
         held = self.held_bytes()
         if not may_take(held, size, budget, first=first):
             self.metrics.contributions.labels("pending_full").inc()

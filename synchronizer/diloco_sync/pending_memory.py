@@ -8,7 +8,8 @@ parts up, each learner up to about two to three times the fragment's float32 siz
 synchronizer holds would grow with the number of learners. The budget bounds it:
 
 - a learner's first contribution to a fragment's next round is always taken, so the budget never
-  keeps a round from its quorum;
+  keeps a round from its quorum, and so are a part its pending one waits for (a restart lost an
+  earlier part only buffered in memory) and a repeat of a contribution taken already;
 - a further one from the same learner (a part that continues or supersedes its pending one) is taken
   while what the fragments' pending and merging contributions hold, with the bodies being received
   (counted at their ``Content-Length``), leaves room for its body;

@@ -68,7 +68,7 @@ class InProcess:
     ) -> ContributionResult:
         """The desk's answer to ``blob`` sent as the API sends a body: counted against the pending
         budget, written as it arrives."""
-        with self.desk.room(learner, p, len(blob)):
+        with self.desk.room(learner, p, base_version, seq, len(blob)):
             body = self.desk.open_body(learner, p, base_version, seq)
             try:
                 body.write(blob)

@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from diloco_sync.contribution import held_bytes
+from diloco_sync.contribution import Contribution, held_bytes
 from diloco_sync.errors import ApiError
 from diloco_sync.pending_memory import Arriving, holds, may_take
 
@@ -56,6 +56,8 @@ def test_a_further_part_beyond_the_budget_waits_for_the_round_and_loses_nothing(
         assert refused.value.headers == {"Retry-After": "1"}
         assert sync.pending_objects() == stored
         assert fs.pending["a"].through == 4
+        again = await sync.send("a", 0, _grad("a", 1), base_version=0, steps=4, tokens=32, seq=1)
+        assert again.status == "duplicate"  # a repeat holds nothing: never refused for room
         assert sync.desk.held_bytes() == held_bytes(fs.pending["a"].tensors) > 1
         other = await sync.send("b", 0, _grad("b", 1), base_version=0, steps=4, tokens=32, seq=1)
         assert other.status == "accepted"  # its first: the round's quorum is never kept away
@@ -92,11 +94,33 @@ def test_a_second_body_of_the_learner_for_the_fragment_is_not_its_first(tmp_path
 
     async def scenario() -> None:
         await sync.start("a")
-        with sync.desk.room("a", 0, 100):
+        with sync.desk.room("a", 0, 0, 1, 100):
             with pytest.raises(ApiError, match="pending_full"):
-                sync.desk.room("a", 0, 100)
-            with sync.desk.room("a", 1, 100):
+                sync.desk.room("a", 0, 0, 2, 100)
+            with sync.desk.room("a", 1, 0, 1, 100):
                 assert sync.desk.held_bytes() == 200
         assert sync.desk.held_bytes() == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_part_the_pending_contribution_waits_for_is_taken_whatever_the_budget(tmp_path: Path) -> None:
+    """After a restart lost learner a's first part (only buffered in memory), its second waits in
+    pending with a gap before it: the resent first part is what lets it into a round, so it is taken
+    although the budget is full."""
+    sync = in_process(tmp_path, quorum=1, service={"pending_memory_bytes": 1})
+
+    async def scenario() -> None:
+        await sync.start("a")
+        fs = sync.service.fragments.get(0)
+        second = Contribution(
+            learner_id="a", fragment=0, base_version=0, seq=2, steps=4, tokens=32, since=4,
+            tensors=outer_grad(PLAN, 0, seed=7), nbytes=1, received_at=sync.clock(),
+        )  # fmt: skip
+        sync.desk.replay([second])
+        assert not fs.ready(fs.pending["a"])
+        first = await sync.send("a", 0, _grad("a", 1), base_version=0, steps=4, tokens=32, seq=1)
+        assert first.status == "accepted"
+        assert (fs.pending["a"].since, fs.pending["a"].through) == (0, 8)
 
     asyncio.run(scenario())

@@ -18,6 +18,18 @@ log = logging.getLogger("diloco_worker.comms")
 BUFFERED_RESEND_S = 5.0  # how often a contribution the synchronizer only buffered is sent again
 
 
+def _due(fragments: list[int], retry_at: dict[int, float]) -> list[int]:
+    """The fragments whose next send may go now (none of them is waiting out a backoff)."""
+    now = time.monotonic()
+    return [p for p in fragments if retry_at.get(p, 0.0) <= now]
+
+
+def _wait_s(fragments: list[int], retry_at: dict[int, float]) -> float:
+    """How long the send loop sleeps: until the first backoff ends, at most half a second."""
+    now = time.monotonic()
+    return min([0.5, *(max(0.0, retry_at.get(p, 0.0) - now) for p in fragments)])
+
+
 class Sender:
     """The outer gradients waiting to be sent (``slots``, per fragment, oldest first), being sent
     (``inflight``) and answered as only buffered; ``known_version(p)``: the newest global version of
@@ -73,17 +85,23 @@ class Sender:
         return [p for p in self.slots if self.shards.routes.owner(p) == shard]
 
     def send_loop(self, shard: int) -> None:
-        """Send the outer gradients of ``shard``'s fragments, oldest first."""
-        client, attempt = self.shards.shard(shard), 0
+        """Send the outer gradients of ``shard``'s fragments, oldest first. A fragment whose send
+        failed is retried after its own backoff, before anything newer of it, while the others' go
+        on: one fragment waiting for room at the synchronizer (``pending_full``) does not hold back
+        another's first part, which its round may need."""
+        client = self.shards.shard(shard)
+        attempts: dict[int, int] = {}  # per fragment, failed sends in a row
+        retry_at: dict[int, float] = {}  # per fragment, when its next send may go
         while not self.stop.is_set():
             with self._cv:
-                while not self._mine(shard) and not self.stop.is_set():
-                    self._cv.wait(timeout=0.5)
+                while not (due := _due(self._mine(shard), retry_at)) and not self.stop.is_set():
+                    self._cv.wait(timeout=_wait_s(self._mine(shard), retry_at))
                     self._requeue_buffered(shard)
-                mine = self._mine(shard)
-                if self.stop.is_set() and not mine:
+                if self.stop.is_set() and not self._mine(shard):
                     return
-                p = min(mine, key=lambda k: self.slots[k][0].seq)
+                if not due:
+                    continue
+                p = min(due, key=lambda k: self.slots[k][0].seq)
                 c = self.slots[p].pop(0)
                 if not self.slots[p]:
                     del self.slots[p]
@@ -91,12 +109,14 @@ class Sender:
             ok = self._send_one(client, c)
             with self._cv:
                 self.inflight.discard(p)
-                if not ok:
+                if ok:
+                    attempts.pop(p, None)
+                    retry_at.pop(p, None)
+                else:
                     self.slots.setdefault(c.fragment, []).insert(0, c)  # retried before anything newer
+                    attempts[p] = attempts.get(p, 0) + 1
+                    retry_at[p] = time.monotonic() + backoff_delay(attempts[p], self._rng)
                 self._cv.notify_all()
-            attempt = 0 if ok else attempt + 1
-            if not ok:
-                self.stop.wait(backoff_delay(attempt, self._rng))
 
     def _requeue_buffered(self, shard: int) -> None:
         """Queue again the buffered contributions of ``shard``'s fragments that are due for a resend

@@ -54,6 +54,7 @@ class DiLoCoSession:
         self.client: SyncClient | None = None  # the synchronizer (shard) the learner was given
         self.handshake: Handshake | None = None
         self.comm: Communicator | None = None
+        self._held_back: set[int] = set()  # fragments due while their previous part waited (``_send_due``)
         # a synchronous job sends in lockstep: nothing to pull there
         self.partial_contributions = settings.partial_contributions and not settings.blocking_sync
         self.blocking = (
@@ -161,6 +162,7 @@ class DiLoCoSession:
         self.fs.advance(step_tokens)
         arrivals = self.comm.take_arrivals() if self.comm else {}
         stop, arrivals = self.unit.boundary(stop, arrivals, self.plan)
+        self._send_held_back(arrivals, state.step)
         self._apply(arrivals, state.step)
         sent = self._send_due(state.step, leaving=stop)
         if self.partial_contributions:
@@ -184,33 +186,57 @@ class DiLoCoSession:
             )
 
     def _send_due(self, step: int, *, leaving: bool = False) -> list[int]:
-        """Queue the outer gradients of the due fragments (rank 0; the other ranks only count).
+        """Queue the outer gradients of the due fragments and of those held back (rank 0; the other
+        ranks only count).
 
         A fragment whose previous part is still waiting to be sent (the synchronizer answered
-        ``pending_full`` until a round frees room, or the link is slow) is left due: its progress
-        keeps growing and goes in the part taken at a later boundary, so a learner never queues more
-        than one part per fragment. At the boundary it ``leaving`` at, every due part is queued
-        behind the waiting one (the flush sends them in order): nothing it trained is dropped."""
-        due = self.fs.due()
-        if due and not leaving:
+        ``pending_full`` until a round frees room, or the link is slow) is held back: its progress
+        keeps growing and is queued at the first boundary where that part is sent, a new version of
+        it arrives (``_send_held_back``, before the version is taken) or the learner is ``leaving``;
+        so a learner queues one part per fragment while it waits, and drops nothing it trained. A
+        synchronous job never holds one back (its learners wait for the round after each send)."""
+        owed = set(self.fs.due()) | {p for p in self._held_back if self.fs.counters.unsent(p)}
+        due, before, self._held_back = sorted(owed), self._held_back, set()
+        if due and not leaving and self.blocking is None:
             waiting = sum(1 << p for p in due if self.comm is not None and self.comm.pending(p))
-            waiting = self.unit.share_int(waiting)  # every rank leaves the same fragments due
-            due = [p for p in due if not waiting >> p & 1]
+            waiting = self.unit.share_int(waiting)  # every rank holds back the same fragments
+            self._held_back = {p for p in due if waiting >> p & 1}
+            due = [p for p in due if p not in self._held_back]
+        for p in sorted(self._held_back - before):
+            log.info(
+                "learner=%s step=%d fragment=%d outer gradient held back: the previous part is still waiting "
+                "to be sent",
+                self.settings.learner_id,
+                step,
+                p,
+            )
         for p in due:
-            if self.comm:
-                c = self.fs.take_contribution(p, self.terms.codec, self.terms.error_feedback)
-                self.comm.submit(c)
-                log.info(
-                    "learner=%s step=%d fragment=%d version=%d outer gradient queued (%d steps)",
-                    self.settings.learner_id,
-                    step,
-                    p,
-                    c.base_version,
-                    c.steps,
-                )
-            else:
-                self.fs.mark_sent(p)
+            self._queue(p, step)
         return due
+
+    def _send_held_back(self, arrivals: Arrivals, step: int) -> None:
+        """Queue the progress of the held-back fragments a new version arrived for, on the version it
+        was trained on, before the new one replaces it (the same on every rank: both come from rank 0)."""
+        for p in sorted(self._held_back & set(arrivals)):
+            if self.fs.counters.unsent(p):
+                self._queue(p, step)
+        self._held_back -= set(arrivals)
+
+    def _queue(self, p: int, step: int) -> None:
+        """Take fragment ``p``'s outer gradient and queue it for sending (rank 0; the others count it)."""
+        if not self.comm:
+            self.fs.mark_sent(p)
+            return
+        c = self.fs.take_contribution(p, self.terms.codec, self.terms.error_feedback)
+        self.comm.submit(c)
+        log.info(
+            "learner=%s step=%d fragment=%d version=%d outer gradient queued (%d steps)",
+            self.settings.learner_id,
+            step,
+            p,
+            c.base_version,
+            c.steps,
+        )
 
     def _send_requested(self, step: int) -> None:
         """Answer the rounds that asked for this learner's partial progress (docs/algorithm.md §3.4)."""
