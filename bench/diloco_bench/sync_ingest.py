@@ -27,9 +27,7 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +47,7 @@ from diloco.runner.processes import free_port
 from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, summed
 from diloco_bench.sync_ingest_raw import run_raw
 from diloco_bench.sync_ingest_report import Result, report, summary_row
-from diloco_bench.sync_process import SECRET, wait_ready
+from diloco_bench.sync_process import SECRET, start_shards, stop
 
 
 def make_plan(params: int, fragments: int) -> FragmentPlan:
@@ -80,59 +78,6 @@ def framed(parts: dict[str, codec.QuantizedTensor], p: int, base_version: int = 
 
 
 # -- the service run ---------------------------------------------------------------------------------
-
-
-def start_sync(
-    port: int,
-    store: str,
-    plan: FragmentPlan,
-    clients: int,
-    shard: tuple[int, list[str]] = (0, []),
-    flags: Sequence[str] = (),
-) -> subprocess.Popen[bytes]:
-    """A synchronizer process on ``port``; ``shard``: its index and the URLs of all shards (none:
-    the only one); ``flags``: more of its settings."""
-    argv = [
-        sys.executable, "-m", "diloco_sync", "--port", str(port), "--storage", f"file://{store}",
-        "--fragments", str(len(plan.fragments)), "--inner-steps", str(plan.inner_steps), "--overlap", "1",
-        "--quorum", str(clients), "--max-staleness", "1000000", "--log-level", "WARNING",
-    ]  # fmt: skip
-    index, urls = shard
-    if urls:
-        argv += ["--shard-index", str(index), "--num-shards", str(len(urls)), "--shard-urls", ",".join(urls)]
-    argv += flags
-    env = {**os.environ, "DILOCO_JOB_SECRET": SECRET}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", lambda: proc.poll() is None, 60)
-    except RuntimeError:
-        proc.kill()
-        raise
-    return proc
-
-
-def start_shards(
-    store: str, plan: FragmentPlan, clients: int, shards: int, flags: Sequence[str] = ()
-) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
-    """``shards`` synchronizer processes sharing the store (fragment p on shard p % shards), and
-    their URLs."""
-    ports = [free_port() for _ in range(shards)]
-    urls = [f"http://127.0.0.1:{port}" for port in ports]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for i, port in enumerate(ports):
-            procs.append(start_sync(port, store, plan, clients, (i, urls if shards > 1 else []), flags))
-    except BaseException:
-        stop(procs)
-        raise
-    return procs, urls
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        proc.wait(timeout=30)
 
 
 Shards = list[httpx.AsyncClient]

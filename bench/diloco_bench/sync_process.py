@@ -1,5 +1,6 @@
-"""A real synchronizer process for the benchmarks: started with the job's flags, waited for until
-ready, killed with SIGKILL and started again on the same port and storage."""
+"""Real synchronizer processes for the benchmarks: started with the job's flags, waited for until
+ready, killed with SIGKILL and started again on the same port and storage; and the sync-ingest
+benchmark's shards, one process each."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
+from diloco_core.fragments import FragmentPlan
 
 from diloco.runner.processes import free_port
 
@@ -68,3 +70,59 @@ class BenchSync:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill9()
+
+
+# -- the sync-ingest benchmark's synchronizers (one per shard) ------------------------------------
+
+
+def start_sync(
+    port: int,
+    store: str,
+    plan: FragmentPlan,
+    clients: int,
+    shard: tuple[int, list[str]] = (0, []),
+    flags: Sequence[str] = (),
+) -> subprocess.Popen[bytes]:
+    """A synchronizer process on ``port``; ``shard``: its index and the URLs of all shards (none:
+    the only one); ``flags``: more of its settings."""
+    argv = [
+        sys.executable, "-m", "diloco_sync", "--port", str(port), "--storage", f"file://{store}",
+        "--fragments", str(len(plan.fragments)), "--inner-steps", str(plan.inner_steps), "--overlap", "1",
+        "--quorum", str(clients), "--max-staleness", "1000000", "--log-level", "WARNING",
+    ]  # fmt: skip
+    index, urls = shard
+    if urls:
+        argv += ["--shard-index", str(index), "--num-shards", str(len(urls)), "--shard-urls", ",".join(urls)]
+    argv += flags
+    env = {**os.environ, "DILOCO_JOB_SECRET": SECRET}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", lambda: proc.poll() is None, 60)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc
+
+
+def start_shards(
+    store: str, plan: FragmentPlan, clients: int, shards: int, flags: Sequence[str] = ()
+) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+    """``shards`` synchronizer processes sharing the store (fragment p on shard p % shards), and
+    their URLs."""
+    ports = [free_port() for _ in range(shards)]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for i, port in enumerate(ports):
+            procs.append(start_sync(port, store, plan, clients, (i, urls if shards > 1 else []), flags))
+    except BaseException:
+        stop(procs)
+        raise
+    return procs, urls
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(timeout=30)

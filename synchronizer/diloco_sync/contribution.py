@@ -142,6 +142,12 @@ class Contribution:
         return (*self.parts, self)
 
 
+def let_go(contributions: Iterable[Contribution]) -> None:
+    """Drop the outer gradients of these contributions and of their parts (merged: never read again)."""
+    for part in (part for c in contributions for part in c.received()):
+        part.tensors = {}
+
+
 def fold(earlier: Contribution, later: Contribution) -> Contribution:
     """One contribution of a learner's progress on a base from two that follow each other: the sum of
     the outer gradients, steps and tokens; ``later``'s own key, blob and stored copy stay its own."""

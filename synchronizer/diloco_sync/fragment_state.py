@@ -10,13 +10,12 @@ Phases, and the transitions between them (methods of :class:`FragmentState`; not
                           merging --abort---> open
 
 ``committed``: the version is published; its old versions are being deleted (no merge meanwhile).
-
-Contributions are taken in every phase from ``open`` on (during a merge they wait for the next
-round): ``reserve`` a key while one is checked (``refusal``) and written, ``release`` it, ``accept``
-it, ``exclude`` those the round policy leaves out, ``mark_durable`` one written after its answer. One
-read back at start-up with a gap before it waits until the learner resends the missing part
-(``ready``) or its base is stale (``drop_stale_gaps``). Mutated only on the event loop; merges run in
-a worker thread on values handed to them and hand back new ones (nothing is edited in place).
+Contributions are taken in every phase from ``open`` on (during a merge they wait for the next round):
+``reserve`` a key while one is checked (``refusal``) and written, ``release`` it, ``accept`` it, ``exclude``
+those the round policy leaves out, ``mark_durable`` one written after its answer. One read back at start-up
+with a gap before it waits until the learner resends the missing part (``ready``) or its base is stale
+(``drop_stale_gaps``). Mutated only on the event loop; merges run in a worker thread on values handed to
+them and hand back new ones (nothing is edited in place).
 """
 
 from __future__ import annotations
@@ -335,15 +334,12 @@ class FragmentState:
         """The merged version is durable: make it current, wake every long-poll waiting for it, and
         start the next round with whatever is still pending. Every contribution of the merge (those
         its checks excluded too) is done with: its keys are applied. Only the progress of those
-        merged (``merged``: their keys; None: all) is recorded as merged, and their outer gradients are
-        let go. ``update``: the version as
+        merged (``merged``: their keys; None: all) is recorded as merged. ``update``: the version as
         the update from the previous one (compressed downloads); ``outer_key``: the outer state's object."""
         self._expect("merging")
         self._norms = norms if norms is not None else self._norms
         self._checked = self._checked.plus(checked)
         self._keys.apply_all(self._merging)
-        for part in (part for c in self._merging for part in c.received()):
-            part.tensors = {}  # merged: never read again, so not held while storage is tidied
         taken = [c for c in self._merging if merged is None or c.key in merged]
         self._merged_through = merged_through(self._merged_through, taken)
         self._version_times = kept_times(self._version_times, version, now)

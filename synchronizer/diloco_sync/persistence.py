@@ -45,11 +45,10 @@ from diloco_core.ownership import (
 from diloco_core.storage import ObjectNotFound, ObjectStore, StorageError, StorageUnavailable
 from diloco_core.uploads import LOCAL_SPOOL, MemoryUpload, Upload, sweep
 
+from .object_writes import Contents, Writer, put_contents
+
 log = logging.getLogger(__name__)
 _WRITERS = 3  # parameters, outer-optimizer state and round log of one commit
-Writer = Callable[[Upload], object]
-"""What writes an object into its upload as it is made (a large object never held whole)."""
-Contents = bytes | bytearray | Writer
 
 
 class StateMismatch(RuntimeError):
@@ -345,25 +344,10 @@ class StateStore:
 
     def _put_all(self, objects: dict[str, Contents]) -> None:
         """Write every object, concurrently; raises the first failure after all writes ended."""
-        futures = [self._writers.submit(self._put, key, data) for key, data in objects.items()]
+        futures = [self._writers.submit(put_contents, self.store, key, data) for key, data in objects.items()]
         wait(futures)
         for future in futures:
             future.result()
-
-    def _put(self, key: str, data: Contents) -> None:
-        """Store bytes, or what a writer writes into the object's upload (an upload that cannot be
-        written is ``StorageUnavailable``, as any storage failure)."""
-        if not callable(data):
-            self.store.put(key, data)
-            return
-        upload = self.store.open_upload(key)
-        try:
-            data(upload)
-            upload.commit()
-        except OSError as exc:
-            raise StorageUnavailable(f"writing {key}: {exc}") from exc
-        finally:
-            upload.discard()
 
     def _write_manifest_locked(self) -> None:
         manifest = Manifest(

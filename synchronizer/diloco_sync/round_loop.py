@@ -22,7 +22,7 @@ from diloco_core.config import DiLoCoSettings
 from diloco_core.screening import Checked
 
 from .commit import Committer
-from .contribution import Contribution
+from .contribution import Contribution, let_go
 from .fragment_state import FragmentState
 from .fragments import Fragments
 from .held_state import InStorage
@@ -207,7 +207,8 @@ class RoundRunner:
         contributions: list[Contribution],
         log_entry: dict[str, Any],
     ) -> None:
-        """The round is durable: make it current, record it, then tidy the fragment's storage."""
+        """The round is durable: make it current, let its contributions' outer gradients go, record it,
+        then tidy the fragment's storage."""
         result = outcome.result
         fs.commit(
             version=result.version,
@@ -222,6 +223,7 @@ class RoundRunner:
             merged={c.key for c in outcome.merged},
             outer_key=self.committer.outer_key(fs.index, result.version),
         )
+        let_go(contributions)  # merged: not held while the fragment's storage is tidied
         self._report_clipped(fs, outcome)
         try:
             for c in contributions:

@@ -1,0 +1,28 @@
+"""A commit's objects as they are written: bytes, or what a writer writes into the object's upload as
+it is made, so that a large object (the outer state) is never held whole."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from diloco_core.storage import ObjectStore, StorageUnavailable
+from diloco_core.uploads import Upload
+
+Writer = Callable[[Upload], object]
+Contents = bytes | bytearray | Writer
+
+
+def put_contents(store: ObjectStore, key: str, data: Contents) -> None:
+    """Store bytes, or what ``data`` writes into the object's upload (an upload that cannot be
+    written is ``StorageUnavailable``, as any storage failure)."""
+    if not callable(data):
+        store.put(key, data)
+        return
+    upload = store.open_upload(key)
+    try:
+        data(upload)
+        upload.commit()
+    except OSError as exc:
+        raise StorageUnavailable(f"writing {key}: {exc}") from exc
+    finally:
+        upload.discard()
