@@ -14,8 +14,9 @@ synchronizer holds would grow with the number of learners. The budget bounds it:
   while what the fragments' pending and merging contributions hold, with the bodies being received
   (counted at their ``Content-Length``), leaves room for its body;
 - beyond it the answer is 503 ``pending_full`` (``retryable``, ``Retry-After``) before its body is
-  read: nothing is lost, the learner keeps the progress and sends it once its earlier part is
-  merged (``diloco_worker.session`` takes a fragment's next part only once the previous one is sent).
+  read: nothing is lost, the learner retries it and holds the fragment back meanwhile, its progress
+  going into one later part (``diloco_worker.session``: queued once the waiting part is sent, before
+  a new version of the fragment replaces that progress, or when the learner leaves).
 """
 
 from __future__ import annotations
