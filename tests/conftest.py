@@ -36,8 +36,7 @@ if str(_ROOT) not in sys.path:  # `tests.support` must import however pytest was
 
 from diloco_testbed.kube import Cluster, ControlPlane, connect_cluster  # noqa: E402
 from diloco_testbed.node import RealNode, load_image_set  # noqa: E402
-
-from tests.support.s3 import S3Server  # noqa: E402
+from diloco_testbed.s3_server import S3Server  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,11 @@ Reported per N:
 - the synchronizer's CPU seconds and peak resident memory, summed over its shards,
 - the parts answered 503 ``pending_full`` and sent again (``waits``: a learner's further part beyond
   ``--pending-memory-bytes`` waits for a round to free room),
+- the commit and state read-back time per round (from /metrics), on a folder or, with
+  ``--storage seaweedfs``, a bucket on a real S3 server (SeaweedFS, multipart and ranged reads),
+- with ``--restart``: the synchronizers killed with SIGKILL at the end of the run and started again
+  on the same storage, the seconds until ready, the rounds they run on what they read back and
+  their peak memory,
 - a raw baseline measured in the same run: the same N clients send the same bytes over plain TCP
   to a server that only reads and decompresses them; the ratio service/raw shows the overhead.
 """
@@ -27,11 +32,11 @@ import argparse
 import asyncio
 import json
 import math
-import re
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -47,7 +52,15 @@ from diloco.runner.processes import free_port
 from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, summed
 from diloco_bench.sync_ingest_raw import run_raw
 from diloco_bench.sync_ingest_report import Result, report, summary_row
-from diloco_bench.sync_process import SECRET, start_shards, stop
+from diloco_bench.sync_process import (
+    SECRET,
+    bench_storage,
+    per_round,
+    service_figures,
+    start_shards,
+    stop,
+    timed_restart,
+)
 
 
 def make_plan(params: int, fragments: int) -> FragmentPlan:
@@ -204,21 +217,6 @@ async def long_poll_loop(shards: Shards, p: int, stop_at: float, res: Result) ->
             res.versions_heard += 1
 
 
-def round_figures(urls: list[str]) -> tuple[float, int, int]:
-    """From the services' /metrics, summed over the shards: seconds of merge in all rounds, the
-    rounds, and the contributions they merged."""
-    text = "\n".join(httpx.get(f"{url}/metrics", timeout=10).text for url in urls)
-
-    def figure(name: str) -> float:
-        return sum(float(found) for found in re.findall(rf"^{name} ([0-9.e+-]+)$", text, re.M))
-
-    return (
-        figure("diloco_sync_merge_seconds_sum"),
-        int(figure("diloco_sync_merge_seconds_count")),
-        int(figure("diloco_sync_round_participants_sum")),
-    )
-
-
 async def run_service(
     plan: FragmentPlan,
     blobs: list[list[bytes]],
@@ -227,16 +225,23 @@ async def run_service(
     mode: str,
     shards: int = 1,
     flags: Sequence[str] = (),
+    storage: str = "file",
+    restart: bool = False,
 ) -> Result:
     """One run: a learner per list of ``blobs`` (its contribution to each fragment, framed on version 0
     from its ``parts``; lockstep frames them again on each new version); ``flags``: more settings of
-    the synchronizers."""
+    the synchronizers; ``storage``: ``file`` or ``seaweedfs``; ``restart``: at the end, the
+    synchronizers are killed with SIGKILL and started again on the same storage (``timed_restart``)."""
     clients = len(blobs)
-    with tempfile.TemporaryDirectory(prefix="bench-sync-") as store:
-        procs, urls = start_shards(store, plan, clients, shards, flags)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-sync-") as root,
+        bench_storage(storage, Path(root)) as (url, env),
+    ):
+        procs, urls = start_shards(url, plan, clients, shards, flags, env)
         try:
             learners = await setup_learners(urls, plan, clients)
             res = Result(mode, clients, 0.0, 0, 0, 0, 0, model_params=plan.num_params, shards=shards)
+            res.storage = storage
             cpu_before = [cpu_seconds(proc.pid) for proc in procs]
             start = time.perf_counter()
             stop_at = start + seconds
@@ -260,13 +265,21 @@ async def run_service(
             peaks = [peak_rss_bytes(proc.pid) for proc in procs]
             res.sync_peak_rss = summed(peaks)
             res.largest_shard_rss = max((n for n in peaks if n is not None), default=None)
-            total, res.rounds, res.merged = round_figures(urls)
-            res.merge_s_per_round = total / res.rounds if res.rounds else 0.0
-            per_fragment = plan.num_params // len(plan.fragments)
-            res.params_taken = res.contributions * per_fragment
+            figures = service_figures(urls)
+            res.rounds = int(figures["diloco_sync_merge_seconds_count"])
+            res.merged = int(figures["diloco_sync_round_participants_sum"])
+            res.versions = int(figures["versions"])
+            res.merge_s_per_round = per_round(figures, "merge_seconds")
+            res.commit_s_per_round = per_round(figures, "commit_seconds")
+            res.state_read_s_per_round = per_round(figures, "state_read_seconds")
+            res.params_taken = res.contributions * (plan.num_params // len(plan.fragments))
             for shards_of_one in learners:
                 for c in shards_of_one:
                     await c.aclose()
+            if restart:
+                procs = timed_restart(
+                    procs, res, seconds, lambda: start_shards(url, plan, clients, shards, flags, env)
+                )
             return res
         finally:
             stop(procs)
@@ -294,14 +307,18 @@ async def run_all(args: argparse.Namespace) -> list[Result]:
             parts = [[] for _ in parts]  # framed once: let the quantized copies go
         for n in args.clients:
             runs = [
-                await run_service(plan, blobs[:n], parts[:n], args.seconds, args.mode, m, flags)
+                await run_service(
+                    plan, blobs[:n], parts[:n], args.seconds, args.mode, m, flags, storage, args.restart
+                )
+                for storage in args.storage
                 for m in args.shards
             ]
             raw_mb_s = await run_raw(blobs[:n], args.seconds, free_port())
             for res in runs:
                 res.raw_mb_s = raw_mb_s
                 print(
-                    f"  {size:,} params, {n} clients, {res.shards} shard(s): {res.contributions} contributions, "
+                    f"  {size:,} params, {n} clients, {res.shards} shard(s) on {res.storage}: "
+                    f"{res.contributions} contributions, "
                     f"{res.rounds} rounds, {res.versions_heard + len(res.round_trip_ms)} new versions heard "
                     "by long-polls",
                     file=sys.stderr,
@@ -343,6 +360,20 @@ def main(argv: list[str]) -> int:
         type=lambda v: int(float(v)),
         default=None,
         help="the synchronizers' --pending-memory-bytes (default: theirs)",
+    )
+    ap.add_argument(
+        "--storage",
+        choices=["file", "seaweedfs"],
+        nargs="+",
+        default=["file"],
+        help="the synchronizers' storage (a run each): a folder, or a bucket on a SeaweedFS S3 server "
+        "started for the run",
+    )
+    ap.add_argument(
+        "--restart",
+        action="store_true",
+        help="after each run, kill the synchronizers with SIGKILL and start them again on the same "
+        "storage: the seconds until ready, the rounds on the contributions read back, peak memory",
     )
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args(argv)

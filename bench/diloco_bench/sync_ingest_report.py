@@ -31,6 +31,15 @@ class Result:
     shards: int = 1  # synchronizer processes
     largest_shard_rss: int | None = None  # the peak resident bytes of the largest shard
     waits: int = 0  # parts answered pending_full (the pending budget was full) and sent again
+    storage: str = "file"  # the synchronizers' storage: file or seaweedfs
+    commit_s_per_round: float = 0.0  # making a round durable (its objects and the manifest)
+    state_read_s_per_round: float = 0.0  # reading a fragment's state back for a round (0: held in memory)
+    versions: int = 0  # the fragments' versions summed, at the end of the run
+    restart_s: float | None = None  # from SIGKILL until every synchronizer started again is ready
+    restart_rounds: int | None = None  # rounds the restarted synchronizers ran on what they read back
+    restart_pending: int | None = None  # contributions still pending at the end of that watch
+    restart_versions: int | None = None  # the fragments' versions summed, then
+    restart_peak_rss: int | None = None  # their peak resident bytes, all shards together
 
     @property
     def mb_s(self) -> float:
@@ -69,7 +78,23 @@ def report(results: list[Result], plan: FragmentPlan, payload_bytes: int) -> str
             f"{percentile(r.round_trip_ms, 99):>7.1f} {r.rounds:>7} {r.rounds_s:>8.3f} {r.merged:>7} {1000 * r.merge_s_per_round:>15.2f} "
             f"{_per_cpu(r):>13} {_mb(r.sync_peak_rss):>11} {_rss_ratio(r):>8} {r.waits:>6}"
         )
+    lines += [
+        "",
+        f"{'clients':>7} {'shards':>6} {'storage':>9} {'commit ms/round':>15} {'state read ms/round':>19} "
+        f"{'restart s':>9} {'rounds after':>12} {'pending left':>12} {'restart peak RSS MB':>19}",
+    ]
+    for r in results:
+        lines.append(
+            f"{r.clients:>7} {r.shards:>6} {r.storage:>9} {1000 * r.commit_s_per_round:>15.1f} "
+            f"{1000 * r.state_read_s_per_round:>19.1f} {_opt(r.restart_s, '.1f'):>9} "
+            f"{_opt(r.restart_rounds, 'd'):>12} {_opt(r.restart_pending, 'd'):>12} "
+            f"{_mb(r.restart_peak_rss):>19}"
+        )
     return "\n".join(lines)
+
+
+def _opt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
 
 
 def per_cpu_second(r: Result) -> float | None:

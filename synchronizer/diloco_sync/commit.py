@@ -113,9 +113,12 @@ class Committer:
     async def read_state(self, spec: Fragment, at: InStorage) -> tuple[Arrays, OuterState]:
         """A fragment's parameters and outer state, read back for its round from the objects that hold
         them (``held_state``), retrying through outages like a commit."""
-        return await self.guard.call_until_done(
+        started = self.clock()
+        state = await self.guard.call_until_done(
             read_state, self.store, spec, at, what=f"reading the state of fragment {spec.index}"
         )
+        self.metrics.state_read_seconds.observe(self.clock() - started)
+        return state
 
     def served(self, p: int, outcome: RoundOutcome) -> Served:
         """The new version as fragment ``p`` serves it once committed (``publication.served_form``)."""

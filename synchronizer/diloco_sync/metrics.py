@@ -8,7 +8,24 @@ from dataclasses import dataclass
 from diloco_core.wire import WireTally
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 
 
@@ -40,6 +57,13 @@ class Metrics:
         )
         self.commit_seconds = Histogram(
             "diloco_sync_commit_seconds", "Time to make a round durable", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.state_read_seconds = Histogram(
+            "diloco_sync_state_read_seconds",
+            "Time to read a fragment's parameters and outer state back from storage for its round "
+            "(a version larger than --served-in-memory-bytes)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.ingest_seconds = Histogram(
             "diloco_sync_ingest_seconds", "Contribution handling time", buckets=_LATENCY_BUCKETS, registry=r

@@ -21,3 +21,22 @@ def test_streaming_learners_wait_for_room_and_their_parts_are_still_taken(tmp_pa
     assert row["waits"] > 0
     assert row["contributions"] > 0
     assert row["rounds"] > 0
+
+
+def test_on_seaweedfs_rounds_are_committed_and_a_killed_synchronizer_takes_up_its_contributions(
+    tmp_path: Path,
+) -> None:
+    """With ``--storage seaweedfs --restart``: the rounds commit to a real S3 server and the commit
+    time per round is read from the service's metrics; the synchronizer killed with SIGKILL at the end
+    is started again on the same bucket, becomes ready, and serves every version committed before."""
+    out = tmp_path / "figures.json"
+    argv = ["--clients", "2", "--seconds", "4", "--params", "2e5", "--fragments", "2"]
+    assert main([*argv, "--storage", "seaweedfs", "--restart", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["storage"] == "seaweedfs"
+    assert row["rounds"] > 0
+    assert row["commit_s_per_round"] > 0
+    assert row["restart_s"] > 0
+    # committed versions survive the kill; each round after it publishes one more
+    assert row["restart_versions"] >= row["versions"] + row["restart_rounds"] > 0
+    assert row["restart_peak_rss"] > 0

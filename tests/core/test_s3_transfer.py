@@ -19,8 +19,7 @@ from diloco_core.s3_transfer import (
     part_size,
 )
 from diloco_core.storage import S3Store, StorageUnavailable
-
-from tests.support.s3 import S3Server
+from diloco_testbed.s3_server import S3Server
 
 
 def test_parts_grow_so_that_no_upload_needs_more_than_s3_allows() -> None:

@@ -16,8 +16,7 @@ from diloco_core.storage import (
     StorageUnavailable,
     open_store,
 )
-
-from tests.support.s3 import S3Server
+from diloco_testbed.s3_server import S3Server
 
 
 @pytest.fixture(params=["filesystem", pytest.param("s3", marks=pytest.mark.integration)])

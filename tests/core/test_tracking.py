@@ -11,10 +11,10 @@ import pytest
 from diloco_core.config import TrackingSettings
 from diloco_core.storage import S3Store
 from diloco_core.tracking import TensorBoardSink, Tracking, TrackingError, _require, open_tracking
+from diloco_testbed.s3_server import S3Server
 from diloco_testbed.waiting import wait_for
 
 from tests.support import wandb_files
-from tests.support.s3 import S3Server
 from tests.support.tensorboard_files import read_scalars
 
 

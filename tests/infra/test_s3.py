@@ -6,8 +6,7 @@ from collections.abc import Callable
 
 import pytest
 from botocore.exceptions import ClientError
-
-from tests.support.s3 import S3Server, bucket_name
+from diloco_testbed.s3_server import S3Server, bucket_name
 
 
 @pytest.mark.integration

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from diloco_testbed.s3_server import S3Server
 
-from tests.support.s3 import S3Server
 from tests.synchronizer.helpers import SyncProcess
 
 SyncFactory = Callable[..., SyncProcess]

@@ -23,9 +23,9 @@ from diloco_core.protocol import API_PREFIX
 from diloco_core.request_proof import instance_at
 from diloco_core.uploads import UPLOAD_PREFIX
 from diloco_sync.logs import LOG_BURST
+from diloco_testbed.s3_server import S3Server
 from diloco_testbed.waiting import wait_for
 
-from tests.support.s3 import S3Server
 from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import (
     SECRET,

@@ -9,12 +9,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from diloco_core.auth import learner_token
+from diloco_testbed.s3_server import S3Server
 from diloco_testbed.waiting import wait_for
 from diloco_worker.comms import CommSettings, Communicator
 from diloco_worker.fragment_state import Outgoing
 from diloco_worker.sync_client import SyncClient
 
-from tests.support.s3 import S3Server
 from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import (
     SECRET,

@@ -13,8 +13,8 @@ import pytest
 from diloco_bench import sync_ingest
 from diloco_sync.cli import UsageError, parse_settings
 from diloco_testbed.pki import make_pki
+from diloco_testbed.s3_server import S3Server
 
-from tests.support.s3 import S3Server
 from tests.synchronizer.helpers import Learner, SyncProcess, initial_params, learner_auth, tiny_plan
 
 

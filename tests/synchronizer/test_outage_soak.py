@@ -20,9 +20,9 @@ import pytest
 from diloco_bench.sync_ingest import framed, grad_parts, make_plan
 from diloco_core import codec
 from diloco_core.fragments import FragmentPlan
+from diloco_testbed.s3_server import S3Server
 from diloco_testbed.waiting import wait_for
 
-from tests.support.s3 import S3Server
 from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import (
     Learner,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from diloco_testbed.s3_server import S3Server
 from diloco_testbed.waiting import wait_for
 
-from tests.support.s3 import S3Server
 from tests.synchronizer.helpers import (
     Learner,
     SyncProcess,

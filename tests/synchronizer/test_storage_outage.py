@@ -8,9 +8,9 @@ from collections.abc import Callable
 import httpx
 import numpy as np
 import pytest
+from diloco_testbed.s3_server import S3Server
 from diloco_testbed.waiting import wait_for
 
-from tests.support.s3 import S3Server
 from tests.synchronizer.conftest import SyncFactory
 from tests.synchronizer.helpers import Learner, encode_grad, initial_params, outer_grad, status, tiny_plan
 

@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from diloco_core.config import DataSettings
+from diloco_testbed.s3_server import S3Server
 from diloco_worker.data import CorpusError
 from diloco_worker.data_sources import list_files, local_folder, resolve_cache_dir
 from diloco_worker.tokens import open_token_corpus
-
-from tests.support.s3 import S3Server
 
 
 def test_a_folder_lists_its_files_with_the_suffix_in_sorted_order_subfolders_included(tmp_path: Path) -> None:

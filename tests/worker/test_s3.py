@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from diloco_testbed.s3_server import S3Server
 from diloco_worker.checkpoint import list_checkpoints, load_latest, open_checkpoint_store
 from diloco_worker.data import load_corpus
 from diloco_worker.learner import run_learner
 from diloco_worker.settings import WorkerSettings
 
-from tests.support.s3 import S3Server
 from tests.worker.helpers import CORPUS_BYTES, TINY, tiny_train
 
 pytestmark = pytest.mark.integration

