@@ -37,7 +37,7 @@ class Result:
     versions: int = 0  # the fragments' versions summed, at the end of the run
     restart_s: float | None = None  # from SIGKILL until every synchronizer started again is ready
     restart_rounds: int | None = None  # rounds the restarted synchronizers ran on what they read back
-    restart_pending: int | None = None  # contributions still pending at the end of that watch
+    restart_held: int | None = None  # bytes the contributions waiting or in rounds still held then
     restart_versions: int | None = None  # the fragments' versions summed, then
     restart_peak_rss: int | None = None  # their peak resident bytes, all shards together
 
@@ -81,13 +81,13 @@ def report(results: list[Result], plan: FragmentPlan, payload_bytes: int) -> str
     lines += [
         "",
         f"{'clients':>7} {'shards':>6} {'storage':>9} {'commit ms/round':>15} {'state read ms/round':>19} "
-        f"{'restart s':>9} {'rounds after':>12} {'pending left':>12} {'restart peak RSS MB':>19}",
+        f"{'restart s':>9} {'rounds after':>12} {'held MB left':>12} {'restart peak RSS MB':>19}",
     ]
     for r in results:
         lines.append(
             f"{r.clients:>7} {r.shards:>6} {r.storage:>9} {1000 * r.commit_s_per_round:>15.1f} "
             f"{1000 * r.state_read_s_per_round:>19.1f} {_opt(r.restart_s, '.1f'):>9} "
-            f"{_opt(r.restart_rounds, 'd'):>12} {_opt(r.restart_pending, 'd'):>12} "
+            f"{_opt(r.restart_rounds, 'd'):>12} {_mb(r.restart_held):>12} "
             f"{_mb(r.restart_peak_rss):>19}"
         )
     return "\n".join(lines)

@@ -156,8 +156,8 @@ def start_shards(
 
 def service_figures(urls: list[str]) -> dict[str, float]:
     """From the services' /metrics, each summed over the shards: the ``_sum`` and ``_count`` of
-    the merge, commit and state read-back times and of the round participants; the pending
-    contributions; the fragments' versions."""
+    the merge, commit and state read-back times and of the round participants; the bytes
+    the contributions waiting for or in their rounds hold; the fragments' versions."""
     text = "\n".join(httpx.get(f"{url}/metrics", timeout=10).text for url in urls)
     names = [
         f"diloco_sync_{name}_{part}"
@@ -168,8 +168,8 @@ def service_figures(urls: list[str]) -> dict[str, float]:
         name: sum(float(found) for found in re.findall(rf"^{name} ([0-9.e+-]+)$", text, re.M))
         for name in names
     }
-    pending = re.findall(r"^diloco_sync_pending_contributions\{[^}]*\} ([0-9.e+-]+)$", text, re.M)
-    out["pending"] = sum(float(found) for found in pending)
+    held = re.findall(r"^diloco_sync_pending_bytes ([0-9.e+-]+)$", text, re.M)
+    out["held"] = sum(float(found) for found in held)
     versions = re.findall(r"^diloco_sync_fragment_version\{[^}]*\} ([0-9.e+-]+)$", text, re.M)
     out["versions"] = sum(float(found) for found in versions)
     return out
@@ -189,9 +189,9 @@ def timed_restart(
 ) -> list[subprocess.Popen[bytes]]:
     """Kill the synchronizers with SIGKILL wherever their rounds are, ``start`` them again on the
     same storage, and measure in ``res``: the seconds until every one is ready, then, for up to
-    ``seconds`` or until no contribution is pending, the rounds they run on the contributions read
-    back, the fragments' versions they then serve, and their peak resident memory. Returns the new
-    processes."""
+    ``seconds`` or until no contribution waits for or is in a round, the rounds they run on the
+    contributions read back, the fragments' versions they then serve, and their peak resident
+    memory. Returns the new processes."""
     kill9(procs)
     t0 = time.perf_counter()
     procs, urls = start()
@@ -199,11 +199,11 @@ def timed_restart(
     deadline = time.perf_counter() + seconds
     while True:
         figures = service_figures(urls)
-        if figures["pending"] == 0 or time.perf_counter() >= deadline:
+        if figures["held"] == 0 or time.perf_counter() >= deadline:
             break
         time.sleep(1.0)
     res.restart_rounds = int(figures["diloco_sync_merge_seconds_count"])
-    res.restart_pending = int(figures["pending"])
+    res.restart_held = int(figures["held"])
     res.restart_versions = int(figures["versions"])
     res.restart_peak_rss = summed([peak_rss_bytes(proc.pid) for proc in procs])
     return procs
