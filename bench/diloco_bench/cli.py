@@ -21,6 +21,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "diloco_bench.sync_ingest",
         "synchronizer ingest throughput, latency, merge time vs raw baseline",
     ),
+    "sync-stages": (
+        "diloco_bench.sync_stages",
+        "the synchronizer's CPU time per stage of a contribution and of a round (one core, no HTTP)",
+    ),
     "worker": ("diloco_bench.worker", "learner tokens/s with DiLoCo vs a plain training loop; blocked time"),
     "round-memory": (
         "diloco_bench.round_memory",

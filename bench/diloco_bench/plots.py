@@ -236,3 +236,37 @@ def merge_rule(
     left.set_ylim(0, 1.1)
     fig.suptitle("Merge rule: mean vs RDA")
     return fig
+
+
+def sync_scale(lines: Mapping[str, Sequence[Mapping[str, float]]]) -> Figure:
+    """The synchronizer's costs against the model size, a line per storage (each point a run of
+    ``diloco bench sync-ingest``, with ``params``, ``params_per_cpu_s``, ``rss_over_fp32_model``,
+    ``merge_s_per_round``, ``commit_s_per_round``): parameters taken per CPU second, peak memory over
+    the fp32 model, and the merge and commit time per round."""
+    fig, (work, memory, rounds) = _figure(ncols=3, width=13.0)
+    for i, (label, points) in enumerate(lines.items()):
+        color = COLORS[i % len(COLORS)]
+        rows = sorted(points, key=lambda r: r["params"])  # a figure a run could not read is NaN
+        rows = [{k: math.nan if v is None else v for k, v in r.items()} for r in rows]
+        sizes = [r["params"] for r in rows]
+        work.plot(sizes, [r["params_per_cpu_s"] / 1e9 for r in rows], "o-", color=color, label=label)
+        memory.plot(sizes, [r["rss_over_fp32_model"] for r in rows], "o-", color=color, label=label)
+        timed = [r for r in rows if r["merge_s_per_round"] > 0]
+        rounds.plot([r["params"] for r in timed], [r["merge_s_per_round"] for r in timed], "o-", color=color,
+                    label=f"{label}: merge")  # fmt: skip
+        rounds.plot([r["params"] for r in timed], [r["commit_s_per_round"] for r in timed], "s--",
+                    color=color, label=f"{label}: commit")  # fmt: skip
+    work.axhline(0.5, color="k", linestyle=":", label="target 0.5")
+    memory.axhline(4.0, color="k", linestyle=":", label="target 4x")
+    for ax, ylabel in (
+        (work, "G params per synchronizer CPU-s"),
+        (memory, "peak RSS / fp32 model"),
+        (rounds, "s per round (log)"),
+    ):
+        ax.set_xscale("log")
+        ax.set_xlabel("model parameters (log)")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    rounds.set_yscale("log")
+    fig.suptitle("Synchronizer costs against the model size (diloco bench sync-ingest, stream mode)")
+    return fig

@@ -49,9 +49,10 @@ from diloco_core.quantize import DEFAULT_BLOCK_SIZE
 from diloco_core.request_proof import ProofAuth
 
 from diloco.runner.processes import free_port
+from diloco_bench import plots
 from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, summed
 from diloco_bench.sync_ingest_raw import run_raw
-from diloco_bench.sync_ingest_report import Result, report, summary_row
+from diloco_bench.sync_ingest_report import Result, report, scale_lines, summary_row
 from diloco_bench.sync_process import (
     SECRET,
     bench_storage,
@@ -376,12 +377,22 @@ def main(argv: list[str]) -> int:
         "storage: the seconds until ready, the rounds on the contributions read back, peak memory",
     )
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument(
+        "--plot-from",
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: plot the rows of earlier --json files (runs of different lengths, e.g. a "
+        "billion parameters run longer than the smaller sizes)",
+    )
+    plots.add_flags(ap)
     args = ap.parse_args(argv)
-    results = asyncio.run(run_all(args))
-    if args.json:
-        summary = [summary_row(r) for r in results]
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(summary, fh, indent=2)
+    if args.plot_from:
+        rows = [row for name in args.plot_from for row in json.loads(Path(name).read_text())]
+    else:
+        rows = [summary_row(r) for r in asyncio.run(run_all(args))]
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2))
+    plots.emit(args, "sync-scale", lambda: plots.sync_scale(scale_lines(rows)))
     return 0
 
 

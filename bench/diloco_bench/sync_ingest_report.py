@@ -138,3 +138,12 @@ def summary_row(r: Result) -> dict[str, Any]:
     )
     del d["contribute_ms"], d["round_trip_ms"]
     return d
+
+
+def scale_lines(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The runs as the scale plot's lines: one per storage, client count, shard count and mode."""
+    lines: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        label = f"{row['storage']}, {row['clients']} clients, {row['shards']} shard(s), {row['mode']}"
+        lines.setdefault(label, []).append({**row, "params": row["model_params"]})
+    return lines

@@ -1,0 +1,153 @@
+"""`diloco bench sync-stages`: the synchronizer's CPU time per stage of a contribution and of a
+round, one core, no HTTP.
+
+Each stage runs the synchronizer's own code on an int4 outer gradient of fragment 0 of
+``sync-ingest``'s model (``--params`` in ``--fragments``), timed in CPU seconds of this process (the
+best of ``--repeat``):
+
+- **write**: the body written into an upload in the pieces the service writes (``body.WRITE_BYTES``;
+  a ``FileUpload`` in a temporary folder, as the filesystem store takes a body);
+- **decompress**: the payload's zstd frame read (``codec.decode_quantized``);
+- **check**: the whole arrival check (``ingest.validate_outer_gradient``: decompression, the norm from
+  the codes, finiteness);
+- **fold**: what one more part of a learner's progress adds to a round's reading of it (a
+  ``contribution.Sum`` of two parts read, less one part read: a decode and an add);
+- **round**: the synchronizer's round of ``--contributions`` contributions
+  (``merging.run_round``: checks, merge, outer step, compressed download, the encoded new version),
+  then the outer state written into a file as a commit writes it (``write_outer_state``); the
+  second round is timed, so momentum and residual exist.
+
+Per contribution the service does at least write, check and its share of a round: **floor** is
+the parameters per CPU second that these alone allow, ``values / (write + check + round / C)``; with
+each contribution folded from several parts, every further part adds a write, a check and a fold
+(**floor, per further part**). Receiving the body over HTTP, the metrics and storage other than the
+body's file are not in it, so the service's measured rate (``sync-ingest``'s params/cpu-s) is below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from diloco_core import codec
+from diloco_core.config import DiLoCoSettings
+from diloco_core.outer import OuterState
+from diloco_core.uploads import FileUpload
+from diloco_sync.body import WRITE_BYTES
+from diloco_sync.contribution import Sum
+from diloco_sync.ingest import payload_limit, validate_outer_gradient
+from diloco_sync.merging import RoundOutcome, run_round, write_outer_state
+
+from diloco_bench.round_memory import contributions
+from diloco_bench.sync_ingest import framed, grad_parts, make_plan
+
+
+def cpu_ms(run: Callable[[], object], repeat: int) -> float:
+    """The least CPU time of ``repeat`` runs of ``run``, in ms."""
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.process_time()
+        run()
+        best = min(best, time.process_time() - started)
+    return 1000 * best
+
+
+def write_body(blob: bytes, folder: Path) -> None:
+    """The body into an upload, ``WRITE_BYTES`` at a time, then let go."""
+    upload = FileUpload(folder, lambda upload: None)
+    for start in range(0, len(blob), WRITE_BYTES):
+        upload.write(blob[start : start + WRITE_BYTES])
+    upload.discard()
+
+
+def read_all(g: Any) -> None:
+    for name in g:
+        g[name]
+
+
+def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any]:
+    """Every stage's CPU ms for fragment 0 of a ``params``-parameter model, rounds of ``n``."""
+    plan = make_plan(int(params), fragments)
+    spec = plan.fragments[0]
+    blob = framed(grad_parts(plan, 0, 0), 0)
+    limit = payload_limit(spec, None)
+    other = validate_outer_gradient(framed(grad_parts(plan, 0, 1), 0), spec, 0, limit).tensors
+    one = validate_outer_gradient(blob, spec, 0, limit).tensors
+    settings = DiLoCoSettings(fragments=fragments, inner_steps=plan.inner_steps, overlap=1)
+    rng = np.random.default_rng(1)
+    state = {t.name: rng.standard_normal(t.shape, dtype=np.float32) for t in spec.tensors}
+    first = run_round(spec, state, OuterState(), 0, contributions(plan, 1, 0), settings)
+    assert isinstance(first, RoundOutcome)
+    state, outer = first.result.params, first.result.outer
+    del first
+    taken = contributions(plan, n, 1)
+
+    with tempfile.TemporaryDirectory(prefix="sync-stages-") as root:
+        folder = Path(root)
+
+        def round_and_commit() -> None:
+            outcome = run_round(spec, state, outer, 1, taken, settings)
+            assert isinstance(outcome, RoundOutcome), outcome
+            upload = FileUpload(folder, lambda upload: None)
+            write_outer_state(upload, outcome.result.outer, spec.index, outcome.result.version)
+            upload.discard()
+
+        ms = {
+            "write": cpu_ms(lambda: write_body(blob, folder), repeat),
+            "decompress": cpu_ms(lambda: codec.decode_quantized(blob, fragment=spec), repeat),
+            "check": cpu_ms(lambda: validate_outer_gradient(blob, spec, 0, limit), repeat),
+            "fold": cpu_ms(lambda: read_all(Sum(one, other)), repeat) - cpu_ms(lambda: read_all(one), repeat),
+            "round": cpu_ms(round_and_commit, max(1, repeat // 2)),
+        }
+    per_contribution = ms["write"] + ms["check"] + ms["round"] / n
+    per_part = ms["write"] + ms["check"] + ms["fold"]
+    return {
+        "fragment_values": spec.numel,
+        "payload_bytes": len(blob),
+        "contributions": n,
+        "ms": ms,
+        "floor_params_per_cpu_s": spec.numel / (per_contribution / 1000),
+        "floor_per_part_params_per_cpu_s": spec.numel / (per_part / 1000),
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| fragment values | payload bytes | write ms | decompress ms | check ms | fold ms | round ms "
+        "(C contributions) | floor, G params/CPU-s | floor per further part |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        ms = r["ms"]
+        lines.append(
+            f"| {r['fragment_values']:,} | {r['payload_bytes']:,} | {ms['write']:.1f} | {ms['decompress']:.1f} | "
+            f"{ms['check']:.1f} | {ms['fold']:.1f} | {ms['round']:,.0f} ({r['contributions']}) | "
+            f"{r['floor_params_per_cpu_s'] / 1e9:.3f} | {r['floor_per_part_params_per_cpu_s'] / 1e9:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="diloco bench sync-stages", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--params", type=float, nargs="+", default=[20e6, 200e6], help="model sizes")
+    ap.add_argument("--fragments", type=int, default=4)
+    ap.add_argument("--contributions", type=int, default=4, help="contributions per round")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per stage (the least CPU time is kept)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    rows = [measure(p, args.fragments, args.contributions, args.repeat) for p in args.params]
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,39 @@
+"""The synchronizer's stages timed on its own code: every stage takes time, the arrival check costs
+more than the decompression it includes, and the floors follow from the stages."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from diloco_bench.sync_stages import main
+
+
+def test_every_stage_is_timed_and_the_floors_follow_from_them(tmp_path: Path) -> None:
+    out = tmp_path / "stages.json"
+    assert (
+        main(
+            [
+                "--params",
+                "2e6",
+                "--fragments",
+                "2",
+                "--contributions",
+                "2",
+                "--repeat",
+                "2",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    (row,) = json.loads(out.read_text())
+    ms = row["ms"]
+    assert all(ms[stage] > 0 for stage in ("write", "decompress", "check", "round")), ms
+    assert ms["check"] > ms["decompress"]
+    values = row["fragment_values"]
+    floor = values / ((ms["write"] + ms["check"] + ms["round"] / 2) / 1000)
+    assert math.isclose(row["floor_params_per_cpu_s"], floor, rel_tol=1e-9)
+    assert row["floor_per_part_params_per_cpu_s"] > 0
