@@ -238,6 +238,9 @@ def merge_rule(
     return fig
 
 
+_SCALE_FIGURES = ("params_per_cpu_s", "rss_over_fp32_model", "merge_s_per_round", "commit_s_per_round")
+
+
 def sync_scale(lines: Mapping[str, Sequence[Mapping[str, float]]]) -> Figure:
     """The synchronizer's costs against the model size, a line per storage (each point a run of
     ``diloco bench sync-ingest``, with ``params``, ``params_per_cpu_s``, ``rss_over_fp32_model``,
@@ -246,12 +249,14 @@ def sync_scale(lines: Mapping[str, Sequence[Mapping[str, float]]]) -> Figure:
     fig, (work, memory, rounds) = _figure(ncols=3, width=13.0)
     for i, (label, points) in enumerate(lines.items()):
         color = COLORS[i % len(COLORS)]
-        rows = sorted(points, key=lambda r: r["params"])  # a figure a run could not read is NaN
-        rows = [{k: math.nan if v is None else v for k, v in r.items()} for r in rows]
+        rows = [  # a figure a run could not read, or that a row of an older run lacks, is NaN
+            {**r, **{k: math.nan if r.get(k) is None else r[k] for k in _SCALE_FIGURES}}
+            for r in sorted(points, key=lambda r: r["params"])
+        ]
         sizes = [r["params"] for r in rows]
         work.plot(sizes, [r["params_per_cpu_s"] / 1e9 for r in rows], "o-", color=color, label=label)
         memory.plot(sizes, [r["rss_over_fp32_model"] for r in rows], "o-", color=color, label=label)
-        timed = [r for r in rows if r["merge_s_per_round"] > 0]
+        timed = [r for r in rows if r["merge_s_per_round"] > 0]  # NaN and no round are left out
         rounds.plot([r["params"] for r in timed], [r["merge_s_per_round"] for r in timed], "o-", color=color,
                     label=f"{label}: merge")  # fmt: skip
         rounds.plot([r["params"] for r in timed], [r["commit_s_per_round"] for r in timed], "s--",
@@ -268,5 +273,5 @@ def sync_scale(lines: Mapping[str, Sequence[Mapping[str, float]]]) -> Figure:
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
     rounds.set_yscale("log")
-    fig.suptitle("Synchronizer costs against the model size (diloco bench sync-ingest, stream mode)")
+    fig.suptitle("Synchronizer costs against the model size (diloco bench sync-ingest)")
     return fig

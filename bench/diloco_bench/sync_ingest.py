@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +50,19 @@ from diloco_core.quantize import DEFAULT_BLOCK_SIZE
 from diloco_core.request_proof import ProofAuth
 
 from diloco.runner.processes import free_port
-from diloco_bench import plots
-from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, summed
+from diloco_bench.proc_stats import cpu_seconds
 from diloco_bench.sync_ingest_raw import run_raw
-from diloco_bench.sync_ingest_report import Result, report, scale_lines, summary_row
+from diloco_bench.sync_ingest_report import (
+    Result,
+    record_processes,
+    record_rounds,
+    report,
+    scale_lines,
+    summary_row,
+)
 from diloco_bench.sync_process import (
     SECRET,
     bench_storage,
-    per_round,
     service_figures,
     start_shards,
     stop,
@@ -236,14 +242,16 @@ async def run_service(
     clients = len(blobs)
     with (
         tempfile.TemporaryDirectory(prefix="bench-sync-") as root,
-        bench_storage(storage, Path(root)) as (url, env),
+        bench_storage(storage, Path(root)) as where,
     ):
-        procs, urls = start_shards(url, plan, clients, shards, flags, env)
+        procs, urls = start_shards(where, plan, clients, shards, flags)
         try:
             learners = await setup_learners(urls, plan, clients)
             res = Result(mode, clients, 0.0, 0, 0, 0, 0, model_params=plan.num_params, shards=shards)
             res.storage = storage
-            cpu_before = [cpu_seconds(proc.pid) for proc in procs]
+            pids = [proc.pid for proc in procs]
+            cpu_before = [cpu_seconds(pid) for pid in pids]
+            storage_cpu_before = cpu_seconds(where.server_pid) if where.server_pid else None
             start = time.perf_counter()
             stop_at = start + seconds
             if mode == "lockstep":
@@ -260,27 +268,14 @@ async def run_service(
                 ]
             await asyncio.gather(*jobs)
             res.seconds = time.perf_counter() - start
-            before, after = summed(cpu_before), summed([cpu_seconds(proc.pid) for proc in procs])
-            if before is not None and after is not None:
-                res.sync_cpu_s = after - before
-            peaks = [peak_rss_bytes(proc.pid) for proc in procs]
-            res.sync_peak_rss = summed(peaks)
-            res.largest_shard_rss = max((n for n in peaks if n is not None), default=None)
-            figures = service_figures(urls)
-            res.rounds = int(figures["diloco_sync_merge_seconds_count"])
-            res.merged = int(figures["diloco_sync_round_participants_sum"])
-            res.versions = int(figures["versions"])
-            res.merge_s_per_round = per_round(figures, "merge_seconds")
-            res.commit_s_per_round = per_round(figures, "commit_seconds")
-            res.state_read_s_per_round = per_round(figures, "state_read_seconds")
-            res.params_taken = res.contributions * (plan.num_params // len(plan.fragments))
+            record_processes(res, pids, cpu_before, where.server_pid, storage_cpu_before)
+            record_rounds(res, service_figures(urls), plan)
             for shards_of_one in learners:
                 for c in shards_of_one:
                     await c.aclose()
             if restart:
-                procs = timed_restart(
-                    procs, res, seconds, lambda: start_shards(url, plan, clients, shards, flags, env)
-                )
+                again = partial(start_shards, where, plan, clients, shards, flags, ready_timeout_s=600.0)
+                procs = timed_restart(procs, res, seconds, again)
             return res
         finally:
             stop(procs)
@@ -384,6 +379,8 @@ def main(argv: list[str]) -> int:
         help="run nothing: plot the rows of earlier --json files (runs of different lengths, e.g. a "
         "billion parameters run longer than the smaller sizes)",
     )
+    from diloco_bench import plots  # matplotlib: only for this command's own plot
+
     plots.add_flags(ap)
     args = ap.parse_args(argv)
     if args.plot_from:

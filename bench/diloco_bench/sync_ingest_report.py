@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 from diloco_core.fragments import FragmentPlan
 
+from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, summed
+
 
 @dataclass
 class Result:
@@ -32,6 +34,8 @@ class Result:
     largest_shard_rss: int | None = None  # the peak resident bytes of the largest shard
     waits: int = 0  # parts answered pending_full (the pending budget was full) and sent again
     storage: str = "file"  # the synchronizers' storage: file or seaweedfs
+    storage_cpu_s: float | None = None  # the S3 server's CPU seconds during the run (None on a folder)
+    storage_peak_rss: int | None = None  # its peak resident bytes
     commit_s_per_round: float = 0.0  # making a round durable (its objects and the manifest)
     state_read_s_per_round: float = 0.0  # reading a fragment's state back for a round (0: held in memory)
     versions: int = 0  # the fragments' versions summed, at the end of the run
@@ -54,20 +58,55 @@ class Result:
         return self.rounds / self.seconds if self.seconds else 0.0
 
 
+def per_round(figures: dict[str, float], name: str) -> float:
+    """The mean of histogram ``name`` (seconds per round; 0 when it has no sample)."""
+    count = figures[f"{name}_count"]
+    return figures[f"{name}_sum"] / count if count else 0.0
+
+
+def record_processes(
+    res: Result, pids: list[int], cpu_before: list[float | None], server: int | None, server_cpu: float | None
+) -> None:
+    """Into ``res``: the synchronizers' CPU seconds since ``cpu_before`` and peak memory, and the S3
+    server's (``server``: its process, None on a folder), whose work for the synchronizers is
+    not in theirs."""
+    before, after = summed(cpu_before), summed([cpu_seconds(pid) for pid in pids])
+    if before is not None and after is not None:
+        res.sync_cpu_s = after - before
+    peaks = [peak_rss_bytes(pid) for pid in pids]
+    res.sync_peak_rss = summed(peaks)
+    res.largest_shard_rss = max((n for n in peaks if n is not None), default=None)
+    if server is not None and server_cpu is not None and (now := cpu_seconds(server)) is not None:
+        res.storage_cpu_s = now - server_cpu
+        res.storage_peak_rss = peak_rss_bytes(server)
+
+
+def record_rounds(res: Result, figures: dict[str, float], plan: FragmentPlan) -> None:
+    """Into ``res``: the rounds and what they merged, the time per round, the parameters taken."""
+    res.rounds = int(figures["merge_seconds_count"])
+    res.merged = int(figures["round_participants_sum"])
+    res.versions = int(figures["versions"])
+    res.merge_s_per_round = per_round(figures, "merge_seconds")
+    res.commit_s_per_round = per_round(figures, "commit_seconds")
+    res.state_read_s_per_round = per_round(figures, "state_read_seconds")
+    res.params_taken = res.contributions * (plan.num_params // len(plan.fragments))
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
 def report(results: list[Result], plan: FragmentPlan, payload_bytes: int) -> str:
-    """One table: a row per client count at one model size (``payload_bytes``: one fragment's
-    contribution)."""
+    """Two tables at one model size (``payload_bytes``: one fragment's contribution): a row per run
+    with its ingest, rounds, CPU and memory; then, a row per run beginning with its storage, the
+    commit and state read-back times, the S3 server's CPU and memory, and the restart."""
     lines = [
         f"mode: {results[0].mode if results else '-'}; "
         f"model: {plan.num_params:,} parameters in {len(plan.fragments)} fragments; payload int4 "
         f"({payload_bytes:,} bytes per fragment contribution)",
         f"{'clients':>7} {'shards':>6} {'MB/s':>8} {'Mparams/s':>10} {'raw MB/s':>9} {'svc/raw':>8} {'post p50':>9} {'p90':>7} "
         f"{'p99':>7} {'round p50':>10} {'p99':>7} {'rounds':>7} {'rounds/s':>8} {'merged':>7} {'merge ms/round':>15} "
-        f"{'Mparams/cpu-s':>13} {'peak RSS MB':>11} {'RSS/fp32':>8} {'waits':>6}",
+        f"{'Mparams/cpu-s':>13} {'peak RSS MB':>11} {'RSS/fp32':>8} {'waits':>6} {'storage':>9}",
     ]
     for r in results:
         ratio = r.mb_s / r.raw_mb_s if r.raw_mb_s else float("nan")
@@ -76,17 +115,19 @@ def report(results: list[Result], plan: FragmentPlan, payload_bytes: int) -> str
             f"{percentile(r.contribute_ms, 50):>8.1f}ms {percentile(r.contribute_ms, 90):>6.1f} "
             f"{percentile(r.contribute_ms, 99):>7.1f} {percentile(r.round_trip_ms, 50):>9.1f}ms "
             f"{percentile(r.round_trip_ms, 99):>7.1f} {r.rounds:>7} {r.rounds_s:>8.3f} {r.merged:>7} {1000 * r.merge_s_per_round:>15.2f} "
-            f"{_per_cpu(r):>13} {_mb(r.sync_peak_rss):>11} {_rss_ratio(r):>8} {r.waits:>6}"
+            f"{_per_cpu(r):>13} {_mb(r.sync_peak_rss):>11} {_rss_ratio(r):>8} {r.waits:>6} {r.storage:>9}"
         )
     lines += [
         "",
-        f"{'clients':>7} {'shards':>6} {'storage':>9} {'commit ms/round':>15} {'state read ms/round':>19} "
+        f"{'storage':>9} {'clients':>7} {'shards':>6} {'commit ms/round':>15} {'state read ms/round':>19} "
+        f"{'storage CPU-s':>13} {'storage peak RSS MB':>19} "
         f"{'restart s':>9} {'rounds after':>12} {'held MB left':>12} {'restart peak RSS MB':>19}",
     ]
     for r in results:
         lines.append(
-            f"{r.clients:>7} {r.shards:>6} {r.storage:>9} {1000 * r.commit_s_per_round:>15.1f} "
-            f"{1000 * r.state_read_s_per_round:>19.1f} {_opt(r.restart_s, '.1f'):>9} "
+            f"{r.storage:>9} {r.clients:>7} {r.shards:>6} {1000 * r.commit_s_per_round:>15.1f} "
+            f"{1000 * r.state_read_s_per_round:>19.1f} {_opt(r.storage_cpu_s, '.1f'):>13} "
+            f"{_mb(r.storage_peak_rss):>19} {_opt(r.restart_s, '.1f'):>9} "
             f"{_opt(r.restart_rounds, 'd'):>12} {_mb(r.restart_held):>12} "
             f"{_mb(r.restart_peak_rss):>19}"
         )
@@ -141,9 +182,11 @@ def summary_row(r: Result) -> dict[str, Any]:
 
 
 def scale_lines(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The runs as the scale plot's lines: one per storage, client count, shard count and mode."""
+    """The runs as the scale plot's lines: one per storage, client count, shard count and mode (a
+    row written before the storage was recorded ran on a folder)."""
     lines: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        label = f"{row['storage']}, {row['clients']} clients, {row['shards']} shard(s), {row['mode']}"
+        storage = row.get("storage", "file")
+        label = f"{storage}, {row['clients']} clients, {row.get('shards', 1)} shard(s), {row['mode']}"
         lines.setdefault(label, []).append({**row, "params": row["model_params"]})
     return lines

@@ -6,17 +6,18 @@ benchmark's shards, one process each, on a folder or a SeaweedFS bucket: their f
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 from diloco_core.fragments import FragmentPlan
+from prometheus_client.parser import text_string_to_metric_families
 
 from diloco.runner.processes import free_port
 from diloco_bench.proc_stats import peak_rss_bytes, summed
@@ -80,39 +81,46 @@ class BenchSync:
 # -- the sync-ingest benchmark's synchronizers (one per shard) ------------------------------------
 
 
+@dataclass(frozen=True)
+class Storage:
+    """The synchronizers' storage: its URL, what their processes need in their environment, and
+    the process of the S3 server behind it (None for a folder)."""
+
+    url: str
+    env: dict[str, str]
+    server_pid: int | None = None
+
+
 @contextmanager
-def bench_storage(kind: str, root: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """The synchronizers' storage under ``root``, as (URL, environment for their processes):
-    ``file``, a folder; ``seaweedfs``, a bucket on a real S3 server (SeaweedFS) started here and
-    discarded at the end."""
+def bench_storage(kind: str, root: Path) -> Iterator[Storage]:
+    """The synchronizers' storage under ``root``: ``file``, a folder; ``seaweedfs``, a bucket on a
+    real S3 server (SeaweedFS) started here and discarded at the end."""
     if kind == "file":
-        yield f"file://{root / 'store'}", {}
+        yield Storage(f"file://{root / 'store'}", {})
         return
     from diloco_testbed.s3_server import S3Server  # boto3 and the weed binary: only when asked for
 
     (root / "s3").mkdir()
     server = S3Server(root / "s3")
-    server.start()
     try:
-        yield f"s3://{server.new_bucket('bench')}/job", server.env()
+        server.start()
+        yield Storage(f"s3://{server.new_bucket('bench')}/job", server.env(), server.pid)
     finally:
         server.discard()
 
 
-def start_sync(
+def spawn_sync(
     port: int,
-    storage: str,
+    storage: Storage,
     plan: FragmentPlan,
     clients: int,
     shard: tuple[int, list[str]] = (0, []),
     flags: Sequence[str] = (),
-    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """A synchronizer process on ``port`` with its storage at the URL ``storage``; ``shard``: its
-    index and the URLs of all shards (none: the only one); ``flags``: more of its settings; ``env``:
-    more of its environment (an S3 server's credentials)."""
+    """A synchronizer process on ``port`` on ``storage`` (not waited for); ``shard``: its index and
+    the URLs of all shards (none: the only one); ``flags``: more of its settings."""
     argv = [
-        sys.executable, "-m", "diloco_sync", "--port", str(port), "--storage", storage,
+        sys.executable, "-m", "diloco_sync", "--port", str(port), "--storage", storage.url,
         "--fragments", str(len(plan.fragments)), "--inner-steps", str(plan.inner_steps), "--overlap", "1",
         "--quorum", str(clients), "--max-staleness", "1000000", "--log-level", "WARNING",
     ]  # fmt: skip
@@ -120,65 +128,69 @@ def start_sync(
     if urls:
         argv += ["--shard-index", str(index), "--num-shards", str(len(urls)), "--shard-urls", ",".join(urls)]
     argv += flags
-    environ = {**os.environ, **(env or {}), "DILOCO_JOB_SECRET": SECRET}
-    proc = subprocess.Popen(argv, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", lambda: proc.poll() is None, 600)
-    except RuntimeError:
-        proc.kill()
-        raise
-    return proc
+    env = {**os.environ, **storage.env, "DILOCO_JOB_SECRET": SECRET}
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def start_shards(
-    storage: str,
+    storage: Storage,
     plan: FragmentPlan,
     clients: int,
     shards: int,
     flags: Sequence[str] = (),
-    env: Mapping[str, str] | None = None,
+    ready_timeout_s: float = 60.0,
 ) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
-    """``shards`` synchronizer processes sharing the storage (fragment p on shard p % shards), and
-    their URLs."""
+    """``shards`` synchronizer processes sharing the storage (fragment p on shard p % shards), all
+    started at once, then waited for until each is ready; and their URLs."""
     ports = [free_port() for _ in range(shards)]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i, port in enumerate(ports):
-            procs.append(
-                start_sync(port, storage, plan, clients, (i, urls if shards > 1 else []), flags, env)
-            )
+            procs.append(spawn_sync(port, storage, plan, clients, (i, urls if shards > 1 else []), flags))
+        for proc, url in zip(procs, urls, strict=True):
+            wait_ready(url, lambda proc=proc: proc.poll() is None, ready_timeout_s)  # type: ignore[misc]
     except BaseException:
         stop(procs)
         raise
     return procs, urls
 
 
-def service_figures(urls: list[str]) -> dict[str, float]:
-    """From the services' /metrics, each summed over the shards: the ``_sum`` and ``_count`` of
-    the merge, commit and state read-back times and of the round participants; the bytes
-    the contributions waiting for or in their rounds hold; the fragments' versions."""
-    text = "\n".join(httpx.get(f"{url}/metrics", timeout=10).text for url in urls)
-    names = [
-        f"diloco_sync_{name}_{part}"
+# the figures read from the services' /metrics: sample name -> key
+FIGURES = {
+    **{
+        f"diloco_sync_{name}_{part}": f"{name}_{part}"
         for name in ("merge_seconds", "commit_seconds", "state_read_seconds", "round_participants")
         for part in ("sum", "count")
-    ]
-    out = {
-        name: sum(float(found) for found in re.findall(rf"^{name} ([0-9.e+-]+)$", text, re.M))
-        for name in names
-    }
-    held = re.findall(r"^diloco_sync_pending_bytes ([0-9.e+-]+)$", text, re.M)
-    out["held"] = sum(float(found) for found in held)
-    versions = re.findall(r"^diloco_sync_fragment_version\{[^}]*\} ([0-9.e+-]+)$", text, re.M)
-    out["versions"] = sum(float(found) for found in versions)
+    },
+    "diloco_sync_pending_bytes": "held",  # the contributions waiting for or in their rounds
+    "diloco_sync_fragment_version": "versions",  # summed over the fragments
+}
+
+
+def parse_figures(texts: Sequence[str]) -> dict[str, float]:
+    """``FIGURES`` from the services' /metrics texts, each summed over the services (and, for the
+    fragments' versions, over the fragments). ``ValueError`` when one is missing: a figure read as 0
+    would end a watch or a count early."""
+    out = dict.fromkeys(FIGURES.values(), 0.0)
+    seen = set()
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if (key := FIGURES.get(sample.name)) is not None:
+                    out[key] += sample.value
+                    seen.add(key)
+    if missing := sorted(set(FIGURES.values()) - seen):
+        raise ValueError(f"the services' metrics lack {missing}")
     return out
 
 
-def per_round(figures: dict[str, float], name: str) -> float:
-    """The mean of histogram ``name`` (seconds per round; 0 when it has no sample)."""
-    count = figures[f"diloco_sync_{name}_count"]
-    return figures[f"diloco_sync_{name}_sum"] / count if count else 0.0
+def service_figures(urls: list[str]) -> dict[str, float]:
+    """``parse_figures`` of the services' /metrics now."""
+    return parse_figures([httpx.get(f"{url}/metrics", timeout=10).text for url in urls])
+
+
+RESTART_WATCH_MIN_S = 60.0  # the least a restart is watched for its rounds on what it read back
 
 
 def timed_restart(
@@ -188,24 +200,26 @@ def timed_restart(
     start: Callable[[], tuple[list[subprocess.Popen[bytes]], list[str]]],
 ) -> list[subprocess.Popen[bytes]]:
     """Kill the synchronizers with SIGKILL wherever their rounds are, ``start`` them again on the
-    same storage, and measure in ``res``: the seconds until every one is ready, then, for up to
-    ``seconds`` or until no contribution waits for or is in a round, the rounds they run on the
-    contributions read back, the fragments' versions they then serve, and their peak resident
-    memory. Returns the new processes."""
+    same storage, and measure in ``res``: the seconds until every one is ready, then, until no
+    contribution waits for or is in a round (for at most ``seconds``, and at least
+    ``RESTART_WATCH_MIN_S``), the rounds they run on the contributions read back, the fragments'
+    versions they then serve, and their peak resident memory. Returns the new processes (stopped
+    here when the watch fails)."""
     kill9(procs)
     t0 = time.perf_counter()
     procs, urls = start()
-    res.restart_s = time.perf_counter() - t0
-    deadline = time.perf_counter() + seconds
-    while True:
-        figures = service_figures(urls)
-        if figures["held"] == 0 or time.perf_counter() >= deadline:
-            break
-        time.sleep(1.0)
-    res.restart_rounds = int(figures["diloco_sync_merge_seconds_count"])
-    res.restart_held = int(figures["held"])
-    res.restart_versions = int(figures["versions"])
-    res.restart_peak_rss = summed([peak_rss_bytes(proc.pid) for proc in procs])
+    try:
+        res.restart_s = time.perf_counter() - t0
+        deadline = time.perf_counter() + max(seconds, RESTART_WATCH_MIN_S)
+        while (figures := service_figures(urls))["held"] > 0 and time.perf_counter() < deadline:
+            time.sleep(1.0)
+        res.restart_rounds = int(figures["merge_seconds_count"])
+        res.restart_held = int(figures["held"])
+        res.restart_versions = int(figures["versions"])
+        res.restart_peak_rss = summed([peak_rss_bytes(proc.pid) for proc in procs])
+    except BaseException:
+        stop(procs)
+        raise
     return procs
 
 
@@ -219,7 +233,13 @@ def kill9(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process; one still running 30 s later is killed."""
     for proc in procs:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
     for proc in procs:
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)

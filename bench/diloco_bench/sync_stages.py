@@ -2,20 +2,23 @@
 round, one core, no HTTP.
 
 Each stage runs the synchronizer's own code on an int4 outer gradient of fragment 0 of
-``sync-ingest``'s model (``--params`` in ``--fragments``), timed in CPU seconds of this process (the
-best of ``--repeat``):
+``sync-ingest``'s model (``--params`` in ``--fragments``), timed in CPU seconds (the least of
+``--repeat`` runs): of this thread for the stages of a contribution, which run on one thread; of
+the whole process for a round (BLAS may use threads of its own):
 
 - **write**: the body written into an upload in the pieces the service writes (``body.WRITE_BYTES``;
   a ``FileUpload`` in a temporary folder, as the filesystem store takes a body);
 - **decompress**: the payload's zstd frame read (``codec.decode_quantized``);
 - **check**: the whole arrival check (``ingest.validate_outer_gradient``: decompression, the norm from
   the codes, finiteness);
-- **fold**: what one more part of a learner's progress adds to a round's reading of it (a
-  ``contribution.Sum`` of two parts read, less one part read: a decode and an add);
-- **round**: the synchronizer's round of ``--contributions`` contributions
+- **round**: the synchronizer's round of ``--contributions`` contributions C
   (``merging.run_round``: checks, merge, outer step, compressed download, the encoded new version),
   then the outer state written into a file as a commit writes it (``write_outer_state``); the
-  second round is timed, so momentum and residual exist.
+  second round is timed, so momentum and residual exist;
+- **fold**: what one more part of a learner's progress adds to its round: a contribution folded
+  from two parts (``contribution.fold``) has no norm from arrival, so the round measures it
+  (``screening.contribution_norm``: the parts read and added up), and its merge reads the parts and
+  adds them up again; the stage is that norm, plus the folded contribution read, less one part read.
 
 Per contribution the service does at least write, check and its share of a round: **floor** is
 the parameters per CPU second that these alone allow, ``values / (write + check + round / C)``; with
@@ -32,16 +35,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from diloco_core import codec
 from diloco_core.config import DiLoCoSettings
+from diloco_core.fragments import FragmentPlan
 from diloco_core.outer import OuterState
+from diloco_core.screening import contribution_norm
 from diloco_core.uploads import FileUpload
 from diloco_sync.body import WRITE_BYTES
-from diloco_sync.contribution import Sum
+from diloco_sync.contribution import Contribution, Gradient, fold
 from diloco_sync.ingest import payload_limit, validate_outer_gradient
 from diloco_sync.merging import RoundOutcome, run_round, write_outer_state
 
@@ -49,13 +55,13 @@ from diloco_bench.round_memory import contributions
 from diloco_bench.sync_ingest import framed, grad_parts, make_plan
 
 
-def cpu_ms(run: Callable[[], object], repeat: int) -> float:
-    """The least CPU time of ``repeat`` runs of ``run``, in ms."""
+def cpu_ms(run: Callable[[], object], repeat: int, clock: Callable[[], float] = time.thread_time) -> float:
+    """The least CPU time of ``repeat`` runs of ``run`` by ``clock``, in ms."""
     best = float("inf")
     for _ in range(repeat):
-        started = time.process_time()
+        started = clock()
         run()
-        best = min(best, time.process_time() - started)
+        best = min(best, clock() - started)
     return 1000 * best
 
 
@@ -67,9 +73,17 @@ def write_body(blob: bytes, folder: Path) -> None:
     upload.discard()
 
 
-def read_all(g: Any) -> None:
+def read_all(g: Gradient) -> None:
+    """Every tensor of ``g`` read, as a merge reads them."""
     for name in g:
         g[name]
+
+
+def folded(plan: FragmentPlan, version: int) -> tuple[Contribution, Contribution]:
+    """A contribution on ``version`` as ``round_memory.contributions`` makes it, and the same
+    learner's progress folded from it and a second part (another learner's gradient)."""
+    a, b = contributions(plan, 2, version)
+    return a, fold(a, replace(b, learner_id=a.learner_id, seq=a.seq + 1, since=a.through, through=-1))
 
 
 def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any]:
@@ -78,8 +92,6 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
     spec = plan.fragments[0]
     blob = framed(grad_parts(plan, 0, 0), 0)
     limit = payload_limit(spec, None)
-    other = validate_outer_gradient(framed(grad_parts(plan, 0, 1), 0), spec, 0, limit).tensors
-    one = validate_outer_gradient(blob, spec, 0, limit).tensors
     settings = DiLoCoSettings(fragments=fragments, inner_steps=plan.inner_steps, overlap=1)
     rng = np.random.default_rng(1)
     state = {t.name: rng.standard_normal(t.shape, dtype=np.float32) for t in spec.tensors}
@@ -88,6 +100,7 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
     state, outer = first.result.params, first.result.outer
     del first
     taken = contributions(plan, n, 1)
+    one, two = folded(plan, 1)
 
     with tempfile.TemporaryDirectory(prefix="sync-stages-") as root:
         folder = Path(root)
@@ -103,8 +116,10 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
             "write": cpu_ms(lambda: write_body(blob, folder), repeat),
             "decompress": cpu_ms(lambda: codec.decode_quantized(blob, fragment=spec), repeat),
             "check": cpu_ms(lambda: validate_outer_gradient(blob, spec, 0, limit), repeat),
-            "fold": cpu_ms(lambda: read_all(Sum(one, other)), repeat) - cpu_ms(lambda: read_all(one), repeat),
-            "round": cpu_ms(round_and_commit, max(1, repeat // 2)),
+            "fold": cpu_ms(lambda: contribution_norm(two), repeat)
+            + cpu_ms(lambda: read_all(two.tensors), repeat)
+            - cpu_ms(lambda: read_all(one.tensors), repeat),
+            "round": cpu_ms(round_and_commit, repeat, time.process_time),
         }
     per_contribution = ms["write"] + ms["check"] + ms["round"] / n
     per_part = ms["write"] + ms["check"] + ms["fold"]

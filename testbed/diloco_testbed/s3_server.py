@@ -116,6 +116,11 @@ class S3Server:
             os.kill(self._process.pid, signal.SIGKILL)
             self._process.stop()  # waits for it to die
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._process.pid if self._process is not None and self._process.running() else None
+
     def running(self) -> bool:
         return self._process is not None and self._process.running()
 

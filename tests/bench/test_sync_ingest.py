@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from diloco_bench.sync_ingest import main
+from diloco_bench.sync_process import parse_figures
+from diloco_sync.metrics import Metrics
 
 pytestmark = [pytest.mark.integration]
 
@@ -34,9 +36,10 @@ def test_on_seaweedfs_rounds_are_committed_and_a_killed_synchronizer_takes_up_it
 ) -> None:
     """With ``--storage seaweedfs --restart``: the rounds commit to a real S3 server and the commit
     time per round is read from the service's metrics; the synchronizer killed with SIGKILL at the end
-    is started again on the same bucket, becomes ready, and serves every version committed before."""
+    is started again on the same bucket, becomes ready, serves every version committed before, and
+    merges every contribution it read back (one learner: its quorum is one)."""
     out = tmp_path / "figures.json"
-    argv = ["--clients", "2", "--seconds", "4", "--params", "2e5", "--fragments", "2"]
+    argv = ["--clients", "1", "--seconds", "4", "--params", "2e5", "--fragments", "2"]
     assert main([*argv, "--storage", "seaweedfs", "--restart", "--json", str(out), "--no-plot"]) == 0
     (row,) = json.loads(out.read_text())
     assert row["storage"] == "seaweedfs"
@@ -46,3 +49,25 @@ def test_on_seaweedfs_rounds_are_committed_and_a_killed_synchronizer_takes_up_it
     # committed versions survive the kill; each round after it publishes one more
     assert row["restart_versions"] >= row["versions"] + row["restart_rounds"] > 0
     assert row["restart_peak_rss"] > 0
+    assert row["restart_held"] == 0
+    assert row["storage_cpu_s"] > 0  # the S3 server's own work
+    assert row["storage_peak_rss"] > 0
+
+
+def test_the_figures_are_read_from_the_services_metrics_and_a_missing_one_is_an_error() -> None:
+    metrics = Metrics()
+    metrics.merge_seconds.observe(2.0)
+    metrics.merge_seconds.observe(4.0)
+    metrics.fragment_version.labels("0").set(3)
+    metrics.fragment_version.labels("1").set(5)
+    metrics.pending_bytes.set(7)
+    text = metrics.render().decode()
+    figures = parse_figures([text, text])  # two shards: summed
+    assert figures["merge_seconds_sum"] == 12.0
+    assert figures["merge_seconds_count"] == 4
+    assert figures["versions"] == 16
+    assert figures["held"] == 14
+    assert figures["state_read_seconds_count"] == 0
+    without = "\n".join(line for line in text.splitlines() if "pending_bytes" not in line)
+    with pytest.raises(ValueError, match="held"):
+        parse_figures([without])

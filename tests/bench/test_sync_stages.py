@@ -1,5 +1,6 @@
-"""The synchronizer's stages timed on its own code: every stage takes time, the arrival check costs
-more than the decompression it includes, and the floors follow from the stages."""
+"""The synchronizer's stages timed on its own code: every stage takes time (a further part of a
+learner's progress too), the arrival check costs more than the decompression it includes, and the
+floors follow from the stages."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_every_stage_is_timed_and_the_floors_follow_from_them(tmp_path: Path) ->
     )
     (row,) = json.loads(out.read_text())
     ms = row["ms"]
-    assert all(ms[stage] > 0 for stage in ("write", "decompress", "check", "round")), ms
+    assert all(ms[stage] > 0 for stage in ("write", "decompress", "check", "round", "fold")), ms
     assert ms["check"] > ms["decompress"]
     values = row["fragment_values"]
     floor = values / ((ms["write"] + ms["check"] + ms["round"] / 2) / 1000)

@@ -72,6 +72,7 @@ def test_load_script_reports_throughput_and_baseline(mode: str, capsys: pytest.C
     another would refuse it) beside the raw baseline; in lockstep each learner frames its
     contribution again on every new version it hears of."""
     argv = [
+        "--no-plot",
         "--mode",
         mode,
         "--clients",
