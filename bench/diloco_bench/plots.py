@@ -257,15 +257,16 @@ def sync_scale(lines: Mapping[str, Sequence[Mapping[str, float]]]) -> Figure:
         work.plot(sizes, [r["params_per_cpu_s"] / 1e9 for r in rows], "o-", color=color, label=label)
         memory.plot(sizes, [r["rss_over_fp32_model"] for r in rows], "o-", color=color, label=label)
         timed = [r for r in rows if r["merge_s_per_round"] > 0]  # NaN and no round are left out
-        rounds.plot([r["params"] for r in timed], [r["merge_s_per_round"] for r in timed], "o-", color=color,
-                    label=f"{label}: merge")  # fmt: skip
-        rounds.plot([r["params"] for r in timed], [r["commit_s_per_round"] for r in timed], "s--",
-                    color=color, label=f"{label}: commit")  # fmt: skip
+        at = [r["params"] for r in timed]
+        rounds.plot(at, [r["merge_s_per_round"] for r in timed], "o-", color=color, label=f"{label}: merge")
+        rounds.plot(
+            at, [r["commit_s_per_round"] for r in timed], "s--", color=color, label=f"{label}: commit"
+        )
     work.axhline(0.5, color="k", linestyle=":", label="target 0.5")
     memory.axhline(4.0, color="k", linestyle=":", label="target 4x")
     for ax, ylabel in (
         (work, "G params per synchronizer CPU-s"),
-        (memory, "peak RSS / fp32 model"),
+        (memory, "peak RSS / fp32 model (log)"),
         (rounds, "s per round (log)"),
     ):
         ax.set_xscale("log")
@@ -273,5 +274,6 @@ def sync_scale(lines: Mapping[str, Sequence[Mapping[str, float]]]) -> Figure:
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
     rounds.set_yscale("log")
+    memory.set_yscale("log")
     fig.suptitle("Synchronizer costs against the model size (diloco bench sync-ingest)")
     return fig
