@@ -65,17 +65,12 @@ class BenchSync:
             raise
 
     def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            kill9([self.proc], timeout_s=10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill9()
+        if self.proc is not None:
+            stop([self.proc], timeout_s=10)
 
 
 # -- the sync-ingest benchmark's synchronizers (one per shard) ------------------------------------
@@ -190,7 +185,7 @@ def service_figures(urls: list[str]) -> dict[str, float]:
     return parse_figures([httpx.get(f"{url}/metrics", timeout=10).text for url in urls])
 
 
-RESTART_WATCH_MIN_S = 60.0  # the least a restart is watched for its rounds on what it read back
+RESTART_WATCH_MIN_S = 60.0  # a restart's rounds on what it read back are waited for this long at least
 
 
 def timed_restart(
@@ -200,9 +195,9 @@ def timed_restart(
     start: Callable[[], tuple[list[subprocess.Popen[bytes]], list[str]]],
 ) -> list[subprocess.Popen[bytes]]:
     """Kill the synchronizers with SIGKILL wherever their rounds are, ``start`` them again on the
-    same storage, and measure in ``res``: the seconds until every one is ready, then, until no
-    contribution waits for or is in a round (for at most ``seconds``, and at least
-    ``RESTART_WATCH_MIN_S``), the rounds they run on the contributions read back, the fragments'
+    same storage, and measure in ``res``: the seconds until every one is ready, then, once no
+    contribution waits for or is in a round, or at the latest after the longer of ``seconds`` and
+    ``RESTART_WATCH_MIN_S``, the rounds they ran on the contributions read back, the fragments'
     versions they then serve, and their peak resident memory. Returns the new processes (stopped
     here when the watch fails)."""
     kill9(procs)
@@ -223,23 +218,22 @@ def timed_restart(
     return procs
 
 
-def kill9(procs: list[subprocess.Popen[bytes]]) -> None:
+def kill9(procs: list[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
     """SIGKILL every process and wait for it: nothing it held in memory only is kept."""
     for proc in procs:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
     for proc in procs:
-        proc.wait(timeout=30)
+        proc.wait(timeout=timeout_s)
 
 
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every process; one still running 30 s later is killed."""
+def stop(procs: list[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
+    """SIGTERM every process; one still running ``timeout_s`` later is killed."""
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
     for proc in procs:
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+            kill9([proc], timeout_s)
