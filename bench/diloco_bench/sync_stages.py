@@ -15,10 +15,10 @@ the whole process for a round (BLAS may use threads of its own):
   (``merging.run_round``: checks, merge, outer step, compressed download, the encoded new version),
   then the outer state written into a file as a commit writes it (``write_outer_state``); the
   second round is timed, so momentum and residual exist;
-- **fold**: what one more part of a learner's progress adds to its round: a contribution folded
-  from two parts (``contribution.fold``) has no norm from arrival, so the round measures it
-  (``screening.contribution_norm``: the parts read and added up), and its merge reads the parts and
-  adds them up again; the stage is that norm, plus the folded contribution read, less one part read.
+- **fold**: what one more part of a learner's progress adds to its round: the round of one
+  contribution folded from two parts (``contribution.fold``: no norm from arrival, so the round
+  measures it as its merge reads the parts, ``screening``), less the round of the first part alone
+  (its norm measured on arrival), in CPU time of the whole process.
 
 Per contribution the service does at least write, check and its share of a round: **floor** is
 the parameters per CPU second that these alone allow, ``values / (write + check + round / C)``; with
@@ -44,10 +44,9 @@ from diloco_core import codec
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import FragmentPlan
 from diloco_core.outer import OuterState
-from diloco_core.screening import contribution_norm
 from diloco_core.uploads import FileUpload
 from diloco_sync.body import WRITE_BYTES
-from diloco_sync.contribution import Contribution, Gradient, fold
+from diloco_sync.contribution import Contribution, fold
 from diloco_sync.ingest import payload_limit, validate_outer_gradient
 from diloco_sync.merging import RoundOutcome, run_round, write_outer_state
 
@@ -71,12 +70,6 @@ def write_body(blob: bytes, folder: Path) -> None:
     for start in range(0, len(blob), WRITE_BYTES):
         upload.write(blob[start : start + WRITE_BYTES])
     upload.discard()
-
-
-def read_all(g: Gradient) -> None:
-    """Every tensor of ``g`` read, as a merge reads them."""
-    for name in g:
-        g[name]
 
 
 def folded(plan: FragmentPlan, version: int) -> tuple[Contribution, Contribution]:
@@ -116,9 +109,10 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
             "write": cpu_ms(lambda: write_body(blob, folder), repeat),
             "decompress": cpu_ms(lambda: codec.decode_quantized(blob, fragment=spec), repeat),
             "check": cpu_ms(lambda: validate_outer_gradient(blob, spec, 0, limit), repeat),
-            "fold": cpu_ms(lambda: contribution_norm(two), repeat)
-            + cpu_ms(lambda: read_all(two.tensors), repeat)
-            - cpu_ms(lambda: read_all(one.tensors), repeat),
+            "fold": cpu_ms(
+                lambda: run_round(spec, state, outer, 1, [two], settings), repeat, time.process_time
+            )
+            - cpu_ms(lambda: run_round(spec, state, outer, 1, [one], settings), repeat, time.process_time),
             "round": cpu_ms(round_and_commit, repeat, time.process_time),
         }
     per_contribution = ms["write"] + ms["check"] + ms["round"] / n

@@ -30,12 +30,21 @@ parameters all zero there is no bound yet.
 When the result is not finite (sums that overflow), the contribution with the largest norm is
 excluded and the round is merged again without it (a round never fails on input it accepted: at
 worst it merges nothing). ``factor`` 0 turns the norm bounds off (finiteness is always checked).
+
+A contribution that carries no norm from arrival and is not read from its codes (a learner's parts
+folded into one, added up only when read) is read once: the round is first merged with every
+contribution whose weight can be computed, taken whole, and each such contribution's norm is
+measured as the merge reads it (``merge_inputs.MeasuredTensors``: each tensor's sum of squares as
+``tensors_norm`` takes it, so the same norm). When the checks then keep every one of them whole,
+that merge is the round's, bit for bit what merging after measuring gives; otherwise (one clipped
+or excluded, or a merge that raised before reading everything) the round is merged again as above,
+with the norms measured.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, NamedTuple, TypeVar
 
@@ -46,7 +55,8 @@ from diloco_core import downlink
 from diloco_core.code_norms import arrays_norm
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
-from diloco_core.merge import check_finite, scaled
+from diloco_core.merge import check_finite
+from diloco_core.merge_inputs import Measured, MeasuredTensors, as_merged, unmeasured
 from diloco_core.outer import OuterState
 from diloco_core.quantized_arrays import QuantizedArrays
 from diloco_core.round_math import MergeInput, RoundResult, merge_round, round_weights
@@ -160,52 +170,6 @@ class Screened(Generic[M]):
         return self.history.after(self.norms, self.update_norm)
 
 
-class _ScaledTensors(Mapping[str, npt.NDArray[np.floating]]):
-    """A contribution's tensors times ``scale``, each read (and decoded) when the merge asks for it;
-    multiplied as ``scaled`` does."""
-
-    def __init__(self, tensors: Mapping[str, npt.NDArray[np.floating]], scale: float) -> None:
-        self._tensors, self._scale = tensors, scale
-
-    def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
-        return scaled(np.asarray(self._tensors[name], dtype=np.float32), self._scale)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._tensors)
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
-
-@dataclass(frozen=True)
-class _Clipped:
-    """A contribution merged at ``scale`` times its outer gradient, with its own claims."""
-
-    of: MergeInput
-    scale: float
-
-    @property
-    def base_version(self) -> int:
-        return self.of.base_version
-
-    @property
-    def steps(self) -> int:
-        return self.of.steps
-
-    @property
-    def tokens(self) -> int:
-        return self.of.tokens
-
-    @property
-    def tensors(self) -> Mapping[str, npt.NDArray[np.floating]]:
-        return _ScaledTensors(self.of.tensors, self.scale)
-
-
-def _as_merged(c: MergeInput, norm: float, limit: float) -> MergeInput:
-    """The contribution as the round merges it: itself, or scaled down to ``limit``."""
-    return c if norm <= limit else _Clipped(c, limit / norm)
-
-
 def _result_problem(result: RoundResult) -> str | None:
     """Why the result of a round cannot be committed, or None."""
     reason = check_finite(result.update)
@@ -247,15 +211,24 @@ def screened_round(
     contribution's values. ``down_block_size``: the block of a blocked download codec."""
     factor = settings.max_update_norm_factor
     history = history.with_reference(tensors_norm(params))
+    update_limit = history.limit(history.updates, factor)
+
+    def merge(inputs: Sequence[MergeInput]) -> RoundResult | str:
+        return _merged(fragment, params, outer, version, inputs, settings, down_block_size, update_limit)
+
+    weight_problems = [_weight_problem(c, version, settings) for c in contributions]
+    weighable = {i: c for i, c in enumerate(contributions) if weight_problems[i] is None}
+    first, measured = _merged_measuring(merge, weighable)
     checked: list[tuple[M, float]] = []
     excluded: list[tuple[M, str]] = []
-    for c in contributions:
+    for i, c in enumerate(contributions):
         try:
-            norm = contribution_norm(c)  # inf exactly when a value is not finite
+            # inf exactly when a value is not finite
+            norm = measured[i] if i in measured else contribution_norm(c)
             reason = None if math.isfinite(norm) else check_finite(c.tensors) or f"its norm is {norm}"
         except ValueError as exc:  # a tensor read from its payload only now, and malformed
             norm, reason = math.inf, f"its outer gradient cannot be read: {exc}"
-        reason = reason or _weight_problem(c, version, settings)
+        reason = reason or weight_problems[i]
         if reason is None:
             checked.append((c, norm))
         else:
@@ -268,29 +241,62 @@ def screened_round(
         (c, n, base_limit * (scale if relative else 1.0))
         for (c, n), scale in zip(checked, scales, strict=True)
     ]
-    update_limit = history.limit(history.updates, factor)
+    # the merge that measured the norms is the round's when every contribution it took is kept whole
+    whole = len(kept) == len(weighable) and all(norm <= limit for _, norm, limit in kept)
+    attempt = first if whole else None
     while kept:
-        try:
-            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found by the checks below
-                result = merge_round(
-                    fragment,
-                    params,
-                    outer,
-                    version,
-                    [_as_merged(c, norm, limit) for c, norm, limit in kept],
-                    settings,
-                    down_block_size=down_block_size,
-                    max_update_norm=update_limit,
-                )
-        except (ArithmeticError, ValueError) as exc:
-            problem: str | None = f"the round could not be merged: {exc}"
-        else:
-            problem = _result_problem(result)
-            if problem is None:
-                return _screened(result, kept, excluded, history, settings)
+        if attempt is None:
+            attempt = merge([as_merged(c, norm, limit) for c, norm, limit in kept])
+        if not isinstance(attempt, str):
+            return _screened(attempt, kept, excluded, history, settings)
+        problem, attempt = attempt, None
         largest = max(range(len(kept)), key=lambda i: kept[i][1])
         excluded.append((kept.pop(largest)[0], f"{problem}; excluded as the largest contribution"))
     return Screened(None, (), tuple(excluded))
+
+
+def _merged(
+    fragment: Fragment,
+    params: Mapping[str, npt.NDArray[np.floating]],
+    outer: OuterState,
+    version: int,
+    inputs: Sequence[MergeInput],
+    settings: DiLoCoSettings,
+    down_block_size: int,
+    update_limit: float,
+) -> RoundResult | str:
+    """``merge_round`` of these inputs, or why its result cannot be committed."""
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found by the checks
+            result = merge_round(
+                fragment,
+                params,
+                outer,
+                version,
+                inputs,
+                settings,
+                down_block_size=down_block_size,
+                max_update_norm=update_limit,
+            )
+    except (ArithmeticError, ValueError) as exc:
+        return f"the round could not be merged: {exc}"
+    return _result_problem(result) or result
+
+
+def _merged_measuring(
+    merge: Callable[[Sequence[MergeInput]], RoundResult | str], inputs: Mapping[int, MergeInput]
+) -> tuple[RoundResult | str | None, dict[int, float]]:
+    """When some of ``inputs`` carry no norm (``merge_inputs.unmeasured``): the merge of all of
+    them whole, in order, and those norms, measured as it read them, by the inputs' keys.
+    ``(None, {})`` when none is unmeasured, or when the merge stopped before reading every tensor."""
+    measuring = {i: MeasuredTensors(c.tensors) for i, c in inputs.items() if unmeasured(c)}
+    if not measuring:
+        return None, {}
+    outcome = merge([Measured(c, measuring[i]) if i in measuring else c for i, c in inputs.items()])
+    norms = {i: tensors.norm() for i, tensors in measuring.items()}
+    if any(norm is None for norm in norms.values()):
+        return None, {}
+    return outcome, {i: norm for i, norm in norms.items() if norm is not None}
 
 
 def _screened(

@@ -288,3 +288,69 @@ def test_a_slow_learners_few_step_parts_do_not_shut_out_the_others() -> None:
     # 10 x the part's 0.025 per step, times sqrt(4): the whole one (norm 1) merged at half its norm
     assert [c.name for c, _ in screened.clipped] == ["fast"]
     assert "norm 1 is above the limit 0.5 for 4 steps" in screened.clipped[0][1]
+
+
+PAIR = build_plan([("w", (4,)), ("v", (3,))], 1, 4, 1).fragments[0]
+PAIR_PARAMS = {"w": np.ones(4, np.float32), "v": np.ones(3, np.float32)}
+
+
+class Counted(dict[str, np.ndarray]):
+    """Tensors that count how often the round reads them (a learner's folded parts are added up
+    on each reading), each read as a fresh array."""
+
+    reads = 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        self.reads += 1
+        return super().__getitem__(name).copy()
+
+
+@dataclass(frozen=True)
+class Carried(Delta):
+    """A contribution with its norm measured on arrival."""
+
+    norm: float | None = None
+
+
+def pair(name: str, w: float, v: float) -> Delta:
+    return Delta(name, Counted(w=np.full(4, w, np.float32), v=np.linspace(-v, v, 3, dtype=np.float32)))
+
+
+def carried(d: Delta) -> Carried:
+    tensors = {name: np.array(a) for name, a in d.tensors.items()}
+    return Carried(d.name, tensors, norm=tensors_norm(tensors))
+
+
+@pytest.mark.parametrize("rule", ["mean", "rda"])
+def test_a_contribution_without_a_norm_is_read_once_and_merged_as_with_its_norm(rule: str) -> None:
+    """Folded parts carry no norm: the round measures it as its merge reads the tensors, so each is
+    read once, and the round is bit for bit the one merged from contributions carrying their norms."""
+    s = settings(merge_rule=rule)
+    folded = [pair("a", 0.5, 0.25), pair("b", 0.25, 1.0)]
+    known = [carried(d) for d in folded]
+    screened = screened_round(PAIR, PAIR_PARAMS, OuterState(), 0, folded, s, NormHistory())
+    expected = screened_round(PAIR, PAIR_PARAMS, OuterState(), 0, known, s, NormHistory())
+    assert [d.tensors.reads for d in folded] == [2, 2]  # w and v, once each
+    assert screened.result is not None
+    assert expected.result is not None
+    for name in ("w", "v"):
+        np.testing.assert_array_equal(screened.result.params[name], expected.result.params[name])
+        np.testing.assert_array_equal(screened.result.update[name], expected.result.update[name])
+    assert screened.norms == expected.norms
+    assert (screened.clipped, screened.excluded) == ((), ())
+
+
+def test_a_contribution_without_a_norm_found_above_its_limit_is_merged_clipped_as_with_its_norm() -> None:
+    """Measured in the first merge and found above its limit, it is merged again at the limit: the
+    same round as when its norm was known before."""
+    folded = [pair("huge", 3e3, 1e3), pair("good", 0.5, 0.25)]  # the parameters' norm sqrt(7): limit 26
+    known = [carried(d) for d in folded]
+    screened = screened_round(PAIR, PAIR_PARAMS, OuterState(), 0, folded, settings(), NormHistory())
+    expected = screened_round(PAIR, PAIR_PARAMS, OuterState(), 0, known, settings(), NormHistory())
+    assert screened.result is not None
+    assert expected.result is not None
+    assert [c.name for c, _ in screened.clipped] == ["huge"]
+    assert [why for _, why in screened.clipped] == [why for _, why in expected.clipped]
+    for name in ("w", "v"):
+        np.testing.assert_array_equal(screened.result.params[name], expected.result.params[name])
+    assert [d.tensors.reads for d in folded] == [4, 4]  # measured, then merged at the limit
