@@ -66,6 +66,7 @@ from diloco_bench.sync_process import (
     service_figures,
     start_shards,
     stop,
+    storage_problem,
     timed_restart,
 )
 
@@ -383,6 +384,8 @@ def main(argv: list[str]) -> int:
 
     plots.add_flags(ap)
     args = ap.parse_args(argv)
+    if not args.plot_from and (problem := storage_problem(args.storage)):
+        ap.error(problem)
     if args.plot_from:
         rows = [row for name in args.plot_from for row in json.loads(Path(name).read_text())]
     else:

