@@ -89,10 +89,12 @@ class Storage:
 def storage_problem(kinds: Sequence[str]) -> str | None:
     """Why the storage kinds asked for cannot be had here (None: they can): SeaweedFS needs its
     ``weed`` binary, which the project's dev dependencies bring."""
+    if "seaweedfs" not in kinds:
+        return None
     from diloco_testbed.prereq import find_tool
-    from diloco_testbed.s3_server import WEED_HINT
+    from diloco_testbed.s3_server import WEED_HINT  # boto3: only when asked for
 
-    if "seaweedfs" in kinds and find_tool("weed") is None:
+    if find_tool("weed") is None:
         return f"--storage seaweedfs needs SeaweedFS's 'weed' binary, not found: {WEED_HINT}"
     return None
 

@@ -125,7 +125,7 @@ def merge_round(
     *,
     down_block_size: int = downlink.codec.q.DEFAULT_BLOCK_SIZE,
     max_update_norm: float = math.inf,
-    merged: Mapping[str, F32] | None = None,
+    merged: dict[str, F32] | None = None,
 ) -> RoundResult:
     """Version ``version + 1`` of ``fragment`` from version ``version`` (``params``, ``outer``) and
     the contributions merged into it; raises ``ValueError`` on inputs that cannot be merged
@@ -133,13 +133,15 @@ def merge_round(
     ``max_update_norm``: the merged update is scaled down to this norm when its own is above (a
     merged update with a value that is not finite is left as it is, for the caller's checks);
     ``merged``: ``merged_update`` of these same contributions, when the caller already made it (the
-    contributions are then not read again)."""
+    contributions are then not read again); the round takes it over: a scaled-down update replaces
+    its tensors in it, one at a time, so the unscaled ones are not held beside the outer step."""
     weights = round_weights(contributions, version, settings)
-    update = dict(merged) if merged is not None else merged_update(fragment, version, contributions, settings)
+    update = merged if merged is not None else merged_update(fragment, version, contributions, settings)
     update_norm, update_scale = arrays_norm(update), 1.0
     if math.isfinite(update_norm) and update_norm > max_update_norm:
         update_scale = max_update_norm / update_norm
-        update = {name: scaled(tensor, update_scale) for name, tensor in update.items()}
+        for name in update:
+            update[name] = scaled(update[name], update_scale)
         update_norm = arrays_norm(update)
     new_params, new_outer = outer_optimizer(settings).step(outer, params, update, count=len(contributions))
     down_blob = None

@@ -38,8 +38,10 @@ such contribution's norm is measured as that merge reads it (``merge_inputs.Meas
 tensor's sum of squares as ``tensors_norm`` takes it, so the same norm). When the checks then keep
 every one of them whole, the round goes on from that update, bit for bit what merging after
 measuring gives; otherwise (one clipped or excluded, or a merge that raised) the update is dropped
-and the round merged as above, with the norms measured. The outer step and the download are made
-once either way.
+and the round merged as above, with the norms measured: such a round reads every contribution
+twice. It is not made when the norms known without reading values already say the round cannot
+take every contribution whole (one excluded, or one above its limit whatever the unknown norms
+are). The outer step and the download are made once either way.
 """
 
 from __future__ import annotations
@@ -214,23 +216,23 @@ def screened_round(
     history = history.with_reference(tensors_norm(params))
     update_limit = history.limit(history.updates, factor)
 
-    def merge(inputs: Sequence[MergeInput], merged: Mapping[str, F32] | None) -> RoundResult | str:
+    def merge(inputs: Sequence[MergeInput], merged: dict[str, F32] | None) -> RoundResult | str:
         return _merged(
             fragment, params, outer, version, inputs, settings, (down_block_size, update_limit), merged
         )
 
     weight_problems = [_weight_problem(c, version, settings) for c in contributions]
     weighable = {i: c for i, c in enumerate(contributions) if weight_problems[i] is None}
-    first, measured = _update_measuring(fragment, version, settings, weighable)
+    # norms known without reading values: carried from arrival, or from a payload's codes
+    known = {i: _checked_norm(c, None) for i, c in enumerate(contributions) if not unmeasured(c)}
+    first: dict[str, F32] | None = None
+    measured: dict[int, float] = {}
+    if not _not_whole_for_sure(history, settings, weighable, known):
+        first, measured = _update_measuring(fragment, version, settings, weighable)
     checked: list[tuple[M, float]] = []
     excluded: list[tuple[M, str]] = []
     for i, c in enumerate(contributions):
-        try:
-            # inf exactly when a value is not finite
-            norm = measured[i] if i in measured else contribution_norm(c)
-            reason = None if math.isfinite(norm) else check_finite(c.tensors) or f"its norm is {norm}"
-        except ValueError as exc:  # a tensor read from its payload only now, and malformed
-            norm, reason = math.inf, f"its outer gradient cannot be read: {exc}"
+        norm, reason = known[i] if i in known else _checked_norm(c, measured.get(i))
         reason = reason or weight_problems[i]
         if reason is None:
             checked.append((c, norm))
@@ -258,6 +260,39 @@ def screened_round(
     return Screened(None, (), tuple(excluded))
 
 
+def _checked_norm(c: MergeInput, measured: float | None) -> tuple[float, str | None]:
+    """A contribution's norm (``measured`` when its merge measured it; inf exactly when a value is
+    not finite) and why it cannot be merged, if it cannot."""
+    try:
+        norm = contribution_norm(c) if measured is None else measured
+        return norm, None if math.isfinite(norm) else check_finite(c.tensors) or f"its norm is {norm}"
+    except ValueError as exc:  # a tensor read from its payload only now, and malformed
+        return math.inf, f"its outer gradient cannot be read: {exc}"
+
+
+def _not_whole_for_sure(
+    history: NormHistory,
+    settings: DiLoCoSettings,
+    weighable: Mapping[int, MergeInput],
+    known: Mapping[int, tuple[float, str | None]],
+) -> bool:
+    """Whether the round cannot take every weighable contribution whole, whatever the norms not
+    known yet: one of known norm is excluded, or above its limit with each unknown norm taken as
+    inf (which can only raise the lower median), once the norms known already make the limit
+    relative. The update merged while measuring would then be dropped: it is not made."""
+    ours = [(c, known[i]) for i, c in weighable.items() if i in known]
+    if any(reason is not None for _, (_, reason) in ours):
+        return True
+    scales = [step_scale(c.steps, settings.inner_steps) for c, _ in ours]
+    pool = [*history.contributions, *(n / scale for (_, (n, _)), scale in zip(ours, scales, strict=True))]
+    if len(pool) < MIN_HISTORY:
+        return False
+    upper = history.limit(
+        [*pool, *[math.inf] * (len(weighable) - len(ours))], settings.max_update_norm_factor
+    )
+    return any(n > upper * scale for (_, (n, _)), scale in zip(ours, scales, strict=True))
+
+
 def _merged(
     fragment: Fragment,
     params: Mapping[str, npt.NDArray[np.floating]],
@@ -266,7 +301,7 @@ def _merged(
     inputs: Sequence[MergeInput],
     settings: DiLoCoSettings,
     limits: tuple[int, float],
-    merged: Mapping[str, F32] | None,
+    merged: dict[str, F32] | None,
 ) -> RoundResult | str:
     """``merge_round`` of these inputs (``limits``: its download block size and update norm limit;
     ``merged``: their merged update when already made), or why its result cannot be committed."""

@@ -354,3 +354,24 @@ def test_a_contribution_without_a_norm_found_above_its_limit_is_merged_clipped_a
     for name in ("w", "v"):
         np.testing.assert_array_equal(screened.result.params[name], expected.result.params[name])
     assert [d.tensors.reads for d in folded] == [4, 4]  # measured, then merged at the limit
+
+
+def test_a_known_norm_certainly_above_its_limit_skips_the_measuring_merge() -> None:
+    """With a history, a contribution whose norm came from arrival and is above its limit whatever
+    the folded one's norm is: the round does not merge everything whole first only to drop it, so
+    the known one is read once; the round is the same as with every norm known."""
+    recent = history(0.5)  # limit 10 x 0.5 per square root of a step: 10 for 4 steps
+    big = pair("big", 30.0, 30.0)
+    known_big = Carried(big.name, big.tensors, norm=tensors_norm(dict(big.tensors.items())))
+    big.tensors.reads = 0
+    folded = pair("folded", 0.5, 0.25)
+    screened = screened_round(PAIR, PAIR_PARAMS, OuterState(), 0, [known_big, folded], settings(), recent)
+    expected = screened_round(
+        PAIR, PAIR_PARAMS, OuterState(), 0, [carried(big), carried(folded)], settings(), recent
+    )
+    assert big.tensors.reads == 2  # w and v, by the merge at the limit only
+    assert screened.result is not None
+    assert expected.result is not None
+    assert [c.name for c, _ in screened.clipped] == ["big"]
+    for name in ("w", "v"):
+        np.testing.assert_array_equal(screened.result.params[name], expected.result.params[name])
