@@ -16,7 +16,7 @@ codes, and the values after the last whole block are decoded and summed as befor
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 
 import numpy as np
@@ -76,10 +76,16 @@ def array_sum_squares(x: npt.NDArray[np.floating]) -> float:
     return total
 
 
+def norm_of_sums(sums: Iterable[float]) -> float:
+    """The Euclidean norm from tensors' sums of squares, added in the order given (inf when the
+    total is not finite): every norm of named tensors is this of their sums in name order."""
+    total = sum(sums)
+    return math.sqrt(total) if math.isfinite(total) else math.inf
+
+
 def arrays_norm(tensors: Mapping[str, npt.NDArray[np.floating]]) -> float:
     """The Euclidean norm of named arrays together, in float64 (inf when a value is not finite)."""
-    total = sum(array_sum_squares(np.asarray(tensors[name])) for name in sorted(tensors))
-    return math.sqrt(total) if math.isfinite(total) else math.inf
+    return norm_of_sums(array_sum_squares(np.asarray(tensors[name])) for name in sorted(tensors))
 
 
 def _decoded_sum_squares(

@@ -3,34 +3,41 @@ whole with their norm measured as the merge reads them."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from diloco_core.code_norms import array_sum_squares
+from diloco_core.code_norms import array_sum_squares, norm_of_sums
 from diloco_core.merge import scaled
 from diloco_core.quantized_arrays import QuantizedArrays
 from diloco_core.round_math import MergeInput
 
 
-class ScaledTensors(Mapping[str, npt.NDArray[np.floating]]):
-    """A contribution's tensors times ``scale``, each read (and decoded) when the merge asks for it;
-    multiplied as ``scaled`` does."""
+class _Over(Mapping[str, npt.NDArray[np.floating]]):
+    """A contribution's tensors, read through this mapping (its names and count are theirs)."""
 
-    def __init__(self, tensors: Mapping[str, npt.NDArray[np.floating]], scale: float) -> None:
-        self._tensors, self._scale = tensors, scale
-
-    def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
-        return scaled(np.asarray(self._tensors[name], dtype=np.float32), self._scale)
+    def __init__(self, tensors: Mapping[str, npt.NDArray[np.floating]]) -> None:
+        self._tensors = tensors
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
 
     def __len__(self) -> int:
         return len(self._tensors)
+
+
+class ScaledTensors(_Over):
+    """A contribution's tensors times ``scale``, each read (and decoded) when the merge asks for it;
+    multiplied as ``scaled`` does."""
+
+    def __init__(self, tensors: Mapping[str, npt.NDArray[np.floating]], scale: float) -> None:
+        super().__init__(tensors)
+        self._scale = scale
+
+    def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
+        return scaled(np.asarray(self._tensors[name], dtype=np.float32), self._scale)
 
 
 @dataclass(frozen=True)
@@ -63,11 +70,11 @@ class Clipped(_Claims):
         return ScaledTensors(self.of.tensors, self.scale)
 
 
-class MeasuredTensors(Mapping[str, npt.NDArray[np.floating]]):
+class MeasuredTensors(_Over):
     """A contribution's tensors, each one's sum of squares recorded as the merge reads it."""
 
     def __init__(self, tensors: Mapping[str, npt.NDArray[np.floating]]) -> None:
-        self._tensors = tensors
+        super().__init__(tensors)
         self._sums: dict[str, float] = {}
 
     def __getitem__(self, name: str) -> npt.NDArray[np.floating]:
@@ -75,18 +82,11 @@ class MeasuredTensors(Mapping[str, npt.NDArray[np.floating]]):
         self._sums[name] = array_sum_squares(np.asarray(value))
         return value
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._tensors)
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
     def norm(self) -> float | None:
         """``tensors_norm`` of the tensors from what was read (None until every tensor was read)."""
         if set(self._sums) != set(self._tensors):
             return None
-        total = sum(self._sums[name] for name in sorted(self._tensors))
-        return math.sqrt(total) if math.isfinite(total) else math.inf
+        return norm_of_sums(self._sums[name] for name in sorted(self._tensors))
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from diloco_core import downlink
-from diloco_core.code_norms import arrays_norm
+from diloco_core.code_norms import arrays_norm, norm_of_sums
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
 from diloco_core.merge import check_finite
@@ -77,8 +77,7 @@ def tensors_norm(tensors: Mapping[str, npt.NDArray[np.floating]]) -> float:
     (``QuantizedArrays.sum_squares``)."""
     if not isinstance(tensors, QuantizedArrays):
         return arrays_norm(tensors)
-    total = sum(tensors.sum_squares(name) for name in sorted(tensors))
-    return math.sqrt(total) if math.isfinite(total) else math.inf
+    return norm_of_sums(tensors.sum_squares(name) for name in sorted(tensors))
 
 
 def contribution_norm(c: MergeInput) -> float:
@@ -218,7 +217,7 @@ def screened_round(
 
     def merge(inputs: Sequence[MergeInput], merged: dict[str, F32] | None) -> RoundResult | str:
         return _merged(
-            fragment, params, outer, version, inputs, settings, (down_block_size, update_limit), merged
+            fragment, params, outer, version, inputs, settings, down_block_size, update_limit, merged
         )
 
     weight_problems = [_weight_problem(c, version, settings) for c in contributions]
@@ -238,14 +237,8 @@ def screened_round(
             checked.append((c, norm))
         else:
             excluded.append((c, reason))
-    # the round's own norms count beside the history's: among two, one cannot set the limit
-    scales = [step_scale(c.steps, settings.inner_steps) for c, _ in checked]
-    pool = (*history.contributions, *(n / scale for (_, n), scale in zip(checked, scales, strict=True)))
-    relative, base_limit = len(pool) >= MIN_HISTORY, history.limit(pool, factor)
-    kept = [
-        (c, n, base_limit * (scale if relative else 1.0))
-        for (c, n), scale in zip(checked, scales, strict=True)
-    ]
+    limits, _ = _limits(history, settings, checked)
+    kept = [(c, n, limit) for (c, n), limit in zip(checked, limits, strict=True)]
     # the update merged as the norms were measured is the round's when every contribution it took
     # is kept whole
     whole = len(kept) == len(weighable) and all(norm <= limit for _, norm, limit in kept)
@@ -270,6 +263,24 @@ def _checked_norm(c: MergeInput, measured: float | None) -> tuple[float, str | N
         return math.inf, f"its outer gradient cannot be read: {exc}"
 
 
+def _limits(
+    history: NormHistory,
+    settings: DiLoCoSettings,
+    checked: Sequence[tuple[MergeInput, float]],
+    unknown: int = 0,
+) -> tuple[list[float], bool]:
+    """Each checked contribution's norm limit, and whether the limits are relative (the history's
+    and the round's norms per ``step_scale`` number ``MIN_HISTORY``: the round's own norms count
+    beside the history's, so that among two one cannot set the limit). ``unknown``: norms not known
+    yet, each taken as inf, which can only raise the lower median: the limits are then bounds from
+    above on the round's, once they are relative without them."""
+    scales = [step_scale(c.steps, settings.inner_steps) for c, _ in checked]
+    pool = [*history.contributions, *(n / scale for (_, n), scale in zip(checked, scales, strict=True))]
+    relative = len(pool) >= MIN_HISTORY
+    base_limit = history.limit([*pool, *[math.inf] * unknown], settings.max_update_norm_factor)
+    return [base_limit * (scale if relative else 1.0) for scale in scales], relative
+
+
 def _not_whole_for_sure(
     history: NormHistory,
     settings: DiLoCoSettings,
@@ -278,19 +289,14 @@ def _not_whole_for_sure(
 ) -> bool:
     """Whether the round cannot take every weighable contribution whole, whatever the norms not
     known yet: one of known norm is excluded, or above its limit with each unknown norm taken as
-    inf (which can only raise the lower median), once the norms known already make the limit
-    relative. The update merged while measuring would then be dropped: it is not made."""
+    inf, once the norms known already make the limit relative (``_limits``). The update merged
+    while measuring would then be dropped: it is not made."""
     ours = [(c, known[i]) for i, c in weighable.items() if i in known]
     if any(reason is not None for _, (_, reason) in ours):
         return True
-    scales = [step_scale(c.steps, settings.inner_steps) for c, _ in ours]
-    pool = [*history.contributions, *(n / scale for (_, (n, _)), scale in zip(ours, scales, strict=True))]
-    if len(pool) < MIN_HISTORY:
-        return False
-    upper = history.limit(
-        [*pool, *[math.inf] * (len(weighable) - len(ours))], settings.max_update_norm_factor
-    )
-    return any(n > upper * scale for (_, (n, _)), scale in zip(ours, scales, strict=True))
+    norms = [(c, n) for c, (n, _) in ours]
+    limits, relative = _limits(history, settings, norms, unknown=len(weighable) - len(ours))
+    return relative and any(n > limit for (_, n), limit in zip(norms, limits, strict=True))
 
 
 def _merged(
@@ -300,12 +306,12 @@ def _merged(
     version: int,
     inputs: Sequence[MergeInput],
     settings: DiLoCoSettings,
-    limits: tuple[int, float],
+    down_block_size: int,
+    update_limit: float,
     merged: dict[str, F32] | None,
 ) -> RoundResult | str:
-    """``merge_round`` of these inputs (``limits``: its download block size and update norm limit;
-    ``merged``: their merged update when already made), or why its result cannot be committed."""
-    down_block_size, update_limit = limits
+    """``merge_round`` of these inputs (``merged``: their merged update when already made), or why
+    its result cannot be committed."""
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found by the checks
             result = merge_round(
