@@ -87,8 +87,10 @@ def test_a_slow_learner_is_merged_only_when_rounds_pull_its_partial_progress(tmp
           f"{share_alone:.0%} of {len(alone)} without")  # fmt: skip
     assert len(pulled) >= 6
     assert len(alone) >= 6
-    # the slow learner (a third of the speed) never reaches H=4 steps on one version on its own
-    assert share_pulled >= 0.2
+    # the slow learner (a third of the speed) never reaches H=4 steps on one version on its own. How many
+    # rounds catch its step boundary inside the grace window depends on the machine's load (half of 24
+    # on a quiet machine, 2 of 11 on a busy one), so the pull is checked by count and against no pull
+    assert sum("slow" in r["participants"] for r in pulled) >= 2
     assert share_pulled > 2 * share_alone
     # its pulled contributions are partial: fewer steps than H, and weighted by the tokens they carry
     slow_steps = _steps_of(pulled, "slow")
