@@ -27,6 +27,7 @@ the parameters per CPU second that these alone allow, ``values / (write + check 
 each contribution folded from several parts, every further part adds a write, a check and a fold
 (**floor, per further part**). Receiving the body over HTTP, the metrics and storage other than the
 body's file are not in it, so the service's measured rate (``sync-ingest``'s params/cpu-s) is below.
+The process takes the synchronizer's allocator settings first (``heap.limit_heap``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import numpy as np
 from diloco_core import codec
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import FragmentPlan
+from diloco_core.heap import limit_heap
 from diloco_core.merge_inputs import MeasuredTensors
 from diloco_core.outer import OuterState
 from diloco_core.uploads import FileUpload
@@ -158,6 +160,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs per stage (the least CPU time is kept)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    limit_heap(reuse_large=True)  # as the synchronizer does (diloco_sync.cli), before any thread
     rows = [measure(p, args.fragments, args.contributions, args.repeat) for p in args.params]
     print(table(rows))
     if args.json:

@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
         return 2
     level = _log_level(argv)
     configure_logging(level)
-    limit_heap()  # before any worker thread makes an arena
+    limit_heap(reuse_large=True)  # before any worker thread makes an arena
     import uvicorn
 
     from .app import create_app

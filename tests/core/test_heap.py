@@ -4,13 +4,57 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
+import subprocess
+import sys
 
 import pytest
 from diloco_core.heap import limit_heap
 
+# In a process of its own (the settings are the whole process's): a thread makes and frees a 128 MiB
+# array twice, as a round's arrays are made every round; how many pages each making faulted in.
+_TWICE = """
+import json, resource, sys, threading
+import numpy as np
+from diloco_core.heap import limit_heap
+taken = limit_heap(reuse_large=sys.argv[1] == "reuse")
+faults = []
+def make():
+    for _ in range(2):
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        a = np.ones(32 << 20, dtype=np.float32)
+        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+        del a
+t = threading.Thread(target=make)
+t.start()
+t.join()
+print(json.dumps({"taken": taken, "faults": faults}))
+"""
 
-def test_the_heap_settings_are_taken_on_glibc() -> None:
+
+def _glibc() -> None:
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     if not hasattr(libc, "gnu_get_libc_version"):
         pytest.skip("the C library is not glibc: the settings do not apply")
+
+
+def _faults(mode: str) -> list[int]:
+    out = subprocess.run([sys.executable, "-c", _TWICE, mode], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    assert result["taken"] is True
+    return list(result["faults"])
+
+
+def test_the_heap_settings_are_taken_on_glibc() -> None:
+    _glibc()
     assert limit_heap() is True
+
+
+def test_reusing_large_blocks_makes_a_threads_second_large_array_in_the_pages_of_its_first() -> None:
+    _glibc()
+    first, second = _faults("reuse")
+    assert first > 0
+    assert second <= first // 20, (first, second)
+    # without it, each large array is mapped afresh and faulted in again
+    first, second = _faults("default")
+    assert second >= first // 2, (first, second)
