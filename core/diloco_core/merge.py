@@ -102,8 +102,13 @@ def _norm(flat: F32) -> float:
     return math.sqrt(float(np.dot(flat, flat)))
 
 
+_ADD_BLOCK = 1 << 15  # values scaled at a time before their addition: the scaled block stays in the cache
+
+
 class _Sum:
-    """``sum scale_m * flat_m`` in float32, added in the order given, with one scratch buffer."""
+    """``sum scale_m * flat_m`` in float32, added in the order given. Each product is rounded to
+    float32 and then added, block by block through a scratch block that stays in the cache (the
+    values are those of whole-array operations, with one pass over the sum instead of three)."""
 
     def __init__(self) -> None:
         self.shape: tuple[int, ...] | None = None
@@ -117,12 +122,19 @@ class _Sum:
 
     def add(self, flat: F32, scale: float) -> None:
         """Add ``scale * flat`` (a vector from ``flat``)."""
+        if self._acc is not None and flat.shape != self._acc.shape:
+            raise ValueError(f"contributions have different shapes: {flat.shape} and {self._acc.shape}")
         if self._acc is None or self._scratch is None:
             self._acc = np.zeros(flat.shape, dtype=np.float32)
-            self._scratch = np.empty_like(self._acc)
-        if scale != 0.0:
-            np.multiply(flat, np.float32(scale), out=self._scratch)
-            self._acc += self._scratch
+            self._scratch = np.empty(min(_ADD_BLOCK, flat.size), dtype=np.float32)
+        if scale == 0.0:
+            return
+        factor = np.float32(scale)
+        for start in range(0, flat.size, _ADD_BLOCK):
+            part, acc = flat[start : start + _ADD_BLOCK], self._acc[start : start + _ADD_BLOCK]
+            product = self._scratch[: part.size]
+            np.multiply(part, factor, out=product)
+            np.add(acc, product, out=acc)
 
     def total(self) -> F32:
         if self._acc is None or self.shape is None:

@@ -9,7 +9,14 @@ import pytest
 from diloco_core import codec
 from diloco_core.bounds import MAX_STEPS, MAX_TOKENS
 from diloco_core.fragments import build_plan
-from diloco_core.merge import check_finite, contribution_weight, merge_fragment, rda, weighted_mean
+from diloco_core.merge import (
+    _ADD_BLOCK,
+    check_finite,
+    contribution_weight,
+    merge_fragment,
+    rda,
+    weighted_mean,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,6 +56,20 @@ def test_weighted_mean_matches_the_formula() -> None:
         weighted_mean([a, b], [1])
     with pytest.raises(ValueError, match="different shapes"):
         weighted_mean([a, np.ones(3, np.float32)], [1, 1])
+
+
+def test_the_blocked_sum_is_bit_for_bit_the_whole_array_sum() -> None:
+    """Blocks of the scaled sum (several, the last partial) give what whole-array float32 operations
+    give: each product rounded to float32, then added in the contributions' order."""
+    n = 3 * _ADD_BLOCK + 7
+    rng = np.random.default_rng(3)
+    vs = [rng.standard_normal(n).astype(np.float32) * np.float32(10.0**k) for k in range(3)]
+    ws = [0.2, 1.3, 0.7]
+    scaled = [w / max(ws) for w in ws]  # the weights as the merge normalises them
+    expected = np.zeros(n, np.float32)
+    for v, w in zip(vs, scaled, strict=True):
+        expected = expected + np.multiply(v, np.float32(w / sum(scaled)), dtype=np.float32)
+    np.testing.assert_array_equal(weighted_mean(vs, ws), expected)
 
 
 @settings(max_examples=50, deadline=None)
