@@ -205,6 +205,13 @@ def quantized(
     return parts
 
 
+def dequantized(part: QuantizedTensor, quantizer: str, block_size: int) -> npt.NDArray[np.float32]:
+    """The float32 values a receiver decodes from ``part`` (quantized by :func:`quantized` with
+    ``quantizer`` and ``block_size``), without framing and reading back a payload."""
+    values = q.dequantize(part.values, part.scales, quantizer, prod(part.shape), block_size)
+    return values.reshape(part.shape)
+
+
 def encode_quantized(
     parts: Mapping[str, QuantizedTensor],
     *,

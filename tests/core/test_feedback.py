@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from diloco_core import codec, feedback
+from diloco_core.quantize import QUANTIZERS
 
 
 def _delta(seed: int) -> dict[str, np.ndarray]:
@@ -28,6 +29,22 @@ def test_payload_plus_residual_is_what_was_to_be_sent(quantizer: str) -> None:
         for n in delta:
             np.testing.assert_allclose(enc.decoded[n] + enc.residual[n], wanted[n], rtol=1e-6, atol=1e-7)
         residual = enc.residual
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_what_is_kept_as_decoded_is_bit_for_bit_what_the_receiver_decodes(quantizer: str) -> None:
+    """The decoded values come from the quantized parts, not from reading the blob back: they must
+    be what a receiver of the blob decodes (a downloaded update makes the same version on both sides)."""
+    delta = _delta(4)
+    delta["w"][0, :3] = [0.0, -0.0, 1e-30]
+    enc = feedback.encode(delta, _delta(5), fragment=1, base_version=7, kind="update", quantizer=quantizer)
+    received = codec.decode(enc.blob)
+    assert (received.fragment, received.base_version, received.kind) == (1, 7, "update")
+    assert received.tensors.keys() == enc.decoded.keys()
+    for n, got in received.tensors.items():
+        assert enc.decoded[n].dtype == got.dtype == np.float32
+        assert enc.decoded[n].shape == got.shape == delta[n].shape
+        np.testing.assert_array_equal(enc.decoded[n].view(np.uint32), got.view(np.uint32))
 
 
 @pytest.mark.parametrize("quantizer", ["int2", "int1", "topk"])
