@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from math import prod
 from typing import Any, Protocol
 
@@ -144,17 +144,29 @@ def encode(
     level: int = 3,
 ) -> bytes:
     """Serialize named float arrays; deterministic (same input, same bytes)."""
-    check_fields(fragment, base_version, kind, quantizer, block_size)
-    parts = quantized(tensors, quantizer, block_size)
-    return encode_quantized(
-        parts,
-        fragment=fragment,
-        base_version=base_version,
-        kind=kind,
-        quantizer=quantizer,
-        block_size=block_size,
-        level=level,
-    )
+    fields = Fields(fragment, base_version, kind, quantizer, block_size)
+    return encode_with_parts(tensors, fields, level=level)[0]
+
+
+@dataclass(frozen=True)
+class Fields:
+    """The fields of a payload's header other than its tensors."""
+
+    fragment: int
+    base_version: int
+    kind: PayloadKind
+    quantizer: str
+    block_size: int = q.DEFAULT_BLOCK_SIZE
+
+
+def encode_with_parts(
+    tensors: Mapping[str, npt.NDArray[Any]], fields: Fields, *, level: int = 3
+) -> tuple[bytes, dict[str, QuantizedTensor]]:
+    """:func:`encode`'s bytes and the quantized parts they were made of (:func:`dequantized` gives
+    what a receiver decodes from each)."""
+    check_fields(fields.fragment, fields.base_version, fields.kind, fields.quantizer, fields.block_size)
+    parts = quantized(tensors, fields.quantizer, fields.block_size)
+    return encode_quantized(parts, **asdict(fields), level=level), parts
 
 
 class Sink(Protocol):

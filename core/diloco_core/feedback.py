@@ -17,7 +17,6 @@ import numpy as np
 import numpy.typing as npt
 
 from diloco_core import codec
-from diloco_core.payload_header import check_fields
 
 F32 = npt.NDArray[np.float32]
 Arrays = Mapping[str, npt.NDArray[np.floating]]
@@ -77,17 +76,9 @@ def encode(
     value leaves a non-finite residual, which the merge refuses the next time (``merge.check_finite``).
     ``owned``: ``delta`` holds float32 arrays the caller gives up; the sum and then the new residual
     are computed in them (the same values, without two more copies of the fragment)."""
-    check_fields(fragment, base_version, kind, quantizer, block_size)
     c = compensate(delta, residual, in_place=owned)
-    parts = codec.quantized(c, quantizer, block_size)
-    blob = codec.encode_quantized(
-        parts,
-        fragment=fragment,
-        base_version=base_version,
-        kind=kind,
-        quantizer=quantizer,
-        block_size=block_size,
-    )
+    fields = codec.Fields(fragment, base_version, kind, quantizer, block_size)
+    blob, parts = codec.encode_with_parts(c, fields)
     # what the receiver decodes, from the parts the blob was made of (not by reading it back)
     decoded = {n: codec.dequantized(parts[n], quantizer, block_size) for n in c}
     del parts
