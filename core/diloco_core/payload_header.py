@@ -52,7 +52,12 @@ def check_fields(fragment: int, base_version: int, kind: str, quantizer: str, bl
 def tensor_entry(
     name: str, shape: tuple[int, ...], dtype: str, offset: int, nvalues: int, nscales: int
 ) -> dict[str, Any]:
-    """A tensor's entry: its values at ``offset`` in the data, its scales right after them."""
+    """A tensor's entry: its values at ``offset`` in the data, its scales right after them. A name
+    or shape no receiver would take (``check_layout``) is refused here, before a payload is made."""
+    if not isinstance(name, str):
+        raise UnsupportedFormat(f"tensor name {name!r} is not a string")
+    if len(shape) > MAX_DIMS:
+        raise UnsupportedFormat(f"tensor {name!r} has {len(shape)} dimensions (at most {MAX_DIMS})")
     return {
         "name": name,
         "shape": list(shape),

@@ -363,6 +363,14 @@ def test_encode_refuses_what_it_cannot_represent() -> None:
             quantizer="int8",
             block_size=4,
         )
+    # what no receiver takes is refused when encoding, not found when decoding
+    deepest = np.ones((1,) * 32, np.float32)
+    blob = encode({"a": deepest}, fragment=0, base_version=0, kind="params", quantizer="fp32")
+    assert decode(blob).tensors["a"].shape == deepest.shape
+    with pytest.raises(UnsupportedFormat, match="33 dimensions"):
+        encode({"a": deepest[None]}, fragment=0, base_version=0, kind="params", quantizer="fp32")
+    with pytest.raises(UnsupportedFormat, match="not a string"):
+        encode({7: np.ones(2, np.float32)}, fragment=0, base_version=0, kind="params", quantizer="fp32")  # type: ignore[dict-item]
 
 
 def test_nan_passes_the_codec_and_is_left_to_the_merge() -> None:

@@ -71,7 +71,7 @@ def test_a_residual_of_other_tensors_is_refused() -> None:
         feedback.compensate({"a": np.zeros(2, np.float32)}, {"a": np.zeros(3, np.float32)})
 
 
-@pytest.mark.parametrize("quantizer", ["int4", "int2", "bf16"])
+@pytest.mark.parametrize("quantizer", ["int4", "int2", "bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_a_delta_given_up_is_encoded_in_place_to_the_same_bits(quantizer: str, with_residual: bool) -> None:
     residual = _delta(9) if with_residual else None

@@ -41,7 +41,8 @@ def _glibc() -> None:
 def _faults(mode: str) -> list[int]:
     out = subprocess.run([sys.executable, "-c", _TWICE, mode], capture_output=True, text=True, check=True)
     result = json.loads(out.stdout)
-    assert result["taken"] is True
+    if not result["taken"]:
+        pytest.skip("this glibc refuses the settings (older ones cap the mmap threshold at 32 MiB)")
     return list(result["faults"])
 
 
@@ -52,9 +53,10 @@ def test_the_heap_settings_are_taken_on_glibc() -> None:
 
 def test_reusing_large_blocks_makes_a_threads_second_large_array_in_the_pages_of_its_first() -> None:
     _glibc()
+    # 128 MiB is at least 64 faults of 2 MiB pages (32,768 of 4 KiB pages), whichever the kernel gives
     first, second = _faults("reuse")
-    assert first > 0
-    assert second <= first // 20, (first, second)
+    assert first >= 64
+    assert second <= 16, (first, second)
     # without it, each large array is mapped afresh and faulted in again
     first, second = _faults("default")
-    assert second >= first // 2, (first, second)
+    assert min(first, second) >= 32, (first, second)
