@@ -108,7 +108,7 @@ _ADD_BLOCK = 1 << 15  # values scaled at a time before their addition: the scale
 class _Sum:
     """``sum scale_m * flat_m`` in float32, added in the order given. Each product is rounded to
     float32 and then added, block by block through a scratch block that stays in the cache (the
-    values are those of whole-array operations, with one pass over the sum instead of three)."""
+    values of whole-array operations, without a scratch array the size of the sum)."""
 
     def __init__(self) -> None:
         self.shape: tuple[int, ...] | None = None
@@ -122,8 +122,8 @@ class _Sum:
 
     def add(self, flat: F32, scale: float) -> None:
         """Add ``scale * flat`` (a vector from ``flat``)."""
-        if self._acc is not None and flat.shape != self._acc.shape:
-            raise ValueError(f"contributions have different shapes: {flat.shape} and {self._acc.shape}")
+        if self._acc is not None:
+            _same_shape(self._acc.shape, flat.shape)
         if self._acc is None or self._scratch is None:
             self._acc = np.zeros(flat.shape, dtype=np.float32)
             self._scratch = np.empty(min(_ADD_BLOCK, flat.size), dtype=np.float32)
