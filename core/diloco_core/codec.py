@@ -75,6 +75,7 @@ from diloco_core.payload_header import (
     tensor_entry,
 )
 from diloco_core.quantized_arrays import QuantizedArrays
+from diloco_core.stored_frame import Bytes, Level, compressor
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -119,9 +120,6 @@ class Payload:
     tensors: dict[str, npt.NDArray[np.float32]]
 
 
-Bytes = bytes | bytearray | memoryview
-
-
 @dataclass(frozen=True)
 class QuantizedTensor:
     """One tensor already in a quantizer's format (``quantize.quantize``'s two byte strings, or the
@@ -141,7 +139,7 @@ def encode(
     kind: PayloadKind,
     quantizer: str,
     block_size: int = q.DEFAULT_BLOCK_SIZE,
-    level: int = 3,
+    level: Level = 3,
 ) -> bytes:
     """Serialize named float arrays; deterministic (same input, same bytes)."""
     fields = Fields(fragment, base_version, kind, quantizer, block_size)
@@ -160,7 +158,7 @@ class Fields:
 
 
 def encode_with_parts(
-    tensors: Mapping[str, npt.NDArray[Any]], fields: Fields, *, level: int = 3
+    tensors: Mapping[str, npt.NDArray[Any]], fields: Fields, *, level: Level = 3
 ) -> tuple[bytes, dict[str, QuantizedTensor]]:
     """:func:`encode`'s bytes and the quantized parts they were made of (:func:`dequantized` gives
     what a receiver decodes from each)."""
@@ -186,7 +184,7 @@ def encode_into(
     kind: PayloadKind,
     quantizer: str,
     block_size: int = q.DEFAULT_BLOCK_SIZE,
-    level: int = 3,
+    level: Level = 3,
 ) -> int:
     """``encode``'s bytes written to ``sink`` piece by piece as they are compressed, the frame's
     length patched into the prefix at its end: a large payload is never held whole, nor any copy of
@@ -232,7 +230,7 @@ def encode_quantized(
     kind: PayloadKind,
     quantizer: str,
     block_size: int = q.DEFAULT_BLOCK_SIZE,
-    level: int = 3,
+    level: Level = 3,
 ) -> bytes:
     """Serialize tensors already quantized with ``quantizer`` and ``block_size``; the same bytes as
     ``encode`` of the arrays they were quantized from. Each part's byte sizes must be those its shape
@@ -248,7 +246,7 @@ def _frame(
     kind: PayloadKind,
     quantizer: str,
     block_size: int,
-    level: int,
+    level: Level,
 ) -> Iterator[bytes]:
     """The zstd frame of the header and the parts, in pieces: compressed tensor by tensor, with no
     uncompressed copy of the payload (the checks run before the first piece)."""
@@ -278,8 +276,7 @@ def _frame(
         block_size=block_size,
     )
     head = _HLEN.pack(len(hbytes)) + hbytes
-    cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
-    stream = cctx.compressobj(size=len(head) + pos)
+    stream = compressor(level, len(head) + pos)
     yield stream.compress(head)
     for chunk in chunks:
         view = memoryview(chunk).cast("B")

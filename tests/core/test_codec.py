@@ -22,6 +22,7 @@ from diloco_core.codec import (
     encode,
 )
 from diloco_core.fragments import build_plan
+from diloco_core.stored_frame import STORED, Level
 from diloco_core.uploads import FileUpload, MemoryUpload, reading
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -89,22 +90,23 @@ def test_a_payload_written_as_it_is_compressed_is_the_golden_blob(quantizer: str
     assert size == len(sink.data)
 
 
-def test_a_large_payload_written_to_a_file_is_never_held_whole(tmp_path: Path) -> None:
+@pytest.mark.parametrize("level", [-1, STORED])
+def test_a_large_payload_written_to_a_file_is_never_held_whole(tmp_path: Path, level: Level) -> None:
     """fp32 values barely compress: ``encode`` holds the payload twice at its end (its pieces, then
-    their join); written into a file upload as it is compressed, it holds a few compressed pieces
-    (4 MiB each) whatever its size."""
+    their join); written into a file upload as it is compressed (or stored, as the outer state is),
+    it holds a few pieces (4 MiB each) whatever its size."""
     import tracemalloc
 
     values = {f"t{i}": np.random.default_rng(i).standard_normal(1 << 20, dtype=np.float32) for i in range(8)}
     size = 4 * (8 << 20)
     tracemalloc.start()
-    blob = codec.encode(values, fragment=0, base_version=1, kind="params", quantizer="fp32", level=-1)
+    blob = codec.encode(values, fragment=0, base_version=1, kind="params", quantizer="fp32", level=level)
     encode_peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     upload = FileUpload(tmp_path, lambda upload: None)
     tracemalloc.start()
     written = codec.encode_into(
-        upload, values, fragment=0, base_version=1, kind="params", quantizer="fp32", level=-1
+        upload, values, fragment=0, base_version=1, kind="params", quantizer="fp32", level=level
     )
     into_peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()

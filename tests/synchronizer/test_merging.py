@@ -3,6 +3,7 @@ round logs read back at start-up."""
 
 from __future__ import annotations
 
+import zstandard
 from diloco_core import codec
 from diloco_core.outer import OuterState
 from diloco_core.uploads import MemoryUpload
@@ -40,6 +41,8 @@ def _run_all() -> dict[str, list[dict[str, object]]]:
             stored = MemoryUpload(lambda data: None)
             write_outer_state(stored, outer, case.fragment.index, version + 1)
             assert digest(codec.decode(bytes(stored.data)).tensors) == digest(outer.to_arrays())
+            frame = zstandard.get_frame_parameters(bytes(stored.data[codec._PREFIX.size :]))
+            assert frame.window_size == 1 << 17  # stored as it is (stored_frame), not compressed
             out.append(summary(outcome.result))
         results[case.name] = out
     return results

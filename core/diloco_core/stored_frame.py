@@ -1,0 +1,96 @@
+"""A zstd frame that stores its content as it is: for data that does not compress, such as the outer
+optimizer's float32 state, which zstd at level -1 leaves a few bytes in a million larger
+(docs/benchmarks.md) after scanning all of it for matches.
+
+The frame is an ordinary zstd frame (RFC 8878), so every zstd decoder reads it, the codec's
+included: its header declares the content size and a 128 KiB window, the content follows in raw
+blocks of at most 128 KiB, and the frame ends with the content checksum (the low 32 bits of its
+XXH64), checked by the decoder as for any other frame. Writing it costs a copy and the checksum.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Literal, Protocol
+
+import xxhash
+import zstandard
+
+STORED: Literal["stored"] = "stored"
+Level = int | Literal["stored"]
+"""A zstd compression level, or ``STORED``: the content as it is, in a frame every decoder reads."""
+
+_MAGIC = 0xFD2FB528
+_DESCRIPTOR = 0b1100_0100  # an 8-byte content size, no single segment, a checksum, no dictionary
+_WINDOW = 0b0011_1000  # a window of 2**(10 + 7) bytes: 128 KiB, the largest block
+_BLOCK = 1 << 17
+_HEAD = struct.Struct("<IBBQ")
+_BLOCK_HEAD = struct.Struct("<I")  # three bytes of it: last-block bit, type 0 (raw), size << 3
+_CHECKSUM = struct.Struct("<I")
+
+Bytes = bytes | bytearray | memoryview
+
+
+class Stream(Protocol):
+    """What ``zstandard``'s ``compressobj`` is to a frame's writer: pieces in, frame bytes out."""
+
+    def compress(self, data: Bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+class StoredFrame:
+    """The frame of ``size`` bytes of content given piece by piece to :meth:`compress` (each call
+    returns the frame's bytes for its piece, the frame's header before the first); :meth:`flush`
+    returns the checksum. ``ValueError`` when the pieces do not add up to ``size``, and for a piece
+    or a flush after the flush."""
+
+    def __init__(self, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"a frame's content size cannot be negative ({size})")
+        self._left = size
+        self._hash = xxhash.xxh64()
+        self._head: bytes | None = _HEAD.pack(_MAGIC, _DESCRIPTOR, _WINDOW, size)
+        self._ended = False  # the last block written
+        self._flushed = False
+
+    def compress(self, data: Bytes) -> bytes:
+        self._check_open()
+        view = memoryview(data).cast("B")
+        if len(view) > self._left:
+            raise ValueError(f"{len(view)} bytes given where {self._left} were left of the frame's content")
+        out: list[Bytes] = [self._take_head()]
+        for start in range(0, len(view), _BLOCK):
+            block = view[start : start + _BLOCK]
+            self._left -= len(block)
+            self._ended = self._left == 0
+            out += [_BLOCK_HEAD.pack(len(block) << 3 | self._ended)[:3], block]
+            self._hash.update(block)
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        self._check_open()
+        if self._left:
+            raise ValueError(f"the frame's content is {self._left} bytes short of its declared size")
+        empty = b"" if self._ended else _BLOCK_HEAD.pack(1)[:3]  # a last, empty raw block
+        self._ended = self._flushed = True
+        return self._take_head() + empty + _CHECKSUM.pack(self._hash.intdigest() & 0xFFFF_FFFF)
+
+    def _check_open(self) -> None:
+        if self._flushed:
+            raise ValueError("the frame is flushed: it takes nothing more")
+
+    def _take_head(self) -> bytes:
+        head, self._head = self._head or b"", None
+        return head
+
+
+def compressor(level: Level, size: int) -> Stream:
+    """The writer of one frame of ``size`` bytes of content, with the content size and checksum
+    declared: zstd at ``level``, or the content as it is (``STORED``)."""
+    if level == STORED:
+        return StoredFrame(size)
+    if isinstance(level, str):
+        raise ValueError(f"not a compression level: {level!r} (an integer, or {STORED!r})")
+    cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
+    return cctx.compressobj(size=size)
