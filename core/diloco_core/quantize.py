@@ -90,17 +90,15 @@ def _int2_codes(blocks: F32, safe: F32, scales: F32) -> U8:
     block of zeros (scale 0, decoded as zeros whatever the codes) is written with code 2 throughout."""
     y = blocks / safe
     y *= np.float32(1.5)  # the levels at -1.5, -0.5, 0.5, 1.5
-    outer = (np.abs(y) >= np.float32(1)).view(np.uint8)
-    positive = y > 0
+    # the code counts the thresholds -1, 0 and 1 below y: y = 1 takes the outer level 3, y = -1 level 0
+    codes: U8 = np.greater(y, np.float32(-1)).view(np.uint8)
+    codes += np.greater(y, np.float32(0)).view(np.uint8)
+    codes += np.greater_equal(y, np.float32(1)).view(np.uint8)
     zero = y == 0
     if zero.any():
         rows, cols = y.shape  # the parity of position row * cols + col, without an index per value
         odd = (np.arange(rows) * cols % 2 == 1)[:, None] ^ (np.arange(cols) % 2 == 1)[None, :]
-        positive |= zero & (odd | (scales == 0)[:, None])
-    up = positive.view(np.uint8)
-    codes: U8 = up + np.uint8(1)  # 2 + outer above zero, 1 - outer below, in place on bytes
-    codes += up & outer
-    codes -= outer & ~up & np.uint8(1)
+        codes += (zero & (odd | (scales == 0)[:, None])).view(np.uint8)
     return codes
 
 
@@ -269,14 +267,18 @@ def _dequantize_topk(values: bytes | memoryview, s: F32, n: int, block_size: int
 
 
 def _pack_bits(codes: U8, bits: int) -> bytes:
+    """``8 / bits`` codes to a byte, the first in the lowest bits: the codes read as little-endian
+    words of one byte per code, each code shifted down from its byte to its bits in the word."""
     per = 8 // bits
-    padded = np.zeros(-(-codes.size // per) * per, dtype=np.uint8)
-    padded[: codes.size] = codes
-    groups = padded.reshape(-1, per)
-    out = np.zeros(groups.shape[0], dtype=np.uint8)
-    for i in range(per):
-        out |= (groups[:, i] << np.uint8(i * bits)).astype(np.uint8)
-    return out.tobytes()
+    if codes.size % per:
+        codes = np.concatenate([codes, np.zeros(-codes.size % per, dtype=np.uint8)])
+    words: npt.NDArray[np.unsignedinteger] = np.ascontiguousarray(codes).view(f"<u{per}")
+    kind = words.dtype.type
+    out = words & kind((1 << bits) - 1)
+    for i in range(1, per):
+        out |= (words >> kind(i * (8 - bits))) & kind(((1 << bits) - 1) << (i * bits))
+    packed: bytes = out.astype(np.uint8).tobytes()
+    return packed
 
 
 def _to_fp16(x: F32) -> npt.NDArray[np.uint16]:
@@ -308,9 +310,12 @@ def _check_block_size(block_size: int) -> None:
 def _block_scales(x: F32, block_size: int) -> tuple[F32, F32]:
     _check_block_size(block_size)
     nblocks = -(-x.size // block_size)
-    padded = np.zeros(nblocks * block_size, dtype=np.float32)
-    padded[: x.size] = x
-    blocks = padded.reshape(nblocks, block_size)
+    if x.size == nblocks * block_size:  # whole blocks: read in place (nothing writes to them)
+        blocks = x.reshape(nblocks, block_size)
+    else:
+        padded = np.zeros(nblocks * block_size, dtype=np.float32)
+        padded[: x.size] = x
+        blocks = padded.reshape(nblocks, block_size)
     scales = np.abs(blocks).max(axis=1) if nblocks else np.zeros(0, dtype=np.float32)
     return scales.astype(np.float32), blocks
 
