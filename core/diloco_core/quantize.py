@@ -90,7 +90,8 @@ def _int2_codes(blocks: F32, safe: F32, scales: F32) -> U8:
     block of zeros (scale 0, decoded as zeros whatever the codes) is written with code 2 throughout."""
     y = blocks / safe
     y *= np.float32(1.5)  # the levels at -1.5, -0.5, 0.5, 1.5
-    # the code counts the thresholds -1, 0 and 1 below y: y = 1 takes the outer level 3, y = -1 level 0
+    # the code counts the thresholds -1 and 0 strictly below y and 1 at or below it: y = 1 takes the
+    # outer level 3, y = -1 the outer level 0 (halfway between two levels goes away from zero)
     codes: U8 = np.greater(y, np.float32(-1)).view(np.uint8)
     codes += np.greater(y, np.float32(0)).view(np.uint8)
     codes += np.greater_equal(y, np.float32(1)).view(np.uint8)
@@ -310,8 +311,9 @@ def _check_block_size(block_size: int) -> None:
 def _block_scales(x: F32, block_size: int) -> tuple[F32, F32]:
     _check_block_size(block_size)
     nblocks = -(-x.size // block_size)
-    if x.size == nblocks * block_size:  # whole blocks: read in place (nothing writes to them)
+    if x.size == nblocks * block_size:  # whole blocks: read in place, through a view that refuses writes
         blocks = x.reshape(nblocks, block_size)
+        blocks.flags.writeable = False
     else:
         padded = np.zeros(nblocks * block_size, dtype=np.float32)
         padded[: x.size] = x
