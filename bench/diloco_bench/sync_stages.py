@@ -11,6 +11,10 @@ the whole process for a round (BLAS may use threads of its own):
 - **decompress**: the payload's zstd frame read (``codec.decode_quantized``);
 - **check**: the whole arrival check (``ingest.validate_outer_gradient``: decompression, the norm from
   the codes, finiteness);
+- **serve**: the new version encoded as it is served and stored (``ingest.encode_params``; part of
+  the round), with **served / fp32**, its size against the fragment's float32 bytes;
+- **learner decode**: what a learner that fetches the whole version spends decoding it
+  (``codec.decode`` of the served payload, as the learner's poller and catch-up do);
 - **round**: the synchronizer's round of ``--contributions`` contributions C
   (``merging.run_round``: checks, merge, outer step, compressed download, the encoded new version),
   then the outer state written into a file as a commit writes it (``write_outer_state``); the
@@ -52,7 +56,7 @@ from diloco_core.outer import OuterState
 from diloco_core.uploads import FileUpload
 from diloco_sync.body import WRITE_BYTES
 from diloco_sync.contribution import Contribution, fold
-from diloco_sync.ingest import payload_limit, validate_outer_gradient
+from diloco_sync.ingest import encode_params, payload_limit, validate_outer_gradient
 from diloco_sync.merging import RoundOutcome, run_round, write_outer_state
 
 from diloco_bench.round_memory import contributions
@@ -105,6 +109,7 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
     del first
     taken = contributions(plan, n, 1)
     one, two = folded(plan, 1)
+    served = encode_params(state, spec.index, 1)
 
     with tempfile.TemporaryDirectory(prefix="sync-stages-") as root:
         folder = Path(root)
@@ -122,6 +127,8 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
             "check": cpu_ms(lambda: validate_outer_gradient(blob, spec, 0, limit), repeat),
             "fold": cpu_ms(lambda: read_all(MeasuredTensors(two.tensors)), repeat)
             - cpu_ms(lambda: read_all(one.tensors), repeat),
+            "serve": cpu_ms(lambda: encode_params(state, spec.index, 1), repeat),
+            "learner decode": cpu_ms(lambda: codec.decode(served, fragment=spec), repeat),
             "round": cpu_ms(round_and_commit, repeat, time.process_time),
         }
     per_contribution = ms["write"] + ms["check"] + ms["round"] / n
@@ -129,6 +136,7 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
     return {
         "fragment_values": spec.numel,
         "payload_bytes": len(blob),
+        "served_over_fp32": len(served) / (4 * spec.numel),
         "contributions": n,
         "ms": ms,
         "floor_params_per_cpu_s": spec.numel / (per_contribution / 1000),
@@ -138,15 +146,17 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| fragment values | payload bytes | write ms | decompress ms | check ms | fold ms | round ms "
-        "(C contributions) | floor, G params/CPU-s | floor per further part |",
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| fragment values | payload bytes | write ms | decompress ms | check ms | fold ms | serve ms "
+        "| served / fp32 | learner decode ms | round ms (C contributions) | floor, G params/CPU-s "
+        "| floor per further part |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         ms = r["ms"]
         lines.append(
             f"| {r['fragment_values']:,} | {r['payload_bytes']:,} | {ms['write']:.1f} | {ms['decompress']:.1f} | "
-            f"{ms['check']:.1f} | {ms['fold']:.1f} | {ms['round']:,.0f} ({r['contributions']}) | "
+            f"{ms['check']:.1f} | {ms['fold']:.1f} | {ms['serve']:.1f} | {r['served_over_fp32']:.4f} | "
+            f"{ms['learner decode']:.1f} | {ms['round']:,.0f} ({r['contributions']}) | "
             f"{r['floor_params_per_cpu_s'] / 1e9:.3f} | {r['floor_per_part_params_per_cpu_s'] / 1e9:.3f} |"
         )
     return "\n".join(lines)

@@ -43,7 +43,7 @@ arrays, whatever the quantizer.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from math import prod
 from typing import Any, Protocol
@@ -53,6 +53,7 @@ import numpy.typing as npt
 import zstandard
 
 from diloco_core import quantize as q
+from diloco_core.byte_planes import Planes
 from diloco_core.fragments import Fragment
 from diloco_core.payload_errors import (
     CodecError,
@@ -62,20 +63,18 @@ from diloco_core.payload_errors import (
     TruncatedPayload,
     UnsupportedFormat,
 )
+from diloco_core.payload_frame import HEADER_LENGTH, QuantizedTensor, frame
 from diloco_core.payload_header import (
     MAX_HEADER_BYTES,
-    SOURCE_DTYPES,
     PayloadKind,
     Spec,
     check_fields,
     check_layout,
     max_header_size,
     parse_header,
-    render_header,
-    tensor_entry,
 )
 from diloco_core.quantized_arrays import QuantizedArrays
-from diloco_core.stored_frame import Bytes, Level, compressor
+from diloco_core.stored_frame import Level
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -107,8 +106,7 @@ MAGIC = b"DLCF"
 FORMAT_VERSION = 1
 DEFAULT_MAX_BYTES = 1 << 30
 _PREFIX = struct.Struct("<4sHQ")
-_HLEN = struct.Struct("<I")
-_PIECE = 1 << 22  # bytes compressed at a time
+_HLEN = HEADER_LENGTH
 
 
 @dataclass(frozen=True)
@@ -118,17 +116,6 @@ class Payload:
     kind: str
     quantizer: str
     tensors: dict[str, npt.NDArray[np.float32]]
-
-
-@dataclass(frozen=True)
-class QuantizedTensor:
-    """One tensor already in a quantizer's format (``quantize.quantize``'s two byte strings, or the
-    same bytes from another implementation of the formats): shape, source dtype, values, scales."""
-
-    shape: tuple[int, ...]
-    values: Bytes
-    scales: Bytes
-    dtype: str = "float32"
 
 
 def encode(
@@ -193,7 +180,7 @@ def encode_into(
     parts = quantized(tensors, quantizer, block_size)
     sink.write(_PREFIX.pack(MAGIC, FORMAT_VERSION, 0))
     length = 0
-    for piece in _frame(parts, fragment, base_version, kind, quantizer, block_size, level):
+    for piece in frame(parts, fragment, base_version, kind, quantizer, block_size, level):
         sink.write(piece)
         length += len(piece)
     sink.patch(0, _PREFIX.pack(MAGIC, FORMAT_VERSION, length))
@@ -218,6 +205,8 @@ def quantized(
 def dequantized(part: QuantizedTensor, quantizer: str, block_size: int) -> npt.NDArray[np.float32]:
     """The float32 values a receiver decodes from ``part`` (quantized by :func:`quantized` with
     ``quantizer`` and ``block_size``), without framing and reading back a payload."""
+    if isinstance(part.values, Planes):
+        return part.values.values().reshape(part.shape)
     values = q.dequantize(part.values, part.scales, quantizer, prod(part.shape), block_size)
     return values.reshape(part.shape)
 
@@ -235,54 +224,8 @@ def encode_quantized(
     """Serialize tensors already quantized with ``quantizer`` and ``block_size``; the same bytes as
     ``encode`` of the arrays they were quantized from. Each part's byte sizes must be those its shape
     implies."""
-    frame = list(_frame(parts, fragment, base_version, kind, quantizer, block_size, level))
-    return b"".join([_PREFIX.pack(MAGIC, FORMAT_VERSION, sum(map(len, frame))), *frame])
-
-
-def _frame(
-    parts: Mapping[str, QuantizedTensor],
-    fragment: int,
-    base_version: int,
-    kind: PayloadKind,
-    quantizer: str,
-    block_size: int,
-    level: Level,
-) -> Iterator[bytes]:
-    """The zstd frame of the header and the parts, in pieces: compressed tensor by tensor, with no
-    uncompressed copy of the payload (the checks run before the first piece)."""
-    check_fields(fragment, base_version, kind, quantizer, block_size)
-    entries: list[dict[str, Any]] = []
-    chunks: list[Bytes] = []
-    pos = 0
-    for name in sorted(parts):
-        part = parts[name]
-        if part.dtype not in SOURCE_DTYPES:
-            raise UnsupportedFormat(f"tensor {name!r} has dtype {part.dtype}; only floating point is encoded")
-        n = prod(part.shape)
-        nv, ns = len(memoryview(part.values).cast("B")), len(memoryview(part.scales).cast("B"))
-        if (nv, ns) != (q.data_nbytes(quantizer, n, block_size), q.scales_nbytes(quantizer, n, block_size)):
-            raise CodecError(
-                f"tensor {name!r}: {nv} value and {ns} scale bytes do not fit its shape {part.shape}"
-            )
-        entries.append(tensor_entry(name, part.shape, part.dtype, pos, nv, ns))
-        chunks += [part.values, part.scales]
-        pos += nv + ns
-    hbytes = render_header(
-        entries,
-        fragment=fragment,
-        base_version=base_version,
-        kind=kind,
-        quantizer=quantizer,
-        block_size=block_size,
-    )
-    head = _HLEN.pack(len(hbytes)) + hbytes
-    stream = compressor(level, len(head) + pos)
-    yield stream.compress(head)
-    for chunk in chunks:
-        view = memoryview(chunk).cast("B")
-        for start in range(0, len(view), _PIECE):  # small pieces: only one is held beside the frame
-            yield stream.compress(view[start : start + _PIECE])
-    yield stream.flush()
+    pieces = list(frame(parts, fragment, base_version, kind, quantizer, block_size, level))
+    return b"".join([_PREFIX.pack(MAGIC, FORMAT_VERSION, sum(map(len, pieces))), *pieces])
 
 
 def max_decoded_size(fragment: Fragment) -> int:

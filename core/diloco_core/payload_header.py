@@ -37,8 +37,8 @@ Spec = tuple[str, tuple[int, ...], tuple[int, int], tuple[int, int]]
 
 def check_fields(fragment: int, base_version: int, kind: str, quantizer: str, block_size: int) -> None:
     """Refuse header fields no payload can have (``UnsupportedFormat``), before anything is encoded."""
-    if quantizer not in q.QUANTIZERS:
-        raise UnsupportedFormat(f"unknown quantizer {quantizer!r}; expected one of {q.QUANTIZERS}")
+    if quantizer not in q.WIRE_FORMATS:
+        raise UnsupportedFormat(f"unknown quantizer {quantizer!r}; expected one of {q.WIRE_FORMATS}")
     if kind not in KINDS:
         raise UnsupportedFormat(f"unknown payload kind {kind!r}; expected one of {KINDS}")
     if not q.MIN_BLOCK_SIZE <= block_size <= q.MAX_BLOCK_SIZE:
@@ -155,7 +155,7 @@ def parse_header(raw: bytes) -> dict[str, Any]:
         "tensors",
     }:
         raise CorruptPayload("header has missing or unexpected fields")
-    if h["quantizer"] not in q.QUANTIZERS:
+    if h["quantizer"] not in q.WIRE_FORMATS:
         raise UnsupportedFormat(f"unknown quantizer {h['quantizer']!r}")
     if h["kind"] not in KINDS:
         raise UnsupportedFormat(f"unknown payload kind {h['kind']!r}")

@@ -1,6 +1,8 @@
 """Quantizers of the wire format, on flat float32 arrays (docs/algorithm.md §3.9).
 
 - ``fp32``: the values as they are.
+- ``fp32-planes``: the same values with each run's bytes as four byte planes (``diloco_core.byte_planes``),
+  which compress better and faster; the wire format of whole versions, not a codec a job chooses.
 - ``bf16``: the top 16 bits of each float32, rounded to nearest even (NaN stays NaN).
 - ``fp16``: IEEE half precision (values beyond ±65504 become ±inf).
 - ``int8`` / ``int4``: per block of ``block_size`` values a float32 scale ``s`` = the block's largest
@@ -49,10 +51,13 @@ from typing import Literal, get_args
 import numpy as np
 import numpy.typing as npt
 
-from diloco_core import code_levels
+from diloco_core import byte_planes, code_levels
 
 QuantizerName = Literal["fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2", "int1", "topk"]
 QUANTIZERS: tuple[str, ...] = get_args(QuantizerName)
+PLANES = byte_planes.NAME  # fp32 in byte planes: how whole versions travel, not a codec a job chooses
+WIRE_FORMATS: tuple[str, ...] = (*QUANTIZERS, PLANES)  # what a payload's header may name
+LOSSLESS: tuple[str, ...] = ("fp32", PLANES)  # the formats of parameters (every bit kept)
 BLOCKED: frozenset[str] = frozenset({"int8", "int4", "e3m0", "int2", "int1", "topk"})
 TOPK_PER_BLOCK = 8
 TOPK_MAX_BLOCK = 1 << 16
@@ -108,7 +113,7 @@ _CHUNK_VALUES = 1 << 18  # values quantized at once (about a megabyte of float32
 
 def data_nbytes(quantizer: str, n: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     """Bytes of the quantized values of ``n`` numbers (without scales)."""
-    per = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}  # integers: exact for any n
+    per = {"fp32": 4, PLANES: 4, "bf16": 2, "fp16": 2, "int8": 1}  # integers: exact for any n
     if quantizer in per:
         return per[quantizer] * n
     if quantizer == "int2":
@@ -131,13 +136,18 @@ def scales_nbytes(quantizer: str, n: int, block_size: int) -> int:
     return 4 * (-(-n // block_size)) if quantizer in BLOCKED else 0
 
 
-def quantize(x: F32, quantizer: str, block_size: int) -> tuple[bytes | memoryview, bytes]:
+def quantize(
+    x: F32, quantizer: str, block_size: int
+) -> tuple[bytes | memoryview | byte_planes.Planes, bytes]:
     """Encode a flat float32 array; returns (values, scales) as little-endian bytes. The values of
     an unblocked format are a view of an array, not a copy (of ``x`` itself for fp32 when it is
-    contiguous): a fragment's parameters are encoded without a second copy of them."""
+    contiguous): a fragment's parameters are encoded without a second copy of them. ``fp32-planes``
+    values are a ``byte_planes.Planes``, which makes the bytes a run at a time as they are framed."""
     x = np.ascontiguousarray(x, dtype=np.float32).ravel()
     if quantizer == "fp32":
         return x.astype("<f4", copy=False).data.cast("B"), b""
+    if quantizer == PLANES:
+        return byte_planes.Planes(x), b""
     if quantizer == "fp16":
         return _to_fp16(x).astype("<u2", copy=False).data.cast("B"), b""
     if quantizer == "bf16":
@@ -235,6 +245,8 @@ def dequantize(
     """Inverse of ``quantize``; the byte lengths must already have been checked."""
     if quantizer == "fp32":
         return np.frombuffer(values, dtype="<f4", count=n).astype(np.float32)
+    if quantizer == PLANES:
+        return byte_planes.decode(values, n)
     if quantizer == "fp16":
         return np.frombuffer(values, dtype="<f2", count=n).astype(np.float32)
     if quantizer == "bf16":

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from diloco_core import codec
 from diloco_core.fragments import Fragment
 from diloco_core.merge import check_finite
+from diloco_core.quantize import LOSSLESS, PLANES
 from diloco_core.screening import tensors_norm
+from diloco_core.stored_frame import ENTROPY
 
 from .contribution import Arrays
 from .errors import ApiError
@@ -81,12 +83,14 @@ def validate_outer_gradient(
 
 
 def validate_initial_params(blob: bytes | memoryview, spec: Fragment, max_bytes: int) -> Arrays:
-    """Decode the initial parameters of a fragment (kind "params", lossless fp32)."""
+    """Decode the initial parameters of a fragment (kind "params", lossless: fp32, or fp32-planes)."""
     payload = _decode(blob, spec, max_bytes)
     if payload.kind != "params":
         raise ApiError(400, "bad_request", f"payload kind is {payload.kind!r}, expected 'params'")
-    if payload.quantizer != "fp32":
-        raise ApiError(400, "bad_request", f"initial parameters must be fp32, got {payload.quantizer!r}")
+    if payload.quantizer not in LOSSLESS:
+        raise ApiError(
+            400, "bad_request", f"initial parameters must be fp32 or {PLANES}, got {payload.quantizer!r}"
+        )
     if payload.fragment != spec.index:
         raise ApiError(
             400, "bad_request", f"payload is for fragment {payload.fragment}, sent to fragment {spec.index}"
@@ -100,7 +104,8 @@ def validate_initial_params(blob: bytes | memoryview, spec: Fragment, max_bytes:
 
 
 def encode_params(params: Arrays, fragment: int, version: int) -> bytes:
-    """The served form of a global fragment version: lossless fp32 (never quantize the broadcast)."""
+    """The served form of a global fragment version: lossless (never quantize the broadcast), as
+    byte planes whose high plane is entropy-coded (``diloco_core.byte_planes``)."""
     return codec.encode(
-        params, fragment=fragment, base_version=version, kind="params", quantizer="fp32", level=1
+        params, fragment=fragment, base_version=version, kind="params", quantizer=PLANES, level=ENTROPY
     )

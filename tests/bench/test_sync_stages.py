@@ -29,8 +29,11 @@ def test_every_stage_is_timed_and_the_floors_follow_from_them(tmp_path: Path) ->
     subprocess.run([sys.executable, "-m", "diloco_bench.sync_stages", *args], check=True, timeout=600)
     (row,) = json.loads(out.read_text())
     ms = row["ms"]
-    assert all(ms[stage] > 0 for stage in ("write", "decompress", "check", "round", "fold")), ms
+    stages = ("write", "decompress", "check", "round", "fold", "serve", "learner decode")
+    assert all(ms[stage] > 0 for stage in stages), ms
     assert ms["check"] > ms["decompress"]
+    assert ms["round"] > ms["serve"]  # the round encodes the version it serves
+    assert 0.5 < row["served_over_fp32"] < 1  # random normal float32, in byte planes
     values = row["fragment_values"]
     floor = values / ((ms["write"] + ms["check"] + ms["round"] / 2) / 1000)
     assert math.isclose(row["floor_params_per_cpu_s"], floor, rel_tol=1e-9)

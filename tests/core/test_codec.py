@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from diloco_core import codec, payload_header
+from diloco_core import codec, payload_frame, payload_header
 from diloco_core import quantize as q
 from diloco_core.codec import (
     CorruptPayload,
@@ -115,7 +115,7 @@ def test_a_large_payload_written_to_a_file_is_never_held_whole(tmp_path: Path, l
     upload.discard()
     assert written == len(blob) > 0.9 * size
     assert encode_peak > 1.9 * size
-    assert into_peak < 3 * codec._PIECE < 0.4 * size
+    assert into_peak < 3 * payload_frame._PIECE < 0.4 * size
 
 
 def test_header_describes_tensors_and_scales() -> None:

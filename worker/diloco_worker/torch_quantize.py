@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from diloco_core import code_levels
 from diloco_core import quantize as q
+from diloco_core.byte_planes import Planes
 from diloco_core.codec import QuantizedTensor
 from diloco_core.fragments import TensorSpec
 from torch import Tensor
@@ -223,6 +224,7 @@ def quantize(x: Tensor, quantizer: str, block_size: int = q.DEFAULT_BLOCK_SIZE) 
     flat[: x.numel()] = x.detach().reshape(-1).to(torch.float32)
     out = quantize_flat(flat, quantizer, layout)
     part = layout.parts(quantizer, out.values.cpu().numpy(), out.scales.cpu().numpy())["x"]
+    assert not isinstance(part.values, Planes)  # slices of the flat buffer
     return bytes(part.values), bytes(part.scales)
 
 
