@@ -8,6 +8,7 @@ import numpy as np
 from diloco_core import codec, downlink, feedback
 from diloco_core.fragments import FragmentPlan
 from diloco_core.learner import FragmentCounters, outer_gradient
+from diloco_sync.ingest import encode_params
 from diloco_worker.model import build_gpt
 from diloco_worker.train import make_optimizer
 
@@ -65,14 +66,13 @@ class SimLearner:
 
     def deliver(self, p: int, release: Release, at: float) -> None:
         """Receive a new global version: a whole one, or an update the learner applies to its copy of
-        the previous version (a full copy, counted in fp32, when it does not hold that version)."""
+        the previous version (a full copy, counted as the synchronizer serves it, when it does not
+        hold that version)."""
         if release.update:
             version, known = self.known[p]
             made = downlink.apply(version, known, release.blob, self.plan.fragments[p])
             if made is None:  # on demand: the whole version
-                whole = codec.encode(
-                    release.params, fragment=p, base_version=release.version, kind="params", quantizer="fp32"
-                )
+                whole = encode_params(release.params, p, release.version)
                 made, self.bytes_down = (release.version, dict(release.params)), self.bytes_down + len(whole)
             self.known[p] = made
         else:

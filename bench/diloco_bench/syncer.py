@@ -20,6 +20,7 @@ from diloco_core.round_math import RoundResult
 from diloco_core.screening import Checked, screened_round, tensors_norm
 from diloco_sync.contribution import Contribution
 from diloco_sync.fragment_state import FragmentState
+from diloco_sync.ingest import encode_params
 
 Arrays = dict[str, np.ndarray]
 
@@ -223,11 +224,10 @@ class Syncer:
         return release
 
     def _release(self, p: int, result: RoundResult) -> Release:
-        """The new version as it goes down: whole in fp32, or (``down_codec``) the update from the
-        previous version that the round published (``diloco_core.downlink``)."""
+        """The new version as it goes down: whole, as the synchronizer serves it (``encode_params``),
+        or (``down_codec``) the update from the previous version that the round published
+        (``diloco_core.downlink``)."""
         if result.down_blob is None:
-            blob = codec.encode(
-                result.params, fragment=p, base_version=result.version, kind="params", quantizer="fp32"
-            )
+            blob = encode_params(result.params, p, result.version)
             return Release(result.version, dict(result.params), blob)
         return Release(result.version, result.params, result.down_blob, update=True)

@@ -5,13 +5,14 @@ bits of the exponent) on a few dozen values and its three low bytes on what is n
 as they lie, the four bytes alternate, and zstd at level 1 finds about 8 % to save in a payload of
 random normal float32. Written as planes, the high bytes of a run come together and compress by
 their byte frequencies to about a third, and the three low planes pass as they are: about 16 % is
-saved (docs/benchmarks.md), with less work, since the match search has little to look for.
+saved (docs/benchmarks.md, "Whole versions in byte planes"), with less work, since the match search has little to look for.
 
 The layout: the values in runs of ``RUN`` (the last run holds the rest); a run of m values is m
 bytes of the values' byte 3 (the high byte of the little-endian float32), then m of byte 2, m of
 byte 1 and m of byte 0. Lossless, bit for bit (NaN payloads and -0 included), 4 bytes per value,
 no scales. The frame that carries it ends a zstd block where each run's high plane ends and where
-the run ends (``diloco_core.codec``), so that no block mixes the two kinds of bytes.
+the run ends (``diloco_core.payload_frame``), so that the high planes are entropy-coded in blocks of
+their own (the first shares its block with the payload's header) and the low planes go raw.
 
 This is a wire format of whole versions and initial parameters, not a codec a job chooses: it
 carries exactly what ``fp32`` carries.

@@ -106,7 +106,6 @@ MAGIC = b"DLCF"
 FORMAT_VERSION = 1
 DEFAULT_MAX_BYTES = 1 << 30
 _PREFIX = struct.Struct("<4sHQ")
-_HLEN = HEADER_LENGTH
 
 
 @dataclass(frozen=True)
@@ -231,7 +230,12 @@ def encode_quantized(
 def max_decoded_size(fragment: Fragment) -> int:
     """The largest decompressed size a payload of this fragment can have in any format."""
     per_tensor = 4  # a partial block's scale can exceed the 4 bytes per value of fp32 by one scale
-    return _HLEN.size + max_header_size(fragment) + 4 * fragment.numel + per_tensor * len(fragment.tensors)
+    return (
+        HEADER_LENGTH.size
+        + max_header_size(fragment)
+        + 4 * fragment.numel
+        + per_tensor * len(fragment.tensors)
+    )
 
 
 @dataclass(frozen=True)
@@ -251,14 +255,14 @@ def decode_quantized(
     """Check untrusted bytes as ``decode`` does and keep the tensors quantized (read each with
     ``payload.tensors[name]``; topk's indices are checked at that read)."""
     inner = _decompress(blob, fragment, max_bytes)
-    if len(inner) < _HLEN.size:
+    if len(inner) < HEADER_LENGTH.size:
         raise CorruptPayload("payload too short for its header length")
-    (hlen,) = _HLEN.unpack_from(inner)
+    (hlen,) = HEADER_LENGTH.unpack_from(inner)
     hmax = MAX_HEADER_BYTES if fragment is None else max_header_size(fragment)
-    if hlen > hmax or _HLEN.size + hlen > len(inner):
+    if hlen > hmax or HEADER_LENGTH.size + hlen > len(inner):
         raise CorruptPayload(f"header length {hlen} is out of bounds")
-    header = parse_header(bytes(inner[_HLEN.size : _HLEN.size + hlen]))
-    data = memoryview(inner)[_HLEN.size + hlen :]
+    header = parse_header(bytes(inner[HEADER_LENGTH.size : HEADER_LENGTH.size + hlen]))
+    data = memoryview(inner)[HEADER_LENGTH.size + hlen :]
     specs = check_layout(header, len(data))
     if fragment is not None:
         _check_fragment(header, specs, fragment)

@@ -5,8 +5,8 @@ Layout under ``shard-<i>/`` (one folder per shard, so replicas never write each 
 
 - ``plan.json``                              the adopted fragment plan (written once)
 - ``learners.json``                          the learner registry
-- ``fragments/<p>/params-<v>.bin``           global parameters of fragment p at version v (codec, fp32)
-- ``fragments/<p>/outer-<v>.bin``            outer-optimizer state after version v (codec, fp32)
+- ``fragments/<p>/params-<v>.bin``           global parameters of fragment p at version v (codec, fp32-planes; fp32 from earlier builds)
+- ``fragments/<p>/outer-<v>.bin``            outer-optimizer state after version v (codec, fp32, stored)
 - ``rounds/<p>/<v>.json``                    the round log: who was merged into version v, with weights
 - ``pending/<p>/<learner>/<base>-<seq>.bin`` a contribution accepted but not merged yet
 - ``manifest.json``                          written last: the committed version of every fragment

@@ -23,7 +23,8 @@ _PIECE = 1 << 22  # bytes compressed at a time
 class QuantizedTensor:
     """One tensor already in a quantizer's format (``quantize.quantize``'s two byte strings, or the
     same bytes from another implementation of the formats): shape, source dtype, values, scales.
-    ``fp32-planes`` values may be a ``Planes``, whose bytes are made as they are framed."""
+    ``fp32-planes`` values are a ``Planes``, whose bytes are made as they are framed (the frame
+    refuses them as bytes, and a ``Planes`` for any other format)."""
 
     shape: tuple[int, ...]
     values: Bytes | Planes
@@ -41,8 +42,8 @@ def frame(
     level: Level,
 ) -> Iterator[bytes]:
     """The zstd frame of the header and the parts, in pieces: compressed tensor by tensor, with no
-    uncompressed copy of the payload (the checks run before the first piece). A block ends where
-    each byte plane of a ``Planes`` run ends."""
+    uncompressed copy of the payload (the checks run before the first piece). A block ends after each
+    ``Planes`` run's high plane and after the run."""
     check_fields(fragment, base_version, kind, quantizer, block_size)
     entries: list[dict[str, Any]] = []
     chunks: list[Bytes | Planes] = []

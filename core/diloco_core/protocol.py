@@ -20,7 +20,7 @@ body that is not UTF-8 JSON), carries an ``ErrorBody``.
   registry: the learner registers again; contributions answer the same).
 - ``POST /v1/learners/{learner_id}/leave``  → 204. Afterwards the learner's heartbeats and
   contributions answer 409 ``left`` until it registers again, which is how it rejoins.
-- ``PUT  /v1/fragments/{p}/init``  body: codec payload (kind "params", fp32) → 200 FragmentVersionInfo;
+- ``PUT  /v1/fragments/{p}/init``  body: codec payload (kind "params", fp32 or fp32-planes) → 200 FragmentVersionInfo;
   accepted only while the fragment has no version yet (409 ``already_initialised`` afterwards).
 - ``POST /v1/fragments/{p}/contributions?base_version=&steps=&tokens=&seq=``  body: codec payload
   (kind "outer_grad") → 202 ContributionResult; errors → ErrorBody with a 4xx/5xx status:
@@ -33,7 +33,7 @@ body that is not UTF-8 JSON), carries an ``ErrorBody``.
   parts a contribution continues.
   Idempotent on (learner, fragment, base_version, seq): a repeat answers ``duplicate``.
 - ``GET  /v1/fragments/{p}?newer_than=v&wait=s[&announce_rounds=true]``  → 200 codec payload (kind "params",
-  fp32) with headers ``X-DiLoCo-Version`` and ``X-DiLoCo-Fragment``; 304 when no newer version arrived
+  fp32-planes) with headers ``X-DiLoCo-Version`` and ``X-DiLoCo-Fragment``; 304 when no newer version arrived
   within ``wait``. With ``announce_rounds=true`` (a learner asking to be pulled) it also answers early
   with 204 No Content when a round on version ``v`` of fragment ``p`` is open (its first contribution
   was accepted) and the calling learner has not contributed to it: headers ``X-DiLoCo-Round-Open: v``

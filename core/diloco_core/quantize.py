@@ -242,7 +242,8 @@ def _quantize_topk(x: F32, block_size: int) -> tuple[bytes, bytes]:
 def dequantize(
     values: bytes | memoryview, scales: bytes | memoryview, quantizer: str, n: int, block_size: int
 ) -> F32:
-    """Inverse of ``quantize``; the byte lengths must already have been checked."""
+    """Inverse of ``quantize`` on the bytes a payload carries (``fp32-planes``: the bytes a ``Planes``
+    makes); the byte lengths must already have been checked."""
     if quantizer == "fp32":
         return np.frombuffer(values, dtype="<f4", count=n).astype(np.float32)
     if quantizer == PLANES:

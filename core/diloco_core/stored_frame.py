@@ -49,7 +49,8 @@ class Stream(Protocol):
 class StoredFrame:
     """The frame of ``size`` bytes of content given piece by piece to :meth:`compress` (each call
     returns the frame's bytes for its piece, the frame's header before the first); :meth:`flush`
-    returns the checksum, and nothing with ``BLOCK_END`` (each piece's blocks are whole). ``ValueError`` when the pieces do not add up to ``size``, and for a piece
+    returns the checksum, and nothing with ``BLOCK_END`` (each piece's blocks are whole).
+    ``ValueError`` when the pieces do not add up to ``size``, and for a piece
     or a flush after the flush."""
 
     def __init__(self, size: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -52,6 +53,16 @@ def test_the_layout_is_each_run_s_bytes_high_plane_first() -> None:
     want = bytes(raw[4 * i + b] for b in (3, 2, 1, 0) for i in range(3))
     assert Planes(x).tobytes() == want
     assert bits(byte_planes.decode(want, 3)) == bits(x)
+
+
+def test_the_run_is_part_of_the_format() -> None:
+    """A build with another run would read this build's payloads wrong without an error (the lengths
+    and checksums would hold): the run is pinned, and so are the bytes of values over several runs."""
+    assert RUN == 262_144
+    i = np.arange(2 * 262_144 + 77, dtype=np.uint64)
+    x = ((i * 2654435761) % (1 << 32)).astype(np.uint32).view(np.float32)  # every kind of bit pattern
+    digest = hashlib.sha256(Planes(x).tobytes()).hexdigest()
+    assert digest == "177e4184de95c1d5f9db394e37ebd4e91b500edb9c9813c9854434c132334e1a"
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, RUN - 1, RUN, RUN + 1, 2 * RUN + 5])
