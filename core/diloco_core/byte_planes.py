@@ -2,10 +2,11 @@
 
 A float32 of a model's weights or of its optimizer state spends its high byte (the sign and seven
 bits of the exponent) on a few dozen values and its three low bytes on what is nearly noise. Written
-as they lie, the four bytes alternate, and zstd at level 1 finds about 8 % to save in a payload of
+as they lie, the four bytes alternate, and zstd at level 1 finds 7.6 % to save in a payload of
 random normal float32. Written as planes, the high bytes of a run come together and compress by
-their byte frequencies to about a third, and the three low planes pass as they are: about 16 % is
-saved (docs/benchmarks.md, "Whole versions in byte planes"), with less work, since the match search has little to look for.
+their byte frequencies to about a third, and the three low planes pass as they are: 16.6 % is
+saved (docs/benchmarks.md, "Whole versions in byte planes"), with less work, since the match
+search has little to look for.
 
 The layout: the values in runs of ``RUN`` (the last run holds the rest); a run of m values is m
 bytes of the values' byte 3 (the high byte of the little-endian float32), then m of byte 2, m of

@@ -212,7 +212,7 @@ async def leave(learner_id: str, service: Service, learner: Learner) -> Response
 async def init_fragment(
     request: Request, service: Service, desk: Desk, p: FragmentIndex, _learner: Learner
 ) -> FragmentVersionInfo:
-    """Upload a fragment's initial parameters (kind "params", fp32 or fp32-planes); only while it has no version."""
+    """Upload initial parameters (kind "params", fp32 or fp32-planes); only while it has no version."""
     body = await anyio.to_thread.run_sync(scratch_upload)
     try:
         await receive_body(request, desk.body_limit(p), body)
