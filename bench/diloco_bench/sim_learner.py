@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 from diloco_core import codec, downlink, feedback
+from diloco_core.codec import encode_params
 from diloco_core.fragments import FragmentPlan
 from diloco_core.learner import FragmentCounters, outer_gradient
-from diloco_sync.ingest import encode_params
 from diloco_worker.model import build_gpt
 from diloco_worker.train import make_optimizer
 

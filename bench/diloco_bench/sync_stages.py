@@ -11,7 +11,7 @@ the whole process for a round (BLAS may use threads of its own):
 - **decompress**: the payload's zstd frame read (``codec.decode_quantized``);
 - **check**: the whole arrival check (``ingest.validate_outer_gradient``: decompression, the norm from
   the codes, finiteness);
-- **serve**: the new version encoded as it is served and stored (``ingest.encode_params``; part of
+- **serve**: the new version encoded as it is served and stored (``codec.encode_params``; part of
   the round), with **served / fp32**, its size against the fragment's float32 bytes;
 - **learner decode**: what a learner that fetches the whole version spends decoding it
   (``codec.decode`` of the served payload, as the learner's poller and catch-up do);
@@ -56,7 +56,7 @@ from diloco_core.outer import OuterState
 from diloco_core.uploads import FileUpload
 from diloco_sync.body import WRITE_BYTES
 from diloco_sync.contribution import Contribution, fold
-from diloco_sync.ingest import encode_params, payload_limit, validate_outer_gradient
+from diloco_sync.ingest import payload_limit, validate_outer_gradient
 from diloco_sync.merging import RoundOutcome, run_round, write_outer_state
 
 from diloco_bench.round_memory import contributions
@@ -109,7 +109,7 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
     del first
     taken = contributions(plan, n, 1)
     one, two = folded(plan, 1)
-    served = encode_params(state, spec.index, 1)
+    served = codec.encode_params(state, spec.index, 1)
 
     with tempfile.TemporaryDirectory(prefix="sync-stages-") as root:
         folder = Path(root)
@@ -127,7 +127,7 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
             "check": cpu_ms(lambda: validate_outer_gradient(blob, spec, 0, limit), repeat),
             "fold": cpu_ms(lambda: read_all(MeasuredTensors(two.tensors)), repeat)
             - cpu_ms(lambda: read_all(one.tensors), repeat),
-            "serve": cpu_ms(lambda: encode_params(state, spec.index, 1), repeat),
+            "serve": cpu_ms(lambda: codec.encode_params(state, spec.index, 1), repeat),
             "learner decode": cpu_ms(lambda: codec.decode(served, fragment=spec), repeat),
             "round": cpu_ms(round_and_commit, repeat, time.process_time),
         }

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from diloco_core import codec, rounds
+from diloco_core.codec import encode_params
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import FragmentPlan
 from diloco_core.learner import Sent
@@ -20,7 +21,6 @@ from diloco_core.round_math import RoundResult
 from diloco_core.screening import Checked, screened_round, tensors_norm
 from diloco_sync.contribution import Contribution
 from diloco_sync.fragment_state import FragmentState
-from diloco_sync.ingest import encode_params
 
 Arrays = dict[str, np.ndarray]
 

@@ -74,7 +74,7 @@ from diloco_core.payload_header import (
     parse_header,
 )
 from diloco_core.quantized_arrays import QuantizedArrays
-from diloco_core.stored_frame import Level
+from diloco_core.stored_frame import ENTROPY, Level
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -95,6 +95,7 @@ __all__ = [
     "decode_quantized",
     "encode",
     "encode_into",
+    "encode_params",
     "encode_quantized",
     "max_bytes_for_values",
     "max_decoded_size",
@@ -141,6 +142,15 @@ class Fields:
     kind: PayloadKind
     quantizer: str
     block_size: int = q.DEFAULT_BLOCK_SIZE
+
+
+def encode_params(params: Mapping[str, npt.NDArray[Any]], fragment: int, version: int) -> bytes:
+    """Parameters as they travel whole and are stored (a learner's initial upload, with version -1;
+    a global version as the synchronizer serves and keeps it): lossless, never quantized, as byte
+    planes whose high plane is entropy-coded (``diloco_core.byte_planes``)."""
+    return encode(
+        params, fragment=fragment, base_version=version, kind="params", quantizer=q.PLANES, level=ENTROPY
+    )
 
 
 def encode_with_parts(

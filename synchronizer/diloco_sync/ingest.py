@@ -16,7 +16,6 @@ from diloco_core.fragments import Fragment
 from diloco_core.merge import check_finite
 from diloco_core.quantize import LOSSLESS, PLANES
 from diloco_core.screening import tensors_norm
-from diloco_core.stored_frame import ENTROPY
 
 from .contribution import Arrays
 from .errors import ApiError
@@ -101,11 +100,3 @@ def validate_initial_params(blob: bytes | memoryview, spec: Fragment, max_bytes:
     if reason is not None:
         raise ApiError(400, "non_finite", reason)
     return tensors
-
-
-def encode_params(params: Arrays, fragment: int, version: int) -> bytes:
-    """The served form of a global fragment version: lossless (never quantize the broadcast), as
-    byte planes whose high plane is entropy-coded (``diloco_core.byte_planes``)."""
-    return codec.encode(
-        params, fragment=fragment, base_version=version, kind="params", quantizer=PLANES, level=ENTROPY
-    )

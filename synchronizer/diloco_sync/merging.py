@@ -19,7 +19,6 @@ from diloco_core.round_math import RoundResult
 from diloco_core.screening import NormHistory, screened_round
 
 from .contribution import Arrays, Contribution
-from .ingest import encode_params
 
 NO_HISTORY = NormHistory()
 
@@ -82,7 +81,7 @@ def run_round(
         return NothingMerged(screened.excluded)
     result = replace(screened.result, update={})
     screened = replace(screened, result=result)  # the update is no longer held while encoding
-    payload = encode_params(result.params, spec.index, result.version)
+    payload = codec.encode_params(result.params, spec.index, result.version)
     return RoundOutcome(
         result,
         payload,

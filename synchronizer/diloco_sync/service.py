@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import anyio.to_thread
-from diloco_core import downlink
+from diloco_core import codec, downlink
 from diloco_core.fragments import FragmentPlan, plan_differences
 from diloco_core.layout import FragmentRecord, LearnerRecord
 from diloco_core.protocol import (
@@ -38,7 +38,7 @@ from diloco_core.wire import WireTally
 from .contribution import Contribution
 from .errors import ApiError, learner_left, not_registered
 from .fragments import Fragments
-from .ingest import encode_params, payload_limit, validate_initial_params
+from .ingest import payload_limit, validate_initial_params
 from .learners import LearnerLeft, LearnerRegistry, UnknownLearner
 from .merging import write_outer_state
 from .metrics import Metrics, Traffic
@@ -251,7 +251,7 @@ class SyncService:
         self._check_uninitialised(p)
         fs.begin_init()  # no second init while this one is written
         try:
-            payload = await anyio.to_thread.run_sync(encode_params, params, p, 0)
+            payload = await anyio.to_thread.run_sync(codec.encode_params, params, p, 0)
             digest = await anyio.to_thread.run_sync(downlink.digest, params)
             record = FragmentRecord(
                 version=0,

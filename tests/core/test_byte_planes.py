@@ -175,7 +175,7 @@ def test_fp32_planes_is_a_wire_format_not_a_codec_a_job_chooses() -> None:
 
 
 def test_golden_blob_is_reproduced_byte_for_byte() -> None:
-    """A whole version as the synchronizer serves it (``ingest.encode_params``'s format and level)."""
+    """A whole version as the synchronizer serves it (``codec.encode_params``)."""
     i = np.arange(3 * 1000, dtype=np.float32)
     tensors = {
         "h.0.attn.weight": (np.sin(i * 0.37) * np.exp(-i / 1500) * 0.02).reshape(30, 100).astype(np.float32),

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 from diloco_core import downlink
+from diloco_core.codec import encode_params
 from diloco_core.fragments import build_plan
 from diloco_core.layout import FragmentRecord
 from diloco_core.outer import OuterState
 from diloco_core.storage import FilesystemStore
-from diloco_sync.ingest import encode_params
 from diloco_sync.merging import write_outer_state
 from diloco_sync.persistence import StateStore
 from diloco_sync.publication import Stored

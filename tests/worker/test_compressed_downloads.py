@@ -13,10 +13,8 @@ import pytest
 import torch
 from diloco_core import protocol as proto
 from diloco_core.auth import learner_token
-from diloco_core.codec import decode, encode
+from diloco_core.codec import decode, encode, encode_params
 from diloco_core.fragments import FragmentPlan, build_plan
-from diloco_core.quantize import PLANES
-from diloco_core.stored_frame import ENTROPY
 from diloco_testbed.waiting import wait_for
 from diloco_worker.comms import CommSettings, Communicator
 from diloco_worker.data import Shard
@@ -87,9 +85,7 @@ def test_the_learner_follows_every_version_through_updates_bit_for_bit(tmp_path:
                 for name, value in whole.items():
                     np.testing.assert_array_equal(tensors[name], value)
             assert comm.updates == 6  # every version came as an update
-            whole_size = len(
-                encode(version0, fragment=0, base_version=0, kind="params", quantizer=PLANES, level=ENTROPY)
-            )
+            whole_size = len(encode_params(version0, 0, 0))
             received = {x["learner_id"]: x["bytes_received"] for x in sync.status()["learners"]}
             assert 0 < received["x"] - whole_size < 6 * whole_size / 8  # its first fetch, then 6 updates
         finally:
@@ -143,9 +139,7 @@ def test_a_learner_several_versions_behind_walks_the_chain_of_updates(tmp_path: 
         assert whole_version == 4
         for name, value in whole.items():
             np.testing.assert_array_equal(newest[name], value)
-        whole_size = len(
-            encode(version0, fragment=0, base_version=0, kind="params", quantizer=PLANES, level=ENTROPY)
-        )
+        whole_size = len(encode_params(version0, 0, 0))
         received = {r["learner_id"]: r["bytes_received"] for r in sync.status()["learners"]}["x"] - before
         assert 0 < received < whole_size
     finally:

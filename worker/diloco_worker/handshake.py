@@ -17,11 +17,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from diloco_core import protocol as proto
-from diloco_core.codec import encode
+from diloco_core.codec import encode_params
 from diloco_core.config import SCHEDULES, DiLoCoSettings, Quantizer, Schedule
 from diloco_core.fragments import FragmentPlan
-from diloco_core.quantize import PLANES
-from diloco_core.stored_frame import ENTROPY
 
 from .distributed import Unit
 from .fragment_state import FragmentState
@@ -131,9 +129,7 @@ class Handshake:
         return resp
 
     def _upload_init(self, client: SyncClient, p: int) -> None:
-        blob = encode(
-            self.fs.anchors[p], fragment=p, base_version=-1, kind="params", quantizer=PLANES, level=ENTROPY
-        )
+        blob = encode_params(self.fs.anchors[p], p, -1)
         try:
             info = client.init_fragment(p, blob)
             log.info("fragment=%d version=%d uploaded the initial parameters", p, info.version)
