@@ -47,16 +47,20 @@ class Sample(NamedTuple):
     reported: tuple[int, int]  # the learner's bytes at the socket (sent, received)
     sync: Counts  # the node's count of the pod's packets to and from the synchronizer's ports
     storage: Counts  # ... and the object store's
-    interface: Counts  # the pod's eth0
+    interface: tuple[Counts, Counts]  # the pod's eth0, read just before the rules and just after
 
 
 def _sample(sync: Synchronizer, pid: int, sync_ports: set[int]) -> Sample:
     """The learner's report and the node's counts, taken together: the counts are read as soon as a
-    new heartbeat shows in the status (its figures are the learner's as it sent it)."""
+    new heartbeat shows in the status (its figures are the learner's as it sent it). Reading the rules
+    takes a few processes' time, so the interface is read on both sides of it: a window from the
+    first reading of one sample to the second of the next holds every packet the rules counted."""
     before = _reported(sync)
     reported = wait_for(lambda: (r := _reported(sync)) != before and r, timeout=60, interval=0.1,
                         what="a new heartbeat of the learner")  # fmt: skip
-    return Sample(reported, port_counts(pid, sync_ports), port_counts(pid, [S3_PORT]), interface_counts(pid))
+    interface = interface_counts(pid)
+    ports, storage = port_counts(pid, sync_ports), port_counts(pid, [S3_PORT])
+    return Sample(reported, ports, storage, (interface, interface_counts(pid)))
 
 
 @pytest.mark.timeout(1200)
@@ -90,7 +94,7 @@ def test_a_learner_pods_bytes_at_the_node_are_what_the_learner_reports(
     ports_seen, storage, interface = (
         last.sync - first.sync,
         last.storage - first.storage,
-        last.interface - first.interface,
+        last.interface[1] - first.interface[0],
     )
     tcp_sent, tcp_received = tcp_payload(ports_seen)
     print(
