@@ -13,6 +13,7 @@ otherwise make several times over (freshly allocated memory is the slow part of 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from functools import cache
 
 import numpy as np
@@ -68,18 +69,48 @@ def decode(values: bytes | memoryview, scales: F32, quantizer: str, n: int, bloc
     """The ``n`` float32 values of ``quantizer``'s codes ``values`` in blocks of ``block_size`` with
     ``scales`` (one per block, the last block possibly partial); the byte lengths must already have
     been checked."""
+    out = np.empty(n, dtype=np.float32)
+    for _ in _decoded(values, scales, quantizer, n, block_size, out):
+        pass
+    return out
+
+
+def add_decoded(
+    acc: F32,
+    factor: np.float32,
+    values: bytes | memoryview,
+    scales: F32,
+    quantizer: str,
+    n: int,
+    block_size: int,
+) -> None:
+    """``acc += decode(...) * factor``, each product rounded to float32 and then added, bit for bit
+    as those two operations on whole arrays give it; the values are decoded a chunk at a time into
+    a scratch that stays in the cache, so no array the size of the tensor is made (``acc``: ``n``
+    contiguous float32 values)."""
+    for start, chunk in _decoded(values, scales, quantizer, n, block_size, None):
+        np.multiply(chunk, factor, out=chunk)
+        part = acc[start : start + chunk.size]
+        np.add(part, chunk, out=part)
+
+
+def _decoded(
+    values: bytes | memoryview, scales: F32, quantizer: str, n: int, block_size: int, out: F32 | None
+) -> Iterator[tuple[int, F32]]:
+    """The decoded values a chunk at a time, ``(offset, chunk)``: each chunk in its place in ``out``,
+    or without ``out`` in one scratch array reused for every chunk (valid until the next)."""
     per = 8 // BITS[quantizer]
     table = byte_table(quantizer)
     f = factors(quantizer, scales)
     packed = np.frombuffer(values, dtype=np.uint8)
-    out = np.empty(n, dtype=np.float32)
     whole_bytes_of_blocks = block_size * per // math.gcd(block_size, per)
     chunk = max(1, _CHUNK // whole_bytes_of_blocks) * whole_bytes_of_blocks
     index = np.empty(chunk // per, dtype=np.intp)  # the bytes as take's indices, made once
+    scratch = np.empty(min(chunk, n), dtype=np.float32) if out is None else out
     for start in range(0, n, chunk):
         m = min(chunk, n - start)
         first_byte = start // per
-        o = out[start : start + m]
+        o = out[start : start + m] if out is not None else scratch[:m]
         if m % per == 0:
             i = index[: m // per]
             np.copyto(i, packed[first_byte : first_byte + m // per])
@@ -91,4 +122,4 @@ def decode(values: bytes | memoryview, scales: F32, quantizer: str, n: int, bloc
         np.multiply(blocks, f[first : first + whole, None], out=blocks)
         if whole * block_size < m:
             o[whole * block_size :] *= f[first + whole]
-    return out
+        yield start, o

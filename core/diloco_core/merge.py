@@ -8,14 +8,16 @@ directions averaged separately, so the merged norm does not shrink as ``1/sqrt(M
 orthogonal contributions); embedding fragments with the weighted mean. Sums are float32, in the
 order the contributions are given, and running: each contribution's tensor is read (a payload held
 quantized is decoded then), added and let go once the next is read, so a merge holds the sum, a
-scratch array and two tensors read, whatever the number of contributions.
+scratch array and two tensors read, whatever the number of contributions. A tensor a payload
+holds in a blocked low-bit format is read from its codes (``Codes``): its norm from them, and its
+values decoded a chunk at a time into the sum, so no array of its size is made for it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +30,36 @@ TINY_SCALE = 1e-30  # a scale below this is applied in float64 (float32 would lo
 
 # The mean direction counts as vanished below this norm (unit directions averaged; 1 is the maximum).
 _MIN_DIRECTION_NORM = 1e-6
+
+
+@runtime_checkable
+class Codes(Protocol):
+    """A tensor read from its codes (``quantized_arrays.TensorCodes``) instead of as an array."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def sum_squares(self) -> float:
+        """Its values' sum of squares in float64 (``inf`` when one is not finite)."""
+        ...
+
+    def add_to(self, acc: F32, factor: np.float32) -> None:
+        """``acc += values * factor``, each product rounded to float32 (``acc`` flat, float32)."""
+        ...
+
+    def values(self) -> F32:
+        """Its values, decoded (a new array of its shape)."""
+        ...
+
+
+@runtime_checkable
+class FromCodes(Protocol):
+    """A contribution's tensors that can be read from their codes (``QuantizedArrays``)."""
+
+    def codes(self, name: str) -> Codes | None: ...
+
+
+Vector = npt.NDArray[np.floating] | Codes
 
 
 def contribution_weight(
@@ -102,6 +134,13 @@ def _norm(flat: F32) -> float:
     return math.sqrt(float(np.dot(flat, flat)))
 
 
+def _length(v: F32 | Codes) -> float:
+    """A contribution's norm: from its codes' float64 sum of squares when it is read from them
+    (``code_norms``), else a float32 dot product (``_norm``); the two differ by the dot product's
+    rounding."""
+    return math.sqrt(v.sum_squares()) if isinstance(v, Codes) else _norm(v)
+
+
 _ADD_BLOCK = 1 << 15  # values scaled at a time before their addition: the scaled block stays in the cache
 
 
@@ -115,21 +154,26 @@ class _Sum:
         self._acc: F32 | None = None
         self._scratch: F32 | None = None
 
-    def flat(self, v: npt.NDArray[np.floating]) -> F32:
-        """``v`` as the float32 vector ``add`` takes (its shape checked against the others')."""
-        self.shape = _same_shape(self.shape, v.shape)
-        return _flat32(v)
+    def flat(self, v: Vector) -> F32 | Codes:
+        """``v`` as ``add`` takes it (its shape checked against the others'): a float32 vector, or
+        the codes it is read from."""
+        self.shape = _same_shape(self.shape, tuple(v.shape))
+        return v if isinstance(v, Codes) else _flat32(v)
 
-    def add(self, flat: F32, scale: float) -> None:
+    def add(self, flat: F32 | Codes, scale: float) -> None:
         """Add ``scale * flat`` (a vector from ``flat``)."""
-        if self._acc is not None:
-            _same_shape(self._acc.shape, flat.shape)
+        size = math.prod(flat.shape)
+        if self._acc is not None and self._acc.size != size:
+            raise ValueError(f"contributions have different sizes: {sorted({self._acc.size, size})}")
         if self._acc is None or self._scratch is None:
-            self._acc = np.zeros(flat.shape, dtype=np.float32)
-            self._scratch = np.empty(min(_ADD_BLOCK, flat.size), dtype=np.float32)
+            self._acc = np.zeros(size, dtype=np.float32)
+            self._scratch = np.empty(min(_ADD_BLOCK, size), dtype=np.float32)
         if scale == 0.0:
             return
         factor = np.float32(scale)
+        if isinstance(flat, Codes):
+            flat.add_to(self._acc, factor)
+            return
         for start in range(0, flat.size, _ADD_BLOCK):
             part, acc = flat[start : start + _ADD_BLOCK], self._acc[start : start + _ADD_BLOCK]
             product = self._scratch[: part.size]
@@ -150,25 +194,26 @@ def scaled(x: npt.NDArray[np.float32], scale: float) -> npt.NDArray[np.float32]:
     return (x.astype(np.float64) * scale).astype(np.float32)
 
 
-def weighted_mean(vectors: Collection[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:
+def weighted_mean(vectors: Collection[Vector], weights: Sequence[float]) -> F32:
     """``sum w_m v_m / sum w_m`` in float32, as ``sum (w_m / sum w) v_m``: no weight larger than 1
     multiplies a value, so large weights cannot overflow float32. Each vector is read once, in
     order, and let go once the next is read."""
     ws = _normalised(weights, len(vectors))
     if len(vectors) == 1:
-        return np.array(next(iter(vectors)), dtype=np.float32)
+        only = next(iter(vectors))
+        return only.values() if isinstance(only, Codes) else np.array(only, dtype=np.float32)
     total = _Sum()
     for v, w in zip(vectors, ws, strict=True):
         total.add(total.flat(v), w)
     return total.total()
 
 
-def rda(vectors: Collection[npt.NDArray[np.floating]], weights: Sequence[float]) -> F32:
+def rda(vectors: Collection[Vector], weights: Sequence[float]) -> F32:
     """Radial-directional average: mean norm x direction of the mean of unit directions.
 
     Falls back to the weighted mean when the mean direction vanishes (opposite contributions).
-    Norms are float32 dot products accumulated into a Python float; directions are summed in
-    float32. Each vector is read once, in order (the norm and the direction from one reading), and
+    Each contribution's norm is from its float64 sum of squares (``_length``), the mean
+    direction's a float32 dot product; directions are summed in float32. Each vector is read once, in order (the norm and the direction from one reading), and
     read again only for the fallback.
     """
     ws = _normalised(weights, len(vectors))
@@ -176,7 +221,7 @@ def rda(vectors: Collection[npt.NDArray[np.floating]], weights: Sequence[float])
     direction = _Sum()
     for v, w in zip(vectors, ws, strict=True):
         flat = direction.flat(v)
-        n = _norm(flat)
+        n = _length(flat)
         radius += w * n
         direction.add(flat, w / n if n > 0 else 0.0)
     merged = direction.total()
@@ -187,15 +232,22 @@ def rda(vectors: Collection[npt.NDArray[np.floating]], weights: Sequence[float])
     return merged
 
 
-class _Column(Collection[npt.NDArray[np.floating]]):
+def _read(d: Mapping[str, npt.NDArray[np.floating]], name: str) -> Vector:
+    """Tensor ``name`` of ``d``: from its codes where ``d`` offers them, else as an array."""
+    codes = d.codes(name) if isinstance(d, FromCodes) else None
+    return codes if codes is not None else d[name]
+
+
+class _Column(Collection[Vector]):
     """Tensor ``name`` of each contribution, read from its mapping only as it is iterated (a lazily
-    decoded payload decodes it then), so a merge holds one contribution's tensor at a time."""
+    decoded payload decodes it then, or gives its codes), so a merge holds one contribution's
+    tensor at a time."""
 
     def __init__(self, deltas: Sequence[Mapping[str, npt.NDArray[np.floating]]], name: str) -> None:
         self._deltas, self._name = deltas, name
 
-    def __iter__(self) -> Iterator[npt.NDArray[np.floating]]:
-        return (d[self._name] for d in self._deltas)
+    def __iter__(self) -> Iterator[Vector]:
+        return (_read(d, self._name) for d in self._deltas)
 
     def __len__(self) -> int:
         return len(self._deltas)

@@ -261,6 +261,29 @@ def dequantize(
     raise ValueError(f"unknown quantizer {quantizer!r}")
 
 
+def add_dequantized(
+    acc: F32,
+    factor: np.float32,
+    values: bytes | memoryview,
+    scales: bytes | memoryview,
+    quantizer: str,
+    n: int,
+    block_size: int,
+) -> None:
+    """``acc += dequantize(...) * factor`` for a blocked low-bit format (``decodes_in_chunks``), the
+    values decoded a chunk at a time (``code_levels.add_decoded``); the byte lengths must already
+    have been checked."""
+    if not decodes_in_chunks(quantizer):
+        raise ValueError(f"{quantizer!r} is not decoded a chunk at a time")
+    s = np.frombuffer(scales, dtype="<f4").astype(np.float32)
+    code_levels.add_decoded(acc, factor, values, s, quantizer, n, block_size)
+
+
+def decodes_in_chunks(quantizer: str) -> bool:
+    """Whether ``add_dequantized`` takes ``quantizer``'s payloads (the blocked low-bit formats)."""
+    return quantizer in code_levels.BITS
+
+
 def _dequantize_topk(values: bytes | memoryview, s: F32, n: int, block_size: int) -> F32:
     kept = topk_kept(n, block_size)
     idx = np.frombuffer(values, dtype="<u2", count=kept).astype(np.int64)

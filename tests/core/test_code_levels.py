@@ -74,3 +74,41 @@ def test_a_decode_allocates_nothing_the_size_of_the_tensor_beyond_its_result() -
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < out.nbytes * 1.25
+
+
+@pytest.mark.parametrize("quantizer", ["int8", "int4", "e3m0", "int2", "int1"])
+@pytest.mark.parametrize(("n", "block_size"), [(1, 8), (13, 9), (259, 256), (140_001, 9), (200_003, 1 << 17)])
+def test_adding_decoded_values_is_bit_for_bit_decoding_multiplying_and_adding(
+    quantizer: str, n: int, block_size: int
+) -> None:
+    rng = np.random.default_rng(n * block_size)
+    x = (rng.standard_normal(n) * rng.choice([1e-30, 1e-3, 1.0, 1e3], n)).astype(np.float32)
+    values, scales = q.quantize(x, quantizer, block_size)
+    start = rng.standard_normal(n).astype(np.float32)
+    factor = np.float32(rng.uniform(0.1, 3))
+    acc = start.copy()
+    q.add_dequantized(acc, factor, values, scales, quantizer, n, block_size)
+    product = q.dequantize(values, scales, quantizer, n, block_size) * factor
+    expected = start + product
+    assert product.dtype == expected.dtype == np.float32
+    np.testing.assert_array_equal(acc.view(np.uint32), expected.view(np.uint32))
+
+
+def test_adding_decoded_values_allocates_nothing_the_size_of_the_tensor() -> None:
+    import tracemalloc
+
+    n = 1 << 21
+    values, scales = q.quantize(np.random.default_rng(0).standard_normal(n).astype(np.float32), "int4", 256)
+    acc = np.zeros(n, dtype=np.float32)
+    tracemalloc.start()
+    q.add_dequantized(acc, np.float32(0.5), values, scales, "int4", n, 256)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < acc.nbytes * 0.25
+
+
+@pytest.mark.parametrize("quantizer", ["fp32", "fp16", "bf16", "topk", q.PLANES])
+def test_only_the_blocked_formats_are_added_a_chunk_at_a_time(quantizer: str) -> None:
+    assert not q.decodes_in_chunks(quantizer)
+    with pytest.raises(ValueError, match="not decoded a chunk at a time"):
+        q.add_dequantized(np.zeros(4, np.float32), np.float32(1), b"", b"", quantizer, 4, 4)

@@ -196,10 +196,12 @@ def test_embeddings_sharing_a_fragment_with_dense_tensors_are_still_merged_with_
 
 @pytest.mark.parametrize(("rule", "kind"), [("rda", "dense"), ("mean", "dense"), ("rda", "embedding")])
 def test_a_merge_holds_one_contribution_at_a_time_whatever_their_number(rule: str, kind: str) -> None:
-    """Contributions held quantized (as the synchronizer holds them) are decoded one at a time as
-    the merge reads them: its peak is the same few float32 copies of a tensor for 2 contributions
-    as for 16 (it was 2 + M copies when each tensor of every contribution was decoded at once), and
-    its result is bit for bit the one from the decoded tensors."""
+    """Contributions held quantized (as the synchronizer holds them) are read from their codes one
+    at a time as the merge reads them, a chunk at a time: its peak is the sum and little more,
+    for 2 contributions as for 16 (it was 2 + M copies when each tensor of every contribution was
+    decoded at once). Its result is bit for bit the one from the decoded tensors for the weighted
+    mean; RDA takes each contribution's norm from its codes in float64, the decoded tensors' is a
+    float32 dot product, and the two results differ by that product's rounding only."""
     spec = build_plan([("w", [512, 512])], 1, 4, 1).fragments[0]
     rng = np.random.default_rng(0)
     peaks = {}
@@ -219,6 +221,9 @@ def test_a_merge_holds_one_contribution_at_a_time_whatever_their_number(rule: st
             tracemalloc.stop()
         decoded = [dict(codec.decode(b).tensors) for b in blobs]
         expected = merge_fragment(decoded, weights, rule=rule, kind=kind)["w"]  # type: ignore[arg-type]
-        assert merged.tobytes() == expected.tobytes()
-    assert peaks[16] < 4.5, peaks
+        if rule == "rda" and kind == "dense":
+            np.testing.assert_allclose(merged, expected, rtol=1e-5, atol=1e-5 * float(np.abs(expected).max()))
+        else:
+            assert merged.tobytes() == expected.tobytes()
+    assert peaks[16] < 2.5, peaks  # the sum and the scratch of a chunk (a quarter of this small tensor)
     assert peaks[16] < peaks[2] + 0.5, peaks
