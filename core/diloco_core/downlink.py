@@ -49,13 +49,16 @@ def publish(
     version: int,
     quantizer: str,
     block_size: int = codec.q.DEFAULT_BLOCK_SIZE,
+    owned: bool = False,
 ) -> Published:
     """Version ``version + 1`` from version ``version`` (``previous``) and the merge's result.
 
     One array per tensor holds ``merged - previous``, then that plus the residual, then the new
     residual; the decoded update becomes the new version in its own array: the same float32
-    operations as :func:`add` and ``feedback.encode``, with two arrays per tensor instead of five."""
-    diff = {n: np.asarray(merged[n], np.float32) - np.asarray(previous[n], np.float32) for n in previous}
+    operations as :func:`add` and ``feedback.encode``, with two arrays per tensor instead of five.
+    ``owned``: ``merged``'s float32 arrays are the caller's to give up, and the first of the two is
+    theirs (the result of an outer step, which the new version replaces), so only one is made."""
+    diff = {n: _difference(merged[n], previous[n], owned) for n in previous}
     enc = feedback.encode(
         diff,
         residual,
@@ -67,6 +70,11 @@ def publish(
         owned=True,
     )
     return Published(version + 1, enc.blob, add(previous, enc.decoded, in_place=True), enc.residual)
+
+
+def _difference(merged: npt.NDArray[np.floating], previous: npt.NDArray[np.floating], owned: bool) -> F32:
+    a, b = np.asarray(merged, np.float32), np.asarray(previous, np.float32)
+    return np.subtract(a, b, out=a) if owned and a is merged else a - b
 
 
 def add(previous: Arrays, update: Arrays, *, in_place: bool = False) -> dict[str, F32]:

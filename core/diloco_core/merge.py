@@ -95,12 +95,26 @@ def _shown(n: int) -> str:
     return str(n) if n.bit_length() <= 64 else f"a {n.bit_length()}-bit number"
 
 
+_FINITE_CHUNK = 1 << 16  # values checked at a time: their flags stay in the cache
+
+
 def check_finite(tensors: Mapping[str, npt.NDArray[np.floating]]) -> str | None:
-    """The reason to reject a contribution with NaN or infinite values, or None when all are finite."""
+    """The reason to reject a contribution with NaN or infinite values, or None when all are finite.
+    Read a chunk at a time into one small array of flags, so no array of a tensor's size is made."""
     for name in sorted(tensors):
-        if not np.isfinite(tensors[name]).all():
+        if not _all_finite(np.asarray(tensors[name])):
             return f"non-finite values in {name!r}"
     return None
+
+
+def _all_finite(x: npt.NDArray[np.floating]) -> bool:
+    flat = x.reshape(-1)
+    flags = np.empty(min(_FINITE_CHUNK, flat.size), dtype=bool)
+    for start in range(0, flat.size, _FINITE_CHUNK):
+        chunk = flat[start : start + _FINITE_CHUNK]
+        if not np.isfinite(chunk, out=flags[: chunk.size]).all():
+            return False
+    return True
 
 
 def _normalised(weights: Sequence[float], count: int) -> list[float]:

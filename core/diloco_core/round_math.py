@@ -156,6 +156,7 @@ def merge_round(
             version=version,
             quantizer=settings.down_codec,
             block_size=down_block_size,
+            owned=True,  # the outer step's result: the published version replaces it
         )
         new_params, down_blob = published.params, published.blob
         new_outer = replace(new_outer, residual=published.residual)

@@ -173,8 +173,10 @@ class Screened(Generic[M]):
 
 
 def _result_problem(result: RoundResult) -> str | None:
-    """Why the result of a round cannot be committed, or None."""
-    reason = check_finite(result.update)
+    """Why the result of a round cannot be committed, or None. The update is read only when its norm
+    is not finite: a norm taken in float64 (``code_norms.arrays_norm``) is finite exactly when every
+    value is, as no sum of squares of finite float32 values reaches float64's range."""
+    reason = None if math.isfinite(result.update_norm) else check_finite(result.update)
     if reason is not None:
         return f"merged update: {reason}"
     reason = check_finite(result.params)

@@ -68,6 +68,15 @@ def test_an_array_sum_is_taken_in_float64() -> None:
     assert code_norms.array_sum_squares(np.zeros(0, dtype=np.float32)) == 0.0
 
 
+def test_a_norm_of_arrays_is_finite_exactly_when_every_value_is() -> None:
+    """What lets a round skip reading its update for finiteness when its norm is finite."""
+    top = np.full(1 << 20, np.finfo(np.float32).max, dtype=np.float32)
+    assert math.isfinite(code_norms.arrays_norm({"a": top, "b": -top}))
+    for bad in (np.inf, -np.inf, np.nan):
+        top[12345] = bad
+        assert not math.isfinite(code_norms.arrays_norm({"a": np.ones(3, np.float32), "b": top}))
+
+
 def test_a_block_whose_sum_passes_32_bits_is_summed_in_64() -> None:
     n = block = 1 << 18  # int8: up to 2 * 128**2 per 16-bit word, 2**17 words in the block
     values = np.full(n, 0x80, dtype=np.uint8).tobytes()  # every code -128

@@ -89,3 +89,20 @@ def test_a_version_is_the_previous_plus_the_decoded_update_and_the_rest_is_carri
         np.testing.assert_array_equal(out.residual[n].view(np.uint32), (u[n] - decoded[n]).view(np.uint32))
     np.testing.assert_array_equal(previous["w"], _params(0)["w"])  # the inputs are left as they were
     np.testing.assert_array_equal(merged["b"], (_params(0)["b"] + 0.01 * _params(1)["b"]))
+
+
+@pytest.mark.parametrize("quantizer", ["int4", "int2"])
+def test_a_merged_version_given_up_holds_the_residual_and_nothing_else_changes(quantizer: str) -> None:
+    """``owned``: the merged arrays are reused for the difference and become the new residual; the
+    bytes, the new version and the residual are those of the copying path, bit for bit."""
+    previous, residual = _params(0), {n: 0.001 * v for n, v in _params(5).items()}
+    merged = {n: v + 0.01 * _params(1)[n] for n, v in previous.items()}
+    copied = downlink.publish(previous, merged, residual, fragment=0, version=3, quantizer=quantizer)
+    given = {n: v.copy() for n, v in merged.items()}
+    out = downlink.publish(previous, given, residual, fragment=0, version=3, quantizer=quantizer, owned=True)
+    assert out.blob == copied.blob
+    for n in previous:
+        np.testing.assert_array_equal(out.params[n].view(np.uint32), copied.params[n].view(np.uint32))
+        np.testing.assert_array_equal(out.residual[n].view(np.uint32), copied.residual[n].view(np.uint32))
+        assert out.residual[n] is given[n]  # no array of its size made for the difference
+    np.testing.assert_array_equal(previous["w"], _params(0)["w"])

@@ -11,6 +11,7 @@ from diloco_core.bounds import MAX_STEPS, MAX_TOKENS
 from diloco_core.fragments import build_plan
 from diloco_core.merge import (
     _ADD_BLOCK,
+    _FINITE_CHUNK,
     check_finite,
     contribution_weight,
     merge_fragment,
@@ -124,6 +125,14 @@ def test_check_finite_names_the_offending_tensor() -> None:
         "non-finite values in 'h.0.attn.weight'"
     )
     assert check_finite({"x": np.array([np.inf], np.float32)}) == "non-finite values in 'x'"
+
+
+@pytest.mark.parametrize("at", [0, _FINITE_CHUNK - 1, _FINITE_CHUNK, 3 * _FINITE_CHUNK + 5])
+def test_a_value_that_is_not_finite_is_found_in_any_chunk(at: int) -> None:
+    x = np.ones((3 * _FINITE_CHUNK + 6,), np.float32)
+    assert check_finite({"x": x.reshape(2, -1)}) is None
+    x[at] = np.nan if at % 2 else -np.inf
+    assert check_finite({"x": x.reshape(2, -1)}) == "non-finite values in 'x'"
 
 
 @pytest.mark.parametrize(
