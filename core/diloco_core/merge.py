@@ -107,6 +107,13 @@ def check_finite(tensors: Mapping[str, npt.NDArray[np.floating]]) -> str | None:
     return None
 
 
+def non_finite_reason(tensors: Mapping[str, npt.NDArray[np.floating]], norm: float) -> str | None:
+    """``check_finite``'s reason for tensors whose float64 norm is ``norm``, read only when that norm
+    is not finite: a norm taken in float64 (``code_norms``) is finite exactly when every value is, as
+    no sum of squares of finite float32 values reaches float64's range."""
+    return None if math.isfinite(norm) else check_finite(tensors)
+
+
 def _all_finite(x: npt.NDArray[np.floating]) -> bool:
     flat = x.reshape(-1)
     flags = np.empty(min(_FINITE_CHUNK, flat.size), dtype=bool)

@@ -58,7 +58,7 @@ from diloco_core import downlink
 from diloco_core.code_norms import arrays_norm, norm_of_sums
 from diloco_core.config import DiLoCoSettings
 from diloco_core.fragments import Fragment
-from diloco_core.merge import check_finite
+from diloco_core.merge import check_finite, non_finite_reason
 from diloco_core.merge_inputs import Measured, MeasuredTensors, as_merged, unmeasured
 from diloco_core.outer import OuterState
 from diloco_core.quantized_arrays import QuantizedArrays
@@ -173,10 +173,9 @@ class Screened(Generic[M]):
 
 
 def _result_problem(result: RoundResult) -> str | None:
-    """Why the result of a round cannot be committed, or None. The update is read only when its norm
-    is not finite: a norm taken in float64 (``code_norms.arrays_norm``) is finite exactly when every
-    value is, as no sum of squares of finite float32 values reaches float64's range."""
-    reason = None if math.isfinite(result.update_norm) else check_finite(result.update)
+    """Why the result of a round cannot be committed, or None (the update read only when its norm,
+    from ``code_norms.arrays_norm``, is not finite)."""
+    reason = non_finite_reason(result.update, result.update_norm)
     if reason is not None:
         return f"merged update: {reason}"
     reason = check_finite(result.params)

@@ -6,14 +6,13 @@ nothing here touches the service's state.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from diloco_core import codec
 from diloco_core.fragments import Fragment
-from diloco_core.merge import check_finite
+from diloco_core.merge import check_finite, non_finite_reason
 from diloco_core.quantize import LOSSLESS, PLANES
 from diloco_core.screening import tensors_norm
 
@@ -75,7 +74,7 @@ def validate_outer_gradient(
         )
     with _refusing_codec_errors():
         norm = tensors_norm(payload.tensors)  # inf exactly when a value is not finite
-        reason = None if math.isfinite(norm) else check_finite(payload.tensors)
+        reason = non_finite_reason(payload.tensors, norm)
     if reason is not None:
         raise ApiError(400, "non_finite", reason)
     return Checked(payload.tensors, norm)
