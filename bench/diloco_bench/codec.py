@@ -5,7 +5,9 @@ inner steps from an anchor), takes the outer gradient ``anchor - params`` of eve
 each quantizer reports bytes per parameter after zstd, encode and decode throughput in MB/s of
 float32 input, and the relative error ``||decode(encode(g)) - g|| / ||g||``. A ``tensor.clone()`` and
 a numpy copy of the same float32 data are timed in the same run, on one thread like the codec, as a
-memory-bandwidth baseline. Timings keep the best of ``--repeats`` runs.
+memory-bandwidth baseline. Timings keep the best of ``--repeats`` runs. ``--levels``: each format
+at each of these zstd levels as well, in the same run (by default only at the format's own,
+``payload_frame.payload_level``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import argparse
 import sys
 import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,11 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 from diloco_core import codec
+from diloco_core.payload_frame import payload_level
+from diloco_core.stored_frame import Level
 from torch import nn
 
 from diloco_bench import experiment
 
-QUANTIZERS = ("fp32", "bf16", "fp16", "int8", "int4", "e3m0")
+QUANTIZERS = ("fp32", "bf16", "fp16", "int8", "int4", "e3m0", "int2", "int1", "topk")
 CTX = 16
 
 
@@ -86,7 +90,9 @@ def best_seconds(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
-def measure(grads: dict[str, np.ndarray], repeats: int) -> list[dict[str, Any]]:
+def measure(
+    grads: dict[str, np.ndarray], repeats: int, levels: Sequence[Level | None] = (None,)
+) -> list[dict[str, Any]]:
     numel = sum(g.size for g in grads.values())
     mb = numel * 4 / 1e6
     flat = np.concatenate([g.ravel() for g in grads.values()])
@@ -96,22 +102,25 @@ def measure(grads: dict[str, np.ndarray], repeats: int) -> list[dict[str, Any]]:
         {"format": "baseline numpy copy", "encode_mb_s": mb / best_seconds(flat.copy, repeats)},
     ]
     for q in QUANTIZERS:
-        blob = codec.encode(grads, fragment=0, base_version=0, kind="outer_grad", quantizer=q)
-        out = codec.decode(blob).tensors
-        err = np.sqrt(sum(float(np.sum((out[n] - g) ** 2)) for n, g in grads.items())) / np.linalg.norm(flat)
-        enc = best_seconds(
-            partial(codec.encode, grads, fragment=0, base_version=0, kind="outer_grad", quantizer=q), repeats
-        )
-        dec = best_seconds(partial(codec.decode, blob), repeats)
-        rows.append(
-            {
-                "format": q,
-                "bytes_per_param": len(blob) / numel,
-                "encode_mb_s": mb / enc,
-                "decode_mb_s": mb / dec,
-                "rel_error": float(err),
-            }
-        )
+        for level in levels:
+            encode = partial(
+                codec.encode, grads, fragment=0, base_version=0, kind="outer_grad", quantizer=q, level=level
+            )
+            blob = encode()
+            out = codec.decode(blob).tensors
+            err = np.sqrt(sum(float(np.sum((out[n] - g) ** 2)) for n, g in grads.items())) / np.linalg.norm(
+                flat
+            )
+            rows.append(
+                {
+                    "format": q,
+                    "level": payload_level(q) if level is None else level,
+                    "bytes_per_param": len(blob) / numel,
+                    "encode_mb_s": mb / best_seconds(encode, repeats),
+                    "decode_mb_s": mb / best_seconds(partial(codec.decode, blob), repeats),
+                    "rel_error": float(err),
+                }
+            )
     return rows
 
 
@@ -119,12 +128,15 @@ def print_table(rows: list[dict[str, Any]], numel: int) -> None:
     print(
         f"outer gradient: {numel:,} parameters ({numel * 4 / 1e6:.1f} MB in float32); MB/s of float32 input"
     )
-    print(f"{'format':<24} {'bytes/param':>11} {'encode MB/s':>12} {'decode MB/s':>12} {'rel. error':>11}")
+    print(
+        f"{'format':<24} {'level':>6} {'bytes/param':>11} {'encode MB/s':>12} {'decode MB/s':>12} {'rel. error':>11}"
+    )
     for r in rows:
         bpp = f"{r['bytes_per_param']:.3f}" if "bytes_per_param" in r else "-"
         dec = f"{r['decode_mb_s']:.0f}" if "decode_mb_s" in r else "-"
         err = f"{r['rel_error']:.2e}" if "rel_error" in r else "-"
-        print(f"{r['format']:<24} {bpp:>11} {r['encode_mb_s']:>12.0f} {dec:>12} {err:>11}")
+        level = str(r.get("level", "-"))
+        print(f"{r['format']:<24} {level:>6} {bpp:>11} {r['encode_mb_s']:>12.0f} {dec:>12} {err:>11}")
 
 
 def main(argv: list[str]) -> int:
@@ -135,11 +147,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5, help="timings keep the best of this many runs")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--levels",
+        nargs="+",
+        type=int,
+        default=None,
+        help="zstd levels to run each format at as well as its own (default: its own only)",
+    )
     experiment.output_flags(parser, plot=False)
     args = parser.parse_args(argv)
     grads = outer_gradients(args)
     torch.set_num_threads(1)  # the codec runs on one core: compare it with a one-core copy
-    rows = measure(grads, args.repeats)
+    rows = measure(grads, args.repeats, [None, *(args.levels or [])])
     numel = sum(g.size for g in grads.values())
     print_table(rows, numel)
     experiment.write_json(args.json, {"num_params": numel, "rows": rows})

@@ -126,9 +126,10 @@ def encode(
     kind: PayloadKind,
     quantizer: str,
     block_size: int = q.DEFAULT_BLOCK_SIZE,
-    level: Level = 3,
+    level: Level | None = None,
 ) -> bytes:
-    """Serialize named float arrays; deterministic (same input, same bytes)."""
+    """Serialize named float arrays; deterministic (same input, same bytes). ``level``: zstd's
+    (None: the format's own, ``payload_frame.payload_level``)."""
     fields = Fields(fragment, base_version, kind, quantizer, block_size)
     return encode_with_parts(tensors, fields, level=level)[0]
 
@@ -154,7 +155,7 @@ def encode_params(params: Mapping[str, npt.NDArray[Any]], fragment: int, version
 
 
 def encode_with_parts(
-    tensors: Mapping[str, npt.NDArray[Any]], fields: Fields, *, level: Level = 3
+    tensors: Mapping[str, npt.NDArray[Any]], fields: Fields, *, level: Level | None = None
 ) -> tuple[bytes, dict[str, QuantizedTensor]]:
     """:func:`encode`'s bytes and the quantized parts they were made of (:func:`dequantized` gives
     what a receiver decodes from each)."""
@@ -180,7 +181,7 @@ def encode_into(
     kind: PayloadKind,
     quantizer: str,
     block_size: int = q.DEFAULT_BLOCK_SIZE,
-    level: Level = 3,
+    level: Level | None = None,
 ) -> int:
     """``encode``'s bytes written to ``sink`` piece by piece as they are compressed, the frame's
     length patched into the prefix at its end: a large payload is never held whole, nor any copy of
@@ -228,7 +229,7 @@ def encode_quantized(
     kind: PayloadKind,
     quantizer: str,
     block_size: int = q.DEFAULT_BLOCK_SIZE,
-    level: Level = 3,
+    level: Level | None = None,
 ) -> bytes:
     """Serialize tensors already quantized with ``quantizer`` and ``block_size``; the same bytes as
     ``encode`` of the arrays they were quantized from. Each part's byte sizes must be those its shape

@@ -17,6 +17,18 @@ from diloco_core.stored_frame import BLOCK_END, Bytes, Level, Stream, compressor
 
 HEADER_LENGTH = struct.Struct("<I")  # the u32 before the header in the frame's content
 _PIECE = 1 << 22  # bytes compressed at a time
+_LEVELS: dict[str, Level] = {"topk": 3}
+"""The zstd level of a format's payloads where it is not ``DEFAULT_LEVEL`` (docs/benchmarks.md,
+"Payloads at zstd level 1")."""
+DEFAULT_LEVEL: Level = 1
+
+
+def payload_level(quantizer: str) -> Level:
+    """The zstd level a payload in ``quantizer``'s format is compressed at when none is asked for:
+    level 1, which writes the quantized formats' codes as small as level 3 does or smaller, in a
+    fraction of the time (their bytes compress by their frequencies, hardly by repeats); ``topk``'s
+    indices have repeats, and level 3 finds them."""
+    return _LEVELS.get(quantizer, DEFAULT_LEVEL)
 
 
 @dataclass(frozen=True)
@@ -39,11 +51,11 @@ def frame(
     kind: PayloadKind,
     quantizer: str,
     block_size: int,
-    level: Level,
+    level: Level | None,
 ) -> Iterator[bytes]:
     """The zstd frame of the header and the parts, in pieces: compressed tensor by tensor, with no
-    uncompressed copy of the payload (the checks run before the first piece). A block ends after each
-    ``Planes`` run's high plane and after the run."""
+    uncompressed copy of the payload (the checks run before the first piece), at ``level`` (None:
+    :func:`payload_level`). A block ends after each ``Planes`` run's high plane and after the run."""
     check_fields(fragment, base_version, kind, quantizer, block_size)
     entries: list[dict[str, Any]] = []
     chunks: list[Bytes | Planes] = []
@@ -72,7 +84,7 @@ def frame(
         block_size=block_size,
     )
     head = HEADER_LENGTH.pack(len(hbytes)) + hbytes
-    stream = compressor(level, len(head) + pos)
+    stream = compressor(payload_level(quantizer) if level is None else level, len(head) + pos)
     yield stream.compress(head)
     for chunk in chunks:
         yield from _pieces(stream, chunk)

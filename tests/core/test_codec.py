@@ -56,9 +56,10 @@ def test_golden_blob_is_reproduced_byte_for_byte(quantizer: str) -> None:
         GOLDEN.mkdir(exist_ok=True)
         path.write_bytes(blob)
     stored = path.read_bytes()
-    assert (
-        blob == stored
-    ), f"the wire format changed; if on purpose, bump FORMAT_VERSION and regenerate {path}"
+    assert blob == stored, (
+        f"the encoder's bytes changed; if on purpose, regenerate {path} (DILOCO_REGEN_GOLDEN=1), and for a "
+        "change of the format itself (not of the compression level) bump FORMAT_VERSION first"
+    )
     payload = decode(stored)
     assert (payload.fragment, payload.base_version, payload.kind, payload.quantizer) == (
         2,
@@ -72,6 +73,55 @@ def test_golden_blob_is_reproduced_byte_for_byte(quantizer: str) -> None:
     if quantizer == "fp32":
         for name, x in golden_tensors().items():
             np.testing.assert_array_equal(payload.tensors[name], x)
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS)
+def test_a_payload_at_any_level_reads_as_the_same_tensors(quantizer: str) -> None:
+    """The level is the writer's choice, not the format's: a payload compressed at level 3 (what
+    every format used before ``payload_level``), at -1 or stored reads as the default one does."""
+    default = decode(_encode_golden(quantizer)).tensors
+    for level in (3, -1, STORED):
+        blob = encode(
+            golden_tensors(),
+            fragment=2,
+            base_version=7,
+            kind="outer_grad",
+            quantizer=quantizer,
+            block_size=32,
+            level=level,
+        )
+        other = decode(blob).tensors
+        for name, values in default.items():
+            np.testing.assert_array_equal(other[name].view(np.uint32), values.view(np.uint32))
+
+
+def test_each_format_is_written_at_its_own_level() -> None:
+    """Level 1 for the quantized formats, 3 for ``topk`` (docs/benchmarks.md): the frame's bytes
+    are those of zstd at that level."""
+    assert payload_frame.payload_level("int2") == payload_frame.payload_level("int4") == 1
+    assert payload_frame.payload_level("topk") == 3
+    for quantizer in ("int4", "topk"):
+        by_default = _encode_golden(quantizer)
+        level = payload_frame.payload_level(quantizer)
+        at_level = encode(
+            golden_tensors(),
+            fragment=2,
+            base_version=7,
+            kind="outer_grad",
+            quantizer=quantizer,
+            block_size=32,
+            level=level,
+        )
+        assert by_default == at_level
+        assert by_default != encode(
+            golden_tensors(),
+            fragment=2,
+            base_version=7,
+            kind="outer_grad",
+            quantizer=quantizer,
+            block_size=32,
+            level=-1,
+        )
 
 
 @pytest.mark.parametrize("quantizer", QUANTIZERS)
