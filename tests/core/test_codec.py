@@ -42,9 +42,15 @@ def golden_tensors() -> dict[str, np.ndarray]:
     }
 
 
-def _encode_golden(quantizer: str) -> bytes:
+def _encode_golden(quantizer: str, level: Level | None = None) -> bytes:
     return encode(
-        golden_tensors(), fragment=2, base_version=7, kind="outer_grad", quantizer=quantizer, block_size=32
+        golden_tensors(),
+        fragment=2,
+        base_version=7,
+        kind="outer_grad",
+        quantizer=quantizer,
+        block_size=32,
+        level=level,
     )
 
 
@@ -81,16 +87,7 @@ def test_a_payload_at_any_level_reads_as_the_same_tensors(quantizer: str) -> Non
     every format used before ``payload_level``), at -1 or stored reads as the default one does."""
     default = decode(_encode_golden(quantizer)).tensors
     for level in (3, -1, STORED):
-        blob = encode(
-            golden_tensors(),
-            fragment=2,
-            base_version=7,
-            kind="outer_grad",
-            quantizer=quantizer,
-            block_size=32,
-            level=level,
-        )
-        other = decode(blob).tensors
+        other = decode(_encode_golden(quantizer, level)).tensors
         for name, values in default.items():
             np.testing.assert_array_equal(other[name].view(np.uint32), values.view(np.uint32))
 
@@ -102,26 +99,8 @@ def test_each_format_is_written_at_its_own_level() -> None:
     assert payload_frame.payload_level("topk") == 3
     for quantizer in ("int4", "topk"):
         by_default = _encode_golden(quantizer)
-        level = payload_frame.payload_level(quantizer)
-        at_level = encode(
-            golden_tensors(),
-            fragment=2,
-            base_version=7,
-            kind="outer_grad",
-            quantizer=quantizer,
-            block_size=32,
-            level=level,
-        )
-        assert by_default == at_level
-        assert by_default != encode(
-            golden_tensors(),
-            fragment=2,
-            base_version=7,
-            kind="outer_grad",
-            quantizer=quantizer,
-            block_size=32,
-            level=-1,
-        )
+        assert by_default == _encode_golden(quantizer, payload_frame.payload_level(quantizer))
+        assert by_default != _encode_golden(quantizer, -1)
 
 
 @pytest.mark.parametrize("quantizer", QUANTIZERS)
