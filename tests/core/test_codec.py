@@ -6,6 +6,7 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -42,16 +43,11 @@ def golden_tensors() -> dict[str, np.ndarray]:
     }
 
 
+GOLDEN_FIELDS: dict[str, Any] = {"fragment": 2, "base_version": 7, "kind": "outer_grad", "block_size": 32}
+
+
 def _encode_golden(quantizer: str, level: Level | None = None) -> bytes:
-    return encode(
-        golden_tensors(),
-        fragment=2,
-        base_version=7,
-        kind="outer_grad",
-        quantizer=quantizer,
-        block_size=32,
-        level=level,
-    )
+    return encode(golden_tensors(), quantizer=quantizer, level=level, **GOLDEN_FIELDS)
 
 
 @pytest.mark.parametrize("quantizer", QUANTIZERS)
@@ -106,15 +102,7 @@ def test_each_format_is_written_at_its_own_level() -> None:
 @pytest.mark.parametrize("quantizer", QUANTIZERS)
 def test_a_payload_written_as_it_is_compressed_is_the_golden_blob(quantizer: str) -> None:
     sink = MemoryUpload(lambda data: None)
-    size = codec.encode_into(
-        sink,
-        golden_tensors(),
-        fragment=2,
-        base_version=7,
-        kind="outer_grad",
-        quantizer=quantizer,
-        block_size=32,
-    )
+    size = codec.encode_into(sink, golden_tensors(), quantizer=quantizer, **GOLDEN_FIELDS)
     assert bytes(sink.data) == (GOLDEN / f"outer_grad_{quantizer}.bin").read_bytes()
     assert size == len(sink.data)
 
