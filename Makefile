@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-unit lint typecheck venv binaries images system test-kind cluster clean
+.PHONY: run test test-setup test-images test-unit lint typecheck venv binaries pause images system test-kind cluster clean
 
 # The images' constraint files pin the development environment too, so tests see the versions the
 # images ship (dev-only tools such as pytest are not in them and take pyproject's ranges).
@@ -24,9 +24,13 @@ venv: $(STAMP)
 binaries:
 	scripts/build-test-binaries.sh
 
+# the one binary the images hold (seconds to build), so that they need not wait for the rest
+pause: system
+	scripts/build-test-binaries.sh pause >/dev/null
+
 # the images the end-to-end tests run as pods (cached by content hash in ~/.cache/diloco/images)
-images: $(STAMP) binaries
-	scripts/build-test-images.sh
+images: $(STAMP) system pause
+	DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh pause)" scripts/build-test-images.sh
 
 system:
 	scripts/setup-system.sh
@@ -45,9 +49,19 @@ typecheck: $(STAMP)
 test-unit: $(STAMP)
 	$(PY) -m pytest -m "not integration and not slow" -q $(PYTEST_ARGS)
 
-test: $(STAMP) system binaries lint typecheck
+# The set-up runs side by side (make -j): the Go builds of the control plane are most of a cold one,
+# and the venv, the system packages, the images and the checks need none of them. Then the tests,
+# with the folders the two scripts print (each a no-op once its builds are cached).
+test:
+	$(MAKE) --no-print-directory -j4 test-setup
 	export DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh)" && \
 	DILOCO_TEST_IMAGES="$$(scripts/build-test-images.sh || echo)" $(PY) -m pytest -q $(PYTEST_ARGS)  # no images: the e2e tests say why
+
+test-setup: $(STAMP) system binaries test-images lint typecheck
+
+# the images, or a message: without them the end-to-end tests say why they do not run
+test-images: $(STAMP) system pause
+	-DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh pause)" scripts/build-test-images.sh >/dev/null
 
 # A real local cluster (control plane + one real node, images loaded) until Ctrl-C; prints a kubeconfig.
 cluster: $(STAMP) system

@@ -5,6 +5,7 @@
 # into a cache outside the checkout. Each binary is skipped when it is already cached.
 #
 #   scripts/build-test-binaries.sh            # builds what is missing, prints the folder
+#   scripts/build-test-binaries.sh pause      # the pause program alone (what the images need), prints the folder
 #   DILOCO_BIN_CACHE=/some/dir scripts/...    # choose the cache folder
 set -euo pipefail
 
@@ -116,7 +117,8 @@ build_pause() {
   [ -x "$CACHE/pause" ] && [ "$(cat "$CACHE/pause.version" 2>/dev/null)" = "$sum" ] && return 0
   command -v cc >/dev/null || { echo "error: a C compiler (cc) is needed to build the pause program" >&2; exit 1; }
   log "building pause"
-  cc -Os -static -Wall -Werror -o "$CACHE/pause.tmp" "$src" && strip "$CACHE/pause.tmp" && mv "$CACHE/pause.tmp" "$CACHE/pause"
+  local tmp="$CACHE/pause.tmp.$$"  # its own name: `pause` alone may be building it beside a full build
+  cc -Os -static -Wall -Werror -o "$tmp" "$src" && strip "$tmp" && mv "$tmp" "$CACHE/pause"
   echo "$sum" > "$CACHE/pause.version"
 }
 
@@ -178,6 +180,11 @@ build_kueue() {
   echo "$KUEUE_VERSION" > "$CACHE/kueue.version"
 }
 
+if [ "${1:-}" = pause ]; then  # nothing else is built or touched (a full build may be running beside it)
+  build_pause
+  echo "$CACHE"
+  exit 0
+fi
 build_etcd
 build_kwok
 build_helm
