@@ -30,7 +30,7 @@ pause: system
 
 # the images the end-to-end tests run as pods (cached by content hash in ~/.cache/diloco/images)
 images: $(STAMP) system pause
-	DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh pause)" scripts/build-test-images.sh
+	DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh pause)" WEED=$(VENV)/bin/weed scripts/build-test-images.sh
 
 system:
 	scripts/setup-system.sh
@@ -55,18 +55,18 @@ test-unit: $(STAMP)
 test:
 	$(MAKE) --no-print-directory -j4 test-setup
 	export DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh)" && \
-	DILOCO_TEST_IMAGES="$$(scripts/build-test-images.sh || echo)" $(PY) -m pytest -q $(PYTEST_ARGS)  # no images: the e2e tests say why
+	DILOCO_TEST_IMAGES="$$(WEED=$(VENV)/bin/weed scripts/build-test-images.sh || echo)" $(PY) -m pytest -q $(PYTEST_ARGS)  # no images: the e2e tests say why
 
 test-setup: $(STAMP) system binaries test-images lint typecheck
 
 # the images, or a message: without them the end-to-end tests say why they do not run
 test-images: $(STAMP) system pause
-	-DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh pause)" scripts/build-test-images.sh >/dev/null
+	-DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh pause)" WEED=$(VENV)/bin/weed scripts/build-test-images.sh >/dev/null
 
 # A real local cluster (control plane + one real node, images loaded) until Ctrl-C; prints a kubeconfig.
 cluster: $(STAMP) system
 	export DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh)" && \
-	$(PY) scripts/local-cluster.py --images "$$(scripts/build-test-images.sh)" $(CLUSTER_ARGS)
+	$(PY) scripts/local-cluster.py --images "$$(WEED=$(VENV)/bin/weed scripts/build-test-images.sh)" $(CLUSTER_ARGS)
 
 test-kind: $(STAMP)
 	scripts/test-kind.sh
