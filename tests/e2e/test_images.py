@@ -86,6 +86,9 @@ def _two_units(e2e: E2ECluster) -> dict[str, Any]:
     spec["images"]["worker"] = e2e.images["worker"]
     spec["storage"]["prefix"] = f"jobs/{ROLLOUT}"
     spec["learnerUnits"] = [dict(spec["learnerUnits"][0], name=name) for name in ("a", "b")]
+    # longer than the test's waits: the corrected image must go on at once, not when the failing
+    # unit's restart runs out of time
+    spec["unitLostAfterSeconds"] = 3600
     return manifest
 
 

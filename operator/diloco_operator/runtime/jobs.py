@@ -24,6 +24,7 @@ from typing import Any
 from diloco_core.protocol import StatusResponse
 
 from diloco_operator.builders.names import JobRef
+from diloco_operator.runtime.pods import Restart
 from diloco_operator.runtime.rollout import RolloutPlan
 from diloco_operator.schema.status import ChaosStatus, JobStatus
 from diloco_operator.status.admission import Admission
@@ -72,7 +73,7 @@ class JobState:
     sync: SyncView = field(default_factory=SyncView)
     chaos: ChaosStatus | None = None  # built-in chaos bookkeeping of the last reconcile
     templates: dict[str, str] = field(default_factory=dict)  # unit -> its pods' current template hash
-    restarts: dict[str, float] = field(default_factory=dict)  # unit -> when its outdated pods were deleted
+    restarts: dict[str, Restart] = field(default_factory=dict)  # unit -> the operator's restart of it
     rollout: RolloutPlan = field(default_factory=RolloutPlan)  # the units to restart for a new template now
     requested_generation: int | None = None  # the newest generation a reconcile was asked for
     reconciled_generation: int | None = None

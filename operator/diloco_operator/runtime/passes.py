@@ -27,7 +27,9 @@ from diloco_operator.runtime.metrics import OperatorMetrics
 from diloco_operator.runtime.pods import (
     PodCache,
     PodWatch,
+    Restart,
     outdated_pods,
+    restarting_into,
     restarts_under_way,
     sync_image_problem,
     sync_observation,
@@ -236,7 +238,14 @@ def compute(
     if gate is not None:
         conditions += (condition(old.conditions, "Chaos", gate.active, gate.reason, gate.message, now),)
     conditions += (
-        rollout_condition(old.conditions, state.rollout, state.restarts, obs.units, spec.diloco.quorum, now),
+        rollout_condition(
+            old.conditions,
+            state.rollout,
+            restarting_into(state.restarts, state.templates),
+            obs.units,
+            spec.diloco.quorum,
+            now,
+        ),
     )
     exported = job_export(spec, new, pods)
     new = new.model_copy(update={"chaos": chaos_status, "conditions": conditions, "export": exported})
@@ -259,7 +268,7 @@ def restart_outdated(ctx: Context, state: JobState, spec: DiLoCoJobSpec, now: da
         pods = outdated.get(unit, [])
         deleted = [p.name for p in pods if ctx.kube.delete("v1", "Pod", job.namespace, p.name, uid=p.uid)]
         if deleted:
-            state.restarts[unit] = now.timestamp()
+            state.restarts[unit] = Restart(now.timestamp(), state.templates[unit])
             log.info(
                 "job %s/%s: unit %s restarts together for its new pod template: %s",
                 job.namespace,
@@ -333,11 +342,11 @@ def refresh_pass(ctx: Context, state: JobState) -> Request | None:
         return None
     now = datetime.now(UTC)
     pods = ctx.pods.pods(state.ref.namespace, state.ref.name)
-    state.restarts = restarts_under_way(spec, pods, state.templates, state.restarts, now.timestamp())
+    state.restarts = restarts_under_way(spec, pods, state.restarts, now.timestamp())
     state.rollout = plan_rollout(
         outdated_pods(pods, state.templates),
         unit_observations(spec, pods),
-        state.restarts,
+        restarting_into(state.restarts, state.templates),
         failing_units(pods, state.templates),
         spec.diloco.quorum,
     )

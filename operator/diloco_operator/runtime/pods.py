@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from diloco_core.ownership import find_conflict
@@ -124,31 +125,46 @@ def outdated_pods(pods: Iterable[PodObserved], templates: Mapping[str, str]) -> 
     return out
 
 
+@dataclass(frozen=True)
+class Restart:
+    """The operator's restart of a learner unit: when it deleted the unit's outdated pods (epoch
+    seconds) and the pod template it restarted them into."""
+
+    since: float
+    template: str
+
+
 def restarts_under_way(
     spec: DiLoCoJobSpec,
     pods: Iterable[PodObserved],
-    templates: Mapping[str, str],
-    started: Mapping[str, float],
+    started: Mapping[str, Restart],
     now: float,
-) -> dict[str, float]:
-    """The operator's restarts of learner units (unit -> when it deleted the unit's outdated pods,
-    epoch seconds) that are still under way: younger than ``unitLostAfterSeconds``, and the unit not
-    yet back (as many live pods as its replicas, each ready and made from the unit's current pod
-    template, ``templates``). A unit no longer in the spec is back."""
+) -> dict[str, Restart]:
+    """The operator's restarts of learner units that are still under way: younger than
+    ``unitLostAfterSeconds``, and the unit not yet back (as many live pods as its replicas, each
+    ready and made from the template it was restarted into). A unit no longer in the spec is back."""
     replicas = {u.name: u.replicas for u in spec.learner_units}
     live: dict[str, list[PodObserved]] = {}
     for pod in pods:
         if pod.component == "learner" and not pod.deleting:
             live.setdefault(pod.unit, []).append(pod)
     out = {}
-    for unit, since in started.items():
+    for unit, restart in started.items():
+        if unit not in replicas:
+            continue
         mine = live.get(unit, [])
-        back = len(mine) >= replicas.get(unit, 0) and all(
-            p.ready and p.template == templates.get(unit) for p in mine
-        )
-        if not back and now - since <= spec.unit_lost_after_seconds:
-            out[unit] = since
+        back = len(mine) >= replicas[unit] and all(p.ready and p.template == restart.template for p in mine)
+        if not back and now - restart.since <= spec.unit_lost_after_seconds:
+            out[unit] = restart
     return out
+
+
+def restarting_into(restarts: Mapping[str, Restart], templates: Mapping[str, str]) -> set[str]:
+    """The units restarting into their current pod template (``templates``). One restarted into a
+    template it no longer has (the image corrected while its pods could not pull the wrong one) is
+    outdated again: the rollout restarts it anew, and first, as it is not ready. Its restart still
+    counts as the operator's doing (no loss) until then."""
+    return {unit for unit, restart in restarts.items() if restart.template == templates.get(unit)}
 
 
 class PodWatch:

@@ -10,7 +10,9 @@ import pytest
 from diloco_operator.runtime.pods import (
     PodCache,
     PodWatch,
+    Restart,
     outdated_pods,
+    restarting_into,
     restarts_under_way,
     sync_image_problem,
     sync_observation,
@@ -264,12 +266,31 @@ def test_a_restart_is_under_way_until_the_unit_is_back_or_unit_lost_after_has_pa
     pods: list[dict[str, Any]], age: float, under_way: bool
 ) -> None:
     seen = [observe_pod(p) for p in pods]
-    out = restarts_under_way(SPEC, seen, {"a": "new", "b": "t1"}, {"a": 1000.0}, 1000.0 + age)
-    assert out == ({"a": 1000.0} if under_way else {})
+    out = restarts_under_way(SPEC, seen, {"a": Restart(1000.0, "new")}, 1000.0 + age)
+    assert out == ({"a": Restart(1000.0, "new")} if under_way else {})
 
 
 def test_a_restart_of_a_unit_removed_from_the_spec_is_over() -> None:
-    assert restarts_under_way(SPEC, [], {}, {"gone": 1000.0}, 1001.0) == {}
+    assert restarts_under_way(SPEC, [], {"gone": Restart(1000.0, "new")}, 1001.0) == {}
+
+
+def test_a_restart_into_a_template_the_unit_no_longer_has_is_outdated_but_still_no_loss() -> None:
+    """The image corrected while the restarted unit's pods cannot pull the wrong one: the restart
+    still counts (no loss) until unitLostAfterSeconds, but no longer keeps the rollout from
+    restarting the unit into the corrected template."""
+    started = {"a": Restart(1000.0, "typo"), "b": Restart(1000.0, "new")}
+    seen = [observe_pod(pod("j-a-0", unit="a", template="typo", ready=False))]
+    under_way = restarts_under_way(SPEC, seen, started, 1010.0)
+    assert under_way == started  # b has no pod yet
+    assert restarting_into(under_way, {"a": "fixed", "b": "new"}) == {"b"}
+    assert restarting_into(under_way, {"a": "typo", "b": "new"}) == {"a", "b"}
+    back = [
+        observe_pod(pod("j-a-0", unit="a", template="typo")),
+        observe_pod(pod("j-a-1", unit="a", template="typo")),
+    ]
+    assert restarts_under_way(SPEC, back, started, 1010.0) == {
+        "b": Restart(1000.0, "new")
+    }  # back, though outdated
 
 
 @pytest.mark.integration

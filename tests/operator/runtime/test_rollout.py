@@ -6,7 +6,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from diloco_operator.runtime.pods import unit_observations
+from diloco_operator.runtime.pods import (
+    Restart,
+    outdated_pods,
+    restarting_into,
+    restarts_under_way,
+    unit_observations,
+)
 from diloco_operator.runtime.rollout import (
     RolloutPlan,
     failing_units,
@@ -72,6 +78,43 @@ def _pod(name: str, unit: str, template: str, waiting: dict[str, Any] | None = N
         "annotations": {"diloco.dev/template-hash": template},
     }
     return {"metadata": meta, "status": status}
+
+
+def test_a_corrected_image_restarts_the_failing_unit_at_once_then_the_others() -> None:
+    """Two units, quorum 1: unit a was restarted into a wrong image and cannot pull it, b kept its
+    pod. Correcting the image makes a's pods outdated: a restarts now, not when its first restart
+    runs out of unitLostAfterSeconds, and b waits for a to be back."""
+    spec = parse_spec(
+        {
+            "images": {"worker": "w", "synchronizer": "s"},
+            "storage": {"bucket": "bkt"},
+            "diloco": {"quorum": 1},
+            "learnerUnits": [{"name": "a"}, {"name": "b"}],
+        }
+    )
+    pods = [
+        observe_pod(_pod("j-a-0", "a", "typo", {"reason": "ImagePullBackOff"})),
+        observe_pod(
+            _pod("j-b-0", "b", "old")
+            | {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+        ),
+    ]
+    restarts = restarts_under_way(spec, pods, {"a": Restart(1000.0, "typo")}, 1010.0)
+
+    def plan(templates: dict[str, str]) -> RolloutPlan:
+        return plan_rollout(
+            outdated_pods(pods, templates),
+            unit_observations(spec, pods),
+            restarting_into(restarts, templates),
+            failing_units(pods, templates),
+            1,
+        )
+
+    halted = plan({"a": "typo", "b": "typo"})
+    assert (halted.restart, halted.waiting) == ((), ("b",))
+    assert halted.halted.startswith("the new pod template fails in unit a")
+    fixed = plan({"a": "fixed", "b": "fixed"})
+    assert fixed == RolloutPlan(("a",), ("b",))
 
 
 def test_only_pods_of_the_current_template_that_cannot_run_make_a_unit_failing() -> None:
