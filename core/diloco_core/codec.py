@@ -284,11 +284,18 @@ def decode_quantized(
 
 
 def decode(
-    blob: bytes | memoryview, *, fragment: Fragment | None = None, max_bytes: int | None = None
+    blob: bytes | memoryview,
+    *,
+    fragment: Fragment | None = None,
+    max_bytes: int | None = None,
+    read_only: bool = False,
 ) -> Payload:
-    """Parse untrusted bytes into a ``Payload`` of float32 arrays, or raise a ``CodecError``."""
+    """Parse untrusted bytes into a ``Payload`` of float32 arrays, or raise a ``CodecError``.
+    ``read_only``: the arrays are read-only, and those of an ``fp32`` payload views of its
+    decompressed content instead of copies (``QuantizedArrays.read_only``)."""
     lazy = decode_quantized(blob, fragment=fragment, max_bytes=max_bytes)
-    tensors = {name: lazy.tensors[name] for name in lazy.tensors}
+    read = lazy.tensors.read_only if read_only else lazy.tensors.__getitem__
+    tensors = {name: read(name) for name in lazy.tensors}
     return Payload(lazy.fragment, lazy.base_version, lazy.kind, lazy.quantizer, tensors)
 
 
