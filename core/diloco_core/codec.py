@@ -284,18 +284,11 @@ def decode_quantized(
 
 
 def decode(
-    blob: bytes | memoryview,
-    *,
-    fragment: Fragment | None = None,
-    max_bytes: int | None = None,
-    read_only: bool = False,
+    blob: bytes | memoryview, *, fragment: Fragment | None = None, max_bytes: int | None = None
 ) -> Payload:
-    """Parse untrusted bytes into a ``Payload`` of float32 arrays, or raise a ``CodecError``.
-    ``read_only``: the arrays are read-only, and those of an ``fp32`` payload views of its
-    decompressed content instead of copies (``QuantizedArrays.read_only``)."""
+    """Parse untrusted bytes into a ``Payload`` of float32 arrays, or raise a ``CodecError``."""
     lazy = decode_quantized(blob, fragment=fragment, max_bytes=max_bytes)
-    read = lazy.tensors.read_only if read_only else lazy.tensors.__getitem__
-    tensors = {name: read(name) for name in lazy.tensors}
+    tensors = {name: lazy.tensors[name] for name in lazy.tensors}
     return Payload(lazy.fragment, lazy.base_version, lazy.kind, lazy.quantizer, tensors)
 
 

@@ -63,17 +63,13 @@ class OuterState:
 
     @classmethod
     def from_arrays(cls, d: Mapping[str, npt.NDArray[np.floating]]) -> OuterState:
-        """The state that :meth:`to_arrays` wrote; raises ``ValueError`` on unknown keys. A
-        read-only float32 array is kept as it is (``codec.decode(read_only=True)``'s views of an
-        object read back: the state read again every round is not copied again); any other is
-        copied, so that the state owns what it holds."""
+        """The state that :meth:`to_arrays` wrote; raises ``ValueError`` on unknown keys."""
         u: dict[str, F32] = {}
         buf: dict[str, F32] = {}
         residual: dict[str, F32] = {}
         steps = 0
         for key, value in d.items():
-            kept = value.dtype == np.float32 and not value.flags.writeable
-            arr = np.asarray(value, np.float32) if kept else _frozen(np.array(value, dtype=np.float32))
+            arr = _frozen(np.array(value, dtype=np.float32))
             if key == _STEP_KEY:
                 if arr.shape != (1,) or not arr[0] >= 0:
                     raise ValueError(f"bad outer optimizer step counter {arr!r}")

@@ -279,16 +279,6 @@ def add_dequantized(
     code_levels.add_decoded(acc, factor, values, s, quantizer, n, block_size)
 
 
-def read_only_values(values: bytes | memoryview, quantizer: str, n: int) -> F32 | None:
-    """The ``n`` float32 values of an ``fp32`` payload as a read-only view of its bytes (no copy),
-    None for any other format (whose values are decoded into a new array)."""
-    if quantizer != "fp32":
-        return None
-    view = np.frombuffer(values, dtype="<f4", count=n)
-    view.flags.writeable = False  # of a bytearray or memoryview too
-    return view
-
-
 def decodes_in_chunks(quantizer: str) -> bool:
     """Whether ``add_dequantized`` takes ``quantizer``'s payloads (the blocked low-bit formats)."""
     return quantizer in code_levels.BITS

@@ -32,16 +32,6 @@ class QuantizedArrays(Mapping[str, npt.NDArray[np.float32]]):
     def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
         return self._read(name, q.dequantize).reshape(self._specs[name][0])
 
-    def read_only(self, name: str) -> npt.NDArray[np.float32]:
-        """Tensor ``name`` as a read-only float32 array: for ``fp32`` a view of the payload's data,
-        not a copy (a whole outer state read back every round is then copied once, when it is
-        decompressed); for the other formats its values decoded."""
-        shape, (vo, vn), _ = self._specs[name]
-        view = q.read_only_values(self._data[vo : vo + vn], self._quantizer, prod(shape))
-        out = self[name] if view is None else view.reshape(shape)
-        out.flags.writeable = False
-        return out
-
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._specs[name][0])
 

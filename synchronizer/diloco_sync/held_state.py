@@ -45,7 +45,7 @@ def read_committed(
     outer = None
     if outer_key:  # momentum, and the delayed buffer and download residual where used
         bound = max(codec.DEFAULT_MAX_BYTES, 3 * codec.max_payload_size(spec))
-        outer = codec.decode(store.read(outer_key), max_bytes=bound, read_only=True).tensors
+        outer = codec.decode(store.read(outer_key), max_bytes=bound).tensors
     return params, payload, outer
 
 

@@ -570,36 +570,6 @@ def test_a_payload_kept_quantized_reads_as_the_decoded_one(quantizer: str) -> No
         np.testing.assert_array_equal(again.view(np.uint32), value.view(np.uint32))  # bit for bit
 
 
-@pytest.mark.parametrize("quantizer", QUANTIZERS)
-@pytest.mark.parametrize("name", ["w", "ww", "www", "wwww"])  # the header's length moves the data's alignment
-def test_a_payload_read_read_only_holds_the_same_values_and_fp32_without_a_copy(
-    quantizer: str, name: str
-) -> None:
-    rng = np.random.default_rng(4)
-    x = {
-        name: rng.standard_normal((33, 7)).astype(np.float32),
-        "b": rng.standard_normal(5).astype(np.float32),
-    }
-    blob = encode(x, fragment=0, base_version=1, kind="params", quantizer=quantizer, level=STORED)
-    whole, frozen = decode(blob).tensors, decode(blob, read_only=True).tensors
-    for key, value in whole.items():
-        got = frozen[key]
-        assert (got.dtype, got.shape, got.flags.writeable) == (np.float32, value.shape, False)
-        np.testing.assert_array_equal(got.view(np.uint32), value.view(np.uint32))
-        with pytest.raises(ValueError, match="read-only"):
-            got[0] = 1.0
-    # fp32: views of the decompressed content (no array owns them); the other formats decoded anew
-    assert all(not isinstance(_root(a), np.ndarray) for a in frozen.values()) == (quantizer == "fp32")
-    assert all(isinstance(_root(a), np.ndarray) for a in whole.values())
-
-
-def _root(a: Any) -> Any:
-    """What finally holds an array's memory: an array that owns it, or a buffer."""
-    while isinstance(a, np.ndarray) and a.base is not None:
-        a = a.base
-    return a
-
-
 def test_topk_refuses_a_block_size_its_indices_cannot_address() -> None:
     with pytest.raises(UnsupportedFormat, match="topk"):
         encode({"t": np.zeros(4, np.float32)}, fragment=0, base_version=0, kind="outer_grad", quantizer="topk",

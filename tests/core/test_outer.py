@@ -114,22 +114,6 @@ def test_state_survives_a_codec_round_trip_and_continues_identically() -> None:
         assert b.steps == 4
 
 
-def test_a_state_keeps_read_only_float32_arrays_and_copies_any_other() -> None:
-    """The state read back every round (``codec.decode(read_only=True)``) is not copied again; an
-    array someone may still write to, or of another dtype, is copied and frozen."""
-    frozen = np.arange(4, dtype=np.float32)
-    frozen.flags.writeable = False
-    writable = np.arange(4, dtype=np.float32)
-    wide = np.arange(4, dtype=np.float64)
-    state = OuterState.from_arrays({"momentum/a": frozen, "momentum/b": writable, "downlink/a": wide})
-    assert state.momentum["a"] is frozen
-    assert not np.shares_memory(state.momentum["b"], writable)
-    assert state.residual["a"].dtype == np.float32
-    assert not any(a.flags.writeable for a in (*state.momentum.values(), *state.residual.values()))
-    writable[0] = 9.0
-    assert state.momentum["b"][0] == 0.0
-
-
 def test_bad_input_is_refused() -> None:
     opt, state = OuterOptimizer(), OuterState()
     with pytest.raises(ValueError, match="different tensors"):
