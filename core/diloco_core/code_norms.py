@@ -116,12 +116,14 @@ def sum_squares(
     squared_scales = s[:whole].astype(np.float64) ** 2
     blocks_at_once = max(1, _WORDS_AT_ONCE // words_per_block)
     looked_up = np.empty(blocks_at_once * words_per_block, dtype=np.uint16)
+    starts = np.arange(0, blocks_at_once * words_per_block, words_per_block)
     total = 0.0
     for first in range(0, whole, blocks_at_once):
         k = min(blocks_at_once, whole - first)
         codes = looked_up[: k * words_per_block]
-        np.take(table, packed[first * words_per_block : (first + k) * words_per_block], out=codes)
-        per_block = codes.reshape(k, words_per_block).sum(axis=1, dtype=wide).astype(np.float64)
+        # every word indexes the table (65,536 entries): "clip" skips the bounds check
+        np.take(table, packed[first * words_per_block : (first + k) * words_per_block], out=codes, mode="clip")
+        per_block = np.add.reduceat(codes, starts[:k], dtype=wide).astype(np.float64)
         total += float(np.einsum("i,i->", per_block, squared_scales[first : first + k]))
     total /= constant
     if whole * block_size < n:  # the last, partial block
