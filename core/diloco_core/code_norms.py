@@ -122,7 +122,8 @@ def sum_squares(
         k = min(blocks_at_once, whole - first)
         codes = looked_up[: k * words_per_block]
         # every word indexes the table (65,536 entries): "clip" skips the bounds check
-        np.take(table, packed[first * words_per_block : (first + k) * words_per_block], out=codes, mode="clip")
+        words = packed[first * words_per_block : (first + k) * words_per_block]
+        np.take(table, words, out=codes, mode="clip")
         per_block = np.add.reduceat(codes, starts[:k], dtype=wide).astype(np.float64)
         total += float(np.einsum("i,i->", per_block, squared_scales[first : first + k]))
     total /= constant
