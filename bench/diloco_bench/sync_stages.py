@@ -11,8 +11,6 @@ the whole process for a round (BLAS may use threads of its own):
 - **decompress**: the payload's zstd frame read (``codec.decode_quantized``);
 - **check**: the whole arrival check (``ingest.validate_outer_gradient``: decompression, the norm from
   the codes, finiteness);
-- **part check**: the arrival check of a part that its learner's pending progress takes in
-  (``measure=False``: decompression, finiteness from the block scales; its round measures the sum);
 - **serve**: the new version encoded as it is served and stored (``codec.encode_params``; part of
   the round), with **served / fp32**, its size against the fragment's float32 bytes;
 - **learner decode**: what a learner that fetches the whole version spends decoding it
@@ -30,8 +28,8 @@ the whole process for a round (BLAS may use threads of its own):
 
 Per contribution the service does at least write, check and its share of a round: **floor** is
 the parameters per CPU second that these alone allow, ``values / (write + check + round / C)``; with
-each contribution folded from several parts, every further part adds a write, a part check and a
-fold (**floor, per further part**). Receiving the body over HTTP, the metrics and storage other than the
+each contribution folded from several parts, every further part adds a write, a check and a fold
+(**floor, per further part**). Receiving the body over HTTP, the metrics and storage other than the
 body's file are not in it, so the service's measured rate (``sync-ingest``'s params/cpu-s) is below.
 The process takes the synchronizer's allocator settings first (``heap.limit_heap``).
 """
@@ -127,9 +125,6 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
             "write": cpu_ms(lambda: write_body(blob, folder), repeat),
             "decompress": cpu_ms(lambda: codec.decode_quantized(blob, fragment=spec), repeat),
             "check": cpu_ms(lambda: validate_outer_gradient(blob, spec, 0, limit), repeat),
-            "part check": cpu_ms(
-                lambda: validate_outer_gradient(blob, spec, 0, limit, measure=False), repeat
-            ),
             "fold": cpu_ms(lambda: read_all(MeasuredTensors(two.tensors)), repeat)
             - cpu_ms(lambda: read_all(one.tensors), repeat),
             "serve": cpu_ms(lambda: codec.encode_params(state, spec.index, 1), repeat),
@@ -137,7 +132,7 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
             "round": cpu_ms(round_and_commit, repeat, time.process_time),
         }
     per_contribution = ms["write"] + ms["check"] + ms["round"] / n
-    per_part = ms["write"] + ms["part check"] + ms["fold"]
+    per_part = ms["write"] + ms["check"] + ms["fold"]
     return {
         "fragment_values": spec.numel,
         "payload_bytes": len(blob),
@@ -151,16 +146,16 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| fragment values | payload bytes | write ms | decompress ms | check ms | part check ms | fold ms | serve ms "
+        "| fragment values | payload bytes | write ms | decompress ms | check ms | fold ms | serve ms "
         "| served / fp32 | learner decode ms | round ms (C contributions) | floor, G params/CPU-s "
         "| floor per further part |",
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         ms = r["ms"]
         lines.append(
             f"| {r['fragment_values']:,} | {r['payload_bytes']:,} | {ms['write']:.1f} | {ms['decompress']:.1f} | "
-            f"{ms['check']:.1f} | {ms['part check']:.1f} | {ms['fold']:.1f} | {ms['serve']:.1f} | {r['served_over_fp32']:.4f} | "
+            f"{ms['check']:.1f} | {ms['fold']:.1f} | {ms['serve']:.1f} | {r['served_over_fp32']:.4f} | "
             f"{ms['learner decode']:.1f} | {ms['round']:,.0f} ({r['contributions']}) | "
             f"{r['floor_params_per_cpu_s'] / 1e9:.3f} | {r['floor_per_part_params_per_cpu_s'] / 1e9:.3f} |"
         )

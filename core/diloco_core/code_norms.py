@@ -88,20 +88,6 @@ def arrays_norm(tensors: Mapping[str, npt.NDArray[np.floating]]) -> float:
     return norm_of_sums(array_sum_squares(np.asarray(tensors[name])) for name in sorted(tensors))
 
 
-def finite_by_scales(scales: bytes | memoryview) -> bool | None:
-    """What a blocked quantizer's scales alone say of its values: True, every value is finite (each
-    is one float32 product of a level below 2 in magnitude and its block's scale, and rounding keeps
-    order, so a scale of at most half float32's largest cannot overflow); False, a value is not (a
-    block whose scale is not finite decodes to NaN); None, they cannot tell (a scale so large that a
-    product may overflow: only the values can)."""
-    s = np.frombuffer(scales, dtype="<f4")
-    if not s.size:
-        return True
-    if not np.isfinite(s).all():
-        return False
-    return True if float(np.max(np.abs(s))) <= _SAFE_SCALE else None
-
-
 def _decoded_sum_squares(
     values: bytes | memoryview, scales: bytes | memoryview, quantizer: str, n: int, block_size: int
 ) -> float:
@@ -116,12 +102,11 @@ def sum_squares(
     per_word = 16 // _BITS.get(quantizer, 16)
     if quantizer not in _BITS or block_size % per_word:
         return _decoded_sum_squares(values, scales, quantizer, n, block_size)
-    finite = finite_by_scales(scales)
-    if finite is False:
-        return math.inf
-    if finite is None:
-        return _decoded_sum_squares(values, scales, quantizer, n, block_size)
     s = np.frombuffer(scales, dtype="<f4")
+    if s.size and not np.isfinite(s).all():
+        return math.inf
+    if s.size and float(np.max(np.abs(s))) > _SAFE_SCALE:
+        return _decoded_sum_squares(values, scales, quantizer, n, block_size)
     whole = n // block_size
     words_per_block = block_size // per_word
     table, constant = _word_table(quantizer)

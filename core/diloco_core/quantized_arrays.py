@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from diloco_core import quantize as q
-from diloco_core.code_norms import finite_by_scales, sum_squares
+from diloco_core.code_norms import sum_squares
 from diloco_core.payload_errors import CorruptPayload
 from diloco_core.payload_header import Spec
 
@@ -66,15 +66,6 @@ class QuantizedArrays(Mapping[str, npt.NDArray[np.float32]]):
         if name not in self._sums:
             self._sums[name] = self._read(name, sum_squares)
         return self._sums[name]
-
-    def finite_by_scales(self) -> bool | None:
-        """What the block scales alone say of every value (``code_norms.finite_by_scales``, without
-        reading a code): True, all finite; False, one is not; None, they cannot tell (a format
-        without block scales of levels, or a scale large enough for a product to overflow)."""
-        if not q.decodes_in_chunks(self._quantizer):
-            return None
-        said = {finite_by_scales(self._data[so : so + sn]) for _, _, (so, sn) in self._specs.values()}
-        return False if False in said else None if None in said else True
 
     def _read(self, name: str, read: Callable[[memoryview, memoryview, str, int, int], T]) -> T:
         """``read(values, scales, quantizer, n, block_size)`` of tensor ``name``; a malformed tensor

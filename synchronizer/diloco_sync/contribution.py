@@ -201,20 +201,6 @@ def relation(
     return "overlaps"
 
 
-def joining(
-    pending: Contribution | None, base_version: int, since: int, through: int
-) -> Literal["after", "before"] | None:
-    """Where a learner's contribution (its steps ``since < step <= through`` on ``base_version``) joins
-    its ``pending`` one when the two are added up (``fold``): right after it, or filling the gap before
-    it; None when it is taken on its own (no pending one on that base) or supersedes it."""
-    if pending is None or pending.base_version != base_version:
-        return None
-    where = relation(pending, since, through)
-    if where == "after" or where == "before":
-        return where
-    return None
-
-
 def merged_through(
     known: dict[str, tuple[int, int]], merged: Iterable[Contribution]
 ) -> dict[str, tuple[int, int]]:

@@ -31,7 +31,7 @@ from diloco_core.screening import tensors_norm
 from diloco_core.storage import StorageError, StorageUnavailable
 from diloco_core.uploads import Upload, reading
 
-from .contribution import Contribution, Gradient, compacted, joining, needs_compacting
+from .contribution import Contribution, Gradient, compacted, needs_compacting
 from .errors import ApiError, body_not_written, learner_left, not_registered
 from .fragment_state import FragmentState
 from .fragments import Fragments
@@ -235,9 +235,7 @@ class ContributionDesk:
                 received_at=self.clock(),
                 since=since,
             )
-            # a part its learner's pending progress takes in (accept folds it) is never merged alone
-            measure = joining(fs.pending.get(learner_id), base_version, since, since + steps) is None
-            taken = await anyio.to_thread.run_sync(self._take, fs, meta, body, self.guard.ok, measure)
+            taken = await anyio.to_thread.run_sync(self._take, fs, meta, body, self.guard.ok)
             if taken.failure is not None:
                 self.guard.mark_down(taken.failure)
                 log.warning("contribution %s kept in memory: %s", key, taken.failure)
@@ -295,12 +293,9 @@ class ContributionDesk:
             durable=durable,
         )
 
-    def _take(
-        self, fs: FragmentState, meta: PendingMeta, body: Upload, store_it: bool, measure: bool
-    ) -> _Taken:
-        """Blocking, in one worker thread: decode and check the payload where it was received (its
-        norm measured when ``measure``: ``validate_outer_gradient``), then store its pending object
-        (the payload is written once: it is the object).
+    def _take(self, fs: FragmentState, meta: PendingMeta, body: Upload, store_it: bool) -> _Taken:
+        """Blocking, in one worker thread: decode and check the payload where it was received, then
+        store its pending object (the payload is written once: it is the object).
 
         A refused payload raises ``ApiError`` and is never stored. A storage failure is returned
         (not raised) with the payload, so the caller can keep the contribution in memory instead.
@@ -308,7 +303,7 @@ class ContributionDesk:
         try:
             with reading(body, PENDING_HEAD_SIZE) as payload:
                 checked = validate_outer_gradient(
-                    payload, fs.spec, meta.base_version, self.body_limit(fs.index), measure=measure
+                    payload, fs.spec, meta.base_version, self.body_limit(fs.index)
                 )
                 if not store_it:
                     return _Taken(checked, None, None, bytes(payload))

@@ -28,7 +28,7 @@ from diloco_core.fragments import Fragment
 from diloco_core.outer import OuterState
 from diloco_core.screening import Checked, NormHistory
 
-from .contribution import Arrays, Contribution, fold, joining, merged_through, progress_refusal, round_entry
+from .contribution import Arrays, Contribution, fold, merged_through, progress_refusal, relation, round_entry
 from .held_state import HeldState
 from .idempotency import IdempotencyKeys
 from .pace import kept_times
@@ -261,11 +261,12 @@ class FragmentState:
         :func:`fold_problem` first. A contribution with a gap before it waits outside the round."""
         self._expect("open", "merging", "committed")
         previous = self._pending.get(c.learner_id)
-        where = joining(previous, c.base_version, c.since, c.through)
-        if previous is not None and where == "after":
-            c, previous = fold(previous, c), None
-        elif previous is not None and where == "before":
-            c, previous = fold(c, previous), None
+        if previous is not None and previous.base_version == c.base_version:
+            where = relation(previous, c.since, c.through)
+            if where == "after":
+                c, previous = fold(previous, c), None
+            elif where == "before":
+                c, previous = fold(c, previous), None
         opens = not any(self.ready(x) for x in self._pending.values() if x.learner_id != c.learner_id)
         self._pending[c.learner_id] = c
         if self.ready(c):

@@ -48,21 +48,17 @@ def _decode(blob: bytes | memoryview, spec: Fragment, max_bytes: int) -> codec.Q
 @dataclass(frozen=True)
 class Checked:
     """A contribution's outer gradient as checked on arrival: its tensors, still quantized until a
-    round reads them, and its norm (``screening.tensors_norm``, measured in the same reading; None
-    when it was not measured: its round measures what it merges)."""
+    round reads them, and its norm (``screening.tensors_norm``, measured in the same reading)."""
 
     tensors: codec.QuantizedArrays
-    norm: float | None
+    norm: float
 
 
 def validate_outer_gradient(
-    blob: bytes | memoryview, spec: Fragment, base_version: int, max_bytes: int, *, measure: bool = True
+    blob: bytes | memoryview, spec: Fragment, base_version: int, max_bytes: int
 ) -> Checked:
     """Check a contribution for fragment ``spec`` (every tensor read once: finite, and its norm); its
-    header must agree with the query parameters. Without ``measure`` (a part that its learner's
-    pending progress will take in: the round measures their sum, never the part) a payload whose
-    block scales prove every value finite is taken without reading its codes, and without a norm;
-    any other is read and measured as with it, so what is refused, and why, is the same."""
+    header must agree with the query parameters."""
     payload = _decode(blob, spec, max_bytes)
     if payload.kind != "outer_grad":
         raise ApiError(400, "bad_request", f"payload kind is {payload.kind!r}, expected 'outer_grad'")
@@ -77,8 +73,6 @@ def validate_outer_gradient(
             f"payload base version {payload.base_version} differs from base_version={base_version} of the request",
         )
     with _refusing_codec_errors():
-        if not measure and payload.tensors.finite_by_scales():
-            return Checked(payload.tensors, None)
         norm = tensors_norm(payload.tensors)  # inf exactly when a value is not finite
         reason = non_finite_reason(payload.tensors, norm)
     if reason is not None:

@@ -58,9 +58,3 @@ def test_a_tensors_sum_of_squares_is_found_once(monkeypatch: pytest.MonkeyPatch)
     again = [arrays.sum_squares(name) for name in arrays]
     assert first == again
     assert len(calls) == len(arrays)
-
-
-def test_the_scales_of_every_tensor_say_whether_the_values_are_finite() -> None:
-    arrays = _payload("int4")
-    assert arrays.finite_by_scales() is True
-    assert _payload("fp32").finite_by_scales() is None  # no block scales: only the values can tell

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from diloco_core import quantized_arrays
 from diloco_core.protocol import RegisterRequest
 from diloco_core.screening import tensors_norm
 from diloco_core.uploads import UPLOAD_PREFIX
@@ -131,46 +130,6 @@ def test_a_learner_s_many_parts_are_added_up_once_they_hold_more_than_twice_thei
         assert c.norm == tensors_norm(c.tensors)
         sync.runner.tick()
         assert await fs.wait_newer(0, 5.0) == "version"
-
-    asyncio.run(scenario())
-
-
-def test_a_part_that_continues_a_learners_pending_progress_is_not_measured_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first int4 part of a learner's progress is measured on arrival (a round may merge it
-    alone); the next, added to it, is checked from its scales only: the round measures their sum,
-    never a part. The round then merges the two as their sum."""
-    sync = in_process(tmp_path, quorum=2)
-    read: list[int] = []
-    found = quantized_arrays.sum_squares
-
-    def counted(*args: object) -> float:
-        read.append(1)
-        return found(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(quantized_arrays, "sum_squares", counted)
-    grads = [outer_grad(PLAN, 0, seed=20 + i) for i in range(2)]
-    tensors = len(PLAN.fragments[0].tensors)
-
-    async def scenario() -> None:
-        await sync.start("ab")
-        fs = sync.service.fragments.get(0)
-        for i, g in enumerate(grads):
-            blob = encode_grad(g, 0, 0, quantizer="int4")
-            result = await sync.send("a", 0, blob, base_version=0, steps=4, tokens=32, seq=i + 1, since=4 * i)
-            assert result.status == "accepted"
-            if i == 0:
-                assert fs.pending["a"].norm == tensors_norm(fs.pending["a"].tensors)
-                assert len(read) == tensors  # each tensor of the first part, once
-        c = fs.pending["a"]
-        assert isinstance(c.tensors, Sum)
-        assert c.norm is None
-        assert len(read) == tensors  # the second part's codes were not read for a norm
-        assert await sync.contribute("b", seq=1) == "accepted"
-        sync.runner.tick()
-        assert await fs.wait_newer(0, 5.0) == "version"
-        assert fs.merged_through["a"] == (0, 8)
 
     asyncio.run(scenario())
 

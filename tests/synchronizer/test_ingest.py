@@ -7,7 +7,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from diloco_core import codec, quantized_arrays
+from diloco_core import codec
 from diloco_core.fragments import build_plan
 from diloco_core.screening import tensors_norm
 from diloco_sync.errors import ApiError
@@ -51,45 +51,3 @@ def test_a_non_finite_value_is_refused_when_the_contribution_is_checked() -> Non
         validate_outer_gradient(_blob(values, "fp32"), SPEC, 3, 1 << 30)
     assert (refused.value.status, refused.value.code) == (400, "non_finite")
     assert "h.1.w" in refused.value.body.reason
-
-
-def test_a_part_not_measured_is_checked_from_its_scales_and_reads_as_the_measured_one(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Without ``measure`` an int4 payload whose scales prove its values finite is taken without a
-    norm and without reading its codes; its tensors are those the measured check gives."""
-    blob = _blob(_gradient())
-    measured = validate_outer_gradient(blob, SPEC, 3, 1 << 30)
-    read: list[int] = []
-    found = quantized_arrays.sum_squares
-
-    def counted(*args: object) -> float:
-        read.append(1)
-        return found(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(quantized_arrays, "sum_squares", counted)
-    taken = validate_outer_gradient(blob, SPEC, 3, 1 << 30, measure=False)
-    assert taken.norm is None
-    assert read == []
-    for name in measured.tensors:
-        np.testing.assert_array_equal(taken.tensors[name], measured.tensors[name])
-
-
-@pytest.mark.parametrize("quantizer", ["int4", "int2", "fp32"])
-def test_without_measuring_the_same_payloads_are_refused_for_the_same_reasons(quantizer: str) -> None:
-    values = _gradient()
-    values["h.1.w"][7, 3] = np.inf
-    refusals = []
-    for measure in (True, False):
-        with pytest.raises(ApiError) as refused:
-            validate_outer_gradient(_blob(values, quantizer), SPEC, 3, 1 << 30, measure=measure)
-        refusals.append((refused.value.status, refused.value.code, refused.value.body.reason))
-    assert refusals[0] == refusals[1]
-    assert refusals[0][:2] == (400, "non_finite")
-
-
-def test_a_format_without_block_scales_is_measured_all_the_same() -> None:
-    blob = _blob(_gradient(), "fp32")
-    taken = validate_outer_gradient(blob, SPEC, 3, 1 << 30, measure=False)
-    assert taken.norm == validate_outer_gradient(blob, SPEC, 3, 1 << 30).norm
-    assert taken.norm is not None
