@@ -117,7 +117,7 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
         def round_and_commit() -> None:
             outcome = run_round(spec, state, outer, 1, taken, settings)
             assert isinstance(outcome, RoundOutcome), outcome
-            upload = FileUpload(folder, lambda upload: None)
+            upload = FileUpload(folder, lambda upload: None, direct=True)  # as the commit's upload
             write_outer_state(upload, outcome.result.outer, spec.index, outcome.result.version)
             upload.discard()
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
+from diloco_core import direct_io, s3_errors
 from diloco_core.endpoint_url import check_endpoint_url
-from diloco_core.s3_transfer import TransferError, TransferSettings, download, upload, upload_file
+from diloco_core.s3_transfer import TransferSettings, download, upload, upload_file
 from diloco_core.uploads import LOCAL_SPOOL, UPLOAD_PREFIX, FileUpload, Upload, sweep
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9._\-][A-Za-z0-9._\-/]*$")
@@ -47,15 +48,21 @@ class ObjectStore(Protocol):
 
     def get(self, key: str) -> bytes: ...
 
+    def get_view(self, key: str) -> memoryview:
+        """The object's bytes, read-only, for a reader that decodes them whole: a store may read a
+        large object into memory of its own past any cache (the folder store, ``direct_io``)."""
+        ...
+
     def read_range(self, key: str, start: int, length: int) -> bytes:
         """Up to ``length`` bytes of the object from offset ``start`` (fewer at its end)."""
         ...
 
     def put(self, key: str, data: bytes | bytearray) -> None: ...
 
-    def open_upload(self, key: str) -> Upload:
+    def open_upload(self, key: str, *, read_back: bool = True) -> Upload:
         """An object under ``key`` written as its bytes arrive (``diloco_core.uploads``); its
-        ``commit`` stores it at once, as ``put`` does."""
+        ``commit`` stores it at once, as ``put`` does. ``read_back`` False: the upload is never
+        viewed, so a store may write it past its cache."""
         ...
 
     def sweep_uploads(self, prefix: str) -> int:
@@ -96,6 +103,20 @@ class FilesystemStore:
         except OSError as exc:
             raise StorageUnavailable(f"reading {key}: {exc}") from exc
 
+    def get_view(self, key: str) -> memoryview:
+        """A large object read past the page cache (where the filesystem takes it), a small one as ``get``."""
+        path = self._path(key)
+        try:
+            if path.stat().st_size >= direct_io.DIRECT_MIN_BYTES:
+                got = direct_io.read_direct(path)
+                if got is not None:
+                    return got
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise ObjectNotFound(key) from exc
+        except OSError as exc:
+            raise StorageUnavailable(f"reading {key}: {exc}") from exc
+        return memoryview(self.get(key)).toreadonly()
+
     def read_range(self, key: str, start: int, length: int) -> bytes:
         try:
             with self._path(key).open("rb") as fh:
@@ -107,6 +128,16 @@ class FilesystemStore:
             raise StorageUnavailable(f"reading {key}: {exc}") from exc
 
     def put(self, key: str, data: bytes | bytearray) -> None:
+        if len(data) >= direct_io.DIRECT_MIN_BYTES:  # written past the page cache
+            upload = self.open_upload(key, read_back=False)
+            try:
+                upload.write(data)
+                upload.commit()
+            except OSError as exc:
+                raise StorageUnavailable(f"writing {key}: {exc}") from exc
+            finally:
+                upload.discard()
+            return
         path = self._path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,8 +154,9 @@ class FilesystemStore:
         except OSError as exc:
             raise StorageUnavailable(f"writing {key}: {exc}") from exc
 
-    def open_upload(self, key: str) -> Upload:
-        """A temporary file in the object's folder, renamed into place once written and synced."""
+    def open_upload(self, key: str, *, read_back: bool = True) -> Upload:
+        """A temporary file in the object's folder, renamed into place once written and synced;
+        without ``read_back``, written past the page cache (``direct_io``)."""
         path = self._path(key)
 
         def store(upload: FileUpload) -> None:
@@ -136,7 +168,7 @@ class FilesystemStore:
                 raise StorageUnavailable(f"writing {key}: {exc}") from exc
 
         try:
-            return FileUpload(path.parent, store)
+            return FileUpload(path.parent, store, direct=not read_back)
         except OSError as exc:
             raise StorageUnavailable(f"writing {key}: {exc}") from exc
 
@@ -178,16 +210,6 @@ class FilesystemStore:
             pass
         except OSError:  # not empty (or not a folder): leave it
             return
-
-
-def _s3_error_code(exc: Exception) -> str:
-    response: Any = getattr(exc, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", ""))
-
-
-def _s3_status(exc: Exception) -> int:
-    response: Any = getattr(exc, "response", None) or {}
-    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
 
 
 class S3Store:
@@ -242,24 +264,10 @@ class S3Store:
         return self.prefix + check_key(key)
 
     def _translate(self, exc: Exception, what: str) -> StorageError:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        if isinstance(exc, ClientError):
-            code, status = _s3_error_code(exc), _s3_status(exc)
-            if code in ("NoSuchKey", "404", "NotFound"):
-                return ObjectNotFound(what)
-            if status >= 500 or code in (
-                "PreconditionFailed",
-                "SlowDown",
-                "ServiceUnavailable",
-                "InternalError",
-                "RequestTimeout",
-            ):
-                return StorageUnavailable(f"{what}: {code or status}")
-            return StorageError(f"{what}: {code} (HTTP {status}) in bucket {self.bucket!r}")
-        if isinstance(exc, BotoCoreError | TransferError):
-            return StorageUnavailable(f"{what}: {exc}")
-        return StorageError(f"{what}: {exc}")
+        kind, message = s3_errors.failure(exc, what, self.bucket)
+        return {"not_found": ObjectNotFound, "unavailable": StorageUnavailable}.get(kind, StorageError)(
+            message
+        )
 
     def get(self, key: str) -> bytes:
         try:
@@ -276,7 +284,7 @@ class S3Store:
             )
             return bytes(got["Body"].read())
         except Exception as exc:
-            if _s3_status(exc) == 416:  # the range starts at or past the end
+            if s3_errors.status(exc) == 416:  # the range starts at or past the end
                 return b""
             raise self._translate(exc, key) from exc
 
@@ -288,8 +296,12 @@ class S3Store:
         except Exception as exc:
             raise self._translate(exc, key) from exc
 
-    def open_upload(self, key: str) -> Upload:
-        """A temporary file in the local ``spool`` folder, uploaded in parts by its commit."""
+    def get_view(self, key: str) -> memoryview:
+        return memoryview(self.get(key)).toreadonly()
+
+    def open_upload(self, key: str, *, read_back: bool = True) -> Upload:
+        """A temporary file in the local ``spool`` folder, uploaded in parts by its commit (which
+        reads the file: ``read_back`` changes nothing here)."""
 
         def store(upload: FileUpload) -> None:
             try:

@@ -9,6 +9,8 @@ stores them under the object's key at once (``commit``) or throws them away (``d
   and commits it by ``fsync`` and a rename (the object appears whole or not at all, and its bytes
   are written once); the S3 store makes it in a local folder and commits it by uploading the file in
   parts (``s3_transfer.upload_file``), so a body larger than memory is never held in memory.
+- ``FileUpload(direct=True)`` writes its file past the page cache (``direct_io``): for an object
+  that is only stored, never viewed through its upload (a commit's large objects).
 - ``MemoryUpload`` holds the bytes in memory and commits them with the store's ``put``: for a store
   that cannot make a file, and while storage is down.
 
@@ -27,6 +29,8 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
+
+from diloco_core import direct_io
 
 UPLOAD_PREFIX = ".tmp-"
 LOCAL_SPOOL = Path(
@@ -53,7 +57,7 @@ class FileUpload:
     """An object's bytes in a temporary file in ``folder``; ``store`` makes it the object, by reading
     it or by moving it into place (``moved``); the file is removed afterwards unless moved."""
 
-    def __init__(self, folder: Path, store: Callable[[FileUpload], None]) -> None:
+    def __init__(self, folder: Path, store: Callable[[FileUpload], None], *, direct: bool = False) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=UPLOAD_PREFIX, dir=folder)
         self.path = Path(name)
@@ -63,12 +67,21 @@ class FileUpload:
         self._map: mmap.mmap | None = None
         self.moved = False  # set by a store that made the file itself the object (renamed it)
         self._done = False
+        # ``direct``: written past the page cache where the filesystem takes it (never viewed)
+        self._direct_fd = direct_io.open_direct(self.path, os.O_WRONLY) if direct else None
+        self._direct = None if self._direct_fd is None else direct_io.DirectWriter(self._direct_fd, fd)
 
     def write(self, data: bytes | bytearray) -> None:
+        if self._direct is not None:
+            self._direct.write(data)
+            self.size = self._direct.size
+            return
         self.file.write(data)
         self.size += len(data)
 
     def view(self) -> memoryview:
+        if self._direct is not None:
+            raise RuntimeError(f"{self.path} is written past the page cache: it is not read back")
         self.file.flush()
         if self.size == 0:
             return memoryview(b"")
@@ -77,6 +90,9 @@ class FileUpload:
         return memoryview(self._map)
 
     def patch(self, offset: int, data: bytes) -> None:
+        if self._direct is not None:
+            self._direct.patch(offset, data)
+            return
         self.file.flush()
         written = os.pwrite(self.file.fileno(), data, offset)
         if written != len(data):
@@ -84,6 +100,8 @@ class FileUpload:
 
     def commit(self) -> None:
         """Store the object (a failure raises and leaves the file as it is, to read or discard)."""
+        if self._direct is not None:
+            self._direct.finish()
         self.file.flush()
         self._unmap()
         self._store(self)
@@ -93,6 +111,13 @@ class FileUpload:
         """Close and remove the file (nothing once committed or discarded); never fails: bytes the
         file could not take are thrown away with it."""
         self._unmap()
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
+        if self._direct_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._direct_fd)
+            self._direct_fd = None
         try:
             self.file.close()
         except OSError:

@@ -37,7 +37,7 @@ def kept_in_storage(payload: Served, outer_key: str | None) -> InStorage | None:
 
 def read_committed(
     store: StateStore, spec: Fragment, params_key: str, outer_key: str | None
-) -> tuple[Arrays, bytes, Arrays | None]:
+) -> tuple[Arrays, memoryview, Arrays | None]:
     """A committed version's parameters, their payload, and its outer state's arrays (None when it
     has none) (blocking)."""
     payload = store.read(params_key)

@@ -206,8 +206,9 @@ class StateStore:
         self.check_owner()
         self.store.put(self.layout.deal, record.model_dump_json().encode())
 
-    def read(self, key: str) -> bytes:
-        return self.store.get(key)
+    def read(self, key: str) -> memoryview:
+        """An object read whole for decoding (``ObjectStore.get_view``: a large one past the cache)."""
+        return self.store.get_view(key)
 
     def read_range(self, key: str, start: int, length: int) -> bytes:
         return self.store.read_range(key, start, length)

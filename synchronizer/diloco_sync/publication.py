@@ -28,9 +28,10 @@ Served = bytes | Stored
 """A version as served: its payload in memory, or where it is stored."""
 
 
-def served_form(payload: bytes, key: str, in_memory_bytes: int) -> Served:
-    """The payload itself when it is at most ``in_memory_bytes`` long, else its object ``key``."""
-    return payload if len(payload) <= in_memory_bytes else Stored(key, len(payload))
+def served_form(payload: bytes | memoryview, key: str, in_memory_bytes: int) -> Served:
+    """The payload itself (as bytes) when it is at most ``in_memory_bytes`` long, else its object ``key``."""
+    size = memoryview(payload).nbytes
+    return bytes(payload) if size <= in_memory_bytes else Stored(key, size)
 
 
 def served_size(served: Served) -> int:

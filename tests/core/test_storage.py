@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from diloco_core.direct_io import DIRECT_MIN_BYTES
 from diloco_core.storage import (
     FilesystemStore,
     ObjectNotFound,
@@ -108,12 +109,33 @@ def test_filesystem_uploads_are_written_in_the_object_s_folder_and_swept_at_star
     assert [p.name for p in (tmp_path / "shard-000/pending/0/a").iterdir()] == ["0-0.bin"]
 
 
+def test_a_large_object_read_whole_as_a_view_is_the_object(store: ObjectStore) -> None:
+    large = os.urandom(DIRECT_MIN_BYTES + 4097)  # past the folder store's page cache both ways
+    store.put("big", large)
+    upload = store.open_upload("outer", read_back=False)
+    for start in range(0, len(large), 1 << 20):
+        upload.write(large[start : start + (1 << 20)])
+    upload.commit()
+    for key in ("big", "outer"):
+        view = store.get_view(key)
+        assert view.readonly
+        assert bytes(view) == large
+        assert store.get(key) == large
+        assert store.read_range(key, DIRECT_MIN_BYTES, 10) == large[DIRECT_MIN_BYTES : DIRECT_MIN_BYTES + 10]
+    store.put("small", b"abc")
+    assert bytes(store.get_view("small")) == b"abc"
+    with pytest.raises(ObjectNotFound):
+        store.get_view("missing")
+
+
 def test_filesystem_put_leaves_no_temporary_files(tmp_path: Path) -> None:
     store = FilesystemStore(tmp_path)
     for i in range(5):
         store.put("dir/obj", str(i).encode())
-    assert sorted(p.name for p in (tmp_path / "dir").iterdir()) == ["obj"]
+        store.put("dir/large", str(i).encode() * DIRECT_MIN_BYTES)
+    assert sorted(p.name for p in (tmp_path / "dir").iterdir()) == ["large", "obj"]
     assert store.get("dir/obj") == b"4"
+    assert store.get("dir/large") == b"4" * DIRECT_MIN_BYTES
 
 
 def test_open_store_parses_urls(tmp_path: Path) -> None:

@@ -155,3 +155,24 @@ def test_a_refusal_forgets_the_views_its_traceback_held_so_the_file_is_unmapped(
     upload._map.close()  # no view of it is left
     upload._map = None
     upload.discard()
+
+
+def test_a_direct_upload_is_only_stored_never_read_back_through_it(tmp_path: Path) -> None:
+    stored, store = _moved_to(tmp_path / "object.bin")
+    upload = FileUpload(tmp_path / "folder", store, direct=True)
+    data = os.urandom(5 << 20)
+    for start in range(0, len(data), 1_000_003):
+        upload.write(data[start : start + 1_000_003])
+    assert upload.size == len(data)
+    with pytest.raises(RuntimeError, match="not read back"):
+        upload.view()
+    upload.patch(0, b"head")  # in the file already
+    upload.patch(len(data) - 3, b"end")  # still staged
+    upload.patch((4 << 20) - 2, b"edge")  # across the two
+    upload.commit()
+    assert stored == [b"head" + data[4 : (4 << 20) - 2] + b"edge" + data[(4 << 20) + 2 : -3] + b"end"]
+    assert os.listdir(tmp_path / "folder") == []
+    dropped = FileUpload(tmp_path / "folder", store, direct=True)
+    dropped.write(data)
+    dropped.discard()
+    assert os.listdir(tmp_path / "folder") == []
