@@ -265,9 +265,8 @@ class S3Store:
 
     def _translate(self, exc: Exception, what: str) -> StorageError:
         kind, message = s3_errors.failure(exc, what, self.bucket)
-        return {"not_found": ObjectNotFound, "unavailable": StorageUnavailable}.get(kind, StorageError)(
-            message
-        )
+        raised = {"not_found": ObjectNotFound, "unavailable": StorageUnavailable}.get(kind, StorageError)
+        return raised(message)
 
     def get(self, key: str) -> bytes:
         try:
