@@ -6,7 +6,8 @@ its own. Through the page cache each of their bytes is copied into a page the ke
 the file, and those pages are freed again when the object is collected: on a virtual machine that
 hands freed memory back to its host, every such page costs a fault from the host when it is taken
 again, more than the copy. Written and read with ``O_DIRECT`` the bytes go between the disk and the
-process's own memory (a reused staging block on the way out, the reader's array on the way in).
+process's own memory (a staging block, reused by later writers, on the way out; the reader's
+array on the way in).
 
 Where a filesystem refuses ``O_DIRECT`` (at ``open``, or on a write), the same object is written or
 read through the page cache instead, from where it stopped: the result is the same file either way.
@@ -27,15 +28,26 @@ DIRECT_MIN_BYTES = 8 << 20  # objects at least this large bypass the page cache
 STAGE_BYTES = 4 << 20  # the staging block a writer gathers pieces into (a multiple of ALIGN)
 _READ_PIECE = 64 << 20  # bytes asked of one pread
 
-_stages = threading.local()  # each writing thread's staging block, kept between objects
+_KEPT_BLOCKS = 4  # staging blocks kept for later writers once their writers are done
+_free_blocks: list[mmap.mmap] = []
+_blocks_lock = threading.Lock()
 
 
-def _stage() -> mmap.mmap:
-    """This thread's staging block: page-aligned anonymous memory, made once and reused."""
-    stage: mmap.mmap | None = getattr(_stages, "block", None)
-    if stage is None:
-        stage = _stages.block = mmap.mmap(-1, STAGE_BYTES)
-    return stage
+def _take_block() -> mmap.mmap:
+    """A staging block of page-aligned anonymous memory for one writer: one a finished writer gave
+    back (its pages already in memory), else a new one."""
+    with _blocks_lock:
+        if _free_blocks:
+            return _free_blocks.pop()
+    return mmap.mmap(-1, STAGE_BYTES)
+
+
+def _give_back(block: mmap.mmap) -> None:
+    with _blocks_lock:
+        if len(_free_blocks) < _KEPT_BLOCKS:
+            _free_blocks.append(block)
+            return
+    block.close()
 
 
 def open_direct(path: str | Path, flags: int) -> int | None:
@@ -54,7 +66,7 @@ def open_direct(path: str | Path, flags: int) -> int | None:
 
 class DirectWriter:
     """The bytes of one file written from offset 0 in whole aligned blocks through ``direct_fd``,
-    gathered in this thread's staging block; the file's ordinary descriptor ``plain_fd`` takes what
+    gathered in a staging block of its own; the file's ordinary descriptor ``plain_fd`` takes what
     the direct one refuses, and sets the file's length and syncs it at ``finish``. Either descriptor
     stays its caller's to close."""
 
@@ -63,7 +75,8 @@ class DirectWriter:
         self.size = 0  # bytes taken
         self._written = 0  # bytes in the file
         self._filled = 0  # bytes in the staging block
-        self._view = memoryview(_stage()) if direct_fd is not None else None
+        self._block = _take_block() if direct_fd is not None else None  # this writer's alone until closed
+        self._view = memoryview(self._block) if self._block is not None else None
         self.direct = direct_fd is not None  # False once the direct descriptor refused a block
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -109,10 +122,13 @@ class DirectWriter:
         os.fsync(self.plain_fd)
 
     def close(self) -> None:
-        """Let go of the staging block's view (the block itself stays with the thread)."""
+        """Give the staging block back for another writer (nothing to write may be left in it)."""
         if self._view is not None:
             self._view.release()
             self._view = None
+        if self._block is not None:
+            _give_back(self._block)
+            self._block = None
 
     def _emit(self, length: int, keep: int | None = None) -> None:
         """The staging block's first ``length`` bytes into the file (``keep``: how many of them are
@@ -120,23 +136,25 @@ class DirectWriter:
         assert self._view is not None
         assert self.direct_fd is not None
         block = self._view[:length]
-        done = 0
+        end = length if keep is None else keep
+        done, refused = 0, None
         try:
             while done < length:
                 done += os.pwrite(self.direct_fd, block[done:], self._written + done)
         except OSError as exc:
             if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                 raise
-            rest = bytes(block[done : length if keep is None else keep])  # before the view is let go
-            self._written += done
-            self.close()
-            self.direct = False
-            self._pwrite_plain(memoryview(rest))
-            return
+            refused = bytes(block[done:end])
         finally:
             block.release()
-        self._written += length if keep is None else keep
-        self._filled = 0
+        if refused is None:
+            self._written += end
+            self._filled = 0
+            return
+        self._written += done
+        self.close()  # the block is let go: the rest goes through the ordinary descriptor
+        self.direct = False
+        self._pwrite_plain(memoryview(refused))
 
     def _pwrite_plain(self, src: memoryview) -> None:
         _pwrite_all(self.plain_fd, src, self._written)

@@ -154,3 +154,26 @@ def test_a_patch_outside_what_was_written_is_refused(tmp_path: Path) -> None:
         if fd is not None:
             os.close(fd)
     assert (tmp_path / "g").read_bytes() == b"aBc"
+
+
+def test_writers_at_once_in_one_thread_or_many_never_share_a_staging_block(tmp_path: Path) -> None:
+    """Uploads written piece by piece from whichever worker thread is free (request bodies): each
+    file gets its own bytes."""
+    import concurrent.futures
+
+    datas = [os.urandom(2 * STAGE_BYTES + 1000 * i + 1) for i in range(6)]
+    plains = [os.open(tmp_path / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o600) for i in range(6)]
+    directs = [open_direct(tmp_path / f"f{i}", os.O_WRONLY) for i in range(6)]
+    writers = [DirectWriter(d, p) for d, p in zip(directs, plains, strict=True)]
+    piece = 1_000_003
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        for start in range(0, max(len(d) for d in datas), piece):  # interleaved, on any thread
+            list(pool.map(lambda w, d: w.write(d[start : start + piece]), writers, datas))
+    for writer in writers:
+        writer.finish()
+        writer.close()
+    for fd in [*plains, *directs]:
+        if fd is not None:
+            os.close(fd)
+    for i, data in enumerate(datas):
+        assert (tmp_path / f"f{i}").read_bytes() == data
