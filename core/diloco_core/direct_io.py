@@ -27,7 +27,6 @@ ALIGN = 4096  # offsets, lengths and buffer addresses of O_DIRECT I/O: a multipl
 DIRECT_MIN_BYTES = 8 << 20  # objects at least this large bypass the page cache
 STAGE_BYTES = 4 << 20  # the staging block a writer gathers pieces into (a multiple of ALIGN)
 _READ_PIECE = 64 << 20  # bytes asked of one pread
-VIEW_MAX_BYTES = 256 << 20  # an upload read back whole into memory up to this size (``FileUpload.view``)
 
 _KEPT_BLOCKS = 4  # staging blocks kept for later writers once their writers are done
 _free_blocks: list[mmap.mmap] = []
@@ -79,11 +78,8 @@ class DirectWriter:
         self._block = _take_block() if direct_fd is not None else None  # this writer's alone until closed
         self._view = memoryview(self._block) if self._block is not None else None
         self.direct = direct_fd is not None  # False once the direct descriptor refused a block
-        self.sealed = False  # all taken is in the file, at its length: nothing more is taken
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self.sealed:
-            raise RuntimeError("bytes written after the file was sealed")
         src = memoryview(data).cast("B")
         self.size += src.nbytes
         if self._view is None:
@@ -114,22 +110,15 @@ class DirectWriter:
             at = offset + in_file - self._written
             self._view[at : at + len(data) - in_file] = data[in_file:]
 
-    def seal(self) -> None:
+    def finish(self) -> None:
         """The last bytes written (the direct block padded to ``ALIGN``, then the file cut to its
-        length), so the file can be read; once."""
-        if self.sealed:
-            return
+        length) and the file synced."""
         if self._view is not None and self._filled:
             tail = self._filled
             padded = -(-tail // ALIGN) * ALIGN
             self._view[tail:padded] = bytes(padded - tail)
             self._emit(padded, keep=tail)
         os.ftruncate(self.plain_fd, self.size)
-        self.sealed = True
-
-    def finish(self) -> None:
-        """Sealed, and the file synced."""
-        self.seal()
         os.fsync(self.plain_fd)
 
     def close(self) -> None:

@@ -59,9 +59,10 @@ class ObjectStore(Protocol):
 
     def put(self, key: str, data: bytes | bytearray) -> None: ...
 
-    def open_upload(self, key: str) -> Upload:
+    def open_upload(self, key: str, *, read_back: bool = True) -> Upload:
         """An object under ``key`` written as its bytes arrive (``diloco_core.uploads``); its
-        ``commit`` stores it at once, as ``put`` does."""
+        ``commit`` stores it at once, as ``put`` does. ``read_back`` False: the upload is never
+        viewed, so a store may write it past its cache."""
         ...
 
     def sweep_uploads(self, prefix: str) -> int:
@@ -128,7 +129,7 @@ class FilesystemStore:
 
     def put(self, key: str, data: bytes | bytearray) -> None:
         if len(data) >= direct_io.DIRECT_MIN_BYTES:  # written past the page cache
-            upload = self.open_upload(key)
+            upload = self.open_upload(key, read_back=False)
             try:
                 upload.write(data)
                 upload.commit()
@@ -153,9 +154,9 @@ class FilesystemStore:
         except OSError as exc:
             raise StorageUnavailable(f"writing {key}: {exc}") from exc
 
-    def open_upload(self, key: str) -> Upload:
-        """A temporary file in the object's folder, written past the page cache (``direct_io``),
-        renamed into place once written and synced."""
+    def open_upload(self, key: str, *, read_back: bool = True) -> Upload:
+        """A temporary file in the object's folder, renamed into place once written and synced;
+        without ``read_back``, written past the page cache (``direct_io``)."""
         path = self._path(key)
 
         def store(upload: FileUpload) -> None:
@@ -167,7 +168,7 @@ class FilesystemStore:
                 raise StorageUnavailable(f"writing {key}: {exc}") from exc
 
         try:
-            return FileUpload(path.parent, store, direct=True)
+            return FileUpload(path.parent, store, direct=not read_back)
         except OSError as exc:
             raise StorageUnavailable(f"writing {key}: {exc}") from exc
 
@@ -297,9 +298,9 @@ class S3Store:
     def get_view(self, key: str) -> memoryview:
         return memoryview(self.get(key)).toreadonly()
 
-    def open_upload(self, key: str) -> Upload:
+    def open_upload(self, key: str, *, read_back: bool = True) -> Upload:
         """A temporary file in the local ``spool`` folder, uploaded in parts by its commit (which
-        reads the file: it stays in the page cache)."""
+        reads the file: ``read_back`` changes nothing here)."""
 
         def store(upload: FileUpload) -> None:
             try:

@@ -9,9 +9,8 @@ stores them under the object's key at once (``commit``) or throws them away (``d
   and commits it by ``fsync`` and a rename (the object appears whole or not at all, and its bytes
   are written once); the S3 store makes it in a local folder and commits it by uploading the file in
   parts (``s3_transfer.upload_file``), so a body larger than memory is never held in memory.
-- ``FileUpload(direct=True)`` writes its file past the page cache (``direct_io``); its ``view``
-  is then a copy of the bytes read whole into memory the same way (a map above
-  ``direct_io.VIEW_MAX_BYTES``), taken when it is made: a later ``patch`` is in the file, not in it.
+- ``FileUpload(direct=True)`` writes its file past the page cache (``direct_io``): for an object
+  that is only stored, never viewed through its upload (a commit's large objects).
 - ``MemoryUpload`` holds the bytes in memory and commits them with the store's ``put``: for a store
   that cannot make a file, and while storage is down.
 
@@ -68,7 +67,7 @@ class FileUpload:
         self._map: mmap.mmap | None = None
         self.moved = False  # set by a store that made the file itself the object (renamed it)
         self._done = False
-        # ``direct``: written past the page cache where the filesystem takes it
+        # ``direct``: written past the page cache where the filesystem takes it (never viewed)
         self._direct_fd = direct_io.open_direct(self.path, os.O_WRONLY) if direct else None
         self._direct = None if self._direct_fd is None else direct_io.DirectWriter(self._direct_fd, fd)
 
@@ -81,12 +80,8 @@ class FileUpload:
         self.size += len(data)
 
     def view(self) -> memoryview:
-        if self._direct is not None:  # a copy read past the cache, up to a size; else the map below
-            self._direct.seal()
-            if self.size <= direct_io.VIEW_MAX_BYTES:
-                got = direct_io.read_direct(self.path)
-                if got is not None:
-                    return got
+        if self._direct is not None:
+            raise RuntimeError(f"{self.path} is written past the page cache: it is not read back")
         self.file.flush()
         if self.size == 0:
             return memoryview(b"")

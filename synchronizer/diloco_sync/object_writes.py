@@ -18,7 +18,7 @@ def put_contents(store: ObjectStore, key: str, data: Contents) -> None:
     if not callable(data):
         store.put(key, data)
         return
-    upload = store.open_upload(key)
+    upload = store.open_upload(key, read_back=False)  # only stored: past the cache where that is possible
     try:
         data(upload)
         upload.commit()
