@@ -53,6 +53,7 @@ from diloco_core.fragments import FragmentPlan
 from diloco_core.heap import limit_heap
 from diloco_core.merge_inputs import MeasuredTensors
 from diloco_core.outer import OuterState
+from diloco_core.storage import FilesystemStore
 from diloco_core.uploads import FileUpload
 from diloco_sync.body import WRITE_BYTES
 from diloco_sync.contribution import Contribution, fold
@@ -113,11 +114,12 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
 
     with tempfile.TemporaryDirectory(prefix="sync-stages-") as root:
         folder = Path(root)
+        store = FilesystemStore(folder / "store")
 
         def round_and_commit() -> None:
             outcome = run_round(spec, state, outer, 1, taken, settings)
             assert isinstance(outcome, RoundOutcome), outcome
-            upload = FileUpload(folder, lambda upload: None, direct=True)  # as the commit's upload
+            upload = store.open_upload("outer", read_back=False)  # the commit's upload, not committed
             write_outer_state(upload, outcome.result.outer, spec.index, outcome.result.version)
             upload.discard()
 

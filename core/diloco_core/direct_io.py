@@ -9,7 +9,7 @@ again, more than the copy. Written and read with ``O_DIRECT`` the bytes go betwe
 process's own memory (a staging block, reused by later writers, on the way out; the reader's
 array on the way in).
 
-Where a filesystem refuses ``O_DIRECT`` (at ``open``, or on a write), the same object is written or
+Where a filesystem refuses ``O_DIRECT`` (at ``open``, or on a write or read), the same object is written or
 read through the page cache instead, from where it stopped: the result is the same file either way.
 """
 
@@ -67,7 +67,7 @@ def open_direct(path: str | Path, flags: int) -> int | None:
 class DirectWriter:
     """The bytes of one file written from offset 0 in whole aligned blocks through ``direct_fd``,
     gathered in a staging block of its own; the file's ordinary descriptor ``plain_fd`` takes what
-    the direct one refuses, and sets the file's length and syncs it at ``finish``. Either descriptor
+    the direct one refuses, and sets the file's length at ``finish``. Either descriptor
     stays its caller's to close."""
 
     def __init__(self, direct_fd: int | None, plain_fd: int) -> None:
@@ -111,15 +111,14 @@ class DirectWriter:
             self._view[at : at + len(data) - in_file] = data[in_file:]
 
     def finish(self) -> None:
-        """The last bytes written (the direct block padded to ``ALIGN``, then the file cut to its
-        length) and the file synced."""
+        """The last bytes written (the direct block padded to ``ALIGN``), then the file cut to its
+        length; syncing it is its owner's (the folder store's commit)."""
         if self._view is not None and self._filled:
             tail = self._filled
             padded = -(-tail // ALIGN) * ALIGN
             self._view[tail:padded] = bytes(padded - tail)
             self._emit(padded, keep=tail)
         os.ftruncate(self.plain_fd, self.size)
-        os.fsync(self.plain_fd)
 
     def close(self) -> None:
         """Give the staging block back for another writer (nothing to write may be left in it)."""
