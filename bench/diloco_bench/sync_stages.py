@@ -17,8 +17,9 @@ the whole process for a round (BLAS may use threads of its own):
   (``codec.decode`` of the served payload, as the learner's poller and catch-up do);
 - **round**: the synchronizer's round of ``--contributions`` contributions C
   (``merging.run_round``: checks, merge, outer step, compressed download, the encoded new version),
-  then the outer state written into a file as a commit writes it (``write_outer_state``); the
-  second round is timed, so momentum and residual exist;
+  then the outer state written into a file as a commit writes it (``write_outer_state``), and the
+  new version too where the commit encodes it as it writes it (a fragment served from storage,
+  ``write_version``); the second round is timed, so momentum and residual exist;
 - **fold**: what one more part of a learner's progress adds to its round: a contribution folded
   from two parts (``contribution.fold``) has no norm from arrival, so the round's merge measures it
   as it reads the parts once (``merge_inputs.MeasuredTensors``, ``screening``); the stage is that
@@ -43,6 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,8 @@ from diloco_core.uploads import FileUpload
 from diloco_sync.body import WRITE_BYTES
 from diloco_sync.contribution import Contribution, fold
 from diloco_sync.ingest import payload_limit, validate_outer_gradient
-from diloco_sync.merging import RoundOutcome, run_round, write_outer_state
+from diloco_sync.merging import RoundOutcome, run_round, write_outer_state, write_version
+from diloco_sync.publication import DEFAULT_SERVED_IN_MEMORY, served_from_storage
 
 from diloco_bench.round_memory import contributions
 from diloco_bench.sync_ingest import framed, grad_parts, make_plan
@@ -116,12 +119,19 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
         folder = Path(root)
         store = FilesystemStore(folder / "store")
 
+        in_round = not served_from_storage(spec, DEFAULT_SERVED_IN_MEMORY)
+
         def round_and_commit() -> None:
-            outcome = run_round(spec, state, outer, 1, taken, settings)
+            outcome = run_round(spec, state, outer, 1, taken, settings, encode_version=in_round)
             assert isinstance(outcome, RoundOutcome), outcome
-            upload = store.open_upload("outer", read_back=False)  # the commit's upload, not committed
-            write_outer_state(upload, outcome.result.outer, spec.index, outcome.result.version)
-            upload.discard()
+            result = outcome.result
+            for key, write in (
+                ("outer", partial(write_outer_state, state=result.outer)),
+                *([] if in_round else [("version", partial(write_version, params=result.params))]),
+            ):
+                upload = store.open_upload(key, read_back=False)  # the commit's uploads, not committed
+                write(upload, fragment=spec.index, version=result.version)
+                upload.discard()
 
         ms = {
             "write": cpu_ms(lambda: write_body(blob, folder), repeat),

@@ -88,8 +88,10 @@ def add_decoded(
     as those two operations on whole arrays give it; the values are decoded a chunk at a time into
     a scratch that stays in the cache, so no array the size of the tensor is made (``acc``: ``n``
     contiguous float32 values)."""
+    scaled = factor != 1  # a product with 1 is the value itself, bit for bit
     for start, chunk in _decoded(values, scales, quantizer, n, block_size, None):
-        np.multiply(chunk, factor, out=chunk)
+        if scaled:
+            np.multiply(chunk, factor, out=chunk)
         part = acc[start : start + chunk.size]
         np.add(part, chunk, out=part)
 

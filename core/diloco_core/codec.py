@@ -154,6 +154,21 @@ def encode_params(params: Mapping[str, npt.NDArray[Any]], fragment: int, version
     )
 
 
+def encode_params_into(
+    sink: Sink, params: Mapping[str, npt.NDArray[Any]], fragment: int, version: int
+) -> int:
+    """``encode_params``' bytes written into ``sink`` as they are made (``encode_into``); their size."""
+    return encode_into(
+        sink,
+        params,
+        fragment=fragment,
+        base_version=version,
+        kind="params",
+        quantizer=q.PLANES,
+        level=ENTROPY,
+    )
+
+
 def encode_with_parts(
     tensors: Mapping[str, npt.NDArray[Any]], fields: Fields, *, level: Level | None = None
 ) -> tuple[bytes, dict[str, QuantizedTensor]]:

@@ -62,14 +62,18 @@ class OuterState:
         return state
 
     @classmethod
-    def from_arrays(cls, d: Mapping[str, npt.NDArray[np.floating]]) -> OuterState:
-        """The state that :meth:`to_arrays` wrote; raises ``ValueError`` on unknown keys."""
+    def from_arrays(cls, d: Mapping[str, npt.NDArray[np.floating]], *, given: bool = False) -> OuterState:
+        """The state that :meth:`to_arrays` wrote; raises ``ValueError`` on unknown keys. The arrays
+        are copied, unless ``given``: the caller hands them over (arrays just decoded, which nothing
+        else holds), and float32 ones are kept as they are, made read-only, instead of copied."""
         u: dict[str, F32] = {}
         buf: dict[str, F32] = {}
         residual: dict[str, F32] = {}
         steps = 0
         for key, value in d.items():
-            arr = _frozen(np.array(value, dtype=np.float32))
+            arr = _frozen(
+                np.ascontiguousarray(value, dtype=np.float32) if given else np.array(value, dtype=np.float32)
+            )
             if key == _STEP_KEY:
                 if arr.shape != (1,) or not arr[0] >= 0:
                     raise ValueError(f"bad outer optimizer step counter {arr!r}")

@@ -24,11 +24,12 @@ from diloco_core.tracking import Tracking
 from .contribution import Arrays, Contribution, merged_through
 from .fragment_state import FragmentState
 from .held_state import InStorage, read_state
-from .merging import RoundOutcome, round_log, round_record, round_scalars, write_outer_state
+from .merging import RoundOutcome, round_log, round_record, round_scalars, write_outer_state, write_version
 from .metrics import Metrics
+from .object_writes import Contents
 from .pace import kept_times
 from .persistence import StateStore
-from .publication import DEFAULT_SERVED_IN_MEMORY, Served, served_form
+from .publication import DEFAULT_SERVED_IN_MEMORY, Served, Stored, served_form, served_from_storage
 from .storage_guard import StorageGuard
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,10 @@ class Committer:
         outcome: RoundOutcome,
         contributions: Sequence[Contribution],
         timing: dict[str, float],
-    ) -> dict[str, Any]:
-        """Write the round's objects and the manifest, retrying through outages; returns the round log."""
+    ) -> tuple[dict[str, Any], int]:
+        """Write the round's objects and the manifest, retrying through outages; returns the round log
+        and the size of the new version's object (encoded here as it is written when the round left
+        it to the commit: ``RoundOutcome.payload`` None)."""
         p, layout, version = fs.index, self.store.layout, outcome.result.version
         taken = [*contributions, *(c for c, _ in outcome.excluded)]  # an excluded key is never taken again
         keys = [part.key for c in taken for part in c.received()]
@@ -77,7 +80,7 @@ class Committer:
             version=version,
             params_key=layout.params(p, version),
             outer_key=self.outer_key(p, version),
-            params_bytes=len(outcome.payload),
+            params_bytes=None if outcome.payload is None else len(outcome.payload),
             rounds=fs.rounds + 1,
             applied=applied_to_keep([*fs.applied, *keys], version, self.max_staleness),
             merged_through={
@@ -91,12 +94,17 @@ class Committer:
             version_times=kept_times(fs.version_times, version, self.clock()),
         )
         log_entry = round_log(p, outcome, contributions, timing)
+        params: Contents = (
+            outcome.payload
+            if outcome.payload is not None
+            else partial(write_version, params=outcome.result.params, fragment=p, version=version)
+        )
         started = self.clock()
-        await self.guard.call_until_done(
+        committed = await self.guard.call_until_done(
             lambda: self.store.commit_version(
                 p,
                 record,
-                params_blob=outcome.payload,
+                params_blob=params,
                 outer=partial(write_outer_state, state=outcome.result.outer, fragment=p, version=version),
                 round_log=log_entry,
                 count_round=True,
@@ -104,7 +112,7 @@ class Committer:
             what=f"commit of fragment {p} version {version}",
         )
         self.metrics.commit_seconds.observe(self.clock() - started)
-        return log_entry
+        return log_entry, committed.params_bytes or 0
 
     def outer_key(self, p: int, version: int) -> str:
         """The object of fragment ``p``'s outer state at ``version``, as a commit writes it."""
@@ -120,9 +128,17 @@ class Committer:
         self.metrics.state_read_seconds.observe(self.clock() - started)
         return state
 
-    def served(self, p: int, outcome: RoundOutcome) -> Served:
-        """The new version as fragment ``p`` serves it once committed (``publication.served_form``)."""
+    def encodes_in_round(self, spec: Fragment) -> bool:
+        """Whether a round of this fragment encodes its new version (one served from memory), rather
+        than leave it to the commit (``publication.served_from_storage``)."""
+        return not served_from_storage(spec, self.served_in_memory_bytes)
+
+    def served(self, p: int, outcome: RoundOutcome, size: int) -> Served:
+        """The new version as fragment ``p`` serves it once committed, ``size`` bytes long
+        (``publication.served_form``; where the commit encoded it, from its object)."""
         key = self.store.layout.params(p, outcome.result.version)
+        if outcome.payload is None:
+            return Stored(key, size)
         return served_form(outcome.payload, key, self.served_in_memory_bytes)
 
     def record(

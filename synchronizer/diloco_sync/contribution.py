@@ -26,6 +26,7 @@ import numpy.typing as npt
 from diloco_core import rounds as policy
 from diloco_core.bounds import MAX_STEPS, MAX_TOKENS, MAX_TOKENS_PER_STEP
 from diloco_core.layout import PendingMeta, contribution_key
+from diloco_core.quantized_arrays import QuantizedArrays, TensorCodes
 
 Arrays = dict[str, npt.NDArray[np.float32]]
 Gradient = Mapping[str, npt.NDArray[np.float32]]
@@ -43,15 +44,25 @@ class Sum(Mapping[str, npt.NDArray[np.float32]]):
 
     def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
         """``first[name] + second[name]``, each side read the same way, with a stack instead of
-        recursion: a learner may fold thousands of parts."""
-        todo: list[tuple[Gradient, bool]] = [(self, False)]
-        done: list[tuple[npt.NDArray[np.float32], bool]] = []  # values, and whether this one made them
+        recursion: a learner may fold thousands of parts. A part kept as codes (a payload's
+        ``QuantizedArrays`` in a blocked low-bit format) is added into the sum so far a few blocks
+        at a time (``TensorCodes.add_to`` with a factor of 1, exact), without a float32 array of its
+        own: the same float32 sums as ``left + right``."""
+        todo: list[tuple[Gradient, _Step]] = [(self, "start")]
+        done: list[tuple[npt.NDArray[np.float32], bool]] = []  # values, and whether this read made them
         while todo:
-            node, added = todo.pop()
+            node, step = todo.pop()
             if not isinstance(node, Sum):
-                done.append((node[name], False))  # a part's own array: never changed here
-            elif not added:
-                todo += [(node, True), (node.second, False), (node.first, False)]
+                done.append(_read_part(node, name))
+            elif step == "start":
+                todo += [(node, "left read"), (node.first, "start")]
+            elif step == "left read" and (codes := _codes(node.second, name, done[-1][0])) is not None:
+                left, ours = done.pop()
+                total = left if ours else np.array(left, dtype=np.float32)
+                codes.add_to(total.reshape(-1), _ONE)
+                done.append((total, True))
+            elif step == "left read":
+                todo += [(node, "both read"), (node.second, "start")]
             else:
                 (right, _), (left, ours) = done.pop(), done.pop()
                 if ours:
@@ -67,6 +78,24 @@ class Sum(Mapping[str, npt.NDArray[np.float32]]):
 
     def __len__(self) -> int:
         return len(self.second)
+
+
+_Step = Literal["start", "left read", "both read"]
+_ONE = np.float32(1)
+
+
+def _read_part(part: Gradient, name: str) -> tuple[npt.NDArray[np.float32], bool]:
+    """Tensor ``name`` of a part, and whether the array is a new one made by this read (a payload's
+    tensors are decoded afresh at every read) rather than one the part holds."""
+    return part[name], isinstance(part, QuantizedArrays)
+
+
+def _codes(part: Gradient, name: str, onto: npt.NDArray[np.float32]) -> TensorCodes | None:
+    """Tensor ``name`` of a part as codes to add onto the float32 array ``onto`` of its shape, where
+    the part keeps it so (None otherwise: it is then read as an array and added)."""
+    if not isinstance(part, QuantizedArrays) or onto.dtype != np.float32 or part.shape(name) != onto.shape:
+        return None
+    return part.codes(name)
 
 
 def held_bytes(g: Gradient) -> int:

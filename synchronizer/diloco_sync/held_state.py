@@ -52,7 +52,7 @@ def read_committed(
 def read_state(store: StateStore, spec: Fragment, at: InStorage) -> tuple[Arrays, OuterState]:
     """What a round starts from, read back from the objects that hold it (blocking)."""
     params, _, outer = read_committed(store, spec, at.params_key, at.outer_key)
-    return params, OuterState.from_arrays(outer) if outer is not None else OuterState()
+    return params, OuterState.from_arrays(outer, given=True) if outer is not None else OuterState()
 
 
 class HeldState:

@@ -28,10 +28,11 @@ class RoundOutcome:
     """A merged round, encoded for its commit. ``result`` without its update (which is as large as
     the fragment and needed only for its norm, ``result.update_norm``), so that a round waiting for
     its commit holds no more of it than it writes and publishes; its outer state is written to
-    storage from ``result.outer`` by the commit (``write_outer_state``)."""
+    storage from ``result.outer`` by the commit (``write_outer_state``), and so is the new version of
+    a fragment served from storage (``write_version``: never held whole, nor joined from pieces)."""
 
     result: RoundResult
-    payload: bytes  # the new version as served
+    payload: bytes | None  # the new version as served; None: written by the commit (``write_version``)
     merge_s: float
     merged: tuple[Contribution, ...] = ()  # in the order of ``result.weights``
     excluded: tuple[tuple[Contribution, str], ...] = ()  # left out by the checks, with the reason
@@ -63,6 +64,12 @@ def write_outer_state(sink: codec.Sink, state: OuterState, fragment: int, versio
     )
 
 
+def write_version(sink: codec.Sink, params: Arrays, fragment: int, version: int) -> int:
+    """A new version as it is served and stored (``codec.encode_params``), written into ``sink`` (an
+    upload of its object) as it is encoded; its size."""
+    return codec.encode_params_into(sink, params, fragment, version)
+
+
 def run_round(
     spec: Fragment,
     params: Arrays,
@@ -71,17 +78,18 @@ def run_round(
     contributions: Sequence[Contribution],
     diloco: DiLoCoSettings,
     norms: NormHistory = NO_HISTORY,
+    encode_version: bool = True,
 ) -> RoundOutcome | NothingMerged:
     """Merge the contributions that pass the checks into a new version of the fragment, encoded for
-    the commit; never raises on a contribution's values (those that fail are excluded, those above
-    the norm limit clipped)."""
+    the commit (without ``encode_version``, the commit encodes it as it writes it); never raises on a
+    contribution's values (those that fail are excluded, those above the norm limit clipped)."""
     started = time.perf_counter()
     screened = screened_round(spec, params, outer, version, contributions, diloco, norms)
     if screened.result is None:
         return NothingMerged(screened.excluded)
     result = replace(screened.result, update={})
     screened = replace(screened, result=result)  # the update is no longer held while encoding
-    payload = codec.encode_params(result.params, spec.index, result.version)
+    payload = codec.encode_params(result.params, spec.index, result.version) if encode_version else None
     return RoundOutcome(
         result,
         payload,

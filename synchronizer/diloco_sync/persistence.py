@@ -307,17 +307,16 @@ class StateStore:
         fragment: int,
         record: FragmentRecord,
         *,
-        params_blob: bytes,
+        params_blob: Contents,
         outer: Writer | None,
         round_log: dict[str, Any] | None,
         count_round: bool,
-    ) -> None:
-        """Write the objects of a new fragment version, then the manifest that makes it current.
-
-        The objects are independent of each other, so they are written concurrently; the manifest is
-        written only after all of them are durable. The prefix's owner is checked first. ``outer``
-        writes the outer state's object into its upload as it is made (again on a retry).
-        """
+    ) -> FragmentRecord:
+        """Write the objects of a new fragment version, then the manifest that makes it current; the
+        record committed, its ``params_bytes`` the size of the parameters' object as written. The
+        objects are independent, so they are written concurrently; the manifest only once all are
+        durable. The prefix's owner is checked first. ``outer`` (and ``params_blob`` when it is a
+        writer) writes its object into its upload as it is made (again on a retry)."""
         self.check_owner()
         objects: dict[str, Contents] = {record.params_key: params_blob}
         if outer is not None and record.outer_key is not None:
@@ -325,7 +324,8 @@ class StateStore:
         if round_log is not None:
             objects[self.layout.round_log(fragment, record.version)] = json.dumps(round_log).encode()
         self._remember(fragment, [key for key in objects if version_of_key(key) is not None])
-        self._put_all(objects)
+        sizes = self._put_all(objects)
+        record = record.model_copy(update={"params_bytes": sizes[record.params_key]})
         with self._manifest_lock:
             previous = self._committed.get(fragment)
             self._committed[fragment] = record
@@ -342,13 +342,15 @@ class StateStore:
                 if count_round:
                     self._rounds -= 1
                 raise
+        return record
 
-    def _put_all(self, objects: dict[str, Contents]) -> None:
-        """Write every object, concurrently; raises the first failure after all writes ended."""
-        futures = [self._writers.submit(put_contents, self.store, key, data) for key, data in objects.items()]
-        wait(futures)
-        for future in futures:
-            future.result()
+    def _put_all(self, objects: dict[str, Contents]) -> dict[str, int]:
+        """Write every object, concurrently; their sizes. Raises the first failure after all writes ended."""
+        futures = {
+            key: self._writers.submit(put_contents, self.store, key, obj) for key, obj in objects.items()
+        }
+        wait(futures.values())
+        return {key: future.result() for key, future in futures.items()}
 
     def _write_manifest_locked(self) -> None:
         manifest = Manifest(

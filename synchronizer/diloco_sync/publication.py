@@ -11,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from diloco_core import codec
+from diloco_core.fragments import Fragment
+
 DEFAULT_SERVED_IN_MEMORY = 64 * 1024 * 1024  # bytes: a larger version is served from storage
 KEPT_UPDATES = 16  # compressed downloads: the updates kept, so a reader that many versions behind walks them
 News = Literal["version", "round"] | None
@@ -26,6 +29,13 @@ class Stored:
 
 Served = bytes | Stored
 """A version as served: its payload in memory, or where it is stored."""
+
+
+def served_from_storage(fragment: Fragment, in_memory_bytes: int) -> bool:
+    """Whether a fragment's versions are served from storage: when one can be larger than
+    ``in_memory_bytes`` (``codec.max_payload_size``, about its fp32 size). A round then leaves the
+    new version to its commit to encode as it writes it."""
+    return codec.max_payload_size(fragment) > in_memory_bytes
 
 
 def served_form(payload: bytes | memoryview, key: str, in_memory_bytes: int) -> Served:

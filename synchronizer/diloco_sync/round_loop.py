@@ -142,7 +142,15 @@ class RoundRunner:
                     state = await self.committer.read_state(fs.spec, state)
                 params, outer = state
                 outcome = await anyio.to_thread.run_sync(
-                    run_round, fs.spec, params, outer, fs.version, contributions, self.diloco, fs.norms
+                    run_round,
+                    fs.spec,
+                    params,
+                    outer,
+                    fs.version,
+                    contributions,
+                    self.diloco,
+                    fs.norms,
+                    self.committer.encodes_in_round(fs.spec),
                 )
                 del state, params, outer  # the round holds its new state, not the old one too
                 self._report_excluded(fs, outcome.excluded)
@@ -150,7 +158,7 @@ class RoundRunner:
                     for c in fs.reject():
                         self.release.discard(c)
                     return
-                log_entry = await self.committer.write(fs, outcome, list(outcome.merged), timing)
+                log_entry, size = await self.committer.write(fs, outcome, list(outcome.merged), timing)
         except asyncio.CancelledError:
             raise
         except StateMismatch as exc:  # the prefix is another job's now: the server stops with the reason
@@ -167,7 +175,7 @@ class RoundRunner:
             for c in fs.abort():
                 self.release.forget(c)
         else:
-            await self._publish(fs, outcome, contributions, log_entry)
+            await self._publish(fs, outcome, contributions, log_entry, size)
         finally:
             self.wake()
         self.policy.record_sync_time(self.clock() - started)
@@ -206,14 +214,15 @@ class RoundRunner:
         outcome: RoundOutcome,
         contributions: list[Contribution],
         log_entry: dict[str, Any],
+        size: int,
     ) -> None:
-        """The round is durable: make it current, let its contributions' outer gradients go, record it,
-        then tidy the fragment's storage."""
+        """The round is durable: make it current (its version's object ``size`` bytes long), let its
+        contributions' outer gradients go, record it, then tidy the fragment's storage."""
         result = outcome.result
         fs.commit(
             version=result.version,
             params=result.params,
-            payload=self.committer.served(fs.index, outcome),
+            payload=self.committer.served(fs.index, outcome, size),
             outer=result.outer,
             now=self.clock(),
             quorum=self.diloco.quorum,

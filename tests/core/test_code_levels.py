@@ -85,13 +85,13 @@ def test_adding_decoded_values_is_bit_for_bit_decoding_multiplying_and_adding(
     x = (rng.standard_normal(n) * rng.choice([1e-30, 1e-3, 1.0, 1e3], n)).astype(np.float32)
     values, scales = q.quantize(x, quantizer, block_size)
     start = rng.standard_normal(n).astype(np.float32)
-    factor = np.float32(rng.uniform(0.1, 3))
-    acc = start.copy()
-    q.add_dequantized(acc, factor, values, scales, quantizer, n, block_size)
-    product = q.dequantize(values, scales, quantizer, n, block_size) * factor
-    expected = start + product
-    assert product.dtype == expected.dtype == np.float32
-    np.testing.assert_array_equal(acc.view(np.uint32), expected.view(np.uint32))
+    for factor in (np.float32(rng.uniform(0.1, 3)), np.float32(1)):  # 1: the product is not taken
+        acc = start.copy()
+        q.add_dequantized(acc, factor, values, scales, quantizer, n, block_size)
+        product = q.dequantize(values, scales, quantizer, n, block_size) * factor
+        expected = start + product
+        assert product.dtype == expected.dtype == np.float32
+        np.testing.assert_array_equal(acc.view(np.uint32), expected.view(np.uint32))
 
 
 def test_adding_decoded_values_allocates_nothing_the_size_of_the_tensor() -> None:

@@ -589,3 +589,14 @@ def test_with_its_fragment_given_a_payload_is_bounded_by_the_fragment_not_the_de
     assert decode(blob, fragment=plan.fragments[0]).tensors["w"].shape == (100, 100)
     with pytest.raises(OversizedPayload):
         decode(blob, fragment=plan.fragments[0], max_bytes=1024)  # a bound given is kept
+
+
+def test_parameters_written_as_they_are_encoded_are_the_bytes_served() -> None:
+    """A version the commit encodes into its object is byte for byte the one a round encodes whole."""
+    params = {
+        f"t{i}": np.random.default_rng(i).standard_normal((300, 7 + i), dtype=np.float32) for i in range(3)
+    }
+    sink = MemoryUpload(lambda data: None)
+    size = codec.encode_params_into(sink, params, 2, 9)
+    assert bytes(sink.data) == codec.encode_params(params, 2, 9)
+    assert size == len(sink.data)

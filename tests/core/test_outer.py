@@ -223,3 +223,27 @@ def test_the_warm_up_raises_the_learning_rate_linearly_then_keeps_it() -> None:
         state = new_state
     with pytest.raises(ValueError, match="warmup"):
         OuterOptimizer(warmup=-1)
+
+
+def test_arrays_handed_over_are_kept_read_only_and_others_copied() -> None:
+    rng = np.random.default_rng(5)
+    state = OuterState(
+        3,
+        {"w": rng.standard_normal(4).astype(np.float32)},
+        {},
+        {"w": rng.standard_normal(4).astype(np.float32)},
+    )
+    arrays = codec.decode(
+        codec.encode(state.to_arrays(), fragment=0, base_version=0, kind="params", quantizer="fp32")
+    ).tensors
+    copied = OuterState.from_arrays(arrays)
+    given = OuterState.from_arrays(arrays, given=True)
+    for name in ("momentum/w", "downlink/w"):
+        assert arrays[name].flags.writeable is False  # handed over: made read-only, not copied
+    assert np.shares_memory(given.momentum["w"], arrays["momentum/w"])
+    assert not np.shares_memory(copied.momentum["w"], arrays["momentum/w"])
+    for restored in (copied, given):
+        assert restored.steps == 3
+        np.testing.assert_array_equal(restored.momentum["w"], state.momentum["w"])
+        np.testing.assert_array_equal(restored.residual["w"], state.residual["w"])
+        assert not restored.momentum["w"].flags.writeable

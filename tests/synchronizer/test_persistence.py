@@ -128,3 +128,25 @@ def test_a_marker_deleted_while_running_is_claimed_again(tmp_path: Path) -> None
     fs.delete(MARKER_KEY)
     _commit(state, 0, 0)
     assert parse_marker(fs.get(MARKER_KEY), "here").owner == "team-a/llm"
+
+
+def test_a_version_written_by_its_writer_is_committed_with_the_size_written(tmp_path: Path) -> None:
+    fs = FilesystemStore(tmp_path)
+    state = StateStore(fs, 0, "job")
+    assert state.load_manifest() is None
+    key = state.layout.params(0, 1)
+
+    def write(upload: object) -> int:
+        for piece in (b"abc", b"defg"):
+            upload.write(piece)  # type: ignore[attr-defined]
+        return 7
+
+    record = FragmentRecord(version=1, params_key=key, outer_key=None)
+    committed = state.commit_version(
+        0, record, params_blob=write, outer=None, round_log=None, count_round=True
+    )
+    assert (committed.params_bytes, record.params_bytes) == (7, None)
+    assert fs.get(key) == b"abcdefg"
+    manifest = StateStore(fs, 0, "job").load_manifest()
+    assert manifest is not None
+    assert manifest.fragments[0].params_bytes == 7

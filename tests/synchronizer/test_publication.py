@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from diloco_sync.publication import Publication, Stored, served_form, served_size
+from diloco_core import codec
+from diloco_core.fragments import build_plan
+from diloco_sync.publication import Publication, Stored, served_form, served_from_storage, served_size
 
 
 def test_a_version_larger_than_the_limit_is_served_from_its_object() -> None:
@@ -27,3 +29,11 @@ def test_a_chain_of_updates_is_weighed_against_the_stored_version_size() -> None
         assert pub.payload_for(-1, -1) == (3, Stored("v3", 100))
 
     asyncio.run(run())
+
+
+def test_a_fragment_whose_version_can_be_larger_than_the_limit_is_served_from_storage() -> None:
+    spec = build_plan([("w", [256, 64])], 1, 4, 1).fragments[0]
+    bound = codec.max_payload_size(spec)
+    assert bound > 4 * spec.numel  # the most a version of it can be: its fp32 values and more
+    assert served_from_storage(spec, bound - 1)
+    assert not served_from_storage(spec, bound)
