@@ -346,9 +346,7 @@ class StateStore:
 
     def _put_all(self, objects: dict[str, Contents]) -> dict[str, int]:
         """Write every object, concurrently; their sizes. Raises the first failure after all writes ended."""
-        futures = {
-            key: self._writers.submit(put_contents, self.store, key, obj) for key, obj in objects.items()
-        }
+        futures = {key: self._writers.submit(put_contents, self.store, key, v) for key, v in objects.items()}
         wait(futures.values())
         return {key: future.result() for key, future in futures.items()}
 

@@ -69,9 +69,11 @@ class SyncSettings(BaseModel):
     served_in_memory_bytes: int = Field(
         DEFAULT_SERVED_IN_MEMORY,
         ge=0,
-        description="largest fragment version held in memory; a larger one is read from its object in "
-        "storage for each reader that needs it whole (updates are always served from memory), and its "
-        "parameters and outer state are read back from storage by its next round instead of held",
+        description="largest fragment version held in memory; a fragment whose version can be larger "
+        "(about its fp32 size, the most a version can be) is served from its object in storage to each "
+        "reader that needs it whole (updates are always served from memory), its new versions are "
+        "encoded by the commit as they are written, and its parameters and outer state are read back "
+        "from storage by its next round instead of held",
     )
     round_memory_bytes: int = Field(
         1024 * 1024 * 1024,
