@@ -62,11 +62,13 @@ from diloco_bench.sync_ingest_report import (
 )
 from diloco_bench.sync_process import (
     SECRET,
+    SYNC_FLAGS,
     bench_storage,
     service_figures,
     start_shards,
     stop,
     storage_problem,
+    sync_flags,
     timed_restart,
 )
 
@@ -287,11 +289,7 @@ async def run_service(
 
 async def run_all(args: argparse.Namespace) -> list[Result]:
     results = []
-    flags = (
-        []
-        if args.pending_memory_bytes is None
-        else ["--pending-memory-bytes", str(args.pending_memory_bytes)]
-    )
+    flags = sync_flags(args)
     for size in args.params:
         plan = make_plan(size, args.fragments)
         at_size = []
@@ -352,12 +350,10 @@ def main(argv: list[str]) -> int:
         help="stream: contribute back to back while long-polling (ingest throughput); "
         "lockstep: contribute, then wait for the round's new version (round-trip latency)",
     )
-    ap.add_argument(
-        "--pending-memory-bytes",
-        type=lambda v: int(float(v)),
-        default=None,
-        help="the synchronizers' --pending-memory-bytes (default: theirs)",
-    )
+    for flag in SYNC_FLAGS:  # e.g. a larger --served-in-memory-bytes holds a bigger fragment's state
+        ap.add_argument(
+            flag, type=lambda v: int(float(v)), help=f"the synchronizers' {flag} (default: theirs)"
+        )
     ap.add_argument(
         "--storage",
         choices=["file", "seaweedfs"],

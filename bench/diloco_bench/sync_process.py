@@ -5,6 +5,7 @@ benchmark's shards, one process each, on a folder or a SeaweedFS bucket: their f
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -115,6 +116,18 @@ def bench_storage(kind: str, root: Path) -> Iterator[Storage]:
         yield Storage(f"s3://{server.new_bucket('bench')}/job", server.env(), server.pid)
     finally:
         server.discard()
+
+
+SYNC_FLAGS = ("--pending-memory-bytes", "--served-in-memory-bytes")  # the bench passes them on
+
+
+def sync_flags(given: argparse.Namespace) -> list[str]:
+    """The synchronizers' settings given on the bench's command line (``SYNC_FLAGS``), as flags."""
+    flags = []
+    for flag in SYNC_FLAGS:
+        if (value := getattr(given, flag[2:].replace("-", "_"))) is not None:
+            flags += [flag, str(value)]
+    return flags
 
 
 def spawn_sync(
