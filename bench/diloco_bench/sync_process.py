@@ -10,11 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 from diloco_core.fragments import FragmentPlan
@@ -137,9 +139,11 @@ def spawn_sync(
     clients: int,
     shard: tuple[int, list[str]] = (0, []),
     flags: Sequence[str] = (),
+    stderr: IO[bytes] | None = None,
 ) -> subprocess.Popen[bytes]:
     """A synchronizer process on ``port`` on ``storage`` (not waited for); ``shard``: its index and
-    the URLs of all shards (none: the only one); ``flags``: more of its settings."""
+    the URLs of all shards (none: the only one); ``flags``: more of its settings; ``stderr``: where
+    its standard error goes (None: nowhere)."""
     argv = [
         sys.executable, "-m", "diloco_sync", "--port", str(port), "--storage", storage.url,
         "--fragments", str(len(plan.fragments)), "--inner-steps", str(plan.inner_steps), "--overlap", "1",
@@ -150,7 +154,18 @@ def spawn_sync(
         argv += ["--shard-index", str(index), "--num-shards", str(len(urls)), "--shard-urls", ",".join(urls)]
     argv += flags
     env = {**os.environ, **storage.env, "DILOCO_JOB_SECRET": SECRET}
-    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    err = subprocess.DEVNULL if stderr is None else stderr
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _why_exited(proc: subprocess.Popen[bytes], stderr: IO[bytes], limit: int = 4000) -> str:
+    """What a synchronizer that exited wrote last to its standard error (its refusal of a flag, a
+    traceback), or that it is still running."""
+    if proc.poll() is None:
+        return "it is still running"
+    stderr.seek(0)
+    said = stderr.read()[-limit:].decode(errors="replace").strip()
+    return f"it exited with status {proc.returncode}" + (f"; its last words:\n{said}" if said else "")
 
 
 def start_shards(
@@ -166,14 +181,20 @@ def start_shards(
     ports = [free_port() for _ in range(shards)]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for i, port in enumerate(ports):
-            procs.append(spawn_sync(port, storage, plan, clients, (i, urls if shards > 1 else []), flags))
-        for proc, url in zip(procs, urls, strict=True):
-            wait_ready(url, lambda proc=proc: proc.poll() is None, ready_timeout_s)  # type: ignore[misc]
-    except BaseException:
-        stop(procs)
-        raise
+    with ExitStack() as files:  # each read only when its synchronizer does not get ready
+        errs = [files.enter_context(tempfile.TemporaryFile()) for _ in ports]
+        try:
+            for i, port in enumerate(ports):
+                shard = (i, urls if shards > 1 else [])
+                procs.append(spawn_sync(port, storage, plan, clients, shard, flags, errs[i]))
+            for proc, url, err in zip(procs, urls, errs, strict=True):
+                try:
+                    wait_ready(url, lambda proc=proc: proc.poll() is None, ready_timeout_s)  # type: ignore[misc]
+                except RuntimeError as exc:
+                    raise RuntimeError(f"{exc} ({url}): {_why_exited(proc, err)}") from exc
+        except BaseException:
+            stop(procs)
+            raise
     return procs, urls
 
 
