@@ -85,27 +85,28 @@ def decode(data: bytes | memoryview, n: int) -> F32:
 @cache
 def _split() -> Callable[[Any, Any], None]:
     """``(values, planes)``: a run of ``m`` values' ``4 * m`` bytes as its four planes, high first."""
-    return _mover(to_planes=True)
+
+    @njit(boundscheck=False)
+    def split(values: Any, planes: Any) -> None:
+        m = values.size // 4
+        for i in range(m):
+            j = np.uint64(i)
+            for plane in range(4):
+                planes[np.uint64(plane * m) + j] = values[np.uint64(4) * j + np.uint64(3 - plane)]
+
+    return split  # type: ignore[no-any-return]
 
 
 @cache
 def _join() -> Callable[[Any, Any], None]:
     """``(planes, values)``: the inverse of ``_split``."""
-    return _mover(to_planes=False)
 
-
-def _mover(to_planes: bool) -> Callable[[Any, Any], None]:
     @njit(boundscheck=False)
-    def move(src: Any, dst: Any) -> None:
-        m = src.size // 4
+    def join(planes: Any, values: Any) -> None:
+        m = planes.size // 4
         for i in range(m):
             j = np.uint64(i)
             for plane in range(4):
-                in_plane = np.uint64(plane * m) + j
-                in_value = np.uint64(4) * j + np.uint64(3 - plane)
-                if to_planes:
-                    dst[in_plane] = src[in_value]
-                else:
-                    dst[in_value] = src[in_plane]
+                values[np.uint64(4) * j + np.uint64(3 - plane)] = planes[np.uint64(plane * m) + j]
 
-    return move  # type: ignore[no-any-return]
+    return join  # type: ignore[no-any-return]
