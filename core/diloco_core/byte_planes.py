@@ -21,14 +21,10 @@ carries exactly what ``fp32`` carries.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from functools import cache
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
-
-from diloco_core.compiled import njit
 
 NAME = "fp32-planes"
 RUN = 1 << 18  # values per run: a megabyte of float32, rearranged in the cache
@@ -55,7 +51,10 @@ class Planes:
         scratch = np.empty(4 * min(RUN, n), dtype=np.uint8)
         for start in range(0, n, RUN):
             m = min(RUN, n - start)
-            _split()(self._bytes[4 * start : 4 * (start + m)], scratch[: 4 * m])
+            values = self._bytes[4 * start : 4 * (start + m)].reshape(m, 4)
+            planes = scratch[: 4 * m].reshape(4, m)
+            for plane in range(4):
+                np.copyto(planes[plane], values[:, 3 - plane])
             flat = scratch[: 4 * m].data
             yield flat[:m], flat[m:]
 
@@ -74,39 +73,8 @@ def decode(data: bytes | memoryview, n: int) -> F32:
     out_bytes = out.view(np.uint8)
     for start in range(0, n, RUN):
         m = min(RUN, n - start)
-        _join()(packed[4 * start : 4 * (start + m)], out_bytes[4 * start : 4 * (start + m)])
+        planes = packed[4 * start : 4 * (start + m)].reshape(4, m)
+        values = out_bytes[4 * start : 4 * (start + m)].reshape(m, 4)
+        for plane in range(4):
+            values[:, 3 - plane] = planes[plane]
     return out.astype(np.float32, copy=False)
-
-
-# A run's bytes in one compiled pass each way (``diloco_core.compiled``); numpy's copy of one byte in
-# four is a strided loop of a byte at a time.
-
-
-@cache
-def _split() -> Callable[[Any, Any], None]:
-    """``(values, planes)``: a run of ``m`` values' ``4 * m`` bytes as its four planes, high first."""
-
-    @njit(boundscheck=False)
-    def split(values: Any, planes: Any) -> None:
-        m = values.size // 4
-        for i in range(m):
-            j = np.uint64(i)
-            for plane in range(4):
-                planes[np.uint64(plane * m) + j] = values[np.uint64(4) * j + np.uint64(3 - plane)]
-
-    return split  # type: ignore[no-any-return]
-
-
-@cache
-def _join() -> Callable[[Any, Any], None]:
-    """``(planes, values)``: the inverse of ``_split``."""
-
-    @njit(boundscheck=False)
-    def join(planes: Any, values: Any) -> None:
-        m = planes.size // 4
-        for i in range(m):
-            j = np.uint64(i)
-            for plane in range(4):
-                values[np.uint64(4) * j + np.uint64(3 - plane)] = planes[np.uint64(plane * m) + j]
-
-    return join  # type: ignore[no-any-return]
