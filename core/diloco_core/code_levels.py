@@ -1,23 +1,23 @@
-"""Decoding the blocked low-bit formats (``int8``, ``int4``, ``e3m0``, ``int2``, ``int1``).
+"""Decoding the blocked low-bit formats (``int8``, ``int4``, ``e3m0``, ``int2``, ``int1``) a few
+blocks at a time.
 
-Each code is looked up in a table of the levels (for a block scale of 1), then multiplied by its
-block's factor. The result is bit for bit that
+Each byte of codes is looked up whole in a table of the levels of the values it packs (for a block
+scale of 1), then the levels are multiplied by their block's scale. The result is bit for bit that
 of each format's formula applied value by value (``levels``, with every block's scale repeated
 over its values): a level is the same float32 whichever way it is made, and each value is one
 float32 product of its level and its block's factor. The output is the only array the size of the
-tensor: no per-value copy of the scales and no temporaries, which a large fragment would otherwise
-make several times over (freshly allocated memory is the slow part of a decode). The loops are
-compiled (``code_kernels``).
+tensor: no per-value copy of the scales and no full-size temporaries, which a large fragment would
+otherwise make several times over (freshly allocated memory is the slow part of a decode).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from functools import cache
 
 import numpy as np
 import numpy.typing as npt
-
-from diloco_core import code_kernels
 
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
@@ -29,6 +29,7 @@ INT4_LEVELS: F32 = ((np.arange(16, dtype=np.float32) - 8) / np.float32(7)).astyp
 E3M0_LEVELS: F32 = np.array(
     [(-1.0 if c & 8 else 1.0) * (2.0 ** ((c & 7) - 7) if c & 7 else 0.0) for c in range(16)], dtype=np.float32
 )
+_CHUNK = 1 << 16  # values decoded at a time (rounded to whole blocks and whole bytes): they stay in the cache
 
 
 def levels(quantizer: str, codes: U8) -> F32:
@@ -53,9 +54,15 @@ def factors(quantizer: str, scales: F32) -> F32:
 
 
 @cache
-def level_table(quantizer: str) -> F32:
-    """The level of each of the ``2**bits`` codes for a block scale of 1 (``levels`` of every code)."""
-    return levels(quantizer, np.arange(1 << BITS[quantizer], dtype=np.uint8))
+def byte_table(quantizer: str) -> npt.NDArray[np.void]:
+    """For each of the 256 bytes, the levels of the codes it packs (the first value in the lowest
+    bits), as one item of ``4 * 8 / bits`` bytes: a lookup copies a byte's float32 levels at once."""
+    bits = BITS[quantizer]
+    per, mask = 8 // bits, np.uint8((1 << bits) - 1)
+    byte = np.arange(256, dtype=np.uint8)
+    codes = np.stack([(byte >> np.uint8(i * bits)) & mask for i in range(per)], axis=1)
+    table = np.ascontiguousarray(levels(quantizer, codes.reshape(-1)).reshape(256, per))
+    return table.view(np.dtype((np.void, 4 * per))).reshape(256)
 
 
 def decode(values: bytes | memoryview, scales: F32, quantizer: str, n: int, block_size: int) -> F32:
@@ -63,7 +70,8 @@ def decode(values: bytes | memoryview, scales: F32, quantizer: str, n: int, bloc
     ``scales`` (one per block, the last block possibly partial); the byte lengths must already have
     been checked."""
     out = np.empty(n, dtype=np.float32)
-    _run(code_kernels.WRITE, out, _ONE, values, scales, quantizer, block_size)
+    for _ in _decoded(values, scales, quantizer, n, block_size, out):
+        pass
     return out
 
 
@@ -77,32 +85,43 @@ def add_decoded(
     block_size: int,
 ) -> None:
     """``acc += decode(...) * factor``, each product rounded to float32 and then added, bit for bit
-    as those two operations on whole arrays give it, in one pass: no array the size of the tensor is
-    made (``acc``: ``n`` contiguous float32 values)."""
-    mode = code_kernels.ADD if factor == 1 else code_kernels.ADD_SCALED  # a product with 1 is the value
-    _run(mode, acc[:n], np.float32(factor), values, scales, quantizer, block_size)
+    as those two operations on whole arrays give it; the values are decoded a chunk at a time into
+    a scratch that stays in the cache, so no array the size of the tensor is made (``acc``: ``n``
+    contiguous float32 values)."""
+    scaled = factor != 1  # a product with 1 is the value itself, bit for bit
+    for start, chunk in _decoded(values, scales, quantizer, n, block_size, None):
+        if scaled:
+            np.multiply(chunk, factor, out=chunk)
+        part = acc[start : start + chunk.size]
+        np.add(part, chunk, out=part)
 
 
-_ONE = np.float32(1)
-
-
-def _run(
-    mode: int,
-    out: F32,
-    factor: np.float32,
-    values: bytes | memoryview,
-    scales: F32,
-    quantizer: str,
-    block_size: int,
-) -> None:
-    if not out.flags.c_contiguous:
-        raise ValueError("the values are decoded into a contiguous float32 array")
-    bits = BITS[quantizer]
+def _decoded(
+    values: bytes | memoryview, scales: F32, quantizer: str, n: int, block_size: int, out: F32 | None
+) -> Iterator[tuple[int, F32]]:
+    """The decoded values a chunk at a time, ``(offset, chunk)``: each chunk in its place in ``out``,
+    or without ``out`` in one scratch array reused for every chunk (valid until the next)."""
+    per = 8 // BITS[quantizer]
+    table = byte_table(quantizer)
+    f = factors(quantizer, scales)
     packed = np.frombuffer(values, dtype=np.uint8)
-    f = np.ascontiguousarray(factors(quantizer, scales), dtype=np.float32)
-    if packed.size * 8 < out.size * bits or f.size * block_size < out.size:  # the loops check no bounds
-        raise ValueError(
-            f"{out.size} values need more codes or scales than the {packed.size} and {f.size} given"
-        )
-    kernel = code_kernels.decoder(bits, mode)
-    kernel(out, factor, packed, f, level_table(quantizer), block_size)
+    whole_bytes_of_blocks = block_size * per // math.gcd(block_size, per)
+    chunk = max(1, _CHUNK // whole_bytes_of_blocks) * whole_bytes_of_blocks
+    index = np.empty(chunk // per, dtype=np.intp)  # the bytes as take's indices, made once
+    scratch = np.empty(min(chunk, n), dtype=np.float32) if out is None else out
+    for start in range(0, n, chunk):
+        m = min(chunk, n - start)
+        first_byte = start // per
+        o = out[start : start + m] if out is not None else scratch[:m]
+        if m % per == 0:
+            i = index[: m // per]
+            np.copyto(i, packed[first_byte : first_byte + m // per])
+            np.take(table, i, out=o.view(table.dtype), mode="clip")
+        else:  # the tensor's last byte holds fewer values than it has room for
+            o[:] = table[packed[first_byte : first_byte + -(-m // per)]].view(np.float32)[:m]
+        first, whole = start // block_size, m // block_size
+        blocks = o[: whole * block_size].reshape(whole, block_size)
+        np.multiply(blocks, f[first : first + whole, None], out=blocks)
+        if whole * block_size < m:
+            o[whole * block_size :] *= f[first + whole]
+        yield start, o
