@@ -13,11 +13,15 @@ to fault in and zero its arrays again: on this project's VMs decoding 50 M int4 
 array took 0.46 s, 0.39 s of it system time, against 0.08 s into pages already faulted in. With
 ``reuse_large`` every thread allocates from the main heap (one arena: the only one that grows past
 64 MiB without mapping), blocks up to ``REUSED_BLOCK`` bytes come from it, and freed memory stays in
-it up to ``REUSED_BLOCK`` bytes at its top: the next round's arrays take the pages the last round
-freed. Between rounds the process keeps its peak instead of giving it back, and the peak itself
-rises, since a block left between freed ones keeps a larger one from their pages (measured: 3.4x →
-3.5x the fp32 model at 1 B parameters, 3.8x → 4.3-4.5x at 200 M; docs/benchmarks.md). A glibc that
-refuses the thresholds (older ones cap the mmap threshold at 32 MiB) keeps ``ARENAS`` arenas.
+it, however much of it is free at its top (``NEVER_TRIM``): the next round's arrays take the pages
+the last round freed. With a bound on what the top may keep instead (at most ``REUSED_BLOCK``), a
+billion-parameter model's rounds, whose freed arrays reach 2.5 GB, gave the top back and faulted it
+in again every round: a quarter of the synchronizer's CPU went to the kernel's zeroing of pages
+(docs/benchmarks.md). Between rounds the process keeps its peak instead of giving
+it back, and the peak itself rises, since a block left between freed ones keeps a larger one from
+their pages (measured: 3.4x → 3.5x the fp32 model at 1 B parameters, 3.8x → 4.3-4.5x at 200 M). A
+glibc that refuses the thresholds (older ones cap the mmap threshold at 32 MiB) keeps ``ARENAS``
+arenas.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Callable
 
 ARENAS = 2
 REUSED_BLOCK = (1 << 31) - 1  # the largest value mallopt takes (a C int)
+NEVER_TRIM = -1  # glibc: a trim threshold of -1 keeps every freed page in the heap
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 
 log = logging.getLogger(__name__)
@@ -45,7 +50,7 @@ def limit_heap(*, reuse_large: bool = False) -> bool:
     if not hasattr(libc, "gnu_get_libc_version"):
         return False
     if reuse_large:  # the thresholds first: one arena without them would only add contention
-        if mallopt(_M_MMAP_THRESHOLD, REUSED_BLOCK) and mallopt(_M_TRIM_THRESHOLD, REUSED_BLOCK):
+        if mallopt(_M_MMAP_THRESHOLD, REUSED_BLOCK) and mallopt(_M_TRIM_THRESHOLD, NEVER_TRIM):
             return _arenas(mallopt, 1)
         log.warning("mallopt refused to keep blocks of %d bytes: %d arenas instead", REUSED_BLOCK, ARENAS)
         _arenas(mallopt, ARENAS)
