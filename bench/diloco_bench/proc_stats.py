@@ -14,12 +14,23 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of ``pid`` (its threads included), or None when unreadable."""
+    times = _user_system(pid)
+    return None if times is None else times[0] + times[1]
+
+
+def system_seconds(pid: int) -> float | None:
+    """The CPU seconds the kernel spent for ``pid`` (its threads included), or None when unreadable."""
+    times = _user_system(pid)
+    return None if times is None else times[1]
+
+
+def _user_system(pid: int) -> tuple[float, float] | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)"; fields 14 and 15 are utime, stime
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return int(fields[11]) / _TICKS, int(fields[12]) / _TICKS
 
 
 def peak_rss_bytes(pid: int) -> int | None:

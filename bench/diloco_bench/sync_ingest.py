@@ -50,9 +50,9 @@ from diloco_core.quantize import DEFAULT_BLOCK_SIZE
 from diloco_core.request_proof import ProofAuth
 
 from diloco.runner.processes import free_port
-from diloco_bench.proc_stats import cpu_seconds
 from diloco_bench.sync_ingest_raw import run_raw
 from diloco_bench.sync_ingest_report import (
+    CpuMark,
     Result,
     record_processes,
     record_rounds,
@@ -253,8 +253,7 @@ async def run_service(
             res = Result(mode, clients, 0.0, 0, 0, 0, 0, model_params=plan.num_params, shards=shards)
             res.storage = storage
             pids = [proc.pid for proc in procs]
-            cpu_before = [cpu_seconds(pid) for pid in pids]
-            storage_cpu_before = cpu_seconds(where.server_pid) if where.server_pid else None
+            cpu_before = CpuMark.now(pids, where.server_pid)
             start = time.perf_counter()
             stop_at = start + seconds
             if mode == "lockstep":
@@ -271,7 +270,7 @@ async def run_service(
                 ]
             await asyncio.gather(*jobs)
             res.seconds = time.perf_counter() - start
-            record_processes(res, pids, cpu_before, where.server_pid, storage_cpu_before)
+            record_processes(res, pids, cpu_before, where.server_pid)
             record_rounds(res, service_figures(urls), plan)
             for shards_of_one in learners:
                 for c in shards_of_one:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from diloco_core.fragments import FragmentPlan
 
-from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, summed
+from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, summed, system_seconds
 
 
 @dataclass
@@ -29,6 +29,7 @@ class Result:
     versions_heard: int = 0
     model_params: int = 0
     sync_cpu_s: float | None = None  # the synchronizer process's CPU seconds during the run
+    sync_system_s: float | None = None  # the part of them the kernel spent (system time)
     sync_peak_rss: int | None = None  # its peak resident bytes (from its start), all shards together
     shards: int = 1  # synchronizer processes
     largest_shard_rss: int | None = None  # the peak resident bytes of the largest shard
@@ -64,20 +65,38 @@ def per_round(figures: dict[str, float], name: str) -> float:
     return figures[f"{name}_sum"] / count if count else 0.0
 
 
-def record_processes(
-    res: Result, pids: list[int], cpu_before: list[float | None], server: int | None, server_cpu: float | None
-) -> None:
-    """Into ``res``: the synchronizers' CPU seconds since ``cpu_before`` and peak memory, and the S3
+@dataclass(frozen=True)
+class CpuMark:
+    """The synchronizers' CPU seconds, all and the kernel's, and the S3 server's, at one moment."""
+
+    sync: float | None
+    sync_system: float | None
+    server: float | None
+
+    @classmethod
+    def now(cls, pids: list[int], server: int | None) -> CpuMark:
+        """``server``: the S3 server's process, None on a folder."""
+        return cls(
+            summed([cpu_seconds(pid) for pid in pids]),
+            summed([system_seconds(pid) for pid in pids]),
+            cpu_seconds(server) if server else None,
+        )
+
+
+def record_processes(res: Result, pids: list[int], before: CpuMark, server: int | None) -> None:
+    """Into ``res``: the synchronizers' CPU seconds since ``before`` and peak memory, and the S3
     server's (``server``: its process, None on a folder), whose work for the synchronizers is
     not in theirs."""
-    before, after = summed(cpu_before), summed([cpu_seconds(pid) for pid in pids])
-    if before is not None and after is not None:
-        res.sync_cpu_s = after - before
+    after = CpuMark.now(pids, server)
+    if before.sync is not None and after.sync is not None:
+        res.sync_cpu_s = after.sync - before.sync
+    if before.sync_system is not None and after.sync_system is not None:
+        res.sync_system_s = after.sync_system - before.sync_system
     peaks = [peak_rss_bytes(pid) for pid in pids]
     res.sync_peak_rss = summed(peaks)
     res.largest_shard_rss = max((n for n in peaks if n is not None), default=None)
-    if server is not None and server_cpu is not None and (now := cpu_seconds(server)) is not None:
-        res.storage_cpu_s = now - server_cpu
+    if server is not None and before.server is not None and after.server is not None:
+        res.storage_cpu_s = after.server - before.server
         res.storage_peak_rss = peak_rss_bytes(server)
 
 
@@ -120,13 +139,14 @@ def report(results: list[Result], plan: FragmentPlan, payload_bytes: int) -> str
     lines += [
         "",
         f"{'storage':>9} {'clients':>7} {'shards':>6} {'commit ms/round':>15} {'state read ms/round':>19} "
-        f"{'storage CPU-s':>13} {'storage peak RSS MB':>19} "
+        f"{'sync CPU-s':>10} {'kernel':>6} {'storage CPU-s':>13} {'storage peak RSS MB':>19} "
         f"{'restart s':>9} {'rounds after':>12} {'held MB left':>12} {'restart peak RSS MB':>19}",
     ]
     for r in results:
         lines.append(
             f"{r.storage:>9} {r.clients:>7} {r.shards:>6} {1000 * r.commit_s_per_round:>15.1f} "
-            f"{1000 * r.state_read_s_per_round:>19.1f} {_opt(r.storage_cpu_s, '.1f'):>13} "
+            f"{1000 * r.state_read_s_per_round:>19.1f} {_opt(r.sync_cpu_s, '.1f'):>10} {_kernel_share(r):>6} "
+            f"{_opt(r.storage_cpu_s, '.1f'):>13} "
             f"{_mb(r.storage_peak_rss):>19} {_opt(r.restart_s, '.1f'):>9} "
             f"{_opt(r.restart_rounds, 'd'):>12} {_mb(r.restart_held):>12} "
             f"{_mb(r.restart_peak_rss):>19}"
@@ -151,6 +171,13 @@ def rss_over_model(r: Result) -> float | None:
 def _per_cpu(r: Result) -> str:
     v = per_cpu_second(r)
     return "-" if v is None else f"{v / 1e6:.1f}"
+
+
+def _kernel_share(r: Result) -> str:
+    """The kernel's share of the synchronizers' CPU seconds (system time: page faults, file I/O)."""
+    if r.sync_system_s is None or not r.sync_cpu_s:
+        return "-"
+    return f"{100 * r.sync_system_s / r.sync_cpu_s:.0f}%"
 
 
 def _mb(n: int | None) -> str:

@@ -19,7 +19,10 @@ the whole process for a round (BLAS may use threads of its own):
   (``merging.run_round``: checks, merge, outer step, compressed download, the encoded new version),
   then the outer state written into a file as a commit writes it (``write_outer_state``), and the
   new version too where the commit encodes it as it writes it (a fragment served from storage,
-  ``write_version``); the second round is timed, so momentum and residual exist;
+  ``write_version``); the second round is timed, so momentum and residual exist, after one more
+  untimed, so that the heap holds the pages a round takes, as it does in a synchronizer that has
+  run a few rounds (the first rounds of a large fragment fault its arrays in: at a billion
+  parameters, seconds of the kernel's zeroing of pages);
 - **fold**: what one more part of a learner's progress adds to its round: a contribution folded
   from two parts (``contribution.fold``) has no norm from arrival, so the round's merge measures it
   as it reads the parts once (``merge_inputs.MeasuredTensors``, ``screening``); the stage is that
@@ -133,6 +136,7 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
                 write(upload, fragment=spec.index, version=result.version)
                 upload.discard()
 
+        round_and_commit()  # the heap's pages faulted in, as in a synchronizer past its first rounds
         ms = {
             "write": cpu_ms(lambda: write_body(blob, folder), repeat),
             "decompress": cpu_ms(lambda: codec.decode_quantized(blob, fragment=spec), repeat),

@@ -16,6 +16,7 @@ from diloco_core.fragments import build_plan
 def test_params_per_cpu_second_and_peak_memory_over_the_fp32_model() -> None:
     r = Result("stream", 4, 10.0, 40, 1000, 4_000_000, 5, model_params=1_000_000, sync_cpu_s=2.0)
     r.sync_peak_rss = 12_000_000
+    r.sync_system_s = 0.5
     assert per_cpu_second(r) == 2_000_000
     assert rss_over_model(r) == 3.0  # 12 MB held for a 4 MB fp32 model
     row = summary_row(r)
@@ -29,6 +30,9 @@ def test_params_per_cpu_second_and_peak_memory_over_the_fp32_model() -> None:
     assert "123 bytes per fragment contribution" in table
     assert "2.0" in table.splitlines()[2]
     assert "3.0x" in table.splitlines()[2]
+    storage_row = table.splitlines()[6].split()
+    assert storage_row[5:7] == ["2.0", "25%"]  # the synchronizer's CPU seconds, the kernel's share
+    assert table.splitlines()[7].split()[5:7] == ["-", "-"]  # unread
 
 
 def test_the_scale_plot_takes_rows_of_older_runs_and_figures_a_run_could_not_read() -> None:
