@@ -5,32 +5,39 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 T = TypeVar("T", int, float)
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` (its threads included), or None when unreadable."""
-    times = _user_system(pid)
-    return None if times is None else times[0] + times[1]
+class CpuTimes(NamedTuple):
+    """A process's CPU seconds so far: in its own code, and the kernel's for it (system time)."""
+
+    user: float
+    system: float
+
+    @property
+    def total(self) -> float:
+        return self.user + self.system
 
 
-def system_seconds(pid: int) -> float | None:
-    """The CPU seconds the kernel spent for ``pid`` (its threads included), or None when unreadable."""
-    times = _user_system(pid)
-    return None if times is None else times[1]
-
-
-def _user_system(pid: int) -> tuple[float, float] | None:
+def cpu_times(pid: int) -> CpuTimes | None:
+    """User and system CPU seconds of ``pid`` (its threads included), read at one moment, or None
+    when unreadable."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)"; fields 14 and 15 are utime, stime
-    return int(fields[11]) / _TICKS, int(fields[12]) / _TICKS
+    return CpuTimes(int(fields[11]) / _TICKS, int(fields[12]) / _TICKS)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` (its threads included), or None when unreadable."""
+    times = cpu_times(pid)
+    return None if times is None else times.total
 
 
 def peak_rss_bytes(pid: int) -> int | None:

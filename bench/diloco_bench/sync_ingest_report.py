@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from diloco_core.fragments import FragmentPlan
 
-from diloco_bench.proc_stats import cpu_seconds, peak_rss_bytes, summed, system_seconds
+from diloco_bench.proc_stats import cpu_seconds, cpu_times, peak_rss_bytes, summed
 
 
 @dataclass
@@ -76,9 +76,10 @@ class CpuMark:
     @classmethod
     def now(cls, pids: list[int], server: int | None) -> CpuMark:
         """``server``: the S3 server's process, None on a folder."""
+        times = [cpu_times(pid) for pid in pids]  # each process read once for both figures
         return cls(
-            summed([cpu_seconds(pid) for pid in pids]),
-            summed([system_seconds(pid) for pid in pids]),
+            summed([t and t.total for t in times]),
+            summed([t and t.system for t in times]),
             cpu_seconds(server) if server else None,
         )
 
