@@ -26,6 +26,7 @@ from typing import IO
 import numpy as np
 import numpy.typing as npt
 import xxhash
+from diloco_core import direct_io
 
 Arrays = Mapping[str, npt.NDArray[np.float32]]
 LOCAL_FOLDER = Path(tempfile.gettempdir(), "diloco-state")  # where the copies are made (TMPDIR's)
@@ -69,35 +70,51 @@ class StateCopy:
 
     @classmethod
     def write(cls, folder: Path, groups: Mapping[str, Arrays]) -> StateCopy:
-        """The arrays written to a new unnamed file in ``folder`` (blocking); ``OSError`` when they
-        cannot be (nothing is left behind)."""
+        """The arrays written to a new unnamed file in ``folder`` (blocking), past the page cache
+        where the filesystem takes it (``direct_io``: its pages would be taken from the host and
+        given back every round); ``OSError`` when they cannot be (nothing is left behind)."""
         placed = layout(groups)
         folder.mkdir(parents=True, exist_ok=True)
         file = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115  # kept open: the copy lives in it
+        direct_fd: int | None = None
+        writer: direct_io.DirectWriter | None = None
         try:
+            direct_fd = direct_io.open_direct(_path(file), os.O_WRONLY)
+            writer = direct_io.DirectWriter(direct_fd, file.fileno())
             slots = []
             for group, name, arr, offset in placed:
                 data = arr.reshape(-1).view(np.uint8).data
-                _write_all(file.fileno(), data, offset)
+                writer.write(data)
                 slots.append(Slot(group, name, arr.shape, offset, arr.nbytes, xxhash.xxh3_64_intdigest(data)))
+            writer.finish()
         except BaseException:
             file.close()
             raise
+        finally:
+            if writer is not None:
+                writer.close()
+            if direct_fd is not None:
+                os.close(direct_fd)
         return cls(file, tuple(slots))
 
     def read(self) -> dict[str, dict[str, npt.NDArray[np.float32]]]:
-        """The groups as written, in new arrays (blocking); ``OSError`` when the file cannot be read
-        whole, or an array's bytes are not those written."""
+        """The groups as written, in new arrays (blocking; past the page cache where the filesystem
+        takes it); ``OSError`` when the file cannot be read whole, or an array's bytes are not those
+        written."""
         if self._file is None:
             raise OSError("the state's local copy is closed")
+        held = direct_io.read_direct_array(_path(self._file))
+        if held is None:
+            held = np.empty(self.nbytes, np.uint8)
+            _read_all(self._file.fileno(), held.data)
+        if len(held) != self.nbytes:
+            raise OSError(f"the state's local copy holds {len(held)} bytes, not the {self.nbytes} written")
         out: dict[str, dict[str, npt.NDArray[np.float32]]] = {}
         for s in self.slots:
-            arr = np.empty(s.shape, np.float32)
-            data = arr.reshape(-1).view(np.uint8).data
-            _read_all(self._file.fileno(), data, s.offset)
-            if xxhash.xxh3_64_intdigest(data) != s.checksum:
+            data = held[s.offset : s.offset + s.nbytes]
+            if xxhash.xxh3_64_intdigest(data.data) != s.checksum:
                 raise OSError(f"{s.group}/{s.name} in the state's local copy is not what was written")
-            out.setdefault(s.group, {})[s.name] = arr
+            out.setdefault(s.group, {})[s.name] = data.view(np.float32).reshape(s.shape)
         return out
 
     @property
@@ -111,19 +128,15 @@ class StateCopy:
             file.close()
 
 
-def _write_all(fd: int, data: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(data):
-        written = os.pwrite(fd, data[done : done + _IO_MAX], offset + done)
-        if written <= 0:
-            raise OSError(f"no bytes written at {offset + done} of the state's local copy")
-        done += written
+def _path(file: IO[bytes]) -> str:
+    """A name that opens the unnamed file again (with other flags)."""
+    return f"/proc/self/fd/{file.fileno()}"
 
 
-def _read_all(fd: int, data: memoryview, offset: int) -> None:
+def _read_all(fd: int, data: memoryview) -> None:
     done = 0
     while done < len(data):
-        got = os.preadv(fd, [data[done : done + _IO_MAX]], offset + done)
+        got = os.preadv(fd, [data[done : done + _IO_MAX]], done)
         if got <= 0:
-            raise OSError(f"the state's local copy ends at {offset + done}, before its last array")
+            raise OSError(f"the state's local copy ends at {done}, before its last array")
         done += got

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from diloco_core import direct_io
 from diloco_sync.state_copy import StateCopy, layout
 
 GROUPS = {
@@ -29,7 +30,7 @@ def _same(got: dict[str, dict[str, np.ndarray]], want: dict[str, dict[str, np.nd
             assert got[group][name].tobytes() == value.tobytes()  # bit for bit, NaN included
 
 
-def test_the_state_reads_back_bit_for_bit_and_the_file_has_no_name(tmp_path: Path) -> None:
+def test_the_state_reads_back_bit_for_bit_and_the_file_has_no_name(tmp_path: Path, direct: bool) -> None:
     copy = StateCopy.write(tmp_path, GROUPS)
     assert list(tmp_path.iterdir()) == []  # unnamed: a crash leaves nothing behind
     assert copy.nbytes == sum(a.nbytes for arrays in GROUPS.values() for a in arrays.values())
@@ -58,7 +59,16 @@ def test_the_arrays_lie_one_after_another_in_the_order_given() -> None:
         layout({"params": {"w": np.zeros(2)}})
 
 
-def test_a_copy_whose_bytes_changed_or_that_ends_early_is_refused(tmp_path: Path) -> None:
+@pytest.fixture(params=["direct", "page-cache"])
+def direct(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Written and read past the page cache, or through it as where the filesystem refuses
+    ``O_DIRECT`` (as ``direct_io.open_direct`` says then)."""
+    if request.param == "page-cache":
+        monkeypatch.setattr(direct_io, "open_direct", lambda path, flags: None)
+    return request.param == "direct"
+
+
+def test_a_copy_whose_bytes_changed_or_that_ends_early_is_refused(tmp_path: Path, direct: bool) -> None:
     copy = StateCopy.write(tmp_path, GROUPS)
     assert copy._file is not None
     fd = copy._file.fileno()
@@ -66,7 +76,8 @@ def test_a_copy_whose_bytes_changed_or_that_ends_early_is_refused(tmp_path: Path
     with pytest.raises(OSError, match="params/a in the state's local copy is not what was written"):
         copy.read()
     os.ftruncate(fd, 30)  # within params/a
-    with pytest.raises(OSError, match="ends at 30, before its last array"):
+    short = "holds 30 bytes, not the 120 written" if direct else "ends at 30, before its last array"
+    with pytest.raises(OSError, match=short):
         copy.read()
     copy.close()
 
