@@ -22,7 +22,6 @@ import threading
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
 ALIGN = 4096  # offsets, lengths and buffer addresses of O_DIRECT I/O: a multiple of any block size
 DIRECT_MIN_BYTES = 8 << 20  # objects at least this large bypass the page cache
@@ -171,12 +170,6 @@ def read_direct(path: str | Path) -> memoryview | None:
     """The whole file read past the page cache into a fresh array, as a read-only view of its bytes;
     None where the filesystem does not take ``O_DIRECT`` reads. ``OSError`` for a file that cannot
     be opened or read otherwise."""
-    held = read_direct_array(path)
-    return None if held is None else held.data.toreadonly()
-
-
-def read_direct_array(path: str | Path) -> npt.NDArray[np.uint8] | None:
-    """:func:`read_direct`'s bytes as a fresh array of the caller's (writable, page-aligned)."""
     fd = open_direct(path, os.O_RDONLY)
     if fd is None:
         return None
@@ -196,6 +189,6 @@ def read_direct_array(path: str | Path) -> npt.NDArray[np.uint8] | None:
             if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
                 return None
             raise
-        return held[start : start + size]
+        return region[:size].toreadonly()
     finally:
         os.close(fd)

@@ -12,7 +12,6 @@ import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
@@ -24,14 +23,13 @@ from diloco_core.tracking import Tracking
 
 from .contribution import Arrays, Contribution, merged_through
 from .fragment_state import FragmentState
-from .held_state import InStorage, copy_state, read_state
+from .held_state import InStorage, read_state
 from .merging import RoundOutcome, round_log, round_record, round_scalars, write_outer_state, write_version
 from .metrics import Metrics
 from .object_writes import Contents
 from .pace import kept_times
 from .persistence import StateStore
 from .publication import DEFAULT_SERVED_IN_MEMORY, Served, Stored, served_form, served_from_storage
-from .state_copy import StateCopy
 from .storage_guard import StorageGuard
 
 log = logging.getLogger(__name__)
@@ -56,11 +54,9 @@ class Committer:
         clock: Callable[[], float],
         tracking: Tracking | None = None,
         served_in_memory_bytes: int = DEFAULT_SERVED_IN_MEMORY,
-        state_copy_dir: Path | None = None,
     ) -> None:
         self.store, self.guard, self.metrics = store, guard, metrics
         self.served_in_memory_bytes = served_in_memory_bytes
-        self.state_copy_dir = state_copy_dir  # None: no local copies of the state (``state_copy``)
         self.tracking = tracking
         self.recent_rounds = recent_rounds
         self.max_staleness, self.keep_versions = max_staleness, keep_versions
@@ -123,24 +119,14 @@ class Committer:
         return self.store.layout.outer(p, version)
 
     async def read_state(self, spec: Fragment, at: InStorage) -> tuple[Arrays, OuterState]:
-        """A fragment's parameters and outer state, read back for its round from its local copy or the
-        objects that hold them (``held_state``), retrying through outages like a commit."""
+        """A fragment's parameters and outer state, read back for its round from the objects that hold
+        them (``held_state``), retrying through outages like a commit."""
         started = self.clock()
-        params, outer, source = await self.guard.call_until_done(
+        state = await self.guard.call_until_done(
             read_state, self.store, spec, at, what=f"reading the state of fragment {spec.index}"
         )
         self.metrics.state_read_seconds.observe(self.clock() - started)
-        self.metrics.state_reads.labels(source.replace(" ", "_")).inc()
-        return params, outer
-
-    async def copy_state(self, spec: Fragment, outcome: RoundOutcome) -> StateCopy | None:
-        """A local copy of a committed round's state, for the fragment's next round to read instead of
-        the objects: made for a fragment served from storage, whose state is not held in memory
-        (None otherwise, when copies are off, or when it cannot be written)."""
-        if self.state_copy_dir is None or self.encodes_in_round(spec):
-            return None
-        result = outcome.result
-        return await anyio.to_thread.run_sync(copy_state, self.state_copy_dir, result.params, result.outer)
+        return state
 
     def encodes_in_round(self, spec: Fragment) -> bool:
         """Whether a round of this fragment encodes its new version (one served from memory), rather

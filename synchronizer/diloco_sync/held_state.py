@@ -5,16 +5,12 @@ In memory while its version is served from memory; for a version larger than
 go once the round is committed and read back from the committed objects when the fragment's next
 round starts, so that between rounds the synchronizer holds no copy of a large fragment. The objects
 are the ones a restart reads (``recovery``), and the version's manifest names them, so the state a
-round reads is bit for bit the state it would have held. A round reads its state from the local copy
-the previous commit made of it (``state_copy``) where there is one, and from the objects otherwise
-(after a restart, or when the copy cannot be read back).
+round reads is bit for bit the state it would have held.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 from diloco_core import codec
 from diloco_core.fragments import Fragment
@@ -23,19 +19,14 @@ from diloco_core.outer import OuterState
 from .contribution import Arrays
 from .persistence import StateStore
 from .publication import Served, Stored
-from .state_copy import StateCopy
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class InStorage:
-    """A fragment's state held in its committed objects (``outer_key`` None: a fresh outer state),
-    and in a local copy of them (``copy``) where the commit made one."""
+    """A fragment's state held in its committed objects (``outer_key`` None: a fresh outer state)."""
 
     params_key: str
     outer_key: str | None
-    copy: StateCopy | None = None
 
 
 def kept_in_storage(payload: Served, outer_key: str | None) -> InStorage | None:
@@ -58,35 +49,10 @@ def read_committed(
     return params, payload, outer
 
 
-def read_state(store: StateStore, spec: Fragment, at: InStorage) -> tuple[Arrays, OuterState, str]:
-    """What a round starts from, read back (blocking) from its local copy, which is then freed, or
-    from the objects that hold it when there is none or it cannot be read; and which it was
-    (``local copy`` or ``storage``)."""
-    if at.copy is not None and not at.copy.closed:  # (closed: read once, by a try storage failed)
-        try:
-            groups = at.copy.read()
-            return groups.get("params", {}), _outer(groups.get("outer")), "local copy"
-        except OSError as exc:
-            log.warning("reading the state back from storage: its local copy cannot be read: %s", exc)
-        finally:
-            at.copy.close()
+def read_state(store: StateStore, spec: Fragment, at: InStorage) -> tuple[Arrays, OuterState]:
+    """What a round starts from, read back from the objects that hold it (blocking)."""
     params, _, outer = read_committed(store, spec, at.params_key, at.outer_key)
-    return params, _outer(outer), "storage"
-
-
-def copy_state(folder: Path, params: Arrays, outer: OuterState) -> StateCopy | None:
-    """A local copy of a committed state for the fragment's next round (blocking); None when it
-    cannot be written (the round reads the objects instead): it is made after the commit, which
-    nothing about it may fail."""
-    try:
-        return StateCopy.write(folder, {"params": params, "outer": outer.to_arrays()})
-    except Exception as exc:
-        log.warning("the state's local copy cannot be written (the next round reads storage): %s", exc)
-        return None
-
-
-def _outer(arrays: Arrays | None) -> OuterState:
-    return OuterState.from_arrays(arrays, given=True) if arrays is not None else OuterState()
+    return params, OuterState.from_arrays(outer, given=True) if outer is not None else OuterState()
 
 
 class HeldState:
@@ -107,30 +73,15 @@ class HeldState:
     def hold(self, params: Arrays | None, outer: OuterState, payload: Served, outer_key: str | None) -> None:
         """The state of the version served as ``payload``, its outer state's object ``outer_key``
         (``params`` None only for a version served from storage, whose state waits there)."""
-        self.keep(None)  # a copy of the previous state no round read
         self.in_storage = kept_in_storage(payload, outer_key)
         if self.in_storage is None and params is None:
             raise ValueError("a version served from memory needs its parameters")
         self.params, self._outer = (None, None) if self.in_storage is not None else (params, outer)
 
-    def keep(self, copy: StateCopy | None) -> None:
-        """A local copy of the state held (which this takes), for the next round to read instead of
-        the objects; one of a state held in memory is not needed, and is freed."""
-        if self.in_storage is not None and self.in_storage.copy is not None:
-            self.in_storage.copy.close()
-        if self.in_storage is not None:
-            self.in_storage = replace(self.in_storage, copy=copy)
-        elif copy is not None:
-            copy.close()
-
     def for_round(self) -> tuple[Arrays, OuterState] | InStorage:
-        """What the next round starts from: the arrays, or where it reads them back from. A local
-        copy is handed to that round (``read_state`` frees it): a round that fails leaves the next one
-        to read the objects."""
+        """What the next round starts from: the arrays, or the objects it reads them back from."""
         if self.in_storage is not None:
-            at = self.in_storage
-            self.in_storage = replace(at, copy=None)
-            return at
+            return self.in_storage
         if self.params is None:
             raise RuntimeError("no parameters yet")
         return self.params, self.outer

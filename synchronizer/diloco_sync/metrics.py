@@ -42,7 +42,29 @@ class Metrics:
         )
         self.bytes_in = Counter("diloco_sync_bytes_in", "Payload bytes received", registry=r)
         self.bytes_out = Counter("diloco_sync_bytes_out", "Payload bytes served", registry=r)
-        self._round_metrics(r)
+        self.rounds = Counter("diloco_sync_rounds", "Completed rounds", ["fragment"], registry=r)
+        self.round_participants = Histogram(
+            "diloco_sync_round_participants",
+            "Learners merged per round",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
+            registry=r,
+        )
+        self.merge_seconds = Histogram(
+            "diloco_sync_merge_seconds",
+            "Merge + outer step time per round",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.commit_seconds = Histogram(
+            "diloco_sync_commit_seconds", "Time to make a round durable", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.state_read_seconds = Histogram(
+            "diloco_sync_state_read_seconds",
+            "Time to read a fragment's parameters and outer state back from storage for its round "
+            "(a version larger than --served-in-memory-bytes)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.ingest_seconds = Histogram(
             "diloco_sync_ingest_seconds", "Contribution handling time", buckets=_LATENCY_BUCKETS, registry=r
         )
@@ -86,39 +108,6 @@ class Metrics:
             registry=r,
         )
         self.storage_ok.set(1)
-
-    def _round_metrics(self, r: CollectorRegistry) -> None:
-        """The rounds': how many, with how many learners, and the time of their stages."""
-        self.rounds = Counter("diloco_sync_rounds", "Completed rounds", ["fragment"], registry=r)
-        self.round_participants = Histogram(
-            "diloco_sync_round_participants",
-            "Learners merged per round",
-            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
-            registry=r,
-        )
-        self.merge_seconds = Histogram(
-            "diloco_sync_merge_seconds",
-            "Merge + outer step time per round",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.commit_seconds = Histogram(
-            "diloco_sync_commit_seconds", "Time to make a round durable", buckets=_LATENCY_BUCKETS, registry=r
-        )
-        self.state_read_seconds = Histogram(
-            "diloco_sync_state_read_seconds",
-            "Time to read a fragment's parameters and outer state back from storage for its round "
-            "(a version larger than --served-in-memory-bytes)",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.state_reads = Counter(
-            "diloco_sync_state_reads",
-            "A fragment's state read back for its round, by where from: local_copy (the copy the "
-            "previous commit made, --local-state-copy) or storage (the committed objects)",
-            ["source"],
-            registry=r,
-        )
 
     def watch_wire(self, wire: WireTally) -> None:
         """Export the server's bytes at the socket (every connection, read when scraped)."""

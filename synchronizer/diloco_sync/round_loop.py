@@ -30,7 +30,6 @@ from .merging import NothingMerged, RoundOutcome, run_round
 from .persistence import StateMismatch
 from .round_memory import RoundMemory, round_cost
 from .round_policy import RoundPolicy
-from .state_copy import StateCopy
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +159,6 @@ class RoundRunner:
                         self.release.discard(c)
                     return
                 log_entry, size = await self.committer.write(fs, outcome, list(outcome.merged), timing)
-                copy = await self.committer.copy_state(fs.spec, outcome)
         except asyncio.CancelledError:
             raise
         except StateMismatch as exc:  # the prefix is another job's now: the server stops with the reason
@@ -177,7 +175,7 @@ class RoundRunner:
             for c in fs.abort():
                 self.release.forget(c)
         else:
-            await self._publish(fs, outcome, contributions, log_entry, size, copy)
+            await self._publish(fs, outcome, contributions, log_entry, size)
         finally:
             self.wake()
         self.policy.record_sync_time(self.clock() - started)
@@ -217,11 +215,9 @@ class RoundRunner:
         contributions: list[Contribution],
         log_entry: dict[str, Any],
         size: int,
-        copy: StateCopy | None,
     ) -> None:
-        """The round is durable: make it current (its version's object ``size`` bytes long; ``copy``:
-        a local copy of its state for the next round), let its contributions' outer gradients go,
-        record it, then tidy the fragment's storage."""
+        """The round is durable: make it current (its version's object ``size`` bytes long), let its
+        contributions' outer gradients go, record it, then tidy the fragment's storage."""
         result = outcome.result
         fs.commit(
             version=result.version,
@@ -236,7 +232,6 @@ class RoundRunner:
             merged={c.key for c in outcome.merged},
             outer_key=self.committer.outer_key(fs.index, result.version),
         )
-        fs.state.keep(copy)
         let_go(contributions)  # merged: not held while the fragment's storage is tidied
         self._report_clipped(fs, outcome)
         try:

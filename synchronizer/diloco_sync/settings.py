@@ -75,14 +75,6 @@ class SyncSettings(BaseModel):
         "encoded by the commit as they are written, and its parameters and outer state are read back "
         "from storage by its next round instead of held",
     )
-    local_state_copy: bool = Field(
-        True,
-        description="between its rounds, keep the state of a fragment served from storage (its fp32 "
-        "parameters and outer state) in an unnamed file in the temporary folder (TMPDIR), which its "
-        "next round reads instead of downloading and decoding the committed objects (they stay the "
-        "durable state); the kernel keeps the file cached or on the local disk, so plan local storage "
-        "of about the model's fp32 size times one plus the outer state's arrays",
-    )
     round_memory_bytes: int = Field(
         1024 * 1024 * 1024,
         ge=0,

@@ -24,7 +24,6 @@ from .errors import ApiError
 from .round_loop import RoundRunner
 from .round_memory import RoundMemory
 from .service import SyncService
-from .state_copy import LOCAL_FOLDER
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
@@ -88,7 +87,6 @@ def build_round_parts(
         clock=service.clock,
         tracking=tracking,
         served_in_memory_bytes=settings.served_in_memory_bytes,
-        state_copy_dir=LOCAL_FOLDER if settings.local_state_copy else None,
     )
     runner = RoundRunner(
         service.diloco,
