@@ -23,6 +23,10 @@ the whole process for a round (BLAS may use threads of its own):
   untimed, so that the heap holds the pages a round takes, as it does in a synchronizer that has
   run a few rounds (the first rounds of a large fragment fault its arrays in: at a billion
   parameters, seconds of the kernel's zeroing of pages);
+- **state read**: a fragment served from storage (larger than ``--served-in-memory-bytes``) lets
+  its state go between rounds; its round reads it back (``held_state.read_state``) from the objects
+  the commit wrote (its version and its outer state, in the filesystem store). It is not in the
+  floor, which the rounds of a fragment held in memory do not pay;
 - **fold**: what one more part of a learner's progress adds to its round: a contribution folded
   from two parts (``contribution.fold``) has no norm from arrival, so the round's merge measures it
   as it reads the parts once (``merge_inputs.MeasuredTensors``, ``screening``); the stage is that
@@ -54,16 +58,19 @@ from typing import Any
 import numpy as np
 from diloco_core import codec
 from diloco_core.config import DiLoCoSettings
-from diloco_core.fragments import FragmentPlan
+from diloco_core.fragments import Fragment, FragmentPlan
 from diloco_core.heap import limit_heap
 from diloco_core.merge_inputs import MeasuredTensors
 from diloco_core.outer import OuterState
 from diloco_core.storage import FilesystemStore
 from diloco_core.uploads import FileUpload
 from diloco_sync.body import WRITE_BYTES
-from diloco_sync.contribution import Contribution, fold
+from diloco_sync.contribution import Arrays, Contribution, fold
+from diloco_sync.held_state import InStorage, read_state
 from diloco_sync.ingest import payload_limit, validate_outer_gradient
 from diloco_sync.merging import RoundOutcome, run_round, write_outer_state, write_version
+from diloco_sync.object_writes import put_contents
+from diloco_sync.persistence import StateStore
 from diloco_sync.publication import DEFAULT_SERVED_IN_MEMORY, served_from_storage
 
 from diloco_bench.round_memory import contributions
@@ -92,6 +99,13 @@ def read_all(g: Mapping[str, object]) -> None:
     """Every tensor of ``g`` read, as a merge reads them."""
     for name in g:
         g[name]
+
+
+def committed_state(store: FilesystemStore, spec: Fragment, params: Arrays, outer: OuterState) -> InStorage:
+    """A version's parameters and outer state written as a commit writes them; where they are."""
+    put_contents(store, "params", partial(write_version, params=params, fragment=spec.index, version=1))
+    put_contents(store, "outer", partial(write_outer_state, state=outer, fragment=spec.index, version=1))
+    return InStorage("params", "outer")
 
 
 def folded(plan: FragmentPlan, version: int) -> tuple[Contribution, Contribution]:
@@ -137,6 +151,8 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
                 upload.discard()
 
         round_and_commit()  # the heap's pages faulted in, as in a synchronizer past its first rounds
+        at = committed_state(store, spec, state, outer)
+        state_store = StateStore(store, 0, "sync-stages")
         ms = {
             "write": cpu_ms(lambda: write_body(blob, folder), repeat),
             "decompress": cpu_ms(lambda: codec.decode_quantized(blob, fragment=spec), repeat),
@@ -146,6 +162,7 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
             "serve": cpu_ms(lambda: codec.encode_params(state, spec.index, 1), repeat),
             "learner decode": cpu_ms(lambda: codec.decode(served, fragment=spec), repeat),
             "round": cpu_ms(round_and_commit, repeat, time.process_time),
+            "state read": cpu_ms(lambda: read_state(state_store, spec, at), repeat, time.process_time),
         }
     per_contribution = ms["write"] + ms["check"] + ms["round"] / n
     per_part = ms["write"] + ms["check"] + ms["fold"]
@@ -163,9 +180,9 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| fragment values | payload bytes | write ms | decompress ms | check ms | fold ms | serve ms "
-        "| served / fp32 | learner decode ms | round ms (C contributions) | floor, G params/CPU-s "
-        "| floor per further part |",
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| served / fp32 | learner decode ms | round ms (C contributions) | state read ms "
+        "| floor, G params/CPU-s | floor per further part |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         ms = r["ms"]
@@ -173,6 +190,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['fragment_values']:,} | {r['payload_bytes']:,} | {ms['write']:.1f} | {ms['decompress']:.1f} | "
             f"{ms['check']:.1f} | {ms['fold']:.1f} | {ms['serve']:.1f} | {r['served_over_fp32']:.4f} | "
             f"{ms['learner decode']:.1f} | {ms['round']:,.0f} ({r['contributions']}) | "
+            f"{ms['state read']:,.0f} | "
             f"{r['floor_params_per_cpu_s'] / 1e9:.3f} | {r['floor_per_part_params_per_cpu_s'] / 1e9:.3f} |"
         )
     return "\n".join(lines)

@@ -29,7 +29,16 @@ def test_every_stage_is_timed_and_the_floors_follow_from_them(tmp_path: Path) ->
     subprocess.run([sys.executable, "-m", "diloco_bench.sync_stages", *args], check=True, timeout=600)
     (row,) = json.loads(out.read_text())
     ms = row["ms"]
-    stages = ("write", "decompress", "check", "round", "fold", "serve", "learner decode")
+    stages = (
+        "write",
+        "decompress",
+        "check",
+        "round",
+        "fold",
+        "serve",
+        "learner decode",
+        "state read",
+    )
     assert all(ms[stage] > 0 for stage in stages), ms
     assert ms["check"] > ms["decompress"]
     assert ms["round"] > ms["serve"]  # the round encodes the version it serves
