@@ -34,6 +34,12 @@ the whole process for a round (BLAS may use threads of its own):
   into the round's sum once, so the rest of the round is the same. (A difference of two whole rounds
   would say the same, but the noise of a round on shared cores is larger than a part's reading.)
 
+With two or more ``--contributions``, a round's CPU time is fitted as a line against the number of
+contributions it merges (``round_scaling``): its **fixed** part (the outer step, the new version
+and the outer state encoded and written, the download's update) and its part **per contribution**
+(decoding and adding one more into the merge); **one more contribution** is the parameters per CPU
+second of a contribution's own work, write, check and that part of the merge.
+
 Per contribution the service does at least write, check and its share of a round: **floor** is
 the parameters per CPU second that these alone allow, ``values / (write + check + round / C)``; with
 each contribution folded from several parts, every further part adds a write, a check and a fold
@@ -196,19 +202,62 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def round_scaling(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A round's CPU ms against its number of contributions C, from rows of one fragment measured at
+    two or more C: the least-squares line ``fixed + per_contribution * C``, and the parameters per
+    CPU second of one more contribution (its write, its check and its share of the merge)."""
+    counts = [r["contributions"] for r in rows]
+    if len(set(counts)) < 2:
+        raise ValueError(f"a line needs rounds of two or more sizes, not {counts}")
+    per_contribution, fixed = np.polyfit(counts, [r["ms"]["round"] for r in rows], 1)
+    marginal = min(r["ms"]["write"] for r in rows) + min(r["ms"]["check"] for r in rows) + per_contribution
+    return {
+        "fragment_values": rows[0]["fragment_values"],
+        "contributions": counts,
+        "fixed_ms": float(fixed),
+        "per_contribution_ms": float(per_contribution),
+        "per_contribution_params_per_cpu_s": rows[0]["fragment_values"] / (marginal / 1000),
+    }
+
+
+def scaling_table(lines: list[dict[str, Any]]) -> str:
+    out = [
+        "| fragment values | rounds of C | round ms, fixed | round ms per contribution "
+        "| one more contribution (write, check, merge), G params/CPU-s |",
+        "|--:|:--|--:|--:|--:|",
+    ]
+    for x in lines:
+        out.append(
+            f"| {x['fragment_values']:,} | {', '.join(map(str, x['contributions']))} | {x['fixed_ms']:,.0f} | "
+            f"{x['per_contribution_ms']:,.1f} | {x['per_contribution_params_per_cpu_s'] / 1e9:.3f} |"
+        )
+    return "\n".join(out)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="diloco bench sync-stages", description=__doc__.split("\n\n")[0])
     ap.add_argument("--params", type=float, nargs="+", default=[20e6, 200e6], help="model sizes")
     ap.add_argument("--fragments", type=int, default=4)
-    ap.add_argument("--contributions", type=int, default=4, help="contributions per round")
+    ap.add_argument(
+        "--contributions",
+        type=int,
+        nargs="+",
+        default=[4],
+        help="contributions per round (two or more: a line of a round's cost against them too)",
+    )
     ap.add_argument("--repeat", type=int, default=3, help="runs per stage (the least CPU time is kept)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     limit_heap(reuse_large=True)  # as the synchronizer does (diloco_sync.cli), before any thread
-    rows = [measure(p, args.fragments, args.contributions, args.repeat) for p in args.params]
+    per_size = [[measure(p, args.fragments, n, args.repeat) for n in args.contributions] for p in args.params]
+    rows = [row for rows in per_size for row in rows]
     print(table(rows))
+    lines = [round_scaling(rows) for rows in per_size] if len(set(args.contributions)) > 1 else []
+    if lines:
+        print()
+        print(scaling_table(lines))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps({"rows": rows, "scaling": lines}, indent=2))
     return 0
 
 
