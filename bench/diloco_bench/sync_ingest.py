@@ -7,7 +7,13 @@ concurrent asynchronous learners, each with pre-encoded int4 outer gradients:
 - ``--mode stream`` (default): every learner contributes back to back, cycling over the fragments,
   while a long-poll per learner listens for new versions; this is the ingest throughput.
 - ``--mode lockstep``: every learner contributes, then long-polls until the round that merges it is
-  published and fetches the new fp32 version; this is the learner's round-trip latency.
+  published and fetches the new version; this is the learner's round-trip latency.
+
+A long-poll asks for a new version as a learner does (``--downloads updates``, the default): with
+the version it heard last as the one it holds (``have``), so that the job's compressed downloads
+send the update from it; ``--downloads whole`` asks for every new version whole (a learner that
+holds none, as at its start), which for a fragment larger than ``--served-in-memory-bytes`` the
+synchronizer reads from storage and sends at its fp32 size.
 
 Reported per N:
 
@@ -183,9 +189,11 @@ async def learner_loop(
     plan: FragmentPlan,
     stop_at: float,
     res: Result,
+    downloads: str = "updates",
 ) -> None:
     """Contribute, wait for the round that merges it, then contribute on the new version (the
-    version itself is read and let go, as a learner's download, not held)."""
+    version itself is read and let go, as a learner's download, not held; ``downloads``:
+    ``fetch_params``)."""
     known, blobs = {f.index: 0 for f in plan.fragments}, list(blobs)
     sent: dict[int, tuple[int, int]] = {}
     seq = 0
@@ -195,10 +203,11 @@ async def learner_loop(
         t0 = await post_contribution(shards, blobs, p, seq, res, sent, base_version=known[p])
         # wait for the round that merges it, but not past the end of the run (the others have stopped)
         wait = min(60.0, max(stop_at - time.perf_counter(), 0.0))
-        params = {"newer_than": known[p], "wait": wait}
+        params = fetch_params(known[p], wait, downloads)
         async with shards[p % len(shards)].stream("GET", f"/v1/fragments/{p}", params=params) as g:
-            async for _ in g.aiter_raw():
-                pass
+            async for piece in g.aiter_raw():
+                if g.status_code == 200:
+                    res.heard_bytes += len(piece)
         if g.status_code == 200:
             known[p] = int(g.headers[VERSION_HEADER])
             res.round_trip_ms.append(1000 * (time.perf_counter() - t0))
@@ -217,14 +226,21 @@ async def streaming_loop(
         await post_contribution(shards, blobs, p, seq, res, sent, stop_at=stop_at)
 
 
-async def long_poll_loop(shards: Shards, p: int, stop_at: float, res: Result) -> None:
+def fetch_params(known: int, wait: float, downloads: str) -> dict[str, float | int]:
+    """A long-poll's query for a version newer than ``known``: with ``known`` as the version held
+    (``have``: the update from it) when ``downloads`` is ``updates``, else for the version whole."""
+    return {"newer_than": known, "wait": wait, **({"have": known} if downloads == "updates" else {})}
+
+
+async def long_poll_loop(shards: Shards, p: int, stop_at: float, res: Result, downloads: str) -> None:
     """A learner's background long-poll: hear about every new version of fragment p."""
     client, known = shards[p % len(shards)], 0
     while (remaining := stop_at - time.perf_counter()) > 0:
-        g = await client.get(f"/v1/fragments/{p}", params={"newer_than": known, "wait": min(remaining, 5.0)})
+        g = await client.get(f"/v1/fragments/{p}", params=fetch_params(known, min(remaining, 5.0), downloads))
         if g.status_code == 200:
             known = int(g.headers[VERSION_HEADER])
             res.versions_heard += 1
+            res.heard_bytes += len(g.content)
 
 
 async def run_service(
@@ -237,11 +253,13 @@ async def run_service(
     flags: Sequence[str] = (),
     storage: str = "file",
     restart: bool = False,
+    downloads: str = "updates",
 ) -> Result:
     """One run: a learner per list of ``blobs`` (its contribution to each fragment, framed on version 0
     from its ``parts``; lockstep frames them again on each new version); ``flags``: more settings of
     the synchronizers; ``storage``: ``file`` or ``seaweedfs``; ``restart``: at the end, the
-    synchronizers are killed with SIGKILL and started again on the same storage (``timed_restart``)."""
+    synchronizers are killed with SIGKILL and started again on the same storage (``timed_restart``);
+    ``downloads``: how the long-polls ask for new versions (``fetch_params``)."""
     clients = len(blobs)
     with (
         tempfile.TemporaryDirectory(prefix="bench-sync-") as root,
@@ -251,14 +269,14 @@ async def run_service(
         try:
             learners = await setup_learners(urls, plan, clients)
             res = Result(mode, clients, 0.0, 0, 0, 0, 0, model_params=plan.num_params, shards=shards)
-            res.storage = storage
+            res.storage, res.downloads = storage, downloads
             pids = [proc.pid for proc in procs]
             cpu_before = CpuMark.now(pids, where.server_pid)
             start = time.perf_counter()
             stop_at = start + seconds
             if mode == "lockstep":
                 jobs = [
-                    learner_loop(c, b, q, plan, stop_at, res)
+                    learner_loop(c, b, q, plan, stop_at, res, downloads)
                     for c, b, q in zip(learners, blobs, parts, strict=True)
                 ]
             else:
@@ -266,7 +284,8 @@ async def run_service(
                     streaming_loop(c, b, plan, stop_at, res) for c, b in zip(learners, blobs, strict=True)
                 ]
                 jobs += [
-                    long_poll_loop(c, i % len(plan.fragments), stop_at, res) for i, c in enumerate(learners)
+                    long_poll_loop(c, i % len(plan.fragments), stop_at, res, downloads)
+                    for i, c in enumerate(learners)
                 ]
             await asyncio.gather(*jobs)
             res.seconds = time.perf_counter() - start
@@ -302,7 +321,16 @@ async def run_all(args: argparse.Namespace) -> list[Result]:
         for n in args.clients:
             runs = [
                 await run_service(
-                    plan, blobs[:n], parts[:n], args.seconds, args.mode, m, flags, storage, args.restart
+                    plan,
+                    blobs[:n],
+                    parts[:n],
+                    args.seconds,
+                    args.mode,
+                    m,
+                    flags,
+                    storage,
+                    args.restart,
+                    args.downloads,
                 )
                 for storage in args.storage
                 for m in args.shards
@@ -314,7 +342,7 @@ async def run_all(args: argparse.Namespace) -> list[Result]:
                     f"  {size:,} params, {n} clients, {res.shards} shard(s) on {res.storage}: "
                     f"{res.contributions} contributions, "
                     f"{res.rounds} rounds, {res.versions_heard + len(res.round_trip_ms)} new versions heard "
-                    "by long-polls",
+                    f"by long-polls (downloads: {res.downloads})",
                     file=sys.stderr,
                 )
             at_size += runs
@@ -366,6 +394,13 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="after each run, kill the synchronizers with SIGKILL and start them again on the same "
         "storage: the seconds until ready, the rounds on the contributions read back, peak memory",
+    )
+    ap.add_argument(
+        "--downloads",
+        choices=["updates", "whole"],
+        default="updates",
+        help="how the long-polls ask for new versions: as a learner that holds the one it heard last "
+        "(the update from it), or whole",
     )
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument(

@@ -35,6 +35,8 @@ class Result:
     largest_shard_rss: int | None = None  # the peak resident bytes of the largest shard
     waits: int = 0  # parts answered pending_full (the pending budget was full) and sent again
     storage: str = "file"  # the synchronizers' storage: file or seaweedfs
+    downloads: str = "updates"  # how the long-polls asked for new versions: updates, or whole
+    heard_bytes: int = 0  # the bytes of the new versions the long-polls received
     storage_cpu_s: float | None = None  # the S3 server's CPU seconds during the run (None on a folder)
     storage_peak_rss: int | None = None  # its peak resident bytes
     commit_s_per_round: float = 0.0  # making a round durable (its objects and the manifest)

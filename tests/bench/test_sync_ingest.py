@@ -32,6 +32,23 @@ def test_streaming_learners_wait_for_room_and_their_parts_are_still_taken(tmp_pa
     assert (again / "sync-scale.png").stat().st_size > 0
 
 
+def test_long_polls_follow_the_updates_as_learners_do_or_take_every_version_whole(tmp_path: Path) -> None:
+    """``--downloads updates`` (the default) asks with the version heard last as the one held, and
+    gets the update from it (int2 by default, a sixteenth of fp32 and its scales); ``whole`` gets
+    every version as it is stored, about its float32 size."""
+    argv = ["--clients", "1", "--seconds", "4", "--params", "2e5", "--fragments", "2", "--no-plot"]
+    per_version = {}
+    for downloads in ("updates", "whole"):
+        out = tmp_path / f"{downloads}.json"
+        assert main([*argv, "--downloads", downloads, "--json", str(out)]) == 0
+        (row,) = json.loads(out.read_text())
+        assert row["downloads"] == downloads
+        assert row["versions_heard"] > 0
+        per_version[downloads] = row["heard_bytes"] / row["versions_heard"]
+    assert per_version["whole"] > 0.8 * 4 * 2e5 / 2  # a fragment's fp32 size, in byte planes
+    assert per_version["updates"] < per_version["whole"] / 4
+
+
 def test_on_seaweedfs_rounds_are_committed_and_a_killed_synchronizer_takes_up_its_contributions(
     tmp_path: Path,
 ) -> None:
