@@ -9,11 +9,9 @@ concurrent asynchronous learners, each with pre-encoded int4 outer gradients:
 - ``--mode lockstep``: every learner contributes, then long-polls until the round that merges it is
   published and fetches the new version; this is the learner's round-trip latency.
 
-A long-poll asks for a new version as a learner does (``--downloads updates``, the default): with
-the version it heard last as the one it holds (``have``), so that the job's compressed downloads
-send the update from it; ``--downloads whole`` asks for every new version whole (a learner that
-holds none, as at its start), which for a fragment larger than ``--served-in-memory-bytes`` the
-synchronizer reads from storage and sends at its fp32 size.
+A long-poll asks as a learner does (``--downloads updates``): holding the version it heard last
+(``have``), it gets the update from it; ``--downloads whole``: every new version whole (from storage
+for a fragment over ``--served-in-memory-bytes``).
 
 Reported per N:
 
@@ -50,12 +48,12 @@ import httpx
 import numpy as np
 from diloco_core import codec
 from diloco_core.auth import learner_token
-from diloco_core.fragments import FragmentPlan, build_plan
+from diloco_core.fragments import FragmentPlan
 from diloco_core.protocol import LEARNER_HEADER, VERSION_HEADER
-from diloco_core.quantize import DEFAULT_BLOCK_SIZE
 from diloco_core.request_proof import ProofAuth
 
 from diloco.runner.processes import free_port
+from diloco_bench.sync_ingest_payloads import framed, grad_parts, make_plan
 from diloco_bench.sync_ingest_raw import run_raw
 from diloco_bench.sync_ingest_report import (
     CpuMark,
@@ -77,34 +75,6 @@ from diloco_bench.sync_process import (
     sync_flags,
     timed_restart,
 )
-
-
-def make_plan(params: int, fragments: int) -> FragmentPlan:
-    side = max(8, int((params / (2 * fragments)) ** 0.5))
-    shapes = [(f"h.{i}.w{j}", [side, side]) for i in range(fragments) for j in range(2)]
-    return build_plan(shapes, fragments, inner_steps=max(fragments, 4), overlap=1)
-
-
-def grad_parts(plan: FragmentPlan, p: int, seed: int) -> dict[str, codec.QuantizedTensor]:
-    """A learner's int4 outer gradient of fragment ``p``, quantized once (made in float32, one tensor
-    at a time, so that a fragment of a billion-parameter model costs its float32 size, not float64's)."""
-    rng = np.random.default_rng(seed)
-    parts = {}
-    for t in plan.fragments[p].tensors:
-        values = rng.standard_normal(t.shape, dtype=np.float32)
-        values *= np.float32(0.01)
-        parts.update(codec.quantized({t.name: values}, "int4", DEFAULT_BLOCK_SIZE))
-        del values
-    return parts
-
-
-def framed(parts: dict[str, codec.QuantizedTensor], p: int, base_version: int = 0) -> bytes:
-    """The contribution payload of ``parts`` on ``base_version``."""
-    blob: bytes = codec.encode_quantized(
-        parts, fragment=p, base_version=base_version, kind="outer_grad", quantizer="int4"
-    )
-    return blob
-
 
 # -- the service run ---------------------------------------------------------------------------------
 
