@@ -32,7 +32,7 @@ from diloco_sync.contribution import Contribution
 from diloco_sync.ingest import payload_limit, validate_outer_gradient
 from diloco_sync.merging import NothingMerged, RoundOutcome, run_round, write_outer_state
 
-from diloco_bench.sync_ingest import framed, grad_parts, make_plan
+from diloco_bench.sync_ingest_payloads import framed, grad_parts, make_plan
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

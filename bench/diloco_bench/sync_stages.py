@@ -80,7 +80,7 @@ from diloco_sync.persistence import StateStore
 from diloco_sync.publication import DEFAULT_SERVED_IN_MEMORY, served_from_storage
 
 from diloco_bench.round_memory import contributions
-from diloco_bench.sync_ingest import framed, grad_parts, make_plan
+from diloco_bench.sync_ingest_payloads import framed, grad_parts, make_plan
 
 
 def cpu_ms(run: Callable[[], object], repeat: int, clock: Callable[[], float] = time.thread_time) -> float:

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 import pytest
-from diloco_bench.sync_ingest import make_plan
+from diloco_bench.sync_ingest_payloads import make_plan
 from diloco_bench.sync_process import Storage, start_shards, sync_flags
 
 

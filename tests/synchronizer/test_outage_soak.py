@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from diloco_bench.sync_ingest import framed, grad_parts, make_plan
+from diloco_bench.sync_ingest_payloads import framed, grad_parts, make_plan
 from diloco_core import codec
 from diloco_core.fragments import FragmentPlan
 from diloco_testbed.s3_server import S3Server
