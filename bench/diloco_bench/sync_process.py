@@ -10,10 +10,10 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -139,11 +139,10 @@ def spawn_sync(
     clients: int,
     shard: tuple[int, list[str]] = (0, []),
     flags: Sequence[str] = (),
-    stderr: IO[bytes] | None = None,
-) -> subprocess.Popen[bytes]:
-    """A synchronizer process on ``port`` on ``storage`` (not waited for); ``shard``: its index and
-    the URLs of all shards (none: the only one); ``flags``: more of its settings; ``stderr``: where
-    its standard error goes (None: nowhere)."""
+) -> tuple[subprocess.Popen[bytes], LastWords]:
+    """A synchronizer process on ``port`` on ``storage`` (not waited for), and the last of what it
+    writes to its standard error; ``shard``: its index and the URLs of all shards (none: the only
+    one); ``flags``: more of its settings."""
     argv = [
         sys.executable, "-m", "diloco_sync", "--port", str(port), "--storage", storage.url,
         "--fragments", str(len(plan.fragments)), "--inner-steps", str(plan.inner_steps), "--overlap", "1",
@@ -154,18 +153,44 @@ def spawn_sync(
         argv += ["--shard-index", str(index), "--num-shards", str(len(urls)), "--shard-urls", ",".join(urls)]
     argv += flags
     env = {**os.environ, **storage.env, "DILOCO_JOB_SECRET": SECRET}
-    err = subprocess.DEVNULL if stderr is None else stderr
-    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    return proc, LastWords(proc.stderr)
 
 
-def _why_exited(proc: subprocess.Popen[bytes], stderr: IO[bytes], limit: int = 4000) -> str:
+class LastWords:
+    """The last ``limit`` bytes a process writes to a pipe, read as they come by a thread of their
+    own: the pipe never fills, and nothing beyond them is kept, in memory or on disk, however long
+    the process runs."""
+
+    def __init__(self, pipe: IO[bytes], limit: int = 4000) -> None:
+        self._kept = bytearray()
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._drain, args=(pipe,), daemon=True)
+        self._reader.start()
+
+    def _drain(self, pipe: IO[bytes]) -> None:
+        with pipe:
+            while chunk := os.read(pipe.fileno(), 1 << 16):
+                with self._lock:
+                    self._kept += chunk
+                    del self._kept[: max(0, len(self._kept) - self._limit)]
+
+    def text(self, wait_s: float = 2.0) -> str:
+        """What was kept, once the pipe is closed (at most ``wait_s`` to read what is left in it)."""
+        self._reader.join(wait_s)
+        with self._lock:
+            return bytes(self._kept).decode(errors="replace").strip()
+
+
+def _why_exited(proc: subprocess.Popen[bytes], said: LastWords) -> str:
     """What a synchronizer that exited wrote last to its standard error (its refusal of a flag, a
     traceback), or that it is still running."""
     if proc.poll() is None:
         return "it is still running"
-    stderr.seek(0)
-    said = stderr.read()[-limit:].decode(errors="replace").strip()
-    return f"it exited with status {proc.returncode}" + (f"; its last words:\n{said}" if said else "")
+    words = said.text()
+    return f"it exited with status {proc.returncode}" + (f"; its last words:\n{words}" if words else "")
 
 
 def start_shards(
@@ -181,20 +206,20 @@ def start_shards(
     ports = [free_port() for _ in range(shards)]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     procs: list[subprocess.Popen[bytes]] = []
-    with ExitStack() as files:  # each read only when its synchronizer does not get ready
-        errs = [files.enter_context(tempfile.TemporaryFile()) for _ in ports]
-        try:
-            for i, port in enumerate(ports):
-                shard = (i, urls if shards > 1 else [])
-                procs.append(spawn_sync(port, storage, plan, clients, shard, flags, errs[i]))
-            for proc, url, err in zip(procs, urls, errs, strict=True):
-                try:
-                    wait_ready(url, lambda proc=proc: proc.poll() is None, ready_timeout_s)  # type: ignore[misc]
-                except RuntimeError as exc:
-                    raise RuntimeError(f"{exc} ({url}): {_why_exited(proc, err)}") from exc
-        except BaseException:
-            stop(procs)
-            raise
+    said: list[LastWords] = []  # each read only when its synchronizer does not get ready
+    try:
+        for i, port in enumerate(ports):
+            proc, words = spawn_sync(port, storage, plan, clients, (i, urls if shards > 1 else []), flags)
+            procs.append(proc)
+            said.append(words)
+        for proc, url, words in zip(procs, urls, said, strict=True):
+            try:
+                wait_ready(url, lambda proc=proc: proc.poll() is None, ready_timeout_s)  # type: ignore[misc]
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc} ({url}): {_why_exited(proc, words)}") from exc
+    except BaseException:
+        stop(procs)
+        raise
     return procs, urls
 
 

@@ -38,7 +38,8 @@ With two or more ``--contributions``, a round's CPU time is fitted as a line aga
 contributions it merges (``round_scaling``): its **fixed** part (the outer step, the new version
 and the outer state encoded and written, the download's update) and its part **per contribution**
 (decoding and adding one more into the merge); **one more contribution** is the parameters per CPU
-second of a contribution's own work, write, check and that part of the merge.
+second of a contribution's own work, write, check and that part of the merge. The other stages do
+not depend on C: they are measured once per model size, and every row of that size shows them.
 
 Per contribution the service does at least write, check and its share of a round: **floor** is
 the parameters per CPU second that these alone allow, ``values / (write + check + round / C)``; with
@@ -121,8 +122,9 @@ def folded(plan: FragmentPlan, version: int) -> tuple[Contribution, Contribution
     return a, fold(a, replace(b, learner_id=a.learner_id, seq=a.seq + 1, since=a.through, through=-1))
 
 
-def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any]:
-    """Every stage's CPU ms for fragment 0 of a ``params``-parameter model, rounds of ``n``."""
+def measure(params: float, fragments: int, counts: list[int], repeat: int) -> list[dict[str, Any]]:
+    """Every stage's CPU ms for fragment 0 of a ``params``-parameter model, one row per round size in
+    ``counts``: the stages that do not depend on a round's size are measured once and shared."""
     plan = make_plan(int(params), fragments)
     spec = plan.fragments[0]
     blob = framed(grad_parts(plan, 0, 0), 0)
@@ -134,17 +136,15 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
     assert isinstance(first, RoundOutcome)
     state, outer = first.result.params, first.result.outer
     del first
-    taken = contributions(plan, n, 1)
     one, two = folded(plan, 1)
     served = codec.encode_params(state, spec.index, 1)
 
     with tempfile.TemporaryDirectory(prefix="sync-stages-") as root:
         folder = Path(root)
         store = FilesystemStore(folder / "store")
-
         in_round = not served_from_storage(spec, DEFAULT_SERVED_IN_MEMORY)
 
-        def round_and_commit() -> None:
+        def round_and_commit(taken: list[Contribution]) -> None:
             outcome = run_round(spec, state, outer, 1, taken, settings, encode_version=in_round)
             assert isinstance(outcome, RoundOutcome), outcome
             result = outcome.result
@@ -156,10 +156,11 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
                 write(upload, fragment=spec.index, version=result.version)
                 upload.discard()
 
-        round_and_commit()  # the heap's pages faulted in, as in a synchronizer past its first rounds
+        # the heap's pages faulted in (by the largest round), as in a synchronizer past its first rounds
+        round_and_commit(contributions(plan, max(counts), 1))
         at = committed_state(store, spec, state, outer)
         state_store = StateStore(store, 0, "sync-stages")
-        ms = {
+        shared = {
             "write": cpu_ms(lambda: write_body(blob, folder), repeat),
             "decompress": cpu_ms(lambda: codec.decode_quantized(blob, fragment=spec), repeat),
             "check": cpu_ms(lambda: validate_outer_gradient(blob, spec, 0, limit), repeat),
@@ -167,15 +168,24 @@ def measure(params: float, fragments: int, n: int, repeat: int) -> dict[str, Any
             - cpu_ms(lambda: read_all(one.tensors), repeat),
             "serve": cpu_ms(lambda: codec.encode_params(state, spec.index, 1), repeat),
             "learner decode": cpu_ms(lambda: codec.decode(served, fragment=spec), repeat),
-            "round": cpu_ms(round_and_commit, repeat, time.process_time),
             "state read": cpu_ms(lambda: read_state(state_store, spec, at), repeat, time.process_time),
         }
+        rounds = {}
+        for n in counts:
+            taken = contributions(plan, n, 1)
+            rounds[n] = cpu_ms(partial(round_and_commit, taken), repeat, time.process_time)
+            del taken
+    return [_row(spec, len(blob), len(served), n, {**shared, "round": rounds[n]}) for n in counts]
+
+
+def _row(spec: Fragment, payload: int, served: int, n: int, ms: dict[str, float]) -> dict[str, Any]:
+    """A round size's figures: the stages' CPU ms and the floors they give."""
     per_contribution = ms["write"] + ms["check"] + ms["round"] / n
     per_part = ms["write"] + ms["check"] + ms["fold"]
     return {
         "fragment_values": spec.numel,
-        "payload_bytes": len(blob),
-        "served_over_fp32": len(served) / (4 * spec.numel),
+        "payload_bytes": payload,
+        "served_over_fp32": served / (4 * spec.numel),
         "contributions": n,
         "ms": ms,
         "floor_params_per_cpu_s": spec.numel / (per_contribution / 1000),
@@ -249,7 +259,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     limit_heap(reuse_large=True)  # as the synchronizer does (diloco_sync.cli), before any thread
-    per_size = [[measure(p, args.fragments, n, args.repeat) for n in args.contributions] for p in args.params]
+    per_size = [measure(p, args.fragments, args.contributions, args.repeat) for p in args.params]
     rows = [row for rows in per_size for row in rows]
     print(table(rows))
     lines = [round_scaling(rows) for rows in per_size] if len(set(args.contributions)) > 1 else []
