@@ -178,11 +178,9 @@ def _quantize_chunk(x: F32, quantizer: str, block_size: int) -> tuple[bytes, byt
         scales = _mean_magnitudes(x, blocks, scales)
     safe = np.where(scales > 0, scales, np.float32(1))[:, None]
     if quantizer == "int8":
-        q: npt.NDArray[np.integer] = np.clip(np.rint(blocks / safe * np.float32(127)), -127, 127).astype(
-            np.int8
-        )
+        q: npt.NDArray[np.integer] = _rounded_levels(blocks, safe, 127, 0).astype(np.int8)
     elif quantizer == "int4":
-        q = (np.clip(np.rint(blocks / safe * np.float32(7)), -7, 7).astype(np.int16) + 8).astype(np.uint8)
+        q = _rounded_levels(blocks, safe, 7, 8).astype(np.uint8)
     elif quantizer == "int2":
         q = _int2_codes(blocks, safe, scales)
     elif quantizer == "int1":
@@ -201,6 +199,18 @@ def _quantize_chunk(x: F32, quantizer: str, block_size: int) -> tuple[bytes, byt
     else:
         codes = _pack4(flat.astype(np.uint8, copy=False))
     return codes, scales.astype("<f4").tobytes()
+
+
+def _rounded_levels(blocks: F32, safe: F32, levels: int, offset: int) -> F32:
+    """``rint(x / s * levels) + offset`` in one array: integers from ``offset - levels`` to
+    ``offset + levels`` for every finite block (its scale is its largest magnitude, so ``|x / s| <= 1``
+    exactly and no clipping is needed), whatever for the others (their codes are rewritten)."""
+    t = np.divide(blocks, safe)
+    np.multiply(t, np.float32(levels), out=t)
+    np.rint(t, out=t)
+    if offset:
+        np.add(t, np.float32(offset), out=t)
+    return t
 
 
 def _mean_magnitudes(x: F32, blocks: F32, maxima: F32) -> F32:
