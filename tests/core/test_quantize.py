@@ -160,3 +160,34 @@ def test_a_long_array_is_quantized_chunk_by_chunk_to_the_bytes_of_one_piece(
     chunked = q.quantize(x, quantizer, block_size)
     monkeypatch.setattr(q, "_CHUNK_VALUES", 1 << 30)
     assert q.quantize(x, quantizer, block_size) == chunked
+
+
+@pytest.mark.parametrize("quantizer", ["int8", "int4"])
+@pytest.mark.parametrize("block_size", [8, 256, 1000])
+def test_int8_and_int4_codes_are_the_rounded_scaled_values_of_the_documented_rule(
+    quantizer: str, block_size: int
+) -> None:
+    """``round(x / s * Q)`` clipped to [-Q, Q] (plus 8 for int4), value by value with each block's
+    largest magnitude as ``s``: zeros and -0, ties, subnormal and large scales included."""
+    rng = np.random.default_rng(7)
+    n = 5 * block_size + 3  # a partial last block
+    parts = [
+        rng.standard_normal(n).astype(np.float32),
+        np.where(rng.random(n) < 0.3, np.float32(0.0), np.float32(-0.0)).astype(np.float32),
+        (rng.integers(-14, 15, n) / np.float32(2)).astype(np.float32),  # halves: ties once scaled
+        rng.standard_normal(n).astype(np.float32) * np.float32(1e-42),
+        rng.standard_normal(n).astype(np.float32) * np.float32(1e37),  # finite, near the largest float32
+    ]
+    levels = 127 if quantizer == "int8" else 7
+    for x in parts:
+        codes, scales = q.quantize(x, quantizer, block_size)
+        s = np.frombuffer(scales, "<f4")
+        per_value = np.repeat(s, block_size)[:n]
+        safe = np.where(per_value > 0, per_value, np.float32(1))
+        expected = np.clip(np.rint(x / safe * np.float32(levels)), -levels, levels).astype(np.int16)
+        if quantizer == "int8":
+            got = np.frombuffer(codes, np.int8)[:n].astype(np.int16)
+        else:
+            packed = np.frombuffer(codes, np.uint8)
+            got = np.stack([packed & 0x0F, packed >> 4], axis=1).reshape(-1)[:n].astype(np.int16) - 8
+        np.testing.assert_array_equal(got, expected)
