@@ -38,23 +38,31 @@ class Planes:
     where it is one), which must not change while it is read."""
 
     def __init__(self, x: npt.NDArray[np.floating]) -> None:
-        self._bytes = np.ascontiguousarray(x, dtype="<f4").reshape(-1).view(np.uint8)
+        self._words = np.ascontiguousarray(x, dtype="<f4").reshape(-1).view("<u4")
 
     @property
     def nbytes(self) -> int:
-        return int(self._bytes.size)
+        return 4 * int(self._words.size)
 
     def runs(self) -> Iterator[tuple[memoryview, memoryview]]:
         """Each run as (its high plane, its three other planes), views of one scratch buffer that the
-        next run overwrites."""
-        n = self._bytes.size // 4
+        next run overwrites. A plane is its bytes' 32-bit words shifted right and narrowed to 8 bits
+        (the low byte first, then the rest shifted a byte further each time, in a run-sized scratch
+        that stays in the cache): contiguous passes, a third less CPU than copying each byte from
+        every fourth (docs/benchmarks.md)."""
+        n = self._words.size
         scratch = np.empty(4 * min(RUN, n), dtype=np.uint8)
+        shifted = np.empty(min(RUN, n), dtype=np.uint32)
         for start in range(0, n, RUN):
             m = min(RUN, n - start)
-            values = self._bytes[4 * start : 4 * (start + m)].reshape(m, 4)
+            words, rest = self._words[start : start + m], shifted[:m]
             planes = scratch[: 4 * m].reshape(4, m)
-            for plane in range(4):
-                np.copyto(planes[plane], values[:, 3 - plane])
+            np.copyto(planes[3], words, casting="unsafe")  # byte 0: the word narrowed
+            np.right_shift(words, 8, out=rest)
+            for plane in (2, 1, 0):  # bytes 1, 2 and 3
+                np.copyto(planes[plane], rest, casting="unsafe")
+                if plane:
+                    np.right_shift(rest, 8, out=rest)
             flat = scratch[: 4 * m].data
             yield flat[:m], flat[m:]
 
@@ -63,7 +71,7 @@ class Planes:
 
     def values(self) -> F32:
         """A float32 copy of the values."""
-        return self._bytes.view("<f4").astype(np.float32)
+        return self._words.view("<f4").astype(np.float32)
 
 
 def decode(data: bytes | memoryview, n: int) -> F32:

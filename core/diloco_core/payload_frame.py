@@ -13,7 +13,7 @@ from diloco_core import quantize as q
 from diloco_core.byte_planes import Planes
 from diloco_core.payload_errors import CodecError, UnsupportedFormat
 from diloco_core.payload_header import SOURCE_DTYPES, PayloadKind, check_fields, render_header, tensor_entry
-from diloco_core.stored_frame import BLOCK_END, Bytes, Level, Stream, compressor
+from diloco_core.stored_frame import BLOCK_END, Bytes, Level, StoredFrame, Stream, compressor
 
 HEADER_LENGTH = struct.Struct("<I")  # the u32 before the header in the frame's content
 _PIECE = 1 << 22  # bytes compressed at a time
@@ -52,7 +52,7 @@ def frame(
     quantizer: str,
     block_size: int,
     level: Level | None,
-) -> Iterator[bytes]:
+) -> Iterator[Bytes]:
     """The zstd frame of the header and the parts, in pieces: compressed tensor by tensor, with no
     uncompressed copy of the payload (the checks run before the first piece), at ``level`` (None:
     :func:`payload_level`). A block ends after each ``Planes`` run's high plane and after the run."""
@@ -95,7 +95,7 @@ def _nbytes(data: Bytes | Planes) -> int:
     return data.nbytes if isinstance(data, Planes) else len(memoryview(data).cast("B"))
 
 
-def _pieces(stream: Stream, data: Bytes | Planes) -> Iterator[bytes]:
+def _pieces(stream: Stream, data: Bytes | Planes) -> Iterator[Bytes]:
     """``data`` through ``stream`` in small pieces (only one is held beside the frame); a ``Planes``
     run by run, a block ended after its high plane and after the run, so that no block mixes the
     high bytes, which compress, with the others, which do not."""
@@ -107,5 +107,8 @@ def _pieces(stream: Stream, data: Bytes | Planes) -> Iterator[bytes]:
             yield stream.flush(BLOCK_END)
         return
     view = memoryview(data).cast("B")
+    if isinstance(stream, StoredFrame):  # the blocks as views of ``data``, not joined into a copy
+        yield from stream.pieces(view)
+        return
     for start in range(0, len(view), _PIECE):
         yield stream.compress(view[start : start + _PIECE])

@@ -11,6 +11,7 @@ XXH64), checked by the decoder as for any other frame. Writing it costs a copy a
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from typing import Literal, Protocol
 
 import xxhash
@@ -63,18 +64,29 @@ class StoredFrame:
         self._flushed = False
 
     def compress(self, data: Bytes) -> bytes:
+        return b"".join(self.pieces(data))
+
+    def pieces(self, data: Bytes) -> Iterator[Bytes]:
+        """:meth:`compress`'s bytes as they are made, without joining them: the frame's header before
+        the first, then each block's three-byte head and the block itself, a view of ``data`` (which
+        must not change until it is read). Checked before the first piece."""
         self._check_open()
         view = memoryview(data).cast("B")
         if len(view) > self._left:
             raise ValueError(f"{len(view)} bytes given where {self._left} were left of the frame's content")
-        out: list[Bytes] = [self._take_head()]
+        return self._blocks(view)
+
+    def _blocks(self, view: memoryview) -> Iterator[Bytes]:
+        head = self._take_head()
+        if head:
+            yield head
         for start in range(0, len(view), _BLOCK):
             block = view[start : start + _BLOCK]
             self._left -= len(block)
             self._ended = self._left == 0
-            out += [_BLOCK_HEAD.pack(len(block) << 3 | self._ended)[:3], block]
             self._hash.update(block)
-        return b"".join(out)
+            yield _BLOCK_HEAD.pack(len(block) << 3 | self._ended)[:3]
+            yield block
 
     def flush(self, flush_mode: int = zstandard.COMPRESSOBJ_FLUSH_FINISH) -> bytes:
         self._check_open()

@@ -42,7 +42,7 @@ _WRITE_BUFFER = 1 << 20  # bytes gathered before a write to the file
 class Upload(Protocol):
     size: int
 
-    def write(self, data: bytes | bytearray) -> None: ...
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
 
     def view(self) -> memoryview: ...
 
@@ -71,7 +71,7 @@ class FileUpload:
         self._direct_fd = direct_io.open_direct(self.path, os.O_WRONLY) if direct else None
         self._direct = None if self._direct_fd is None else direct_io.DirectWriter(self._direct_fd, fd)
 
-    def write(self, data: bytes | bytearray) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._direct is not None:
             self._direct.write(data)
             self.size = self._direct.size
@@ -143,7 +143,7 @@ class MemoryUpload:
         self.size = 0
         self._put = put
 
-    def write(self, data: bytes | bytearray) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         self.data += data
         self.size += len(data)
 

@@ -109,8 +109,9 @@ def test_a_payload_written_as_it_is_compressed_is_the_golden_blob(quantizer: str
 
 @pytest.mark.parametrize("level", [-1, STORED])
 def test_a_large_payload_written_to_a_file_is_never_held_whole(tmp_path: Path, level: Level) -> None:
-    """fp32 values barely compress: ``encode`` holds the payload twice at its end (its pieces, then
-    their join); written into a file upload as it is compressed (or stored, as the outer state is),
+    """fp32 values barely compress: ``encode`` holds the payload twice at its end when it compresses
+    it (its pieces, then their join) and once when it stores it (the pieces are views of the arrays,
+    joined once); written into a file upload as it is compressed (or stored, as the outer state is),
     it holds a few pieces (4 MiB each) whatever its size."""
     import tracemalloc
 
@@ -131,7 +132,7 @@ def test_a_large_payload_written_to_a_file_is_never_held_whole(tmp_path: Path, l
         assert bytes(view) == blob
     upload.discard()
     assert written == len(blob) > 0.9 * size
-    assert encode_peak > 1.9 * size
+    assert encode_peak > (0.9 if level == STORED else 1.9) * size
     assert into_peak < 3 * payload_frame._PIECE < 0.4 * size
 
 

@@ -90,6 +90,25 @@ def test_pieces_that_do_not_add_up_to_the_declared_size_are_refused() -> None:
             late()
 
 
+@pytest.mark.parametrize("size", [0, 1, BLOCK, 3 * BLOCK + 5])
+def test_pieces_are_the_compressed_bytes_unjoined_with_each_block_a_view_of_the_content(size: int) -> None:
+    """``pieces`` gives ``compress``'s bytes without copying the content: each block is a view of
+    what it was given; too much content is refused before the first piece."""
+    content = bytearray(content_of(size))
+    joined, unjoined = StoredFrame(size), StoredFrame(size)
+    pieces = list(unjoined.pieces(content))
+    assert b"".join(pieces) == joined.compress(bytes(content))
+    assert unjoined.flush() == joined.flush()
+    blocks = [p for p in pieces if isinstance(p, memoryview)]
+    assert sum(map(len, blocks)) == size
+    assert all(len(b) <= BLOCK for b in blocks)
+    if size:
+        content[0] ^= 0xFF  # the first block reads the content as it now is
+        assert bytes(blocks[0][:1]) == bytes(content[:1])
+    with pytest.raises(ValueError, match="were left"):
+        StoredFrame(size).pieces(bytes(size + 1))
+
+
 def test_a_compression_level_gives_zstd_s_own_compressor() -> None:
     stream = stored_frame.compressor(1, 1000)
     frame = stream.compress(b"a" * 1000) + stream.flush()
