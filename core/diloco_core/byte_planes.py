@@ -55,14 +55,12 @@ class Planes:
         shifted = np.empty(min(RUN, n), dtype=np.uint32)
         for start in range(0, n, RUN):
             m = min(RUN, n - start)
-            words, rest = self._words[start : start + m], shifted[:m]
             planes = scratch[: 4 * m].reshape(4, m)
-            np.copyto(planes[3], words, casting="unsafe")  # byte 0: the word narrowed
-            np.right_shift(words, 8, out=rest)
-            for plane in (2, 1, 0):  # bytes 1, 2 and 3
+            rest = self._words[start : start + m]
+            for plane in (3, 2, 1, 0):  # byte 0 (the word narrowed), then bytes 1, 2 and 3
                 np.copyto(planes[plane], rest, casting="unsafe")
                 if plane:
-                    np.right_shift(rest, 8, out=rest)
+                    rest = np.right_shift(rest, 8, out=shifted[:m])
             flat = scratch[: 4 * m].data
             yield flat[:m], flat[m:]
 

@@ -133,6 +133,8 @@ def test_a_large_payload_written_to_a_file_is_never_held_whole(tmp_path: Path, l
     upload.discard()
     assert written == len(blob) > 0.9 * size
     assert encode_peak > (0.9 if level == STORED else 1.9) * size
+    if level == STORED:  # its blocks are views of the arrays: the join is the only copy
+        assert encode_peak < 1.5 * size
     assert into_peak < 3 * payload_frame._PIECE < 0.4 * size
 
 
