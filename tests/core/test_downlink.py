@@ -113,14 +113,16 @@ def test_a_merged_version_given_up_holds_the_residual_and_nothing_else_changes(q
 def test_an_update_made_a_chunk_at_a_time_is_the_rule_on_whole_arrays_bit_for_bit(
     quantizer: str, with_residual: bool
 ) -> None:
-    """Tensors of several chunks (``quantize.chunk_values``) and ragged ends, with exact zeros (their
-    int2 code depends on their position in the tensor), a NaN and an infinity, against the rule
-    written out one whole array per step."""
-    step = codec.q.chunk_values(64)
+    """Tensors of several of the quantizer's chunks (a megabyte of float32 at a time) and ragged ends,
+    with exact zeros (their int2 code depends on their position in the tensor), a NaN and an
+    infinity, against the rule written out one whole array per step."""
+    step = 1 << 18
     rng = np.random.default_rng(7)
     sizes = {"a": (3, step - 5), "b": (2 * step + 13,), "c": (1,), "d": (0,), "e": (step,)}
     previous = {n: rng.standard_normal(s).astype(np.float32) for n, s in sizes.items()}
-    merged = {n: v + np.float32(0.01) * rng.standard_normal(v.shape).astype(np.float32) for n, v in previous.items()}
+    merged = {
+        n: v + np.float32(0.01) * rng.standard_normal(v.shape).astype(np.float32) for n, v in previous.items()
+    }
     merged["a"][1, 100:300] = previous["a"][1, 100:300]  # a difference of exact zeros across blocks
     merged["b"][step + 3] = np.nan
     merged["b"][5] = np.inf
@@ -129,7 +131,9 @@ def test_an_update_made_a_chunk_at_a_time_is_the_rule_on_whole_arrays_bit_for_bi
         if with_residual
         else None
     )
-    out = downlink.publish(previous, merged, residual, fragment=0, version=3, quantizer=quantizer, block_size=64)
+    out = downlink.publish(
+        previous, merged, residual, fragment=0, version=3, quantizer=quantizer, block_size=64
+    )
     u = {n: (merged[n] - previous[n]) + (0 if residual is None else residual[n]) for n in previous}
     with np.errstate(invalid="ignore"):
         blob = codec.encode(u, fragment=0, base_version=3, kind="update", quantizer=quantizer, block_size=64)
@@ -139,7 +143,9 @@ def test_an_update_made_a_chunk_at_a_time_is_the_rule_on_whole_arrays_bit_for_bi
             np.testing.assert_array_equal(
                 out.params[n].view(np.uint32), (previous[n] + decoded[n]).view(np.uint32)
             )
-            np.testing.assert_array_equal(out.residual[n].view(np.uint32), (u[n] - decoded[n]).view(np.uint32))
+            np.testing.assert_array_equal(
+                out.residual[n].view(np.uint32), (u[n] - decoded[n]).view(np.uint32)
+            )
 
 
 def test_an_update_of_tensors_that_do_not_match_is_refused() -> None:
@@ -148,7 +154,12 @@ def test_an_update_of_tensors_that_do_not_match_is_refused() -> None:
         downlink.publish(previous, {"w": previous["w"]}, None, fragment=0, version=0, quantizer="int2")
     with pytest.raises(ValueError, match="tensor 'b'"):
         downlink.publish(
-            previous, {**previous, "b": np.zeros(8, np.float32)}, None, fragment=0, version=0, quantizer="int2"
+            previous,
+            {**previous, "b": np.zeros(8, np.float32)},
+            None,
+            fragment=0,
+            version=0,
+            quantizer="int2",
         )
     with pytest.raises(ValueError, match="residual"):
         downlink.publish(previous, previous, {"w": previous["w"]}, fragment=0, version=0, quantizer="int4")
