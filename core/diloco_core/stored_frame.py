@@ -51,8 +51,8 @@ class StoredFrame:
     """The frame of ``size`` bytes of content given piece by piece to :meth:`compress` (each call
     returns the frame's bytes for its piece, the frame's header before the first); :meth:`flush`
     returns the checksum, and nothing with ``BLOCK_END`` (each piece's blocks are whole).
-    ``ValueError`` when the pieces do not add up to ``size``, and for a piece
-    or a flush after the flush."""
+    ``ValueError`` when the pieces do not add up to ``size``, for a piece or a flush after the
+    flush, and for a piece or a flush before the blocks of the last :meth:`pieces` are all read."""
 
     def __init__(self, size: int) -> None:
         if size < 0:
@@ -62,6 +62,7 @@ class StoredFrame:
         self._head: bytes | None = _HEAD.pack(_MAGIC, _DESCRIPTOR, _WINDOW, size)
         self._ended = False  # the last block written
         self._flushed = False
+        self._reading = False  # the blocks of a call to pieces are not all read yet
 
     def compress(self, data: Bytes) -> bytes:
         return b"".join(self.pieces(data))
@@ -69,11 +70,13 @@ class StoredFrame:
     def pieces(self, data: Bytes) -> Iterator[Bytes]:
         """:meth:`compress`'s bytes as they are made, without joining them: the frame's header before
         the first, then each block's three-byte head and the block itself, a view of ``data`` (which
-        must not change until it is read). Checked before the first piece."""
+        must not change until it is read). Checked before the first piece; the pieces must all be read
+        before the frame takes another piece or its flush (the blocks are counted as they are read)."""
         self._check_open()
         view = memoryview(data).cast("B")
         if len(view) > self._left:
             raise ValueError(f"{len(view)} bytes given where {self._left} were left of the frame's content")
+        self._reading = True
         return self._blocks(view)
 
     def _blocks(self, view: memoryview) -> Iterator[Bytes]:
@@ -87,6 +90,7 @@ class StoredFrame:
             self._hash.update(block)
             yield _BLOCK_HEAD.pack(len(block) << 3 | self._ended)[:3]
             yield block
+        self._reading = False
 
     def flush(self, flush_mode: int = zstandard.COMPRESSOBJ_FLUSH_FINISH) -> bytes:
         self._check_open()
@@ -101,6 +105,8 @@ class StoredFrame:
     def _check_open(self) -> None:
         if self._flushed:
             raise ValueError("the frame is flushed: it takes nothing more")
+        if self._reading:
+            raise ValueError("the pieces of the frame's last content are not all read")
 
     def _take_head(self) -> bytes:
         head, self._head = self._head or b"", None

@@ -109,6 +109,19 @@ def test_pieces_are_the_compressed_bytes_unjoined_with_each_block_a_view_of_the_
         StoredFrame(size).pieces(bytes(size + 1))
 
 
+def test_a_frame_takes_no_more_content_until_the_last_pieces_are_read() -> None:
+    """Two calls to ``pieces`` before the first's blocks are read would each pass the size check
+    with the same room left: the second call, and a flush, are refused until the first is read."""
+    frame = StoredFrame(3 * BLOCK)
+    first = frame.pieces(bytes(2 * BLOCK))
+    with pytest.raises(ValueError, match="not all read"):
+        frame.pieces(bytes(2 * BLOCK))
+    with pytest.raises(ValueError, match="not all read"):
+        frame.flush()
+    written = b"".join(first) + frame.compress(content_of(BLOCK)) + frame.flush()
+    assert zstandard.ZstdDecompressor().decompress(written) == bytes(2 * BLOCK) + content_of(BLOCK)
+
+
 def test_a_compression_level_gives_zstd_s_own_compressor() -> None:
     stream = stored_frame.compressor(1, 1000)
     frame = stream.compress(b"a" * 1000) + stream.flush()
