@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from diloco_core import codec, feedback
 from diloco_core.fragments import Fragment
+from diloco_core.tensor_match import check_same_tensors
 
 F32 = npt.NDArray[np.float32]
 Arrays = Mapping[str, npt.NDArray[np.floating]]
@@ -58,13 +59,7 @@ def publish(
     operations as :func:`add` and ``feedback.encode``, with two arrays per tensor instead of five.
     ``owned``: ``merged``'s float32 arrays are the caller's to give up, and the first of the two is
     theirs (the result of an outer step, which the new version replaces), so only one is made."""
-    if set(merged) != set(previous):
-        raise ValueError(f"merged and previous name different tensors: {sorted(set(merged) ^ set(previous))}")
-    for name in previous:
-        if np.shape(merged[name]) != np.shape(previous[name]):
-            raise ValueError(
-                f"tensor {name!r}: merged {np.shape(merged[name])} vs previous {np.shape(previous[name])}"
-            )
+    check_same_tensors(merged, previous, ("merged", "previous"))
     diff = {n: _difference(merged[n], previous[n], owned) for n in previous}
     enc = feedback.encode(
         diff,

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from diloco_core import codec
+from diloco_core.tensor_match import check_same_tensors
 
 F32 = npt.NDArray[np.float32]
 Arrays = Mapping[str, npt.NDArray[np.floating]]
@@ -46,8 +47,8 @@ class Encoded:
 def compensate(delta: Arrays, residual: Arrays | None, *, in_place: bool = False) -> dict[str, F32]:
     """``delta + residual`` per tensor (``delta`` alone without a residual). ``in_place``: ``delta``'s
     float32 arrays are the caller's to give up, and the sum is written into them instead of a copy."""
-    if residual is not None and set(residual) != set(delta):
-        raise ValueError(f"residual and delta name different tensors: {sorted(set(residual) ^ set(delta))}")
+    if residual is not None:
+        check_same_tensors(residual, delta, ("residual", "delta"))
     out = {}
     for name, d in delta.items():
         d32 = np.asarray(d, np.float32)
@@ -55,8 +56,6 @@ def compensate(delta: Arrays, residual: Arrays | None, *, in_place: bool = False
             out[name] = d32 if in_place else d32.copy()
             continue
         r = np.asarray(residual[name], np.float32)
-        if r.shape != d32.shape:
-            raise ValueError(f"tensor {name!r}: residual {r.shape} vs delta {d32.shape}")
         out[name] = np.add(d32, r, out=d32) if in_place else d32 + r
     return out
 

@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from diloco_core.config import SCHEDULES, Schedule
 from diloco_core.fragments import FragmentPlan
+from diloco_core.tensor_match import check_same_tensors
 
 F32 = npt.NDArray[np.float32]
 
@@ -24,14 +25,10 @@ def outer_gradient(
     anchor: Mapping[str, npt.NDArray[np.floating]], params: Mapping[str, npt.NDArray[np.floating]]
 ) -> dict[str, F32]:
     """``anchor - params`` per tensor (the sign the outer optimizer expects)."""
-    if set(anchor) != set(params):
-        raise ValueError(f"anchor and params name different tensors: {sorted(set(anchor) ^ set(params))}")
+    check_same_tensors(anchor, params, ("anchor", "params"))
     out = {}
     for name in anchor:
-        a, p = np.asarray(anchor[name], np.float32), np.asarray(params[name], np.float32)
-        if a.shape != p.shape:
-            raise ValueError(f"tensor {name!r}: anchor {a.shape} vs params {p.shape}")
-        out[name] = a - p
+        out[name] = np.asarray(anchor[name], np.float32) - np.asarray(params[name], np.float32)
     return out
 
 
@@ -43,15 +40,10 @@ def apply_global(
     """``alpha * params + (1 - alpha) * global``; alpha = 0 overwrites the local values (the default)."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    if set(params) != set(global_params):
-        raise ValueError(
-            f"params and global name different tensors: {sorted(set(params) ^ set(global_params))}"
-        )
+    check_same_tensors(params, global_params, ("params", "global"))
     out = {}
     for name, g in global_params.items():
         g32 = np.asarray(g, np.float32)
-        if g32.shape != np.shape(params[name]):
-            raise ValueError(f"tensor {name!r}: params {np.shape(params[name])} vs global {g32.shape}")
         out[name] = (
             g32.copy()
             if alpha == 0.0

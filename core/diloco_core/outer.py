@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from diloco_core.tensor_match import check_same_tensors
+
 F32 = npt.NDArray[np.float32]
 _STEP_KEY = "__step__"
 _MOMENTUM = "momentum/"
@@ -125,13 +127,7 @@ class OuterOptimizer:
         Nesterov takes one step). ``state`` is left as it was."""
         if count < 1:
             raise ValueError(f"count must be at least 1, not {count}")
-        if set(params) != set(delta):
-            raise ValueError(f"params and delta name different tensors: {sorted(set(params) ^ set(delta))}")
-        for name in params:
-            if np.shape(params[name]) != np.shape(delta[name]):
-                raise ValueError(
-                    f"tensor {name!r}: params {np.shape(params[name])} vs delta {np.shape(delta[name])}"
-                )
+        check_same_tensors(params, delta, ("params", "delta"))
         if self.delayed_every:
             return self._delayed(state, params, delta, count)
         momentum = dict(state.momentum)
