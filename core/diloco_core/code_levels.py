@@ -19,6 +19,8 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 
+from diloco_core import code_kernels, compiled
+
 F32 = npt.NDArray[np.float32]
 U8 = npt.NDArray[np.uint8]
 
@@ -65,13 +67,20 @@ def byte_table(quantizer: str) -> npt.NDArray[np.void]:
     return table.view(np.dtype((np.void, 4 * per))).reshape(256)
 
 
+@cache
+def level_table(quantizer: str) -> F32:
+    """The level of each of the ``2**bits`` codes for a block scale of 1 (``levels`` of every code)."""
+    return levels(quantizer, np.arange(1 << BITS[quantizer], dtype=np.uint8))
+
+
 def decode(values: bytes | memoryview, scales: F32, quantizer: str, n: int, block_size: int) -> F32:
     """The ``n`` float32 values of ``quantizer``'s codes ``values`` in blocks of ``block_size`` with
     ``scales`` (one per block, the last block possibly partial); the byte lengths must already have
     been checked."""
     out = np.empty(n, dtype=np.float32)
-    for _ in _decoded(values, scales, quantizer, n, block_size, out):
-        pass
+    if not _compiled(code_kernels.WRITE, out, _ONE, values, scales, quantizer, block_size):
+        for _ in _decoded(values, scales, quantizer, n, block_size, out):
+            pass
     return out
 
 
@@ -89,11 +98,44 @@ def add_decoded(
     a scratch that stays in the cache, so no array the size of the tensor is made (``acc``: ``n``
     contiguous float32 values)."""
     scaled = factor != 1  # a product with 1 is the value itself, bit for bit
+    mode = code_kernels.ADD_SCALED if scaled else code_kernels.ADD
+    if acc.ndim == 1 and _compiled(mode, acc[:n], np.float32(factor), values, scales, quantizer, block_size):
+        return
     for start, chunk in _decoded(values, scales, quantizer, n, block_size, None):
         if scaled:
             np.multiply(chunk, factor, out=chunk)
         part = acc[start : start + chunk.size]
         np.add(part, chunk, out=part)
+
+
+_ONE = np.float32(1)
+
+
+def _compiled(
+    mode: int,
+    out: F32,
+    factor: np.float32,
+    values: bytes | memoryview,
+    scales: F32,
+    quantizer: str,
+    block_size: int,
+) -> bool:
+    """``out`` decoded into by ``mode`` in the compiled loop (``code_kernels``), when it is ready for
+    these arrays; False when it is not (the caller runs the numpy code)."""
+    if not out.flags.c_contiguous or out.dtype != np.float32:
+        return False
+    bits = BITS[quantizer]
+    kernel = compiled.loop(("codes", quantizer, mode), code_kernels.decoder(quantizer, mode), out.size)
+    if kernel is None:
+        return False
+    packed = code_kernels.read_only(np.frombuffer(values, dtype=np.uint8))
+    f = np.require(factors(quantizer, scales), np.float32, ["C", "W"])
+    if packed.size * 8 < out.size * bits or f.size * block_size < out.size:  # the loop checks no bounds
+        raise ValueError(
+            f"{out.size} values need more codes or scales than the {packed.size} and {f.size} given"
+        )
+    kernel(out, factor, packed, f, level_table(quantizer), block_size)
+    return True
 
 
 def _decoded(

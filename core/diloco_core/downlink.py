@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from diloco_core import codec, feedback
+from diloco_core import codec, compiled, feedback, update_kernel
 from diloco_core.fragments import Fragment
 from diloco_core.tensor_match import check_same_tensors
 
@@ -60,6 +60,10 @@ def publish(
     ``owned``: ``merged``'s float32 arrays are the caller's to give up, and the first of the two is
     theirs (the result of an outer step, which the new version replaces), so only one is made."""
     check_same_tensors(merged, previous, ("merged", "previous"))
+    if quantizer == "int2":
+        compiled_update = _int2_compiled(previous, merged, residual, fragment, version, block_size, owned)
+        if compiled_update is not None:
+            return compiled_update
     diff = {n: _difference(merged[n], previous[n], owned) for n in previous}
     enc = feedback.encode(
         diff,
@@ -72,6 +76,59 @@ def publish(
         owned=True,
     )
     return Published(version + 1, enc.blob, add(previous, enc.decoded, in_place=True), enc.residual)
+
+
+def _int2_compiled(
+    previous: Arrays,
+    merged: Arrays,
+    residual: Arrays | None,
+    fragment: int,
+    version: int,
+    block_size: int,
+    owned: bool,
+) -> Published | None:
+    """:func:`publish` in int2 by the compiled loop (``update_kernel``), the same bytes and values;
+    None while the loop is not ready (it is asked for by an update of ``WORTH_COMPILING`` values)."""
+    values = sum(int(np.size(previous[n])) for n in previous)
+    loop = compiled.loop("int2-update", update_kernel.INT2_UPDATE, values)
+    if loop is None:
+        return None
+    if residual is not None:
+        check_same_tensors(residual, previous, ("residual", "delta"))
+    codec.q.check_block_size(block_size)
+    nan = np.uint32(codec.q.CANONICAL_NAN_BITS).view(np.float32)
+    parts: dict[str, codec.QuantizedTensor] = {}
+    params: dict[str, F32] = {}
+    rest: dict[str, F32] = {}
+    for name in sorted(previous):
+        prev = np.ascontiguousarray(previous[name], np.float32)
+        given = merged[name]
+        new_m = np.ascontiguousarray(given, np.float32)
+        r = np.ascontiguousarray(residual[name], np.float32) if residual is not None else prev
+        out_params = np.empty(prev.shape, np.float32)
+        # the merged values are read a block ahead of the residual written in their place
+        out_rest = new_m if owned and new_m is given else np.empty(prev.shape, np.float32)
+        codes = np.zeros(-(-prev.size // 4), np.uint8)
+        scales = np.empty(-(-prev.size // block_size), np.float32)
+        flat = [compiled.read_only(a.reshape(-1)) for a in (prev, new_m, r)]
+        loop(
+            out_params.reshape(-1),
+            out_rest.reshape(-1),
+            codes,
+            scales,
+            *flat,
+            residual is not None,
+            block_size,
+            nan,
+        )
+        parts[name] = codec.QuantizedTensor(
+            prev.shape, codes.tobytes(), scales.astype("<f4").tobytes(), "float32"
+        )
+        params[name], rest[name] = out_params, out_rest
+    blob = codec.encode_quantized(
+        parts, fragment=fragment, base_version=version, kind="update", quantizer="int2", block_size=block_size
+    )
+    return Published(version + 1, blob, params, rest)
 
 
 def _difference(merged: npt.NDArray[np.floating], previous: npt.NDArray[np.floating], owned: bool) -> F32:

@@ -20,12 +20,14 @@ so a step whose result is thrown away leaves nothing behind.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from diloco_core import compiled
 from diloco_core.tensor_match import check_same_tensors
 
 F32 = npt.NDArray[np.float32]
@@ -149,6 +151,11 @@ class OuterOptimizer:
         new_p, new_u = np.empty(p.shape, np.float32), np.empty(p.shape, np.float32)
         flat_p, flat_d, out_p, out_u = p.reshape(-1), d.reshape(-1), new_p.reshape(-1), new_u.reshape(-1)
         flat_u = None if u is None else u.reshape(-1)
+        loop = compiled.loop("nesterov", NESTEROV_LOOP, p.size) if self.nesterov else None
+        if loop is not None and flat_u is not None and all(a.flags.c_contiguous for a in (p, d, flat_u)):
+            ro = compiled.read_only
+            loop(out_p, out_u, ro(flat_u), ro(flat_p), ro(flat_d), mu, lr)
+            return new_p, _frozen(new_u)
         scratch = np.empty(min(_STEP_CHUNK, flat_p.size), np.float32)
         for start in range(0, flat_p.size, _STEP_CHUNK):
             span = slice(start, start + _STEP_CHUNK)
@@ -225,3 +232,30 @@ def delayed_segments(steps: int, count: int, every: int) -> list[tuple[int, bool
         out.append((take, take == to_boundary))
         t, left = t + take, left - take
     return out
+
+
+def _nesterov_loop(njit: Callable[..., Any]) -> Any:
+    """:meth:`OuterOptimizer._nesterov`'s float32 operations, in the same order, in one pass."""
+
+    @njit(boundscheck=False)
+    def step(new_p: Any, new_u: Any, u: Any, p: Any, d: Any, mu: Any, lr: Any) -> None:
+        for i in range(p.size):
+            j = np.uint64(i)
+            momentum = u[j] * mu + d[j]
+            new_u[j] = momentum
+            new_p[j] = p[j] - (d[j] + momentum * mu) * lr
+
+    return step
+
+
+def _nesterov_sample() -> tuple[Any, ...]:
+    out = (np.zeros(4, np.float32), np.zeros(4, np.float32))
+    return (
+        *out,
+        *(compiled.read_only(np.zeros(4, np.float32)) for _ in range(3)),
+        np.float32(0.9),
+        np.float32(0.7),
+    )
+
+
+NESTEROV_LOOP = compiled.Loop(build=_nesterov_loop, sample=_nesterov_sample)

@@ -164,7 +164,7 @@ def _quantize_blocked(x: F32, quantizer: str, block_size: int) -> tuple[bytes, b
         raise ValueError(f"unknown quantizer {quantizer!r}")
     if quantizer == "topk":
         return _quantize_topk(x, block_size)
-    _check_block_size(block_size)
+    check_block_size(block_size)
     step = max(1, _CHUNK_VALUES // (8 * block_size)) * 8 * block_size
     if x.size <= step:
         return _quantize_chunk(x, quantizer, block_size)
@@ -349,13 +349,13 @@ def _to_bf16(x: F32) -> npt.NDArray[np.uint16]:
     return out
 
 
-def _check_block_size(block_size: int) -> None:
+def check_block_size(block_size: int) -> None:
     if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
         raise ValueError(f"block_size must be in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}], got {block_size}")
 
 
 def _block_scales(x: F32, block_size: int) -> tuple[F32, F32]:
-    _check_block_size(block_size)
+    check_block_size(block_size)
     nblocks = -(-x.size // block_size)
     if x.size == nblocks * block_size:  # whole blocks: read in place, through a view that refuses writes
         blocks = x.reshape(nblocks, block_size)

@@ -3,10 +3,26 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 import pytest
-from diloco_core import code_levels
+from diloco_core import code_kernels, code_levels, compiled
 from diloco_core import quantize as q
 
 F32 = npt.NDArray[np.float32]
+
+
+@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs on the numpy code and on the compiled loops (``code_kernels``), which
+    must give the same bits."""
+    if request.param == "numpy":
+        monkeypatch.setattr(compiled, "_ready", {})
+        monkeypatch.setattr(compiled, "ENABLED", False)
+    else:
+        pytest.importorskip("numba")
+        monkeypatch.setattr(compiled, "ENABLED", True)
+        for quantizer in code_levels.BITS:
+            for mode in (code_kernels.WRITE, code_kernels.ADD, code_kernels.ADD_SCALED):
+                assert compiled.compile_now(("codes", quantizer, mode), code_kernels.decoder(quantizer, mode))
+    return str(request.param)
 
 
 def _codes(values: bytes | memoryview, n: int, bits: int) -> npt.NDArray[np.uint8]:
@@ -112,3 +128,12 @@ def test_only_the_blocked_formats_are_added_a_chunk_at_a_time(quantizer: str) ->
     assert not q.decodes_in_chunks(quantizer)
     with pytest.raises(ValueError, match="not decoded a chunk at a time"):
         q.add_dequantized(np.zeros(4, np.float32), np.float32(1), b"", b"", quantizer, 4, 4)
+
+
+def test_a_sum_that_is_not_contiguous_is_added_into_by_the_numpy_code() -> None:
+    n, block = 1000, 100
+    values, scales = q.quantize(np.ones(n, dtype=np.float32), "int4", block)
+    s = np.frombuffer(scales, dtype="<f4")
+    strided = np.zeros(2 * n, np.float32)[::2]
+    code_levels.add_decoded(strided, np.float32(2), values, s, "int4", n, block)
+    np.testing.assert_array_equal(strided, np.full(n, 2, np.float32))

@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from diloco_core import codec, downlink
+from diloco_core import codec, compiled, downlink, update_kernel
 from diloco_core.fragments import build_plan
 
 PLAN = build_plan([("w", (16, 24)), ("b", (7,))], num_fragments=1, inner_steps=4, overlap=0)
+
+
+@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test here runs on the numpy code and on the compiled int2 update, which must give the
+    same bytes and bits."""
+    if request.param == "numpy":
+        monkeypatch.setattr(compiled, "_ready", {})
+        monkeypatch.setattr(compiled, "ENABLED", False)
+    else:
+        pytest.importorskip("numba")
+        monkeypatch.setattr(compiled, "ENABLED", True)
+        assert compiled.compile_now("int2-update", update_kernel.INT2_UPDATE)
 
 
 def _params(seed: int) -> dict[str, np.ndarray]:
@@ -110,8 +123,9 @@ def test_a_merged_version_given_up_holds_the_residual_and_nothing_else_changes(q
 
 @pytest.mark.parametrize("quantizer", ["int8", "int4", "e3m0", "int2", "int1"])
 @pytest.mark.parametrize("with_residual", [True, False])
+@pytest.mark.parametrize("block", [64, 9])
 def test_an_update_made_a_chunk_at_a_time_is_the_rule_on_whole_arrays_bit_for_bit(
-    quantizer: str, with_residual: bool
+    quantizer: str, with_residual: bool, block: int
 ) -> None:
     """Tensors of several of the quantizer's chunks (a megabyte of float32 at a time) and ragged ends,
     with exact zeros (their int2 code depends on their position in the tensor), a NaN and an
@@ -124,6 +138,7 @@ def test_an_update_made_a_chunk_at_a_time_is_the_rule_on_whole_arrays_bit_for_bi
         n: v + np.float32(0.01) * rng.standard_normal(v.shape).astype(np.float32) for n, v in previous.items()
     }
     merged["a"][1, 100:300] = previous["a"][1, 100:300]  # a difference of exact zeros across blocks
+    merged["e"][: 4 * block] = previous["e"][: 4 * block]  # blocks of zeros (with a residual, not)
     merged["b"][step + 3] = np.nan
     merged["b"][5] = np.inf
     residual = (
@@ -132,11 +147,13 @@ def test_an_update_made_a_chunk_at_a_time_is_the_rule_on_whole_arrays_bit_for_bi
         else None
     )
     out = downlink.publish(
-        previous, merged, residual, fragment=0, version=3, quantizer=quantizer, block_size=64
+        previous, merged, residual, fragment=0, version=3, quantizer=quantizer, block_size=block
     )
     u = {n: (merged[n] - previous[n]) + (0 if residual is None else residual[n]) for n in previous}
     with np.errstate(invalid="ignore"):
-        blob = codec.encode(u, fragment=0, base_version=3, kind="update", quantizer=quantizer, block_size=64)
+        blob = codec.encode(
+            u, fragment=0, base_version=3, kind="update", quantizer=quantizer, block_size=block
+        )
         decoded = codec.decode(blob).tensors
         assert out.blob == blob
         for n in previous:
