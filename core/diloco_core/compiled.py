@@ -20,6 +20,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -100,6 +101,7 @@ def _compile(key: Hashable, spec: Loop) -> Any | None:
     njit = _njit()
     if njit is None:
         return None
+    started = time.perf_counter()
     try:
         compiled = spec.build(njit)
         compiled(*spec.sample())  # compiles it for the callers' types
@@ -108,6 +110,7 @@ def _compile(key: Hashable, spec: Loop) -> Any | None:
         log.exception("compiling the loop %r failed; its numpy code is used", key)
         return None
     _ready[key] = compiled
+    log.info("compiled loop %r in %.2f s; it is used from now on", key, time.perf_counter() - started)
     return compiled
 
 
