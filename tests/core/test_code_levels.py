@@ -3,26 +3,20 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 import pytest
-from diloco_core import code_kernels, code_levels, compiled
+from diloco_core import code_kernels, code_levels
 from diloco_core import quantize as q
+
+from tests.core.loops import PATHS, take_path
 
 F32 = npt.NDArray[np.float32]
 
 
-@pytest.fixture(autouse=True, params=["numpy", "compiled"])
-def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here runs on the numpy code and on the compiled loops (``code_kernels``), which
-    must give the same bits."""
-    if request.param == "numpy":
-        monkeypatch.setattr(compiled, "_ready", {})
-        monkeypatch.setattr(compiled, "ENABLED", False)
-    else:
-        pytest.importorskip("numba")
-        monkeypatch.setattr(compiled, "ENABLED", True)
-        for quantizer in code_levels.BITS:
-            for mode in (code_kernels.WRITE, code_kernels.ADD, code_kernels.ADD_SCALED):
-                assert compiled.compile_now(("codes", quantizer, mode), code_kernels.decoder(quantizer, mode))
-    return str(request.param)
+@pytest.fixture(autouse=True, params=PATHS)
+def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test here runs on the numpy code and on the compiled loops, which must give the same bits."""
+    modes = (code_kernels.WRITE, code_kernels.ADD, code_kernels.ADD_SCALED)
+    every = [(("codes", q, m), code_kernels.decoder(q, m)) for q in code_levels.BITS for m in modes]
+    take_path(request, monkeypatch, *every)
 
 
 def _codes(values: bytes | memoryview, n: int, bits: int) -> npt.NDArray[np.uint8]:

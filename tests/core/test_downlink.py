@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from diloco_core import codec, compiled, downlink, update_kernel
+from diloco_core import codec, downlink, update_kernel
 from diloco_core.fragments import build_plan
+
+from tests.core.loops import PATHS, take_path
 
 PLAN = build_plan([("w", (16, 24)), ("b", (7,))], num_fragments=1, inner_steps=4, overlap=0)
 
 
-@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+@pytest.fixture(autouse=True, params=PATHS)
 def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test here runs on the numpy code and on the compiled int2 update, which must give the
     same bytes and bits."""
-    if request.param == "numpy":
-        monkeypatch.setattr(compiled, "_ready", {})
-        monkeypatch.setattr(compiled, "ENABLED", False)
-    else:
-        pytest.importorskip("numba")
-        monkeypatch.setattr(compiled, "ENABLED", True)
-        assert compiled.compile_now("int2-update", update_kernel.INT2_UPDATE)
+    take_path(request, monkeypatch, ("int2-update", update_kernel.INT2_UPDATE))
 
 
 def _params(seed: int) -> dict[str, np.ndarray]:

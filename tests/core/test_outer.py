@@ -6,23 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from diloco_core import codec, compiled
+from diloco_core import codec
 from diloco_core.outer import NESTEROV_LOOP, OuterOptimizer, OuterState, delayed_segments
+
+from tests.core.loops import PATHS, take_path
 
 Arrays = dict[str, np.ndarray]
 
 
-@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+@pytest.fixture(autouse=True, params=PATHS)
 def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test here runs on the numpy code and on the compiled Nesterov loop, which must give the
     same bits."""
-    if request.param == "numpy":
-        monkeypatch.setattr(compiled, "_ready", {})
-        monkeypatch.setattr(compiled, "ENABLED", False)
-    else:
-        pytest.importorskip("numba")
-        monkeypatch.setattr(compiled, "ENABLED", True)
-        assert compiled.compile_now("nesterov", NESTEROV_LOOP)
+    take_path(request, monkeypatch, ("nesterov", NESTEROV_LOOP))
 
 
 def run(
