@@ -26,32 +26,35 @@ WRITE, ADD, ADD_SCALED = 0, 1, 2
 """What a decoding loop does with each value ``v``: ``out = v``, ``out += v``, ``out += v * factor``."""
 
 
-def decoder(quantizer: str, mode: int) -> Loop:
-    """The loop ``(out, factor, packed, factors, levels, block_size)`` for ``quantizer``'s codes:
+def decoder(quantizer: str, bits: int, mode: int) -> Loop:
+    """The loop ``(out, factor, packed, factors, levels, block_size)`` for ``quantizer``'s codes of
+    ``bits`` bits:
     value ``i`` is ``level(code_i) * factors[i // block_size]``, put into ``out[i]`` by ``mode``
     (``out``: the tensor's ``n`` float32 values, contiguous; ``factor``: float32; ``packed``: the
     codes as read-only uint8; ``factors``: float32; ``levels``: the float32 level of each code,
     ``code_levels.level_table``, which the loop reads for ``e3m0`` and computes for the others by the
     format's formula in float32, the same values, so that the loop has no lookup to wait on)."""
-    return Loop(build=lambda njit: _decoder(njit, quantizer, mode), sample=lambda: _decoder_sample(quantizer))
+    return Loop(
+        key=("codes", quantizer, mode),
+        build=lambda njit: _decoder(njit, quantizer, bits, mode),
+        sample=lambda: _decoder_sample(bits),
+    )
 
 
-BITS = {"int8": 8, "int4": 4, "e3m0": 4, "int2": 2, "int1": 1}
-
-
-def _decoder_sample(quantizer: str) -> tuple[Any, ...]:
+def _decoder_sample(bits: int) -> tuple[Any, ...]:
     return (
         np.zeros(16, np.float32),
         np.float32(1),
         read_only(np.zeros(16, np.uint8)),
         np.ones(2, np.float32),
-        np.zeros(1 << BITS[quantizer], np.float32),
+        np.zeros(1 << bits, np.float32),
         8,
     )
 
 
-def _level(njit: Callable[..., Any], quantizer: str) -> Any:
-    """``level(code, levels)``: the float32 level of a code, as ``code_levels.levels`` makes it."""
+def level(njit: Callable[..., Any], quantizer: str) -> Any:
+    """``level(code, levels)``, compiled inline: the float32 level of a code, as
+    ``code_levels.levels`` makes it (``levels``, the table, is read for ``e3m0`` only)."""
     two, three, seven, eight = np.float32(2), np.float32(3), np.float32(7), np.float32(8)
     one, minus_one = np.float32(1), np.float32(-1)
 
@@ -74,10 +77,9 @@ def _level(njit: Callable[..., Any], quantizer: str) -> Any:
     return njit(inline="always")(formula)
 
 
-def _decoder(njit: Callable[..., Any], quantizer: str, mode: int) -> Any:
-    bits = BITS[quantizer]
+def _decoder(njit: Callable[..., Any], quantizer: str, bits: int, mode: int) -> Any:
     per, mask = 8 // bits, (1 << bits) - 1
-    level = _level(njit, quantizer)
+    level_of = level(njit, quantizer)
 
     @njit(inline="always")
     def spans(start: int, end: int) -> tuple[int, int, int]:
@@ -99,7 +101,7 @@ def _decoder(njit: Callable[..., Any], quantizer: str, mode: int) -> Any:
     def one_by_one(out: Any, factor: Any, packed: Any, s: Any, levels: Any, start: int, end: int) -> None:
         for i in range(start, end):
             code = (packed[np.uint64(i // per)] >> (i % per * bits)) & mask
-            put(out, np.uint64(i), level(code, levels) * s, factor)
+            put(out, np.uint64(i), level_of(code, levels) * s, factor)
 
     @njit(boundscheck=False)
     def kernel(out: Any, factor: Any, packed: Any, f: Any, levels: Any, block_size: int) -> None:
@@ -114,7 +116,7 @@ def _decoder(njit: Callable[..., Any], quantizer: str, mode: int) -> Any:
             for j in range(whole):
                 byte = p[j]
                 for k in range(per):
-                    put(o, j * per + k, level((byte >> (k * bits)) & mask, levels) * s, factor)
+                    put(o, j * per + k, level_of((byte >> (k * bits)) & mask, levels) * s, factor)
             one_by_one(out, factor, packed, s, levels, start + head + whole * per, end)
 
     return kernel

@@ -125,10 +125,10 @@ def _compiled(
     if not out.flags.c_contiguous or out.dtype != np.float32:
         return False
     bits = BITS[quantizer]
-    kernel = compiled.loop(("codes", quantizer, mode), code_kernels.decoder(quantizer, mode), out.size)
+    kernel = compiled.loop(code_kernels.decoder(quantizer, bits, mode), out.size)
     if kernel is None:
         return False
-    packed = code_kernels.read_only(np.frombuffer(values, dtype=np.uint8))
+    packed = compiled.read_only(np.frombuffer(values, dtype=np.uint8))
     f = np.require(factors(quantizer, scales), np.float32, ["C", "W"])
     if packed.size * 8 < out.size * bits or f.size * block_size < out.size:  # the loop checks no bounds
         raise ValueError(

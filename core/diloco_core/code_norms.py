@@ -23,8 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from diloco_core import quantize as q
-
-_BITS = {"int8": 8, "int4": 4, "e3m0": 4, "int2": 2, "int1": 1}
+from diloco_core.code_levels import BITS as _BITS
 
 
 def _int8_squares(c: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

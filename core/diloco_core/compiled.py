@@ -2,8 +2,8 @@
 places where numpy makes several passes over an array the size of a model's fragment: compiled in
 the background, and never on the way of a request.
 
-A loop is asked for by its key with its :class:`Loop` (how to build it, and arguments of the exact
-types its callers pass). The first call over at least ``WORTH_COMPILING`` values that asks for it
+A loop is asked for by its :class:`Loop` (its key, how to build it, and arguments of the exact types
+its callers pass). The first call over at least ``WORTH_COMPILING`` values that asks for it
 has it compiled by one background thread (which imports numba first, once per process: about 0.2 s
 and 125 MB of resident memory) for that one signature, and runs its numpy code meanwhile, as every
 call does until the loop is ready. A compiled loop then takes no other signature
@@ -36,9 +36,11 @@ ENABLED = os.environ.get("DILOCO_COMPILED_LOOPS", "on").strip().lower() not in (
 
 @dataclass(frozen=True)
 class Loop:
-    """How to make a loop: ``build(njit)`` returns the numba function (``njit``: numba's, without
-    the GIL), and ``sample()`` arguments of the types every call gives it."""
+    """A loop: ``key`` names it (one compiled loop per key in a process), ``build(njit)`` returns the
+    numba function (``njit``: numba's, without the GIL), and ``sample()`` gives arguments of the types
+    every call gives it."""
 
+    key: Hashable
     build: Callable[[Callable[..., Any]], Any]
     sample: Callable[[], tuple[Any, ...]]
 
@@ -56,45 +58,45 @@ def read_only(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
 _ready: dict[Hashable, Any] = {}
 _asked: set[Hashable] = set()
 _lock = threading.Lock()
-_work: queue.SimpleQueue[tuple[Hashable, Loop]] = queue.SimpleQueue()
+_work: queue.SimpleQueue[Loop] = queue.SimpleQueue()
 _thread: list[threading.Thread] = []  # the compiling thread, once started
 _njits: list[Callable[..., Any] | None] = []  # numba's njit once loaded (None: numba is not installed)
 
 
-def loop(key: Hashable, spec: Loop, values: int) -> Any | None:
-    """The compiled loop of ``key`` when it is ready, else None (the caller runs its numpy code); a
+def loop(spec: Loop, values: int) -> Any | None:
+    """The compiled loop of ``spec`` when it is ready, else None (the caller runs its numpy code); a
     call over ``values >= WORTH_COMPILING`` values has it compiled in the background first."""
-    found = _ready.get(key)
+    found = _ready.get(spec.key)
     if found is not None or not ENABLED or values < WORTH_COMPILING:
         return found
     with _lock:
-        if key in _asked:
+        if spec.key in _asked:
             return None
-        _asked.add(key)
-        _work.put((key, spec))
+        _asked.add(spec.key)
+        _work.put(spec)
         if not _thread:
             _thread.append(threading.Thread(target=_compile_asked, name="compile-loops", daemon=True))
             _thread[0].start()
     return None
 
 
-def compile_now(key: Hashable, spec: Loop) -> Any | None:
-    """The loop of ``key`` compiled in this thread and ready for :func:`loop` (None without numba or
-    with the loops turned off): for a process that wants it before its first large call, and tests."""
+def compile_now(spec: Loop) -> Any | None:
+    """``spec``'s loop compiled in this thread and ready for :func:`loop` (None without numba or with
+    the loops turned off): for a process that wants it before its first large call, and tests."""
     if not ENABLED:
         return None
     with _lock:
-        _asked.add(key)
-    return _compile(key, spec)
+        _asked.add(spec.key)
+    return _compile(spec)
 
 
 def _compile_asked() -> None:
     while True:
-        key, spec = _work.get()
-        _compile(key, spec)
+        _compile(_work.get())
 
 
-def _compile(key: Hashable, spec: Loop) -> Any | None:
+def _compile(spec: Loop) -> Any | None:
+    key = spec.key
     found = _ready.get(key)
     if found is not None:
         return found

@@ -90,7 +90,7 @@ def _int2_compiled(
     """:func:`publish` in int2 by the compiled loop (``update_kernel``), the same bytes and values;
     None while the loop is not ready (it is asked for by an update of ``WORTH_COMPILING`` values)."""
     values = sum(int(np.size(previous[n])) for n in previous)
-    loop = compiled.loop("int2-update", update_kernel.INT2_UPDATE, values)
+    loop = compiled.loop(update_kernel.INT2_UPDATE, values)
     if loop is None:
         return None
     if residual is not None:

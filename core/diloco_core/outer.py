@@ -151,7 +151,7 @@ class OuterOptimizer:
         new_p, new_u = np.empty(p.shape, np.float32), np.empty(p.shape, np.float32)
         flat_p, flat_d, out_p, out_u = p.reshape(-1), d.reshape(-1), new_p.reshape(-1), new_u.reshape(-1)
         flat_u = None if u is None else u.reshape(-1)
-        loop = compiled.loop("nesterov", NESTEROV_LOOP, p.size) if self.nesterov else None
+        loop = compiled.loop(NESTEROV_LOOP, p.size) if self.nesterov else None
         if loop is not None and flat_u is not None and all(a.flags.c_contiguous for a in (p, d, flat_u)):
             ro = compiled.read_only
             loop(out_p, out_u, ro(flat_u), ro(flat_p), ro(flat_d), mu, lr)
@@ -258,4 +258,4 @@ def _nesterov_sample() -> tuple[Any, ...]:
     )
 
 
-NESTEROV_LOOP = compiled.Loop(build=_nesterov_loop, sample=_nesterov_sample)
+NESTEROV_LOOP = compiled.Loop(key="nesterov", build=_nesterov_loop, sample=_nesterov_sample)

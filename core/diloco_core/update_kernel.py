@@ -19,11 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from diloco_core.code_kernels import level
 from diloco_core.compiled import Loop, read_only
 
 
 def _int2_update(njit: Callable[..., Any]) -> Any:
-    half, one, two, three = np.float32(1.5), np.float32(1), np.float32(2), np.float32(3)
+    half, one = np.float32(1.5), np.float32(1)
+    level_of = level(njit, "int2")
 
     @njit(boundscheck=False)
     def update(
@@ -76,12 +78,12 @@ def _int2_update(njit: Callable[..., Any]) -> Any:
                         + np.uint8((y == 0) & (((i + parity) % 2 == 1) | zeros_up))
                     )
                     code[i] = k
-                    d = ((np.float32(k) * two - three) / three) * s
+                    d = level_of(k, None) * s
                     rest[start + i] = c[i] - d
                     params[start + i] = p[i] + d
             else:
                 s = nan
-                d = ((two * two - three) / three) * s  # code 2's value at the NaN scale
+                d = level_of(2, None) * s  # code 2's value at the NaN scale
                 for i in range(m):
                     code[i] = 2
                     rest[start + i] = c[i] - d
@@ -109,7 +111,7 @@ def _sample() -> tuple[Any, ...]:
     return (*out, ro(), ro(), ro(), True, 8, np.float32(np.nan))
 
 
-INT2_UPDATE = Loop(build=_int2_update, sample=_sample)
+INT2_UPDATE = Loop(key="int2-update", build=_int2_update, sample=_sample)
 """``(params, rest, codes, scales, previous, merged, residual, with_residual, block_size, nan)``: the
 new version, new residual, packed codes (zeroed beforehand) and block scales of one tensor, from its
 previous version, the merged values and the residual (read-only; any array when ``with_residual`` is

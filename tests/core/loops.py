@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 import pytest
 from diloco_core import compiled
 
 PATHS = ["numpy", "compiled"]
 
 
-def take_path(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, *loops: tuple[Hashable, compiled.Loop]
-) -> None:
+def take_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, *loops: compiled.Loop) -> None:
     """For an autouse fixture parametrized with ``PATHS``: no compiled loop at all, or ``loops``
     compiled before the test (skipped without numba)."""
     if request.param == "numpy":
@@ -21,5 +17,5 @@ def take_path(
         return
     pytest.importorskip("numba")
     monkeypatch.setattr(compiled, "ENABLED", True)
-    for key, loop in loops:
-        assert compiled.compile_now(key, loop), key
+    for loop in loops:
+        assert compiled.compile_now(loop), loop.key

@@ -15,7 +15,7 @@ pytest.importorskip("numba")
 def compiled_loops(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compiled, "ENABLED", True)
     for mode in (code_kernels.WRITE, code_kernels.ADD_SCALED):
-        assert compiled.compile_now(("codes", "int4", mode), code_kernels.decoder("int4", mode))
+        assert compiled.compile_now(code_kernels.decoder("int4", 4, mode))
 
 
 def test_codes_or_scales_too_short_for_the_values_are_refused_before_the_loop() -> None:
@@ -31,9 +31,7 @@ def test_codes_or_scales_too_short_for_the_values_are_refused_before_the_loop() 
 
 def test_a_loop_takes_the_types_it_was_compiled_for_and_no_others() -> None:
     """Compiling on a call would put the compiler on a request's way: other types are refused."""
-    kernel = compiled.loop(
-        ("codes", "int4", code_kernels.WRITE), code_kernels.decoder("int4", code_kernels.WRITE), 0
-    )
+    kernel = compiled.loop(code_kernels.decoder("int4", 4, code_kernels.WRITE), 0)
     assert kernel is not None
     packed = compiled.read_only(np.full(4, 0x98, np.uint8))  # codes 8 and 9: levels 0 and 1/7
     out = np.empty(8, np.float32)

@@ -15,7 +15,7 @@ F32 = npt.NDArray[np.float32]
 def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test here runs on the numpy code and on the compiled loops, which must give the same bits."""
     modes = (code_kernels.WRITE, code_kernels.ADD, code_kernels.ADD_SCALED)
-    every = [(("codes", q, m), code_kernels.decoder(q, m)) for q in code_levels.BITS for m in modes]
+    every = [code_kernels.decoder(q, bits, m) for q, bits in code_levels.BITS.items() for m in modes]
     take_path(request, monkeypatch, *every)
 
 

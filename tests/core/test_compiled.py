@@ -31,9 +31,9 @@ class Counted:
 
         return double
 
-    def spec(self) -> compiled.Loop:
+    def spec(self, key: str) -> compiled.Loop:
         return compiled.Loop(
-            self.build, lambda: (np.zeros(2, np.float32), compiled.read_only(np.zeros(2, np.float32)))
+            key, self.build, lambda: (np.zeros(2, np.float32), compiled.read_only(np.zeros(2, np.float32)))
         )
 
 
@@ -44,50 +44,50 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compiled, "_asked", set())
 
 
-def _when_ready(key: str, spec: compiled.Loop) -> Any:
+def _when_ready(spec: compiled.Loop) -> Any:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        found = compiled.loop(key, spec, 0)
+        found = compiled.loop(spec, 0)
         if found is not None:
             return found
         time.sleep(0.05)
-    raise AssertionError(f"{key} was not compiled in the background")
+    raise AssertionError(f"{spec.key} was not compiled in the background")
 
 
 def test_small_work_never_asks_for_a_loop() -> None:
     counted = Counted()
-    assert compiled.loop("small", counted.spec(), compiled.WORTH_COMPILING - 1) is None
+    assert compiled.loop(counted.spec("small"), compiled.WORTH_COMPILING - 1) is None
     time.sleep(0.2)
-    assert compiled.loop("small", counted.spec(), 0) is None
+    assert compiled.loop(counted.spec("small"), 0) is None
     assert counted.builds == 0
 
 
 def test_large_work_has_its_loop_compiled_in_the_background_once() -> None:
     counted = Counted()
-    spec = counted.spec()
-    assert compiled.loop("large", spec, compiled.WORTH_COMPILING) is None  # the numpy code, this time
+    spec = counted.spec("large")
+    assert compiled.loop(spec, compiled.WORTH_COMPILING) is None  # the numpy code, this time
     for _ in range(5):
-        compiled.loop("large", spec, compiled.WORTH_COMPILING)
-    double = _when_ready("large", spec)
+        compiled.loop(spec, compiled.WORTH_COMPILING)
+    double = _when_ready(spec)
     out = np.zeros(3, np.float32)
     double(out, compiled.read_only(np.array([1, 2, 3], np.float32)))
     np.testing.assert_array_equal(out, [2, 4, 6])
     assert counted.builds == 1
-    assert compiled.loop("large", spec, 1) is double  # small work uses it once it is there
+    assert compiled.loop(spec, 1) is double  # small work uses it once it is there
 
 
 def test_a_loop_that_does_not_compile_leaves_the_numpy_code_in_use(caplog: pytest.LogCaptureFixture) -> None:
     failing = Counted(fail=True)
-    assert compiled.compile_now("failing", failing.spec()) is None
-    assert compiled.loop("failing", failing.spec(), compiled.WORTH_COMPILING) is None
+    assert compiled.compile_now(failing.spec("failing")) is None
+    assert compiled.loop(failing.spec("failing"), compiled.WORTH_COMPILING) is None
     assert "compiling the loop 'failing' failed" in caplog.text
 
 
 def test_turned_off_nothing_is_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compiled, "ENABLED", False)
     counted = Counted()
-    assert compiled.compile_now("off", counted.spec()) is None
-    assert compiled.loop("off", counted.spec(), compiled.WORTH_COMPILING) is None
+    assert compiled.compile_now(counted.spec("off")) is None
+    assert compiled.loop(counted.spec("off"), compiled.WORTH_COMPILING) is None
     assert counted.builds == 0
 
 

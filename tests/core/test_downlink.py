@@ -16,7 +16,7 @@ PLAN = build_plan([("w", (16, 24)), ("b", (7,))], num_fragments=1, inner_steps=4
 def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test here runs on the numpy code and on the compiled int2 update, which must give the
     same bytes and bits."""
-    take_path(request, monkeypatch, ("int2-update", update_kernel.INT2_UPDATE))
+    take_path(request, monkeypatch, update_kernel.INT2_UPDATE)
 
 
 def _params(seed: int) -> dict[str, np.ndarray]:

@@ -18,7 +18,7 @@ Arrays = dict[str, np.ndarray]
 def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test here runs on the numpy code and on the compiled Nesterov loop, which must give the
     same bits."""
-    take_path(request, monkeypatch, ("nesterov", NESTEROV_LOOP))
+    take_path(request, monkeypatch, NESTEROV_LOOP)
 
 
 def run(

@@ -24,7 +24,7 @@ def test_the_loop_writes_the_quantizers_codes_and_scales_and_the_decoded_rest(
     merged[2 * block + 1 : 2 * block + 4] = previous[2 * block + 1 : 2 * block + 4]  # zeros at both parities
     merged[3 * block + 2] = np.inf  # a block whose scale is not finite
     residual = np.float32(0.01) * rng.standard_normal(n).astype(np.float32)
-    loop = compiled.compile_now("int2-update", update_kernel.INT2_UPDATE)
+    loop = compiled.compile_now(update_kernel.INT2_UPDATE)
     assert loop is not None
     params, rest = np.empty(n, np.float32), np.empty(n, np.float32)
     codes, scales = np.zeros(-(-n // 4), np.uint8), np.empty(-(-n // block), np.float32)
