@@ -33,7 +33,7 @@ def _slow_reported_a_step_time(sync: Synchronizer, slow: ManagedProcess) -> bool
     return any(lr["learner_id"] == "slow" and lr["step_time_s"] > 0 for lr in sync.status()["learners"])
 
 
-def _run(tmp: Path, *, pull: bool, schedule: str) -> list[dict[str, Any]]:
+def _run(tmp: Path, *, pull: bool, schedule: str, slow_factor: int = 36) -> list[dict[str, Any]]:
     tmp.mkdir(parents=True)
     # a grace window of up to two of the fast learner's steps (the whole slack the overlap leaves), so
     # that a round the fast learner opens can wait for the slow learner's next step boundary (its
@@ -44,9 +44,10 @@ def _run(tmp: Path, *, pull: bool, schedule: str) -> list[dict[str, Any]]:
     )
     sync.start()
     env = None if pull else {"DILOCO_PARTIAL_CONTRIBUTIONS": "0"}
-    # the sleeps of --speed-factor make the steps long against the HTTP and merge latencies; 3x slower.
-    # The slow learner starts first and trains through all of the fast learner's run.
-    slow = learner_process(tmp, "slow", sync.url, [*PLAN, "--max-steps", "400", "--speed-factor", "36"], env)
+    # the sleeps of --speed-factor make the steps long against the HTTP and merge latencies; 3x slower
+    # by default. The slow learner starts first and trains through all of the fast learner's run.
+    slow_plan = [*PLAN, "--max-steps", "400", "--speed-factor", str(slow_factor)]
+    slow = learner_process(tmp, "slow", sync.url, slow_plan, env)
     fast = learner_process(tmp, "fast", sync.url, [*PLAN, "--max-steps", "120", "--speed-factor", "12"], env)
     procs: list[ManagedProcess] = [slow, fast]
     try:
@@ -108,7 +109,9 @@ _QUEUED = re.compile(r"learner=slow step=(\d+) fragment=0 version=\d+ outer grad
 def test_under_the_papers_schedule_a_slow_learner_sends_at_its_own_steps_without_the_pull(
     tmp_path: Path,
 ) -> None:
-    rounds = _run(tmp_path / "fixed", pull=False, schedule="fixed")
+    # 2x slower: at 3x a round lands in most of its steps, on a busy machine in nearly all (27 of 42
+    # steps), and a version landing on a due step leaves nothing to send there
+    rounds = _run(tmp_path / "fixed", pull=False, schedule="fixed", slow_factor=24)
     alone = _while_both_train(rounds)
     print(f"rounds with the slow learner, no pull, the papers' schedule: {_share_with(alone, 'slow'):.0%} "
           f"of {len(alone)}")  # fmt: skip
@@ -132,8 +135,10 @@ def test_under_the_papers_schedule_a_slow_learner_sends_at_its_own_steps_without
         assert t in sent, f"nothing sent at due step {t}: {sorted(sent)}"
         since = max([s for s in applied if s < t] + [s for s in sent if s < t] + [0])
         assert sent[t] == t - since <= H
-    # its sends are merged into rounds (the last may still be in flight when the run stops), none twice
+    # it sent after its first version, and its sends are merged into rounds (the last may still be in
+    # flight when the run stops), none twice
+    assert len(sent) >= 2
     merged = _steps_of(rounds, "slow")
-    assert len(merged) >= 3
+    assert len(merged) >= len(sent) - 1
     assert max(merged) <= H
     assert 0 < sum(merged) <= sum(sent.values())
