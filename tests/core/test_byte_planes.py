@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from diloco_core import byte_planes, codec
+from diloco_core import byte_planes, codec, plane_kernels
 from diloco_core import quantize as q
 from diloco_core.byte_planes import RUN, Planes
 from diloco_core.codec import CodecError, QuantizedTensor, decode, encode
@@ -19,8 +19,10 @@ from diloco_core.config import DiLoCoSettings
 from diloco_core.payload_errors import UnsupportedFormat
 from diloco_core.stored_frame import ENTROPY, STORED, Level
 from diloco_core.uploads import MemoryUpload
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.core.loops import PATHS, take_path
 
 GOLDEN = Path(__file__).parent / "golden" / "params_fp32-planes.bin"
 SPECIAL_BITS = [
@@ -33,6 +35,12 @@ SPECIAL_BITS = [
     0x00000001,
     0x807FFFFF,
 ]
+
+
+@pytest.fixture(autouse=True, params=PATHS)
+def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test here runs on the numpy code and on the compiled loops, which must give the same bytes."""
+    take_path(request, monkeypatch, plane_kernels.JOIN)
 
 
 def bits(x: np.ndarray) -> bytes:
@@ -81,7 +89,7 @@ def test_values_come_back_bit_for_bit(n: int) -> None:
         np.testing.assert_array_equal(run[3], x[start : start + m].view(np.uint8)[0::4])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.integers(0, (1 << 32) - 1), max_size=300))
 def test_any_bit_patterns_come_back(patterns: list[int]) -> None:
     x = np.array(patterns, dtype=np.uint32).view(np.float32)
