@@ -65,12 +65,14 @@ _CHUNK = 1 << 16  # values widened to float64 at a time
 
 def array_sum_squares(x: npt.NDArray[np.floating]) -> float:
     """The sum of squares of an array's values in float64 (``inf`` or NaN when one is not finite),
-    widened a chunk at a time. ``einsum``, not ``dot``: BLAS would hand each chunk to its thread
+    widened a chunk at a time into one scratch. ``einsum``, not ``dot``: BLAS would hand each chunk to its thread
     pool, whose waiting threads spin on cores the service's threads need."""
     flat = np.asarray(x).reshape(-1)
+    wide = np.empty(min(_CHUNK, flat.size), dtype=np.float64)  # one scratch, not an array a chunk
     total = 0.0
     for start in range(0, flat.size, _CHUNK):
-        chunk = flat[start : start + _CHUNK].astype(np.float64)
+        chunk = wide[: min(_CHUNK, flat.size - start)]
+        np.copyto(chunk, flat[start : start + _CHUNK], casting="unsafe")
         total += float(np.einsum("i,i->", chunk, chunk))
     return total
 

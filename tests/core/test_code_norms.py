@@ -68,6 +68,23 @@ def test_an_array_sum_is_taken_in_float64() -> None:
     assert code_norms.array_sum_squares(np.zeros(0, dtype=np.float32)) == 0.0
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("n", [1, (1 << 16) - 1, 1 << 16, (1 << 16) + 1, 3 * (1 << 16) + 5])
+def test_an_array_sum_is_each_chunk_s_sum_widened_added_in_order(dtype: type, n: int) -> None:
+    """The sum's rounding is part of what a round decides (an update scaled to its bound), so its
+    order is pinned: chunks of 65,536 values widened to float64, each summed by ``einsum``, added in
+    order."""
+    x = (np.random.default_rng(n).standard_normal(n) * 100).astype(dtype)
+    want = 0.0
+    for start in range(0, n, 1 << 16):
+        chunk = x[start : start + (1 << 16)].astype(np.float64)
+        want += float(np.einsum("i,i->", chunk, chunk))
+    assert code_norms.array_sum_squares(x) == want
+    assert code_norms.array_sum_squares(x.reshape(-1, 1)[::-1]) == code_norms.array_sum_squares(
+        x[::-1].copy()
+    )
+
+
 def test_a_norm_of_arrays_is_finite_exactly_when_every_value_is() -> None:
     """What lets a round skip reading its update for finiteness when its norm is finite."""
     top = np.full(1 << 20, np.finfo(np.float32).max, dtype=np.float32)
