@@ -44,6 +44,10 @@ def test_local_job_with_chaos_heals_and_reports(tmp_path: Path) -> None:
         str(REPAIR_S),
         "--seed",
         str(SEED),
+        # each step eight times its compute, so that the kills find the learners still training: at
+        # full speed a quiet machine takes them through 200 steps in 4 s, past the second kill's 7 s
+        "--speed-factors",
+        "8,8,8",
         "--time-limit",
         "420",
         "--plain",
