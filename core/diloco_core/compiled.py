@@ -11,7 +11,8 @@ call does until the loop is ready. A compiled loop then takes no other signature
 once never loads numba; without numba installed (the learner's image does not carry it), or with
 ``DILOCO_COMPILED_LOOPS=off``, nothing is compiled and the numpy code always runs. The loops run
 without the GIL, and floating-point arithmetic is neither reordered nor contracted (``fastmath``
-off): a loop rounds as numpy does when it applies the same operations in the same order.
+off): a loop rounds as numpy does when it applies the same operations in the same order. Only a
+NaN's payload may differ where an operation meets two NaNs (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def read_only(a: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 _ready: dict[Hashable, Any] = {}
 _asked: set[Hashable] = set()
-_lock = threading.Lock()
+_lock = threading.Lock()  # what is asked for; never held while numba is imported or a loop compiles
+_import_lock = threading.Lock()  # numba's import, once
 _work: queue.SimpleQueue[Loop] = queue.SimpleQueue()
 _thread: list[threading.Thread] = []  # the compiling thread, once started
 _njits: list[Callable[..., Any] | None] = []  # numba's njit once loaded (None: numba is not installed)
@@ -117,11 +119,14 @@ def _compile(spec: Loop) -> Any | None:
 
 
 def _njit() -> Callable[..., Any] | None:
-    with _lock:
+    with _import_lock:  # not ``_lock``: a call asking for another loop meanwhile does not wait for it
         if not _njits:
             try:
                 import numba
             except ImportError:
+                _njits.append(None)
+            except Exception:  # a numba that does not load leaves the numpy code in use, as without it
+                log.exception("importing numba failed; the numpy code is used")
                 _njits.append(None)
             else:
                 _njits.append(lambda **options: numba.njit(nogil=True, **options))

@@ -101,10 +101,11 @@ def _int2_compiled(
     params: dict[str, F32] = {}
     rest: dict[str, F32] = {}
     for name in sorted(previous):
-        prev = np.ascontiguousarray(previous[name], np.float32)
+        # np.require, not ascontiguousarray: a 0-d tensor keeps its shape ()
+        prev = np.require(previous[name], np.float32, "C")
         given = merged[name]
-        new_m = np.ascontiguousarray(given, np.float32)
-        r = np.ascontiguousarray(residual[name], np.float32) if residual is not None else prev
+        new_m = np.require(given, np.float32, "C")
+        r = np.require(residual[name], np.float32, "C") if residual is not None else prev
         out_params = np.empty(prev.shape, np.float32)
         # the merged values are read a block ahead of the residual written in their place
         out_rest = new_m if owned and new_m is given else np.empty(prev.shape, np.float32)

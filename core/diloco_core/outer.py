@@ -43,6 +43,18 @@ def _frozen(a: F32) -> F32:
     return a
 
 
+def _check_state_shapes(state: OuterState, params: Mapping[str, npt.NDArray[np.floating]]) -> None:
+    """Refuses (``ValueError``) a state whose momentum or buffer of a tensor is not the tensor's shape:
+    the step is elementwise, and its compiled loop reads the momentum as far as the tensor goes."""
+    for kind, held in (("momentum", state.momentum), ("delayed buffer", state.buffer)):
+        for name, value in held.items():
+            if name in params and np.shape(value) != np.shape(params[name]):
+                raise ValueError(
+                    f"the outer state's {kind} of tensor {name!r} has shape {list(np.shape(value))}, "
+                    f"the tensor {list(np.shape(params[name]))}"
+                )
+
+
 @dataclass(frozen=True)
 class OuterState:
     """Per-tensor momentum ``u`` and Delayed Nesterov buffer ``B`` (created on first use), the
@@ -75,9 +87,8 @@ class OuterState:
         residual: dict[str, F32] = {}
         steps = 0
         for key, value in d.items():
-            arr = _frozen(
-                np.ascontiguousarray(value, dtype=np.float32) if given else np.array(value, dtype=np.float32)
-            )
+            # np.require, not ascontiguousarray: the state of a 0-d tensor keeps its shape ()
+            arr = _frozen(np.require(value, np.float32, "C") if given else np.array(value, dtype=np.float32))
             if key == _STEP_KEY:
                 if arr.shape != (1,) or not arr[0] >= 0:
                     raise ValueError(f"bad outer optimizer step counter {arr!r}")
@@ -130,6 +141,7 @@ class OuterOptimizer:
         if count < 1:
             raise ValueError(f"count must be at least 1, not {count}")
         check_same_tensors(params, delta, ("params", "delta"))
+        _check_state_shapes(state, params)
         if self.delayed_every:
             return self._delayed(state, params, delta, count)
         momentum = dict(state.momentum)

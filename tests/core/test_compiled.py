@@ -3,6 +3,7 @@ work, and the numpy code used until then or without them."""
 
 from __future__ import annotations
 
+import builtins
 import time
 from typing import Any
 
@@ -81,6 +82,25 @@ def test_a_loop_that_does_not_compile_leaves_the_numpy_code_in_use(caplog: pytes
     assert compiled.compile_now(failing.spec("failing")) is None
     assert compiled.loop(failing.spec("failing"), compiled.WORTH_COMPILING) is None
     assert "compiling the loop 'failing' failed" in caplog.text
+
+
+def test_a_numba_that_does_not_load_leaves_the_numpy_code_in_use(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real_import = builtins.__import__
+
+    def failing_import(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "numba":
+            raise OSError("libLLVM: cannot open shared object file")  # a broken install, not a missing one
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(compiled, "_njits", [])
+    monkeypatch.setattr(builtins, "__import__", failing_import)
+    counted = Counted()
+    assert compiled.compile_now(counted.spec("no-numba")) is None
+    assert compiled.loop(counted.spec("no-numba"), compiled.WORTH_COMPILING) is None
+    assert counted.builds == 0
+    assert "importing numba failed" in caplog.text
 
 
 def test_turned_off_nothing_is_compiled(monkeypatch: pytest.MonkeyPatch) -> None:

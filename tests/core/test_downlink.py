@@ -176,3 +176,17 @@ def test_an_update_of_tensors_that_do_not_match_is_refused() -> None:
         )
     with pytest.raises(ValueError, match="residual"):
         downlink.publish(previous, previous, {"w": previous["w"]}, fragment=0, version=0, quantizer="int4")
+
+
+@pytest.mark.parametrize("quantizer", ["int8", "int2"])
+def test_a_scalar_tensor_keeps_its_shape_through_an_update(quantizer: str) -> None:
+    plan = build_plan([("s", ()), ("w", (33,))], num_fragments=1, inner_steps=4, overlap=0)
+    previous = {"s": np.array(1.5, np.float32), "w": np.linspace(-1, 1, 33, dtype=np.float32)}
+    merged = {n: v + np.float32(0.25) for n, v in previous.items()}
+    out = downlink.publish(previous, merged, None, fragment=0, version=3, quantizer=quantizer)
+    assert out.params["s"].shape == out.residual["s"].shape == ()
+    made = downlink.apply(3, previous, out.blob, plan.fragments[0])
+    assert made is not None
+    assert made[1]["s"].shape == ()
+    for n in previous:
+        np.testing.assert_array_equal(made[1][n], out.params[n])

@@ -123,12 +123,33 @@ def test_state_survives_a_codec_round_trip_and_continues_identically() -> None:
         assert b.steps == 4
 
 
+def test_the_state_of_a_scalar_tensor_handed_over_keeps_its_shape_and_continues() -> None:
+    opt = OuterOptimizer()
+    theta = {"s": np.array(0.5, np.float32), "w": np.ones(3, np.float32)}
+    delta = {"s": np.array(0.25, np.float32), "w": np.full(3, 0.125, np.float32)}
+    theta, state = opt.step(OuterState(), theta, delta)
+    blob = codec.encode(state.to_arrays(), fragment=0, base_version=0, kind="params", quantizer="fp32")
+    back = OuterState.from_arrays(codec.decode(blob).tensors, given=True)
+    assert back.momentum["s"].shape == ()
+    np.testing.assert_array_equal(opt.step(back, theta, delta)[0]["s"], opt.step(state, theta, delta)[0]["s"])
+
+
 def test_bad_input_is_refused() -> None:
     opt, state = OuterOptimizer(), OuterState()
     with pytest.raises(ValueError, match="different tensors"):
         opt.step(state, {"a": np.zeros(1, np.float32)}, {"b": np.zeros(1, np.float32)})
     with pytest.raises(ValueError, match="params"):
         opt.step(state, {"a": np.zeros(1, np.float32)}, {"a": np.zeros(2, np.float32)})
+    # a momentum of another shape than its tensor (a state of another model), on both paths
+    held = OuterState(1, {"a": np.zeros(10, np.float32)})
+    with pytest.raises(ValueError, match="momentum of tensor 'a' has shape \\[10\\], the tensor \\[1000\\]"):
+        opt.step(held, {"a": np.ones(1000, np.float32)}, {"a": np.ones(1000, np.float32)})
+    with pytest.raises(ValueError, match="delayed buffer"):
+        OuterOptimizer(delayed_every=2).step(
+            OuterState(1, buffer={"a": np.zeros((2, 5), np.float32)}),
+            {"a": np.ones(10, np.float32)},
+            {"a": np.ones(10, np.float32)},
+        )
     with pytest.raises(ValueError, match="unknown outer optimizer state key"):
         OuterState.from_arrays({"nope": np.zeros(1, np.float32)})
     with pytest.raises(ValueError, match="bad outer optimizer settings"):
