@@ -82,12 +82,16 @@ def decode(data: bytes | memoryview, n: int) -> F32:
     join = compiled.loop(plane_kernels.JOIN, n)
     if join is not None:
         join(out.view(np.uint32), compiled.read_only(packed), RUN)
-        return out.astype(np.float32, copy=False)
-    out_bytes = out.view(np.uint8)
+    else:
+        _join_planes(packed, out.view(np.uint8), n)
+    return out.astype(np.float32, copy=False)
+
+
+def _join_planes(packed: npt.NDArray[np.uint8], out_bytes: npt.NDArray[np.uint8], n: int) -> None:
+    """The numpy join: each plane of a run copied into every fourth byte of its values."""
     for start in range(0, n, RUN):
         m = min(RUN, n - start)
         planes = packed[4 * start : 4 * (start + m)].reshape(4, m)
         values = out_bytes[4 * start : 4 * (start + m)].reshape(m, 4)
         for plane in range(4):
             values[:, 3 - plane] = planes[plane]
-    return out.astype(np.float32, copy=False)

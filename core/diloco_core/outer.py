@@ -47,12 +47,8 @@ def _check_state_shapes(state: OuterState, params: Mapping[str, npt.NDArray[np.f
     """Refuses (``ValueError``) a state whose momentum or buffer of a tensor is not the tensor's shape:
     the step is elementwise, and its compiled loop reads the momentum as far as the tensor goes."""
     for kind, held in (("momentum", state.momentum), ("delayed buffer", state.buffer)):
-        for name, value in held.items():
-            if name in params and np.shape(value) != np.shape(params[name]):
-                raise ValueError(
-                    f"the outer state's {kind} of tensor {name!r} has shape {list(np.shape(value))}, "
-                    f"the tensor {list(np.shape(params[name]))}"
-                )
+        common = [name for name in held if name in params]  # a tensor without one yet gets a new one
+        check_same_tensors({n: held[n] for n in common}, {n: params[n] for n in common}, (kind, "params"))
 
 
 @dataclass(frozen=True)

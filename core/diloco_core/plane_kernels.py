@@ -4,8 +4,8 @@ compiled``: compiled in the background, used once ready; ``byte_planes.decode`` 
 a strided copy per plane, until then and where there is no compiler). The same bytes as the numpy
 code. The loop checks no bounds: ``byte_planes.decode`` gives it ``4 * n`` bytes for ``n`` words.
 
-The split the other way (``byte_planes.Planes.runs``) stays in numpy: compiled, it took 28-35 ms
-against numpy's 30-34 for 50 M values (docs/benchmarks.md).
+The split the other way (``byte_planes.Planes.runs``) stays in numpy: compiled, it took 26-39 ms
+against numpy's 26-34 for 50 M values (docs/benchmarks.md).
 """
 
 from __future__ import annotations
