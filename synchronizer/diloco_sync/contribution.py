@@ -299,6 +299,26 @@ def progress_conflict(
     return None
 
 
+def waiting_overlap(
+    waiting: Iterable[Contribution], base_version: int, since: int, through: int
+) -> tuple[int, str, str] | None:
+    """Why a contribution holding the steps ``since < step <= through`` on ``base_version`` cannot be
+    taken beside a learner's parts that wait behind a gap (409 ``overlaps_pending``: it shares steps
+    with one of them), or None."""
+    for w in waiting:
+        if w.base_version == base_version and since < w.through and through > w.since:
+            return (
+                409,
+                "overlaps_pending",
+                (
+                    f"learner {w.learner_id}'s contribution on version {base_version} of fragment {w.fragment} "
+                    f"waiting for the progress before it holds steps {w.since + 1} to {w.through}; this one "
+                    f"holds steps {since + 1} to {through}"
+                ),
+            )
+    return None
+
+
 def progress_refusal(
     previous: Contribution | None,
     *,

@@ -14,7 +14,8 @@ Contributions are taken in every phase from ``open`` on (during a merge they wai
 ``reserve`` a key while one is checked (``refusal``) and written, ``release`` it, ``accept`` it, ``exclude``
 those the round policy leaves out, ``mark_durable`` one written after its answer. One read back at start-up
 with a gap before it waits until the learner resends the missing part (``ready``) or its base is stale
-(``drop_stale_gaps``). Mutated only on the event loop; merges run in a worker thread on values handed to
+(``drop_stale_gaps``); parts are folded only where they meet, so a part with a gap before it that a
+learner's pending part does not reach waits behind it (``waiting``) until the gap is filled. Mutated only on the event loop; merges run in a worker thread on values handed to
 them and hand back new ones (nothing is edited in place).
 """
 
@@ -28,7 +29,16 @@ from diloco_core.fragments import Fragment
 from diloco_core.outer import OuterState
 from diloco_core.screening import Checked, NormHistory
 
-from .contribution import Arrays, Contribution, fold, merged_through, progress_refusal, relation, round_entry
+from .contribution import (
+    Arrays,
+    Contribution,
+    fold,
+    merged_through,
+    progress_refusal,
+    relation,
+    round_entry,
+    waiting_overlap,
+)
 from .held_state import HeldState
 from .idempotency import IdempotencyKeys
 from .pace import kept_times
@@ -52,7 +62,8 @@ class FragmentState:
         self._rounds = 0
         self._phase: Phase = "uninitialised"
         self._round = policy.open_round(spec.index, -1, 0.0)
-        self._pending: dict[str, Contribution] = {}  # by learner
+        self._pending: dict[str, Contribution] = {}  # by learner: its earliest part not being merged
+        self._waiting: dict[str, list[Contribution]] = {}  # by learner: its later parts, each after a gap
         self._keys = IdempotencyKeys()
         self._merging: tuple[Contribution, ...] = ()  # the round being merged and committed
         self._merged_through: dict[str, tuple[int, int]] = {}  # learner -> (base version, step) merged
@@ -99,6 +110,11 @@ class FragmentState:
         return self._pending
 
     @property
+    def waiting(self) -> dict[str, tuple[Contribution, ...]]:
+        """Per learner, the parts that wait behind a gap after its pending one, in step order (read only)."""
+        return {name: tuple(parts) for name, parts in self._waiting.items()}
+
+    @property
     def applied(self) -> tuple[str, ...]:
         """Idempotency keys of contributions merged or superseded, oldest first."""
         return self._keys.applied
@@ -138,8 +154,13 @@ class FragmentState:
         return self._keys.is_durable(key, self.held())
 
     def held(self) -> tuple[Contribution, ...]:
-        """The contributions the fragment holds: those being merged, then those pending."""
-        return (*self._merging, *self._pending.values())
+        """The contributions the fragment holds: those being merged, then those pending, then those
+        waiting behind a gap."""
+        return (
+            *self._merging,
+            *self._pending.values(),
+            *(c for parts in self._waiting.values() for c in parts),
+        )
 
     def progress_start(self, learner_id: str, base_version: int) -> int:
         """The step where ``learner_id``'s progress on ``base_version`` not yet merged (nor being
@@ -239,6 +260,9 @@ class FragmentState:
         taken, as (HTTP status, code, reason), or None (``contribution.progress_refusal``); ``in_order``:
         it starts where the learner's progress ends (off for those read back at start-up)."""
         newest, _ = merged_through(self._merged_through, self._merging).get(learner_id, (-1, 0))
+        overlap = waiting_overlap(self._waiting.get(learner_id, ()), base_version, since, since + steps)
+        if overlap is not None:
+            return overlap
         return progress_refusal(
             self._pending.get(learner_id),
             learner_id=learner_id,
@@ -255,20 +279,30 @@ class FragmentState:
 
     def accept(self, c: Contribution, quorum: int) -> Contribution | None:
         """Queue a contribution for the next round. The learner's pending one is continued by it
-        (same base, ``c.since`` at its ``through``, or ``c`` filling the gap before it: the two are
-        added up) or superseded by it; returns the one superseded, whose keys are remembered as
-        applied so that a resend of it is a duplicate. The caller checked :meth:`conflict` and
-        :func:`fold_problem` first. A contribution with a gap before it waits outside the round."""
+        (same base, ``c.since`` at its ``through``, or ``c`` ending where it starts: the two are added
+        up) or superseded by it; returns the one superseded, whose keys are remembered as applied so
+        that a resend of it is a duplicate. Parts are added up only where they meet: a part after a
+        gap waits behind the pending one (``waiting``), and the pending one waits behind a part that
+        comes before it with a gap between; each is folded in when the gap before it is filled. The
+        caller checked :meth:`refusal` first. A contribution with a gap before it waits outside the
+        round."""
         self._expect("open", "merging", "committed")
         previous = self._pending.get(c.learner_id)
         if previous is not None and previous.base_version == c.base_version:
             where = relation(previous, c.since, c.through)
+            if where == "after" and c.since != previous.through:
+                self._wait(c)
+                return None
             if where == "after":
-                c, previous = fold(previous, c), None
+                c = fold(previous, c)
+            elif where == "before" and c.through == previous.since:
+                c = fold(c, previous)
             elif where == "before":
-                c, previous = fold(c, previous), None
+                self._wait(previous)
+            if where in ("after", "before"):
+                previous = None
         opens = not any(self.ready(x) for x in self._pending.values() if x.learner_id != c.learner_id)
-        self._pending[c.learner_id] = c
+        self._pending[c.learner_id] = c = self._continued(c)
         if self.ready(c):
             if opens:  # a round opens when its first contribution arrives (the fragment fell due)
                 self._round = policy.open_round(self.index, self.version, c.received_at)
@@ -279,20 +313,60 @@ class FragmentState:
             self._served.notify()  # learners waiting with announce_rounds hear of it at once
         return previous
 
+    def _wait(self, c: Contribution) -> None:
+        """Hold a part with a gap before it behind the learner's pending one, in step order, folded
+        with the waiting parts it meets."""
+        parts = sorted([*self._waiting.get(c.learner_id, ()), c], key=lambda x: (x.base_version, x.since))
+        joined: list[Contribution] = []
+        for part in parts:
+            last = joined[-1] if joined else None
+            if last is not None and last.base_version == part.base_version and last.through == part.since:
+                joined[-1] = fold(last, part)
+            else:
+                joined.append(part)
+        self._waiting[c.learner_id] = joined
+
+    def _continued(self, c: Contribution) -> Contribution:
+        """``c`` with the learner's waiting parts that now follow it without a gap folded in."""
+        parts = self._waiting.get(c.learner_id, [])
+        while parts and parts[0].base_version == c.base_version and parts[0].since == c.through:
+            c = fold(c, parts.pop(0))
+        if not parts:
+            self._waiting.pop(c.learner_id, None)
+        return c
+
+    def _take_pending(self, learner_id: str) -> Contribution | None:
+        """Take the learner's pending part out; its first waiting part, if any, takes its place."""
+        taken = self._pending.pop(learner_id, None)
+        parts = self._waiting.get(learner_id)
+        if parts:
+            self._pending[learner_id] = self._continued(parts.pop(0))
+        return taken
+
     def drop_stale_gaps(self, max_staleness: int) -> list[Contribution]:
-        """Drop the pending contributions still waiting for a missing earlier part whose base is
-        now too old to be merged; returns them (their keys are not applied: a resend is judged anew)."""
-        stale = [
-            name
-            for name, c in self._pending.items()
-            if not self.ready(c) and policy.is_stale(c.base_version, self.version, max_staleness)
-        ]
-        return [self._pending.pop(name) for name in stale]
+        """Drop the contributions still waiting for a missing earlier part (pending or waiting behind
+        a gap) whose base is now too old to be merged; returns them (their keys are not applied: a
+        resend is judged anew)."""
+
+        def stale(c: Contribution) -> bool:
+            return policy.is_stale(c.base_version, self.version, max_staleness)
+
+        dropped: list[Contribution] = []
+        for name in list(self._waiting):
+            dropped += [c for c in self._waiting[name] if stale(c)]
+            self._waiting[name] = [c for c in self._waiting[name] if not stale(c)]
+            if not self._waiting[name]:
+                del self._waiting[name]
+        for name in [name for name, c in self._pending.items() if not self.ready(c) and stale(c)]:
+            dropped.append(self._pending.pop(name))
+            if name in self._waiting:
+                self._pending[name] = self._continued(self._waiting[name].pop(0))
+        return dropped
 
     def exclude(self, learners: Collection[str], quorum: int) -> dict[str, Contribution]:
         """Drop the pending contributions of ``learners`` (left out by the round policy) and start the
         round again with the rest; returns the ones dropped, by learner."""
-        dropped = {name: c for name in learners if (c := self._pending.pop(name, None)) is not None}
+        dropped = {name: c for name in learners if (c := self._take_pending(name)) is not None}
         if learners:
             self._open_round(self.round.opened_at, quorum)
         return dropped
@@ -300,8 +374,8 @@ class FragmentState:
     def mark_durable(self, c: Contribution, storage_key: str) -> bool:
         """A contribution held in memory was written under ``storage_key``; False when it is no
         longer pending (merged or superseded meanwhile): that copy is not needed."""
-        pending = self._pending.get(c.learner_id)
-        if pending is None or c.blob is None or all(part is not c for part in pending.received()):
+        held = [self._pending.get(c.learner_id), *self._waiting.get(c.learner_id, ())]
+        if c.blob is None or all(part is not c for x in held if x is not None for part in x.received()):
             return False
         c.storage_key, c.blob = storage_key, None
         return True
@@ -311,7 +385,9 @@ class FragmentState:
     def start_merge(self, learners: Iterable[str]) -> list[Contribution]:
         """Take the pending contributions of ``learners`` (in that order) into a merge."""
         self._expect("open")
-        taken = [self._pending.pop(name) for name in learners]
+        taken = [self._pending[name] for name in learners]
+        for name in learners:
+            self._take_pending(name)
         self._merging = tuple(taken)
         self._phase = "merging"
         return taken

@@ -310,6 +310,71 @@ def test_an_earlier_contribution_resent_after_a_later_one_is_added_to_it() -> No
     assert sorted(c.key for c in pending.received()) == ["a/0/0/1", "a/0/0/2"]
 
 
+def test_a_part_before_the_pending_one_with_a_gap_between_is_not_added_to_it() -> None:
+    """A restart kept steps 9-12 (written) and lost 1-8 (buffered): the learner resends 1-4, then
+    5-8. 1-4 is taken and merged on its own; 9-12 waits behind the gap until 5-8 fills it, and the
+    steps merged are exactly those sent."""
+    fs = initialised()
+    fs.accept(progress(3, 8, 3.0), QUORUM)  # read back from storage
+    assert refusal(fs, "a", 0, 0, 4) == ""
+    assert fs.accept(progress(1, 0, 1.0), QUORUM) is None
+    head = fs.pending["a"]
+    assert (head.since, head.through, head.steps, fs.ready(head)) == (0, 4, 4, True)
+    assert [(w.since, w.through) for w in fs.waiting["a"]] == [(8, 12)]
+    assert fs.is_known("a/0/0/3")  # a resend of the waiting part is a duplicate
+    assert refusal(fs, "a", 0, 6, 10).startswith("overlaps_pending")  # shares steps 9-10 with it
+    merged(fs, "a")
+    assert fs.merged_through == {"a": (0, 4)}
+    waiting = fs.pending["a"]  # the waiting part is the pending one now, still behind its gap
+    assert ((waiting.since, waiting.through), fs.ready(waiting), fs.waiting) == ((8, 12), False, {})
+    assert refusal(fs, "a", 0, 4, 8) == ""  # the lost steps 5-8 are still taken
+    fs.accept(progress(2, 4, 2.0), QUORUM)
+    joined = fs.pending["a"]
+    assert (joined.since, joined.through, joined.steps, fs.ready(joined)) == (4, 12, 8, True)
+    np.testing.assert_array_equal(joined.tensors["w"], [5.0, 5.0])
+    merged(fs, "a", version=2)
+    assert fs.merged_through == {"a": (0, 12)}
+
+
+def test_parts_read_back_with_a_gap_between_them_wait_until_it_is_filled() -> None:
+    """At start-up storage holds steps 1-4 and 9-12 (5-8 was only buffered): 9-12 is not added to
+    1-4; once the learner resends 5-8, all three are one contribution of steps 1-12."""
+    fs = initialised()
+    for c in (progress(1, 0, 1.0), progress(3, 8, 3.0)):
+        assert refusal(fs, "a", 0, c.since, c.through, in_order=False) == ""
+        fs.accept(c, QUORUM)
+    head = fs.pending["a"]
+    assert (head.since, head.through) == (0, 4)
+    assert [(w.since, w.through) for w in fs.waiting["a"]] == [(8, 12)]
+    fs.accept(progress(2, 4, 2.0), QUORUM)
+    whole = fs.pending["a"]
+    assert (whole.since, whole.through, whole.steps, fs.waiting) == (0, 12, 12, {})
+    np.testing.assert_array_equal(whole.tensors["w"], [6.0, 6.0])
+    assert sorted(c.key for c in whole.received()) == ["a/0/0/1", "a/0/0/2", "a/0/0/3"]
+
+
+def test_a_waiting_part_held_in_memory_becomes_durable_and_is_dropped_when_stale() -> None:
+    fs = initialised()
+    fs.accept(progress(1, 0, 1.0), QUORUM)
+    late = progress(3, 8, 3.0)
+    late.blob = b"held"
+    fs.accept(late, QUORUM)  # read back out of order: waits behind the pending part
+    assert fs.mark_durable(late, "pending/a-3")
+    assert (late.storage_key, late.blob) == ("pending/a-3", None)
+    merged(fs, "a")  # steps 1-4; 9-12 still waits for 5-8
+    for version in (2, 3):
+        fs.accept(
+            Contribution(
+                learner_id="b", fragment=0, base_version=version - 1, seq=version, steps=4, tokens=32,
+                tensors={}, nbytes=0, received_at=2.0 + version,
+            ),
+            QUORUM,
+        )  # fmt: skip
+        merged(fs, "b", version=version)
+    assert [c.key for c in fs.drop_stale_gaps(max_staleness=1)] == ["a/0/0/3"]
+    assert (fs.pending, fs.waiting) == ({}, {})
+
+
 def merged(fs: FragmentState, *learners: str, keys: set[str] | None = None, version: int = 1) -> None:
     """Merge the pending contributions of ``learners`` into ``version``; ``keys``: those the checks kept."""
     fs.start_merge(learners)
