@@ -4,8 +4,12 @@ have been added at once."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from diloco_core import codec
+from diloco_core.code_kernels import ADD, ADD_SCALED, WRITE, decoder
 from diloco_sync.contribution import Contribution, Sum, fold
+
+from tests.core.loops import PATHS, take_path
 
 
 def _part(seq: int, since: int, values: dict[str, np.ndarray]) -> Contribution:
@@ -104,6 +108,14 @@ def test_parts_of_every_format_and_odd_lengths_fold_to_the_sums_of_their_arrays(
     assert np.isinf(chain.tensors["b"][4])
 
 
+@pytest.fixture(params=PATHS)
+def int4_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numpy code, or the int4 decoding loops compiled before the test: a loop compiled in the
+    background while memory is traced would count the compiler's own allocations."""
+    take_path(request, monkeypatch, *(decoder("int4", 4, mode) for mode in (WRITE, ADD, ADD_SCALED)))
+
+
+@pytest.mark.usefixtures("int4_path")
 def test_a_tensor_of_many_folded_int4_parts_is_read_into_one_float32_array() -> None:
     """Each part after the first is added from its codes through a small scratch: reading the sum
     of eight parts of a million values makes one array of the tensor's size, not one per part."""
