@@ -15,8 +15,9 @@ Decoding treats the bytes as untrusted: the frame length must match the blob exa
 ``DEFAULT_MAX_BYTES`` without an expected fragment) and, when the expected fragment is given, at
 most what that fragment can take in any format, however large — all checked before anything is
 allocated or decompressed. The declared length holds exactly one zstd frame: a second
-frame or any byte after the first is ``CorruptPayload``. Then the checksum (``CorruptPayload``),
-the header, and the names and shapes (``ShapeMismatch``) are checked.
+frame or any byte after the first is ``CorruptPayload``, and so is a frame that does not declare its
+size or carry its content checksum. Then the checksum (``CorruptPayload``), the header, and the
+names and shapes (``ShapeMismatch``) are checked.
 
 The header is bounded before it is parsed, and every way its bytes can be malformed raises a
 ``CodecError`` subclass with a reason (:mod:`diloco_core.payload_header`); so does every other way
@@ -339,11 +340,14 @@ def _decompress(blob: bytes | memoryview, fragment: Fragment | None, max_bytes: 
     if len(frame) > frame_len:
         raise CorruptPayload(f"{len(frame) - frame_len} unexpected bytes after the payload")
     try:
-        size = zstandard.get_frame_parameters(frame).content_size
+        params = zstandard.get_frame_parameters(frame)
     except zstandard.ZstdError as exc:
         raise CorruptPayload(f"bad compressed frame header: {exc}") from exc
+    size = params.content_size
     if size == zstandard.CONTENTSIZE_UNKNOWN or size == zstandard.CONTENTSIZE_ERROR:
         raise CorruptPayload("compressed frame does not declare its size")
+    if not params.has_checksum:  # without it, a flipped byte of a stored frame would decode as data
+        raise CorruptPayload("compressed frame carries no content checksum")
     limit = max_bytes if fragment is None else min(max_bytes, max_decoded_size(fragment))
     if size > limit:
         raise OversizedPayload(f"declared size {size} exceeds the limit of {limit} bytes")

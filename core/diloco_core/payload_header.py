@@ -6,15 +6,17 @@ tensor, its name, shape, source dtype and the byte ranges of its values and bloc
 data. It is bounded before it is parsed: its length (``max_header_size``), its nesting (at most
 ``MAX_HEADER_DEPTH`` levels of arrays and objects, as deep as the format goes), and each integer
 (at most 20 digits, a u64) while it is parsed; it holds no other numbers. A tensor's shape has at
-most ``MAX_DIMS`` dimensions and its product is compared with the data's length before any size is
-computed from it. Every way a header can be malformed raises a ``CodecError`` subclass with a
-reason, never another exception.
+most ``MAX_DIMS`` dimensions, the product of its dimensions other than zero is at most
+``MAX_NUMEL`` (an empty tensor's too), and a non-empty shape's product is compared with the data's
+length, each before any size is computed from it. Every way a header can be malformed raises a
+``CodecError`` subclass with a reason, never another exception.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from math import prod
 from typing import Any, Literal, get_args
 
 from diloco_core import quantize as q
@@ -25,6 +27,10 @@ MAX_HEADER_BYTES = 4 << 20
 MAX_HEADER_DEPTH = 4  # header object > tensor list > tensor entry > shape or byte range
 MAX_INTEGER_DIGITS = 20  # a u64
 MAX_DIMS = 32
+MAX_NUMEL = (2**63 - 1) // 8
+"""The most values a tensor's shape may describe, its zero dimensions left out: numpy makes no array
+of more than 2**63 - 1 bytes, so any shape within this bound is an array of every source dtype
+(float64, 8 bytes a value, the widest), an empty one included."""
 MAX_VALUES_PER_BYTE = q.TOPK_MAX_BLOCK // (3 * q.TOPK_PER_BLOCK + 4) + 1  # topk, largest blocks
 SOURCE_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
@@ -58,6 +64,10 @@ def tensor_entry(
         raise UnsupportedFormat(f"tensor name {name!r} is not a string")
     if len(shape) > MAX_DIMS:
         raise UnsupportedFormat(f"tensor {name!r} has {len(shape)} dimensions (at most {MAX_DIMS})")
+    if prod(d for d in shape if d) > MAX_NUMEL:
+        raise UnsupportedFormat(
+            f"tensor {name!r}: shape {list(shape)} describes more than {MAX_NUMEL} values"
+        )
     return {
         "name": name,
         "shape": list(shape),
@@ -205,17 +215,22 @@ def check_layout(header: dict[str, Any], data_len: int) -> list[Spec]:
 
 def _numel(name: str, shape: list[int], data_len: int) -> int:
     """The number of values of ``shape``, refused once it exceeds what ``data_len`` bytes can hold
-    in any format (``topk`` at its sparsest: 28 bytes per block of ``TOPK_MAX_BLOCK`` values) —
-    before it grows into a number no size can be made of."""
+    in any format (``topk`` at its sparsest: 28 bytes per block of ``TOPK_MAX_BLOCK`` values), and
+    for an empty tensor once its other dimensions multiply to more than ``MAX_NUMEL`` — before it
+    grows into a number no size can be made of, or a shape no array can have."""
     if len(shape) > MAX_DIMS:
         raise CorruptPayload(f"tensor {name!r} has {len(shape)} dimensions (at most {MAX_DIMS})")
-    if 0 in shape:
-        return 0
+    empty = 0 in shape
     n = 1
     for d in shape:
-        n *= d
-        if n > MAX_VALUES_PER_BYTE * data_len:
+        n *= d or 1
+        if not empty and n > MAX_VALUES_PER_BYTE * data_len:
             raise CorruptPayload(
                 f"tensor {name!r}: shape {shape} holds more values than {data_len} bytes of data can"
             )
-    return n
+        if n > MAX_NUMEL:
+            raise CorruptPayload(
+                f"tensor {name!r}: shape {shape} describes more than {MAX_NUMEL} values, its zero "
+                "dimensions left out"
+            )
+    return 0 if empty else n

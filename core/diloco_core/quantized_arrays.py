@@ -30,7 +30,12 @@ class QuantizedArrays(Mapping[str, npt.NDArray[np.float32]]):
         self._sums: dict[str, float] = {}
 
     def __getitem__(self, name: str) -> npt.NDArray[np.float32]:
-        return self._read(name, q.dequantize).reshape(self._specs[name][0])
+        shape = self._specs[name][0]
+        values = self._read(name, q.dequantize)
+        try:
+            return values.reshape(shape)
+        except ValueError as exc:  # a shape numpy makes no array of (``payload_header`` bounds them)
+            raise CorruptPayload(f"tensor {name!r}: shape {list(shape)}: {exc}") from exc
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._specs[name][0])

@@ -23,7 +23,7 @@ from diloco_core.codec import (
     encode,
 )
 from diloco_core.fragments import build_plan
-from diloco_core.stored_frame import STORED, Level
+from diloco_core.stored_frame import ENTROPY, STORED, Level
 from diloco_core.uploads import FileUpload, MemoryUpload, reading
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -231,6 +231,15 @@ def test_zeros_and_empty_tensors_survive_every_quantizer() -> None:
         assert out["e"].shape == (0,)
 
 
+@pytest.mark.parametrize("quantizer", ["fp32", "int8", "topk", q.PLANES])
+@pytest.mark.parametrize("shape", [(0,), (0, 5), (3, 0), (2, 0, 7)])
+def test_a_zero_size_tensor_round_trips_with_its_shape(quantizer: str, shape: tuple[int, ...]) -> None:
+    blob = encode({"e": np.zeros(shape, np.float32)}, fragment=0, base_version=0, kind="params",
+                  quantizer=quantizer, block_size=8)  # fmt: skip
+    for read in (decode(blob).tensors["e"], codec.decode_quantized(blob).tensors["e"]):
+        assert (read.dtype, read.shape) == (np.float32, shape)
+
+
 def test_encoding_is_deterministic_and_independent_of_mapping_order() -> None:
     t = golden_tensors()
     reversed_t = dict(reversed(list(t.items())))
@@ -298,6 +307,64 @@ def test_bad_headers_inside_a_valid_frame_raise_corrupt_or_unsupported() -> None
         decode(_frame(b"\0" * 8, content_size=False))
     with pytest.raises(UnsupportedFormat, match="format version 9"):
         decode(struct.pack("<4sHQ", b"DLCF", 9, 0))
+
+
+def _int8_header(shape: list[int]) -> bytes:
+    """A payload whose one tensor ``a`` has ``shape`` and no bytes, as for an empty tensor."""
+    entry = {"name": "a", "shape": shape, "dtype": "float32", "values": [0, 0], "scales": [0, 0]}
+    h = {"fragment": 0, "base_version": 0, "kind": "outer_grad", "quantizer": "int8", "block_size": 256}
+    raw = json.dumps({**h, "tensors": [entry]}).encode()
+    return _frame(struct.pack("<I", len(raw)) + raw)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [[0, 2**63], [0, 2**62], [2**40, 0, 2**40], [0, payload_header.MAX_NUMEL + 1], [2**31, 0, 2**31, 2**31]],
+    ids=["2^63", "2^62", "2^40_0_2^40", "one_past_the_bound", "three_2^31"],
+)
+def test_an_empty_shape_beyond_any_array_is_refused_with_the_header(shape: list[int]) -> None:
+    """Numpy makes no array of such a shape: the header check refuses it, naming the tensor."""
+    with pytest.raises(CorruptPayload, match=r"tensor 'a': shape .* describes more than") as info:
+        codec.decode_quantized(_int8_header(shape))
+    assert info.value.code == "corrupt"
+    with pytest.raises(CorruptPayload, match="describes more than"):
+        decode(_int8_header(shape))
+
+
+def test_an_empty_shape_at_the_bound_is_an_array() -> None:
+    shape = [0, payload_header.MAX_NUMEL]
+    assert decode(_int8_header(shape)).tensors["a"].shape == tuple(shape)
+
+
+def test_encode_refuses_a_shape_no_receiver_takes() -> None:
+    part = codec.QuantizedTensor((0, 2**62), b"", b"")
+    with pytest.raises(UnsupportedFormat, match=r"tensor 'a': shape .* describes more than"):
+        codec.encode_quantized({"a": part}, fragment=0, base_version=0, kind="outer_grad", quantizer="int8")
+
+
+def test_a_frame_without_its_content_checksum_is_refused(blob: bytes) -> None:
+    inner = zstandard.ZstdDecompressor().decompress(blob[codec._PREFIX.size :])
+    frame = zstandard.ZstdCompressor(write_checksum=False, write_content_size=True).compress(inner)
+    unchecked = codec._PREFIX.pack(codec.MAGIC, codec.FORMAT_VERSION, len(frame)) + frame
+    with pytest.raises(CorruptPayload, match="no content checksum") as info:
+        decode(unchecked)
+    assert info.value.code == "corrupt"
+    assert decode(_frame(inner)).tensors.keys() == golden_tensors().keys()  # the same content, checked
+
+
+@pytest.mark.parametrize("level", [None, 1, -1, STORED, ENTROPY])
+def test_every_payload_the_encoder_writes_carries_its_checksum(level: Level | None) -> None:
+    tensors = golden_tensors()
+    blobs = [_encode_golden(quantizer, level) for quantizer in QUANTIZERS]
+    blobs.append(encode(tensors, fragment=0, base_version=3, kind="params", quantizer=q.PLANES, level=level))
+    sink = MemoryUpload(lambda data: None)
+    codec.encode_into(sink, tensors, fragment=0, base_version=3, kind="update", quantizer="int4", level=level)
+    blobs.append(bytes(sink.data))
+    if level is None:
+        blobs.append(codec.encode_params(tensors, 0, 3))
+    for b in blobs:
+        assert zstandard.get_frame_parameters(b[codec._PREFIX.size :]).has_checksum
+        assert decode(b).tensors.keys() == tensors.keys()
 
 
 def test_declared_size_is_checked_before_decompressing() -> None:

@@ -6,6 +6,7 @@ from diloco_core import codec, quantized_arrays
 from diloco_core.code_norms import array_sum_squares
 from diloco_core.fragments import build_plan
 from diloco_core.merge import Codes, merge_fragment
+from diloco_core.payload_errors import CorruptPayload
 from diloco_core.quantized_arrays import QuantizedArrays
 
 SPEC = build_plan([("a", [300, 7]), ("b", [1001])], 1, 4, 1).fragments[0]
@@ -58,3 +59,12 @@ def test_a_tensors_sum_of_squares_is_found_once(monkeypatch: pytest.MonkeyPatch)
     again = [arrays.sum_squares(name) for name in arrays]
     assert first == again
     assert len(calls) == len(arrays)
+
+
+@pytest.mark.parametrize("shape", [(0, 2**63), (0, 2**62), (2**40, 0, 2**40)])
+def test_a_shape_no_array_can_have_is_corrupt_when_read(shape: tuple[int, ...]) -> None:
+    """The header check refuses these first; the read does not let numpy's ValueError out either."""
+    arrays = QuantizedArrays(memoryview(b""), [("a", shape, (0, 0), (0, 0))], "int8", 256)
+    assert arrays.shape("a") == shape
+    with pytest.raises(CorruptPayload, match="tensor 'a': shape"):
+        arrays["a"]
