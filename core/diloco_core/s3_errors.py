@@ -25,7 +25,7 @@ def status(exc: Exception) -> int:
 
 def failure(exc: Exception, what: str, bucket: str) -> tuple[Kind, str]:
     """The kind of a boto3 (or transfer) failure of ``what`` in ``bucket``, and its message."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import ClientError
 
     if isinstance(exc, ClientError):
         c, s = code(exc), status(exc)
@@ -34,6 +34,24 @@ def failure(exc: Exception, what: str, bucket: str) -> tuple[Kind, str]:
         if s >= 500 or c in _RETRYABLE_CODES:
             return "unavailable", f"{what}: {c or s}"
         return "error", f"{what}: {c} (HTTP {s}) in bucket {bucket!r}"
-    if isinstance(exc, BotoCoreError | TransferError):
+    if isinstance(exc, _transport_errors()):
         return "unavailable", f"{what}: {exc}"
-    return "error", f"{what}: {exc}"
+    return "error", f"{what}: {exc} (bucket {bucket!r})"
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The client's failures to reach the service or to carry a request and its answer whole (a
+    connection refused, reset or timed out, a body cut short or garbled on the way): the service may
+    answer later. The rest of botocore's own (no credentials, an invalid parameter, a bad
+    configuration) fail the same way every time."""
+    from botocore import exceptions as e
+
+    return (
+        e.ConnectionError,  # EndpointConnectionError, ConnectTimeoutError, ProxyConnectionError, SSLError
+        e.HTTPClientError,  # ConnectionClosedError, ReadTimeoutError, ResponseStreamingError
+        e.IncompleteReadError,
+        e.ChecksumError,
+        e.FlexibleChecksumError,
+        e.CapacityNotAvailableError,  # the client's own retry quota spent on failures like these
+        TransferError,
+    )

@@ -18,7 +18,15 @@ from urllib.parse import unquote, urlparse
 from diloco_core import direct_io, s3_errors
 from diloco_core.endpoint_url import check_endpoint_url
 from diloco_core.s3_transfer import TransferSettings, download, upload, upload_file
-from diloco_core.uploads import LOCAL_SPOOL, UPLOAD_PREFIX, FileUpload, Upload, sweep
+from diloco_core.uploads import (
+    LOCAL_SPOOL,
+    UPLOAD_PREFIX,
+    FileUpload,
+    Upload,
+    make_folders,
+    sweep,
+    sync_folder,
+)
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9._\-][A-Za-z0-9._\-/]*$")
 
@@ -66,8 +74,8 @@ class ObjectStore(Protocol):
         ...
 
     def sweep_uploads(self, prefix: str) -> int:
-        """Remove what uploads under ``prefix`` that no process will finish left behind (called at
-        start-up by the prefix's one writer); how many."""
+        """Remove what uploads under ``prefix`` (``""``: the whole store) that no process will finish
+        left behind (called at start-up by the prefix's one writer); how many."""
         ...
 
     def list(self, prefix: str = "") -> list[str]: ...
@@ -80,12 +88,13 @@ class ObjectStore(Protocol):
 
 
 class FilesystemStore:
-    """Objects as files under ``root``; writes go to a temporary file renamed into place (atomic)."""
+    """Objects as files under ``root``; writes go to a temporary file renamed into place (atomic),
+    then the folder is synced (durable)."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_folders(self.root)
         except OSError as exc:
             raise StorageError(f"cannot create storage folder {self.root}: {exc}") from exc
 
@@ -140,7 +149,7 @@ class FilesystemStore:
             return
         path = self._path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_folders(path.parent)
             fd, tmp = tempfile.mkstemp(prefix=UPLOAD_PREFIX, dir=path.parent)
             try:
                 with os.fdopen(fd, "wb") as fh:
@@ -151,6 +160,7 @@ class FilesystemStore:
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
+            sync_folder(path.parent)
         except OSError as exc:
             raise StorageUnavailable(f"writing {key}: {exc}") from exc
 
@@ -164,17 +174,21 @@ class FilesystemStore:
                 os.fsync(upload.file.fileno())
                 os.replace(upload.path, path)
                 upload.moved = True
+                sync_folder(path.parent)
             except OSError as exc:
                 raise StorageUnavailable(f"writing {key}: {exc}") from exc
 
         try:
+            make_folders(path.parent)
             return FileUpload(path.parent, store, direct=not read_back)
         except OSError as exc:
             raise StorageUnavailable(f"writing {key}: {exc}") from exc
 
     def sweep_uploads(self, prefix: str) -> int:
-        """Every upload file under ``prefix``: its one writer is starting, so none is in progress."""
-        return sweep(self._path(prefix.rstrip("/")), idle_s=0.0)
+        """Every upload file in the folder of ``prefix`` and below (``""``: the whole store; a file
+        ``list`` never shows): its one writer is starting, so none is in progress."""
+        folder = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        return sweep(folder, idle_s=0.0)
 
     def list(self, prefix: str = "") -> list[str]:
         keys: list[str] = []
@@ -277,6 +291,8 @@ class S3Store:
             raise self._translate(exc, key) from exc
 
     def read_range(self, key: str, start: int, length: int) -> bytes:
+        if length <= 0:  # an HTTP range cannot be empty
+            return b""
         try:
             got = self._client.get_object(
                 Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
@@ -316,9 +332,28 @@ class S3Store:
             raise StorageError(f"cannot write the upload of {key} under {self.spool}: {exc}") from exc
 
     def sweep_uploads(self, prefix: str) -> int:
-        """The spool's upload files (S3 itself drops an unfinished multipart upload). The spool may be
-        another process's too: a file it is writing or sending goes on through its open handle."""
-        return sweep(self.spool, idle_s=0.0)
+        """Abort the multipart uploads under ``prefix`` (S3 keeps an unfinished one's parts, billed,
+        until it is aborted), then remove the spool's upload files. The spool may be another
+        process's too: a file it is writing or sending goes on through its open handle."""
+        aborted = 0
+        try:
+            paginator = self._client.get_paginator("list_multipart_uploads")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+                for item in page.get("Uploads", []):
+                    aborted += self._abort_upload(str(item["Key"]), str(item["UploadId"]))
+        except Exception as exc:
+            raise self._translate(exc, f"unfinished uploads under {prefix!r}") from exc
+        return aborted + sweep(self.spool, idle_s=0.0)
+
+    def _abort_upload(self, key: str, upload_id: str) -> int:
+        """1 once the multipart upload is aborted, 0 when it was gone already."""
+        try:
+            self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except Exception as exc:
+            if s3_errors.code(exc) == "NoSuchUpload":
+                return 0
+            raise
+        return 1
 
     def list(self, prefix: str = "") -> list[str]:
         keys: list[str] = []

@@ -6,16 +6,19 @@ already written be filled in (``patch``: a head known only once the rest is chec
 stores them under the object's key at once (``commit``) or throws them away (``discard``).
 
 - ``FileUpload`` writes a temporary file. The filesystem store makes it in the object's own folder
-  and commits it by ``fsync`` and a rename (the object appears whole or not at all, and its bytes
-  are written once); the S3 store makes it in a local folder and commits it by uploading the file in
+  and commits it by ``fsync``, a rename and an ``fsync`` of the folder (``sync_folder``: the object
+  appears whole or not at all, survives a power loss once committed, and its bytes are written
+  once); the S3 store makes it in a local folder and commits it by uploading the file in
   parts (``s3_transfer.upload_file``), so a body larger than memory is never held in memory.
 - ``FileUpload(direct=True)`` writes its file past the page cache (``direct_io``): for an object
   that is only stored, never viewed through its upload (a commit's large objects).
 - ``MemoryUpload`` holds the bytes in memory and commits them with the store's ``put``: for a store
   that cannot make a file, and while storage is down.
 
-Temporary files a crash leaves behind are named ``UPLOAD_PREFIX*``; ``sweep`` removes them. A
-file's failures (a full disk) are ``OSError``; its ``discard`` never fails.
+Temporary files a crash leaves behind are named ``UPLOAD_PREFIX*``, wherever objects are written
+(pending contributions, parameters, outer state); ``sweep`` removes them under a folder, and a
+store's ``sweep_uploads`` under a prefix whose one writer is starting (the state store sweeps its
+whole shard). A file's failures (a full disk) are ``OSError``; its ``discard`` never fails.
 """
 
 from __future__ import annotations
@@ -61,15 +64,26 @@ class FileUpload:
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=UPLOAD_PREFIX, dir=folder)
         self.path = Path(name)
-        self.file = os.fdopen(fd, "w+b", buffering=_WRITE_BUFFER)
         self.size = 0
         self._store = store
         self._map: mmap.mmap | None = None
         self.moved = False  # set by a store that made the file itself the object (renamed it)
         self._done = False
-        # ``direct``: written past the page cache where the filesystem takes it (never viewed)
-        self._direct_fd = direct_io.open_direct(self.path, os.O_WRONLY) if direct else None
-        self._direct = None if self._direct_fd is None else direct_io.DirectWriter(self._direct_fd, fd)
+        self._direct_fd: int | None = None
+        self._direct: direct_io.DirectWriter | None = None
+        try:
+            self.file = os.fdopen(fd, "w+b", buffering=_WRITE_BUFFER)  # owns ``fd``, closed with it
+        except BaseException:
+            self.path.unlink(missing_ok=True)
+            raise
+        try:
+            # ``direct``: written past the page cache where the filesystem takes it (never viewed)
+            self._direct_fd = direct_io.open_direct(self.path, os.O_WRONLY) if direct else None
+            if self._direct_fd is not None:
+                self._direct = direct_io.DirectWriter(self._direct_fd, fd)
+        except BaseException:  # out of descriptors or memory: neither a descriptor nor the file is kept
+            self.discard()
+            raise
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._direct is not None:
@@ -142,6 +156,7 @@ class MemoryUpload:
         self.data = bytearray()
         self.size = 0
         self._put = put
+        self._discarded = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.data += data
@@ -154,10 +169,14 @@ class MemoryUpload:
         self.data[offset : offset + len(data)] = data
 
     def commit(self) -> None:
+        """Store the bytes; ValueError once discarded (as a ``FileUpload``'s closed file)."""
+        if self._discarded:
+            raise ValueError("commit of a discarded upload")
         self._put(self.data)
 
     def discard(self) -> None:
         self.data = bytearray()
+        self._discarded = True
 
 
 @contextlib.contextmanager
@@ -191,6 +210,27 @@ def forget_frames(exc: BaseException) -> None:
         seen.add(id(current))
         traceback.clear_frames(current.__traceback__)
         current = current.__cause__ or current.__context__
+
+
+def sync_folder(folder: Path) -> None:
+    """Make the entries of ``folder`` durable (a file renamed or made in it): ``fsync`` of the folder."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_folders(folder: Path) -> None:
+    """``folder`` and its missing parents, each made durable in its parent (``sync_folder``)."""
+    missing: list[Path] = []
+    at = folder
+    while not at.is_dir() and at != at.parent:
+        missing.append(at)
+        at = at.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    for made in reversed(missing):
+        sync_folder(made.parent)
 
 
 def sweep(folder: Path, idle_s: float, now: float | None = None) -> int:

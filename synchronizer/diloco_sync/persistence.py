@@ -275,14 +275,19 @@ class StateStore:
         return key
 
     def sweep_uploads(self) -> None:
-        """Remove what unfinished uploads of pending objects left behind (at start-up)."""
+        """Remove what unfinished uploads anywhere in the shard (pending contributions, parameters,
+        outer state) left behind: at start-up, while this process is the shard's one writer.
+        ``StorageUnavailable`` is raised, to be waited out; a refusal (a store that may not list or
+        abort uploads) only leaves them for later."""
         try:
-            removed = self.store.sweep_uploads(self.layout.pending_prefix) + sweep(LOCAL_SPOOL, idle_s=0.0)
-        except OSError as exc:
-            log.warning("could not remove unfinished uploads: %s", exc)
+            removed = self.store.sweep_uploads(f"{self.layout.root}/") + sweep(LOCAL_SPOOL, idle_s=0.0)
+        except StorageUnavailable:
+            raise
+        except (OSError, StorageError) as exc:
+            log.warning("shard %d: could not remove unfinished uploads: %s", self.shard, exc)
             return
         if removed:
-            log.info("removed %d unfinished uploads of pending contributions", removed)
+            log.info("shard %d: removed %d unfinished uploads", self.shard, removed)
 
     def list_pending(self) -> list[str]:
         return self.store.list(self.layout.pending_prefix)

@@ -17,6 +17,7 @@ from diloco_core.storage import (
     StorageUnavailable,
     open_store,
 )
+from diloco_core.uploads import UPLOAD_PREFIX
 from diloco_testbed.s3_server import S3Server
 
 
@@ -190,5 +191,102 @@ def test_read_range_reads_part_of_an_object(store: ObjectStore) -> None:
     assert store.read_range("v/params.bin", 40, 20) == data[40:60]
     assert store.read_range("v/params.bin", 95, 10) == data[95:]  # fewer at the end
     assert store.read_range("v/params.bin", 100, 5) == b""
+    assert store.read_range("v/params.bin", 0, 0) == b""  # an empty range, not the whole object
+    assert store.read_range("v/params.bin", 50, 0) == b""
     with pytest.raises(ObjectNotFound):
         store.read_range("v/missing.bin", 0, 10)
+
+
+def test_a_filesystem_sweep_of_the_whole_store_removes_every_upload_file(tmp_path: Path) -> None:
+    store = FilesystemStore(tmp_path)
+    store.put("shard-000/fragments/0/params-0000000001.bin", b"committed")
+    left = store.open_upload("shard-000/fragments/0/params-0000000002.bin")  # never committed
+    left.write(b"part of the parameters")
+    pending = store.open_upload("shard-000/pending/0/a/0-1.bin")
+    pending.write(b"part of a body")
+    assert store.sweep_uploads("") == 2
+    assert [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()] == [
+        "shard-000/fragments/0/params-0000000001.bin"
+    ]
+
+
+def _synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What ``os.fsync`` is called on from now on, by path."""
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return synced
+
+
+@pytest.mark.parametrize("size", [3, DIRECT_MIN_BYTES])  # a plain write, one past the page cache
+def test_a_filesystem_put_syncs_the_object_s_folder_and_the_folders_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    store = FilesystemStore(tmp_path)
+    synced = _synced(monkeypatch)
+    store.put("a/b/obj", b"x" * size)
+    folder = str(tmp_path / "a/b")
+    assert synced[:2] == [str(tmp_path), str(tmp_path / "a")]  # where "a" and "a/b" were made
+    assert synced[-2].startswith(f"{folder}/{UPLOAD_PREFIX}")  # the file, under its temporary name
+    assert synced[-1] == folder  # then the rename, in its folder
+    synced.clear()
+    store.put("a/b/obj", b"y" * size)
+    assert synced[-1] == folder
+    assert store.get("a/b/obj") == b"y" * size
+
+
+def test_a_filesystem_upload_s_commit_syncs_the_object_s_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FilesystemStore(tmp_path)
+    store.put("pending/old", b"o")
+    synced = _synced(monkeypatch)
+    upload = store.open_upload("pending/0/a.bin")
+    assert synced == [str(tmp_path / "pending")]  # the folder made for it, in its parent
+    upload.write(b"body")
+    upload.commit()
+    assert synced[1:] == [str(upload.path), str(tmp_path / "pending/0")]
+
+
+def _unfinished(store: S3Store, prefix: str = "") -> list[str]:
+    """The keys of the store's unfinished multipart uploads under ``prefix`` (of the bucket)."""
+    got = store._client.list_multipart_uploads(Bucket=store.bucket, Prefix=prefix)
+    return sorted(str(item["Key"]) for item in got.get("Uploads", []))
+
+
+def _start_multipart(store: S3Store, key: str) -> None:
+    """A multipart upload of one part, never completed (as a process that died while sending)."""
+    client = store._client
+    started = client.create_multipart_upload(Bucket=store.bucket, Key=key)
+    client.upload_part(
+        Bucket=store.bucket, Key=key, UploadId=started["UploadId"], PartNumber=1, Body=b"p" * (5 << 20)
+    )
+
+
+@pytest.mark.integration
+def test_an_s3_sweep_aborts_the_unfinished_multipart_uploads_under_its_prefix(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    kw = {"endpoint_url": s3.endpoint_url, "access_key": s3.access_key, "secret_key": s3.secret_key}
+    bucket = s3.new_bucket()
+    store = S3Store(bucket, "job/a", spool=tmp_path / "spool", **kw)
+    store.put("shard-000/fragments/0/params-0000000001.bin", b"committed")
+    _start_multipart(store, "job/a/shard-000/fragments/0/outer-0000000002.bin")
+    _start_multipart(store, "job/a/shard-000/pending/0/a/0-1.bin")
+    _start_multipart(store, "job/a/shard-001/fragments/0/params-0000000002.bin")  # another shard's
+    _start_multipart(store, "job/b/shard-000/fragments/0/params-0000000002.bin")  # another job's
+
+    assert store.sweep_uploads("shard-000/") == 2
+    assert _unfinished(store, "job/a/shard-000/") == []
+    assert _unfinished(store) == [
+        "job/a/shard-001/fragments/0/params-0000000002.bin",
+        "job/b/shard-000/fragments/0/params-0000000002.bin",
+    ]
+    assert store.get("shard-000/fragments/0/params-0000000001.bin") == b"committed"
+    assert store.sweep_uploads("") == 1  # the whole job
+    assert _unfinished(store) == ["job/b/shard-000/fragments/0/params-0000000002.bin"]

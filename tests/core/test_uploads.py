@@ -11,7 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from diloco_core.uploads import UPLOAD_PREFIX, FileUpload, MemoryUpload, reading, release, sweep
+from diloco_core import direct_io
+from diloco_core.uploads import (
+    UPLOAD_PREFIX,
+    FileUpload,
+    MemoryUpload,
+    make_folders,
+    reading,
+    release,
+    sweep,
+)
 
 
 def _moved_to(target: Path) -> tuple[list[bytes], Callable[[FileUpload], None]]:
@@ -86,6 +95,23 @@ def test_a_memory_upload_is_filled_in_and_put_whole() -> None:
     upload.commit()
     assert put == [b"headbody"]
     assert upload.size == 8
+
+
+def test_a_discarded_upload_cannot_be_committed(tmp_path: Path) -> None:
+    put: list[bytes] = []
+    memory = MemoryUpload(lambda data: put.append(bytes(data)))
+    memory.write(b"body")
+    memory.discard()
+    with pytest.raises(ValueError):
+        memory.commit()
+    assert put == []
+    stored, store = _moved_to(tmp_path / "object.bin")
+    file = FileUpload(tmp_path, store)
+    file.write(b"body")
+    file.discard()
+    with pytest.raises(ValueError):
+        file.commit()
+    assert stored == []
 
 
 def test_a_sweep_removes_only_upload_files_idle_for_long_enough(tmp_path: Path) -> None:
@@ -176,3 +202,82 @@ def test_a_direct_upload_is_only_stored_never_read_back_through_it(tmp_path: Pat
     dropped.write(data)
     dropped.discard()
     assert os.listdir(tmp_path / "folder") == []
+
+
+def _descriptors_to(folder: Path) -> list[str]:
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+    return [t for t in targets if t.startswith(str(folder))]
+
+
+_OUT_OF_DESCRIPTORS = """
+import os, resource, sys
+from pathlib import Path
+from diloco_core.uploads import FileUpload
+
+folder = Path(sys.argv[1])
+folder.mkdir()
+lowest = os.dup(0)  # the lowest free descriptor, which the temporary file takes
+os.close(lowest)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (lowest + 1, hard))
+try:
+    FileUpload(folder, lambda u: None, direct=True)  # its direct descriptor is one too many
+except OSError as exc:
+    print("refused", exc.errno)
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+left = []
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        left.append(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        pass
+print("open", sum(t.startswith(str(folder)) for t in left))
+"""
+
+
+def test_an_upload_that_cannot_open_its_direct_descriptor_leaves_no_descriptor_nor_file(
+    tmp_path: Path,
+) -> None:
+    """A real refusal (the process's descriptor limit, one descriptor short): the upload raises and
+    keeps neither its temporary file's descriptor nor the file."""
+    done = subprocess.run(
+        [sys.executable, "-c", _OUT_OF_DESCRIPTORS, str(tmp_path / "folder")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["refused", str(errno.EMFILE), "open", "0"]
+    assert list((tmp_path / "folder").iterdir()) == []
+
+
+def test_an_upload_without_memory_for_its_staging_block_leaves_no_descriptor_nor_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The direct writer's staging block refused (ENOMEM from its ``mmap``). An out-of-memory
+    ``mmap`` cannot be had on demand without starving the whole process, so the writer is replaced
+    by one that fails as it would."""
+
+    def out_of_memory(direct_fd: int | None, plain_fd: int) -> direct_io.DirectWriter:
+        raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+    monkeypatch.setattr(direct_io, "DirectWriter", out_of_memory)
+    folder = tmp_path / "folder"
+    with pytest.raises(OSError) as refused:
+        FileUpload(folder, lambda u: None, direct=True)
+    assert refused.value.errno == errno.ENOMEM
+    assert _descriptors_to(folder) == []
+    assert list(folder.iterdir()) == []
+
+
+def test_folders_are_made_with_their_missing_parents(tmp_path: Path) -> None:
+    make_folders(tmp_path / "a" / "b" / "c")
+    assert (tmp_path / "a" / "b" / "c").is_dir()
+    make_folders(tmp_path / "a" / "b")  # already there
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["b"]

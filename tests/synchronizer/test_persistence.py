@@ -3,13 +3,17 @@ filesystem store."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from diloco_core.layout import FragmentRecord, LearnerRegistryRecord
 from diloco_core.ownership import CONFLICT, MARKER_KEY, encode_marker, new_marker, parse_marker
-from diloco_core.storage import FilesystemStore
+from diloco_core.storage import FilesystemStore, S3Store
+from diloco_core.uploads import UPLOAD_PREFIX
 from diloco_sync.persistence import StateMismatch, StateStore, StorageOwnedByAnotherJob
+from diloco_testbed.s3_server import S3Server
 
 
 def _commit(state: StateStore, p: int, version: int) -> None:
@@ -150,3 +154,63 @@ def test_a_version_written_by_its_writer_is_committed_with_the_size_written(tmp_
     manifest = StateStore(fs, 0, "job").load_manifest()
     assert manifest is not None
     assert manifest.fragments[0].params_bytes == 7
+
+
+_CRASH_MID_COMMIT = """
+import os, sys
+from diloco_core.storage import FilesystemStore
+
+store = FilesystemStore(sys.argv[1])
+for key in sys.argv[2:]:
+    upload = store.open_upload(key, read_back=False)
+    upload.write(b"part of an object")
+os._exit(1)  # dies before any commit or discard
+"""
+
+
+def test_the_start_up_sweep_removes_what_a_crash_left_anywhere_in_the_shard(tmp_path: Path) -> None:
+    fs = FilesystemStore(tmp_path)
+    earlier = StateStore(fs, 0, "job")
+    _commit(earlier, 1, 1)
+    layout = earlier.layout
+    left = [layout.params(1, 2), layout.outer(1, 2), layout.pending(1, "a", 1, 0), "shard-001/plan.json"]
+    crashed = subprocess.run(
+        [sys.executable, "-c", _CRASH_MID_COMMIT, str(tmp_path), *left], capture_output=True, timeout=60
+    )
+    assert crashed.returncode == 1, crashed.stderr
+    assert len(list(tmp_path.rglob(f"{UPLOAD_PREFIX}*"))) == 4
+    committed = sorted(p for p in tmp_path.rglob("*") if p.is_file() and not p.name.startswith(UPLOAD_PREFIX))
+
+    StateStore(fs, 0, "job").sweep_uploads()
+    assert [p.relative_to(tmp_path).parent.as_posix() for p in tmp_path.rglob(f"{UPLOAD_PREFIX}*")] == [
+        "shard-001"
+    ]  # another shard's, whose writer may be at work
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file() and not p.name.startswith(UPLOAD_PREFIX)) == (
+        committed
+    )
+    assert fs.get(layout.params(1, 1)) == b"params-1"
+
+
+@pytest.mark.integration
+def test_the_start_up_sweep_aborts_the_shard_s_unfinished_multipart_uploads(
+    s3: S3Server, tmp_path: Path
+) -> None:
+    kw = {"endpoint_url": s3.endpoint_url, "access_key": s3.access_key, "secret_key": s3.secret_key}
+    store = S3Store(s3.new_bucket(), "jobs/llm", spool=tmp_path / "spool", **kw)
+    earlier = StateStore(store, 0, "job")
+    _commit(earlier, 1, 1)
+    client, bucket = store._client, store.bucket
+    for key in (earlier.layout.outer(1, 2), "shard-001/fragments/0/outer-0000000002.bin"):
+        started = client.create_multipart_upload(Bucket=bucket, Key=f"jobs/llm/{key}")
+        client.upload_part(
+            Bucket=bucket,
+            Key=f"jobs/llm/{key}",
+            UploadId=started["UploadId"],
+            PartNumber=1,
+            Body=b"o" * (5 << 20),
+        )
+
+    StateStore(store, 0, "job").sweep_uploads()
+    unfinished = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    assert [u["Key"] for u in unfinished] == ["jobs/llm/shard-001/fragments/0/outer-0000000002.bin"]
+    assert store.get(earlier.layout.outer(1, 1)) == b"outer-1"
