@@ -178,6 +178,52 @@ def test_a_restart_removes_the_bodies_a_crash_left_half_written(tmp_path: Path) 
     assert again.pending_objects() == [again.service.store.layout.pending(0, "b", 0, 1)]  # taken ones stay
 
 
+def test_parts_read_back_with_a_lost_one_between_them_wait_for_it_and_every_step_is_merged(
+    tmp_path: Path,
+) -> None:
+    """Learner a's three parts (steps 1-4, 5-8, 9-12) are stored, except the second, which was only
+    held in memory when the process died (its object is removed here). The restarted synchronizer
+    reads back the first and the third: the third waits behind the gap instead of being added to the
+    first over it, the learner's resend of the second is taken and joins them, and the round merges
+    all twelve steps."""
+    first = in_process(tmp_path, quorum=2)
+    grads = [outer_grad(PLAN, 0, seed=20 + i) for i in range(3)]
+
+    async def send_all() -> None:
+        await first.start("ab")
+        for i, g in enumerate(grads):
+            result = await first.send(
+                "a", 0, encode_grad(g, 0, 0), base_version=0, steps=4, tokens=32, seq=i + 1, since=4 * i
+            )
+            assert (result.status, result.durable) == ("accepted", True)
+
+    asyncio.run(send_all())
+    lost = first.service.store.layout.pending(0, "a", 0, 2)
+    first.service.store.store.delete(lost)
+    again = in_process(tmp_path, quorum=2)
+
+    async def after_the_restart() -> None:
+        again.desk.replay(await again.service.load())
+        fs = again.service.fragments.get(0)
+        head = fs.pending["a"]
+        assert (head.since, head.through, head.steps) == (0, 4, 4)
+        assert [(w.since, w.through) for w in fs.waiting["a"]] == [(8, 12)]
+        resent = await again.send(
+            "a", 0, encode_grad(grads[1], 0, 0), base_version=0, steps=4, tokens=32, seq=2, since=4
+        )
+        assert (resent.status, resent.durable) == ("accepted", True)
+        whole = fs.pending["a"]
+        assert (whole.since, whole.through, whole.steps, whole.tokens, fs.waiting) == (0, 12, 12, 96, {})
+        for name, value in whole.tensors.items():
+            np.testing.assert_array_equal(value, (grads[0][name] + grads[1][name]) + grads[2][name])
+        assert await again.contribute("b", seq=1) == "accepted"
+        again.runner.tick()
+        assert await fs.wait_newer(0, 5.0) == "version"
+        assert fs.merged_through["a"] == (0, 12)
+
+    asyncio.run(after_the_restart())
+
+
 def upload_files(root: Path) -> list[Path]:
     """The upload files under the pending folders of ``root`` (other objects' writes make their own
     temporary files for a moment)."""
