@@ -328,8 +328,7 @@ class ContributionDesk:
         c.blob = blob
 
     def _enqueue(self, fs: FragmentState, c: Contribution) -> None:
-        previous = fs.accept(c, self.diloco.quorum)
-        if previous is not None:
+        for previous in fs.accept(c, self.diloco.quorum):
             log.info("learner %s: contribution %s supersedes %s", c.learner_id, c.key, previous.key)
             self.discard(previous)
 

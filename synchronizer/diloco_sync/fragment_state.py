@@ -277,41 +277,49 @@ class FragmentState:
             in_order=in_order,
         )
 
-    def accept(self, c: Contribution, quorum: int) -> Contribution | None:
+    def accept(self, c: Contribution, quorum: int) -> list[Contribution]:
         """Queue a contribution for the next round. The learner's pending one is continued by it
         (same base, ``c.since`` at its ``through``, or ``c`` ending where it starts: the two are added
-        up) or superseded by it; returns the one superseded, whose keys are remembered as applied so
-        that a resend of it is a duplicate. Parts are added up only where they meet: a part after a
-        gap waits behind the pending one (``waiting``), and the pending one waits behind a part that
-        comes before it with a gap between; each is folded in when the gap before it is filled. The
-        caller checked :meth:`refusal` first. A contribution with a gap before it waits outside the
-        round."""
+        up) or superseded by it (``c`` covers its steps, or is on another base, which supersedes the
+        parts on other bases waiting behind it too); returns those superseded, whose keys are
+        remembered as applied so that a resend of one is a duplicate. Parts are added up only where
+        they meet: a part after a gap waits behind the pending one (``waiting``), and the pending one
+        waits behind a part that comes before it with a gap between; each is folded in when the gap
+        before it is filled. The caller checked :meth:`refusal` first. A contribution with a gap
+        before it waits outside the round: the round holds exactly the pending parts that are ready."""
         self._expect("open", "merging", "committed")
         previous = self._pending.get(c.learner_id)
+        superseded: list[Contribution] = []
         if previous is not None and previous.base_version == c.base_version:
             where = relation(previous, c.since, c.through)
             if where == "after" and c.since != previous.through:
                 self._wait(c)
-                return None
+                return []
             if where == "after":
                 c = fold(previous, c)
             elif where == "before" and c.through == previous.since:
                 c = fold(c, previous)
             elif where == "before":
                 self._wait(previous)
-            if where in ("after", "before"):
-                previous = None
+            else:
+                superseded.append(previous)
+        elif previous is not None:
+            waiting = self._waiting.pop(c.learner_id, [])
+            superseded += [previous, *(w for w in waiting if w.base_version != c.base_version)]
+            if kept := [w for w in waiting if w.base_version == c.base_version]:
+                self._waiting[c.learner_id] = kept
         opens = not any(self.ready(x) for x in self._pending.values() if x.learner_id != c.learner_id)
         self._pending[c.learner_id] = c = self._continued(c)
         if self.ready(c):
             if opens:  # a round opens when its first contribution arrives (the fragment fell due)
                 self._round = policy.open_round(self.index, self.version, c.received_at)
             self._round = policy.add_contribution(self._round, round_entry(c), quorum=quorum)
-        if previous is not None:
-            self._keys.apply_all([previous])
+        elif c.learner_id in self._round.pending:  # the part it replaced was in the round: it leaves
+            self._open_round(self._round.opened_at, quorum)
+        self._keys.apply_all(superseded)
         if opens:
             self._served.notify()  # learners waiting with announce_rounds hear of it at once
-        return previous
+        return superseded
 
     def _wait(self, c: Contribution) -> None:
         """Hold a part with a gap before it behind the learner's pending one, in step order, folded
@@ -418,6 +426,7 @@ class FragmentState:
         self._keys.apply_all(self._merging)
         taken = [c for c in self._merging if merged is None or c.key in merged]
         self._merged_through = merged_through(self._merged_through, taken)
+        self._merging = tuple(taken)  # those the checks excluded no longer count as merged (``ready``)
         self._version_times = kept_times(self._version_times, version, now)
         self._rounds, self._phase = self.rounds + 1, "committed"
         self._state.hold(params, outer, payload, outer_key)
@@ -429,19 +438,24 @@ class FragmentState:
         self._expect("committed")
         self._merging, self._phase = (), "open"
 
-    def reject(self) -> list[Contribution]:
+    def reject(self, quorum: int) -> list[Contribution]:
         """The round's checks excluded every contribution of the merge: the fragment stays at its
-        version, their keys are applied (a resend is a duplicate); returns them."""
+        version, their keys are applied (a resend is a duplicate), and the round starts again with
+        the pending parts still ready (one taken after an excluded part is not); returns them."""
         self._expect("merging")
         rejected, self._merging, self._phase = list(self._merging), (), "open"
         self._keys.apply_all(rejected)
         self._checked = self._checked.plus(Checked(excluded=len(rejected)))
+        self._open_round(self._round.opened_at, quorum)
         return rejected
 
-    def abort(self) -> list[Contribution]:
-        """The merge failed: the fragment stays at its version; returns the contributions it held."""
+    def abort(self, quorum: int) -> list[Contribution]:
+        """The merge failed: the fragment stays at its version, and the round starts again with the
+        pending parts still ready (one taken after a part of the merge is not, until a restart reads
+        that part back); returns the contributions the merge held."""
         self._expect("merging")
         given_back, self._merging, self._phase = list(self._merging), (), "open"
+        self._open_round(self._round.opened_at, quorum)
         return given_back
 
     def _open_round(self, now: float, quorum: int) -> None:

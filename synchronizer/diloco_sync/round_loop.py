@@ -155,7 +155,7 @@ class RoundRunner:
                 del state, params, outer  # the round holds its new state, not the old one too
                 self._report_excluded(fs, outcome.excluded)
                 if isinstance(outcome, NothingMerged):
-                    for c in fs.reject():
+                    for c in fs.reject(self.diloco.quorum):
                         self.release.discard(c)
                     return
                 log_entry, size = await self.committer.write(fs, outcome, list(outcome.merged), timing)
@@ -163,7 +163,7 @@ class RoundRunner:
             raise
         except StateMismatch as exc:  # the prefix is another job's now: the server stops with the reason
             log.error("fragment %d: round not committed: %s", fs.index, exc)
-            for c in fs.abort():
+            for c in fs.abort(self.diloco.quorum):
                 self.release.forget(c)
         except Exception:
             # their stored copies stay, so a restart replays them; only the memory is given back now
@@ -172,7 +172,7 @@ class RoundRunner:
                 fs.index,
                 len(contributions),
             )
-            for c in fs.abort():
+            for c in fs.abort(self.diloco.quorum):
                 self.release.forget(c)
         else:
             await self._publish(fs, outcome, contributions, log_entry, size)
