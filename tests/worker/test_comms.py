@@ -1,16 +1,23 @@
 from __future__ import annotations
 
+import json
 import logging
 import random
+import threading
+import time
 
 import numpy as np
 from diloco_core import bounds
+from diloco_core.auth import learner_token
 from diloco_core.fragments import build_plan
 from diloco_core.protocol import Heartbeat
+from diloco_testbed.waiting import wait_for
 from diloco_worker.comms import CommSettings, Communicator, heartbeat_failure_level
 from diloco_worker.fragment_state import Outgoing
 from diloco_worker.pacing import TokenBucket, backoff_delay
-from diloco_worker.sync_client import SyncClient, SyncUnavailable
+from diloco_worker.sync_client import SyncBadAnswer, SyncClient, SyncUnavailable
+
+from tests.worker.scripted_server import Answer, serving
 
 
 def test_backoff_grows_exponentially_with_jitter_and_a_cap() -> None:
@@ -77,3 +84,39 @@ def test_a_heartbeat_refused_for_the_clock_is_a_warning_and_other_failures_are_d
     ]  # fmt: skip
     down = SyncUnavailable("cannot reach http://sync:8000: connection refused")
     assert heartbeat_failure_level(down, 1) == logging.DEBUG
+    page = SyncBadAnswer("POST /v1/learners/a/heartbeat: HTTP 200 (text/html) is not a HeartbeatResponse")
+    assert [heartbeat_failure_level(page, n) for n in (1, 2, 20)] == [
+        logging.WARNING,
+        logging.DEBUG,
+        logging.WARNING,
+    ]
+
+
+def test_the_heartbeat_thread_lives_on_after_an_answer_that_is_not_the_synchronizers() -> None:
+    """The first heartbeat is answered with a page, not the synchronizer's JSON: the heartbeat thread
+    retries, and its next heartbeats are answered."""
+    beats: list[str] = []
+    valid = json.dumps({"versions": {"0": 0}, "alive_learners": 1}).encode()
+
+    def answer(method: str, path: str) -> Answer:
+        if path.endswith("/heartbeat"):
+            beats.append(path)
+            return (
+                (200, "text/html", b"<html>ok</html>")
+                if len(beats) == 1
+                else (200, "application/json", valid)
+            )
+        time.sleep(0.1)  # a long-poll with nothing new
+        return 304, "text/plain", b""
+
+    plan = build_plan([("w", (2,)), ("v", (2,))], 1, 4, 1)
+    with serving(answer) as url:
+        client = SyncClient(url, "a", learner_token("s", "a"))
+        comm = Communicator(client, plan, CommSettings(heartbeat_interval_s=0.05), versions={0: 0})
+        comm.start()
+        try:
+            wait_for(lambda: len(beats) >= 3, timeout=30, what="heartbeats after the bad answer")
+            assert any(t.name == "diloco-heartbeat" and t.is_alive() for t in threading.enumerate())
+        finally:
+            comm.stop()
+            client.close()

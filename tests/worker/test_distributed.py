@@ -81,3 +81,48 @@ def test_every_rank_of_a_unit_follows_the_terms_rank_0_registered_with(tmp_path:
     outputs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     assert [out.split("TERMS ")[-1].strip() for out in outputs] == ["0.3 after-version"] * 2, outputs
+
+
+_SETS = """
+import sys, torch
+from diloco_worker.distributed import join_unit
+
+rank = int(sys.argv[1])
+unit = join_unit({"WORLD_SIZE": "2", "RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                  "MASTER_PORT": sys.argv[2]}, torch.device("cpu"))
+members = {0, 63, 64, 1000} if rank == 0 else {5}  # only rank 0's count
+print("SET", sorted(unit.share_set(members, 1024)))
+flags = [True, False, True] if rank == 0 else [False, False, False]
+print("FLAGS", unit.share_flags(flags), unit.share_flags([]))
+unit.close()
+"""
+
+
+@pytest.mark.integration
+def test_rank_0s_set_of_fragments_arrives_whole_however_many_fragments_the_job_has() -> None:
+    """A set of fragments past the width of one integer (the job may have up to 1024) reaches every
+    rank of the unit whole."""
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SETS, str(rank), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    for out in outputs:
+        assert "SET [0, 63, 64, 1000]" in out, outputs
+        assert "FLAGS [True, False, True] []" in out, outputs
+
+
+def test_a_single_process_unit_shares_its_own_set() -> None:
+    from diloco_worker.distributed import Unit
+
+    assert Unit().share_set({0, 63, 64, 1000}, 1024) == {0, 63, 64, 1000}
+    assert Unit().share_flags([False, True]) == [False, True]
+    with pytest.raises(ValueError, match="0..1023"):
+        Unit().share_set({1024}, 1024)

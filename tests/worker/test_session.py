@@ -1,16 +1,21 @@
-"""A learner against a synchronizer whose pending budget is full, with real processes: its further
-parts are answered ``pending_full`` and retried, it holds the fragment back while one waits (the
-progress of its due steps goes into a later, larger part, queued before a new version replaces it),
-and once a round frees room every part is taken in order: none is refused for good."""
+"""The learner's step-boundary decisions. A learner against a synchronizer whose pending budget is
+full, with real processes: its further parts are answered ``pending_full`` and retried, it holds the
+fragment back while one waits (the progress of its due steps goes into a later, larger part, queued
+before a new version replaces it), and once a round frees room every part is taken in order: none is
+refused for good. Every rank of a unit holds back and answers the same fragments, whatever their
+numbers."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from diloco_testbed.ports import free_port
 from diloco_testbed.process import stop_all
 from diloco_testbed.waiting import wait_for
 
@@ -87,3 +92,66 @@ def _after_holding_back(logs: str) -> list[tuple[int, int, int]]:
             parts.append((held_at, int(m["step"]), int(m["steps"])))
             held_at = None
     return parts
+
+
+_UNIT_DECISIONS = """
+import sys, types, torch
+from diloco_worker.distributed import join_unit
+from diloco_worker.session import DiLoCoSession
+
+rank = int(sys.argv[1])
+unit = join_unit({"WORLD_SIZE": "2", "RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                  "MASTER_PORT": sys.argv[2]}, torch.device("cpu"))
+leader = rank == 0
+queued, submitted, marked = [], [], []
+
+
+class Counters(list):
+    def unsent(self, p):
+        return True
+
+
+counters = Counters(types.SimpleNamespace(base_version=0, steps=3, sent_at=0) for _ in range(1024))
+comm = types.SimpleNamespace(
+    pending=lambda p: p == 63,
+    requests=lambda: {64: 0, 1000: 0},
+    submit=lambda c: submitted.append(c),
+    answered=lambda p: None,
+)
+fs = types.SimpleNamespace(
+    due=lambda: [1, 63],
+    counters=counters,
+    take_contribution=lambda p, codec, ef: types.SimpleNamespace(fragment=p, base_version=0, steps=3),
+    mark_sent=marked.append,
+)
+session = types.SimpleNamespace(
+    fs=fs, _held_back=set(), comm=comm if leader else None, blocking=None, unit=unit,
+    settings=types.SimpleNamespace(learner_id="a"), terms=types.SimpleNamespace(codec="int4", error_feedback=True),
+    _queue=lambda p, step: queued.append(p),
+)
+due = DiLoCoSession._send_due(session, 100)
+print("DUE", due, sorted(session._held_back), queued)
+DiLoCoSession._send_requested(session, 100)
+print("REQUESTED", [c.fragment for c in submitted] if leader else marked)
+unit.close()
+"""
+
+
+def test_every_rank_of_a_unit_holds_back_and_answers_the_same_fragments_past_63() -> None:
+    """Rank 0 alone knows which fragments still wait to be sent and which rounds asked for this
+    learner; the others hold back and count the same ones, fragment 63 and beyond included."""
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _UNIT_DECISIONS, str(rank), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    for out in outputs:
+        assert "DUE [1] [63] [1]" in out, outputs
+        assert "REQUESTED [64, 1000]" in out, outputs

@@ -1,4 +1,5 @@
-"""The per-shard clients: which client a fragment's calls go through; what a request's head carries."""
+"""The per-shard clients: which client a fragment's calls go through; what a request's head carries;
+what an answer that is not the synchronizer's becomes."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import threading
 
 import pytest
 from diloco_core.auth import learner_token
-from diloco_core.protocol import ShardInfo
+from diloco_core.protocol import Heartbeat, ShardInfo
+from diloco_worker.carried_beats import CarriedBeats
 from diloco_worker.routing import build_routes
-from diloco_worker.sync_client import ShardClients, SyncClient, SyncRejected
+from diloco_worker.sync_client import ShardClients, SyncBadAnswer, SyncClient, SyncRejected, SyncUnavailable
+
+from tests.worker.scripted_server import Answer, serving
 
 
 def test_each_fragment_uses_its_owners_client_and_the_given_one_serves_the_home_shard() -> None:
@@ -72,3 +76,32 @@ def test_a_token_that_cannot_sign_is_refused_before_anything_is_sent() -> None:
     client.close()
     assert (info.value.status, info.value.code) == (401, "unauthenticated")
     assert "cannot sign" in info.value.reason
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"<html>ok</html>", b'{"status": "accepted"}', b"[1, 2"],
+    ids=["a page", "other JSON", "cut short"],
+)
+def test_a_success_answer_that_is_not_the_expected_json_is_retried(body: bytes) -> None:
+    """A proxy's page, or a body of another shape, answering a request with success: an error the
+    callers retry (``SyncUnavailable``), that says what answered."""
+
+    def answer(method: str, path: str) -> Answer:
+        return 202, "text/html", body
+
+    with serving(answer) as url:
+        client = SyncClient(url, "a", learner_token("s", "a"))
+        client.beats = CarriedBeats(clock=lambda: 100.0)
+        try:
+            with pytest.raises(SyncBadAnswer) as contributed:
+                client.contribute(0, b"payload", base_version=0, steps=4, tokens=100, seq=1)
+            with pytest.raises(SyncUnavailable):
+                client.heartbeat(Heartbeat(step=1, tokens=1, step_time_s=0.1))
+            assert client.beats.due_in(60.0) == 30.0  # not heard: owed again half an interval after it
+        finally:
+            client.close()
+    message = str(contributed.value)
+    assert "HTTP 202 (text/html)" in message
+    assert "ContributionResult" in message
+    assert "/v1/fragments/0/contributions" in message

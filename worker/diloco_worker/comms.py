@@ -40,17 +40,18 @@ from .fragment_state import Outgoing
 from .pacing import backoff_delay
 from .poller import Held, Poller
 from .sender import Sender
-from .sync_client import ShardClients, SyncClient, SyncRejected, SyncUnavailable
+from .sync_client import ShardClients, SyncBadAnswer, SyncClient, SyncRejected, SyncUnavailable
 
 log = logging.getLogger("diloco_worker.comms")
 
 
 def heartbeat_failure_level(exc: SyncUnavailable, attempt: int) -> int:
     """How loudly a failed heartbeat (the ``attempt``-th in a row) is logged: a refusal for the clock
-    (401 ``clock_skew``, which no retry cures until a clock is set right) as a warning at the first
-    failure and every 20th after; anything else (a restart, a blip) at debug."""
-    skewed = "clock_skew" in str(exc)
-    return logging.WARNING if skewed and (attempt == 1 or attempt % 20 == 0) else logging.DEBUG
+    (401 ``clock_skew``, which no retry cures until a clock is set right) or an answer that is not the
+    synchronizer's (``SyncBadAnswer``: something in front of it answers in its place) as a warning at
+    the first failure and every 20th after; anything else (a restart, a blip) at debug."""
+    telling = "clock_skew" in str(exc) or isinstance(exc, SyncBadAnswer)
+    return logging.WARNING if telling and (attempt == 1 or attempt % 20 == 0) else logging.DEBUG
 
 
 def _within(seconds: float, high: float) -> float:
@@ -222,7 +223,8 @@ class Communicator:
     # ---- the heartbeat thread ----
     def _hb_loop(self, shard: int) -> None:
         """Keep this learner alive on ``shard`` (each shard has its own learner registry): a heartbeat
-        request whenever nothing carried one for an interval (``carried_beats``)."""
+        request whenever nothing carried one for an interval (``carried_beats``). An unexpected
+        failure is logged and retried after a backoff: the thread lives as long as the learner."""
         client, attempt, every_s = self.shards.shard(shard), 0, self.settings.heartbeat_interval_s
         delay = every_s
         while not self._stop.wait(delay):
@@ -243,6 +245,9 @@ class Communicator:
                         self._on_unknown(shard)
                     except Exception as reg_exc:  # a failed re-registration is retried on the next beat
                         log.warning("re-registration failed: %s", reg_exc)
+            except Exception:
+                attempt += 1
+                log.exception("shard=%d heartbeat failed unexpectedly, will retry", shard)
             delay = every_s if attempt == 0 else backoff_delay(attempt, self._rng)
 
     def wire_bytes(self) -> tuple[int, int]:

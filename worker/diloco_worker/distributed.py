@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -151,8 +151,27 @@ class Unit:
         """Rank 0's ``flag`` on every rank."""
         return bool(self.share_int(int(flag)))
 
+    def share_flags(self, flags: Sequence[bool]) -> list[bool]:
+        """Rank 0's ``flags`` on every rank: one byte each, so a flag per fragment fits however many
+        fragments the job has. Every rank passes as many flags as rank 0 (the others' values are
+        ignored)."""
+        if not self.distributed or not flags:
+            return [bool(f) for f in flags]
+        t = torch.tensor([bool(f) for f in flags], dtype=torch.uint8, device=self._comm_device())
+        dist.broadcast(t, src=0)
+        return [bool(v) for v in t.tolist()]
+
+    def share_set(self, members: Collection[int], size: int) -> set[int]:
+        """Rank 0's ``members`` (indices in ``range(size)``, e.g. fragments) on every rank; every rank
+        passes the same ``size`` (the others' members are ignored)."""
+        if any(not 0 <= m < size for m in members):
+            raise ValueError(f"share_set takes indices in 0..{size - 1}, got {sorted(members)}")
+        chosen = set(members)
+        flags = self.share_flags([m in chosen for m in range(size)])
+        return {m for m, flag in enumerate(flags) if flag}
+
     def share_int(self, value: int) -> int:
-        """Rank 0's ``value`` on every rank."""
+        """Rank 0's ``value`` on every rank (a signed 64-bit integer)."""
         if not self.distributed:
             return value
         t = torch.tensor([value], dtype=torch.int64, device=self._comm_device())

@@ -16,7 +16,7 @@ from diloco_core.codec import CodecError, Payload, decode
 from diloco_core.fragments import FragmentPlan
 
 from .pacing import backoff_delay
-from .sync_client import RoundOpen, ShardClients, SyncRejected, SyncUnavailable
+from .sync_client import RoundOpen, ShardClients, SyncClient, SyncRejected, SyncUnavailable
 
 if TYPE_CHECKING:
     from .comms import CommSettings
@@ -89,48 +89,56 @@ class Poller:
             self._held.pop(p, None)
 
     def poll_loop(self, p: int) -> None:
+        """Fetch fragment ``p``'s new global versions until the learner stops. A failure is logged and
+        retried after a backoff: the thread lives as long as the learner."""
         client, attempt = self.shards.owner(p), 0
         while not self.stop.is_set():
-            with self._lock:
-                known = self._known.get(p, -1)
-                announce = self.settings.announce_rounds and known >= 0 and self._announced.get(p) != known
-                have = self._held[p][0] if p in self._held else -1
             try:
-                got = client.fetch(
-                    p, newer_than=known, wait_s=self.settings.poll_wait_s, announce_rounds=announce, have=have
-                )
-                attempt = 0
-            except (SyncUnavailable, SyncRejected) as exc:
-                if not self.stop.is_set():
-                    log.debug("fragment=%d fetch failed: %s", p, exc)
+                attempt = self._poll_once(p, client, attempt)
+            except Exception:
                 attempt += 1
+                log.exception("fragment=%d polling failed unexpectedly, will retry", p)
                 self.stop.wait(backoff_delay(attempt, self._rng))
-                continue
-            if got is None:
-                continue
-            if isinstance(got, RoundOpen):
-                self._round_opened(p, got)
-                continue
-            try:
-                tensors = self._version_from(
-                    p, got.version, decode(got.payload, fragment=self.plan.fragments[p])
-                )
-            except CodecError as exc:
-                log.error("fragment=%d version=%d undecodable global payload: %s", p, got.version, exc)
-                self.stop.wait(backoff_delay(attempt + 3, self._rng))
-                continue
-            if tensors is None:  # an update from a version this learner does not hold: take it whole
-                continue
-            staged = self._stage(p, tensors)
-            with self._lock:
-                forced = p in self._resync
-                if got.version > self._known.get(p, -1) or forced:
-                    self._known[p] = got.version
-                    self._resync.discard(p)
-                    if self._requests.get(p, got.version) < got.version:
-                        del self._requests[p]  # that round is over
-                    self._arrivals[p] = (got.version, staged)
-                    self._arrived.notify_all()
+
+    def _poll_once(self, p: int, client: SyncClient, attempt: int) -> int:
+        """One long-poll of fragment ``p``, its answer delivered; the failed polls in a row after it."""
+        with self._lock:
+            known = self._known.get(p, -1)
+            announce = self.settings.announce_rounds and known >= 0 and self._announced.get(p) != known
+            have = self._held[p][0] if p in self._held else -1
+        try:
+            got = client.fetch(
+                p, newer_than=known, wait_s=self.settings.poll_wait_s, announce_rounds=announce, have=have
+            )
+        except (SyncUnavailable, SyncRejected) as exc:
+            if not self.stop.is_set():
+                log.debug("fragment=%d fetch failed: %s", p, exc)
+            self.stop.wait(backoff_delay(attempt + 1, self._rng))
+            return attempt + 1
+        if got is None:
+            return 0
+        if isinstance(got, RoundOpen):
+            self._round_opened(p, got)
+            return 0
+        try:
+            tensors = self._version_from(p, got.version, decode(got.payload, fragment=self.plan.fragments[p]))
+        except CodecError as exc:
+            log.error("fragment=%d version=%d undecodable global payload: %s", p, got.version, exc)
+            self.stop.wait(backoff_delay(3, self._rng))
+            return 0
+        if tensors is None:  # an update from a version this learner does not hold: take it whole
+            return 0
+        staged = self._stage(p, tensors)
+        with self._lock:
+            forced = p in self._resync
+            if got.version > self._known.get(p, -1) or forced:
+                self._known[p] = got.version
+                self._resync.discard(p)
+                if self._requests.get(p, got.version) < got.version:
+                    del self._requests[p]  # that round is over
+                self._arrivals[p] = (got.version, staged)
+                self._arrived.notify_all()
+        return 0
 
     def held_versions(self) -> Held:
         """Per fragment, the newest global version held exactly and its values (with ``hold_versions``)."""

@@ -88,7 +88,8 @@ class Sender:
         """Send the outer gradients of ``shard``'s fragments, oldest first. A fragment whose send
         failed is retried after its own backoff, before anything newer of it, while the others' go
         on: one fragment waiting for room at the synchronizer (``pending_full``) does not hold back
-        another's first part, which its round may need."""
+        another's first part, which its round may need. An unexpected failure of a send is logged and
+        retried the same way: the thread lives as long as the learner, and drops nothing."""
         client = self.shards.shard(shard)
         attempts: dict[int, int] = {}  # per fragment, failed sends in a row
         retry_at: dict[int, float] = {}  # per fragment, when its next send may go
@@ -106,17 +107,27 @@ class Sender:
                 if not self.slots[p]:
                     del self.slots[p]
                 self.inflight.add(p)
-            ok = self._send_one(client, c)
-            with self._cv:
-                self.inflight.discard(p)
-                if ok:
-                    attempts.pop(p, None)
-                    retry_at.pop(p, None)
-                else:
-                    self.slots.setdefault(c.fragment, []).insert(0, c)  # retried before anything newer
-                    attempts[p] = attempts.get(p, 0) + 1
-                    retry_at[p] = time.monotonic() + backoff_delay(attempts[p], self._rng)
-                self._cv.notify_all()
+            ok = False
+            try:
+                ok = self._send_one(client, c)
+            except Exception:
+                log.exception(
+                    "step=%d fragment=%d version=%d send failed unexpectedly, will retry",
+                    self._step(),
+                    c.fragment,
+                    c.base_version,
+                )
+            finally:
+                with self._cv:
+                    self.inflight.discard(p)
+                    if ok:
+                        attempts.pop(p, None)
+                        retry_at.pop(p, None)
+                    else:
+                        self.slots.setdefault(c.fragment, []).insert(0, c)  # retried before anything newer
+                        attempts[p] = attempts.get(p, 0) + 1
+                        retry_at[p] = time.monotonic() + backoff_delay(attempts[p], self._rng)
+                    self._cv.notify_all()
 
     def _requeue_buffered(self, shard: int) -> None:
         """Queue again the buffered contributions of ``shard``'s fragments that are due for a resend

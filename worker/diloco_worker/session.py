@@ -198,9 +198,9 @@ class DiLoCoSession:
         owed = set(self.fs.due()) | {p for p in self._held_back if self.fs.counters.unsent(p)}
         due, before, self._held_back = sorted(owed), self._held_back, set()
         if due and not leaving and self.blocking is None:
-            waiting = sum(1 << p for p in due if self.comm is not None and self.comm.pending(p))
-            waiting = self.unit.share_int(waiting)  # every rank holds back the same fragments
-            self._held_back = {p for p in due if waiting >> p & 1}
+            waiting = [self.comm is not None and self.comm.pending(p) for p in due]
+            waiting = self.unit.share_flags(waiting)  # every rank holds back the same fragments
+            self._held_back = {p for p, wait in zip(due, waiting, strict=True) if wait}
             due = [p for p in due if p not in self._held_back]
         for p in sorted(self._held_back - before):
             log.info(
@@ -240,7 +240,7 @@ class DiLoCoSession:
 
     def _send_requested(self, step: int) -> None:
         """Answer the rounds that asked for this learner's partial progress (docs/algorithm.md §3.4)."""
-        chosen = 0
+        chosen: set[int] = set()
         if self.comm is not None:
             for p, version in self.comm.requests().items():
                 c = self.fs.counters[p]
@@ -253,11 +253,9 @@ class DiLoCoSession:
                     sent_at=c.sent_at,
                     pending=self.comm.pending(p),
                 ):
-                    chosen |= 1 << p
-        chosen = self.unit.share_int(chosen)  # every rank of the unit counts the same sends
-        for p in range(len(self.fs.counters)):
-            if not chosen >> p & 1:
-                continue
+                    chosen.add(p)
+        chosen = self.unit.share_set(chosen, len(self.fs.counters))  # every rank counts the same sends
+        for p in sorted(chosen):
             if self.comm is None:
                 self.fs.mark_sent(p)
                 continue

@@ -1,7 +1,8 @@
 """The HTTP client of the synchronizer API (routes and bodies: ``diloco_core.protocol``).
 
 Thin I/O only: every call either returns a parsed body or raises :class:`SyncUnavailable`
-(retry later: network failure, 5xx, 503) or :class:`SyncRejected` (the request itself was refused).
+(retry later: network failure, 5xx, 503, a success answer whose body is not the expected JSON:
+:class:`SyncBadAnswer`) or :class:`SyncRejected` (the request itself was refused).
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+import pydantic
 from diloco_core import protocol as proto
 from diloco_core.request_proof import NotALearnerToken, ProofAuth
 from diloco_core.wire import WireTally
@@ -33,6 +35,13 @@ class SyncUnavailable(SyncError):
 class SyncUntrusted(SyncUnavailable):
     """The synchronizer's TLS certificate was not accepted (not signed by a trusted CA, or not for
     its address): retrying cannot cure it unless the certificate or the CA bundle changes."""
+
+
+class SyncBadAnswer(SyncUnavailable):
+    """A success answer whose body is not the JSON the route returns (a proxy's or load balancer's
+    page, a body cut short): retried like an unreachable synchronizer, since what answered is usually
+    in front of it and passing. A contribution sent again is safe: one the synchronizer took is
+    answered ``duplicate``."""
 
 
 class SyncRejected(SyncError):
@@ -69,6 +78,21 @@ def _round_open(fragment: int, resp: httpx.Response) -> RoundOpen:
             resp.status_code, "bad_response", f"204 without a valid {proto.ROUND_OPEN_HEADER} header"
         ) from exc
     return RoundOpen(fragment, version, deadline)
+
+
+_Body = TypeVar("_Body", bound=pydantic.BaseModel)
+
+
+def _parse(model: type[_Body], resp: httpx.Response) -> _Body:
+    """``resp``'s body as ``model``, or :class:`SyncBadAnswer` when it is not that JSON."""
+    try:
+        return model.model_validate(resp.json())
+    except (ValueError, pydantic.ValidationError) as exc:  # a JSONDecodeError is a ValueError
+        kind = resp.headers.get("Content-Type", "no content type")
+        raise SyncBadAnswer(
+            f"{resp.request.method} {resp.request.url.path}: HTTP {resp.status_code} ({kind}) is not a "
+            f"{model.__name__}: {resp.text[:120]!r}"
+        ) from exc
 
 
 def _raise_for(resp: httpx.Response) -> None:
@@ -172,7 +196,7 @@ class SyncClient:
 
     def register(self, req: proto.RegisterRequest) -> proto.RegisterResponse:
         resp = self._request("POST", proto.REGISTER_PATH, json=req.model_dump(mode="json"))
-        return proto.RegisterResponse.model_validate(resp.json())
+        return _parse(proto.RegisterResponse, resp)
 
     def heartbeat(self, hb: proto.Heartbeat, *, timeout_s: float | None = None) -> proto.HeartbeatResponse:
         extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
@@ -180,8 +204,9 @@ class SyncClient:
         sent_at = self.beats.clock()
         self.beats.sending(sent_at)
         resp = self._request("POST", path, json=hb.model_dump(mode="json"), **extra)
+        answer = _parse(proto.HeartbeatResponse, resp)  # what answered with another body did not hear it
         self.beats.beat(sent_at)
-        return proto.HeartbeatResponse.model_validate(resp.json())
+        return answer
 
     def leave(self, *, timeout_s: float | None = None) -> None:
         extra: dict[str, Any] = {"timeout": timeout_s} if timeout_s is not None else {}
@@ -191,7 +216,7 @@ class SyncClient:
         """The range of the job's training stream that holds ``position`` of this unit's data (new
         ranges of ``size`` positions)."""
         resp = self._request("POST", proto.DATA_RANGES_PATH, json={"position": position, "size": size})
-        return proto.RangeResponse.model_validate(resp.json())
+        return _parse(proto.RangeResponse, resp)
 
     def init_fragment(self, fragment: int, payload: bytes) -> proto.FragmentVersionInfo:
         resp = self._request(
@@ -200,7 +225,7 @@ class SyncClient:
             content=payload,
             headers={"Content-Type": proto.CONTENT_TYPE},
         )
-        return proto.FragmentVersionInfo.model_validate(resp.json())
+        return _parse(proto.FragmentVersionInfo, resp)
 
     def contribute(
         self,
@@ -225,7 +250,7 @@ class SyncClient:
             headers={"Content-Type": proto.CONTENT_TYPE, **self.beats.header(sent_at)},
         )
         self.beats.answered(sent_at, resp.headers)
-        return proto.ContributionResult.model_validate(resp.json())
+        return _parse(proto.ContributionResult, resp)
 
     def fetch(
         self, fragment: int, *, newer_than: int, wait_s: float, announce_rounds: bool = False, have: int = -1
@@ -258,7 +283,7 @@ class SyncClient:
         return GlobalFragment(fragment, version, resp.content)
 
     def status(self) -> proto.StatusResponse:
-        return proto.StatusResponse.model_validate(self._request("GET", proto.STATUS_PATH).json())
+        return _parse(proto.StatusResponse, self._request("GET", proto.STATUS_PATH))
 
 
 class ShardClients:
