@@ -362,15 +362,7 @@ def test_a_waiting_part_held_in_memory_becomes_durable_and_is_dropped_when_stale
     assert fs.mark_durable(late, "pending/a-3")
     assert (late.storage_key, late.blob) == ("pending/a-3", None)
     merged(fs, "a")  # steps 1-4; 9-12 still waits for 5-8
-    for version in (2, 3):
-        fs.accept(
-            Contribution(
-                learner_id="b", fragment=0, base_version=version - 1, seq=version, steps=4, tokens=32,
-                tensors={}, nbytes=0, received_at=2.0 + version,
-            ),
-            QUORUM,
-        )  # fmt: skip
-        merged(fs, "b", version=version)
+    rounds_of_b(fs, (2, 3))
     assert [c.key for c in fs.drop_stale_gaps(max_staleness=1)] == ["a/0/0/3"]
     assert (fs.pending, fs.waiting) == ({}, {})
 
@@ -457,6 +449,13 @@ def merged(fs: FragmentState, *learners: str, keys: set[str] | None = None, vers
     fs.settle()
 
 
+def rounds_of_b(fs: FragmentState, versions: tuple[int, ...]) -> None:
+    """Learner b's steps 1-4 on each version before ``versions``, merged into it (the fragment moves on)."""
+    for version in versions:
+        fs.accept(part("b", version, 0, base=version - 1, at=2.0 + version), QUORUM)
+        merged(fs, "b", version=version)
+
+
 def test_progress_on_a_base_older_than_the_newest_merged_one_is_refused() -> None:
     """Merged on base 3, then on base 6: a replay of the base-3 progress is not merged a second time."""
     fs = fresh()
@@ -519,15 +518,7 @@ def test_a_part_waiting_for_a_lost_earlier_one_is_dropped_once_its_base_is_stale
     fs = initialised()
     fs.accept(progress(2, 4, 1.0), QUORUM)  # read back from storage; steps 1-4 were lost
     assert fs.drop_stale_gaps(max_staleness=1) == []
-    for version in (1, 2):
-        fs.accept(
-            Contribution(
-                learner_id="b", fragment=0, base_version=version - 1, seq=version, steps=4, tokens=32,
-                tensors={}, nbytes=0, received_at=2.0 + version,
-            ),
-            QUORUM,
-        )  # fmt: skip
-        merged(fs, "b", version=version)
+    rounds_of_b(fs, (1, 2))
     assert [c.key for c in fs.drop_stale_gaps(max_staleness=1)] == ["a/0/0/2"]
     assert fs.pending == {}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -202,3 +203,21 @@ def iter_logs(proc: ManagedProcess) -> Iterator[str]:
         yield from proc.log_path.read_text(errors="replace").splitlines()
     except OSError:
         return
+
+
+def run_on_two_ranks(script: str) -> list[str]:
+    """``script`` run as ranks 0 and 1 of a unit of two processes (its arguments: the rank, then the
+    port of rank 0's rendezvous); each rank's output, once both exited 0."""
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(rank), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    return outputs

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from diloco_testbed.ports import free_port
 from diloco_worker.distributed import UnitConfigError, join_unit, rank_from_env
+
+from tests.worker.helpers import run_on_two_ranks
 
 
 def test_single_process_by_default() -> None:
@@ -68,18 +67,7 @@ unit.close()
 def test_every_rank_of_a_unit_follows_the_terms_rank_0_registered_with(tmp_path: Path) -> None:
     """Only rank 0 registers; the others take its mixing alpha and schedule, or they would mix the
     arriving versions differently and the unit's replicas would drift apart."""
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _TERMS, str(rank), port],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    outputs = [p.communicate(timeout=180)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
+    outputs = run_on_two_ranks(_TERMS)
     assert [out.split("TERMS ")[-1].strip() for out in outputs] == ["0.3 after-version"] * 2, outputs
 
 
@@ -102,18 +90,7 @@ unit.close()
 def test_rank_0s_set_of_fragments_arrives_whole_however_many_fragments_the_job_has() -> None:
     """A set of fragments past the width of one integer (the job may have up to 1024) reaches every
     rank of the unit whole."""
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _SETS, str(rank), port],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    outputs = [p.communicate(timeout=180)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
+    outputs = run_on_two_ranks(_SETS)
     for out in outputs:
         assert "SET [0, 63, 64, 1000]" in out, outputs
         assert "FLAGS [True, False, True] []" in out, outputs

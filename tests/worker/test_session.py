@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from diloco_testbed.ports import free_port
 from diloco_testbed.process import stop_all
 from diloco_testbed.waiting import wait_for
 
-from tests.worker.helpers import Synchronizer, learner_process
+from tests.worker.helpers import Synchronizer, learner_process, run_on_two_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 H = 4
@@ -140,18 +137,7 @@ unit.close()
 def test_every_rank_of_a_unit_holds_back_and_answers_the_same_fragments_past_63() -> None:
     """Rank 0 alone knows which fragments still wait to be sent and which rounds asked for this
     learner; the others hold back and count the same ones, fragment 63 and beyond included."""
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _UNIT_DECISIONS, str(rank), port],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    outputs = [p.communicate(timeout=180)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
+    outputs = run_on_two_ranks(_UNIT_DECISIONS)
     for out in outputs:
         assert "DUE [1] [63] [1]" in out, outputs
         assert "REQUESTED [64, 1000]" in out, outputs
