@@ -125,6 +125,18 @@ def get_dealer(request: Request) -> Dealer:
 
 
 Service = Annotated[SyncService, Depends(get_service)]
+
+
+def get_public_service(request: Request) -> SyncService:
+    """The service for a route that answers everyone: while it starts, 503 ``starting`` with a reason
+    that names nothing of the storage (endpoint, bucket, keys: a start-up failure may)."""
+    startup: Startup = request.app.state.startup
+    startup.check_ready(detailed=False)
+    service: SyncService = request.app.state.service
+    return service
+
+
+PublicService = Annotated[SyncService, Depends(get_public_service)]
 Desk = Annotated[ContributionDesk, Depends(get_desk)]
 DataDealer = Annotated[Dealer, Depends(get_dealer)]
 
@@ -381,6 +393,6 @@ async def fetch_fragment(
 
 
 @router.get(STATUS_PATH, response_model=StatusResponse, responses=error_responses(503))
-async def status(service: Service) -> StatusResponse:
+async def status(service: PublicService) -> StatusResponse:
     """Learners, fragment versions, recent rounds, traffic and storage health (no secrets)."""
     return service.status()

@@ -108,16 +108,16 @@ def authenticate(check: TokenCheck, head: RequestHead, *, subject: str | None = 
             "(sign for the instance its challenge names), or not the job's token"
         )
     now = check.clock()
-    late = time_problem(proof, now)
-    if late is not None:  # signed by the learner: its clock, not its token, is wrong
-        if proof.signed_at > now:  # used up now, or it would be good once the clock catches up
-            check.seen.admit(claimed, proof, now)
-        raise check.refused(late, "clock_skew", retryable=True)
     if claims.learner != claimed:
         raise ApiError(403, "forbidden", f"the token belongs to another learner, not to {claimed!r}")
     problem = token_problem(claims, claimed, now, check.min_generation(claimed))
     if problem is not None:
         raise check.refused(problem)
+    late = time_problem(proof, now)
+    if late is not None:  # signed by the learner: its clock, not its token, is wrong
+        if proof.signed_at > now:  # used up now, or it would be good once the clock catches up
+            check.seen.admit(claimed, proof, now)  # the learner's own valid token: only it counts there
+        raise check.refused(late, "clock_skew", retryable=True)
     if subject is not None:
         same_learner(claimed, subject)
     refusal = check.seen.admit(claimed, proof, now)

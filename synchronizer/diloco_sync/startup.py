@@ -49,9 +49,10 @@ def not_ready_reason(
     return storage
 
 
-def starting_error(failure: str | None, storage_ok: bool, storage_error: str | None) -> ApiError:
-    """The answer of a ``/v1`` route before the state is loaded: 503 ``starting``, retry later."""
-    reason = not_ready_reason(False, failure, storage_ok, storage_error) or "loading state"
+def starting_error(reason: str | None) -> ApiError:
+    """The answer of a ``/v1`` route before the state is loaded (``reason``: why it is not ready):
+    503 ``starting``, retry later."""
+    reason = reason or "loading state"
     return ApiError(
         503,
         "starting",
@@ -169,11 +170,11 @@ class Startup:
         await self.desk.flush()
         await self.service.flush_registry()
 
-    def check_ready(self) -> None:
-        """Raise 503 ``starting`` until the state is loaded."""
+    def check_ready(self, *, detailed: bool = True) -> None:
+        """Raise 503 ``starting`` until the state is loaded; without ``detailed`` (a caller not
+        authenticated), its reason names nothing of the storage (``not_ready_reason``)."""
         if not self.loaded:
-            guard = self.service.guard
-            raise starting_error(self.failure, guard.ok, guard.last_error)
+            raise starting_error(self.not_ready_reason(detailed=detailed))
 
     def not_ready_reason(self, *, detailed: bool = True) -> str | None:
         """Why the synchronizer is not ready; without ``detailed``, nothing that names the storage

@@ -146,6 +146,26 @@ def test_a_learner_past_its_proofs_in_the_window_waits_and_others_do_not() -> No
     assert authenticate(c, signed("b")).learner == "b"
 
 
+def test_proofs_dated_ahead_count_only_for_the_learner_whose_valid_token_signed_them() -> None:
+    """Proofs dated far ahead, signed with another learner's token, or with an expired or revoked
+    one, naming learner a: each is refused for what it is, none is remembered for a, so a's own
+    requests are still taken (before, each was counted against a until a was refused 429)."""
+    seen = SeenProofs(limit=3)
+    c = check(seen=seen, min_generation=lambda learner: 2 if learner == "a" else 0)
+    far = NOW + 10**9
+    for i in range(5):
+        with pytest.raises(ApiError) as other:
+            authenticate(c, signed("b", as_learner="a", at=far + i))
+        assert (other.value.status, other.value.code) == (403, "forbidden")
+        for stale in ({"expires_at": 900_000}, {"generation": 1}):
+            with pytest.raises(ApiError) as bad:
+                authenticate(c, signed("a", at=far + i, generation=stale.get("generation", 2), **{
+                    k: v for k, v in stale.items() if k != "generation"}))  # fmt: skip
+            assert (bad.value.status, bad.value.code) == (401, "unauthenticated")
+    for _ in range(3):
+        assert authenticate(c, signed("a", generation=2)).learner == "a"
+
+
 def test_tokens_are_checked_against_the_declared_tokens_per_step() -> None:
     claims = authenticate(check(), signed("a", tokens_per_step=256))
     assert declared_problem(claims, steps=4, tokens=1024) is None

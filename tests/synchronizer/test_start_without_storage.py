@@ -71,6 +71,9 @@ def test_starts_without_storage_then_serves_once_it_is_up(
         status = httpx.get(f"{sync.url}/v1/status", timeout=5)
         assert status.status_code == 503
         assert status.json()["code"] == "starting"
+        assert "storage unavailable" in status.json()["reason"]
+        assert bucket not in status.text  # the public status names nothing of the storage
+        assert bucket in refused.json()["reason"]  # an authenticated learner is told where it failed
         assert httpx.get(f"{sync.url}/healthz", timeout=5).status_code == 200  # still alive
 
         s3.start()

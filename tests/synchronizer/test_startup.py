@@ -24,7 +24,7 @@ def test_not_ready_reason(
 
 
 def test_starting_error_is_a_retryable_503_with_retry_after() -> None:
-    error = starting_error(None, False, "connection refused")
+    error = starting_error(not_ready_reason(False, None, False, "connection refused"))
     assert error.status == 503
     assert error.body.code == "starting"
     assert error.body.retryable is True
