@@ -112,3 +112,66 @@ def test_a_send_that_fails_unexpectedly_is_logged_and_retried(caplog: pytest.Log
     assert len(failed) == 1
     assert "fragment=0" in failed[0].getMessage()
     assert failed[0].exc_info is not None  # with its traceback
+
+
+class _EncodesWhenReleased:
+    """An outer gradient whose encoding waits for the test (the send stays in flight meanwhile)."""
+
+    def __init__(self) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def encode(self, *, fragment: int, base_version: int, quantizer: str) -> bytes:
+        self.started.set()
+        self.release.wait(30)
+        return b"payload"
+
+
+def test_the_parts_not_durably_taken_are_those_waiting_in_flight_or_only_buffered() -> None:
+    """Fragment 0's first part is answered as only buffered, its second is being sent and its third
+    waits; fragment 1's part is durable. A newer version of fragment 0 supersedes its buffered part."""
+
+    def answer(method: str, path: str) -> Answer:
+        if "/fragments/1/" in path:
+            return ACCEPTED
+        body = {"status": "accepted", "fragment": 0, "base_version": 0, "version": 0, "pending": 1}
+        return 202, "application/json", json.dumps({**body, "durable": False}).encode()
+
+    known = {0: 0, 1: 0}
+    stop = threading.Event()
+    with serving(answer) as url:
+        client = SyncClient(url, "a", learner_token("s", "a"))
+        sender = Sender(
+            ShardClients.single(client, 2),
+            "int4",
+            0.0,
+            stop,
+            known_version=lambda p: known[p],
+            resync=lambda p: None,
+            step=lambda: 7,
+        )
+        slow = _EncodesWhenReleased()
+        thread = threading.Thread(target=sender.send_loop, args=(0,), daemon=True)
+        thread.start()
+        try:
+            zeros = {"w": np.zeros(2, dtype=np.float32)}
+            buffered, durable = Outgoing(0, 0, 4, 100, 1, zeros), Outgoing(1, 0, 4, 100, 1, zeros)
+            sender.submit(buffered)
+            sender.submit(durable)
+            assert sender.flush(30)
+            assert sender.buffered(0) == [1]
+            inflight, waiting = (
+                Outgoing(0, 0, 4, 100, 2, slow, since=4),
+                Outgoing(0, 0, 4, 100, 3, zeros, since=8),
+            )
+            sender.submit(inflight)
+            sender.submit(waiting)
+            assert slow.started.wait(30)
+            assert sender.unacknowledged() == [buffered, inflight, waiting]
+            known[0] = 1
+            assert sender.unacknowledged() == [inflight, waiting]
+        finally:
+            slow.release.set()
+            stop.set()
+            sender.wake()
+            thread.join(10)
+            client.close()

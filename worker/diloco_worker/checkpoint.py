@@ -3,7 +3,9 @@
 Layout under the checkpoint location (a local folder, ``file:///path`` or ``s3://bucket/prefix``):
 ``ckpt-<step>/tensors.safetensors`` (parameters, AdamW state, anchors, error-feedback residuals, the torch CPU generator and,
 with CUDA, every visible GPU's generator) and ``ckpt-<step>/meta.json`` (step, tokens, data cursor,
-fragment counters, optimizer hyper-parameters, config, Python's ``random`` state).
+fragment counters, optimizer hyper-parameters, config, Python's ``random`` state), and the outer
+gradients the synchronizer had not durably taken (module ``unacknowledged``: their payloads in the
+tensors, what they are in ``outgoing``).
 ``meta.json`` is written last, so a checkpoint without it is incomplete and ignored.
 
 The worker itself draws no random numbers from Python's global ``random`` (its data order is a pure
@@ -28,6 +30,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
+
+from .fragment_state import Outgoing
+from .unacknowledged import Unacknowledged, decode_parts, encode_parts
 
 log = logging.getLogger("diloco_worker.checkpoint")
 FORMAT = 1
@@ -62,6 +67,11 @@ class Checkpoint:
         return {
             p: (versions[p], values) for p, values in self._per_fragment("held/").items() if p in versions
         }
+
+    def outgoing(self) -> list[Outgoing]:
+        """The outer gradients to send again first, per fragment in sequence order (none in a
+        checkpoint written without them)."""
+        return decode_parts(self.meta.get("outgoing", []), self.tensors)
 
     def _per_fragment(self, prefix: str) -> dict[int, dict[str, np.ndarray]]:
         out: dict[int, dict[str, np.ndarray]] = {}
@@ -159,6 +169,7 @@ class Snapshot:
     step: int
     tensors: dict[str, torch.Tensor]
     meta: dict[str, Any]
+    outgoing: Unacknowledged | None = None  # encoded by the writer (compression off the training thread)
 
 
 def snapshot_checkpoint(
@@ -169,9 +180,11 @@ def snapshot_checkpoint(
     meta: Mapping[str, Any],
     residuals: Mapping[int, Mapping[str, np.ndarray]] | None = None,
     held: Mapping[int, tuple[int, Mapping[str, np.ndarray]]] | None = None,
+    outgoing: Unacknowledged | None = None,
 ) -> Snapshot:
     """Copy what a checkpoint of ``meta['step']`` holds (the training thread's part of a save).
-    ``held``: the global versions the learner holds exactly, per fragment (version, values)."""
+    ``held``: the global versions the learner holds exactly, per fragment (version, values);
+    ``outgoing``: the outer gradients not durably taken yet (their payloads are built when written)."""
     held = held or {}
     tensors, groups = build_tensors(
         model, optimizer, anchors, residuals, {p: v for p, (_, v) in held.items()}
@@ -180,14 +193,18 @@ def snapshot_checkpoint(
         "format": FORMAT, **meta, "held_versions": {str(p): version for p, (version, _) in held.items()},
         "optimizer_groups": groups, "rng": python_rng_meta(),
     }  # fmt: skip
-    return Snapshot(int(meta["step"]), tensors, full_meta)
+    return Snapshot(int(meta["step"]), tensors, full_meta, outgoing)
 
 
 def write_checkpoint(store: ObjectStore, snap: Snapshot, keep: int = 2) -> str:
     """Write a snapshot (``meta.json`` last), then delete all but the newest ``keep`` checkpoints."""
     prefix = f"ckpt-{snap.step:010d}/"
-    store.put(prefix + "tensors.safetensors", st_save(snap.tensors))
-    store.put(prefix + "meta.json", json.dumps(snap.meta, sort_keys=True).encode())
+    tensors, meta = snap.tensors, snap.meta
+    if snap.outgoing is not None:
+        payloads, records = encode_parts(snap.outgoing)
+        tensors, meta = {**tensors, **payloads}, {**meta, "outgoing": records}
+    store.put(prefix + "tensors.safetensors", st_save(tensors))
+    store.put(prefix + "meta.json", json.dumps(meta, sort_keys=True).encode())
     for old in list_checkpoints(store)[:-keep]:
         for key in store.list(f"ckpt-{old:010d}/"):
             store.delete(key)
@@ -206,11 +223,18 @@ def save_checkpoint(
     keep: int = 2,
     residuals: Mapping[int, Mapping[str, np.ndarray]] | None = None,
     held: Mapping[int, tuple[int, Mapping[str, np.ndarray]]] | None = None,
+    outgoing: Unacknowledged | None = None,
 ) -> str:
     """Write a checkpoint for ``meta['step']`` now (:func:`snapshot_checkpoint`, then
     :func:`write_checkpoint`)."""
     snap = snapshot_checkpoint(
-        model=model, optimizer=optimizer, anchors=anchors, meta=meta, residuals=residuals, held=held
+        model=model,
+        optimizer=optimizer,
+        anchors=anchors,
+        meta=meta,
+        residuals=residuals,
+        held=held,
+        outgoing=outgoing,
     )
     return write_checkpoint(store, snap, keep)
 

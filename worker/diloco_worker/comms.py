@@ -165,6 +165,9 @@ class Communicator:
     def buffered(self, p: int) -> list[int]:
         return self.sender.buffered(p)
 
+    def unacknowledged(self) -> list[Outgoing]:
+        return self.sender.unacknowledged()
+
     def wait_for_arrival(self, fragments: Collection[int], timeout_s: float) -> bool:
         return self.poller.wait_for_arrival(fragments, timeout_s)
 

@@ -46,6 +46,22 @@ class FeedbackPayload:
 
 
 @dataclass(frozen=True)
+class StoredPayload:
+    """An outer gradient encoded already: a checkpoint's copy of one the synchronizer had not durably
+    taken when the checkpoint was written, sent again as it was."""
+
+    blob: bytes
+    quantizer: str
+
+    def encode(self, *, fragment: int, base_version: int, quantizer: str) -> bytes:
+        if quantizer != self.quantizer:
+            raise ValueError(
+                f"payload of fragment {fragment} v{base_version} is {self.quantizer}, not {quantizer}"
+            )
+        return self.blob
+
+
+@dataclass(frozen=True)
 class Outgoing:
     """An outer gradient ready to be sent."""
 

@@ -21,7 +21,7 @@ from .data import Shard
 from .dealing import UnitRanges
 from .distributed import Unit, join_unit
 from .entry import TaskContext, TrainingTask, load_task
-from .fragment_state import FragmentState
+from .fragment_state import FragmentState, Outgoing
 from .hardware import peak_flops
 from .health import Health
 from .metrics import MetricsLog
@@ -62,8 +62,9 @@ def plan_for(task: TrainingTask, settings: WorkerSettings) -> FragmentPlan:
 
 def _resume(
     ckpt: Checkpoint, task: TrainingTask, opt: torch.optim.Optimizer, fs: FragmentState, plan_hash: str
-) -> tuple[LoopState, Held]:
-    """The loop state to go on from, and the global versions the learner held exactly."""
+) -> tuple[LoopState, Held, list[Outgoing]]:
+    """The loop state to go on from, the global versions the learner held exactly, and the outer
+    gradients to send again first (those the synchronizer had not durably taken)."""
     if ckpt.meta.get("plan_hash") != plan_hash:
         raise ValueError(
             f"checkpoint at step {ckpt.step} was written for another fragment plan; "
@@ -72,7 +73,7 @@ def _resume(
     restore(ckpt, task.model, opt)
     fs.load_meta(ckpt.meta["fragments"], ckpt.anchors(), ckpt.residuals())
     loop: dict[str, Any] = ckpt.meta["loop"]
-    return LoopState(**loop), ckpt.held()
+    return LoopState(**loop), ckpt.held(), ckpt.outgoing()
 
 
 def _resume_if_any(
@@ -82,17 +83,18 @@ def _resume_if_any(
     opt: torch.optim.Optimizer,
     fs: FragmentState,
     plan: FragmentPlan,
-) -> tuple[ObjectStore | None, LoopState, Held]:
-    """The checkpoint store (one folder per rank in a multi-process unit), the state to start from
-    and the global versions held exactly (``resume``: a resized unit resumes from its leader's)."""
+) -> tuple[ObjectStore | None, LoopState, Held, list[Outgoing]]:
+    """The checkpoint store (one folder per rank in a multi-process unit), the state to start from,
+    the global versions held exactly and the outer gradients to send again first (``resume``: a
+    resized unit resumes from its leader's)."""
     if not settings.checkpoint_dir:
-        return None, LoopState(), {}
+        return None, LoopState(), {}, []
     store, ckpt = unit_checkpoint(settings.checkpoint_dir, unit, settings.train.batch_size)
     if ckpt is None:
-        return store, LoopState(), {}
-    state, held = _resume(ckpt, task, opt, fs, plan.hash())
+        return store, LoopState(), {}, []
+    state, held, outgoing = _resume(ckpt, task, opt, fs, plan.hash())
     log.info("learner=%s step=%d resumed from checkpoint", settings.learner_id, state.step)
-    return store, state, held
+    return store, state, held, outgoing
 
 
 def run_learner(
@@ -148,10 +150,10 @@ def _run(
         ),
     )
     clock.mark("optimizer")
-    store, state, held = _resume_if_any(settings, unit, task, optimizer, fs, plan)
+    store, state, held, outgoing = _resume_if_any(settings, unit, task, optimizer, fs, plan)
     clock.mark("checkpoint")
     metrics = _open_metrics(settings) if unit.is_leader else None
-    session = _open_session(settings, unit, stop, plan, fs, state, held, ranges, metrics, health)
+    session = _open_session(settings, unit, stop, plan, fs, state, held, outgoing, ranges, metrics, health)
     clock.mark("register")
     log.info(
         "learner=%s rank=%d/%d device=%s params=%d fragments=%d outer gradients in %s",
@@ -199,12 +201,14 @@ def _open_session(
     fs: FragmentState,
     state: LoopState,
     held: Held,
+    outgoing: list[Outgoing],
     ranges: UnitRanges | None,
     metrics: MetricsLog | None,
     health: Health,
 ) -> DiLoCoSession | None:
     """The learner's DiLoCo session, registered and holding the job's current global state (see
-    :meth:`DiLoCoSession.connect`); None for a learner without a synchronizer."""
+    :meth:`DiLoCoSession.connect`; ``held``, ``outgoing``: the checkpoint's global versions held
+    exactly and outer gradients to send again); None for a learner without a synchronizer."""
     if settings.standalone:
         return None
     tokens_per_step = (
@@ -221,7 +225,7 @@ def _open_session(
         health=health,
         client=ranges.client if ranges is not None else None,
     )
-    session.connect(state, resumed=state.step > 0, held=held)
+    session.connect(state, resumed=state.step > 0, held=held, outgoing=outgoing)
     return session
 
 
@@ -327,6 +331,7 @@ class _Saver:
                 meta=meta,
                 residuals=self.fs.residuals,
                 held=self.session.held() if self.session is not None else None,
+                outgoing=self.session.unacknowledged() if self.session is not None else None,
             )
         )
 

@@ -51,7 +51,7 @@ class Sender:
         self.bytes_sent = 0
         self.sent = self.rejected = 0
         self.slots: dict[int, list[Outgoing]] = {}  # per fragment, oldest first
-        self.inflight: set[int] = set()  # fragments whose outer gradient is being sent
+        self.inflight: dict[int, Outgoing] = {}  # per fragment, the outer gradient being sent
         self._buffered: dict[int, list[tuple[float, Outgoing]]] = {}  # answered not durable: (resend at, c)
         self._cv = threading.Condition()
         self._bucket = TokenBucket(bandwidth_limit)
@@ -75,6 +75,23 @@ class Sender:
             while (self.slots or self.inflight) and time.monotonic() < deadline:
                 self._cv.wait(timeout=0.05)
             return not self.slots and not self.inflight
+
+    def unacknowledged(self) -> list[Outgoing]:
+        """The contributions the synchronizer has not durably taken, per fragment in sequence order:
+        waiting, being sent, or answered as only buffered (but for those a newer version of their
+        fragment superseded, which are not sent again)."""
+        with self._cv:
+            held = [c for waiting in self.slots.values() for c in waiting]
+            held += self.inflight.values()
+            held += [
+                c
+                for p, kept in self._buffered.items()
+                for _, c in kept
+                if c.base_version >= self._known_version(p)
+            ]
+        # one answered as only buffered is in ``_buffered`` before it leaves ``inflight``
+        unique = {(c.fragment, c.seq): c for c in held}
+        return [unique[k] for k in sorted(unique)]
 
     def wake(self) -> None:
         with self._cv:
@@ -106,7 +123,7 @@ class Sender:
                 c = self.slots[p].pop(0)
                 if not self.slots[p]:
                     del self.slots[p]
-                self.inflight.add(p)
+                self.inflight[p] = c
             ok = False
             try:
                 ok = self._send_one(client, c)
@@ -119,7 +136,7 @@ class Sender:
                 )
             finally:
                 with self._cv:
-                    self.inflight.discard(p)
+                    self.inflight.pop(p, None)
                     if ok:
                         attempts.pop(p, None)
                         retry_at.pop(p, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
 from diloco_core.fragments import FragmentPlan
 
@@ -18,7 +19,7 @@ from .blocking_sync import BlockingSync
 from .catch_up import first_globals
 from .comms import CommSettings, Communicator
 from .distributed import Arrivals, Unit
-from .fragment_state import FragmentState
+from .fragment_state import FragmentState, Outgoing
 from .handshake import Handshake, JobTerms
 from .health import Health
 from .lockstep import lockstep_counters
@@ -28,6 +29,7 @@ from .pull import should_send_partial
 from .settings import WorkerSettings
 from .sync_client import ShardClients, SyncClient
 from .train import LoopState
+from .unacknowledged import Unacknowledged, parts_to_resend
 
 log = logging.getLogger("diloco_worker.session")
 
@@ -91,9 +93,12 @@ class DiLoCoSession:
         state: LoopState,
         resumed: bool,
         held: Held | None = None,
+        outgoing: Sequence[Outgoing] = (),
     ) -> None:
         """Register (rank 0), take the current global state, start the background threads. ``held``:
-        global versions the learner holds exactly (its checkpoint's, with compressed downloads)."""
+        global versions the learner holds exactly (its checkpoint's, with compressed downloads);
+        ``outgoing``: the checkpoint's outer gradients the synchronizer had not durably taken (rank 0
+        sends them again before anything new)."""
         kept = dict(held or {})
         arrivals: Arrivals = {}
         if self.handshake is not None:
@@ -121,12 +126,18 @@ class DiLoCoSession:
                 counters,
             )
         if self.handshake is not None and self.handshake.shards is not None:
-            self._start_communicator(self.handshake, self.handshake.shards, state, first)
+            self._start_communicator(self.handshake, self.handshake.shards, state, first, outgoing)
 
     def _start_communicator(
-        self, handshake: Handshake, shards: ShardClients, state: LoopState, first: Held
+        self,
+        handshake: Handshake,
+        shards: ShardClients,
+        state: LoopState,
+        first: Held,
+        outgoing: Sequence[Outgoing],
     ) -> None:
-        """Rank 0's sender, pollers and heartbeats, from the versions taken at start."""
+        """Rank 0's sender, pollers and heartbeats, from the versions taken at start; the sender has
+        the checkpoint's parts not durably taken queued first, oldest first."""
         settings = CommSettings(
             codec=self.terms.codec,
             heartbeat_interval_s=self.terms.heartbeat_interval_s,
@@ -148,7 +159,27 @@ class DiLoCoSession:
         # that resumed at the end of training leaves before it steps: it reports nothing else)
         self.comm.progress.step, self.comm.progress.tokens = state.step, state.tokens
         self.comm.progress.eval_loss = state.eval_loss
+        again = parts_to_resend(outgoing, self.fs.versions(), self.terms.codec)
+        for c in again:
+            self.comm.submit(c)
+        if outgoing:
+            log.info(
+                "learner=%s step=%d %d outer gradient part(s) not durably taken at the checkpoint: %d sent "
+                "again first, %d superseded",
+                self.settings.learner_id,
+                state.step,
+                len(outgoing),
+                len(again),
+                len(outgoing) - len(again),
+            )
         self.comm.start()
+
+    def unacknowledged(self) -> Unacknowledged | None:
+        """The outer gradients the synchronizer has not durably taken (for the checkpoint): None in a
+        process that does not send."""
+        if self.comm is None:
+            return None
+        return Unacknowledged(self.terms.codec, tuple(self.comm.unacknowledged()))
 
     def held(self) -> Held:
         """The global versions held exactly now (for the checkpoint): none without compressed downloads."""
