@@ -108,7 +108,9 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _add_middleware(app: FastAPI, settings: SyncSettings, tokens: TokenCheck) -> None:
     """The cap on JSON bodies, the per-learner limits and, in front of both, the token check."""
-    app.add_middleware(JsonBodyLimit, limit=settings.max_json_body_bytes, exempt=is_binary_route)
+    app.add_middleware(
+        JsonBodyLimit, limit=settings.max_json_body_bytes, exempt=is_binary_route, takes_body=is_learner_route
+    )
     app.add_middleware(
         PerLearnerLimits,
         max_requests=settings.max_requests_per_learner or default_max_requests(settings.job.diloco.fragments),

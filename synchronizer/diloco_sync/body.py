@@ -84,22 +84,37 @@ async def receive_body(
 
 class JsonBodyLimit:
     """413 ``oversized`` (an ``ErrorBody``) for a body over ``limit`` bytes on every route ``exempt``
-    does not name.
+    does not name, and for any body at all on a route ``takes_body`` does not name (the routes that
+    answer everyone take none: a body sent to one is refused unread, so no caller holds a connection
+    and memory there by sending it slowly).
 
     A declared ``Content-Length`` is judged before anything is read (the server holds the body to
     it); a body without one (chunked) is read up to the limit before the route sees any of it.
     """
 
-    def __init__(self, app: ASGIApp, limit: int, exempt: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        exempt: Callable[[str], bool],
+        takes_body: Callable[[str], bool] = lambda path: True,
+    ) -> None:
         self.app = app
         self.limit = limit
         self.exempt = exempt
+        self.takes_body = takes_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.exempt(scope["path"]):
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        if not self.takes_body(scope["path"]) and (
+            b"transfer-encoding" in headers or (declared is not None and declared.strip() != b"0")
+        ):
+            await _refuse(send, 413, "oversized", f"{scope['path']} takes no request body")
+            return
         if declared is not None:
             try:
                 size = int(declared)

@@ -763,6 +763,38 @@ def test_a_stalled_body_is_closed_and_a_full_house_answers_503(sync_factory: Syn
         a.close()
 
 
+def test_bodies_sent_slowly_to_the_public_routes_are_refused_and_hold_no_connection(
+    sync_factory: SyncFactory,
+) -> None:
+    """As many connections as the server takes, each an unauthenticated chunked POST to a route that
+    answers everyone, sending a chunk now and then: each is answered 413 at once and closed, so
+    /healthz is still served (before, each body was read up to the JSON limit and the connections,
+    busy with a request, filled the server: 503 overloaded)."""
+    args = ["--fragments", "2", "--inner-steps", "4", "--overlap", "1", "--max-connections", "8",
+            "--header-timeout-s", "2", "--body-timeout-s", "10"]  # fmt: skip
+    sync = sync_factory(args=args)
+    socks = [socket.create_connection(("127.0.0.1", sync.port), timeout=30) for _ in range(8)]
+    try:
+        for i, sock in enumerate(socks):
+            path = ("/healthz", "/readyz", "/v1/status", "/metrics")[i % 4]
+            sock.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+                + b"400\r\n"
+                + b"x" * 1024
+                + b"\r\n"
+            )
+        for sock in socks:
+            answer = b""
+            while chunk := sock.recv(4096):  # closed by the server once it has answered
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+            assert b"takes no request body" in answer
+        assert httpx.get(f"{sync.url}/healthz", timeout=10).status_code == 200
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def test_one_learners_trickling_uploads_neither_hold_the_server_nor_starve_the_others(
     sync_factory: SyncFactory,
 ) -> None:
