@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
 
 FIELD_MANAGER = "diloco-operator"
 # A LIST that answers with the objects' metadata only.
@@ -223,20 +224,50 @@ def api_error(exc: Exception) -> str:
     return f"HTTP {exc.status}: {message or exc.reason}"
 
 
-def is_subset(desired: Any, actual: Any) -> bool:
+# Fields whose values are resource quantities, which the apiserver stores in its canonical form
+# ("0.5" as "500m", "1.5Gi" as "1536Mi", 1073741824 as "1Gi"): compared by value, not by spelling.
+QUANTITY_MAPS = frozenset({"requests", "limits"})  # resources.requests/limits: resource -> quantity
+QUANTITY_FIELDS = frozenset({"sizeLimit"})  # an emptyDir's
+
+
+def same_quantity(desired: Any, actual: Any) -> bool:
+    """Whether two quantities have the same value (unparseable ones: the same spelling)."""
+    scalars = (int, float, str)
+    if isinstance(desired, bool) or not isinstance(desired, scalars) or not isinstance(actual, scalars):
+        return bool(desired == actual)
+    try:
+        return bool(parse_quantity(desired) == parse_quantity(actual))
+    except ValueError:
+        return str(desired) == str(actual)
+
+
+def is_subset(desired: Any, actual: Any, *, quantity: bool = False) -> bool:
     """Whether every field we set is present in ``actual`` with the same value.
 
     Fields the apiserver adds (defaults, status, managed fields) are ignored; lists must match in
-    length so that a removed item (an env variable, a toleration) counts as drift.
+    length so that a removed item (an env variable, a toleration) counts as drift. ``quantity``:
+    ``desired`` is a resource quantity, compared by value, or a mapping of them (``QUANTITY_MAPS``,
+    ``QUANTITY_FIELDS``).
     """
     if isinstance(desired, Mapping):
-        return isinstance(actual, Mapping) and all(is_subset(v, actual.get(k)) for k, v in desired.items())
+        return isinstance(actual, Mapping) and all(
+            _field_is_subset(k, v, actual.get(k), quantities=quantity) for k, v in desired.items()
+        )
     if isinstance(desired, list):
         return (
             isinstance(actual, list)
             and len(desired) == len(actual)
             and all(is_subset(d, a) for d, a in zip(desired, actual, strict=True))
         )
+    if quantity:
+        return same_quantity(desired, actual)
     if isinstance(desired, int | float) and isinstance(actual, str):
         return str(desired) == actual  # quantities such as nvidia.com/gpu: 1 come back as "1"
     return bool(desired == actual)
+
+
+def _field_is_subset(key: str, desired: Any, actual: Any, *, quantities: bool) -> bool:
+    """One field of a mapping; ``quantities``: the mapping's values are quantities (``QUANTITY_MAPS``)."""
+    if isinstance(desired, Mapping):
+        return is_subset(desired, actual, quantity=key in QUANTITY_MAPS)
+    return is_subset(desired, actual, quantity=quantities or key in QUANTITY_FIELDS)

@@ -5,7 +5,8 @@ A reconcile never runs beside another one of the same job (``jobs.JobWorker``); 
 children are applied a bounded number at a time. Before anything of a new spec generation is
 written, the apiserver validates the children a dry run at a time (one per distinct pod template):
 a spec that passes the CRD's schema but makes an invalid pod (a toleration's operator misspelt, say)
-fails with the apiserver's message and creates nothing.
+fails with the apiserver's message and creates nothing (nor deletes a unit that its queue would
+have it make anew).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,7 +121,9 @@ def validation_sample(desired: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for container in pod.get("containers", []):
             container.pop("env", None)  # names and ordinals only
         for volume in pod.get("volumes", []):
-            volume.get("secret", {}).pop("secretName", None)  # the unit's own token Secret
+            secret = volume.get("secret") if isinstance(volume, dict) else None
+            if isinstance(secret, dict):
+                secret.pop("secretName", None)  # the unit's own token Secret
         key = json.dumps([obj["kind"], pod], sort_keys=True)
         if key not in seen:
             seen.add(key)
@@ -128,11 +131,34 @@ def validation_sample(desired: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sample
 
 
-def validate_children(kube: Kube, desired: list[dict[str, Any]]) -> None:
-    """Dry-run apply of ``validation_sample(desired)``; SpecError with the apiserver's reason."""
+def queue_locked(desired: list[dict[str, Any]], listed: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """``Kind/name`` -> what changed, of each unit's StatefulSet that its queue's Kueue would not let
+    change in place (``queue.queue_locked_change``): it is deleted and created anew."""
+    locked = {}
+    for obj in desired:
+        key = f"{obj['kind']}/{obj['metadata']['name']}"
+        why = queue_locked_change(obj, listed.get(key)) if obj["kind"] == "StatefulSet" else None
+        if why is not None:
+            locked[key] = why
+    return locked
+
+
+def dry_run_form(obj: dict[str, Any], locked: Mapping[str, str]) -> dict[str, Any]:
+    """The object a dry run validates: ``obj`` itself, or, for a queue-locked StatefulSet, ``obj``
+    scaled to zero (the one in-place change Kueue admits; the pod template is validated all the same)."""
+    if f"{obj['kind']}/{obj['metadata']['name']}" not in locked:
+        return obj
+    return {**obj, "spec": {**obj["spec"], "replicas": 0}}
+
+
+def validate_children(
+    kube: Kube, desired: list[dict[str, Any]], locked: Mapping[str, str] | None = None
+) -> None:
+    """Dry-run apply of ``validation_sample(desired)``; SpecError with the apiserver's reason.
+    ``locked``: see ``queue_locked``; those are validated as ``dry_run_form`` makes them."""
     for obj in validation_sample(desired):
         try:
-            kube.apply(obj, dry_run=True)
+            kube.apply(dry_run_form(obj, locked or {}), dry_run=True)
         except ApiException as exc:
             if exc.status in INVALID:
                 raise SpecError(
@@ -238,17 +264,13 @@ def apply_children(
 
 
 def recreate_queue_locked(
-    kube: Kube, job: JobRef, desired: list[dict[str, Any]], listed: dict[str, dict[str, Any]]
+    kube: Kube, job: JobRef, locked: Mapping[str, str], listed: dict[str, dict[str, Any]]
 ) -> None:
-    """Delete each unit's StatefulSet that its queue's Kueue would not let change in place
-    (``queue.queue_locked_change``); it is created anew below and queued as a new workload."""
-    for obj in desired:
-        key = f"{obj['kind']}/{obj['metadata']['name']}"
-        why = queue_locked_change(obj, listed.get(key)) if obj["kind"] == "StatefulSet" else None
-        if why is None:
-            continue
-        name = obj["metadata"]["name"]
-        if kube.delete(obj["apiVersion"], "StatefulSet", job.namespace, name):
+    """Delete each unit's StatefulSet in ``locked`` (see ``queue_locked``); it is created anew below
+    and queued as a new workload."""
+    for key, why in locked.items():
+        name = key.split("/", 1)[1]
+        if kube.delete("apps/v1", "StatefulSet", job.namespace, name):
             log.info(
                 "job %s/%s: StatefulSet %s is created anew under its queue: %s changed",
                 job.namespace,
@@ -329,9 +351,10 @@ def reconcile_children(
         job, spec, learners_stopped=learners_stopped, down_units=frozenset(down), ingress=ingress
     )
     listed = list_children(kube, job)
-    recreate_queue_locked(kube, job, desired, listed)
-    if validate:
-        validate_children(kube, desired)
+    locked = queue_locked(desired, listed)
+    if validate:  # before anything is deleted: a refused spec leaves the running units as they are
+        validate_children(kube, desired, locked)
+    recreate_queue_locked(kube, job, locked, listed)
     outcome = Outcome(down=dict(down))
     outcome.created += ensure_secret(kube, job, spec)
     outcome.created += ensure_learner_tokens(kube, job, spec, int(time.time()))

@@ -67,7 +67,17 @@ def volume_problems(volumes: Objects) -> list[str]:
                 f"'{name}' (item {i}) is one of the operator's own volumes ({', '.join(OWN_VOLUMES)}); "
                 "choose another name"
             )
+        if isinstance(volume, Mapping):
+            out += [
+                f"'{name}' (item {i}): {key} must be an object (a volume source), not {_kind(source)}"
+                for key, source in volume.items()
+                if key != "name" and not isinstance(source, Mapping)
+            ]
     return out
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"{type(value).__name__} {value!r}"
 
 
 def mount_problems(mounts: Objects) -> list[str]:

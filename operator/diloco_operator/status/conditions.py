@@ -144,9 +144,11 @@ def learners_condition(
     prev: Sequence[Condition], units: Sequence[UnitStatus], has_sync: bool, phase: Phase, now: datetime
 ) -> Condition:
     """``LearnersAlive``: every unit's learners run and the synchronizer hears from them
-    (``learner_liveness``). False names each unit that is not alive and why."""
+    (``learner_liveness``). False names each unit that is not alive and why. A unit scaled to zero
+    (replicas 0) has no learners to be alive: it is left out, and the message names it."""
     ctype = "LearnersAlive"
-    liveness = {u.name: learner_liveness(u, has_sync) for u in units}
+    liveness = {u.name: learner_liveness(u, has_sync) for u in units if u.replicas > 0}
+    parked = [u.name for u in units if u.replicas == 0]
     why = [
         (reason, text.format(", ".join(name for name, seen in liveness.items() if seen == reason)))
         for reason, text in NOT_ALIVE.items()
@@ -161,6 +163,8 @@ def learners_condition(
         message = "the synchronizer's status is not available"
         return condition(prev, ctype, None, "NoSynchronizerStatus", message, now)
     message = "every unit has a ready pod and learners the synchronizer hears from"
+    if parked:
+        message = f"{message}; units {', '.join(parked)} are scaled to zero (replicas 0)"
     return condition(prev, ctype, True, "Alive", message, now)
 
 

@@ -81,7 +81,10 @@ def summary_status(message: str, location: str) -> ExportStatus:
         info = json.loads(message)
         if not isinstance(info, dict):
             raise TypeError(type(info).__name__)
-        versions = {str(k): int(v) for k, v in (info.get("versions") or {}).items()}
+        raw = info.get("versions") or {}
+        if not isinstance(raw, dict):
+            raise TypeError(f"versions is a {type(raw).__name__}, not an object")
+        versions = {str(k): int(v) for k, v in raw.items()}
         loss = info.get("held_out_loss")
         return export_state(
             "Succeeded",

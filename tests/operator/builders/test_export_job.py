@@ -6,12 +6,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from diloco_operator.builders.children import build_children
 from diloco_operator.builders.export import BACKOFF_LIMIT, build_export_job, eval_batch_size
 from diloco_operator.builders.names import JobRef
 from diloco_operator.schema.spec import parse_spec
 from diloco_operator.schema.status import JobStatus
-from diloco_operator.status.export import MAX_MESSAGE, export_events, export_state, export_status, job_export
+from diloco_operator.status.export import (
+    MAX_MESSAGE,
+    export_events,
+    export_state,
+    export_status,
+    job_export,
+    summary_status,
+)
 from diloco_operator.status.pods import PodObserved, observe_pod
 
 JOB = JobRef("j", "ns", "uid-1")
@@ -117,6 +125,13 @@ def test_the_status_shows_what_the_export_pod_said_as_it_ended() -> None:
     assert unreadable is not None
     assert unreadable.state == "Succeeded"
     assert "cannot be read" in str(unreadable.message)
+
+
+@pytest.mark.parametrize("versions", [["0", 7], "v7", 7])
+def test_a_summary_whose_versions_are_no_object_says_it_cannot_be_read(versions: Any) -> None:
+    status = summary_status(json.dumps({**SUMMARY, "versions": versions}), "s3://bkt/j/export")
+    assert (status.state, status.location, status.versions) == ("Succeeded", "s3://bkt/j/export", None)
+    assert "the export's summary cannot be read: versions is a" in str(status.message)
 
 
 def test_the_export_is_in_the_status_only_while_the_job_is_succeeded() -> None:

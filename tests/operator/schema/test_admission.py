@@ -69,6 +69,21 @@ REFUSED = [
         {"synchronizer": {"shards": 4}, "diloco": {"quorum": 1, "fragments": 2}},
         "synchronizer.shards must be at most diloco.fragments",
     ),
+    ("sync-unit", {"learnerUnits": [{"name": "sync"}]}, "names of the synchronizer's Services"),
+    (
+        "sync-shard-unit",
+        {
+            "synchronizer": {"shards": 2},
+            "diloco": {"quorum": 1, "fragments": 2},
+            "learnerUnits": [{"name": "sync-1"}],
+        },
+        "names of the synchronizer's Services",
+    ),
+    (
+        "parked-quorum",
+        {"diloco": {"quorum": 2}, "learnerUnits": [{"name": "a"}, {"name": "b", "replicas": 0}]},
+        "learner units with pods",
+    ),
     (
         "unit-pace",
         {"learnerUnits": [{"name": "a", "minStepTimeSeconds": 0}]},
@@ -94,6 +109,23 @@ def test_the_apiserver_refuses_a_spec_that_can_never_work(
     assert says in refused.value.body
     with pytest.raises(SpecError):  # and the operator refuses it too (diloco operator --dry-run)
         validate_job(case, parse_spec(manifest["spec"]))
+
+
+@pytest.mark.integration
+def test_unit_names_past_the_shards_and_a_parked_unit_within_the_quorum_are_admitted(
+    api: Any, namespace: str
+) -> None:
+    from kubernetes import client as k8s
+
+    from tests.operator.kubejobs import GROUP, PLURAL, VERSION, job_manifest
+
+    manifest = job_manifest("parked", [{"name": "sync-2"}, {"name": "syncer"}, {"name": "b", "replicas": 0}])
+    manifest["spec"]["synchronizer"] = {"shards": 2}
+    manifest["spec"]["diloco"] = {"quorum": 2, "fragments": 2}
+    created = k8s.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, manifest, dry_run="All"
+    )
+    validate_job("parked", parse_spec(created["spec"]))
 
 
 @pytest.mark.integration

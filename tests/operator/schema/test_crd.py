@@ -130,7 +130,15 @@ def test_schema_rejects_bad_enum_and_range() -> None:
 def test_cel_rules_cover_overlap_quorum_and_budget() -> None:
     rules = {r["rule"] for r in schema()["properties"]["spec"]["x-kubernetes-validations"]}
     assert "self.diloco.overlap < self.diloco.innerSteps" in rules
-    assert "self.diloco.quorum <= size(self.learnerUnits)" in rules
+    # a unit of replicas 0 is never ready: it does not count toward the quorum (validate_job alike)
+    assert (
+        "self.diloco.quorum <= size(self.learnerUnits.filter(u, !has(u.replicas) || u.replicas > 0))" in rules
+    )
+    # a unit named like a synchronizer shard's Service (validate_job: sync_unit_names)
+    (names,) = [r for r in rules if "'sync'" in r]
+    assert names.startswith("has(self.synchronizer.external) || ")
+    assert "u.name != 'sync'" in names
+    assert "int(u.name.substring(5)) < self.synchronizer.shards" in names
     units = schema()["properties"]["spec"]["properties"]["learnerUnits"]
     assert units["x-kubernetes-list-type"] == "map"  # the apiserver rejects duplicate unit names
 

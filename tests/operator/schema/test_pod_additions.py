@@ -130,6 +130,21 @@ def test_the_operator_refuses_names_that_would_override_its_own_with_the_field_t
         parse_spec(raw(**extra))
 
 
+@pytest.mark.parametrize("source", ["my-secret", None, ["a"]])
+def test_a_volume_source_must_be_an_object(source: Any) -> None:
+    """The CRD keeps a volume's unknown fields as written: a source that is no object is refused
+    with the field to change, before any child is built."""
+    volume = {"name": "creds", "secret": source}
+    for extra in (
+        {"learners": {"volumes": [volume]}},
+        {"learnerUnits": [{"name": "a", "volumes": [volume]}]},
+    ):
+        with pytest.raises(
+            SpecError, match=r"'creds' \(item 0\): secret must be an object \(a volume source\)"
+        ):
+            parse_spec(raw(**extra))
+
+
 # what no schema can check: the job's and a unit's volumes and mounts together
 CONFLICTS: list[tuple[str, dict[str, Any], str]] = [
     ("twice", {"learners": {"volumes": [{"name": "d", "emptyDir": {}}]},

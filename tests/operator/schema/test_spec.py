@@ -79,6 +79,55 @@ def test_validate_job(name: str, extra: dict[str, Any], message: str) -> None:
         validate_job(name, parse_spec(raw(**extra)))
 
 
+EXTERNAL = {"url": "https://s", "tokenSecretRef": {"name": "t", "key": "k"}}
+
+
+@pytest.mark.parametrize(
+    ("units", "synchronizer", "refused"),
+    [
+        (["sync"], {}, "sync"),
+        (["a", "sync-1"], {"shards": 2}, "sync-1"),
+        (["sync-3", "sync"], {"shards": 4}, "sync, sync-3"),
+        (["sync-2"], {"shards": 2}, None),  # shards 0 and 1: J-sync, J-sync-1
+        (["sync-0", "syncer", "a-sync"], {"shards": 2}, None),
+        (["sync"], {"external": EXTERNAL}, None),  # this job runs no synchronizer
+    ],
+)
+def test_a_unit_may_not_take_the_name_of_a_synchronizer_shard(
+    units: list[str], synchronizer: dict[str, Any], refused: str | None
+) -> None:
+    spec = parse_spec(
+        raw(learnerUnits=[{"name": u} for u in units], synchronizer=synchronizer, diloco={"fragments": 4})
+    )
+    if refused is None:
+        validate_job("j", spec)
+        return
+    with pytest.raises(SpecError, match=re.escape(f"unit names {refused} are the synchronizer's own")):
+        validate_job("j", spec)
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [("j", True), ("my-job-2", True), ("1job", False), ("my.job", False), ("job-", False), ("Job", False)],
+)
+def test_the_job_name_must_be_a_dns_1035_label_as_it_names_services(name: str, ok: bool) -> None:
+    spec = parse_spec(raw())
+    if ok:
+        validate_job(name, spec)
+        return
+    with pytest.raises(SpecError, match=re.escape(f"the job name '{name}' must be a DNS-1035 label")):
+        validate_job(name, spec)
+
+
+def test_the_quorum_counts_only_units_with_pods() -> None:
+    units = [{"name": "a"}, {"name": "b", "replicas": 0}]
+    validate_job("j", parse_spec(raw(learnerUnits=units, diloco={"quorum": 1})))
+    with pytest.raises(
+        SpecError, match=re.escape("learner units (1, not counting b: replicas 0, never ready)")
+    ):
+        validate_job("j", parse_spec(raw(learnerUnits=units, diloco={"quorum": 2})))
+
+
 @pytest.mark.parametrize(
     "synchronizer",
     [
@@ -146,6 +195,19 @@ def test_namespace_patterns_are_refused(capsys: pytest.CaptureFixture[str]) -> N
         ({"a": [{"name": "x"}]}, {"a": [{"name": "x", "protocol": "TCP"}]}, True),
         ({"gpu": 1}, {"gpu": "1"}, True),
         ({"replicas": 2}, {"replicas": 3}, False),
+        # quantities come back in the apiserver's canonical form
+        (
+            {"resources": {"requests": {"cpu": "0.5", "memory": "1.5Gi"}, "limits": {"memory": 1073741824}}},
+            {"resources": {"requests": {"cpu": "500m", "memory": "1536Mi"}, "limits": {"memory": "1Gi"}}},
+            True,
+        ),
+        ({"emptyDir": {"sizeLimit": "1.5Gi"}}, {"emptyDir": {"sizeLimit": "1536Mi"}}, True),
+        ({"requests": {"storage": "1024Mi"}}, {"requests": {"storage": "1Gi"}}, True),
+        ({"limits": {"cpu": "1"}}, {"limits": {"cpu": "2"}}, False),
+        ({"limits": {"nvidia.com/gpu": 1}}, {"limits": {"nvidia.com/gpu": "2"}}, False),
+        ({"requests": {"cpu": "0.5"}}, {"requests": {}}, False),
+        # elsewhere a value is compared as written: an environment variable "0.5" is not "500m"
+        ({"env": [{"name": "X", "value": "0.5"}]}, {"env": [{"name": "X", "value": "500m"}]}, False),
         ({"a": 1}, {}, False),
     ],
 )

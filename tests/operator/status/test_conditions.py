@@ -197,6 +197,21 @@ def test_learners_alive_names_every_unit_and_why() -> None:
     )
 
 
+def test_a_unit_scaled_to_zero_is_left_out_of_learners_alive_and_named() -> None:
+    units = [{"name": "u0", "replicas": 2}, {"name": "u1", "replicas": 0}]
+    parked = parse_spec(
+        {"images": {"worker": "w", "synchronizer": "s"}, "storage": {"bucket": "bkt"}, "learnerUnits": units}
+    )
+    obs = Observed(
+        [UnitObserved("u0", 2, 2), UnitObserved("u1", 0, 0, exists=False)], True, sync(learner("u0")), job="j"
+    )
+    s = compute_status(parked, obs, JobStatus(), NOW)
+    alive = conditions(s)["LearnersAlive"]
+    assert (alive.status, alive.reason) == ("True", "Alive")
+    assert alive.message.endswith("units u1 are scaled to zero (replicas 0)")
+    assert reason(s, "QuorumMet") == ("True", "Quorum")
+
+
 def external(url: str) -> DiLoCoJobSpec:
     ext = {"url": url, "tokenSecretRef": {"name": "t", "key": "k"}, "jobId": "home"}
     return spec(synchronizer={"external": ext})
