@@ -24,14 +24,16 @@ ACCEPTED = (
 )
 
 
-def _sender(url: str, stop: threading.Event) -> tuple[Sender, SyncClient]:
+def _sender(
+    url: str, stop: threading.Event, fragments: int = 1, known_version: Callable[[int], int] = lambda p: 0
+) -> tuple[Sender, SyncClient]:
     client = SyncClient(url, "a", learner_token("s", "a"))
     sender = Sender(
-        ShardClients.single(client, 1),
+        ShardClients.single(client, fragments),
         "int4",
         0.0,
         stop,
-        known_version=lambda p: 0,
+        known_version=known_version,
         resync=lambda p: None,
         step=lambda: 7,
     )
@@ -139,16 +141,7 @@ def test_the_parts_not_durably_taken_are_those_waiting_in_flight_or_only_buffere
     known = {0: 0, 1: 0}
     stop = threading.Event()
     with serving(answer) as url:
-        client = SyncClient(url, "a", learner_token("s", "a"))
-        sender = Sender(
-            ShardClients.single(client, 2),
-            "int4",
-            0.0,
-            stop,
-            known_version=lambda p: known[p],
-            resync=lambda p: None,
-            step=lambda: 7,
-        )
+        sender, client = _sender(url, stop, fragments=2, known_version=lambda p: known[p])
         slow = _EncodesWhenReleased()
         thread = threading.Thread(target=sender.send_loop, args=(0,), daemon=True)
         thread.start()
