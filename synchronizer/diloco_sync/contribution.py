@@ -322,6 +322,7 @@ def waiting_overlap(
 def progress_refusal(
     previous: Contribution | None,
     *,
+    waiting: Iterable[Contribution] = (),
     learner_id: str,
     fragment: int,
     base_version: int,
@@ -334,9 +335,13 @@ def progress_refusal(
     in_order: bool,
 ) -> tuple[int, str, str] | None:
     """Why a contribution cannot be taken, as (HTTP status, code, reason), or None when it can: a
-    :func:`progress_conflict` (409), or a sum with the pending part it continues that is beyond the
-    bounds of one contribution (400, :func:`fold_problem`)."""
+    :func:`waiting_overlap` with the parts ``waiting`` behind a gap or a :func:`progress_conflict`
+    (409), or a sum with the pending part it continues that is beyond the bounds of one
+    contribution (400, :func:`fold_problem`)."""
     through = since + steps
+    overlap = waiting_overlap(waiting, base_version, since, through)
+    if overlap is not None:
+        return overlap
     conflict = progress_conflict(
         previous,
         learner_id=learner_id,

@@ -10,13 +10,10 @@ Phases, and the transitions between them (methods of :class:`FragmentState`; not
                           merging --abort---> open
 
 ``committed``: the version is published; its old versions are being deleted (no merge meanwhile).
-Contributions are taken in every phase from ``open`` on (during a merge they wait for the next round):
-``reserve`` a key while one is checked (``refusal``) and written, ``release`` it, ``accept`` it, ``exclude``
-those the round policy leaves out, ``mark_durable`` one written after its answer. One read back at start-up
-with a gap before it waits until the learner resends the missing part (``ready``) or its base is stale
-(``drop_stale_gaps``); parts are folded only where they meet, so a part with a gap before it that a
-learner's pending part does not reach waits behind it (``waiting``) until the gap is filled. Mutated only on the event loop; merges run in a worker thread on values handed to
-them and hand back new ones (nothing is edited in place).
+Contributions are taken in every phase from ``open`` on (``reserve``, ``refusal``, ``release``,
+``accept``, ``exclude``, ``mark_durable``); a part with a gap before it waits until the learner
+resends the missing one (``ready``, ``learner_parts``) or its base is stale (``drop_stale_gaps``).
+Mutated only on the event loop; merges run in a worker thread on values handed to them.
 """
 
 from __future__ import annotations
@@ -32,15 +29,13 @@ from diloco_core.screening import Checked, NormHistory
 from .contribution import (
     Arrays,
     Contribution,
-    fold,
     merged_through,
     progress_refusal,
-    relation,
     round_entry,
-    waiting_overlap,
 )
 from .held_state import HeldState
 from .idempotency import IdempotencyKeys
+from .learner_parts import LearnerParts
 from .pace import kept_times
 from .publication import News, Publication, Served
 
@@ -62,8 +57,7 @@ class FragmentState:
         self._rounds = 0
         self._phase: Phase = "uninitialised"
         self._round = policy.open_round(spec.index, -1, 0.0)
-        self._pending: dict[str, Contribution] = {}  # by learner: its earliest part not being merged
-        self._waiting: dict[str, list[Contribution]] = {}  # by learner: its later parts, each after a gap
+        self._parts = LearnerParts()  # the learners' parts outside the merge: pending, and waiting
         self._keys = IdempotencyKeys()
         self._merging: tuple[Contribution, ...] = ()  # the round being merged and committed
         self._merged_through: dict[str, tuple[int, int]] = {}  # learner -> (base version, step) merged
@@ -107,12 +101,12 @@ class FragmentState:
     @property
     def pending(self) -> dict[str, Contribution]:
         """The contributions waiting for the next round, by learner (read only: see the transitions)."""
-        return self._pending
+        return self._parts.pending
 
     @property
     def waiting(self) -> dict[str, tuple[Contribution, ...]]:
         """Per learner, the parts that wait behind a gap after its pending one, in step order (read only)."""
-        return {name: tuple(parts) for name, parts in self._waiting.items()}
+        return self._parts.waiting()
 
     @property
     def applied(self) -> tuple[str, ...]:
@@ -149,22 +143,15 @@ class FragmentState:
         return self._keys.is_known(key, self.held())
 
     def is_durable(self, key: str) -> bool:
-        """True when the contribution with this key is merged or written to storage (False while it
-        is only buffered in memory, being checked, or unknown)."""
+        """True when the contribution with this key is merged or written to storage (not only buffered)."""
         return self._keys.is_durable(key, self.held())
 
     def held(self) -> tuple[Contribution, ...]:
-        """The contributions the fragment holds: those being merged, then those pending, then those
-        waiting behind a gap."""
-        return (
-            *self._merging,
-            *self._pending.values(),
-            *(c for parts in self._waiting.values() for c in parts),
-        )
+        """The contributions the fragment holds: being merged, pending, then waiting behind a gap."""
+        return (*self._merging, *self._parts.all())
 
     def progress_start(self, learner_id: str, base_version: int) -> int:
-        """The step where ``learner_id``'s progress on ``base_version`` not yet merged (nor being
-        merged) starts: how far its merged progress on that base reaches, 0 on a newer base."""
+        """Where ``learner_id``'s progress on ``base_version`` not merged (nor being merged) starts."""
         base, merged = merged_through(self._merged_through, self._merging).get(learner_id, (-1, 0))
         return merged if base == base_version else 0
 
@@ -260,11 +247,9 @@ class FragmentState:
         taken, as (HTTP status, code, reason), or None (``contribution.progress_refusal``); ``in_order``:
         it starts where the learner's progress ends (off for those read back at start-up)."""
         newest, _ = merged_through(self._merged_through, self._merging).get(learner_id, (-1, 0))
-        overlap = waiting_overlap(self._waiting.get(learner_id, ()), base_version, since, since + steps)
-        if overlap is not None:
-            return overlap
         return progress_refusal(
-            self._pending.get(learner_id),
+            self._parts.pending.get(learner_id),
+            waiting=self._parts.waiting_of(learner_id),
             learner_id=learner_id,
             fragment=self.index,
             base_version=base_version,
@@ -278,111 +263,42 @@ class FragmentState:
         )
 
     def accept(self, c: Contribution, quorum: int) -> list[Contribution]:
-        """Queue a contribution for the next round. The learner's pending one is continued by it
-        (same base, ``c.since`` at its ``through``, or ``c`` ending where it starts: the two are added
-        up) or superseded by it (``c`` covers its steps, or is on another base, which supersedes the
-        parts on other bases waiting behind it too); returns those superseded, whose keys are
-        remembered as applied so that a resend of one is a duplicate. Parts are added up only where
-        they meet: a part after a gap waits behind the pending one (``waiting``), and the pending one
-        waits behind a part that comes before it with a gap between; each is folded in when the gap
-        before it is filled. The caller checked :meth:`refusal` first. A contribution with a gap
-        before it waits outside the round: the round holds exactly the pending parts that are ready."""
+        """Queue a contribution (``LearnerParts.place``; the caller checked :meth:`refusal`); returns the
+        parts it superseded, whose keys are applied (a resend is a duplicate). The round holds exactly
+        the pending parts that are ready."""
         self._expect("open", "merging", "committed")
-        previous = self._pending.get(c.learner_id)
-        superseded: list[Contribution] = []
-        if previous is not None and previous.base_version == c.base_version:
-            where = relation(previous, c.since, c.through)
-            if where == "after" and c.since != previous.through:
-                self._wait(c)
-                return []
-            if where == "after":
-                c = fold(previous, c)
-            elif where == "before" and c.through == previous.since:
-                c = fold(c, previous)
-            elif where == "before":
-                self._wait(previous)
-            else:
-                superseded.append(previous)
-        elif previous is not None:
-            waiting = self._waiting.pop(c.learner_id, [])
-            superseded += [previous, *(w for w in waiting if w.base_version != c.base_version)]
-            if kept := [w for w in waiting if w.base_version == c.base_version]:
-                self._waiting[c.learner_id] = kept
-        opens = not any(self.ready(x) for x in self._pending.values() if x.learner_id != c.learner_id)
-        self._pending[c.learner_id] = c = self._continued(c)
-        if self.ready(c):
+        head, superseded = self._parts.place(c)
+        if head is None:
+            return []
+        opens = not any(self.ready(x) for x in self._parts.pending.values() if x.learner_id != c.learner_id)
+        if self.ready(head):
             if opens:  # a round opens when its first contribution arrives (the fragment fell due)
-                self._round = policy.open_round(self.index, self.version, c.received_at)
-            self._round = policy.add_contribution(self._round, round_entry(c), quorum=quorum)
-        elif c.learner_id in self._round.pending:  # the part it replaced was in the round: it leaves
+                self._round = policy.open_round(self.index, self.version, head.received_at)
+            self._round = policy.add_contribution(self._round, round_entry(head), quorum=quorum)
+        elif head.learner_id in self._round.pending:  # the part it replaced was in the round: it leaves
             self._open_round(self._round.opened_at, quorum)
         self._keys.apply_all(superseded)
         if opens:
             self._served.notify()  # learners waiting with announce_rounds hear of it at once
         return superseded
 
-    def _wait(self, c: Contribution) -> None:
-        """Hold a part with a gap before it behind the learner's pending one, in step order, folded
-        with the waiting parts it meets."""
-        parts = sorted([*self._waiting.get(c.learner_id, ()), c], key=lambda x: (x.base_version, x.since))
-        joined: list[Contribution] = []
-        for part in parts:
-            last = joined[-1] if joined else None
-            if last is not None and last.base_version == part.base_version and last.through == part.since:
-                joined[-1] = fold(last, part)
-            else:
-                joined.append(part)
-        self._waiting[c.learner_id] = joined
-
-    def _continued(self, c: Contribution) -> Contribution:
-        """``c`` with the learner's waiting parts that now follow it without a gap folded in."""
-        parts = self._waiting.get(c.learner_id, [])
-        while parts and parts[0].base_version == c.base_version and parts[0].since == c.through:
-            c = fold(c, parts.pop(0))
-        if not parts:
-            self._waiting.pop(c.learner_id, None)
-        return c
-
-    def _take_pending(self, learner_id: str) -> Contribution | None:
-        """Take the learner's pending part out; its first waiting part, if any, takes its place."""
-        taken = self._pending.pop(learner_id, None)
-        parts = self._waiting.get(learner_id)
-        if parts:
-            self._pending[learner_id] = self._continued(parts.pop(0))
-        return taken
-
     def drop_stale_gaps(self, max_staleness: int) -> list[Contribution]:
-        """Drop the contributions still waiting for a missing earlier part (pending or waiting behind
-        a gap) whose base is now too old to be merged; returns them (their keys are not applied: a
-        resend is judged anew)."""
-
-        def stale(c: Contribution) -> bool:
-            return policy.is_stale(c.base_version, self.version, max_staleness)
-
-        dropped: list[Contribution] = []
-        for name in list(self._waiting):
-            dropped += [c for c in self._waiting[name] if stale(c)]
-            self._waiting[name] = [c for c in self._waiting[name] if not stale(c)]
-            if not self._waiting[name]:
-                del self._waiting[name]
-        for name in [name for name, c in self._pending.items() if not self.ready(c) and stale(c)]:
-            dropped.append(self._pending.pop(name))
-            if name in self._waiting:
-                self._pending[name] = self._continued(self._waiting[name].pop(0))
-        return dropped
+        """Drop the parts with a gap before them whose base is too old to be merged; returns them
+        (their keys are not applied: a resend is judged anew)."""
+        return self._parts.drop(
+            lambda c: policy.is_stale(c.base_version, self.version, max_staleness), self.ready
+        )
 
     def exclude(self, learners: Collection[str], quorum: int) -> dict[str, Contribution]:
-        """Drop the pending contributions of ``learners`` (left out by the round policy) and start the
-        round again with the rest; returns the ones dropped, by learner."""
-        dropped = {name: c for name in learners if (c := self._take_pending(name)) is not None}
+        """Drop the pending parts of ``learners`` (the round policy left them out); returns them."""
+        dropped = {name: c for name in learners if (c := self._parts.take(name)) is not None}
         if learners:
             self._open_round(self.round.opened_at, quorum)
         return dropped
 
     def mark_durable(self, c: Contribution, storage_key: str) -> bool:
-        """A contribution held in memory was written under ``storage_key``; False when it is no
-        longer pending (merged or superseded meanwhile): that copy is not needed."""
-        held = [self._pending.get(c.learner_id), *self._waiting.get(c.learner_id, ())]
+        """A part held in memory was written under ``storage_key``; False when it is held no more."""
+        held = [self._parts.pending.get(c.learner_id), *self._parts.waiting_of(c.learner_id)]
         if c.blob is None or all(part is not c for x in held if x is not None for part in x.received()):
             return False
         c.storage_key, c.blob = storage_key, None
@@ -393,9 +309,9 @@ class FragmentState:
     def start_merge(self, learners: Iterable[str]) -> list[Contribution]:
         """Take the pending contributions of ``learners`` (in that order) into a merge."""
         self._expect("open")
-        taken = [self._pending[name] for name in learners]
+        taken = [self._parts.pending[name] for name in learners]
         for name in learners:
-            self._take_pending(name)
+            self._parts.take(name)
         self._merging = tuple(taken)
         self._phase = "merging"
         return taken
@@ -439,9 +355,8 @@ class FragmentState:
         self._merging, self._phase = (), "open"
 
     def reject(self, quorum: int) -> list[Contribution]:
-        """The round's checks excluded every contribution of the merge: the fragment stays at its
-        version, their keys are applied (a resend is a duplicate), and the round starts again with
-        the pending parts still ready (one taken after an excluded part is not); returns them."""
+        """The round's checks excluded every contribution of the merge: their keys are applied, and
+        the round starts again with the parts still ready; returns them."""
         self._expect("merging")
         rejected, self._merging, self._phase = list(self._merging), (), "open"
         self._keys.apply_all(rejected)
@@ -450,9 +365,8 @@ class FragmentState:
         return rejected
 
     def abort(self, quorum: int) -> list[Contribution]:
-        """The merge failed: the fragment stays at its version, and the round starts again with the
-        pending parts still ready (one taken after a part of the merge is not, until a restart reads
-        that part back); returns the contributions the merge held."""
+        """The merge failed: the round starts again with the parts still ready; returns the
+        contributions the merge held."""
         self._expect("merging")
         given_back, self._merging, self._phase = list(self._merging), (), "open"
         self._open_round(self._round.opened_at, quorum)
@@ -460,7 +374,9 @@ class FragmentState:
 
     def _open_round(self, now: float, quorum: int) -> None:
         """Start the round of the current version with whatever is still pending."""
-        ready = sorted((c for c in self._pending.values() if self.ready(c)), key=lambda c: c.received_at)
+        ready = sorted(
+            (c for c in self._parts.pending.values() if self.ready(c)), key=lambda c: c.received_at
+        )
         self._round = policy.open_round(self.index, self.version, ready[0].received_at if ready else now)
         for c in ready:
             self._round = policy.add_contribution(self._round, round_entry(c), quorum=quorum)
@@ -469,17 +385,11 @@ class FragmentState:
 
     def round_open_for(self, learner_id: str, version: int) -> bool:
         """True when a round on ``version`` is collecting contributions and ``learner_id`` has none in it."""
-        return (
-            not self.busy
-            and bool(self._round.pending)
-            and self.version == version
-            and self.round.version == version
-            and learner_id not in self._pending
-        )
+        collecting = bool(self._round.pending) and self.round.version == version == self.version
+        return collecting and not self.busy and learner_id not in self._parts.pending
 
     async def wait_newer(self, newer_than: int, timeout: float, round_for: str | None = None) -> News:
-        """Wait until the version exceeds ``newer_than`` ("version"), or, when ``round_for`` names a
-        learner, until a round on ``newer_than`` is open that it has not joined ("round"); None on timeout."""
+        """ "version" once past ``newer_than``, "round" once a round on it opens without ``round_for``; None at timeout."""
         return await self._served.wait(lambda: self._news(newer_than, round_for), timeout)
 
     def _news(self, newer_than: int, round_for: str | None) -> News:

@@ -2,11 +2,9 @@
 
 Commit protocol of a round (fragment p, new version v): parameters, outer state and the round log are
 written first under new keys, then the manifest naming them. A crash before the manifest leaves the
-old version in force; the orphans are collected by ``collect_garbage``.
-
-The storage prefix belongs to one job (``diloco_core.ownership``): ``claim`` takes it at start-up,
-and every write of the state (plan, learner registry, deal, commit) first checks that it still
-does (``check_owner``). Once another job holds it, this store writes and deletes nothing more.
+old version in force; the orphans are collected by ``collect_garbage``. The storage prefix belongs
+to one job (``diloco_core.ownership``): ``claim`` takes it at start-up, and every write of the state
+first checks that it still does (``check_owner``); once another job holds it, nothing more is written.
 """
 
 from __future__ import annotations
@@ -275,15 +273,12 @@ class StateStore:
         return key
 
     def sweep_uploads(self) -> None:
-        """Remove what unfinished uploads anywhere in the shard (pending contributions, parameters,
-        outer state) left behind: at start-up, while this process is the shard's one writer.
-        ``StorageUnavailable`` is raised, to be waited out; a refusal (a store that may not list or
-        abort uploads) only leaves them for later."""
+        """Remove what unfinished uploads left in the shard (at start-up, as its one writer)."""
         try:
             removed = self.store.sweep_uploads(f"{self.layout.root}/") + sweep(LOCAL_SPOOL, idle_s=0.0)
-        except StorageUnavailable:
-            raise
         except (OSError, StorageError) as exc:
+            if isinstance(exc, StorageUnavailable):
+                raise
             log.warning("shard %d: could not remove unfinished uploads: %s", self.shard, exc)
             return
         if removed:

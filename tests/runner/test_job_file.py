@@ -129,7 +129,10 @@ def test_settings_come_from_the_spec_and_flags_beside_it_win(tmp_path: Path) -> 
         ({"kind": "Deployment"}, "not a DiLoCoJob manifest"),
         (_manifest(diloco={"quorum": 5}), r"quorum \(5\) exceeds the number of learner units"),
         (_manifest(model={"nLayers": 3}), "spec.model.nLayers"),
-        (_manifest(learnerUnits=[{"name": "a", "replicas": 0}]), "every learner unit has 0 replicas"),
+        (
+            _manifest(learnerUnits=[{"name": "a", "replicas": 0}]),
+            r"exceeds the number of learner units \(0, not counting a: replicas 0, never ready\)",
+        ),
     ],
 )
 def test_a_manifest_the_operator_would_refuse_is_refused_with_its_message(

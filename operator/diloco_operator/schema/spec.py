@@ -12,7 +12,6 @@ number of units, synchronizer shards against fragments, name lengths, references
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from diloco_core.auth import MAX_STEP_S
@@ -31,6 +30,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from diloco_operator.schema import pod_additions
+from diloco_operator.schema.job_names import name_problems
 from diloco_operator.schema.patterns import LABEL_KEY, LABEL_VALUE
 from diloco_operator.schema.pod_settings import PodSettings, merged
 from diloco_operator.schema.quantity import is_quantity, quantity_bytes
@@ -39,7 +39,6 @@ from diloco_operator.schema.sync_memory import Budgets, SynchronizerMemory, budg
 # A StatefulSet's pods carry a `controller-revision-hash` label of `<name>-<10 chars>` (≤ 63).
 MAX_STATEFULSET_NAME = 52
 # The job's name names its Services: a DNS-1035 label (a custom resource's name may be a subdomain).
-JOB_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 # The core's settings (``JobConfig``: "" for its own fields, or a section; "storage" for
 # ``StorageSettings``) that have no CRD field under their own name, and why: (section, field) -> reason.
@@ -338,41 +337,13 @@ def parse_spec(spec: dict[str, Any]) -> DiLoCoJobSpec:
         raise SpecError(describe_errors(exc.errors(), lambda loc: dotted(("spec", *loc)))) from None
 
 
-def sync_unit_names(spec: DiLoCoJobSpec) -> list[str]:
-    """Unit names that would give a unit the name of a synchronizer shard's Service (``J-sync``,
-    ``J-sync-i``; none with an external synchronizer)."""
-    if spec.synchronizer.external is not None:
-        return []
-    return ["sync", *(f"sync-{i}" for i in range(1, spec.synchronizer.shards))]
-
-
-def name_problems(name: str, spec: DiLoCoJobSpec) -> list[str]:
-    """What in the job's and its units' names would make children the apiserver refuses, or two
-    children of the same name."""
-    out = []
-    if not JOB_NAME.fullmatch(name):
-        out.append(
-            f"the job name '{name}' must be a DNS-1035 label (lower-case letters, digits and '-', "
-            "starting with a letter and ending with a letter or digit): it names the job's Services"
-        )
-    names = [u.name for u in spec.learner_units]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        out.append(f"spec.learnerUnits: unit names must be unique, repeated: {', '.join(dupes)}")
-    taken = sorted(set(names) & set(sync_unit_names(spec)))
-    if taken:
-        out.append(
-            f"spec.learnerUnits: unit names {', '.join(taken)} are the synchronizer's own (its Services "
-            f"are <job>-sync and <job>-sync-<shard>); choose other names"
-        )
-    return out
-
-
 def validate_job(name: str, spec: DiLoCoJobSpec) -> None:
     """Checks the schema cannot express; raise SpecError with what to change."""
     d = spec.diloco  # overlap < innerSteps: checked by the settings themselves (parse_spec)
     names = [u.name for u in spec.learner_units]
-    problems = name_problems(name, spec)
+    problems = name_problems(
+        name, names, spec.synchronizer.shards, external=spec.synchronizer.external is not None
+    )
     if problems:
         raise SpecError("; ".join(problems))
     parked = [u.name for u in spec.learner_units if u.replicas == 0]  # never ready: no quorum
