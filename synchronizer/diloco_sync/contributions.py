@@ -363,8 +363,7 @@ class ContributionDesk:
     async def flush(self) -> None:
         """Storage is back: write what was held in memory (raises while storage still fails)."""
         for fs in self.fragments:
-            held = [*fs.pending.values(), *(c for parts in fs.waiting.values() for c in parts)]
-            for c in [part for x in held for part in x.received()]:
+            for c in [part for x in fs.queued() for part in x.received()]:
                 blob = c.blob
                 if blob is not None and c.storage_key is None:
                     key = await anyio.to_thread.run_sync(self.store.put_pending, c.meta(), blob)

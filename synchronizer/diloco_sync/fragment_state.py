@@ -26,13 +26,7 @@ from diloco_core.fragments import Fragment
 from diloco_core.outer import OuterState
 from diloco_core.screening import Checked, NormHistory
 
-from .contribution import (
-    Arrays,
-    Contribution,
-    merged_through,
-    progress_refusal,
-    round_entry,
-)
+from .contribution import Arrays, Contribution, merged_through, progress_refusal, round_entry
 from .held_state import HeldState
 from .idempotency import IdempotencyKeys
 from .learner_parts import LearnerParts
@@ -148,7 +142,11 @@ class FragmentState:
 
     def held(self) -> tuple[Contribution, ...]:
         """The contributions the fragment holds: being merged, pending, then waiting behind a gap."""
-        return (*self._merging, *self._parts.all())
+        return (*self._merging, *self.queued())
+
+    def queued(self) -> tuple[Contribution, ...]:
+        """The parts outside the merge: pending, then waiting behind a gap."""
+        return tuple(self._parts.all())
 
     def progress_start(self, learner_id: str, base_version: int) -> int:
         """Where ``learner_id``'s progress on ``base_version`` not merged (nor being merged) starts."""
@@ -389,7 +387,8 @@ class FragmentState:
         return collecting and not self.busy and learner_id not in self._parts.pending
 
     async def wait_newer(self, newer_than: int, timeout: float, round_for: str | None = None) -> News:
-        """ "version" once past ``newer_than``, "round" once a round on it opens without ``round_for``; None at timeout."""
+        """Wait until the version exceeds ``newer_than`` ("version"), or a round on ``newer_than`` that
+        ``round_for`` has not joined opens ("round"); None on timeout."""
         return await self._served.wait(lambda: self._news(newer_than, round_for), timeout)
 
     def _news(self, newer_than: int, round_for: str | None) -> News:
